@@ -1,0 +1,72 @@
+// Package names defines which service names sluice accepts on the wire and the
+// names it reserves for itself.
+//
+// Every tier checks names with Check before a name becomes a map key, so a
+// hostile or broken peer can not grow memory with long or odd names, and the
+// reserved names below can never collide with a real service.
+package names
+
+import (
+	"fmt"
+	"strings"
+)
+
+const (
+	// MaxLen bounds a service name. Kubernetes names are at most 253
+	// characters; a service name longer than that is a bug or an attack.
+	MaxLen = 253
+
+	// Unknown is the caller of a request that names none.
+	Unknown = "unknown"
+
+	// Overflow stands for every caller seen after a callee's table of
+	// distinct callers is full. The leading underscore keeps it apart from
+	// real service names, which must start with a letter or digit.
+	Overflow = "_overflow"
+)
+
+// Check reports whether s may be used as a service name: 1 to MaxLen
+// characters from [A-Za-z0-9._-], starting with a letter or digit, or one of
+// the reserved names. The error says what is wrong, for reject reasons and
+// admission messages.
+func Check(s string) error {
+	if s == Overflow {
+		return nil
+	}
+	if s == "" {
+		return fmt.Errorf("empty name")
+	}
+	if len(s) > MaxLen {
+		return fmt.Errorf("name of %d bytes is longer than %d", len(s), MaxLen)
+	}
+	if !isAlnum(s[0]) {
+		return fmt.Errorf("name %q does not start with a letter or digit", truncate(s))
+	}
+	for i := 1; i < len(s); i++ {
+		c := s[i]
+		if !isAlnum(c) && c != '.' && c != '_' && c != '-' {
+			return fmt.Errorf("name %q has character %q at %d; allowed are [A-Za-z0-9._-]", truncate(s), c, i)
+		}
+	}
+	return nil
+}
+
+func isAlnum(c byte) bool {
+	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9'
+}
+
+// truncate keeps error messages short when the name itself is the problem.
+func truncate(s string) string {
+	const n = 64
+	if len(s) <= n {
+		return s
+	}
+	return strings.ToValidUTF8(s[:n], "?") + "…"
+}
+
+// Callee and Caller build the xDS resource names of DESIGN.md: "callee/<svc>"
+// for inbound enforcement, "caller/<svc>" for outbound.
+func Callee(service string) string { return "callee/" + service }
+
+// Caller is the resource name for outbound enforcement by service.
+func Caller(service string) string { return "caller/" + service }
