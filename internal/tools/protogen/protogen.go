@@ -140,4 +140,3 @@ func Write(ctx context.Context, root string) ([]string, error) {
 	sort.Strings(written)
 	return written, nil
 }
-
