@@ -1,0 +1,153 @@
+// Package dropratio turns offered load and limits into drop ratios.
+//
+// It is sluice's control law, kept pure so that every controller replica
+// computes the same ratios from the same inputs: no goroutines, no clocks, no
+// I/O, no logging. Elapsed time arrives as an argument to [Law.Step], and the
+// only state is the previous ratio of each bucket, held by [Law].
+//
+// The law works on offered load (dropped requests included), never on
+// admitted load: feeding back the admitted rate would make the ratio chase
+// its own effect and oscillate.
+package dropratio
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+)
+
+// Mode says whether a bucket's drops are carried out.
+type Mode uint8
+
+const (
+	Enforce Mode = iota // drops are carried out
+	Shadow              // drops are computed and reported, never carried out
+)
+
+func (m Mode) String() string {
+	switch m {
+	case Enforce:
+		return "enforce"
+	case Shadow:
+		return "shadow"
+	}
+	return "Mode(" + strconv.Itoa(int(m)) + ")"
+}
+
+// Reason says why a bucket's target ratio is above zero.
+type Reason uint8
+
+const (
+	None         Reason = iota // ratio is zero
+	OverLimit                  // the caller offers more than its own limit
+	OverCapacity               // the callee's capacity is exhausted and the caller is over its fair share
+)
+
+func (r Reason) String() string {
+	switch r {
+	case None:
+		return "none"
+	case OverLimit:
+		return "over_limit"
+	case OverCapacity:
+		return "over_capacity"
+	}
+	return "Reason(" + strconv.Itoa(int(r)) + ")"
+}
+
+// Config tunes the law. Start from [DefaultConfig]; the zero value is invalid.
+//
+// MinRate spares callers whose rate is too low for 1 - Limit/Offered to mean
+// anything, but not blocked callers (Limit 0): a block does not depend on the
+// rate, so it holds from the first request, even for a caller listed with no
+// traffic at all.
+type Config struct {
+	PMax        float64 // highest drop ratio ever returned; default 0.99; must be in (0,1)
+	MinRate     float64 // offered rps below which a caller is never dropped (noise); default 1; >= 0
+	ReleaseRate float64 // slow release: the admitted share (1-p) may grow at most by this factor per second; default 2; must be > 1
+}
+
+// DefaultConfig returns the defaults. With ReleaseRate 2 a ratio falls from
+// 0.99 to 0 in 7 one-second steps, and from 0.8 to 0 in 3.
+func DefaultConfig() Config {
+	return Config{PMax: 0.99, MinRate: 1, ReleaseRate: 2}
+}
+
+// Validate reports every problem at once, each naming the field and its bound.
+// Infinities are rejected too: an infinite MinRate would silently disable the
+// law, and an infinite ReleaseRate would defeat slow release.
+func (c Config) Validate() error {
+	var errs []error
+	if !(c.PMax > 0 && c.PMax < 1) {
+		errs = append(errs, fmt.Errorf("dropratio: PMax %v is outside (0, 1)", c.PMax))
+	}
+	if !(c.MinRate >= 0 && c.MinRate < math.Inf(1)) {
+		errs = append(errs, fmt.Errorf("dropratio: MinRate %v is outside [0, +Inf)", c.MinRate))
+	}
+	if !(c.ReleaseRate > 1 && c.ReleaseRate < math.Inf(1)) {
+		errs = append(errs, fmt.Errorf("dropratio: ReleaseRate %v is outside (1, +Inf)", c.ReleaseRate))
+	}
+	return errors.Join(errs...)
+}
+
+// Caller is one bucket's input: the load a caller offers to a service and the
+// limit it has there.
+//
+// Offered that is NaN, infinite or negative is treated as 0: a broken count
+// must not make the law drop anything. Limit that is NaN or negative is
+// treated as 0, which blocks the caller: a limit exists to protect the callee,
+// so a limit that can not be read fails closed, and the verdict's Limit of 0
+// makes the bad input visible. The configuration layer is expected to reject
+// such limits before they get here.
+type Caller struct {
+	Name    string
+	Offered float64 // global offered rate, rps, dropped requests included
+	Limit   float64 // rps; math.Inf(1) means no limit; 0 means block (ratio PMax)
+	Mode    Mode
+}
+
+// Service is one callee and the callers that offer it load.
+//
+// Callers may come in any order. Entries that share a Name, within a service
+// or across Services that share a Name, are merged into one bucket: offered
+// rates are summed (rates of disjoint sources add up, as they do between
+// tiers), the lowest limit and the lowest capacity apply, and Enforce wins over
+// Shadow. Summing never hides load and the strictest limit never loosens
+// protection, whatever the order of the input.
+//
+// Capacity follows the rules of Caller.Limit: NaN or negative means 0.
+type Service struct {
+	Name     string
+	Capacity float64  // total rps all callers share; math.Inf(1) means none
+	Callers  []Caller // any order; duplicate names are merged, see above
+}
+
+// Verdict is the law's output for one bucket.
+//
+// A caller's fair share of capacity is unbounded while the demands of all
+// callers fit in the capacity; once they do not, it is the max-min fair level,
+// for callers that demand less than the level too. Allowed is therefore the
+// limit itself until the callee is over capacity.
+//
+// Reason explains Target, not Ratio: while a ratio releases towards a target
+// of 0, Ratio is above zero and Reason is None.
+//
+// Offered and Limit echo the input after the rules for invalid values and
+// duplicates were applied, so they are never NaN.
+type Verdict struct {
+	Caller  string
+	Ratio   float64 // the drop ratio to push, after slow release, in [0, PMax]
+	Target  float64 // p*, the ratio before slow release
+	Allowed float64 // rps the caller may send now: min(its limit, its fair share of capacity); math.Inf(1) when unbounded
+	Offered float64 // echo of the input (0 for a caller carried over from an earlier step)
+	Limit   float64 // echo
+	Mode    Mode
+	Reason  Reason
+}
+
+// ServiceVerdict holds the verdicts of one callee.
+type ServiceVerdict struct {
+	Service  string
+	Verdicts []Verdict // sorted by Caller
+}

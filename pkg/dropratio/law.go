@@ -1,0 +1,375 @@
+package dropratio
+
+import (
+	"math"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Law holds the previous ratios of every bucket; it is the only state.
+// Not safe for concurrent use: one owner calls Step.
+//
+// Only buckets whose last ratio is above zero are held: a bucket at zero
+// behaves exactly like one never seen, so forgetting it loses nothing and
+// keeps memory proportional to the buckets being dropped, not to the mesh.
+type Law struct {
+	cfg      Config
+	services map[string]*serviceState
+	buckets  int    // buckets held across services, for Len
+	step     uint64 // counts Step calls, to spot services missing from the input
+
+	// Scratch reused by every Step, so that a steady state allocates only the
+	// slices it returns.
+	order    []int // services, by name
+	input    []row // one service's callers as given
+	perm     []int // input, by name
+	rows     []row // one service's buckets, by name, merged, carried over
+	demands  []float64
+	vanished []string
+}
+
+type serviceState struct {
+	callers map[string]bucket
+	step    uint64 // the last Step whose input named this service
+}
+
+type bucket struct {
+	ratio float64 // last ratio returned, in (0, PMax]
+	limit float64 // last known, for when the caller vanishes
+	mode  Mode
+}
+
+// row is one bucket while a service is being stepped.
+type row struct {
+	name    string
+	offered float64
+	limit   float64
+	mode    Mode
+	prev    float64
+	hasPrev bool
+	carried bool // missing from the input, kept while it releases
+}
+
+// New returns a law with no state. It refuses an invalid cfg; the error is
+// Validate's, which already names the package, fields and bounds.
+func New(cfg Config) (*Law, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &Law{cfg: cfg, services: make(map[string]*serviceState)}, nil
+}
+
+// Len returns the number of buckets held in state: those whose last ratio was
+// above zero.
+func (l *Law) Len() int { return l.buckets }
+
+// Ratio returns the last ratio returned for the bucket, 0 if none.
+func (l *Law) Ratio(service, caller string) float64 {
+	if st := l.services[service]; st != nil {
+		return st.callers[caller].ratio
+	}
+	return 0
+}
+
+// Step computes the verdicts for one tick, dt after the previous one, and
+// returns them sorted by Service, each service's verdicts sorted by Caller.
+//
+// Every service and caller in the input gets a verdict. Buckets that had a
+// ratio above zero but are missing from the input (the caller, or the whole
+// service, vanished) are carried over with Offered 0 and their last known
+// Limit and Mode: their ratio keeps releasing, they stay in the output until
+// it has reached 0, so sidecars learn of the 0, and are then forgotten.
+// A service that vanished has no known capacity and is stepped without one.
+//
+// A dt <= 0 (the first tick, or two ticks at one instant) allows no release:
+// a ratio may rise, never fall.
+//
+// Shadow callers are computed exactly as if enforced and take part in the
+// capacity split with the demand they would have under enforcement: a shadow
+// verdict says what enforcement would do, so switching a caller to Enforce
+// changes whether drops happen, never how many.
+func (l *Law) Step(dt time.Duration, services []Service) []ServiceVerdict {
+	l.step++
+	release := 0.0 // growth factor of the admitted share this tick; 0 means none
+	if dt > 0 {
+		release = math.Pow(l.cfg.ReleaseRate, dt.Seconds())
+	}
+
+	l.order = l.order[:0]
+	size := l.buckets // every held bucket may be carried over
+	for i := range services {
+		l.order = append(l.order, i)
+		size += len(services[i].Callers)
+	}
+	slices.SortFunc(l.order, func(a, b int) int {
+		return strings.Compare(services[a].Name, services[b].Name)
+	})
+
+	// One backing array for all verdicts: two allocations per Step in all.
+	// Each service gets a capped subslice, so appending to one can not
+	// overwrite the next.
+	out := make([]ServiceVerdict, 0, len(services)+len(l.services))
+	verdicts := make([]Verdict, 0, size)
+	emit := func(name string, capacity float64) {
+		start := len(verdicts)
+		verdicts = l.stepService(name, capacity, release, verdicts)
+		out = append(out, ServiceVerdict{Service: name, Verdicts: verdicts[start:len(verdicts):len(verdicts)]})
+	}
+
+	for i := 0; i < len(l.order); {
+		name := services[l.order[i]].Name
+		capacity := math.Inf(1)
+		l.input = l.input[:0]
+		for ; i < len(l.order) && services[l.order[i]].Name == name; i++ {
+			s := &services[l.order[i]]
+			capacity = min(capacity, sanitizeLimit(s.Capacity))
+			for _, c := range s.Callers {
+				l.input = append(l.input, row{
+					name:    c.Name,
+					offered: sanitizeOffered(c.Offered),
+					limit:   sanitizeLimit(c.Limit),
+					mode:    c.Mode,
+				})
+			}
+		}
+		emit(name, capacity)
+	}
+
+	l.vanished = l.vanished[:0]
+	for name, st := range l.services {
+		if st.step != l.step {
+			l.vanished = append(l.vanished, name)
+		}
+	}
+	if len(l.vanished) > 0 {
+		slices.Sort(l.vanished)
+		for _, name := range l.vanished {
+			l.input = l.input[:0]
+			emit(name, math.Inf(1))
+		}
+		slices.SortFunc(out, func(a, b ServiceVerdict) int { return strings.Compare(a.Service, b.Service) })
+	}
+	clear(l.vanished) // do not keep forgotten names alive
+	return out
+}
+
+// stepService steps the buckets of one service, whose callers are in
+// l.input, appends their verdicts to out and updates the state.
+func (l *Law) stepService(name string, capacity, release float64, out []Verdict) []Verdict {
+	// Sorting a permutation moves words, not rows of 56 bytes with pointers
+	// in them; the sort is most of the cost of Step on shuffled input.
+	in := l.input
+	l.perm = l.perm[:0]
+	for i := range in {
+		l.perm = append(l.perm, i)
+	}
+	slices.SortFunc(l.perm, func(a, b int) int { return compareRows(&in[a], &in[b]) })
+	rows := l.rows[:0]
+	for _, i := range l.perm {
+		rows = merge(rows, &in[i])
+	}
+
+	st := l.services[name]
+	if st != nil {
+		st.step = l.step
+		found := 0
+		for k := range rows {
+			if b, ok := st.callers[rows[k].name]; ok {
+				rows[k].prev, rows[k].hasPrev = b.ratio, true
+				found++
+			}
+		}
+		if found < len(st.callers) {
+			n := len(rows)
+			for caller, b := range st.callers {
+				if _, ok := slices.BinarySearchFunc(rows[:n], caller, compareRowName); !ok {
+					rows = append(rows, row{name: caller, limit: b.limit, mode: b.mode, prev: b.ratio, hasPrev: true, carried: true})
+				}
+			}
+			slices.SortFunc(rows, func(a, b row) int { return compareRows(&a, &b) })
+		}
+	}
+	l.rows = rows[:0] // keep the capacity
+
+	level := l.level(rows, capacity)
+	for k := range rows {
+		r := &rows[k]
+		allowed := min(r.limit, level)
+		target, reason := l.target(r, allowed, level)
+		ratio := l.release(r, target, release)
+		out = append(out, Verdict{
+			Caller:  r.name,
+			Ratio:   ratio,
+			Target:  target,
+			Allowed: allowed,
+			Offered: r.offered,
+			Limit:   r.limit,
+			Mode:    r.mode,
+			Reason:  reason,
+		})
+
+		switch {
+		case ratio > 0:
+			if st == nil {
+				st = &serviceState{callers: make(map[string]bucket), step: l.step}
+				l.services[name] = st
+			}
+			if !r.hasPrev {
+				l.buckets++
+			}
+			st.callers[r.name] = bucket{ratio: ratio, limit: r.limit, mode: r.mode}
+		case r.hasPrev:
+			delete(st.callers, r.name)
+			l.buckets--
+		}
+	}
+	if st != nil && len(st.callers) == 0 {
+		delete(l.services, name)
+	}
+	return out
+}
+
+// level returns the max-min fair share of capacity per caller, +Inf when the
+// callers' demands fit.
+func (l *Law) level(rows []row, capacity float64) float64 {
+	if math.IsInf(capacity, 1) {
+		return capacity
+	}
+	// rows are sorted by name, so the sum is the same on every replica.
+	sum := 0.0
+	for k := range rows {
+		sum += demand(&rows[k])
+	}
+	if !(sum > capacity) {
+		return math.Inf(1)
+	}
+	l.demands = l.demands[:0]
+	for k := range rows {
+		l.demands = append(l.demands, demand(&rows[k]))
+	}
+	return waterLevel(l.demands, capacity)
+}
+
+// demand is what a caller would send under its own limit. Callers below
+// MinRate count in full: they are spared drops, not capacity.
+func demand(r *row) float64 { return min(r.offered, r.limit) }
+
+// waterLevel splits capacity max-min fairly: it returns the level such that
+// giving each caller min(demand, level) hands out the whole capacity, or +Inf
+// when the demands fit. It sorts demands in place; demands must be >= 0.
+//
+// Going up from the smallest demand, each caller that wants no more than an
+// equal split of what is left is satisfied and leaves the rest to the others;
+// the first that wants more sets the level for itself and everyone above.
+func waterLevel(demands []float64, capacity float64) float64 {
+	slices.Sort(demands)
+	left := capacity
+	for i, d := range demands {
+		share := left / float64(len(demands)-i)
+		if d > share {
+			return share
+		}
+		left -= d
+	}
+	return math.Inf(1)
+}
+
+// target returns p*, the ratio that would admit exactly what the caller is
+// allowed, and why.
+func (l *Law) target(r *row, allowed, level float64) (float64, Reason) {
+	switch {
+	case r.carried:
+		// Nothing is known to be sent any more: release, then forget.
+		return 0, None
+	case r.limit == 0:
+		// A block is not an estimate from a rate, so neither MinRate nor the
+		// absence of traffic spares it: a blocked caller that is listed
+		// without traffic is blocked from its first request.
+		return l.cfg.PMax, OverLimit
+	case r.offered == 0 || r.offered < l.cfg.MinRate:
+		return 0, None
+	}
+	p := 1 - allowed/r.offered
+	if !(p > 0) {
+		return 0, None
+	}
+	p = min(p, l.cfg.PMax)
+	if level < r.limit {
+		return p, OverCapacity
+	}
+	return p, OverLimit
+}
+
+// release applies fast attack, slow release: a ratio rises to its target at
+// once, but the admitted share 1-p grows by at most the factor release, so the
+// end of a surge does not open the gates all at once.
+func (l *Law) release(r *row, target, release float64) float64 {
+	if !r.hasPrev || target >= r.prev {
+		return target
+	}
+	if release == 0 {
+		return r.prev
+	}
+	// The explicit conversion rounds the product before the subtraction, so
+	// no platform fuses them into one FMA and replicas on amd64 and arm64
+	// agree bit for bit.
+	eased := 1 - float64((1-r.prev)*release)
+	return min(max(target, eased, 0), l.cfg.PMax)
+}
+
+// compareRows orders rows by name, and duplicates by value, so that merging
+// sums them in the same order whatever the input order was.
+func compareRows(a, b *row) int {
+	if c := strings.Compare(a.name, b.name); c != 0 {
+		return c
+	}
+	switch {
+	case a.offered != b.offered:
+		return cmpFloat(a.offered, b.offered)
+	case a.limit != b.limit:
+		return cmpFloat(a.limit, b.limit)
+	}
+	return int(a.mode) - int(b.mode)
+}
+
+func cmpFloat(a, b float64) int {
+	if a < b {
+		return -1
+	}
+	return 1
+}
+
+func compareRowName(r row, name string) int { return strings.Compare(r.name, name) }
+
+// merge appends r to rows, which are sorted by name, or merges it into the
+// last row if that has the same name, by the rule documented on Service.
+func merge(rows []row, r *row) []row {
+	if len(rows) == 0 || rows[len(rows)-1].name != r.name {
+		return append(rows, *r)
+	}
+	m := &rows[len(rows)-1]
+	// Sanitized rates are finite, but their sum may overflow.
+	m.offered = min(m.offered+r.offered, math.MaxFloat64)
+	m.limit = min(m.limit, r.limit)
+	m.mode = min(m.mode, r.mode)
+	return rows
+}
+
+// sanitizeOffered maps a rate that can not be a real count (NaN, infinite,
+// negative, or -0) to 0.
+func sanitizeOffered(v float64) float64 {
+	if !(v > 0) || math.IsInf(v, 1) {
+		return 0
+	}
+	return v
+}
+
+// sanitizeLimit maps a NaN or negative limit or capacity to 0, which blocks:
+// see Caller. +Inf stays: it means no limit.
+func sanitizeLimit(v float64) float64 {
+	if !(v > 0) {
+		return 0
+	}
+	return v
+}

@@ -1,0 +1,5 @@
+//go:build !race
+
+package dropratio
+
+const raceEnabled = false
