@@ -1,0 +1,228 @@
+package limits
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"os"
+	"sort"
+	"sync/atomic"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/sluicehq/sluice/internal/names"
+	"github.com/sluicehq/sluice/pkg/dropratio"
+)
+
+// fileDoc is the YAML form of a limits file:
+//
+//	services:
+//	  checkout:
+//	    capacity: 1000       # rps shared by all callers (optional)
+//	    default_limit: 200   # rps per caller without a limit of its own (optional)
+//	    mode: enforce        # enforce | shadow (default enforce)
+//	    fail_mode: open      # open | hold | local (default open)
+//	    callers:
+//	      web:   {limit: 100}
+//	      batch: {limit: 50, mode: shadow}
+type fileDoc struct {
+	Services map[string]fileService `yaml:"services"`
+}
+
+type fileService struct {
+	Capacity     *float64              `yaml:"capacity"`
+	DefaultLimit *float64              `yaml:"default_limit"`
+	Mode         string                `yaml:"mode"`
+	FailMode     string                `yaml:"fail_mode"`
+	Callers      map[string]fileBucket `yaml:"callers"`
+}
+
+type fileBucket struct {
+	Limit *float64 `yaml:"limit"`
+	Mode  string   `yaml:"mode"`
+}
+
+// Parse reads a limits document. Unknown fields are errors, and every problem
+// is reported at once, each with its path (services.checkout.callers.web.limit).
+func Parse(r io.Reader) (*Set, error) {
+	dec := yaml.NewDecoder(r)
+	dec.KnownFields(true)
+	var doc fileDoc
+	if err := dec.Decode(&doc); err != nil && !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("decode limits: %w", err)
+	}
+	var errs []error
+	services := make(map[string]*Service, len(doc.Services))
+	for _, name := range sortedKeys(doc.Services) {
+		fs := doc.Services[name]
+		path := "services." + name
+		if err := names.Check(name); err != nil || name == names.Overflow {
+			errs = append(errs, fmt.Errorf("%s: invalid service name: %v", path, errOr(err, "reserved")))
+		}
+		svc := &Service{
+			Name:         name,
+			Capacity:     rate(path+".capacity", fs.Capacity, &errs),
+			DefaultLimit: rate(path+".default_limit", fs.DefaultLimit, &errs),
+			Mode:         mode(path+".mode", fs.Mode, dropratio.Enforce, &errs),
+			FailMode:     failMode(path+".fail_mode", fs.FailMode, &errs),
+			Callers:      make(map[string]Bucket, len(fs.Callers)),
+		}
+		for _, caller := range sortedKeys(fs.Callers) {
+			fb := fs.Callers[caller]
+			cpath := path + ".callers." + caller
+			if err := names.Check(caller); err != nil {
+				errs = append(errs, fmt.Errorf("%s: invalid caller name: %v", cpath, err))
+			}
+			if fb.Limit == nil {
+				errs = append(errs, fmt.Errorf("%s.limit: missing", cpath))
+			}
+			svc.Callers[caller] = Bucket{
+				Limit: rate(cpath+".limit", fb.Limit, &errs),
+				Mode:  mode(cpath+".mode", fb.Mode, svc.Mode, &errs),
+			}
+		}
+		services[name] = svc
+	}
+	if len(errs) > 0 {
+		return nil, fmt.Errorf("invalid limits: %w", errors.Join(errs...))
+	}
+	return NewSet(services), nil
+}
+
+func errOr(err error, s string) any {
+	if err != nil {
+		return err
+	}
+	return s
+}
+
+// rate turns an optional YAML number into a rate, +Inf when absent.
+func rate(path string, v *float64, errs *[]error) float64 {
+	if v == nil {
+		return math.Inf(1)
+	}
+	if math.IsNaN(*v) || math.IsInf(*v, 0) || *v < 0 {
+		*errs = append(*errs, fmt.Errorf("%s: %v is not a finite rate >= 0", path, *v))
+		return math.Inf(1)
+	}
+	return *v
+}
+
+func mode(path, s string, def dropratio.Mode, errs *[]error) dropratio.Mode {
+	switch s {
+	case "":
+		return def
+	case "enforce":
+		return dropratio.Enforce
+	case "shadow":
+		return dropratio.Shadow
+	}
+	*errs = append(*errs, fmt.Errorf("%s: %q is not enforce or shadow", path, s))
+	return def
+}
+
+func failMode(path, s string, errs *[]error) string {
+	switch s {
+	case "":
+		return FailOpen
+	case FailOpen, FailHold, FailLocal:
+		return s
+	}
+	*errs = append(*errs, fmt.Errorf("%s: %q is not open, hold or local", path, s))
+	return FailOpen
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+// File is a Source backed by a YAML file that it re-reads when the file
+// changes. A file that turns invalid is logged and counted, and the last good
+// limits stay in force.
+type File struct {
+	path     string
+	interval time.Duration
+	logger   *slog.Logger
+	current  atomic.Pointer[Set]
+	last     []byte // contents of the last load attempt; owned by Run
+
+	// OnReload, when set before Run, is told the outcome of every reload
+	// attempt (nil error for success), for metrics.
+	OnReload func(error)
+}
+
+// LoadFile reads path once and returns a File that Run keeps current, polling
+// every interval. An invalid file is an error here, at start-up.
+func LoadFile(path string, interval time.Duration, logger *slog.Logger) (*File, error) {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read limits: %w", err)
+	}
+	set, err := Parse(bytes.NewReader(data))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	f := &File{path: path, interval: interval, logger: logger, last: data}
+	f.current.Store(set)
+	return f, nil
+}
+
+// Limits returns the last good limits.
+func (f *File) Limits() *Set { return f.current.Load() }
+
+// Run re-reads the file every interval until ctx is cancelled. Polling the
+// contents, not inotify, also sees ConfigMap updates, which swap a symlink.
+func (f *File) Run(ctx context.Context) error {
+	if f.interval <= 0 {
+		<-ctx.Done()
+		return nil
+	}
+	t := time.NewTicker(f.interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+			f.reload()
+		}
+	}
+}
+
+func (f *File) reload() {
+	data, err := os.ReadFile(f.path)
+	if err == nil && bytes.Equal(data, f.last) {
+		return
+	}
+	var set *Set
+	if err == nil {
+		set, err = Parse(bytes.NewReader(data))
+	}
+	if f.OnReload != nil {
+		f.OnReload(err)
+	}
+	if data != nil {
+		// Remember bad contents too, so that one bad edit is reported once,
+		// not on every poll until someone fixes it.
+		f.last = data
+	}
+	if err != nil {
+		f.logger.Error("limits file invalid; keeping the last good limits", "path", f.path, "err", err)
+		return
+	}
+	f.current.Store(set)
+	f.logger.Info("limits reloaded", "path", f.path, "services", set.Len())
+}

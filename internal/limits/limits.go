@@ -1,0 +1,109 @@
+// Package limits holds the configured limits the controller enforces and the
+// sources they come from.
+//
+// A Set is immutable once built: a source builds a new Set and swaps it in, so
+// the controller's tick reads limits without locks and never sees a half
+// applied change.
+package limits
+
+import (
+	"context"
+	"math"
+	"sort"
+
+	"github.com/sluicehq/sluice/pkg/dropratio"
+)
+
+// Source yields the limits in force. Limits must be cheap: the controller
+// calls it on every tick. A source that reloads in the background does so in
+// its Run method, owned by the caller.
+type Source interface {
+	Limits() *Set
+}
+
+// Runner is a Source that keeps itself current until ctx is cancelled.
+type Runner interface {
+	Source
+	Run(ctx context.Context) error
+}
+
+// Set is one consistent version of every limit. Read only.
+type Set struct {
+	services map[string]*Service
+	names    []string // sorted keys of services
+}
+
+// Service holds the limits of one callee.
+type Service struct {
+	Name string
+	// Capacity is the rate all callers share; +Inf when there is none.
+	Capacity float64
+	// DefaultLimit applies to callers without a limit of their own; +Inf
+	// when there is none.
+	DefaultLimit float64
+	// Mode applies to callers without a mode of their own.
+	Mode dropratio.Mode
+	// FailMode is what the service's sidecars do when their policy expires:
+	// "open", "hold" or "local".
+	FailMode string
+	// Callers holds the per-bucket limits, keyed by caller.
+	Callers map[string]Bucket
+}
+
+// Bucket is the limit of one (callee, caller) pair.
+type Bucket struct {
+	Limit float64 // requests per second; +Inf means none
+	Mode  dropratio.Mode
+}
+
+// Fail modes a service may name.
+const (
+	FailOpen  = "open"
+	FailHold  = "hold"
+	FailLocal = "local"
+)
+
+// NewSet builds a Set from services; the map must not be changed afterwards.
+func NewSet(services map[string]*Service) *Set {
+	s := &Set{services: services}
+	for name := range services {
+		s.names = append(s.names, name)
+	}
+	sort.Strings(s.names)
+	return s
+}
+
+// Empty is the Set with no limits at all.
+var Empty = NewSet(nil)
+
+// Services returns the names of every configured service, sorted.
+func (s *Set) Services() []string { return s.names }
+
+// Service returns the limits of a callee, or nil when it has none.
+func (s *Set) Service(name string) *Service { return s.services[name] }
+
+// Len is the number of configured services.
+func (s *Set) Len() int { return len(s.services) }
+
+// Bucket returns the limit that applies to caller when it calls svc: its own,
+// else the service default, else none.
+func (svc *Service) Bucket(caller string) Bucket {
+	if svc == nil {
+		return Bucket{Limit: math.Inf(1), Mode: dropratio.Enforce}
+	}
+	if b, ok := svc.Callers[caller]; ok {
+		return b
+	}
+	return Bucket{Limit: svc.DefaultLimit, Mode: svc.Mode}
+}
+
+// Static is a Source whose limits never change: the demo's and tests'.
+type Static struct{ Set *Set }
+
+// Limits returns the fixed set.
+func (s Static) Limits() *Set {
+	if s.Set == nil {
+		return Empty
+	}
+	return s.Set
+}

@@ -1,0 +1,163 @@
+package limits
+
+import (
+	"context"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/pkg/dropratio"
+)
+
+const good = `
+services:
+  checkout:
+    capacity: 1000
+    default_limit: 200
+    fail_mode: hold
+    callers:
+      web:   {limit: 100}
+      batch: {limit: 50, mode: shadow}
+  orders:
+    mode: shadow
+    callers:
+      web: {limit: 0}
+`
+
+func TestParse(t *testing.T) {
+	set, err := Parse(strings.NewReader(good))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := set.Services(); strings.Join(got, ",") != "checkout,orders" {
+		t.Errorf("services = %v", got)
+	}
+	co := set.Service("checkout")
+	if co.Capacity != 1000 || co.DefaultLimit != 200 || co.Mode != dropratio.Enforce || co.FailMode != FailHold {
+		t.Errorf("checkout = %+v", co)
+	}
+	for _, tc := range []struct {
+		svc, caller string
+		want        Bucket
+	}{
+		{"checkout", "web", Bucket{100, dropratio.Enforce}},
+		{"checkout", "batch", Bucket{50, dropratio.Shadow}},
+		{"checkout", "other", Bucket{200, dropratio.Enforce}},           // the default limit
+		{"orders", "web", Bucket{0, dropratio.Shadow}},                  // inherits the service's mode
+		{"orders", "other", Bucket{math.Inf(1), dropratio.Shadow}},      // no default: unlimited
+		{"unconfigured", "web", Bucket{math.Inf(1), dropratio.Enforce}}, // no limits at all
+	} {
+		if got := set.Service(tc.svc).Bucket(tc.caller); got != tc.want {
+			t.Errorf("%s/%s = %+v, want %+v", tc.svc, tc.caller, got, tc.want)
+		}
+	}
+	if o := set.Service("orders"); !math.IsInf(o.Capacity, 1) || o.FailMode != FailOpen {
+		t.Errorf("orders defaults = %+v", o)
+	}
+}
+
+func TestParseReportsEveryProblemWithItsPath(t *testing.T) {
+	bad := `
+services:
+  checkout:
+    capacity: -1
+    mode: strict
+    fail_mode: closed
+    callers:
+      web: {limit: .nan}
+      "bad name": {limit: 1}
+      nolimit: {mode: shadow}
+`
+	_, err := Parse(strings.NewReader(bad))
+	if err == nil {
+		t.Fatal("want an error")
+	}
+	for _, want := range []string{
+		"services.checkout.capacity", "services.checkout.mode", "services.checkout.fail_mode",
+		"services.checkout.callers.web.limit", "services.checkout.callers.bad name", "services.checkout.callers.nolimit.limit: missing",
+	} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error does not mention %q:\n%v", want, err)
+		}
+	}
+}
+
+func TestParseRejectsUnknownFields(t *testing.T) {
+	_, err := Parse(strings.NewReader("services:\n  checkout:\n    capacty: 5\n"))
+	if err == nil || !strings.Contains(err.Error(), "capacty") {
+		t.Errorf("typo accepted: %v", err)
+	}
+}
+
+func TestEmptyDocument(t *testing.T) {
+	set, err := Parse(strings.NewReader(""))
+	if err != nil || set.Len() != 0 {
+		t.Errorf("empty = %v, %v", set, err)
+	}
+}
+
+func TestFileReloads(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "limits.yaml")
+	if err := os.WriteFile(path, []byte(good), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f, err := LoadFile(path, 10*time.Millisecond, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reloads := make(chan error, 10)
+	f.OnReload = func(err error) { reloads <- err }
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- f.Run(ctx) }()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	wait := func() error {
+		select {
+		case err := <-reloads:
+			return err
+		case <-time.After(5 * time.Second):
+			t.Fatal("no reload")
+			return nil
+		}
+	}
+
+	os.WriteFile(path, []byte("services:\n  checkout:\n    callers:\n      web: {limit: 7}\n"), 0o644)
+	if err := wait(); err != nil {
+		t.Fatalf("reload: %v", err)
+	}
+	if got := f.Limits().Service("checkout").Bucket("web").Limit; got != 7 {
+		t.Errorf("limit after reload = %v, want 7", got)
+	}
+
+	// A bad edit is reported once and the last good limits stay.
+	os.WriteFile(path, []byte("services: [nonsense"), 0o644)
+	if err := wait(); err == nil {
+		t.Fatal("bad file reloaded without error")
+	}
+	if got := f.Limits().Service("checkout").Bucket("web").Limit; got != 7 {
+		t.Errorf("limit after a bad edit = %v, want the last good 7", got)
+	}
+	select {
+	case err := <-reloads:
+		t.Errorf("the same bad contents were reloaded again: %v", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+}
+
+func TestLoadFileFailsAtStartup(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "limits.yaml")
+	os.WriteFile(path, []byte("services:\n  x:\n    callers:\n      web: {limit: -3}\n"), 0o644)
+	_, err := LoadFile(path, 0, nil)
+	if err == nil || !strings.Contains(err.Error(), "services.x.callers.web.limit") || !strings.Contains(err.Error(), path) {
+		t.Errorf("LoadFile = %v, want an error naming the file and the field", err)
+	}
+	if _, err := LoadFile(filepath.Join(t.TempDir(), "missing.yaml"), 0, nil); err == nil {
+		t.Error("a missing file loaded")
+	}
+}
