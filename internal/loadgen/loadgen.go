@@ -1,0 +1,252 @@
+// Package loadgen sends paced, open-loop HTTP load through sidecars and counts
+// per second and per caller what was offered, admitted and dropped.
+//
+// Open loop: requests leave on schedule whether or not earlier ones have
+// returned, as real callers' traffic does; a dropped request is not retried.
+// When more requests are in flight than the generator allows, it skips the
+// request and counts it, so an overloaded generator shows in its numbers
+// instead of quietly sending less.
+package loadgen
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Caller is one source of load.
+type Caller struct {
+	Name string
+	// Rate is the offered rate in requests per second at time t since the
+	// start of the run.
+	Rate func(t time.Duration) float64
+}
+
+// Options configures a Generator.
+type Options struct {
+	// Targets are the sidecars' base URLs; requests go round-robin.
+	Targets []string
+	Callers []Caller
+	// Header carries the caller's name; default x-sluice-caller.
+	Header string
+	// Path is requested on every target; default "/".
+	Path string
+	// Tick is the pacing step; default 5ms.
+	Tick time.Duration
+	// MaxInFlight bounds concurrent requests; default 1024.
+	MaxInFlight int
+	// Duration bounds the run, and the per-second table; required.
+	Duration time.Duration
+}
+
+// Second is what one caller saw in one second, by the second requests left.
+type Second struct {
+	Sent     int64 // requests sent
+	Admitted int64 // answered 2xx
+	Dropped  int64 // answered 429
+	Errors   int64 // transport errors and other statuses
+	Skipped  int64 // not sent: too many in flight
+}
+
+// Generator runs one load run. Stats may be read while it runs.
+type Generator struct {
+	opts   Options
+	client *http.Client
+	sem    chan struct{}
+	next   atomic.Uint64 // round-robin target index
+	start  time.Time
+
+	// counts[caller][second] are updated with atomics by request goroutines.
+	counts [][]counters
+	wg     sync.WaitGroup
+}
+
+type counters struct {
+	sent, admitted, dropped, errors, skipped atomic.Int64
+}
+
+// New validates opts and builds a Generator.
+func New(opts Options) (*Generator, error) {
+	var errs []error
+	if len(opts.Targets) == 0 {
+		errs = append(errs, errors.New("loadgen: Targets: at least one is required"))
+	}
+	if len(opts.Callers) == 0 {
+		errs = append(errs, errors.New("loadgen: Callers: at least one is required"))
+	}
+	if opts.Duration <= 0 {
+		errs = append(errs, errors.New("loadgen: Duration: must be positive"))
+	}
+	for i, c := range opts.Callers {
+		if c.Name == "" || c.Rate == nil {
+			errs = append(errs, fmt.Errorf("loadgen: Callers[%d]: needs a Name and a Rate", i))
+		}
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	if opts.Header == "" {
+		opts.Header = "x-sluice-caller"
+	}
+	if opts.Path == "" {
+		opts.Path = "/"
+	}
+	if opts.Tick <= 0 {
+		opts.Tick = 5 * time.Millisecond
+	}
+	if opts.MaxInFlight <= 0 {
+		opts.MaxInFlight = 1024
+	}
+	seconds := int(opts.Duration/time.Second) + 2
+	g := &Generator{
+		opts: opts,
+		client: &http.Client{
+			Timeout: 5 * time.Second,
+			Transport: &http.Transport{
+				MaxIdleConns:        opts.MaxInFlight,
+				MaxIdleConnsPerHost: opts.MaxInFlight,
+				IdleConnTimeout:     30 * time.Second,
+				DisableCompression:  true,
+			},
+		},
+		sem:    make(chan struct{}, opts.MaxInFlight),
+		counts: make([][]counters, len(opts.Callers)),
+	}
+	for i := range g.counts {
+		g.counts[i] = make([]counters, seconds)
+	}
+	return g, nil
+}
+
+// Run sends load until Duration has passed or ctx ends, then waits for the
+// requests in flight. onSecond, if set, is called after each full second with
+// its index, from Run's goroutine.
+func (g *Generator) Run(ctx context.Context, onSecond func(second int)) error {
+	defer g.client.CloseIdleConnections()
+	g.start = time.Now()
+	ctx, cancel := context.WithTimeout(ctx, g.opts.Duration)
+	defer cancel()
+	t := time.NewTicker(g.opts.Tick)
+	defer t.Stop()
+
+	due := make([]float64, len(g.opts.Callers)) // requests owed, fractional
+	last := g.start
+	reported := 0
+	// pace sends what the schedule owes up to now.
+	pace := func(now time.Time) int {
+		elapsed := now.Sub(g.start)
+		if elapsed > g.opts.Duration {
+			elapsed, now = g.opts.Duration, g.start.Add(g.opts.Duration)
+		}
+		step := now.Sub(last).Seconds()
+		last = now
+		sec := min(int(elapsed/time.Second), len(g.counts[0])-1)
+		for i, c := range g.opts.Callers {
+			due[i] += c.Rate(elapsed) * step
+			for ; due[i] >= 1; due[i]-- {
+				g.send(ctx, i, sec)
+			}
+		}
+		return sec
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			deadline := errors.Is(ctx.Err(), context.DeadlineExceeded)
+			if deadline {
+				// Ticks run late on a busy machine: settle the schedule's
+				// last stretch so a run always offers what it promised.
+				pace(g.start.Add(g.opts.Duration))
+			}
+			g.wg.Wait()
+			if onSecond != nil {
+				for ; reported < int(g.opts.Duration/time.Second); reported++ {
+					onSecond(reported)
+				}
+			}
+			if deadline {
+				return nil
+			}
+			return ctx.Err()
+		case now := <-t.C:
+			sec := pace(now)
+			// Report a second once its requests had a moment to return.
+			for onSecond != nil && reported < sec-1 {
+				onSecond(reported)
+				reported++
+			}
+		}
+	}
+}
+
+func (g *Generator) send(ctx context.Context, caller, sec int) {
+	c := &g.counts[caller][sec]
+	select {
+	case g.sem <- struct{}{}:
+	default:
+		c.skipped.Add(1)
+		return
+	}
+	c.sent.Add(1)
+	target := g.opts.Targets[g.next.Add(1)%uint64(len(g.opts.Targets))]
+	g.wg.Add(1)
+	go func() {
+		defer g.wg.Done()
+		defer func() { <-g.sem }()
+		// The request outlives the run's deadline: it was sent in time.
+		req, err := http.NewRequestWithContext(context.WithoutCancel(ctx), http.MethodGet, target+g.opts.Path, nil)
+		if err != nil {
+			c.errors.Add(1)
+			return
+		}
+		req.Header.Set(g.opts.Header, g.opts.Callers[caller].Name)
+		resp, err := g.client.Do(req)
+		if err != nil {
+			c.errors.Add(1)
+			return
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		switch {
+		case resp.StatusCode >= 200 && resp.StatusCode < 300:
+			c.admitted.Add(1)
+		case resp.StatusCode == http.StatusTooManyRequests:
+			c.dropped.Add(1)
+		default:
+			c.errors.Add(1)
+		}
+	}()
+}
+
+// Second returns what caller saw in second sec (0-based), by name.
+func (g *Generator) Second(caller string, sec int) Second {
+	for i, c := range g.opts.Callers {
+		if c.Name == caller && sec >= 0 && sec < len(g.counts[i]) {
+			k := &g.counts[i][sec]
+			return Second{Sent: k.sent.Load(), Admitted: k.admitted.Load(), Dropped: k.dropped.Load(), Errors: k.errors.Load(), Skipped: k.skipped.Load()}
+		}
+	}
+	return Second{}
+}
+
+// Sum adds up seconds [from, to) of caller.
+func (g *Generator) Sum(caller string, from, to int) Second {
+	var s Second
+	for sec := from; sec < to; sec++ {
+		x := g.Second(caller, sec)
+		s.Sent += x.Sent
+		s.Admitted += x.Admitted
+		s.Dropped += x.Dropped
+		s.Errors += x.Errors
+		s.Skipped += x.Skipped
+	}
+	return s
+}
+
+// Elapsed is the time since Run started.
+func (g *Generator) Elapsed() time.Duration { return time.Since(g.start) }

@@ -1,0 +1,90 @@
+package loadgen
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+func TestCountsAdmittedAndDropped(t *testing.T) {
+	var n atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("x-sluice-caller") != "web" {
+			http.Error(w, "no caller", http.StatusBadRequest)
+			return
+		}
+		// Every other request is "dropped".
+		if n.Add(1)%2 == 0 {
+			w.WriteHeader(http.StatusTooManyRequests)
+		}
+	}))
+	defer srv.Close()
+	g, err := New(Options{
+		Targets:  []string{srv.URL},
+		Callers:  []Caller{{Name: "web", Rate: func(time.Duration) float64 { return 200 }}},
+		Duration: 2 * time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seconds []int
+	if err := g.Run(context.Background(), func(s int) { seconds = append(seconds, s) }); err != nil {
+		t.Fatal(err)
+	}
+	s := g.Sum("web", 0, 3)
+	// Pacing is by schedule: 200 rps for 2 s is 400 requests, give or take
+	// the last tick.
+	if s.Sent < 390 || s.Sent > 401 {
+		t.Errorf("sent %d, want about 400", s.Sent)
+	}
+	if s.Admitted+s.Dropped+s.Errors+s.Skipped != s.Sent+s.Skipped || s.Errors != 0 {
+		t.Errorf("outcomes do not add up: %+v", s)
+	}
+	if d := s.Admitted - s.Dropped; d < -1 || d > 1 {
+		t.Errorf("admitted %d vs dropped %d, want half each", s.Admitted, s.Dropped)
+	}
+	if len(seconds) != 2 || seconds[0] != 0 || seconds[1] != 1 {
+		t.Errorf("onSecond saw %v, want [0 1]", seconds)
+	}
+}
+
+func TestSkipsWhenSaturated(t *testing.T) {
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { <-release }))
+	defer srv.Close()
+	g, err := New(Options{
+		Targets:     []string{srv.URL},
+		Callers:     []Caller{{Name: "web", Rate: func(time.Duration) float64 { return 1000 }}},
+		Duration:    time.Second,
+		MaxInFlight: 4,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error)
+	go func() { done <- g.Run(context.Background(), nil) }()
+	deadline := time.Now().Add(5 * time.Second)
+	for g.Sum("web", 0, 2).Skipped == 0 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	s := g.Sum("web", 0, 3)
+	if s.Skipped == 0 {
+		t.Errorf("saturated generator skipped nothing: %+v", s)
+	}
+	if total := s.Sent + s.Skipped; total < 990 || total > 1001 {
+		t.Errorf("sent+skipped = %d, want the schedule's 1000", total)
+	}
+}
+
+func TestValidate(t *testing.T) {
+	if _, err := New(Options{}); err == nil {
+		t.Error("empty options accepted")
+	}
+}
