@@ -1,0 +1,326 @@
+// Package xdsclient subscribes to sluice DropPolicy resources by name over ADS.
+//
+// go-control-plane has no client fit for a sidecar (its SotW client is
+// wildcard-only, has no delta and no reconnect, and holds a lock while blocked
+// in Recv), and grpc-go's is internal. This one does the small part sluice
+// needs: one resource type, named subscriptions, delta (default) or
+// state-of-the-world, ACK/NACK, reconnect with backoff and failover across
+// servers. It keeps the last accepted resources across stream losses: a lost
+// controller is handled by the policy's TTL and fail mode, not by forgetting.
+package xdsclient
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+)
+
+// TypeURL is the xDS type of a DropPolicy resource.
+const TypeURL = "type.googleapis.com/sluice.v1.DropPolicy"
+
+// maxRecvMsgSize bounds one xDS response. gRPC's 4 MiB default is too small
+// for a policy table of 100k buckets (about 6 MB).
+const maxRecvMsgSize = 64 << 20
+
+// Protocol is the xDS variant a Client speaks.
+type Protocol uint8
+
+const (
+	// Delta is incremental xDS: the server sends changes and removals, and a
+	// reconnecting client names the versions it holds, so it is sent only
+	// what changed. The default.
+	Delta Protocol = iota
+	// SotW is state-of-the-world xDS. It can not signal removals of a custom
+	// type, and a reconnecting client is sent all its resources again.
+	SotW
+)
+
+func (p Protocol) String() string {
+	switch p {
+	case Delta:
+		return "delta"
+	case SotW:
+		return "sotw"
+	}
+	return fmt.Sprintf("Protocol(%d)", uint8(p))
+}
+
+// Handler receives the resources. Its methods are called from Run's
+// goroutine, one at a time, and block the stream while they run: they should
+// swap a snapshot and return.
+type Handler interface {
+	// Update is called with each new version of a subscribed resource; an
+	// error makes the client NACK that response (error_detail carries the
+	// message) and keep the last good resource.
+	Update(name string, p *sluicev1.DropPolicy) error
+	// Remove is called when the server removes a subscribed resource (delta
+	// removed_resources).
+	Remove(name string)
+}
+
+// Config configures a Client.
+type Config struct {
+	Servers     []string // host:port of controllers or relays, tried in order, failover to the next on error
+	NodeID      string   // core.v3 Node id, e.g. pod name
+	Cluster     string   // Node cluster: the service name
+	Zone        string   // Node locality zone
+	Resources   []string // resource names, e.g. "callee/checkout"
+	Protocol    Protocol
+	DialOptions []grpc.DialOption // default: insecure credentials (plaintext for local dev; mTLS comes in a later issue)
+	// Reconnect backoff with jitter; defaults 100ms and 5s; reset after a
+	// stream that received something.
+	BackoffMin, BackoffMax time.Duration
+	Logger                 *slog.Logger // nil discards
+	Registerer             prometheus.Registerer
+}
+
+const (
+	defaultBackoffMin = 100 * time.Millisecond
+	defaultBackoffMax = 5 * time.Second
+)
+
+// Client holds one ADS stream at a time to one of its servers.
+type Client struct {
+	cfg      Config
+	h        Handler
+	log      *slog.Logger
+	m        metrics
+	node     *core.Node
+	dialOpts []grpc.DialOption
+	names    map[string]struct{} // subscribed resource names
+
+	running   atomic.Bool
+	connected atomic.Bool
+
+	// mu protects held. Only Run's goroutine writes it; Policy reads it.
+	// It is never held across Recv or a Handler call.
+	mu   sync.Mutex
+	held map[string]heldResource
+}
+
+// heldResource is the last accepted version of a resource.
+type heldResource struct {
+	policy *sluicev1.DropPolicy
+	// version is the delta resource version (a content hash with
+	// go-control-plane), sent back in initial_resource_versions on
+	// reconnect. Empty under SotW, which has only per-response versions.
+	version string
+}
+
+// New validates cfg, fills in its defaults and returns a Client. It does not
+// connect; Run does.
+func New(cfg Config, h Handler) (*Client, error) {
+	if cfg.BackoffMin == 0 {
+		cfg.BackoffMin = defaultBackoffMin
+	}
+	if cfg.BackoffMax == 0 {
+		cfg.BackoffMax = max(defaultBackoffMax, cfg.BackoffMin)
+	}
+	if cfg.DialOptions == nil {
+		cfg.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	}
+	cfg.Servers = append([]string(nil), cfg.Servers...)
+	cfg.Resources = append([]string(nil), cfg.Resources...)
+	if err := validate(cfg, h); err != nil {
+		return nil, err
+	}
+	logger := cfg.Logger
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	c := &Client{
+		cfg: cfg,
+		h:   h,
+		log: logger,
+		m:   newMetrics(cfg.Registerer, logger),
+		node: &core.Node{
+			Id:            cfg.NodeID,
+			Cluster:       cfg.Cluster,
+			Locality:      &core.Locality{Zone: cfg.Zone},
+			UserAgentName: "sluice-xdsclient",
+		},
+		dialOpts: cfg.DialOptions,
+		names:    make(map[string]struct{}, len(cfg.Resources)),
+		held:     make(map[string]heldResource, len(cfg.Resources)),
+	}
+	for _, n := range cfg.Resources {
+		c.names[n] = struct{}{}
+	}
+	return c, nil
+}
+
+// validate reports every problem of cfg at once, each naming its field.
+func validate(cfg Config, h Handler) error {
+	var errs []error
+	if h == nil {
+		errs = append(errs, errors.New("handler: must not be nil"))
+	}
+	if len(cfg.Servers) == 0 {
+		errs = append(errs, errors.New("Servers: at least one host:port is required"))
+	}
+	for i, s := range cfg.Servers {
+		if host, port, err := net.SplitHostPort(s); err != nil || host == "" || port == "" {
+			errs = append(errs, fmt.Errorf("Servers[%d]: %q is not host:port", i, s))
+		}
+	}
+	if cfg.NodeID == "" {
+		errs = append(errs, errors.New("NodeID: must not be empty"))
+	}
+	if len(cfg.Resources) == 0 {
+		errs = append(errs, errors.New("Resources: at least one resource name is required (wildcard is not supported)"))
+	}
+	seen := make(map[string]bool, len(cfg.Resources))
+	for i, n := range cfg.Resources {
+		// The names of DESIGN.md; "*" (wildcard) makes the server scan its
+		// whole table per update, so it is refused here.
+		svc, ok := strings.CutPrefix(n, "callee/")
+		if !ok {
+			svc, ok = strings.CutPrefix(n, "caller/")
+		}
+		switch {
+		case !ok || svc == "":
+			errs = append(errs, fmt.Errorf("Resources[%d]: %q is not callee/<service> or caller/<service>", i, n))
+		case seen[n]:
+			errs = append(errs, fmt.Errorf("Resources[%d]: %q is listed twice", i, n))
+		}
+		seen[n] = true
+	}
+	if cfg.Protocol != Delta && cfg.Protocol != SotW {
+		errs = append(errs, fmt.Errorf("Protocol: %d is neither Delta (0) nor SotW (1)", cfg.Protocol))
+	}
+	if cfg.BackoffMin < 0 {
+		errs = append(errs, fmt.Errorf("BackoffMin: %v is negative", cfg.BackoffMin))
+	}
+	if cfg.BackoffMax < cfg.BackoffMin {
+		errs = append(errs, fmt.Errorf("BackoffMax: %v is below BackoffMin %v", cfg.BackoffMax, cfg.BackoffMin))
+	}
+	if len(cfg.Servers) > 0 {
+		// grpc.NewClient does not connect; it checks the options (for
+		// example that transport credentials are set), so a bad option is
+		// an error now rather than on every reconnect.
+		if cc, err := grpc.NewClient(cfg.Servers[0], cfg.DialOptions...); err != nil {
+			errs = append(errs, fmt.Errorf("DialOptions: %w", err))
+		} else {
+			_ = cc.Close()
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Run holds a stream to the first server that answers, reconnecting with
+// backoff and failing over to the next server on error. It returns nil once
+// ctx is done and everything it started has stopped, or an error at once if
+// the Client is already running.
+func (c *Client) Run(ctx context.Context) error {
+	if !c.running.CompareAndSwap(false, true) {
+		return errors.New("xdsclient: Run is already running")
+	}
+	defer c.running.Store(false)
+
+	backoff := c.cfg.BackoffMin
+	var timer *time.Timer
+	server := 0
+	for attempt := 0; ; attempt++ {
+		if attempt > 0 {
+			c.m.reconnects.Inc()
+		}
+		addr := c.cfg.Servers[server]
+		received, err := c.runStream(ctx, addr)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if received {
+			// The server worked: retry it first, soon. If it is really
+			// gone, the next attempt fails and moves on.
+			backoff = c.cfg.BackoffMin
+		} else {
+			server = (server + 1) % len(c.cfg.Servers)
+		}
+		wait := jitter(backoff)
+		backoff = min(2*backoff, c.cfg.BackoffMax)
+		c.log.Warn("xds stream ended", "server", addr, "error", err, "retry_in", wait,
+			"next_server", c.cfg.Servers[server])
+
+		if timer == nil {
+			timer = time.NewTimer(wait)
+		} else {
+			timer.Reset(wait) // since Go 1.23 Reset needs no drain
+		}
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return nil
+		case <-timer.C:
+		}
+	}
+}
+
+// jitter spreads reconnects of many sidecars over [d/2, d].
+func jitter(d time.Duration) time.Duration {
+	if d <= 0 {
+		return 0
+	}
+	return d/2 + rand.N(d/2+1)
+}
+
+// Connected reports whether a stream is open and has received at least one
+// response. A delta stream that resumed with nothing to update receives
+// nothing until the next change, so it reads false until then.
+func (c *Client) Connected() bool { return c.connected.Load() }
+
+// Policy returns the last accepted version of a subscribed resource. The
+// policy is shared: do not modify it.
+func (c *Client) Policy(name string) (*sluicev1.DropPolicy, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	r, ok := c.held[name]
+	return r.policy, ok
+}
+
+func (c *Client) setConnected(v bool) {
+	if c.connected.Swap(v) == v {
+		return
+	}
+	if v {
+		c.m.connected.Set(1)
+	} else {
+		c.m.connected.Set(0)
+	}
+}
+
+// runStream holds one stream to addr until it fails or ctx is done. It
+// reports whether the stream received any response, which resets backoff.
+func (c *Client) runStream(ctx context.Context, addr string) (received bool, err error) {
+	// One ClientConn per attempt: closing it stops all of gRPC's goroutines
+	// for it, and the next attempt may go to another server anyway.
+	conn, err := grpc.NewClient(addr, c.dialOpts...)
+	if err != nil {
+		return false, fmt.Errorf("dial %s: %w", addr, err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer c.setConnected(false)
+
+	ads := discovery.NewAggregatedDiscoveryServiceClient(conn)
+	s := &stream{c: c, addr: addr}
+	if c.cfg.Protocol == SotW {
+		return s.runSotW(ctx, ads)
+	}
+	return s.runDelta(ctx, ads)
+}
