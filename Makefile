@@ -1,0 +1,42 @@
+# sluice: `make help` lists the targets.
+
+GO      ?= go
+BUF     := $(GO) run github.com/bufbuild/buf/cmd/buf@v1.75.0
+BINS    := controller aggregator sidecar demo
+PKGS    := ./...
+
+.PHONY: help build test test-short bench generate lint demo clean
+
+help: ## list targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+
+build: ## build every binary into bin/
+	@mkdir -p bin
+	$(GO) build -o bin/ $(addprefix ./cmd/,$(BINS))
+
+test: ## what CI runs: formatting, vet, and every test with the race detector
+	@test -z "$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))" || { echo "gofmt needed on:"; gofmt -l .; exit 1; }
+	$(GO) vet $(PKGS)
+	$(GO) test -race -count=1 $(PKGS)
+
+test-short: ## quick local loop: skips the long end-to-end tests
+	$(GO) test -short $(PKGS)
+
+bench: ## benchmarks recorded in docs/benchmarks.md
+	$(GO) test -run '^$$' -bench 'Decide' -benchmem -cpu 1,2 ./sidecar
+	$(GO) test -run '^$$' -bench 'AddedLatency' -benchtime 20000x ./sidecar/proxy
+	$(GO) test -run '^$$' -bench 'Step' -benchmem ./pkg/dropratio
+
+generate: ## regenerate api/ Go code from the protos (plugins pinned in go.mod)
+	$(GO) run ./internal/tools/protogen/cmd api
+
+lint: ## gofmt, go vet, buf lint (STANDARD)
+	@test -z "$$(gofmt -l .)" || { gofmt -l .; exit 1; }
+	$(GO) vet $(PKGS)
+	$(BUF) lint
+
+demo: ## run the whole loop locally: controller, 3 aggregators, 6 sidecars, a surge
+	$(GO) run ./cmd/demo
+
+clean:
+	rm -rf bin

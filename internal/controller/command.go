@@ -1,0 +1,126 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+
+	"github.com/sluicehq/sluice/internal/admin"
+	"github.com/sluicehq/sluice/internal/cli"
+	"github.com/sluicehq/sluice/internal/limits"
+	"github.com/sluicehq/sluice/internal/process"
+)
+
+// Flags are the controller binary's settings beyond Config.
+type Flags struct {
+	GRPCAddr        string
+	AdminAddr       string
+	LimitsFile      string
+	LimitsReload    time.Duration
+	DrainDelay      time.Duration
+	ShutdownTimeout time.Duration
+	Logging         cli.Logging
+}
+
+// Command is the controller binary: `controller` runs the service.
+func Command() *cobra.Command {
+	cfg := DefaultConfig()
+	fl := Flags{}
+	cmd := &cobra.Command{
+		Use:   "controller",
+		Short: "sluice global controller: zone loads in, drop ratios out over xDS",
+		Long: `The controller sums the zone loads its aggregators stream to it, runs the control
+law every tick against the configured limits, and serves one DropPolicy resource
+per callee ("callee/<service>") over xDS (ADS, delta or state of the world) on the
+same gRPC port.
+
+Every flag can also be set as SLUICE_CONTROLLER_<FLAG> (e.g. SLUICE_CONTROLLER_TICK=500ms)
+or in the --config file; flags win over the environment, the environment over the file.`,
+		Args:          cobra.NoArgs,
+		SilenceUsage:  true,
+		SilenceErrors: false,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := cli.Apply(cmd.Flags(), "controller", os.LookupEnv); err != nil {
+				return err
+			}
+			if err := cfg.Validate(); err != nil {
+				return fmt.Errorf("invalid configuration:\n%w", err)
+			}
+			log, err := fl.Logging.Logger(cmd.ErrOrStderr())
+			if err != nil {
+				return err
+			}
+			reg := prometheus.NewRegistry()
+			reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
+			var src limits.Source = limits.Static{}
+			var workers []func(context.Context) error
+			if fl.LimitsFile != "" {
+				f, err := limits.LoadFile(fl.LimitsFile, fl.LimitsReload, log)
+				if err != nil {
+					return err
+				}
+				reloadErrors := prometheus.NewCounter(prometheus.CounterOpts{
+					Name: "sluice_controller_limits_reload_errors_total",
+					Help: "Reloads of the limits file that failed; the last good limits stay in force.",
+				})
+				reg.MustRegister(reloadErrors)
+				f.OnReload = func(err error) {
+					if err != nil {
+						reloadErrors.Inc()
+					}
+				}
+				src = f
+				workers = append(workers, f.Run)
+			} else {
+				log.Warn("no --limits file: no limits are enforced, load is only observed")
+			}
+
+			svc, err := New(cfg, src, log, reg)
+			if err != nil {
+				return err
+			}
+			g := grpc.NewServer(grpc.MaxRecvMsgSize(64 << 20))
+			svc.Register(g)
+			adm := admin.New(reg, svc.Ready)
+			adm.Handle("GET /debug/sluice/policies", svc.PoliciesHandler())
+			p := &process.Process{
+				Logger: log,
+				Admin:  adm, AdminAddr: fl.AdminAddr,
+				GRPC: g, GRPCAddr: fl.GRPCAddr,
+				Workers:         append(workers, svc.Run),
+				Drain:           []func(){svc.Drain},
+				DrainDelay:      fl.DrainDelay,
+				ShutdownTimeout: fl.ShutdownTimeout,
+			}
+			log.Info("controller starting", "id", cfg.ID, "tick", cfg.Tick, "warmup", cfg.Warmup, "limits", fl.LimitsFile)
+			return p.Run(cmd.Context())
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&fl.GRPCAddr, "grpc-addr", ":18000", "address for zone-load streams from aggregators and xDS from sidecars")
+	f.StringVar(&fl.AdminAddr, "admin-addr", ":19000", "address for /metrics, /healthz, /readyz, /debug/sluice/policies")
+	f.StringVar(&fl.LimitsFile, "limits", "", "YAML file of limits per callee and caller (see README); re-read when it changes")
+	f.DurationVar(&fl.LimitsReload, "limits-reload", 5*time.Second, "how often to check the limits file for changes; 0 turns reloading off")
+	f.DurationVar(&fl.DrainDelay, "drain-delay", 0, "on shutdown, how long to keep serving after /readyz turns 503")
+	f.DurationVar(&fl.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "bound on each shutdown step")
+	f.StringVar(&cfg.ID, "id", cfg.ID, "name of this replica in logs")
+	f.DurationVar(&cfg.Tick, "tick", cfg.Tick, "how often the control law runs")
+	f.IntVar(&cfg.StaleAfter, "stale-after", cfg.StaleAfter, "flush intervals an aggregator may miss before its load leaves the sums")
+	f.DurationVar(&cfg.Warmup, "warmup", cfg.Warmup, "after start, how long to collect zone loads before publishing any policy")
+	f.DurationVar(&cfg.PolicyTTL, "policy-ttl", cfg.PolicyTTL, "TTL written into policies; unchanged policies are re-issued every half TTL")
+	f.DurationVar(&cfg.FailOpenDecay, "fail-open-decay", cfg.FailOpenDecay, "how long sidecars in fail mode open take to decay ratios to 0")
+	f.Float64Var(&cfg.RepublishThreshold, "republish-threshold", cfg.RepublishThreshold, "relative change of a caller's admitted share that is pushed before the refresh is due")
+	f.IntVar(&cfg.MaxAggregators, "max-aggregators", cfg.MaxAggregators, "most aggregators whose loads are held")
+	f.Float64Var(&cfg.Law.PMax, "p-max", cfg.Law.PMax, "highest drop ratio ever pushed, in (0, 1)")
+	f.Float64Var(&cfg.Law.MinRate, "min-rate", cfg.Law.MinRate, "offered rps below which a caller is never dropped")
+	f.Float64Var(&cfg.Law.ReleaseRate, "release-rate", cfg.Law.ReleaseRate, "slow release: factor by which a caller's admitted share may grow per second, > 1")
+	fl.Logging.AddFlags(f)
+	return cmd
+}

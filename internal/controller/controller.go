@@ -1,0 +1,291 @@
+// Package controller is sluice's global controller: it sums the zone loads
+// its aggregators stream to it, runs the control law every tick against the
+// limits in force, and serves the resulting DropPolicy resources over xDS.
+//
+// The logic lives in State, which takes time as an argument and does no I/O;
+// Service wraps it with gRPC streams, a ticker, metrics and the xDS server.
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/limits"
+	"github.com/sluicehq/sluice/internal/xdsserver"
+	"github.com/sluicehq/sluice/pkg/dropratio"
+)
+
+// Config is the controller's configuration.
+type Config struct {
+	// ID names this replica in logs; default hostname.
+	ID string
+	// Tick is how often the control law runs.
+	Tick time.Duration
+	StateConfig
+}
+
+// DefaultConfig returns the defaults of DESIGN.md.
+func DefaultConfig() Config {
+	host, _ := os.Hostname()
+	return Config{
+		ID:   host,
+		Tick: time.Second,
+		StateConfig: StateConfig{
+			StaleAfter:         3,
+			Warmup:             5 * time.Second,
+			PolicyTTL:          10 * time.Second,
+			FailOpenDecay:      30 * time.Second,
+			RepublishThreshold: 0.005,
+			MaxAggregators:     1000,
+			Law:                dropratio.DefaultConfig(),
+		},
+	}
+}
+
+// Validate reports every bad field at once.
+func (c Config) Validate() error {
+	var errs []error
+	check := func(ok bool, format string, args ...any) {
+		if !ok {
+			errs = append(errs, fmt.Errorf(format, args...))
+		}
+	}
+	check(c.Tick >= 10*time.Millisecond && c.Tick <= time.Minute, "tick: %v is outside [10ms, 1m]", c.Tick)
+	check(c.StaleAfter >= 1 && c.StaleAfter <= 100, "stale-after: %d is outside [1, 100]", c.StaleAfter)
+	check(c.Warmup >= 0 && c.Warmup <= 10*time.Minute, "warmup: %v is outside [0, 10m]", c.Warmup)
+	check(c.PolicyTTL >= 2*c.Tick, "policy-ttl: %v must be at least two ticks (%v)", c.PolicyTTL, 2*c.Tick)
+	check(c.FailOpenDecay >= 0, "fail-open-decay: %v is negative", c.FailOpenDecay)
+	check(c.RepublishThreshold >= 0 && c.RepublishThreshold < 1, "republish-threshold: %v is outside [0, 1)", c.RepublishThreshold)
+	check(c.MaxAggregators >= 1, "max-aggregators: %d must be at least 1", c.MaxAggregators)
+	if err := c.Law.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("control law (--p-max, --min-rate, --release-rate): %w", err))
+	}
+	return errors.Join(errs...)
+}
+
+// Service runs the controller. Its methods are safe for concurrent use.
+type Service struct {
+	sluicev1.UnimplementedZoneLoadServiceServer
+
+	cfg    Config
+	log    *slog.Logger
+	limits limits.Source
+	m      *metrics
+
+	xds       *xdsserver.Server
+	stopXDS   context.CancelFunc
+	draining  chan struct{} // closed by Drain: zone streams end
+	drainOnce sync.Once
+
+	mu      sync.Mutex // protects state and streams
+	state   *State
+	streams map[string]int64 // aggregator id → the stream that owns it
+	nextID  int64
+}
+
+// New builds a controller that reads limits from src.
+func New(cfg Config, src limits.Source, logger *slog.Logger, reg prometheus.Registerer) (*Service, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("invalid controller config: %w", err)
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	state, err := NewState(cfg.StateConfig, time.Now())
+	if err != nil {
+		return nil, err
+	}
+	xctx, stopXDS := context.WithCancel(context.Background())
+	s := &Service{
+		cfg:      cfg,
+		log:      logger,
+		limits:   src,
+		m:        newMetrics(reg),
+		xds:      xdsserver.New(xctx, xdsserver.Options{Logger: logger, Registerer: reg}),
+		stopXDS:  stopXDS,
+		draining: make(chan struct{}),
+		state:    state,
+		streams:  map[string]int64{},
+	}
+	return s, nil
+}
+
+// Register adds the zone-load service and the xDS (ADS) service to g.
+func (s *Service) Register(g *grpc.Server) {
+	sluicev1.RegisterZoneLoadServiceServer(g, s)
+	s.xds.Register(g)
+}
+
+// Ready says why the controller can not serve yet: it is still warming up.
+func (s *Service) Ready() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.state.Warm(time.Now()) {
+		return errors.New("warming up: collecting zone loads before publishing")
+	}
+	return nil
+}
+
+// Drain ends every zone and xDS stream so that a graceful stop does not
+// wait for streams that never end by themselves. Idempotent.
+func (s *Service) Drain() {
+	s.drainOnce.Do(func() {
+		close(s.draining)
+		s.stopXDS()
+	})
+}
+
+// Run ticks until ctx is cancelled.
+func (s *Service) Run(ctx context.Context) error {
+	defer s.Drain()
+	t := time.NewTicker(s.cfg.Tick)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case now := <-t.C:
+			s.tick(now)
+		}
+	}
+}
+
+func (s *Service) tick(now time.Time) {
+	set := s.limits.Limits()
+	start := time.Now()
+	s.mu.Lock()
+	res := s.state.Tick(now, set)
+	s.mu.Unlock()
+	if len(res.Changed) > 0 || len(res.Deleted) > 0 {
+		if err := s.xds.Update(res.Changed, res.Deleted); err != nil {
+			s.log.Error("publish policies", "err", err)
+			s.m.publishErrors.Inc()
+		}
+	}
+	s.m.observeTick(res, set, time.Since(start))
+}
+
+// StreamZoneLoads takes one aggregator's flushes until it disconnects or the
+// controller drains.
+func (s *Service) StreamZoneLoads(stream grpc.BidiStreamingServer[sluicev1.StreamZoneLoadsRequest, sluicev1.StreamZoneLoadsResponse]) error {
+	s.m.streams.Inc()
+	defer s.m.streams.Dec()
+	s.mu.Lock()
+	s.nextID++
+	streamID := s.nextID
+	s.mu.Unlock()
+	owned := map[string]bool{}
+	defer func() {
+		s.mu.Lock()
+		for id := range owned {
+			// Another stream may have taken the aggregator over since
+			// (it reconnected before this one noticed it was dead).
+			if s.streams[id] == streamID {
+				delete(s.streams, id)
+				s.state.Remove(id)
+			}
+		}
+		s.mu.Unlock()
+	}()
+
+	// Recv blocks; a goroutine feeds it to the loop so that Drain can end the
+	// stream. It ends when the handler returns and the stream's context ends.
+	type recv struct {
+		req *sluicev1.StreamZoneLoadsRequest
+		err error
+	}
+	reqs := make(chan recv)
+	ctx := stream.Context()
+	go func() {
+		for {
+			req, err := stream.Recv()
+			select {
+			case reqs <- recv{req, err}:
+			case <-ctx.Done():
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	for {
+		var r recv
+		select {
+		case <-s.draining:
+			return status.Error(codes.Unavailable, "controller shutting down")
+		case <-ctx.Done():
+			return ctx.Err()
+		case r = <-reqs:
+		}
+		if r.err != nil {
+			return nil // the aggregator went away; its load goes with it
+		}
+		load := r.req.GetLoad()
+		s.mu.Lock()
+		err := s.state.Apply(load, time.Now())
+		if err == nil {
+			s.streams[load.GetAggregatorId()] = streamID
+			owned[load.GetAggregatorId()] = true
+		}
+		s.mu.Unlock()
+		resp := &sluicev1.StreamZoneLoadsResponse{Accepted: err == nil}
+		if err != nil {
+			var rej *RejectError
+			reason := "invalid"
+			if errors.As(err, &rej) {
+				reason = rej.Reason
+			}
+			s.m.rejected.WithLabelValues(reason).Inc()
+			resp.RejectReason = err.Error()
+		} else {
+			s.m.accepted.Inc()
+		}
+		if err := stream.Send(resp); err != nil {
+			return nil
+		}
+	}
+}
+
+// Policies returns the policies last published.
+func (s *Service) Policies() []*sluicev1.DropPolicy {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.state.Policies()
+}
+
+// XDSStreams is the number of open xDS streams.
+func (s *Service) XDSStreams() int { return s.xds.Streams() }
+
+// PoliciesHandler serves the published policies as JSON, for operators
+// (mounted at /debug/sluice/policies on the admin port).
+func (s *Service) PoliciesHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, "[")
+		for i, p := range s.Policies() {
+			if i > 0 {
+				fmt.Fprint(w, ",")
+			}
+			b, err := protojson.Marshal(p)
+			if err != nil {
+				continue
+			}
+			w.Write(b)
+		}
+		fmt.Fprintln(w, "]")
+	})
+}

@@ -1,0 +1,481 @@
+package controller
+
+import (
+	"cmp"
+	"fmt"
+	"math"
+	"slices"
+	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/limits"
+	"github.com/sluicehq/sluice/internal/names"
+	"github.com/sluicehq/sluice/pkg/dropratio"
+)
+
+// StateConfig holds what the pure part of the controller needs to know.
+type StateConfig struct {
+	// StaleAfter is how many of its own flush intervals an aggregator may
+	// stay silent before its load leaves the sums.
+	StaleAfter int
+	// Warmup is how long after start the controller collects zone loads
+	// before it publishes anything: a restarted controller must not push
+	// ratios computed from half a picture.
+	Warmup time.Duration
+	// PolicyTTL is the TTL written into every policy. Unchanged policies
+	// are re-issued every half TTL so that sidecars can tell a quiet
+	// controller from a lost one.
+	PolicyTTL time.Duration
+	// FailOpenDecay is written into every policy.
+	FailOpenDecay time.Duration
+	// RepublishThreshold is the relative change of a bucket's admitted
+	// share, (1−p), that makes a policy worth pushing before its refresh is
+	// due. 0.005 means: push when some caller's admitted rate would move by
+	// more than half a percent.
+	RepublishThreshold float64
+	// MaxAggregators bounds the aggregators whose loads are held.
+	MaxAggregators int
+	// Law configures the control law.
+	Law dropratio.Config
+}
+
+// RejectError says why a zone load was refused; Reason is a metric label.
+type RejectError struct {
+	Reason string
+	Detail string
+}
+
+func (e *RejectError) Error() string { return e.Reason + ": " + e.Detail }
+
+func reject(reason, format string, args ...any) error {
+	return &RejectError{Reason: reason, Detail: fmt.Sprintf(format, args...)}
+}
+
+// maxRate bounds any single rate in a zone load: 10^10 rps is more than any
+// real fleet sends, so a larger number is a bug or a lie.
+const maxRate = 1e10
+
+// State is the controller's logic without goroutines, sockets or clocks:
+// zone loads in, drop policies out, time as an argument. Not safe for
+// concurrent use; the Service guards it, the simulator drives it directly.
+type State struct {
+	cfg   StateConfig
+	start time.Time
+	law   *dropratio.Law
+
+	aggs map[string]*aggregatorLoad
+
+	lastStep  time.Time // zero before the first step
+	published map[string]*published
+}
+
+type aggregatorLoad struct {
+	zone     string
+	interval time.Duration
+	seen     time.Time
+	load     *sluicev1.ZoneLoad
+}
+
+type published struct {
+	policy    *sluicev1.DropPolicy
+	tombstone time.Time // when the policy was emptied because its service vanished; zero while live
+}
+
+// NewState returns the state of a controller that starts at now.
+func NewState(cfg StateConfig, now time.Time) (*State, error) {
+	law, err := dropratio.New(cfg.Law)
+	if err != nil {
+		return nil, err
+	}
+	return &State{
+		cfg:       cfg,
+		start:     now,
+		law:       law,
+		aggs:      map[string]*aggregatorLoad{},
+		published: map[string]*published{},
+	}, nil
+}
+
+// Apply validates a zone load and makes it its aggregator's current load,
+// replacing the previous one: a duplicated or late flush never adds up.
+func (s *State) Apply(load *sluicev1.ZoneLoad, now time.Time) error {
+	if err := validateZoneLoad(load); err != nil {
+		return err
+	}
+	id := load.GetAggregatorId()
+	if _, ok := s.aggs[id]; !ok && len(s.aggs) >= s.cfg.MaxAggregators {
+		return reject("too_many_aggregators", "already holding %d aggregators", len(s.aggs))
+	}
+	s.aggs[id] = &aggregatorLoad{
+		zone:     load.GetZone(),
+		interval: load.GetInterval().AsDuration(),
+		seen:     now,
+		load:     load,
+	}
+	return nil
+}
+
+// Remove forgets an aggregator at once, e.g. when its stream ended: its
+// sidecars reconnect elsewhere and must not be counted twice meanwhile.
+func (s *State) Remove(aggregatorID string) { delete(s.aggs, aggregatorID) }
+
+// Aggregators is the number of aggregators whose loads are held.
+func (s *State) Aggregators() int { return len(s.aggs) }
+
+// Warm reports whether the warm-up after start is over at now.
+func (s *State) Warm(now time.Time) bool { return now.Sub(s.start) >= s.cfg.Warmup }
+
+func validateZoneLoad(z *sluicev1.ZoneLoad) error {
+	if err := names.Check(z.GetAggregatorId()); err != nil {
+		return reject("bad_name", "aggregator_id: %v", err)
+	}
+	if err := names.Check(z.GetZone()); err != nil {
+		return reject("bad_name", "zone: %v", err)
+	}
+	if iv := z.GetInterval(); iv == nil || iv.CheckValid() != nil || iv.AsDuration() < 10*time.Millisecond || iv.AsDuration() > time.Minute {
+		return reject("bad_interval", "interval %v is outside [10ms, 1m]", iv.AsDuration())
+	}
+	type key struct {
+		service string
+		dir     sluicev1.Direction
+	}
+	seen := make(map[key]bool, len(z.GetServices()))
+	for i, svc := range z.GetServices() {
+		if err := names.Check(svc.GetService()); err != nil || svc.GetService() == names.Overflow {
+			return reject("bad_name", "services[%d].service: %v", i, errOr(err, "reserved name"))
+		}
+		d := svc.GetDirection()
+		if d != sluicev1.Direction_DIRECTION_INBOUND && d != sluicev1.Direction_DIRECTION_OUTBOUND {
+			return reject("bad_direction", "services[%d].direction: %v", i, d)
+		}
+		k := key{svc.GetService(), d}
+		if seen[k] {
+			return reject("duplicate_service", "services[%d]: %s %v listed twice", i, k.service, d)
+		}
+		seen[k] = true
+		peers := make(map[string]bool, len(svc.GetPeers()))
+		for j, p := range svc.GetPeers() {
+			if err := names.Check(p.GetPeer()); err != nil {
+				return reject("bad_name", "services[%d].peers[%d].peer: %v", i, j, err)
+			}
+			if peers[p.GetPeer()] {
+				return reject("duplicate_peer", "services[%d].peers[%d]: %q listed twice", i, j, p.GetPeer())
+			}
+			peers[p.GetPeer()] = true
+			for _, r := range []struct {
+				field string
+				v     float64
+			}{{"offered_rps", p.GetOfferedRps()}, {"dropped_rps", p.GetDroppedRps()}, {"shadow_dropped_rps", p.GetShadowDroppedRps()}} {
+				if math.IsNaN(r.v) || r.v < 0 || r.v > maxRate {
+					return reject("bad_rate", "services[%d].peers[%d].%s: %v is outside [0, %g]", i, j, r.field, r.v, maxRate)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+func errOr(err error, s string) any {
+	if err != nil {
+		return err
+	}
+	return s
+}
+
+// Totals is a bucket's global load, summed over live aggregators.
+type Totals struct {
+	Offered, Dropped, ShadowDropped float64
+}
+
+// TickResult is what one tick decided.
+type TickResult struct {
+	// Changed holds the policies to push, by resource name.
+	Changed map[string]*sluicev1.DropPolicy
+	// Deleted names resources to remove (services gone for a TTL).
+	Deleted []string
+	// Warm is false while the controller is still collecting after start;
+	// nothing is published then.
+	Warm bool
+	// Aggregators and Buckets count what the tick summed.
+	Aggregators, Buckets int
+	// Services holds the global load per callee, for metrics.
+	Services map[string]Totals
+}
+
+// Tick runs one control step at now against the limits in force.
+func (s *State) Tick(now time.Time, set *limits.Set) TickResult {
+	for id, a := range s.aggs {
+		if now.Sub(a.seen) > time.Duration(s.cfg.StaleAfter)*a.interval {
+			delete(s.aggs, id)
+		}
+	}
+	res := TickResult{Aggregators: len(s.aggs)}
+	if !s.Warm(now) {
+		return res
+	}
+	res.Warm = true
+
+	inbound, live := s.sum()
+	services := lawInput(inbound, set)
+	var dt time.Duration
+	if !s.lastStep.IsZero() {
+		dt = now.Sub(s.lastStep)
+	}
+	s.lastStep = now
+	verdicts := s.law.Step(dt, services)
+
+	res.Changed = map[string]*sluicev1.DropPolicy{}
+	res.Services = make(map[string]Totals, len(verdicts))
+	current := make(map[string]bool, len(verdicts))
+	for _, sv := range verdicts {
+		var tot Totals
+		for _, p := range inbound[sv.Service] {
+			tot.Offered += p.Offered
+			tot.Dropped += p.Dropped
+			tot.ShadowDropped += p.ShadowDropped
+		}
+		res.Services[sv.Service] = tot
+		res.Buckets += len(sv.Verdicts)
+		policy := s.policy(sv, live[sv.Service], set.Service(sv.Service), now)
+		current[policy.GetName()] = true
+		if s.due(policy, now) {
+			s.published[policy.GetName()] = &published{policy: policy}
+			res.Changed[policy.GetName()] = policy
+		}
+	}
+	// Services that vanished (no traffic, no limits, ratios released): an
+	// empty policy first, so state-of-the-world clients, which never hear
+	// of deletions, stop dropping; the resource itself goes a TTL later.
+	for _, name := range sortedKeys(s.published) {
+		p := s.published[name]
+		if current[name] {
+			continue
+		}
+		switch {
+		case p.tombstone.IsZero():
+			empty := &sluicev1.DropPolicy{
+				Name: name, Service: p.policy.GetService(), Direction: p.policy.GetDirection(),
+				Ttl: p.policy.GetTtl(), FailMode: p.policy.GetFailMode(), FailOpenDecay: p.policy.GetFailOpenDecay(),
+				IssuedAt: timestamppb.New(now),
+			}
+			s.published[name] = &published{policy: empty, tombstone: now}
+			res.Changed[name] = empty
+		case now.Sub(p.tombstone) >= s.cfg.PolicyTTL:
+			delete(s.published, name)
+			res.Deleted = append(res.Deleted, name)
+		}
+	}
+	return res
+}
+
+// peerTotals is one bucket's load during a tick.
+type peerTotals struct {
+	Totals
+	peer string
+}
+
+// sum adds up the live aggregators' inbound loads per callee, in sorted
+// aggregator order: float sums depend on order, and every controller replica
+// must compute the same ratios from the same inputs.
+func (s *State) sum() (map[string][]peerTotals, map[string]uint32) {
+	type bucket struct{ service, peer string }
+	totals := map[bucket]*Totals{}
+	live := map[string]uint32{}
+	for _, id := range sortedKeys(s.aggs) {
+		for _, svc := range s.aggs[id].load.GetServices() {
+			// Outbound loads (caller-side enforcement) are accepted on the
+			// wire but not yet turned into caller/<svc> policies.
+			if svc.GetDirection() != sluicev1.Direction_DIRECTION_INBOUND {
+				continue
+			}
+			live[svc.GetService()] += svc.GetLiveSidecars()
+			for _, p := range svc.GetPeers() {
+				b := bucket{svc.GetService(), p.GetPeer()}
+				t := totals[b]
+				if t == nil {
+					t = &Totals{}
+					totals[b] = t
+				}
+				t.Offered += p.GetOfferedRps()
+				t.Dropped += p.GetDroppedRps()
+				t.ShadowDropped += p.GetShadowDroppedRps()
+			}
+		}
+	}
+	out := map[string][]peerTotals{}
+	for b, t := range totals {
+		out[b.service] = append(out[b.service], peerTotals{Totals: *t, peer: b.peer})
+	}
+	for _, peers := range out {
+		slices.SortFunc(peers, func(a, b peerTotals) int { return cmp.Compare(a.peer, b.peer) })
+	}
+	return out, live
+}
+
+// lawInput joins observed load with configured limits: every callee with
+// traffic or limits, every caller with traffic or a limit of its own.
+func lawInput(inbound map[string][]peerTotals, set *limits.Set) []dropratio.Service {
+	callees := map[string]bool{}
+	for svc := range inbound {
+		callees[svc] = true
+	}
+	for _, svc := range set.Services() {
+		callees[svc] = true
+	}
+	out := make([]dropratio.Service, 0, len(callees))
+	for _, name := range sortedKeys(callees) {
+		lim := set.Service(name)
+		svc := dropratio.Service{Name: name, Capacity: math.Inf(1)}
+		if lim != nil {
+			svc.Capacity = lim.Capacity
+		}
+		seen := map[string]bool{}
+		for _, p := range inbound[name] {
+			b := lim.Bucket(p.peer)
+			svc.Callers = append(svc.Callers, dropratio.Caller{Name: p.peer, Offered: p.Offered, Limit: b.Limit, Mode: b.Mode})
+			seen[p.peer] = true
+		}
+		if lim != nil {
+			for _, caller := range sortedKeys(lim.Callers) {
+				if !seen[caller] {
+					b := lim.Callers[caller]
+					svc.Callers = append(svc.Callers, dropratio.Caller{Name: caller, Limit: b.Limit, Mode: b.Mode})
+				}
+			}
+		}
+		out = append(out, svc)
+	}
+	return out
+}
+
+func (s *State) policy(sv dropratio.ServiceVerdict, live uint32, lim *limits.Service, now time.Time) *sluicev1.DropPolicy {
+	p := &sluicev1.DropPolicy{
+		Name:          names.Callee(sv.Service),
+		Service:       sv.Service,
+		Direction:     sluicev1.Direction_DIRECTION_INBOUND,
+		Ttl:           durationpb.New(s.cfg.PolicyTTL),
+		LiveInstances: live,
+		FailMode:      sluicev1.FailMode_FAIL_MODE_OPEN,
+		FailOpenDecay: durationpb.New(s.cfg.FailOpenDecay),
+		IssuedAt:      timestamppb.New(now),
+		Peers:         make([]*sluicev1.PeerPolicy, 0, len(sv.Verdicts)),
+	}
+	if lim != nil {
+		p.FailMode = failModeProto(lim.FailMode)
+	}
+	for _, v := range sv.Verdicts {
+		p.Peers = append(p.Peers, &sluicev1.PeerPolicy{
+			Peer:       v.Caller,
+			DropRatio:  v.Ratio,
+			Mode:       modeProto(v.Mode),
+			LimitRps:   finiteOrZero(v.Limit),
+			AllowedRps: finiteOrZero(v.Allowed),
+			OfferedRps: v.Offered,
+			Reason:     reasonProto(v.Reason, v.Ratio),
+		})
+	}
+	return p
+}
+
+// due says whether policy differs enough from what was last published, or
+// the last publication is half a TTL old.
+func (s *State) due(policy *sluicev1.DropPolicy, now time.Time) bool {
+	last, ok := s.published[policy.GetName()]
+	if !ok || !last.tombstone.IsZero() {
+		return true
+	}
+	old := last.policy
+	if now.Sub(old.GetIssuedAt().AsTime()) >= s.cfg.PolicyTTL/2 {
+		return true
+	}
+	if old.GetLiveInstances() != policy.GetLiveInstances() || old.GetFailMode() != policy.GetFailMode() ||
+		len(old.GetPeers()) != len(policy.GetPeers()) {
+		return true
+	}
+	th := s.cfg.RepublishThreshold
+	for i, np := range policy.GetPeers() {
+		op := old.GetPeers()[i]
+		if op.GetPeer() != np.GetPeer() || op.GetMode() != np.GetMode() || op.GetLimitRps() != np.GetLimitRps() ||
+			op.GetReason() != np.GetReason() {
+			return true
+		}
+		// A ratio that reaches or leaves zero always goes out; otherwise
+		// only a change of the admitted share beyond the threshold.
+		if (op.GetDropRatio() == 0) != (np.GetDropRatio() == 0) {
+			return true
+		}
+		oldAdmit, newAdmit := 1-op.GetDropRatio(), 1-np.GetDropRatio()
+		if math.Abs(newAdmit-oldAdmit) > th*min(oldAdmit, newAdmit) {
+			return true
+		}
+		if relChanged(op.GetAllowedRps(), np.GetAllowedRps(), th) {
+			return true
+		}
+	}
+	return false
+}
+
+func relChanged(a, b, th float64) bool {
+	if a == b {
+		return false
+	}
+	return math.Abs(a-b) > th*math.Max(math.Abs(a), math.Abs(b))
+}
+
+// Policies returns the policies last published, sorted by name.
+func (s *State) Policies() []*sluicev1.DropPolicy {
+	out := make([]*sluicev1.DropPolicy, 0, len(s.published))
+	for _, name := range sortedKeys(s.published) {
+		out = append(out, s.published[name].policy)
+	}
+	return out
+}
+
+func finiteOrZero(v float64) float64 {
+	if math.IsInf(v, 0) || math.IsNaN(v) {
+		return 0
+	}
+	return v
+}
+
+func modeProto(m dropratio.Mode) sluicev1.Mode {
+	if m == dropratio.Shadow {
+		return sluicev1.Mode_MODE_SHADOW
+	}
+	return sluicev1.Mode_MODE_ENFORCE
+}
+
+func reasonProto(r dropratio.Reason, ratio float64) sluicev1.DropReason {
+	if ratio == 0 {
+		return sluicev1.DropReason_DROP_REASON_UNSPECIFIED
+	}
+	switch r {
+	case dropratio.OverLimit:
+		return sluicev1.DropReason_DROP_REASON_LIMIT
+	case dropratio.OverCapacity:
+		return sluicev1.DropReason_DROP_REASON_CAPACITY
+	}
+	return sluicev1.DropReason_DROP_REASON_UNSPECIFIED
+}
+
+func failModeProto(m string) sluicev1.FailMode {
+	switch m {
+	case limits.FailHold:
+		return sluicev1.FailMode_FAIL_MODE_HOLD
+	case limits.FailLocal:
+		return sluicev1.FailMode_FAIL_MODE_LOCAL
+	}
+	return sluicev1.FailMode_FAIL_MODE_OPEN
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}

@@ -1,0 +1,377 @@
+package controller
+
+import (
+	"math"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/limits"
+	"github.com/sluicehq/sluice/pkg/dropratio"
+)
+
+var t0 = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+
+func testConfig() StateConfig {
+	c := DefaultConfig().StateConfig
+	c.Warmup = 2 * time.Second
+	return c
+}
+
+func newState(t *testing.T) *State {
+	t.Helper()
+	s, err := NewState(testConfig(), t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// zoneLoad builds a flush of one aggregator: rates maps "service/peer" to
+// offered rps, and live counts the sidecars behind each service.
+func zoneLoad(agg, zone string, live uint32, rates map[string]float64) *sluicev1.ZoneLoad {
+	z := &sluicev1.ZoneLoad{AggregatorId: agg, Zone: zone, Interval: durationpb.New(time.Second)}
+	bySvc := map[string]*sluicev1.ServiceLoad{}
+	for _, key := range sortedKeys(rates) {
+		svc, peer, _ := strings.Cut(key, "/")
+		sl := bySvc[svc]
+		if sl == nil {
+			sl = &sluicev1.ServiceLoad{Service: svc, Direction: sluicev1.Direction_DIRECTION_INBOUND, LiveSidecars: live}
+			bySvc[svc] = sl
+			z.Services = append(z.Services, sl)
+		}
+		sl.Peers = append(sl.Peers, &sluicev1.PeerRate{Peer: peer, OfferedRps: rates[key]})
+	}
+	return z
+}
+
+func checkoutLimits() *limits.Set {
+	return limits.NewSet(map[string]*limits.Service{
+		"checkout": {
+			Name: "checkout", Capacity: math.Inf(1), DefaultLimit: math.Inf(1), FailMode: limits.FailOpen,
+			Callers: map[string]limits.Bucket{"web": {Limit: 100, Mode: dropratio.Enforce}},
+		},
+	})
+}
+
+func peer(p *sluicev1.DropPolicy, name string) *sluicev1.PeerPolicy {
+	for _, pp := range p.GetPeers() {
+		if pp.GetPeer() == name {
+			return pp
+		}
+	}
+	return nil
+}
+
+func TestSumsZonesAndAppliesLimits(t *testing.T) {
+	s := newState(t)
+	// web offers 500 rps in all, split over three zones; limit 100 → 0.8.
+	for i, zone := range []string{"a", "b", "c"} {
+		rate := []float64{200, 200, 100}[i]
+		if err := s.Apply(zoneLoad("agg-"+zone, zone, 2, map[string]float64{"checkout/web": rate, "checkout/batch": 10}), t0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	res := s.Tick(t0.Add(3*time.Second), checkoutLimits())
+	if !res.Warm {
+		t.Fatal("not warm after the warm-up")
+	}
+	p := res.Changed["callee/checkout"]
+	if p == nil {
+		t.Fatalf("no policy for checkout; changed = %v", res.Changed)
+	}
+	web := peer(p, "web")
+	if web == nil || math.Abs(web.GetDropRatio()-0.8) > 1e-12 || web.GetOfferedRps() != 500 || web.GetLimitRps() != 100 {
+		t.Errorf("web = %v, want ratio 0.8 from 500 rps against 100", web)
+	}
+	if web.GetReason() != sluicev1.DropReason_DROP_REASON_LIMIT || web.GetMode() != sluicev1.Mode_MODE_ENFORCE {
+		t.Errorf("web reason/mode = %v/%v", web.GetReason(), web.GetMode())
+	}
+	if b := peer(p, "batch"); b == nil || b.GetDropRatio() != 0 || b.GetLimitRps() != 0 {
+		t.Errorf("batch = %v, want listed, not dropped, no limit", b)
+	}
+	if p.GetLiveInstances() != 6 {
+		t.Errorf("live instances = %d, want 6", p.GetLiveInstances())
+	}
+	if p.GetName() != "callee/checkout" || p.GetService() != "checkout" || p.GetDirection() != sluicev1.Direction_DIRECTION_INBOUND {
+		t.Errorf("identity = %s %s %v", p.GetName(), p.GetService(), p.GetDirection())
+	}
+	if p.GetTtl().AsDuration() != 10*time.Second || p.GetFailMode() != sluicev1.FailMode_FAIL_MODE_OPEN {
+		t.Errorf("ttl/fail mode = %v/%v", p.GetTtl().AsDuration(), p.GetFailMode())
+	}
+	if got := res.Services["checkout"].Offered; got != 530 {
+		t.Errorf("service offered = %v, want 530", got)
+	}
+}
+
+func TestDuplicateFlushReplacesNotAdds(t *testing.T) {
+	s := newState(t)
+	for range 3 {
+		if err := s.Apply(zoneLoad("agg-a", "a", 1, map[string]float64{"checkout/web": 500}), t0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	res := s.Tick(t0.Add(3*time.Second), checkoutLimits())
+	if got := peer(res.Changed["callee/checkout"], "web").GetOfferedRps(); got != 500 {
+		t.Errorf("offered = %v after three identical flushes, want 500", got)
+	}
+}
+
+func TestWarmupPublishesNothing(t *testing.T) {
+	s := newState(t)
+	s.Apply(zoneLoad("agg-a", "a", 1, map[string]float64{"checkout/web": 500}), t0)
+	res := s.Tick(t0.Add(time.Second), checkoutLimits())
+	if res.Warm || len(res.Changed) != 0 {
+		t.Fatalf("published during warm-up: %v", res.Changed)
+	}
+	if s.law.Len() != 0 {
+		t.Error("the law stepped during warm-up, on half a picture")
+	}
+}
+
+func TestStaleAggregatorLeavesTheSum(t *testing.T) {
+	s := newState(t)
+	s.Apply(zoneLoad("agg-a", "a", 1, map[string]float64{"checkout/web": 300}), t0)
+	s.Apply(zoneLoad("agg-b", "b", 1, map[string]float64{"checkout/web": 200}), t0)
+	// agg-a keeps flushing, agg-b falls silent: after 3 intervals it is gone.
+	now := t0
+	for range 4 {
+		now = now.Add(time.Second)
+		s.Apply(zoneLoad("agg-a", "a", 1, map[string]float64{"checkout/web": 300}), now)
+	}
+	res := s.Tick(now, checkoutLimits())
+	if res.Aggregators != 1 {
+		t.Errorf("aggregators = %d, want 1 after agg-b went silent", res.Aggregators)
+	}
+	if got := peer(res.Changed["callee/checkout"], "web").GetOfferedRps(); got != 300 {
+		t.Errorf("offered = %v, want 300 without the stale zone", got)
+	}
+}
+
+func TestRemoveForgetsAtOnce(t *testing.T) {
+	s := newState(t)
+	s.Apply(zoneLoad("agg-a", "a", 1, map[string]float64{"checkout/web": 300}), t0)
+	s.Remove("agg-a")
+	if s.Aggregators() != 0 {
+		t.Errorf("aggregators = %d after Remove", s.Aggregators())
+	}
+}
+
+func TestPublishesOnlyChangesAndRefreshes(t *testing.T) {
+	s := newState(t)
+	set := checkoutLimits()
+	now := t0.Add(2 * time.Second)
+	flush := func(rate float64) {
+		s.Apply(zoneLoad("agg-a", "a", 1, map[string]float64{"checkout/web": rate}), now)
+	}
+	flush(500)
+	if res := s.Tick(now, set); res.Changed["callee/checkout"] == nil {
+		t.Fatal("first tick published nothing")
+	}
+	// Offered noise that moves the admitted share by less than 0.5 %.
+	now = now.Add(time.Second)
+	flush(501)
+	if res := s.Tick(now, set); len(res.Changed) != 0 {
+		t.Errorf("republished for a 0.2 %% change: %v", res.Changed)
+	}
+	// A real change: 1000 rps → ratio 0.9.
+	now = now.Add(time.Second)
+	flush(1000)
+	res := s.Tick(now, set)
+	if p := res.Changed["callee/checkout"]; p == nil || math.Abs(peer(p, "web").GetDropRatio()-0.9) > 1e-12 {
+		t.Fatalf("change to 0.9 not published: %v", res.Changed)
+	}
+	// Nothing changes for a while: a refresh goes out after half a TTL.
+	var refreshed time.Time
+	for range 10 {
+		now = now.Add(time.Second)
+		flush(1000)
+		if res := s.Tick(now, set); res.Changed["callee/checkout"] != nil {
+			refreshed = now
+			break
+		}
+	}
+	lastPush := t0.Add(4 * time.Second)
+	if refreshed.Sub(lastPush) != 5*time.Second {
+		t.Errorf("refreshed at %v, want half a TTL (5s) after the last push at %v", refreshed, lastPush)
+	}
+}
+
+func TestVanishedServiceIsTombstonedThenDeleted(t *testing.T) {
+	s := newState(t)
+	now := t0.Add(2 * time.Second)
+	s.Apply(zoneLoad("agg-a", "a", 1, map[string]float64{"orders/web": 50}), now)
+	if res := s.Tick(now, limits.Empty); res.Changed["callee/orders"] == nil {
+		t.Fatal("orders not published")
+	}
+	s.Remove("agg-a")
+	now = now.Add(time.Second)
+	res := s.Tick(now, limits.Empty)
+	tomb := res.Changed["callee/orders"]
+	if tomb == nil || len(tomb.GetPeers()) != 0 {
+		t.Fatalf("want an empty policy for the vanished service, got %v", tomb)
+	}
+	var deletedAt time.Time
+	for range 20 {
+		now = now.Add(time.Second)
+		res := s.Tick(now, limits.Empty)
+		if len(res.Changed) != 0 {
+			t.Fatalf("tombstone republished: %v", res.Changed)
+		}
+		if len(res.Deleted) > 0 {
+			if res.Deleted[0] != "callee/orders" {
+				t.Fatalf("deleted %v", res.Deleted)
+			}
+			deletedAt = now
+			break
+		}
+	}
+	if deletedAt.IsZero() {
+		t.Fatal("tombstone never deleted")
+	}
+	if len(s.Policies()) != 0 {
+		t.Errorf("policies after delete = %v", s.Policies())
+	}
+}
+
+func TestConfiguredServiceWithoutTraffic(t *testing.T) {
+	s := newState(t)
+	res := s.Tick(t0.Add(3*time.Second), checkoutLimits())
+	p := res.Changed["callee/checkout"]
+	if p == nil {
+		t.Fatal("a service with limits but no traffic gets no policy")
+	}
+	if w := peer(p, "web"); w == nil || w.GetLimitRps() != 100 || w.GetDropRatio() != 0 {
+		t.Errorf("web = %v, want its limit listed with ratio 0", w)
+	}
+}
+
+func TestSlowReleaseAfterSurge(t *testing.T) {
+	s := newState(t)
+	set := checkoutLimits()
+	now := t0.Add(2 * time.Second)
+	s.Apply(zoneLoad("agg-a", "a", 1, map[string]float64{"checkout/web": 1000}), now)
+	s.Tick(now, set)
+	var ratios []float64
+	for range 10 {
+		now = now.Add(time.Second)
+		s.Apply(zoneLoad("agg-a", "a", 1, map[string]float64{"checkout/web": 50}), now)
+		s.Tick(now, set)
+		ratios = append(ratios, peer(s.Policies()[0], "web").GetDropRatio())
+	}
+	if ratios[0] <= 0 || ratios[0] >= 0.9 {
+		t.Errorf("first ratio after the surge = %v, want released part of the way from 0.9", ratios[0])
+	}
+	if ratios[len(ratios)-1] != 0 {
+		t.Errorf("ratios %v never reach 0", ratios)
+	}
+	for i := 1; i < len(ratios); i++ {
+		if ratios[i] > ratios[i-1] {
+			t.Errorf("ratio rose during release: %v", ratios)
+		}
+	}
+}
+
+func TestDeterministicAcrossReplicas(t *testing.T) {
+	run := func(order []string) []*sluicev1.DropPolicy {
+		s := newState(t)
+		rates := map[string]map[string]float64{
+			"a": {"checkout/web": 123.456, "checkout/batch": 77.7, "orders/web": 1e-3},
+			"b": {"checkout/web": 333.3, "checkout/batch": 0.1},
+			"c": {"checkout/web": 0.333, "orders/web": 999},
+		}
+		for _, z := range order {
+			s.Apply(zoneLoad("agg-"+z, z, 1, rates[z]), t0)
+		}
+		s.Tick(t0.Add(3*time.Second), checkoutLimits())
+		return s.Policies()
+	}
+	a, b := run([]string{"a", "b", "c"}), run([]string{"c", "a", "b"})
+	if len(a) != len(b) {
+		t.Fatalf("%d vs %d policies", len(a), len(b))
+	}
+	for i := range a {
+		if !proto.Equal(a[i], b[i]) {
+			t.Errorf("replicas disagree:\n%v\n%v", a[i], b[i])
+		}
+	}
+}
+
+func TestRejectsBadZoneLoads(t *testing.T) {
+	good := func() *sluicev1.ZoneLoad {
+		return zoneLoad("agg-a", "a", 1, map[string]float64{"checkout/web": 1})
+	}
+	for _, tc := range []struct {
+		reason string
+		mutate func(z *sluicev1.ZoneLoad)
+	}{
+		{"bad_name", func(z *sluicev1.ZoneLoad) { z.AggregatorId = "" }},
+		{"bad_name", func(z *sluicev1.ZoneLoad) { z.Zone = "a b" }},
+		{"bad_interval", func(z *sluicev1.ZoneLoad) { z.Interval = nil }},
+		{"bad_interval", func(z *sluicev1.ZoneLoad) { z.Interval = durationpb.New(time.Hour) }},
+		{"bad_name", func(z *sluicev1.ZoneLoad) { z.Services[0].Service = strings.Repeat("x", 300) }},
+		{"bad_name", func(z *sluicev1.ZoneLoad) { z.Services[0].Service = "_overflow" }},
+		{"bad_direction", func(z *sluicev1.ZoneLoad) { z.Services[0].Direction = 0 }},
+		{"duplicate_service", func(z *sluicev1.ZoneLoad) { z.Services = append(z.Services, z.Services[0]) }},
+		{"bad_name", func(z *sluicev1.ZoneLoad) { z.Services[0].Peers[0].Peer = "we/b" }},
+		{"duplicate_peer", func(z *sluicev1.ZoneLoad) {
+			z.Services[0].Peers = append(z.Services[0].Peers, z.Services[0].Peers[0])
+		}},
+		{"bad_rate", func(z *sluicev1.ZoneLoad) { z.Services[0].Peers[0].OfferedRps = math.NaN() }},
+		{"bad_rate", func(z *sluicev1.ZoneLoad) { z.Services[0].Peers[0].OfferedRps = math.Inf(1) }},
+		{"bad_rate", func(z *sluicev1.ZoneLoad) { z.Services[0].Peers[0].DroppedRps = -1 }},
+	} {
+		s := newState(t)
+		z := good()
+		tc.mutate(z)
+		err := s.Apply(z, t0)
+		rej, ok := err.(*RejectError)
+		if !ok || rej.Reason != tc.reason {
+			t.Errorf("%s: Apply = %v, want a %s rejection", tc.reason, err, tc.reason)
+		}
+		if s.Aggregators() != 0 {
+			t.Errorf("%s: a rejected load was kept", tc.reason)
+		}
+	}
+}
+
+func TestMaxAggregators(t *testing.T) {
+	cfg := testConfig()
+	cfg.MaxAggregators = 2
+	s, _ := NewState(cfg, t0)
+	for _, id := range []string{"a", "b"} {
+		if err := s.Apply(zoneLoad(id, "z", 1, nil), t0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Apply(zoneLoad("c", "z", 1, nil), t0); err == nil {
+		t.Error("a third aggregator was accepted over the cap of 2")
+	}
+	if err := s.Apply(zoneLoad("a", "z", 1, nil), t0); err != nil {
+		t.Errorf("a known aggregator was refused at the cap: %v", err)
+	}
+}
+
+func TestConfigValidateNamesEveryField(t *testing.T) {
+	c := DefaultConfig()
+	c.Tick = 0
+	c.StaleAfter = 0
+	c.RepublishThreshold = 2
+	c.Law.PMax = 1.5
+	err := c.Validate()
+	if err == nil {
+		t.Fatal("want errors")
+	}
+	for _, field := range []string{"tick", "stale-after", "republish-threshold", "PMax"} {
+		if !strings.Contains(err.Error(), field) {
+			t.Errorf("error %q does not name %s", err, field)
+		}
+	}
+	if err := DefaultConfig().Validate(); err != nil {
+		t.Errorf("defaults invalid: %v", err)
+	}
+}
