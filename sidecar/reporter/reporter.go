@@ -1,0 +1,419 @@
+// Package reporter sends a sidecar's load reports to its zone aggregator:
+// once per interval, the requests per peer seen since the last report, over
+// one long-lived stream with failover between aggregators.
+//
+// The reporter only reads the Limiter's counters (atomics, through Source)
+// and hands the report to an uplink that never blocks, so neither a slow
+// aggregator nor a dead one can hold up a request.
+package reporter
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/names"
+	"github.com/sluicehq/sluice/internal/uplink"
+	"github.com/sluicehq/sluice/sidecar"
+)
+
+// Source gives the cumulative counters of a service's peers; sidecar.Limiter
+// implements it. AppendCounts appends one entry per peer to dst and returns
+// it. Counters only grow, except that a peer's counters may start again
+// from zero (a reset), which Build recognises. It is called from the
+// reporter's goroutine once per interval and must be safe to call
+// concurrently with the request path.
+type Source interface {
+	AppendCounts(service string, dst []sidecar.PeerCounts) []sidecar.PeerCounts
+}
+
+// Bounds of Config.Interval. They match the aggregator's default window
+// limits: a report outside them would be rejected.
+const (
+	MinInterval = 10 * time.Millisecond
+	MaxInterval = time.Minute
+)
+
+// Config configures a Reporter. Zero fields that have a default take it.
+type Config struct {
+	// SidecarID identifies this sidecar for as long as its process lives,
+	// e.g. pod name and a start time. Required.
+	SidecarID string
+	// Service is the service the sidecar runs next to. Required.
+	Service string
+	// Zone is the sidecar's zone as it knows it; informational, may be
+	// empty. The aggregator decides the zone (see Reporter.Zone).
+	Zone string
+	// Direction is the side of the calls the sidecar counts. Default
+	// DIRECTION_INBOUND.
+	Direction sluicev1.Direction
+	// Interval between reports. Default 1s.
+	Interval time.Duration
+	// Aggregators are the zone's aggregator addresses, tried in order with
+	// failover. Required.
+	Aggregators []string
+	// DialOptions for the aggregator connection; default plaintext.
+	DialOptions []grpc.DialOption
+	// Logger; default discards.
+	Logger *slog.Logger
+	// Registerer for the reporter's metrics; nil registers none.
+	Registerer prometheus.Registerer
+}
+
+func (c Config) withDefaults() Config {
+	if c.Direction == sluicev1.Direction_DIRECTION_UNSPECIFIED {
+		c.Direction = sluicev1.Direction_DIRECTION_INBOUND
+	}
+	if c.Interval == 0 {
+		c.Interval = time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+// Validate reports every problem with c at once, naming the field.
+func (c Config) Validate() error {
+	var errs []error
+	if c.SidecarID == "" || len(c.SidecarID) > names.MaxLen {
+		errs = append(errs, fmt.Errorf("SidecarID: must be 1 to %d bytes, got %d", names.MaxLen, len(c.SidecarID)))
+	}
+	if err := names.Check(c.Service); err != nil {
+		errs = append(errs, fmt.Errorf("Service: %w", err))
+	}
+	if c.Zone != "" {
+		if err := names.Check(c.Zone); err != nil {
+			errs = append(errs, fmt.Errorf("Zone: %w", err))
+		}
+	}
+	switch c.Direction {
+	case sluicev1.Direction_DIRECTION_UNSPECIFIED, sluicev1.Direction_DIRECTION_INBOUND, sluicev1.Direction_DIRECTION_OUTBOUND:
+	default:
+		errs = append(errs, fmt.Errorf("Direction: must be inbound or outbound, got %v", c.Direction))
+	}
+	if c.Interval != 0 && (c.Interval < MinInterval || c.Interval > MaxInterval) {
+		errs = append(errs, fmt.Errorf("Interval: must be in [%v, %v], got %v", MinInterval, MaxInterval, c.Interval))
+	}
+	if len(c.Aggregators) == 0 {
+		errs = append(errs, errors.New("Aggregators: at least one address is required"))
+	}
+	for i, a := range c.Aggregators {
+		if a == "" {
+			errs = append(errs, fmt.Errorf("Aggregators[%d]: empty address", i))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Header is what every report of one sidecar repeats.
+type Header struct {
+	SidecarID, Service, Zone string
+	Direction                sluicev1.Direction
+}
+
+// Build returns the report of the window [windowStart, windowStart+window)
+// from two snapshots of cumulative counters, prev at the window's start and
+// cur at its end. It is pure.
+//
+//   - A peer's count in the window is cur minus prev. A peer missing from
+//     prev is new: all of cur counts. A peer whose counters went backwards
+//     was reset: all of cur counts.
+//   - Dropped and shadow-dropped are clamped to what offered allows, since
+//     a snapshot reads a peer's counters one by one while requests go on.
+//   - A peer that fails names.Check is counted as names.Unknown rather than
+//     have the aggregator reject the whole report.
+//   - Peers with nothing offered in the window are left out: a report is
+//     the sidecar's complete picture, so a missing peer means rate 0.
+//   - A peer listed more than once in a snapshot is summed.
+//
+// Peers are sorted by name.
+func Build(h Header, prev, cur []sidecar.PeerCounts, windowStart time.Time, window time.Duration) *sluicev1.LoadReport {
+	before := sumByPeer(prev)
+	deltas := make(map[string]*sluicev1.PeerCounts)
+	for peer, c := range sumByPeer(cur) {
+		b := before[peer]
+		if c.Offered < b.Offered || c.Dropped < b.Dropped || c.ShadowDropped < b.ShadowDropped {
+			b = sidecar.PeerCounts{} // reset
+		}
+		offered := c.Offered - b.Offered
+		if offered == 0 {
+			continue
+		}
+		dropped := min(c.Dropped-b.Dropped, offered)
+		shadow := min(c.ShadowDropped-b.ShadowDropped, offered-dropped)
+		if names.Check(peer) != nil {
+			peer = names.Unknown
+		}
+		d := deltas[peer]
+		if d == nil {
+			d = &sluicev1.PeerCounts{Peer: peer}
+			deltas[peer] = d
+		}
+		d.Offered += offered
+		d.Dropped += dropped
+		d.ShadowDropped += shadow
+	}
+	r := &sluicev1.LoadReport{
+		SidecarId:   h.SidecarID,
+		Service:     h.Service,
+		Direction:   h.Direction,
+		Zone:        h.Zone,
+		WindowStart: timestamppb.New(windowStart),
+		Window:      durationpb.New(window),
+		Peers:       slices.Collect(maps.Values(deltas)),
+	}
+	slices.SortFunc(r.Peers, func(a, b *sluicev1.PeerCounts) int { return cmp.Compare(a.Peer, b.Peer) })
+	return r
+}
+
+func sumByPeer(s []sidecar.PeerCounts) map[string]sidecar.PeerCounts {
+	m := make(map[string]sidecar.PeerCounts, len(s))
+	for _, p := range s {
+		t := m[p.Peer]
+		t.Offered += p.Offered
+		t.Dropped += p.Dropped
+		t.ShadowDropped += p.ShadowDropped
+		m[p.Peer] = t
+	}
+	return m
+}
+
+type (
+	loadReq  = sluicev1.StreamLoadReportsRequest
+	loadResp = sluicev1.StreamLoadReportsResponse
+)
+
+// Reporter sends a sidecar's load reports. Zone and Connected are safe for
+// concurrent use; Run runs once at a time.
+type Reporter struct {
+	cfg Config
+	hdr Header
+	src Source
+	log *slog.Logger
+	up  *uplink.Uplink[loadReq, loadResp]
+
+	zone      atomic.Pointer[string] // the zone the aggregator accounts us to; nil until it said
+	rejected  prometheus.Counter
+	rejectLog reasonLog
+}
+
+// New checks cfg and returns a Reporter that reports nothing until Run.
+func New(cfg Config, src Source) (*Reporter, error) {
+	err := cfg.Validate()
+	if src == nil {
+		err = errors.Join(err, errors.New("source: required"))
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reporter config: %w", err)
+	}
+	cfg = cfg.withDefaults()
+	r := &Reporter{
+		cfg: cfg,
+		hdr: Header{SidecarID: cfg.SidecarID, Service: cfg.Service, Zone: cfg.Zone, Direction: cfg.Direction},
+		src: src,
+		log: cfg.Logger,
+	}
+	up, err := uplink.New(uplink.Config[loadReq, loadResp]{
+		Addrs:       cfg.Aggregators,
+		DialOptions: cfg.DialOptions,
+		Open: func(ctx context.Context, cc grpc.ClientConnInterface) (grpc.BidiStreamingClient[loadReq, loadResp], error) {
+			return sluicev1.NewLoadReportServiceClient(cc).StreamLoadReports(ctx)
+		},
+		OnResponse: r.onResponse,
+		// The aggregator answers every report; one that stays silent for
+		// many intervals is wedged, and another replica may not be.
+		ResponseTimeout: max(10*cfg.Interval, 5*time.Second),
+		Logger:          cfg.Logger.With("uplink", "aggregator"),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("aggregator uplink: %w", err)
+	}
+	r.up = up
+	r.rejected = registerMetrics(cfg, up)
+	return r, nil
+}
+
+// Zone returns the zone the aggregator said it accounts this sidecar to, or
+// Config.Zone until an aggregator answered.
+func (r *Reporter) Zone() string {
+	if z := r.zone.Load(); z != nil {
+		return *z
+	}
+	return r.cfg.Zone
+}
+
+// Connected reports whether the stream to an aggregator is open and has
+// answered.
+func (r *Reporter) Connected() bool { return r.up.Connected() }
+
+// Run reports every Interval until ctx is cancelled, and returns nil once
+// its goroutines stopped. The first report covers the first interval after
+// Run started; counts from before Run are the baseline, not reported.
+func (r *Reporter) Run(ctx context.Context) error {
+	g, ctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return r.up.Run(ctx) })
+	g.Go(func() error {
+		r.loop(ctx)
+		return nil
+	})
+	return g.Wait()
+}
+
+func (r *Reporter) loop(ctx context.Context) {
+	t := time.NewTicker(r.cfg.Interval)
+	defer t.Stop()
+	minWindow := max(r.cfg.Interval/2, MinInterval)
+	// Two buffers take turns holding the previous and current snapshot.
+	prevAt := time.Now()
+	prev := r.src.AppendCounts(r.cfg.Service, nil)
+	var cur []sidecar.PeerCounts
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		// The window is measured, not assumed: a late tick makes a longer
+		// window, and the rate stays right. time.Now's monotonic reading
+		// keeps it immune to wall-clock steps.
+		now := time.Now()
+		if now.Sub(prevAt) < minWindow {
+			// A tick read late is followed by one on schedule, and the
+			// window between them can be too short for a meaningful
+			// rate (the aggregator rejects windows under 10ms). Fold
+			// it into the next window instead.
+			continue
+		}
+		cur = r.src.AppendCounts(r.cfg.Service, cur[:0])
+		rep := Build(r.hdr, prev, cur, prevAt, now.Sub(prevAt))
+		r.up.Offer(&loadReq{Report: rep})
+		prev, cur = cur, prev
+		prevAt = now
+	}
+}
+
+func (r *Reporter) onResponse(resp *loadResp) {
+	if z := resp.GetZone(); z != "" && names.Check(z) == nil {
+		if old := r.zone.Load(); old == nil || *old != z {
+			r.zone.Store(&z)
+		}
+	}
+	if resp.GetAccepted() {
+		return
+	}
+	r.rejected.Inc()
+	if reason := resp.GetRejectReason(); r.rejectLog.allow(reason, time.Now()) {
+		r.log.Warn("aggregator rejected load report", "reject_reason", truncate(reason),
+			"aggregator_id", truncate(resp.GetAggregatorId()))
+	}
+}
+
+// registerMetrics registers the reporter's metrics and returns the one it
+// counts itself. The others read the uplink's counters when scraped.
+func registerMetrics(cfg Config, up *uplink.Uplink[loadReq, loadResp]) prometheus.Counter {
+	const ns, sub = "sluice", "sidecar_report"
+	// A sidecar may report both directions; the label keeps their
+	// reporters' metrics apart on one registry.
+	labels := prometheus.Labels{"direction": directionLabel(cfg.Direction)}
+	rejected := prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "rejected_total", ConstLabels: labels,
+		Help: "Load reports the aggregator answered with accepted=false.",
+	})
+	if cfg.Registerer == nil {
+		return rejected
+	}
+	counter := func(name, help string, f func(uplink.Stats) uint64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: name, ConstLabels: labels, Help: help,
+		}, func() float64 { return float64(f(up.Stats())) })
+	}
+	for _, c := range []prometheus.Collector{
+		rejected,
+		counter("sent_total", "Load reports sent to an aggregator.",
+			func(s uplink.Stats) uint64 { return s.Sent }),
+		counter("superseded_total", "Load reports replaced by a newer one before they could be sent.",
+			func(s uplink.Stats) uint64 { return s.Superseded }),
+		counter("failovers_total", "Failed or ended aggregator streams after which the reporter moved to the next address.",
+			func(s uplink.Stats) uint64 { return s.Failovers }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "connected", ConstLabels: labels,
+			Help: "1 while the aggregator stream is open and has answered, else 0.",
+		}, func() float64 {
+			if up.Connected() {
+				return 1
+			}
+			return 0
+		}),
+	} {
+		// Best effort, as in the other packages: a second reporter of the
+		// same direction on one registry must not fail the sidecar.
+		if err := cfg.Registerer.Register(c); err != nil {
+			cfg.Logger.Warn("reporter metric not registered", "error", err)
+		}
+	}
+	return rejected
+}
+
+func directionLabel(d sluicev1.Direction) string {
+	if d == sluicev1.Direction_DIRECTION_OUTBOUND {
+		return "outbound"
+	}
+	return "inbound"
+}
+
+// reasonLog lets a log line about a reason through at most once a minute
+// per distinct reason, so an aggregator that keeps rejecting for the same
+// reason does not flood the log. Safe for concurrent use.
+type reasonLog struct {
+	mu   sync.Mutex           // protects last
+	last map[string]time.Time // reason → when it was last logged
+}
+
+const (
+	reasonLogEvery = time.Minute
+	reasonLogMax   = 64 // distinct reasons remembered; more clears the memory
+)
+
+func (l *reasonLog) allow(reason string, now time.Time) bool {
+	// Aggregators begin a reason with a short label ("bad_window: ...");
+	// the details after it vary too much to tell reasons apart by.
+	if i := strings.Index(reason, ":"); i >= 0 {
+		reason = reason[:i]
+	}
+	reason = truncate(reason)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if t, ok := l.last[reason]; ok && now.Sub(t) < reasonLogEvery {
+		return false
+	}
+	if l.last == nil || len(l.last) >= reasonLogMax {
+		l.last = make(map[string]time.Time)
+	}
+	l.last[reason] = now
+	return true
+}
+
+// truncate bounds strings from the network before they reach a log line.
+func truncate(s string) string {
+	const n = 128
+	if len(s) <= n {
+		return s
+	}
+	return strings.ToValidUTF8(s[:n], "?") + "…"
+}
