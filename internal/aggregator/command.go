@@ -1,0 +1,94 @@
+package aggregator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+
+	"github.com/sluicehq/sluice/internal/admin"
+	"github.com/sluicehq/sluice/internal/cli"
+	"github.com/sluicehq/sluice/internal/process"
+)
+
+// Command is the aggregator binary.
+func Command() *cobra.Command {
+	cfg := DefaultConfig()
+	var (
+		grpcAddr, adminAddr     string
+		drainDelay, stopTimeout time.Duration
+		logging                 cli.Logging
+	)
+	cmd := &cobra.Command{
+		Use:   "aggregator",
+		Short: "sluice zone aggregator: sums its zone's sidecar reports for the controller",
+		Long: `The aggregator takes one long-lived load-report stream from every sidecar of its
+zone, keeps the latest rate of each live sidecar (a sidecar silent for --stale-after
+report windows leaves the sums), and every --flush-interval sends the zone's
+per-(service, caller) rates to the controller, failing over across --controllers.
+Reports that break its bounds are rejected whole and counted by reason.
+
+Every flag can also be set as SLUICE_AGGREGATOR_<FLAG> or in the --config file;
+flags win over the environment, the environment over the file.`,
+		Args:         cobra.NoArgs,
+		SilenceUsage: true,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := cli.Apply(cmd.Flags(), "aggregator", os.LookupEnv); err != nil {
+				return err
+			}
+			if err := cfg.Validate(); err != nil {
+				return fmt.Errorf("invalid configuration:\n%w", err)
+			}
+			log, err := logging.Logger(cmd.ErrOrStderr())
+			if err != nil {
+				return err
+			}
+			reg := prometheus.NewRegistry()
+			reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+			svc, err := New(cfg, log, reg)
+			if err != nil {
+				return err
+			}
+			g := grpc.NewServer(grpc.MaxRecvMsgSize(16 << 20))
+			svc.Register(g)
+			ready := func() error {
+				if !svc.Ready() {
+					return errors.New("no controller connection")
+				}
+				return nil
+			}
+			p := &process.Process{
+				Logger: log,
+				Admin:  admin.New(reg, ready), AdminAddr: adminAddr,
+				GRPC: g, GRPCAddr: grpcAddr,
+				Workers:         []func(ctx context.Context) error{svc.Run},
+				Drain:           []func(){svc.Drain},
+				DrainDelay:      drainDelay,
+				ShutdownTimeout: stopTimeout,
+			}
+			log.Info("aggregator starting", "id", cfg.ID, "zone", cfg.Zone, "controllers", cfg.Controllers)
+			return p.Run(cmd.Context())
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&grpcAddr, "grpc-addr", ":18100", "address for load-report streams from sidecars")
+	f.StringVar(&adminAddr, "admin-addr", ":19100", "address for /metrics, /healthz, /readyz")
+	f.DurationVar(&drainDelay, "drain-delay", 0, "on shutdown, how long to keep serving after /readyz turns 503")
+	f.DurationVar(&stopTimeout, "shutdown-timeout", 10*time.Second, "bound on each shutdown step")
+	f.StringVar(&cfg.ID, "id", cfg.ID, "this aggregator's id, unique while it runs")
+	f.StringVar(&cfg.Zone, "zone", "", "the zone every sidecar reporting here is accounted to (required)")
+	f.StringSliceVar(&cfg.Controllers, "controllers", []string{"127.0.0.1:18000"}, "controller addresses, in failover order")
+	f.DurationVar(&cfg.FlushInterval, "flush-interval", cfg.FlushInterval, "how often the zone's rates go to the controller")
+	f.IntVar(&cfg.StaleAfter, "stale-after", cfg.StaleAfter, "report windows a sidecar may miss before it leaves the sums")
+	f.IntVar(&cfg.Limits.MaxPeersPerReport, "max-peers-per-report", cfg.Limits.MaxPeersPerReport, "reports naming more callers are rejected")
+	f.Float64Var(&cfg.Limits.MaxRate, "max-rate", cfg.Limits.MaxRate, "reports claiming a higher rate (rps) for one caller are rejected")
+	f.IntVar(&cfg.Limits.MaxSidecars, "max-sidecars", cfg.Limits.MaxSidecars, "most sidecars held; reports from more are rejected")
+	logging.AddFlags(f)
+	return cmd
+}

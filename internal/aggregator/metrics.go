@@ -1,0 +1,150 @@
+package aggregator
+
+import (
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluicehq/sluice/internal/uplink"
+)
+
+// metrics are resolved once at construction, so the report path does no
+// label lookups beyond a map read for a rejection.
+type metrics struct {
+	reports            prometheus.Counter
+	rejectedBy         map[string]prometheus.Counter // by reason; every known reason up front
+	rejectedOther      prometheus.Counter
+	sidecars           prometheus.Gauge
+	streams            prometheus.Gauge
+	flushes            prometheus.Counter
+	flushBuckets       prometheus.Gauge
+	controllerRejected prometheus.Counter
+}
+
+func (m *metrics) rejected(reason string) prometheus.Counter {
+	if c, ok := m.rejectedBy[reason]; ok {
+		return c
+	}
+	return m.rejectedOther
+}
+
+func newMetrics[Req, Resp any](reg prometheus.Registerer, logger *slog.Logger, up *uplink.Uplink[Req, Resp]) metrics {
+	const ns, sub = "sluice", "aggregator"
+	rejected := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "reports_rejected_total",
+		Help: "Load reports rejected whole, by reason.",
+	}, []string{"reason"})
+	m := metrics{
+		reports: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "reports_total",
+			Help: "Load reports received, rejected ones included.",
+		}),
+		rejectedBy:    make(map[string]prometheus.Counter, len(Reasons)+1),
+		rejectedOther: rejected.WithLabelValues("other"),
+		sidecars: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "sidecars",
+			Help: "Sidecars whose latest rates are kept.",
+		}),
+		streams: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "streams",
+			Help: "Open load report streams.",
+		}),
+		flushes: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "flushes_total",
+			Help: "Zone loads built and offered to the controller uplink.",
+		}),
+		flushBuckets: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "flush_buckets",
+			Help: "(service, direction, peer) entries in the last zone load.",
+		}),
+		controllerRejected: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "controller_rejected_total",
+			Help: "Zone loads the controller answered with accepted=false.",
+		}),
+	}
+	for _, r := range slices.Concat(Reasons, []string{ReasonSidecarIDChanged}) {
+		m.rejectedBy[r] = rejected.WithLabelValues(r)
+	}
+	if reg == nil {
+		return m
+	}
+	connected := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: ns, Subsystem: sub, Name: "controller_connected",
+		Help: "1 while the controller stream is open and has answered, else 0.",
+	}, func() float64 {
+		if up.Connected() {
+			return 1
+		}
+		return 0
+	})
+	superseded := prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "uplink_superseded_total",
+		Help: "Zone loads replaced by a newer one before they could be sent to the controller.",
+	}, func() float64 { return float64(up.Stats().Superseded) })
+	sent := prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "uplink_sent_total",
+		Help: "Zone loads sent to the controller.",
+	}, func() float64 { return float64(up.Stats().Sent) })
+	failovers := prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "controller_failovers_total",
+		Help: "Failed or ended controller streams after which the aggregator moved to the next address.",
+	}, func() float64 { return float64(up.Stats().Failovers) })
+	for _, c := range []prometheus.Collector{
+		m.reports, rejected, m.sidecars, m.streams, m.flushes, m.flushBuckets, m.controllerRejected,
+		connected, superseded, sent, failovers,
+	} {
+		// Registering is best effort, as in the other services: a second
+		// aggregator on the same registry must not fail or panic. Its
+		// metrics then stay unexported, which the log says.
+		if err := reg.Register(c); err != nil {
+			logger.Warn("aggregator metric not registered", "error", err)
+		}
+	}
+	return m
+}
+
+// reasonLog lets a log line about a reason through at most once a minute
+// per distinct reason, so a peer that keeps failing the same way does not
+// flood the log. Safe for concurrent use.
+type reasonLog struct {
+	mu   sync.Mutex           // protects last
+	last map[string]time.Time // reason → when it was last logged
+}
+
+const (
+	reasonLogEvery = time.Minute
+	reasonLogMax   = 64 // distinct reasons remembered; more clears the memory
+)
+
+func (l *reasonLog) allow(reason string, now time.Time) bool {
+	// Reasons begin with a short label ("bad_window: ..."); the details
+	// after it vary too much to tell reasons apart by.
+	if i := strings.Index(reason, ":"); i >= 0 {
+		reason = reason[:i]
+	}
+	reason = truncate(reason)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if t, ok := l.last[reason]; ok && now.Sub(t) < reasonLogEvery {
+		return false
+	}
+	if l.last == nil || len(l.last) >= reasonLogMax {
+		l.last = make(map[string]time.Time)
+	}
+	l.last[reason] = now
+	return true
+}
+
+// truncate bounds strings that come from the network before they reach a
+// log line or an error.
+func truncate(s string) string {
+	const n = 128
+	if len(s) <= n {
+		return s
+	}
+	return strings.ToValidUTF8(s[:n], "?") + "…"
+}

@@ -1,0 +1,343 @@
+package aggregator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/names"
+	"github.com/sluicehq/sluice/internal/uplink"
+)
+
+// Config configures a Service. Start from DefaultConfig; New fills zero
+// fields with their defaults too.
+type Config struct {
+	// ID identifies this aggregator instance to sidecars and the
+	// controller. Default: hostname-pid.
+	ID string
+	// Zone is the zone every sidecar reporting here is accounted to.
+	// Required.
+	Zone string
+	// FlushInterval is how often the zone's sums go to the controller.
+	// Default 1s.
+	FlushInterval time.Duration
+	// StaleAfter is how many of its own report windows a sidecar may be
+	// silent before it is dropped from the sums. Default 3.
+	StaleAfter int
+	// Controllers are the controller addresses, tried in order with
+	// failover. Required.
+	Controllers []string
+	// Limits bound what a report may claim; zero fields take defaults.
+	Limits Limits
+	// DialOptions for the controller connection; default plaintext.
+	DialOptions []grpc.DialOption
+}
+
+// DefaultConfig returns a Config with every default filled in; Zone and
+// Controllers are left for the caller.
+func DefaultConfig() Config {
+	return Config{
+		ID:            defaultID(),
+		FlushInterval: time.Second,
+		StaleAfter:    3,
+		Limits:        DefaultLimits(),
+	}
+}
+
+func defaultID() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "aggregator"
+	}
+	return host + "-" + strconv.Itoa(os.Getpid())
+}
+
+func (c Config) withDefaults() Config {
+	d := DefaultConfig()
+	if c.ID == "" {
+		c.ID = d.ID
+	}
+	if c.FlushInterval == 0 {
+		c.FlushInterval = d.FlushInterval
+	}
+	if c.StaleAfter == 0 {
+		c.StaleAfter = d.StaleAfter
+	}
+	c.Limits = c.Limits.withDefaults()
+	return c
+}
+
+// Bounds of Config fields that have no natural ones.
+const (
+	minFlushInterval = 10 * time.Millisecond
+	maxFlushInterval = time.Minute
+	maxStaleAfter    = 100
+)
+
+// Validate reports every problem with c at once, naming the field and the
+// bound. Zero fields that have a default are fine.
+func (c Config) Validate() error {
+	var errs []error
+	if c.ID != "" && len(c.ID) > names.MaxLen {
+		errs = append(errs, fmt.Errorf("ID: at most %d bytes, got %d", names.MaxLen, len(c.ID)))
+	}
+	if c.Zone == "" {
+		errs = append(errs, errors.New("Zone: required"))
+	} else if err := names.Check(c.Zone); err != nil {
+		errs = append(errs, fmt.Errorf("Zone: %w", err))
+	}
+	if c.FlushInterval != 0 && (c.FlushInterval < minFlushInterval || c.FlushInterval > maxFlushInterval) {
+		errs = append(errs, fmt.Errorf("FlushInterval: must be in [%v, %v], got %v", minFlushInterval, maxFlushInterval, c.FlushInterval))
+	}
+	if c.StaleAfter < 0 || c.StaleAfter > maxStaleAfter {
+		errs = append(errs, fmt.Errorf("StaleAfter: must be in [1, %d] (0 for the default), got %d", maxStaleAfter, c.StaleAfter))
+	}
+	if len(c.Controllers) == 0 {
+		errs = append(errs, errors.New("Controllers: at least one address is required"))
+	}
+	for i, a := range c.Controllers {
+		if a == "" {
+			errs = append(errs, fmt.Errorf("Controllers[%d]: empty address", i))
+		}
+	}
+	if err := c.Limits.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// ReasonSidecarIDChanged rejects a report whose sidecar id differs from the
+// one its stream reported first: a stream belongs to one sidecar, so that
+// the end of a stream says which sidecar to forget. It is the Service's
+// rule, not State's.
+const ReasonSidecarIDChanged = "sidecar_id_changed"
+
+type (
+	zoneReq  = sluicev1.StreamZoneLoadsRequest
+	zoneResp = sluicev1.StreamZoneLoadsResponse
+)
+
+// Service is a zone aggregator: the LoadReportService for the zone's
+// sidecars, a flush loop, and the uplink to the controller. Its methods are
+// safe for concurrent use.
+type Service struct {
+	cfg Config
+	log *slog.Logger
+	up  *uplink.Uplink[zoneReq, zoneResp]
+	m   metrics
+
+	// mu protects state and owners. Every report takes it once, briefly.
+	mu    sync.Mutex
+	state *State
+	// owners maps a sidecar id to the stream that last had a report of it
+	// accepted. A stream that ends removes its sidecar only if it still
+	// owns it: a sidecar that reconnected on a new stream before the old
+	// one was noticed dead must stay.
+	owners map[string]*stream
+
+	draining  atomic.Bool
+	rejectLog reasonLog // rejections of flushes by the controller
+}
+
+// stream is the identity of one StreamLoadReports call.
+type stream struct{ id string }
+
+// New returns a Service; it serves nothing until Register and does not
+// flush until Run. Metrics go to reg unless it is nil.
+func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Service, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("aggregator config: %w", err)
+	}
+	cfg = cfg.withDefaults()
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	s := &Service{
+		cfg:    cfg,
+		log:    logger,
+		state:  NewState(cfg.Zone, cfg.ID, cfg.StaleAfter, cfg.Limits),
+		owners: make(map[string]*stream),
+	}
+	up, err := uplink.New(uplink.Config[zoneReq, zoneResp]{
+		Addrs:       cfg.Controllers,
+		DialOptions: cfg.DialOptions,
+		Open: func(ctx context.Context, cc grpc.ClientConnInterface) (grpc.BidiStreamingClient[zoneReq, zoneResp], error) {
+			return sluicev1.NewZoneLoadServiceClient(cc).StreamZoneLoads(ctx)
+		},
+		OnResponse: s.onControllerResponse,
+		// The controller answers every flush; one that stays silent for
+		// many flushes is wedged, and another replica may not be.
+		ResponseTimeout: max(10*cfg.FlushInterval, 5*time.Second),
+		Logger:          logger.With("uplink", "controller"),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("controller uplink: %w", err)
+	}
+	s.up = up
+	s.m = newMetrics(reg, logger, up)
+	return s, nil
+}
+
+// Register adds the LoadReportService to g.
+func (s *Service) Register(g grpc.ServiceRegistrar) {
+	sluicev1.RegisterLoadReportServiceServer(g, loadServer{s: s})
+}
+
+// Ready reports whether the aggregator is connected to a controller (its
+// stream delivered a response) and not draining.
+func (s *Service) Ready() bool { return s.up.Connected() && !s.draining.Load() }
+
+// Drain makes every sidecar stream end at its next report with UNAVAILABLE,
+// unapplied, so that its sidecar fails over to another replica and resends
+// it there; and makes Ready false. Call it before GracefulStop, which would
+// otherwise wait for streams that never end on their own. Idempotent.
+func (s *Service) Drain() { s.draining.Store(true) }
+
+// Run flushes every FlushInterval and keeps the controller uplink until ctx
+// is cancelled; it returns nil after its goroutines stopped.
+func (s *Service) Run(ctx context.Context) error {
+	g, ctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return s.up.Run(ctx) })
+	g.Go(func() error {
+		t := time.NewTicker(s.cfg.FlushInterval)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-t.C:
+				s.FlushNow()
+			}
+		}
+	})
+	return g.Wait()
+}
+
+// FlushNow drops stale sidecars, sums the rest, offers the result to the
+// controller uplink and returns it. Run calls it every FlushInterval; tests
+// call it to see the zone's sums. The caller must not modify the result.
+func (s *Service) FlushNow() *sluicev1.ZoneLoad {
+	s.mu.Lock()
+	zl := s.state.Flush(time.Now(), s.cfg.FlushInterval)
+	n := s.state.Sidecars()
+	s.mu.Unlock()
+
+	buckets := 0
+	for _, sl := range zl.GetServices() {
+		buckets += len(sl.GetPeers())
+	}
+	s.m.sidecars.Set(float64(n))
+	s.m.flushes.Inc()
+	s.m.flushBuckets.Set(float64(buckets))
+	s.up.Offer(&zoneReq{Load: zl})
+	return zl
+}
+
+// Sidecars returns how many sidecars the aggregator keeps.
+func (s *Service) Sidecars() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.state.Sidecars()
+}
+
+func (s *Service) onControllerResponse(r *zoneResp) {
+	if r.GetAccepted() {
+		return
+	}
+	s.m.controllerRejected.Inc()
+	if reason := r.GetRejectReason(); s.rejectLog.allow(reason, time.Now()) {
+		s.log.Warn("controller rejected zone load", "reject_reason", truncate(reason))
+	}
+}
+
+// apply takes one report of stream st under the lock and says why it was
+// rejected, if it was.
+func (s *Service) apply(st *stream, r *sluicev1.LoadReport) error {
+	s.mu.Lock()
+	defer func() {
+		n := s.state.Sidecars()
+		s.mu.Unlock()
+		s.m.sidecars.Set(float64(n))
+	}()
+	if st.id != "" && r.GetSidecarId() != st.id {
+		return reject(ReasonSidecarIDChanged, "stream of sidecar %q reported for %q", truncate(st.id), truncate(r.GetSidecarId()))
+	}
+	if err := s.state.Apply(r, time.Now()); err != nil {
+		return err
+	}
+	st.id = r.GetSidecarId()
+	s.owners[st.id] = st
+	return nil
+}
+
+// end forgets the sidecar of a stream that ended, unless another stream
+// took it over.
+func (s *Service) end(st *stream) {
+	s.mu.Lock()
+	defer func() {
+		n := s.state.Sidecars()
+		s.mu.Unlock()
+		s.m.sidecars.Set(float64(n))
+	}()
+	if st.id != "" && s.owners[st.id] == st {
+		delete(s.owners, st.id)
+		s.state.Remove(st.id)
+	}
+}
+
+// loadServer keeps the generated server's methods off Service's API.
+type loadServer struct {
+	sluicev1.UnimplementedLoadReportServiceServer
+	s *Service
+}
+
+var errDraining = status.Error(codes.Unavailable, "aggregator is draining; report to another replica")
+
+func (l loadServer) StreamLoadReports(g grpc.BidiStreamingServer[sluicev1.StreamLoadReportsRequest, sluicev1.StreamLoadReportsResponse]) error {
+	s := l.s
+	s.m.streams.Inc()
+	defer s.m.streams.Dec()
+	st := new(stream)
+	defer s.end(st)
+	for {
+		req, err := g.Recv()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return err // the stream is gone; gRPC has its status
+		}
+		if s.draining.Load() {
+			return errDraining
+		}
+		s.m.reports.Inc()
+		resp := &sluicev1.StreamLoadReportsResponse{Accepted: true, Zone: s.cfg.Zone, AggregatorId: s.cfg.ID}
+		if err := s.apply(st, req.GetReport()); err != nil {
+			resp.Accepted = false
+			resp.RejectReason = err.Error()
+			var rej *RejectError
+			if errors.As(err, &rej) {
+				s.m.rejected(rej.Reason).Inc()
+			} else {
+				s.m.rejected("other").Inc()
+			}
+		}
+		if err := g.Send(resp); err != nil {
+			return err
+		}
+	}
+}

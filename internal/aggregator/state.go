@@ -1,0 +1,337 @@
+package aggregator
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"maps"
+	"math"
+	"slices"
+	"strings"
+	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/names"
+)
+
+// Limits bound what one report may claim, so that a broken or hostile
+// sidecar can neither grow the aggregator's memory without bound nor poison
+// the zone's sums. Zero fields take their defaults.
+type Limits struct {
+	// MaxPeersPerReport bounds the peers in one report. Default 10000.
+	MaxPeersPerReport int
+	// MaxRate bounds a peer's offered rate in one report, in requests per
+	// second. Default 1e7.
+	MaxRate float64
+	// MinWindow and MaxWindow bound a report's window: rates over a
+	// shorter one are noise, a longer one is stale. Defaults 10ms, 60s.
+	MinWindow, MaxWindow time.Duration
+	// MaxSidecars bounds the sidecars the aggregator keeps. Default 100000.
+	MaxSidecars int
+}
+
+// DefaultLimits returns the limits that zero fields take.
+func DefaultLimits() Limits {
+	return Limits{
+		MaxPeersPerReport: 10000,
+		MaxRate:           1e7,
+		MinWindow:         10 * time.Millisecond,
+		MaxWindow:         60 * time.Second,
+		MaxSidecars:       100000,
+	}
+}
+
+func (l Limits) withDefaults() Limits {
+	d := DefaultLimits()
+	if l.MaxPeersPerReport == 0 {
+		l.MaxPeersPerReport = d.MaxPeersPerReport
+	}
+	if l.MaxRate == 0 {
+		l.MaxRate = d.MaxRate
+	}
+	if l.MinWindow == 0 {
+		l.MinWindow = d.MinWindow
+	}
+	if l.MaxWindow == 0 {
+		l.MaxWindow = d.MaxWindow
+	}
+	if l.MaxSidecars == 0 {
+		l.MaxSidecars = d.MaxSidecars
+	}
+	return l
+}
+
+// Validate reports every limit that is out of range, naming the field. Zero
+// fields are fine: they take their defaults.
+func (l Limits) Validate() error {
+	var errs []error
+	if l.MaxPeersPerReport < 0 {
+		errs = append(errs, fmt.Errorf("Limits.MaxPeersPerReport: must be >= 0 (0 for the default), got %d", l.MaxPeersPerReport))
+	}
+	if l.MaxRate < 0 || math.IsNaN(l.MaxRate) || math.IsInf(l.MaxRate, 0) {
+		errs = append(errs, fmt.Errorf("Limits.MaxRate: must be finite and >= 0 (0 for the default), got %v", l.MaxRate))
+	}
+	if l.MinWindow < 0 {
+		errs = append(errs, fmt.Errorf("Limits.MinWindow: must be >= 0 (0 for the default), got %v", l.MinWindow))
+	}
+	if l.MaxWindow < 0 {
+		errs = append(errs, fmt.Errorf("Limits.MaxWindow: must be >= 0 (0 for the default), got %v", l.MaxWindow))
+	}
+	if d := l.withDefaults(); l.MinWindow >= 0 && l.MaxWindow >= 0 && d.MinWindow > d.MaxWindow {
+		errs = append(errs, fmt.Errorf("Limits.MinWindow: %v is above Limits.MaxWindow %v", d.MinWindow, d.MaxWindow))
+	}
+	if l.MaxSidecars < 0 {
+		errs = append(errs, fmt.Errorf("Limits.MaxSidecars: must be >= 0 (0 for the default), got %d", l.MaxSidecars))
+	}
+	return errors.Join(errs...)
+}
+
+// Reasons a report is rejected. They are metric label values and the first
+// word of the reject_reason sent back to the sidecar.
+const (
+	ReasonEmptyReport     = "empty_report"      // the request carried no report
+	ReasonBadSidecarID    = "bad_sidecar_id"    // empty, or longer than names.MaxLen
+	ReasonBadName         = "bad_name"          // service or peer fails names.Check
+	ReasonBadDirection    = "bad_direction"     // neither inbound nor outbound
+	ReasonBadWindow       = "bad_window"        // missing, or outside [MinWindow, MaxWindow]
+	ReasonTooManyPeers    = "too_many_peers"    // more than MaxPeersPerReport
+	ReasonDuplicatePeer   = "duplicate_peer"    // a peer listed twice
+	ReasonBadCounts       = "bad_counts"        // dropped + shadow_dropped above offered
+	ReasonAbsurdRate      = "absurd_rate"       // a peer's offered rate above MaxRate
+	ReasonTooManySidecars = "too_many_sidecars" // a new sidecar while MaxSidecars are kept
+)
+
+// Reasons lists every reject reason, for metrics resolved up front.
+var Reasons = []string{
+	ReasonEmptyReport, ReasonBadSidecarID, ReasonBadName, ReasonBadDirection, ReasonBadWindow,
+	ReasonTooManyPeers, ReasonDuplicatePeer, ReasonBadCounts, ReasonAbsurdRate, ReasonTooManySidecars,
+}
+
+// RejectError says why Apply rejected a whole report.
+type RejectError struct {
+	Reason string // one of the Reason constants: short, bounded, a metric label
+	Detail string // for humans: which field, which value
+}
+
+func (e *RejectError) Error() string { return e.Reason + ": " + e.Detail }
+
+func reject(reason, format string, args ...any) *RejectError {
+	return &RejectError{Reason: reason, Detail: fmt.Sprintf(format, args...)}
+}
+
+// State is the pure state of a zone aggregator: the latest rates of every
+// live sidecar, and their sums. Time arrives as an argument; it starts no
+// goroutines and does no I/O, so the simulator can drive it directly.
+//
+// State is not safe for concurrent use.
+type State struct {
+	zone, id   string
+	staleAfter int
+	lim        Limits
+
+	sidecars map[string]*sidecar
+	// order is the ids of sidecars, sorted, or nil after a sidecar came or
+	// went. Flush adds up floating-point rates in this order, so that the
+	// same sidecars give bit-identical sums whatever order they came in.
+	order []string
+}
+
+// sidecar is the latest accepted report of one sidecar, as rates.
+type sidecar struct {
+	service   string
+	direction sluicev1.Direction
+	window    time.Duration // the report's window, for staleness
+	seen      time.Time     // when the report was applied, by the aggregator's clock
+	peers     []peerRate    // sorted by peer
+}
+
+type peerRate struct {
+	peer                     string
+	offered, dropped, shadow float64 // requests per second
+}
+
+// bucketKey identifies one ServiceLoad of a ZoneLoad.
+type bucketKey struct {
+	service   string
+	direction sluicev1.Direction
+}
+
+// NewState returns the state of aggregator id of zone. A sidecar is dropped
+// from the sums when it has not reported for more than staleAfter of its own
+// windows (0 or less means 3). Zero fields of lim take their defaults.
+func NewState(zone, id string, staleAfter int, lim Limits) *State {
+	if staleAfter <= 0 {
+		staleAfter = 3
+	}
+	return &State{
+		zone:       zone,
+		id:         id,
+		staleAfter: staleAfter,
+		lim:        lim.withDefaults(),
+		sidecars:   make(map[string]*sidecar),
+	}
+}
+
+// Apply checks r and makes its rates the sidecar's latest, replacing, never
+// adding to, whatever the sidecar reported before: a duplicated or late
+// report can not count twice. now is the arrival time; staleness is
+// measured from it, not from the sidecar's clock. A rejected report (a
+// *RejectError) changes nothing.
+//
+// The report's zone is ignored: the aggregator accounts every sidecar to its
+// own zone. Apply keeps no reference to r.
+func (s *State) Apply(r *sluicev1.LoadReport, now time.Time) error {
+	if r == nil {
+		return reject(ReasonEmptyReport, "no report")
+	}
+	id := r.GetSidecarId()
+	if id == "" || len(id) > names.MaxLen {
+		return reject(ReasonBadSidecarID, "sidecar_id must be 1 to %d bytes, got %d", names.MaxLen, len(id))
+	}
+	if err := names.Check(r.GetService()); err != nil {
+		return reject(ReasonBadName, "service: %v", err)
+	}
+	dir := r.GetDirection()
+	if dir != sluicev1.Direction_DIRECTION_INBOUND && dir != sluicev1.Direction_DIRECTION_OUTBOUND {
+		return reject(ReasonBadDirection, "direction must be inbound or outbound, got %v", dir)
+	}
+	if r.GetWindow() == nil {
+		return reject(ReasonBadWindow, "no window")
+	}
+	if err := r.GetWindow().CheckValid(); err != nil {
+		return reject(ReasonBadWindow, "window: %v", err)
+	}
+	window := r.GetWindow().AsDuration()
+	if window < s.lim.MinWindow || window > s.lim.MaxWindow {
+		return reject(ReasonBadWindow, "window %v is outside [%v, %v]", window, s.lim.MinWindow, s.lim.MaxWindow)
+	}
+	if n := len(r.GetPeers()); n > s.lim.MaxPeersPerReport {
+		return reject(ReasonTooManyPeers, "%d peers, at most %d", n, s.lim.MaxPeersPerReport)
+	}
+	old, known := s.sidecars[id]
+	if !known && len(s.sidecars) >= s.lim.MaxSidecars {
+		return reject(ReasonTooManySidecars, "already %d sidecars, at most %d", len(s.sidecars), s.lim.MaxSidecars)
+	}
+
+	secs := window.Seconds()
+	peers := make([]peerRate, 0, len(r.GetPeers()))
+	for _, p := range r.GetPeers() {
+		if err := names.Check(p.GetPeer()); err != nil {
+			return reject(ReasonBadName, "peer: %v", err)
+		}
+		o, d, sh := p.GetOffered(), p.GetDropped(), p.GetShadowDropped()
+		// Dropped requests were not admitted and shadow-dropped ones
+		// were: both are parts of offered, and they do not overlap. The
+		// sum is checked without overflowing.
+		if d > o || sh > o-d {
+			return reject(ReasonBadCounts, "peer %q: dropped %d + shadow_dropped %d above offered %d", p.GetPeer(), d, sh, o)
+		}
+		rate := float64(o) / secs
+		if rate > s.lim.MaxRate {
+			return reject(ReasonAbsurdRate, "peer %q: offered rate %.0f/s above %.0f/s", p.GetPeer(), rate, s.lim.MaxRate)
+		}
+		peers = append(peers, peerRate{
+			peer:    p.GetPeer(),
+			offered: rate,
+			dropped: float64(d) / secs,
+			shadow:  float64(sh) / secs,
+		})
+	}
+	slices.SortFunc(peers, func(a, b peerRate) int { return strings.Compare(a.peer, b.peer) })
+	for i := 1; i < len(peers); i++ {
+		if peers[i].peer == peers[i-1].peer {
+			return reject(ReasonDuplicatePeer, "peer %q listed twice", peers[i].peer)
+		}
+	}
+
+	if !known {
+		old = new(sidecar)
+		s.sidecars[id] = old
+		s.order = nil
+	}
+	*old = sidecar{service: r.GetService(), direction: dir, window: window, seen: now, peers: peers}
+	return nil
+}
+
+// Remove forgets a sidecar, e.g. when its stream ended. Unknown ids are
+// ignored.
+func (s *State) Remove(sidecarID string) {
+	if _, ok := s.sidecars[sidecarID]; ok {
+		delete(s.sidecars, sidecarID)
+		s.order = nil
+	}
+}
+
+// Sidecars returns how many sidecars the state keeps, stale ones that the
+// next Flush will drop included.
+func (s *State) Sidecars() int { return len(s.sidecars) }
+
+// Flush first drops every sidecar that has been silent for more than
+// staleAfter of its own windows at now, then returns the zone's complete
+// picture: per (service, direction), sorted, the number of live sidecars
+// and per peer, sorted, the sum of their rates. interval is the flush
+// interval the controller is told. The same sidecars with the same reports
+// give an identical ZoneLoad whatever order they arrived in.
+func (s *State) Flush(now time.Time, interval time.Duration) *sluicev1.ZoneLoad {
+	for id, sc := range s.sidecars {
+		if now.Sub(sc.seen) > time.Duration(s.staleAfter)*sc.window {
+			delete(s.sidecars, id)
+			s.order = nil
+		}
+	}
+	if s.order == nil {
+		s.order = slices.Sorted(maps.Keys(s.sidecars))
+	}
+
+	type sums struct {
+		live  uint32
+		peers map[string]*sluicev1.PeerRate
+	}
+	buckets := make(map[bucketKey]*sums)
+	for _, id := range s.order {
+		sc := s.sidecars[id]
+		k := bucketKey{sc.service, sc.direction}
+		b := buckets[k]
+		if b == nil {
+			b = &sums{peers: make(map[string]*sluicev1.PeerRate)}
+			buckets[k] = b
+		}
+		b.live++
+		for _, p := range sc.peers {
+			pr := b.peers[p.peer]
+			if pr == nil {
+				pr = &sluicev1.PeerRate{Peer: p.peer}
+				b.peers[p.peer] = pr
+			}
+			pr.OfferedRps += p.offered
+			pr.DroppedRps += p.dropped
+			pr.ShadowDroppedRps += p.shadow
+		}
+	}
+
+	keys := slices.SortedFunc(maps.Keys(buckets), func(a, b bucketKey) int {
+		return cmp.Or(strings.Compare(a.service, b.service), cmp.Compare(a.direction, b.direction))
+	})
+	out := &sluicev1.ZoneLoad{
+		AggregatorId: s.id,
+		Zone:         s.zone,
+		Interval:     durationpb.New(interval),
+		Services:     make([]*sluicev1.ServiceLoad, 0, len(keys)),
+	}
+	for _, k := range keys {
+		b := buckets[k]
+		sl := &sluicev1.ServiceLoad{
+			Service:      k.service,
+			Direction:    k.direction,
+			LiveSidecars: b.live,
+			Peers:        make([]*sluicev1.PeerRate, 0, len(b.peers)),
+		}
+		for _, peer := range slices.Sorted(maps.Keys(b.peers)) {
+			sl.Peers = append(sl.Peers, b.peers[peer])
+		}
+		out.Services = append(out.Services, sl)
+	}
+	return out
+}

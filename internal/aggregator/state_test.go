@@ -1,0 +1,310 @@
+package aggregator
+
+import (
+	"errors"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+)
+
+const (
+	in  = sluicev1.Direction_DIRECTION_INBOUND
+	out = sluicev1.Direction_DIRECTION_OUTBOUND
+)
+
+var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// report builds a report over window w; peers are (name, offered, dropped,
+// shadow) quadruples.
+func report(id, service string, dir sluicev1.Direction, w time.Duration, peers ...*sluicev1.PeerCounts) *sluicev1.LoadReport {
+	return &sluicev1.LoadReport{
+		SidecarId:   id,
+		Service:     service,
+		Direction:   dir,
+		Zone:        "their-zone",
+		WindowStart: timestamppb.New(t0),
+		Window:      durationpb.New(w),
+		Peers:       peers,
+	}
+}
+
+func pc(peer string, offered, dropped, shadow uint64) *sluicev1.PeerCounts {
+	return &sluicev1.PeerCounts{Peer: peer, Offered: offered, Dropped: dropped, ShadowDropped: shadow}
+}
+
+func TestApplyRejects(t *testing.T) {
+	lim := Limits{MaxPeersPerReport: 3, MaxRate: 1000, MinWindow: 100 * time.Millisecond, MaxWindow: 10 * time.Second, MaxSidecars: 2}
+	ok := func(mod func(r *sluicev1.LoadReport)) *sluicev1.LoadReport {
+		r := report("s1", "svc", in, time.Second, pc("a", 10, 1, 1))
+		mod(r)
+		return r
+	}
+	for _, tc := range []struct {
+		name   string
+		r      *sluicev1.LoadReport
+		reason string // "" means accepted
+	}{
+		{"valid", ok(func(*sluicev1.LoadReport) {}), ""},
+		{"valid outbound, no peers", ok(func(r *sluicev1.LoadReport) { r.Direction = out; r.Peers = nil }), ""},
+		{"valid at every bound", report("s1", "svc", in, 100*time.Millisecond, pc("a", 100, 50, 50), pc("b", 0, 0, 0), pc("_overflow", 1, 0, 0)), ""},
+		{"nil report", nil, ReasonEmptyReport},
+		{"empty sidecar id", ok(func(r *sluicev1.LoadReport) { r.SidecarId = "" }), ReasonBadSidecarID},
+		{"long sidecar id", ok(func(r *sluicev1.LoadReport) { r.SidecarId = strings.Repeat("x", 254) }), ReasonBadSidecarID},
+		{"empty service", ok(func(r *sluicev1.LoadReport) { r.Service = "" }), ReasonBadName},
+		{"bad service", ok(func(r *sluicev1.LoadReport) { r.Service = "svc/x" }), ReasonBadName},
+		{"bad peer", ok(func(r *sluicev1.LoadReport) { r.Peers = append(r.Peers, pc("-x", 1, 0, 0)) }), ReasonBadName},
+		{"nil peer", ok(func(r *sluicev1.LoadReport) { r.Peers = append(r.Peers, nil) }), ReasonBadName},
+		{"unspecified direction", ok(func(r *sluicev1.LoadReport) { r.Direction = 0 }), ReasonBadDirection},
+		{"unknown direction", ok(func(r *sluicev1.LoadReport) { r.Direction = 7 }), ReasonBadDirection},
+		{"no window", ok(func(r *sluicev1.LoadReport) { r.Window = nil }), ReasonBadWindow},
+		{"invalid window", ok(func(r *sluicev1.LoadReport) { r.Window = &durationpb.Duration{Seconds: 1, Nanos: -1} }), ReasonBadWindow},
+		{"window too short", ok(func(r *sluicev1.LoadReport) { r.Window = durationpb.New(99 * time.Millisecond) }), ReasonBadWindow},
+		{"window too long", ok(func(r *sluicev1.LoadReport) { r.Window = durationpb.New(11 * time.Second) }), ReasonBadWindow},
+		{"negative window", ok(func(r *sluicev1.LoadReport) { r.Window = durationpb.New(-time.Second) }), ReasonBadWindow},
+		{"too many peers", ok(func(r *sluicev1.LoadReport) {
+			r.Peers = []*sluicev1.PeerCounts{pc("a", 1, 0, 0), pc("b", 1, 0, 0), pc("c", 1, 0, 0), pc("d", 1, 0, 0)}
+		}), ReasonTooManyPeers},
+		{"duplicate peer", ok(func(r *sluicev1.LoadReport) { r.Peers = append(r.Peers, pc("b", 1, 0, 0), pc("a", 2, 0, 0)) }), ReasonDuplicatePeer},
+		{"dropped above offered", ok(func(r *sluicev1.LoadReport) { r.Peers = []*sluicev1.PeerCounts{pc("a", 10, 11, 0)} }), ReasonBadCounts},
+		{"shadow above offered", ok(func(r *sluicev1.LoadReport) { r.Peers = []*sluicev1.PeerCounts{pc("a", 10, 0, 11)} }), ReasonBadCounts},
+		{"dropped plus shadow above offered", ok(func(r *sluicev1.LoadReport) { r.Peers = []*sluicev1.PeerCounts{pc("a", 10, 6, 5)} }), ReasonBadCounts},
+		{"counts that overflow when added", ok(func(r *sluicev1.LoadReport) {
+			r.Peers = []*sluicev1.PeerCounts{pc("a", 10, 1<<63, 1<<63)}
+		}), ReasonBadCounts},
+		{"absurd rate", ok(func(r *sluicev1.LoadReport) { r.Peers = []*sluicev1.PeerCounts{pc("a", 1001, 0, 0)} }), ReasonAbsurdRate},
+		{"absurd rate over a short window", ok(func(r *sluicev1.LoadReport) {
+			r.Window = durationpb.New(100 * time.Millisecond)
+			r.Peers = []*sluicev1.PeerCounts{pc("a", 101, 0, 0)}
+		}), ReasonAbsurdRate},
+		{"too many sidecars", ok(func(r *sluicev1.LoadReport) { r.SidecarId = "s3" }), ReasonTooManySidecars},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := NewState("zone-a", "agg-1", 3, lim)
+			// Two sidecars are kept already: one is s1, so s1 may
+			// report again, a third may not.
+			for _, id := range []string{"s1", "s2"} {
+				if err := s.Apply(report(id, "old", out, time.Second, pc("old-peer", 5, 0, 0)), t0); err != nil {
+					t.Fatal(err)
+				}
+			}
+			before := s.Flush(t0, time.Second)
+
+			err := s.Apply(tc.r, t0)
+			if tc.reason == "" {
+				if err != nil {
+					t.Fatalf("Apply = %v, want accepted", err)
+				}
+				return
+			}
+			var rej *RejectError
+			if !errors.As(err, &rej) {
+				t.Fatalf("Apply = %v, want a *RejectError", err)
+			}
+			if rej.Reason != tc.reason || rej.Detail == "" {
+				t.Fatalf("Apply = %q (reason %q), want reason %q and a detail", err, rej.Reason, tc.reason)
+			}
+			// A rejected report changes nothing.
+			if after := s.Flush(t0, time.Second); !proto.Equal(before, after) {
+				t.Errorf("a rejected report changed the state:\nbefore %v\nafter  %v", before, after)
+			}
+		})
+	}
+}
+
+func TestReasonsAreListed(t *testing.T) {
+	seen := map[string]bool{}
+	for _, r := range Reasons {
+		if seen[r] || r == "" || strings.ContainsAny(r, ": ") {
+			t.Errorf("bad or repeated reason %q", r)
+		}
+		seen[r] = true
+	}
+}
+
+func TestLatestRateReplaces(t *testing.T) {
+	s := NewState("zone-a", "agg-1", 3, Limits{})
+	r := report("s1", "svc", in, 2*time.Second, pc("a", 200, 20, 10))
+	for range 3 { // a duplicated report
+		if err := s.Apply(r, t0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := zoneLoad(serviceLoad("svc", in, 1, rate("a", 100, 10, 5)))
+	if got := s.Flush(t0, time.Second); !proto.Equal(got, want) {
+		t.Fatalf("after a duplicated report:\ngot  %v\nwant %v", got, want)
+	}
+
+	// A newer report replaces the old one entirely: peer a is gone, and
+	// the sidecar now counts for another service.
+	if err := s.Apply(report("s1", "svc2", out, time.Second, pc("b", 7, 0, 0)), t0); err != nil {
+		t.Fatal(err)
+	}
+	want = zoneLoad(serviceLoad("svc2", out, 1, rate("b", 7, 0, 0)))
+	if got := s.Flush(t0, time.Second); !proto.Equal(got, want) {
+		t.Fatalf("after a newer report:\ngot  %v\nwant %v", got, want)
+	}
+}
+
+func TestSumsAcrossSidecars(t *testing.T) {
+	s := NewState("zone-a", "agg-1", 3, Limits{})
+	apply(t, s, t0,
+		report("s1", "svc", in, time.Second, pc("a", 100, 10, 0), pc("b", 50, 0, 5)),
+		report("s2", "svc", in, 500*time.Millisecond, pc("a", 100, 0, 20)),
+		report("s3", "svc", in, time.Second), // live, idle
+		report("s4", "svc", out, time.Second, pc("a", 1, 0, 0)),
+		report("s5", "other", in, time.Second, pc("svc", 3, 0, 0)),
+	)
+	want := zoneLoad(
+		serviceLoad("other", in, 1, rate("svc", 3, 0, 0)),
+		serviceLoad("svc", in, 3, rate("a", 300, 10, 40), rate("b", 50, 0, 5)),
+		serviceLoad("svc", out, 1, rate("a", 1, 0, 0)),
+	)
+	if got := s.Flush(t0, time.Second); !proto.Equal(got, want) {
+		t.Fatalf("got  %v\nwant %v", got, want)
+	}
+	if s.Sidecars() != 5 {
+		t.Errorf("Sidecars = %d, want 5", s.Sidecars())
+	}
+}
+
+func TestStaleness(t *testing.T) {
+	s := NewState("zone-a", "agg-1", 3, Limits{})
+	apply(t, s, t0,
+		report("fast", "svc", in, time.Second, pc("a", 10, 0, 0)),
+		report("slow", "svc", in, 10*time.Second, pc("a", 100, 0, 0)),
+	)
+	both := zoneLoad(serviceLoad("svc", in, 2, rate("a", 20, 0, 0)))
+	slowOnly := zoneLoad(serviceLoad("svc", in, 1, rate("a", 10, 0, 0)))
+	for _, tc := range []struct {
+		at   time.Duration // after the reports
+		want *sluicev1.ZoneLoad
+	}{
+		{0, both},
+		{3 * time.Second, both},          // silent for exactly 3 windows: still live
+		{3*time.Second + 1, slowOnly},    // more than 3 of its 1s windows
+		{30 * time.Second, slowOnly},     // the slow one has 10s windows
+		{30*time.Second + 1, zoneLoad()}, // and now it is gone too
+		{time.Hour, zoneLoad()},          // and stays gone
+	} {
+		if got := s.Flush(t0.Add(tc.at), time.Second); !proto.Equal(got, tc.want) {
+			t.Fatalf("at +%v:\ngot  %v\nwant %v", tc.at, got, tc.want)
+		}
+	}
+	if s.Sidecars() != 0 {
+		t.Errorf("Sidecars = %d after both went stale, want 0", s.Sidecars())
+	}
+
+	// A report refreshes: measured from its arrival, not its window_start.
+	apply(t, s, t0.Add(time.Hour), report("fast", "svc", in, time.Second, pc("a", 10, 0, 0)))
+	if got := s.Flush(t0.Add(time.Hour+3*time.Second), time.Second); len(got.Services) != 1 {
+		t.Fatalf("a fresh report was dropped: %v", got)
+	}
+}
+
+func TestRemove(t *testing.T) {
+	s := NewState("zone-a", "agg-1", 3, Limits{})
+	apply(t, s, t0,
+		report("s1", "svc", in, time.Second, pc("a", 10, 0, 0)),
+		report("s2", "svc", in, time.Second, pc("a", 5, 0, 0)),
+	)
+	s.Remove("s1")
+	s.Remove("unknown")
+	want := zoneLoad(serviceLoad("svc", in, 1, rate("a", 5, 0, 0)))
+	if got := s.Flush(t0, time.Second); !proto.Equal(got, want) {
+		t.Fatalf("got  %v\nwant %v", got, want)
+	}
+	if s.Sidecars() != 1 {
+		t.Errorf("Sidecars = %d, want 1", s.Sidecars())
+	}
+}
+
+func TestFlushIsDeterministic(t *testing.T) {
+	// Many sidecars with rates whose float sums depend on the order of
+	// addition: the ZoneLoad must be bit-identical whatever the order of
+	// arrival, or controller replicas could disagree.
+	rng := rand.New(rand.NewPCG(1, 2))
+	var reports []*sluicev1.LoadReport
+	for i := range 200 {
+		var peers []*sluicev1.PeerCounts
+		for _, p := range []string{"a", "b", "c", "d"} {
+			if rng.IntN(3) > 0 {
+				o := rng.Uint64N(100000)
+				peers = append(peers, pc(p, o, o/3, o/7))
+			}
+		}
+		rng.Shuffle(len(peers), func(i, j int) { peers[i], peers[j] = peers[j], peers[i] })
+		w := time.Duration(100+rng.IntN(2000)) * time.Millisecond
+		svc := []string{"x", "y"}[rng.IntN(2)]
+		dir := []sluicev1.Direction{in, out}[rng.IntN(2)]
+		reports = append(reports, report("s"+string(rune('A'+i%26))+strings.Repeat("x", i/26), svc, dir, w, peers...))
+	}
+	var first *sluicev1.ZoneLoad
+	for trial := range 10 {
+		s := NewState("zone-a", "agg-1", 3, Limits{})
+		rng.Shuffle(len(reports), func(i, j int) { reports[i], reports[j] = reports[j], reports[i] })
+		apply(t, s, t0, reports...)
+		got := s.Flush(t0, time.Second)
+		if first == nil {
+			first = got
+			continue
+		}
+		if !proto.Equal(first, got) {
+			t.Fatalf("trial %d: Flush differs with another arrival order:\nfirst %v\nnow   %v", trial, first, got)
+		}
+	}
+	if len(first.Services) != 4 {
+		t.Errorf("want all 4 (service, direction) pairs, got %d", len(first.Services))
+	}
+}
+
+func TestZoneIsTheAggregators(t *testing.T) {
+	s := NewState("zone-a", "agg-1", 3, Limits{})
+	apply(t, s, t0, report("s1", "svc", in, time.Second))
+	got := s.Flush(t0, 2*time.Second)
+	if got.Zone != "zone-a" || got.AggregatorId != "agg-1" || got.Interval.AsDuration() != 2*time.Second {
+		t.Errorf("header = %q %q %v, want zone-a agg-1 2s", got.Zone, got.AggregatorId, got.Interval.AsDuration())
+	}
+}
+
+func TestLimitsValidate(t *testing.T) {
+	if err := (Limits{}).Validate(); err != nil {
+		t.Errorf("zero Limits: %v", err)
+	}
+	if err := DefaultLimits().Validate(); err != nil {
+		t.Errorf("DefaultLimits: %v", err)
+	}
+	err := Limits{MaxPeersPerReport: -1, MaxRate: -1, MinWindow: 2 * time.Minute, MaxSidecars: -1}.Validate()
+	for _, field := range []string{"MaxPeersPerReport", "MaxRate", "MinWindow", "MaxSidecars"} {
+		if err == nil || !strings.Contains(err.Error(), field) {
+			t.Errorf("error %v does not name %s", err, field)
+		}
+	}
+}
+
+func apply(t *testing.T, s *State, now time.Time, rs ...*sluicev1.LoadReport) {
+	t.Helper()
+	for _, r := range rs {
+		if err := s.Apply(r, now); err != nil {
+			t.Fatalf("Apply(%s): %v", r.GetSidecarId(), err)
+		}
+	}
+}
+
+func zoneLoad(services ...*sluicev1.ServiceLoad) *sluicev1.ZoneLoad {
+	return &sluicev1.ZoneLoad{AggregatorId: "agg-1", Zone: "zone-a", Interval: durationpb.New(time.Second), Services: services}
+}
+
+func serviceLoad(svc string, dir sluicev1.Direction, live uint32, peers ...*sluicev1.PeerRate) *sluicev1.ServiceLoad {
+	return &sluicev1.ServiceLoad{Service: svc, Direction: dir, LiveSidecars: live, Peers: peers}
+}
+
+func rate(peer string, offered, dropped, shadow float64) *sluicev1.PeerRate {
+	return &sluicev1.PeerRate{Peer: peer, OfferedRps: offered, DroppedRps: dropped, ShadowDroppedRps: shadow}
+}
