@@ -1,0 +1,13 @@
+// Package sidecar is sluice's data plane: it decides every request locally
+// from a drop policy it already holds, and counts what it saw.
+package sidecar
+
+// PeerCounts are cumulative counters of one bucket (service, peer) since the
+// Limiter first saw it. Counters only grow; a reporter turns successive
+// snapshots into per-window counts.
+type PeerCounts struct {
+	Peer          string
+	Offered       uint64 // every request seen, dropped ones included
+	Dropped       uint64 // dropped by an enforced ratio; a subset of Offered
+	ShadowDropped uint64 // a shadow ratio would have dropped; admitted
+}

@@ -1,0 +1,130 @@
+package sidecar
+
+import (
+	"context"
+	"net"
+	"testing"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+)
+
+// startHealthServer serves the gRPC health service on loopback behind s's
+// interceptors and returns a client for it.
+func startHealthServer(t *testing.T, s *ServiceLimiter, opts GRPCOptions) healthpb.HealthClient {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer(
+		grpc.UnaryInterceptor(s.UnaryServerInterceptor(opts)),
+		grpc.StreamInterceptor(s.StreamServerInterceptor(opts)),
+	)
+	healthpb.RegisterHealthServer(srv, health.NewServer()) // reports SERVING for ""
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(lis) }()
+	t.Cleanup(func() {
+		srv.Stop()
+		if err := <-served; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	})
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return healthpb.NewHealthClient(conn)
+}
+
+func TestGRPCInterceptors(t *testing.T) {
+	l := NewLimiter(LimiterOptions{})
+	l.SetPolicy(policy("checkout",
+		Rule{Peer: "greedy", DropRatio: 0.99},
+		Rule{Peer: "shadowed", DropRatio: 0.99, Mode: Shadow},
+	))
+	s := l.Service("checkout")
+	defaultClient := startHealthServer(t, s, GRPCOptions{})
+	customClient := startHealthServer(t, s, GRPCOptions{CallerHeader: "X-My-Caller"})
+
+	for _, tc := range []struct {
+		name    string
+		client  healthpb.HealthClient
+		key     string
+		caller  string // "" sends no metadata
+		peer    string // whom the call counts as
+		dropped bool
+	}{
+		{"dropped", defaultClient, "x-sluice-caller", "greedy", "greedy", true},
+		{"unlisted admitted", defaultClient, "x-sluice-caller", "polite", "polite", false},
+		{"shadow admitted", defaultClient, "x-sluice-caller", "shadowed", "shadowed", false},
+		{"no metadata is unknown", defaultClient, "", "", "unknown", false},
+		{"custom key dropped", customClient, "x-my-caller", "greedy", "greedy", true},
+		{"custom key ignores default", customClient, "x-sluice-caller", "greedy", "unknown", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if tc.caller != "" {
+				ctx = metadata.AppendToOutgoingContext(ctx, tc.key, tc.caller)
+			}
+			before := counts(l, "checkout", tc.peer)
+
+			resp, err := tc.client.Check(ctx, &healthpb.HealthCheckRequest{})
+			checkRPC(t, "unary", tc.caller, err, tc.dropped)
+			if err == nil && resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+				t.Errorf("unary: status %v", resp.GetStatus())
+			}
+
+			stream, err := tc.client.Watch(ctx, &healthpb.HealthCheckRequest{})
+			if err != nil {
+				t.Fatalf("Watch: %v", err)
+			}
+			// A server stream's status arrives with the first Recv.
+			resp, err = stream.Recv()
+			checkRPC(t, "stream", tc.caller, err, tc.dropped)
+			if err == nil && resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+				t.Errorf("stream: status %v", resp.GetStatus())
+			}
+
+			after := counts(l, "checkout", tc.peer)
+			if after.Offered-before.Offered != 2 {
+				t.Errorf("peer %q: %d calls counted, want 2", tc.peer, after.Offered-before.Offered)
+			}
+		})
+	}
+}
+
+func checkRPC(t *testing.T, kind, caller string, err error, dropped bool) {
+	t.Helper()
+	if !dropped {
+		if err != nil {
+			t.Errorf("%s: %v, want success", kind, err)
+		}
+		return
+	}
+	st, ok := status.FromError(err)
+	if !ok || st.Code() != codes.ResourceExhausted {
+		t.Fatalf("%s: %v, want RESOURCE_EXHAUSTED", kind, err)
+	}
+	if want := "call from caller " + caller + " to service checkout was rate limited by sluice"; st.Message() != want {
+		t.Errorf("%s: message %q, want %q", kind, st.Message(), want)
+	}
+	var info *errdetails.RetryInfo
+	for _, d := range st.Details() {
+		if ri, ok := d.(*errdetails.RetryInfo); ok {
+			info = ri
+		}
+	}
+	if info == nil || info.GetRetryDelay().AsDuration() != time.Second {
+		t.Errorf("%s: details %v, want RetryInfo of 1s", kind, st.Details())
+	}
+}

@@ -1,0 +1,84 @@
+package sidecar
+
+import (
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+var (
+	requestsDesc = prometheus.NewDesc("sluice_sidecar_requests_total",
+		"Requests decided, by outcome. admitted + dropped is every request; shadow_dropped requests "+
+			"(a shadow limit would have dropped them) are admitted and counted in admitted too.",
+		[]string{"service", "peer", "outcome"}, nil)
+	dropRatioDesc = prometheus.NewDesc("sluice_sidecar_drop_ratio",
+		"Drop ratio of each peer listed in the current policy.",
+		[]string{"service", "peer", "mode"}, nil)
+	peersDesc = prometheus.NewDesc("sluice_sidecar_peers",
+		"Peers with counters, the reserved unknown and _overflow included. Requests from new peers "+
+			"count as _overflow once the table is full; watch sluice_sidecar_requests_total{peer=\"_overflow\"}.",
+		[]string{"service"}, nil)
+	policyPeersDesc = prometheus.NewDesc("sluice_sidecar_policy_peers",
+		"Peers listed in the current policy; absent when the service has no policy.",
+		[]string{"service"}, nil)
+	invalidPeersDesc = prometheus.NewDesc("sluice_sidecar_invalid_peer_names_total",
+		"Requests whose peer name is not a valid service name; they count as peer unknown.",
+		[]string{"service"}, nil)
+)
+
+// Collector returns a prometheus.Collector that reads the Limiter's counters
+// and policies when scraped; deciding a request does no metric work at all.
+// Label cardinality is bounded by MaxPeers + 2 per service.
+func (l *Limiter) Collector() prometheus.Collector {
+	return &collector{l: l, admitted: map[bucket]uint64{}}
+}
+
+type collector struct {
+	l *Limiter
+
+	// admitted keeps the admitted counter monotonic: it is offered -
+	// dropped, and a request in flight during a scrape can be counted
+	// offered in one scrape and dropped only in the next, which would look
+	// like a counter reset. Bounded like the peer tables.
+	mu       sync.Mutex // guards admitted; scrapes may overlap
+	admitted map[bucket]uint64
+}
+
+type bucket struct{ service, peer string }
+
+func (c *collector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- requestsDesc
+	ch <- dropRatioDesc
+	ch <- peersDesc
+	ch <- policyPeersDesc
+	ch <- invalidPeersDesc
+}
+
+func (c *collector) Collect(ch chan<- prometheus.Metric) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var counts []PeerCounts
+	for _, name := range c.l.Services() {
+		s := c.l.lookup(name)
+		counts = s.AppendCounts(counts[:0])
+		for _, pc := range counts {
+			b := bucket{name, pc.Peer}
+			admitted := max(pc.Offered-pc.Dropped, c.admitted[b])
+			c.admitted[b] = admitted
+			ch <- prometheus.MustNewConstMetric(requestsDesc, prometheus.CounterValue, float64(admitted), name, pc.Peer, "admitted")
+			ch <- prometheus.MustNewConstMetric(requestsDesc, prometheus.CounterValue, float64(pc.Dropped), name, pc.Peer, "dropped")
+			ch <- prometheus.MustNewConstMetric(requestsDesc, prometheus.CounterValue, float64(pc.ShadowDropped), name, pc.Peer, "shadow_dropped")
+		}
+		ch <- prometheus.MustNewConstMetric(peersDesc, prometheus.GaugeValue, float64(s.peerCount()), name)
+		ch <- prometheus.MustNewConstMetric(invalidPeersDesc, prometheus.CounterValue, float64(s.invalidPeers.Load()), name)
+		if p := s.Policy(); p != nil {
+			ch <- prometheus.MustNewConstMetric(policyPeersDesc, prometheus.GaugeValue, float64(len(p.Peers)), name)
+			for _, r := range p.Peers {
+				if !validName(r.Peer) { // hand-built policies only; not a valid label
+					continue
+				}
+				ch <- prometheus.MustNewConstMetric(dropRatioDesc, prometheus.GaugeValue, r.DropRatio, name, r.Peer, r.Mode.String())
+			}
+		}
+	}
+}

@@ -1,0 +1,149 @@
+package sidecar
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+func TestCollector(t *testing.T) {
+	l := NewLimiter(LimiterOptions{})
+	l.SetPolicy(policy("checkout",
+		Rule{Peer: "a"},
+		Rule{Peer: "b", DropRatio: 0.5},
+		Rule{Peer: "c", DropRatio: 0.25, Mode: Shadow},
+	))
+	// Outcomes as the callers saw them, to check the collector against.
+	seen := map[string]*[3]int{} // admitted, dropped, shadow_dropped
+	decide := func(service, peer string, n int) {
+		key := service + "/" + peer
+		if seen[key] == nil {
+			seen[key] = new([3]int)
+		}
+		for range n {
+			d := l.Decide(service, peer)
+			switch {
+			case d.Drop:
+				seen[key][1]++
+			case d.Shadow:
+				seen[key][0]++
+				seen[key][2]++
+			default:
+				seen[key][0]++
+			}
+		}
+	}
+	decide("checkout", "a", 3)
+	decide("checkout", "b", 10)
+	decide("checkout", "c", 20)
+	decide("checkout", "d", 1)
+	decide("checkout", "", 2)
+	decide("checkout", "not a name", 1)
+	decide("cart", "web", 4)
+
+	reg := prometheus.NewPedanticRegistry()
+	if err := reg.Register(l.Collector()); err != nil {
+		t.Fatal(err)
+	}
+
+	var want strings.Builder
+	want.WriteString(`
+# HELP sluice_sidecar_drop_ratio Drop ratio of each peer listed in the current policy.
+# TYPE sluice_sidecar_drop_ratio gauge
+sluice_sidecar_drop_ratio{mode="enforce",peer="a",service="checkout"} 0
+sluice_sidecar_drop_ratio{mode="enforce",peer="b",service="checkout"} 0.5
+sluice_sidecar_drop_ratio{mode="shadow",peer="c",service="checkout"} 0.25
+# HELP sluice_sidecar_invalid_peer_names_total Requests whose peer name is not a valid service name; they count as peer unknown.
+# TYPE sluice_sidecar_invalid_peer_names_total counter
+sluice_sidecar_invalid_peer_names_total{service="cart"} 0
+sluice_sidecar_invalid_peer_names_total{service="checkout"} 1
+# HELP sluice_sidecar_peers Peers with counters, the reserved unknown and _overflow included. Requests from new peers count as _overflow once the table is full; watch sluice_sidecar_requests_total{peer="_overflow"}.
+# TYPE sluice_sidecar_peers gauge
+sluice_sidecar_peers{service="cart"} 3
+sluice_sidecar_peers{service="checkout"} 6
+# HELP sluice_sidecar_policy_peers Peers listed in the current policy; absent when the service has no policy.
+# TYPE sluice_sidecar_policy_peers gauge
+sluice_sidecar_policy_peers{service="checkout"} 3
+# HELP sluice_sidecar_requests_total Requests decided, by outcome. admitted + dropped is every request; shadow_dropped requests (a shadow limit would have dropped them) are admitted and counted in admitted too.
+# TYPE sluice_sidecar_requests_total counter
+`)
+	seen["checkout/unknown"] = &[3]int{seen["checkout/"][0] + seen["checkout/not a name"][0]}
+	delete(seen, "checkout/")
+	delete(seen, "checkout/not a name")
+	for _, key := range []string{"cart/_overflow", "checkout/_overflow"} {
+		seen[key] = new([3]int)
+	}
+	seen["cart/unknown"] = new([3]int)
+	// Prometheus sorts series by label values: outcome, peer, service.
+	for _, outcome := range []string{"admitted", "dropped", "shadow_dropped"} {
+		for _, peer := range []string{"_overflow", "a", "b", "c", "d", "unknown", "web"} {
+			for _, service := range []string{"cart", "checkout"} {
+				c := seen[service+"/"+peer]
+				if c == nil {
+					continue
+				}
+				i := map[string]int{"admitted": 0, "dropped": 1, "shadow_dropped": 2}[outcome]
+				fmt.Fprintf(&want, "sluice_sidecar_requests_total{outcome=%q,peer=%q,service=%q} %d\n", outcome, peer, service, c[i])
+			}
+		}
+	}
+	if seen["checkout/b"][1] == 0 || seen["checkout/c"][2] == 0 {
+		t.Fatalf("no drops to check: %v %v", seen["checkout/b"], seen["checkout/c"])
+	}
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want.String())); err != nil {
+		t.Error(err)
+	}
+	if n, err := testutil.GatherAndLint(reg); err != nil || len(n) != 0 {
+		t.Errorf("lint: %v %v", n, err)
+	}
+}
+
+func TestCollectorAdmittedNeverDecreases(t *testing.T) {
+	l := NewLimiter(LimiterOptions{})
+	s := l.Service("checkout")
+	for range 5 {
+		s.Decide("a")
+	}
+	c := l.Collector()
+	admitted := func() float64 {
+		t.Helper()
+		reg := prometheus.NewRegistry()
+		reg.MustRegister(c)
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() != "sluice_sidecar_requests_total" {
+				continue
+			}
+			for _, m := range mf.GetMetric() {
+				labels := map[string]string{}
+				for _, lp := range m.GetLabel() {
+					labels[lp.GetName()] = lp.GetValue()
+				}
+				if labels["peer"] == "a" && labels["outcome"] == "admitted" {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+		t.Fatal("no admitted series for peer a")
+		return 0
+	}
+	if got := admitted(); got != 5 {
+		t.Fatalf("admitted %v, want 5", got)
+	}
+	// A decision in flight: counted offered, not yet dropped.
+	st := &s.table.Load().peers["a"].e.stripes[0]
+	st.offered.Add(1)
+	if got := admitted(); got != 6 {
+		t.Fatalf("admitted %v, want 6", got)
+	}
+	st.dropped.Add(1) // the decision lands as a drop
+	if got := admitted(); got != 6 {
+		t.Errorf("admitted went from 6 to %v", got)
+	}
+}

@@ -1,0 +1,333 @@
+package sidecar
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/names"
+)
+
+// Direction says on which side of a call a policy is enforced. The zero value
+// is Inbound, the common case.
+type Direction uint8
+
+const (
+	// Inbound: the callee's sidecar drops; peers are callers. Resource
+	// "callee/<service>".
+	Inbound Direction = iota
+	// Outbound: the caller's sidecar or client drops before the request
+	// leaves; peers are callees. Resource "caller/<service>".
+	Outbound
+)
+
+func (d Direction) String() string {
+	switch d {
+	case Inbound:
+		return "inbound"
+	case Outbound:
+		return "outbound"
+	}
+	return "Direction(" + strconv.Itoa(int(d)) + ")"
+}
+
+// Mode says whether a rule's drop ratio is carried out or only counted. The
+// zero value is Enforce.
+type Mode uint8
+
+const (
+	Enforce Mode = iota // requests are dropped with the rule's ratio
+	Shadow              // would-be drops are counted as shadow drops; every request is admitted
+)
+
+func (m Mode) String() string {
+	switch m {
+	case Enforce:
+		return "enforce"
+	case Shadow:
+		return "shadow"
+	}
+	return "Mode(" + strconv.Itoa(int(m)) + ")"
+}
+
+// FailMode says what a sidecar does once a policy has outlived its TTL. The
+// zero value is FailOpen, DESIGN.md's default. The Limiter only carries it;
+// acting on it is the xDS client's job.
+type FailMode uint8
+
+const (
+	FailOpen  FailMode = iota // ratios decay to zero over FailOpenDecay
+	FailHold                  // the last ratios stay in force
+	FailLocal                 // each sidecar enforces limit / live instances locally
+)
+
+func (f FailMode) String() string {
+	switch f {
+	case FailOpen:
+		return "open"
+	case FailHold:
+		return "hold"
+	case FailLocal:
+		return "local"
+	}
+	return "FailMode(" + strconv.Itoa(int(f)) + ")"
+}
+
+// Reason mirrors sluicev1.DropReason: which rule of the control law produced
+// a ratio. It is informational only (headers, debugging), so values this
+// build does not know are carried through unchanged instead of rejected: a
+// newer controller adding a reason must not make older sidecars NACK.
+type Reason int32
+
+const (
+	ReasonNone     Reason = Reason(sluicev1.DropReason_DROP_REASON_UNSPECIFIED)
+	ReasonLimit    Reason = Reason(sluicev1.DropReason_DROP_REASON_LIMIT)    // the bucket is over its own limit
+	ReasonCapacity Reason = Reason(sluicev1.DropReason_DROP_REASON_CAPACITY) // the callee's capacity is shared out
+)
+
+func (r Reason) String() string {
+	switch r {
+	case ReasonNone:
+		return "none"
+	case ReasonLimit:
+		return "limit"
+	case ReasonCapacity:
+		return "capacity"
+	}
+	return "Reason(" + strconv.Itoa(int(r)) + ")"
+}
+
+// Policy is the domain form of a sluicev1.DropPolicy: what one enforcing
+// service does to each of its peers. A Policy is immutable once built: the
+// Limiter keeps the pointer it is given and hands it out to concurrent
+// readers, so nobody may modify a Policy (or its Peers) after passing it on.
+type Policy struct {
+	Name          string // the xDS resource name, names.Callee(Service) or names.Caller(Service)
+	Service       string // the enforcing service
+	Direction     Direction
+	Peers         []Rule        // sorted by Peer, each peer at most once; an unlisted peer is not dropped
+	TTL           time.Duration // 0: not set, the holder applies its default (DESIGN.md: 10s)
+	LiveInstances int
+	FailMode      FailMode
+	FailOpenDecay time.Duration // 0: not set
+	IssuedAt      time.Time     // zero: not set
+}
+
+// Rule is the verdict for one bucket (Service, Peer).
+type Rule struct {
+	Peer       string
+	DropRatio  float64 // in [0, 1)
+	Mode       Mode
+	LimitRPS   float64 // the bucket's configured limit; 0: none
+	AllowedRPS float64 // what the bucket may send now; 0: unbounded
+	OfferedRPS float64 // the global offered rate the ratio was computed from
+	Reason     Reason
+}
+
+// Rule returns the rule for peer, or nil when the policy does not list it.
+func (p *Policy) Rule(peer string) *Rule {
+	i, ok := slices.BinarySearchFunc(p.Peers, peer, func(r Rule, peer string) int { return cmp.Compare(r.Peer, peer) })
+	if !ok {
+		return nil
+	}
+	return &p.Peers[i]
+}
+
+// PolicyFromProto converts and validates a DropPolicy received over xDS. It is
+// the one validation at the edge: an error here makes the xDS client NACK the
+// update and keep the previous policy. Every problem is reported at once
+// (errors.Join), each naming its proto field, e.g.
+// "peers[3].drop_ratio: 1.2 is outside [0, 1)".
+//
+// Lenient where being strict would only cause outages: peers need not arrive
+// sorted (they are sorted here), MODE_UNSPECIFIED means enforce (proto3 drops
+// zero values on the wire, and shadow is an explicit opt-in),
+// FAIL_MODE_UNSPECIFIED means open (DESIGN.md's default), an unknown drop
+// reason is carried through, and unset durations and timestamps become zero.
+func PolicyFromProto(m *sluicev1.DropPolicy) (*Policy, error) {
+	if m == nil {
+		return nil, errors.New("drop policy is nil")
+	}
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s: %s", field, fmt.Sprintf(format, args...)))
+	}
+
+	p := &Policy{
+		Name:          m.GetName(),
+		Service:       m.GetService(),
+		LiveInstances: int(m.GetLiveInstances()),
+	}
+
+	if err := names.Check(p.Service); err != nil {
+		bad("service", "%v", err)
+	} else if p.Service == names.Overflow {
+		bad("service", "%q is reserved", p.Service)
+	}
+	dirOK := true
+	switch m.GetDirection() {
+	case sluicev1.Direction_DIRECTION_INBOUND:
+		p.Direction = Inbound
+	case sluicev1.Direction_DIRECTION_OUTBOUND:
+		p.Direction = Outbound
+	default:
+		dirOK = false
+		bad("direction", "%v is neither inbound nor outbound", m.GetDirection())
+	}
+	if dirOK {
+		want := names.Callee(p.Service)
+		if p.Direction == Outbound {
+			want = names.Caller(p.Service)
+		}
+		if p.Name != want {
+			bad("name", "%q does not match service and direction; want %q", p.Name, want)
+		}
+	}
+
+	p.TTL = duration(m.GetTtl(), "ttl", bad)
+	p.FailOpenDecay = duration(m.GetFailOpenDecay(), "fail_open_decay", bad)
+	if ts := m.GetIssuedAt(); ts != nil {
+		if err := ts.CheckValid(); err != nil {
+			bad("issued_at", "%v", err)
+		} else {
+			p.IssuedAt = ts.AsTime()
+		}
+	}
+	switch m.GetFailMode() {
+	case sluicev1.FailMode_FAIL_MODE_UNSPECIFIED, sluicev1.FailMode_FAIL_MODE_OPEN:
+		p.FailMode = FailOpen
+	case sluicev1.FailMode_FAIL_MODE_HOLD:
+		p.FailMode = FailHold
+	case sluicev1.FailMode_FAIL_MODE_LOCAL:
+		p.FailMode = FailLocal
+	default:
+		bad("fail_mode", "unknown value %d", int32(m.GetFailMode()))
+	}
+
+	p.Peers = make([]Rule, 0, len(m.GetPeers()))
+	seen := make(map[string]int, len(m.GetPeers()))
+	for i, pp := range m.GetPeers() {
+		f := func(name string) string { return "peers[" + strconv.Itoa(i) + "]." + name }
+		r := Rule{
+			Peer:       pp.GetPeer(),
+			DropRatio:  pp.GetDropRatio(),
+			LimitRPS:   pp.GetLimitRps(),
+			AllowedRPS: pp.GetAllowedRps(),
+			OfferedRPS: pp.GetOfferedRps(),
+			Reason:     Reason(pp.GetReason()),
+		}
+		if err := names.Check(r.Peer); err != nil {
+			bad(f("peer"), "%v", err)
+		} else if j, dup := seen[r.Peer]; dup {
+			bad(f("peer"), "%q is listed again, first at peers[%d]", r.Peer, j)
+		} else {
+			seen[r.Peer] = i
+		}
+		if !(r.DropRatio >= 0 && r.DropRatio < 1) { // also catches NaN
+			bad(f("drop_ratio"), "%v is outside [0, 1)", r.DropRatio)
+		}
+		switch pp.GetMode() {
+		case sluicev1.Mode_MODE_UNSPECIFIED, sluicev1.Mode_MODE_ENFORCE:
+			r.Mode = Enforce
+		case sluicev1.Mode_MODE_SHADOW:
+			r.Mode = Shadow
+		default:
+			bad(f("mode"), "unknown value %d", int32(pp.GetMode()))
+		}
+		for _, rate := range []struct {
+			name string
+			v    float64
+		}{{"limit_rps", r.LimitRPS}, {"allowed_rps", r.AllowedRPS}, {"offered_rps", r.OfferedRPS}} {
+			switch {
+			case math.IsNaN(rate.v) || math.IsInf(rate.v, 0):
+				bad(f(rate.name), "%v is not a finite number", rate.v)
+			case rate.v < 0:
+				bad(f(rate.name), "%v is negative", rate.v)
+			}
+		}
+		p.Peers = append(p.Peers, r)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("invalid drop policy %q: %w", m.GetName(), err)
+	}
+	slices.SortFunc(p.Peers, func(a, b Rule) int { return cmp.Compare(a.Peer, b.Peer) })
+	return p, nil
+}
+
+// duration converts an optional proto duration; nil is zero.
+func duration(d *durationpb.Duration, field string, bad func(field, format string, args ...any)) time.Duration {
+	if d == nil {
+		return 0
+	}
+	if err := d.CheckValid(); err != nil {
+		bad(field, "%v", err)
+		return 0
+	}
+	v := d.AsDuration()
+	if v < 0 {
+		bad(field, "%v is negative", v)
+		return 0
+	}
+	return v
+}
+
+// Proto converts p back to its wire form, for tests and debug endpoints. Zero
+// durations and a zero IssuedAt are left unset; enums are always explicit, so
+// PolicyFromProto(p.Proto()) equals p for any valid p.
+func (p *Policy) Proto() *sluicev1.DropPolicy {
+	m := &sluicev1.DropPolicy{
+		Name:          p.Name,
+		Service:       p.Service,
+		LiveInstances: uint32(min(max(p.LiveInstances, 0), math.MaxUint32)),
+	}
+	switch p.Direction {
+	case Inbound:
+		m.Direction = sluicev1.Direction_DIRECTION_INBOUND
+	case Outbound:
+		m.Direction = sluicev1.Direction_DIRECTION_OUTBOUND
+	}
+	switch p.FailMode {
+	case FailOpen:
+		m.FailMode = sluicev1.FailMode_FAIL_MODE_OPEN
+	case FailHold:
+		m.FailMode = sluicev1.FailMode_FAIL_MODE_HOLD
+	case FailLocal:
+		m.FailMode = sluicev1.FailMode_FAIL_MODE_LOCAL
+	}
+	if p.TTL != 0 {
+		m.Ttl = durationpb.New(p.TTL)
+	}
+	if p.FailOpenDecay != 0 {
+		m.FailOpenDecay = durationpb.New(p.FailOpenDecay)
+	}
+	if !p.IssuedAt.IsZero() {
+		m.IssuedAt = timestamppb.New(p.IssuedAt)
+	}
+	m.Peers = make([]*sluicev1.PeerPolicy, 0, len(p.Peers))
+	for _, r := range p.Peers {
+		pp := &sluicev1.PeerPolicy{
+			Peer:       r.Peer,
+			DropRatio:  r.DropRatio,
+			LimitRps:   r.LimitRPS,
+			AllowedRps: r.AllowedRPS,
+			OfferedRps: r.OfferedRPS,
+			Reason:     sluicev1.DropReason(r.Reason),
+		}
+		switch r.Mode {
+		case Enforce:
+			pp.Mode = sluicev1.Mode_MODE_ENFORCE
+		case Shadow:
+			pp.Mode = sluicev1.Mode_MODE_SHADOW
+		}
+		m.Peers = append(m.Peers, pp)
+	}
+	return m
+}
