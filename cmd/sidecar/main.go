@@ -1,0 +1,19 @@
+// Command sidecar is sluice's data-plane sidecar; see `sidecar --help`.
+package main
+
+import (
+	"context"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/sluicehq/sluice/internal/agent"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := agent.Command().ExecuteContext(ctx); err != nil {
+		os.Exit(1)
+	}
+}

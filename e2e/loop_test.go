@@ -1,0 +1,237 @@
+// Package e2e runs sluice's whole loop over real gRPC and HTTP on loopback:
+// a controller, three zone aggregators, six sidecars in front of an app, and
+// open-loop load through them.
+package e2e
+
+import (
+	"context"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/controller"
+	"github.com/sluicehq/sluice/internal/limits"
+	"github.com/sluicehq/sluice/internal/loadgen"
+	"github.com/sluicehq/sluice/internal/testbed"
+	"github.com/sluicehq/sluice/pkg/dropratio"
+)
+
+const (
+	limit     = 100.0 // rps, for both callers
+	surgeRate = 500.0 // web's surge: 5× its limit
+	calmRate  = 50.0  // half the limit
+)
+
+func checkoutLimits() *limits.Set {
+	return limits.NewSet(map[string]*limits.Service{
+		"checkout": {
+			Name: "checkout", Capacity: math.Inf(1), DefaultLimit: math.Inf(1), FailMode: limits.FailOpen,
+			Callers: map[string]limits.Bucket{
+				"web":   {Limit: limit, Mode: dropratio.Enforce},
+				"batch": {Limit: limit, Mode: dropratio.Enforce},
+			},
+		},
+	})
+}
+
+// startCluster runs the loop at the default intervals of DESIGN.md (1s
+// report, flush and tick), with a shorter warm-up to keep the test short.
+func startCluster(t *testing.T) *testbed.Cluster {
+	t.Helper()
+	cfg := controller.DefaultConfig()
+	cfg.Warmup = 2 * time.Second
+	c, err := testbed.Start(testbed.Options{
+		Service:         "checkout",
+		Zones:           []string{"zone-a", "zone-b", "zone-c"},
+		SidecarsPerZone: 2,
+		Limits:          checkoutLimits(),
+		Controller:      &cfg,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := c.Close(); err != nil {
+			t.Errorf("close cluster: %v", err)
+		}
+	})
+	waitFor(t, 15*time.Second, "every sidecar holds a policy", func() bool {
+		for _, s := range c.Sidecars {
+			if s.Agent.Limiter().Policy("checkout") == nil {
+				return false
+			}
+		}
+		return true
+	})
+	return c
+}
+
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting until %s", timeout, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func rate(r float64) func(time.Duration) float64 { return func(time.Duration) float64 { return r } }
+
+// admittedRate is a caller's mean admitted rate over seconds [from, to).
+func admittedRate(g *loadgen.Generator, caller string, from, to int) float64 {
+	return float64(g.Sum(caller, from, to).Admitted) / float64(to-from)
+}
+
+// logSeconds prints the run, one line a second, for whoever reads a failure.
+func logSeconds(t *testing.T, g *loadgen.Generator, seconds int, ratio func(int) float64) {
+	t.Helper()
+	for s := range seconds {
+		w, b := g.Second("web", s), g.Second("batch", s)
+		t.Logf("t=%2ds web sent=%3d admitted=%3d dropped=%3d ratio=%.3f | batch sent=%3d dropped=%d errors=%d skipped=%d",
+			s, w.Sent, w.Admitted, w.Dropped, ratio(s), b.Sent, b.Dropped, w.Errors+b.Errors, w.Skipped+b.Skipped)
+	}
+}
+
+// TestLoopHoldsASurge: web goes from half its limit to 5× it; the loop
+// brings its global admitted rate to the limit within 5 s and holds it
+// there, batch (under its limit) loses nothing, and once the surge ends the
+// ratio returns to 0.
+func TestLoopHoldsASurge(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end-to-end: about 35 s")
+	}
+	c := startCluster(t)
+
+	const (
+		surgeStart = 5
+		surgeEnd   = 25
+		runFor     = 35
+	)
+	g, err := loadgen.New(loadgen.Options{
+		Targets: c.SidecarURLs(),
+		Callers: []loadgen.Caller{
+			{Name: "web", Rate: func(t time.Duration) float64 {
+				if t >= surgeStart*time.Second && t < surgeEnd*time.Second {
+					return surgeRate
+				}
+				return calmRate
+			}},
+			{Name: "batch", Rate: rate(calmRate)},
+		},
+		Duration: runFor * time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ratios := make([]float64, runFor)
+	if err := g.Run(context.Background(), func(s int) { ratios[s] = c.Ratio("web") }); err != nil {
+		t.Fatal(err)
+	}
+	logSeconds(t, g, runFor, func(s int) float64 { return ratios[s] })
+
+	for _, caller := range []string{"web", "batch"} {
+		if s := g.Sum(caller, 0, runFor); s.Errors > 0 || s.Skipped > 0 {
+			t.Errorf("%s: %d errors, %d skipped: the rig, not the limiter, lost requests", caller, s.Errors, s.Skipped)
+		}
+	}
+
+	// Time to enforce: the first second the admitted rate is within ±5 %.
+	enforced := -1
+	for s := surgeStart; s < surgeEnd; s++ {
+		if math.Abs(float64(g.Second("web", s).Admitted)-limit) <= 0.05*limit {
+			enforced = s - surgeStart
+			break
+		}
+	}
+	t.Logf("time to enforce: %d s", enforced)
+
+	// Steady state: from 5 s after the surge began to its end.
+	steady := admittedRate(g, "web", surgeStart+5, surgeEnd)
+	if math.Abs(steady-limit) > 0.05*limit {
+		t.Errorf("web admitted %.1f rps over the steady state, want %v ± 5 %%", steady, limit)
+	} else {
+		t.Logf("web admitted %.1f rps over the steady state (limit %v)", steady, limit)
+	}
+
+	batch := g.Sum("batch", 0, runFor)
+	if loss := float64(batch.Dropped) / float64(batch.Sent); loss >= 0.001 {
+		t.Errorf("batch, under its limit, lost %.3f %% (%d of %d)", 100*loss, batch.Dropped, batch.Sent)
+	}
+
+	waitFor(t, 15*time.Second, "web's ratio returns to 0 after the surge", func() bool {
+		for _, s := range c.Sidecars {
+			p := s.Agent.Limiter().Policy("checkout")
+			if r := p.Rule("web"); r != nil && r.DropRatio != 0 {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// TestControllerRestart: mid-surge the controller stops; sidecars keep
+// their last policy, so web stays at its limit; a new controller comes up
+// on the same address and the loop converges again.
+func TestControllerRestart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end-to-end: about 35 s")
+	}
+	c := startCluster(t)
+
+	const (
+		stopAt  = 10
+		startAt = 16
+		runFor  = 30
+	)
+	g, err := loadgen.New(loadgen.Options{
+		Targets:  c.SidecarURLs(),
+		Callers:  []loadgen.Caller{{Name: "web", Rate: rate(surgeRate)}, {Name: "batch", Rate: rate(calmRate)}},
+		Duration: runFor * time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ratios := make([]float64, runFor)
+	errs := make(chan error, 2)
+	onSecond := func(s int) {
+		ratios[s] = c.Ratio("web")
+		switch s + 1 {
+		case stopAt:
+			go func() { errs <- c.StopController() }()
+		case startAt:
+			go func() { errs <- c.StartController(c.ControllerAddr) }()
+		}
+	}
+	if err := g.Run(context.Background(), onSecond); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Fatalf("restart: %v", err)
+		}
+	}
+	logSeconds(t, g, runFor, func(s int) float64 { return ratios[s] })
+
+	before := admittedRate(g, "web", 5, stopAt)
+	during := admittedRate(g, "web", stopAt+1, startAt)
+	after := admittedRate(g, "web", startAt+6, runFor)
+	t.Logf("web admitted: %.1f rps before, %.1f while the controller was away, %.1f after", before, during, after)
+	for _, phase := range []struct {
+		name string
+		rate float64
+	}{{"before the stop", before}, {"while the controller was away", during}, {"after the restart", after}} {
+		if math.Abs(phase.rate-limit) > 0.05*limit {
+			t.Errorf("web admitted %.1f rps %s, want %v ± 5 %%", phase.rate, phase.name, limit)
+		}
+	}
+	for s := stopAt; s < runFor; s++ {
+		if ratios[s] < 0.5 {
+			t.Errorf("t=%ds: web's ratio fell to %.3f around the restart; sidecars must keep their policy", s, ratios[s])
+		}
+	}
+	if c.Controller() == nil || c.Controller().XDSStreams() == 0 {
+		t.Error("sidecars did not reconnect to the new controller")
+	}
+}

@@ -1,0 +1,239 @@
+// Package agent is the sluice sidecar process: a reverse proxy in front of
+// the local app that decides every request with a sidecar.Limiter, takes its
+// DropPolicy over xDS and reports what it saw to the zone aggregator.
+//
+// The request path is the Limiter's Decide and the proxy; the xDS client and
+// the reporter run beside it and only swap policies in and read counters, so
+// a lost controller or aggregator never holds up a request.
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/names"
+	"github.com/sluicehq/sluice/sidecar"
+	"github.com/sluicehq/sluice/sidecar/proxy"
+	"github.com/sluicehq/sluice/sidecar/reporter"
+	"github.com/sluicehq/sluice/sidecar/xdsclient"
+)
+
+// Config is the sidecar's configuration.
+type Config struct {
+	// Service is the service the sidecar runs next to, the callee of every
+	// request it sees. Required.
+	Service string
+	// ID identifies this sidecar; default hostname-pid.
+	ID string
+	// Zone is the sidecar's zone as far as it knows; the aggregator has the
+	// last word.
+	Zone string
+	// Upstream is the local app, e.g. http://127.0.0.1:8080.
+	Upstream string
+	// Aggregators are the zone aggregators' addresses, in failover order.
+	Aggregators []string
+	// Controllers are the xDS servers' addresses, in failover order.
+	Controllers []string
+	// XDSProtocol is "delta" or "sotw".
+	XDSProtocol string
+	// ReportInterval is how often load reports go out.
+	ReportInterval time.Duration
+	// CallerHeader names the request header that carries the caller.
+	CallerHeader string
+	// MaxPeers bounds the distinct callers tracked before the rest share
+	// one overflow bucket.
+	MaxPeers int
+	// Strategy is "diffuse" (exact, deterministic) or "random".
+	Strategy string
+}
+
+// DefaultConfig returns the defaults; Service is left for the caller.
+func DefaultConfig() Config {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "sidecar"
+	}
+	return Config{
+		ID:             host + "-" + strconv.Itoa(os.Getpid()),
+		Upstream:       "http://127.0.0.1:8080",
+		Aggregators:    []string{"127.0.0.1:18100"},
+		Controllers:    []string{"127.0.0.1:18000"},
+		XDSProtocol:    "delta",
+		ReportInterval: time.Second,
+		CallerHeader:   "x-sluice-caller",
+		MaxPeers:       1024,
+		Strategy:       "diffuse",
+	}
+}
+
+// Validate reports every bad field at once, by flag name.
+func (c Config) Validate() error {
+	var errs []error
+	add := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	if c.Service == "" {
+		add("service: required: the name of the service this sidecar fronts")
+	} else if err := names.Check(c.Service); err != nil || c.Service == names.Overflow {
+		add("service: %v", errOr(err, "reserved name"))
+	}
+	if err := names.Check(c.ID); err != nil {
+		add("id: %v", err)
+	}
+	if c.Zone != "" {
+		if err := names.Check(c.Zone); err != nil {
+			add("zone: %v", err)
+		}
+	}
+	if u, err := url.Parse(c.Upstream); err != nil || u.Scheme != "http" || u.Host == "" {
+		add("upstream: %q is not an http://host:port URL", c.Upstream)
+	}
+	if len(c.Aggregators) == 0 {
+		add("aggregators: at least one address is required")
+	}
+	if len(c.Controllers) == 0 {
+		add("controllers: at least one address is required")
+	}
+	if c.XDSProtocol != "delta" && c.XDSProtocol != "sotw" {
+		add("xds-protocol: %q is not delta or sotw", c.XDSProtocol)
+	}
+	if c.ReportInterval < reporter.MinInterval || c.ReportInterval > reporter.MaxInterval {
+		add("report-interval: %v is outside [%v, %v]", c.ReportInterval, reporter.MinInterval, reporter.MaxInterval)
+	}
+	if c.CallerHeader == "" || http.CanonicalHeaderKey(c.CallerHeader) == "" {
+		add("caller-header: required")
+	}
+	if c.MaxPeers < 1 || c.MaxPeers > 1<<20 {
+		add("max-peers: %d is outside [1, %d]", c.MaxPeers, 1<<20)
+	}
+	if c.Strategy != "diffuse" && c.Strategy != "random" {
+		add("strategy: %q is not diffuse or random", c.Strategy)
+	}
+	return errors.Join(errs...)
+}
+
+func errOr(err error, s string) any {
+	if err != nil {
+		return err
+	}
+	return s
+}
+
+// Agent is one sidecar. Build it with New, serve Handler, run Workers.
+type Agent struct {
+	cfg      Config
+	log      *slog.Logger
+	limiter  *sidecar.Limiter
+	svc      *sidecar.ServiceLimiter
+	proxy    *proxy.Proxy
+	handler  http.Handler
+	xds      *xdsclient.Client
+	reporter *reporter.Reporter
+}
+
+// New builds a sidecar; it starts nothing.
+func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Agent, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	strategy := sidecar.Diffuse
+	if cfg.Strategy == "random" {
+		strategy = sidecar.Random
+	}
+	a := &Agent{cfg: cfg, log: logger}
+	a.limiter = sidecar.NewLimiter(sidecar.LimiterOptions{MaxPeers: cfg.MaxPeers, Strategy: strategy})
+	a.svc = a.limiter.Service(cfg.Service)
+	if reg != nil {
+		reg.MustRegister(a.limiter.Collector())
+	}
+
+	up, _ := url.Parse(cfg.Upstream) // checked by Validate
+	p, err := proxy.New(up, proxy.Options{Logger: logger})
+	if err != nil {
+		return nil, err
+	}
+	a.proxy = p
+	a.handler = a.svc.Middleware(p, sidecar.HTTPOptions{CallerHeader: cfg.CallerHeader})
+
+	protocol := xdsclient.Delta
+	if cfg.XDSProtocol == "sotw" {
+		protocol = xdsclient.SotW
+	}
+	a.xds, err = xdsclient.New(xdsclient.Config{
+		Servers:    cfg.Controllers,
+		NodeID:     cfg.ID,
+		Cluster:    cfg.Service,
+		Zone:       cfg.Zone,
+		Resources:  []string{names.Callee(cfg.Service)},
+		Protocol:   protocol,
+		Logger:     logger,
+		Registerer: reg,
+	}, policyHandler{a})
+	if err != nil {
+		return nil, err
+	}
+	a.reporter, err = reporter.New(reporter.Config{
+		SidecarID:   cfg.ID,
+		Service:     cfg.Service,
+		Zone:        cfg.Zone,
+		Direction:   sluicev1.Direction_DIRECTION_INBOUND,
+		Interval:    cfg.ReportInterval,
+		Aggregators: cfg.Aggregators,
+		Logger:      logger,
+		Registerer:  reg,
+	}, a.limiter)
+	if err != nil {
+		return nil, err
+	}
+	return a, nil
+}
+
+// Handler is the request path: decide, then proxy to the app.
+func (a *Agent) Handler() http.Handler { return a.handler }
+
+// Limiter is the sidecar's limiter, for tests and the demo's read-outs.
+func (a *Agent) Limiter() *sidecar.Limiter { return a.limiter }
+
+// Workers are the goroutines the sidecar needs besides its server.
+func (a *Agent) Workers() []func(ctx context.Context) error {
+	return []func(context.Context) error{a.xds.Run, a.reporter.Run}
+}
+
+// Close releases the proxy's idle upstream connections.
+func (a *Agent) Close() { a.proxy.Close() }
+
+// Ready is nil once the proxy can take traffic, which is at once: a sidecar
+// without a policy admits everything, so it must not hold the pod out of
+// service while the controller is away.
+func (a *Agent) Ready() error { return nil }
+
+// policyHandler turns xDS updates into limiter policies.
+type policyHandler struct{ a *Agent }
+
+func (h policyHandler) Update(name string, m *sluicev1.DropPolicy) error {
+	p, err := sidecar.PolicyFromProto(m)
+	if err != nil {
+		return err
+	}
+	if p.Service != h.a.cfg.Service {
+		return fmt.Errorf("policy %s is for service %q, this sidecar fronts %q", name, p.Service, h.a.cfg.Service)
+	}
+	h.a.limiter.SetPolicy(p)
+	return nil
+}
+
+func (h policyHandler) Remove(name string) {
+	h.a.log.Info("policy removed by the controller", "resource", name)
+	h.a.limiter.RemovePolicy(h.a.cfg.Service)
+}

@@ -1,0 +1,92 @@
+package agent
+
+import (
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/spf13/cobra"
+
+	"github.com/sluicehq/sluice/internal/admin"
+	"github.com/sluicehq/sluice/internal/cli"
+	"github.com/sluicehq/sluice/internal/process"
+	"github.com/sluicehq/sluice/sidecar/proxy"
+)
+
+// Command is the sidecar binary.
+func Command() *cobra.Command {
+	cfg := DefaultConfig()
+	var (
+		listen, adminAddr       string
+		drainDelay, stopTimeout time.Duration
+		logging                 cli.Logging
+	)
+	cmd := &cobra.Command{
+		Use:   "sidecar",
+		Short: "sluice sidecar: decides every request locally, proxies the rest to the app",
+		Long: `The sidecar listens in front of the local app (HTTP/1.1 and h2c, so gRPC works),
+drops each request with the probability its DropPolicy gives the request's caller,
+and proxies the rest to --upstream. A dropped HTTP request gets 429 with Retry-After
+and RateLimit headers; a dropped gRPC call gets RESOURCE_EXHAUSTED with RetryInfo.
+
+The caller is read from --caller-header (default x-sluice-caller), else "unknown".
+The policy comes over xDS from --controllers; every --report-interval the sidecar
+reports per-caller counts to its zone aggregator (--aggregators). Without a policy,
+or when the controller is unreachable, it keeps the last policy it had.
+
+Every flag can also be set as SLUICE_SIDECAR_<FLAG> or in the --config file;
+flags win over the environment, the environment over the file.`,
+		Args:         cobra.NoArgs,
+		SilenceUsage: true,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := cli.Apply(cmd.Flags(), "sidecar", os.LookupEnv); err != nil {
+				return err
+			}
+			if err := cfg.Validate(); err != nil {
+				return fmt.Errorf("invalid configuration:\n%w", err)
+			}
+			log, err := logging.Logger(cmd.ErrOrStderr())
+			if err != nil {
+				return err
+			}
+			reg := prometheus.NewRegistry()
+			reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+			a, err := New(cfg, log, reg)
+			if err != nil {
+				return err
+			}
+			defer a.Close()
+			p := &process.Process{
+				Logger: log,
+				Admin:  admin.New(reg, a.Ready), AdminAddr: adminAddr,
+				HTTP: proxy.NewServer(listen, a.Handler()), HTTPAddr: listen,
+				Workers:         a.Workers(),
+				DrainDelay:      drainDelay,
+				ShutdownTimeout: stopTimeout,
+			}
+			log.Info("sidecar starting", "service", cfg.Service, "id", cfg.ID, "upstream", cfg.Upstream,
+				"controllers", cfg.Controllers, "aggregators", cfg.Aggregators)
+			return p.Run(cmd.Context())
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&listen, "listen", ":15001", "address the proxy listens on (HTTP/1.1 and h2c)")
+	f.StringVar(&adminAddr, "admin-addr", ":15020", "address for /metrics, /healthz, /readyz")
+	f.DurationVar(&drainDelay, "drain-delay", 0, "on shutdown, how long to keep serving after /readyz turns 503")
+	f.DurationVar(&stopTimeout, "shutdown-timeout", 10*time.Second, "bound on each shutdown step")
+	f.StringVar(&cfg.Service, "service", "", "name of the service this sidecar fronts (required)")
+	f.StringVar(&cfg.ID, "id", cfg.ID, "this sidecar's id, unique while it runs (e.g. the pod name)")
+	f.StringVar(&cfg.Zone, "zone", "", "this sidecar's zone, if known; the aggregator has the last word")
+	f.StringVar(&cfg.Upstream, "upstream", cfg.Upstream, "the local app's URL")
+	f.StringSliceVar(&cfg.Aggregators, "aggregators", cfg.Aggregators, "zone aggregator addresses, in failover order")
+	f.StringSliceVar(&cfg.Controllers, "controllers", cfg.Controllers, "xDS server addresses (controllers or relays), in failover order")
+	f.StringVar(&cfg.XDSProtocol, "xds-protocol", cfg.XDSProtocol, "xDS variant: delta or sotw")
+	f.DurationVar(&cfg.ReportInterval, "report-interval", cfg.ReportInterval, "how often to report load to the aggregator")
+	f.StringVar(&cfg.CallerHeader, "caller-header", cfg.CallerHeader, "request header that names the caller")
+	f.IntVar(&cfg.MaxPeers, "max-peers", cfg.MaxPeers, "distinct callers tracked before the rest share the _overflow bucket")
+	f.StringVar(&cfg.Strategy, "strategy", cfg.Strategy, "drop decision: diffuse (exact error diffusion) or random")
+	logging.AddFlags(f)
+	return cmd
+}
