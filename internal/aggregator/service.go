@@ -179,6 +179,10 @@ func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Service, 
 			return sluicev1.NewZoneLoadServiceClient(cc).StreamZoneLoads(ctx)
 		},
 		OnResponse: s.onControllerResponse,
+		// Few aggregators dial the controller, so a short backoff cannot
+		// storm it; a restarted controller waits for every zone before it
+		// publishes, and a long backoff would make it wait longer.
+		BackoffMax: time.Second,
 		// The controller answers every flush; one that stays silent for
 		// many flushes is wedged, and another replica may not be.
 		ResponseTimeout: max(10*cfg.FlushInterval, 5*time.Second),

@@ -69,6 +69,8 @@ type State struct {
 	aggs map[string]*aggregatorLoad
 
 	lastStep  time.Time // zero before the first step
+	lastJoin  time.Time // when an aggregator last appeared
+	warm      bool
 	published map[string]*published
 }
 
@@ -106,8 +108,11 @@ func (s *State) Apply(load *sluicev1.ZoneLoad, now time.Time) error {
 		return err
 	}
 	id := load.GetAggregatorId()
-	if _, ok := s.aggs[id]; !ok && len(s.aggs) >= s.cfg.MaxAggregators {
-		return reject("too_many_aggregators", "already holding %d aggregators", len(s.aggs))
+	if _, ok := s.aggs[id]; !ok {
+		if len(s.aggs) >= s.cfg.MaxAggregators {
+			return reject("too_many_aggregators", "already holding %d aggregators", len(s.aggs))
+		}
+		s.lastJoin = now
 	}
 	s.aggs[id] = &aggregatorLoad{
 		zone:     load.GetZone(),
@@ -125,8 +130,18 @@ func (s *State) Remove(aggregatorID string) { delete(s.aggs, aggregatorID) }
 // Aggregators is the number of aggregators whose loads are held.
 func (s *State) Aggregators() int { return len(s.aggs) }
 
-// Warm reports whether the warm-up after start is over at now.
-func (s *State) Warm(now time.Time) bool { return now.Sub(s.start) >= s.cfg.Warmup }
+// Warm reports whether the warm-up after start is over at now: Warmup has
+// passed, and no aggregator has joined for half of it, so that aggregators
+// still reconnecting after a restart are in the picture. Aggregators that
+// keep joining can hold it back to three Warmups at most. Once warm, warm.
+func (s *State) Warm(now time.Time) bool {
+	if !s.warm {
+		up := now.Sub(s.start)
+		settled := s.lastJoin.IsZero() || now.Sub(s.lastJoin) >= s.cfg.Warmup/2
+		s.warm = up >= s.cfg.Warmup && settled || up >= 3*s.cfg.Warmup
+	}
+	return s.warm
+}
 
 func validateZoneLoad(z *sluicev1.ZoneLoad) error {
 	if err := names.Check(z.GetAggregatorId()); err != nil {
@@ -223,6 +238,8 @@ func (s *State) Tick(now time.Time, set *limits.Set) TickResult {
 	var dt time.Duration
 	if !s.lastStep.IsZero() {
 		dt = now.Sub(s.lastStep)
+	} else {
+		s.seed(inbound)
 	}
 	s.lastStep = now
 	verdicts := s.law.Step(dt, services)
@@ -269,6 +286,20 @@ func (s *State) Tick(now time.Time, set *limits.Set) TickResult {
 		}
 	}
 	return res
+}
+
+// seed starts the law from the ratios the sidecars are seen to enforce, so
+// that a restarted controller neither forgets a surge nor releases it from a
+// picture that may still lack a zone: a ratio measured as dropped / offered
+// is right even from part of the fleet.
+func (s *State) seed(inbound map[string][]peerTotals) {
+	for svc, peers := range inbound {
+		for _, p := range peers {
+			if p.Offered > 0 {
+				s.law.Seed(svc, p.peer, (p.Dropped+p.ShadowDropped)/p.Offered)
+			}
+		}
+	}
 }
 
 // peerTotals is one bucket's load during a tick.

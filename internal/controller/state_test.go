@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"fmt"
 	"math"
 	"strings"
 	"testing"
@@ -33,6 +34,15 @@ func newState(t *testing.T) *State {
 
 // zoneLoad builds a flush of one aggregator: rates maps "service/peer" to
 // offered rps, and live counts the sidecars behind each service.
+// warmState is a state whose warm-up ended at t0+2s with no aggregator yet.
+func warmState(t *testing.T) *State {
+	s := newState(t)
+	if !s.Warm(t0.Add(2 * time.Second)) {
+		t.Fatal("not warm after the warm-up")
+	}
+	return s
+}
+
 func zoneLoad(agg, zone string, live uint32, rates map[string]float64) *sluicev1.ZoneLoad {
 	z := &sluicev1.ZoneLoad{AggregatorId: agg, Zone: zone, Interval: durationpb.New(time.Second)}
 	bySvc := map[string]*sluicev1.ServiceLoad{}
@@ -162,7 +172,7 @@ func TestRemoveForgetsAtOnce(t *testing.T) {
 }
 
 func TestPublishesOnlyChangesAndRefreshes(t *testing.T) {
-	s := newState(t)
+	s := warmState(t)
 	set := checkoutLimits()
 	now := t0.Add(2 * time.Second)
 	flush := func(rate float64) {
@@ -202,7 +212,7 @@ func TestPublishesOnlyChangesAndRefreshes(t *testing.T) {
 }
 
 func TestVanishedServiceIsTombstonedThenDeleted(t *testing.T) {
-	s := newState(t)
+	s := warmState(t)
 	now := t0.Add(2 * time.Second)
 	s.Apply(zoneLoad("agg-a", "a", 1, map[string]float64{"orders/web": 50}), now)
 	if res := s.Tick(now, limits.Empty); res.Changed["callee/orders"] == nil {
@@ -251,7 +261,7 @@ func TestConfiguredServiceWithoutTraffic(t *testing.T) {
 }
 
 func TestSlowReleaseAfterSurge(t *testing.T) {
-	s := newState(t)
+	s := warmState(t)
 	set := checkoutLimits()
 	now := t0.Add(2 * time.Second)
 	s.Apply(zoneLoad("agg-a", "a", 1, map[string]float64{"checkout/web": 1000}), now)
@@ -373,5 +383,45 @@ func TestConfigValidateNamesEveryField(t *testing.T) {
 	}
 	if err := DefaultConfig().Validate(); err != nil {
 		t.Errorf("defaults invalid: %v", err)
+	}
+}
+
+func TestWarmupWaitsForLateAggregators(t *testing.T) {
+	s := newState(t) // Warmup 2s
+	s.Apply(zoneLoad("agg-a", "a", 1, map[string]float64{"checkout/web": 100}), t0)
+	// agg-b joins just before the warm-up would end: warm-up waits until
+	// no aggregator has joined for half of it.
+	s.Apply(zoneLoad("agg-b", "b", 1, map[string]float64{"checkout/web": 100}), t0.Add(1900*time.Millisecond))
+	if s.Tick(t0.Add(2*time.Second), checkoutLimits()).Warm {
+		t.Fatal("warm while an aggregator had just joined")
+	}
+	if !s.Tick(t0.Add(2900*time.Millisecond), checkoutLimits()).Warm {
+		t.Fatal("not warm a half warm-up after the last join")
+	}
+}
+
+func TestWarmupEndsDespiteChurn(t *testing.T) {
+	s := newState(t)
+	for i := range 70 {
+		now := t0.Add(time.Duration(i) * 100 * time.Millisecond)
+		s.Apply(zoneLoad(fmt.Sprintf("agg-%d", i), "a", 1, nil), now)
+		s.Tick(now, limits.Empty)
+	}
+	if !s.Warm(t0.Add(6 * time.Second)) {
+		t.Error("aggregators joining forever keep the controller cold past three warm-ups")
+	}
+}
+
+// A restarted controller sees web dropped at 0.8 by its sidecars but only
+// one zone of three has reconnected: it keeps 0.8 rather than publishing
+// the 0.4 a third of the load would give.
+func TestRestartSeedsFromEnforcedRatios(t *testing.T) {
+	s := newState(t)
+	z := zoneLoad("agg-a", "a", 2, map[string]float64{"checkout/web": 500.0 / 3})
+	z.Services[0].Peers[0].DroppedRps = 0.8 * 500.0 / 3
+	s.Apply(z, t0)
+	res := s.Tick(t0.Add(3*time.Second), checkoutLimits())
+	if got := peer(res.Changed["callee/checkout"], "web").GetDropRatio(); math.Abs(got-0.8) > 1e-9 {
+		t.Errorf("first ratio after restart = %v, want the enforced 0.8", got)
 	}
 }

@@ -72,6 +72,29 @@ func (l *Law) Ratio(service, caller string) float64 {
 	return 0
 }
 
+// Seed gives a bucket the law holds no state for a previous ratio, as if an
+// earlier Step had returned it. A restarted controller seeds the ratios its
+// sidecars are observed to enforce (dropped / offered): its first Step then
+// keeps them, and later ones release from there, instead of jumping to a
+// target computed from a picture that may still be incomplete. A bucket that
+// already has state keeps it; a ratio that is not above zero seeds nothing;
+// one above PMax is clamped to it.
+func (l *Law) Seed(service, caller string, ratio float64) {
+	if !(ratio > 0) { // also refuses NaN
+		return
+	}
+	st := l.services[service]
+	if st == nil {
+		st = &serviceState{callers: make(map[string]bucket), step: l.step}
+		l.services[service] = st
+	}
+	if _, ok := st.callers[caller]; ok {
+		return
+	}
+	st.callers[caller] = bucket{ratio: min(ratio, l.cfg.PMax), limit: math.Inf(1), mode: Enforce}
+	l.buckets++
+}
+
 // Step computes the verdicts for one tick, dt after the previous one, and
 // returns them sorted by Service, each service's verdicts sorted by Caller.
 //

@@ -716,3 +716,31 @@ func BenchmarkStep(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/(1100*100), "ns/bucket")
 }
+
+func TestSeedHoldsThenReleases(t *testing.T) {
+	l := mustNew(t, DefaultConfig())
+	l.Seed("checkout", "web", 0.8)
+	l.Seed("checkout", "web", 0.1) // a bucket with state keeps it
+	l.Seed("checkout", "batch", 0)  // nothing to seed
+	l.Seed("checkout", "nan", math.NaN())
+	if l.Len() != 1 {
+		t.Fatalf("Len = %d after seeding one bucket", l.Len())
+	}
+	// A partial picture: only a third of web's 500 rps is visible. The
+	// first step (dt 0) keeps the seeded ratio instead of dropping to 0.4.
+	in := []Service{{Name: "checkout", Capacity: math.Inf(1), Callers: []Caller{{Name: "web", Offered: 500.0 / 3, Limit: 100}}}}
+	v := mustFind(t, l.Step(0, in), "checkout", "web")
+	if v.Ratio != 0.8 {
+		t.Errorf("first step ratio = %v, want the seeded 0.8", v.Ratio)
+	}
+	// Still partial a second later: the release is bounded from the seed.
+	v = mustFind(t, l.Step(time.Second, in), "checkout", "web")
+	if math.Abs(v.Ratio-0.6) > 1e-12 {
+		t.Errorf("second step ratio = %v, want 1 − 0.2·2 = 0.6", v.Ratio)
+	}
+	// Seeds above PMax are clamped.
+	l.Seed("orders", "web", 1.5)
+	if got := l.Ratio("orders", "web"); got != DefaultConfig().PMax {
+		t.Errorf("seeded 1.5 → %v, want PMax", got)
+	}
+}
