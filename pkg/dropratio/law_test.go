@@ -721,7 +721,7 @@ func TestSeedHoldsThenReleases(t *testing.T) {
 	l := mustNew(t, DefaultConfig())
 	l.Seed("checkout", "web", 0.8)
 	l.Seed("checkout", "web", 0.1) // a bucket with state keeps it
-	l.Seed("checkout", "batch", 0)  // nothing to seed
+	l.Seed("checkout", "batch", 0) // nothing to seed
 	l.Seed("checkout", "nan", math.NaN())
 	if l.Len() != 1 {
 		t.Fatalf("Len = %d after seeding one bucket", l.Len())
