@@ -84,10 +84,9 @@ func renderHTTP(service string, r *Rule) *httpRejection {
 		body: []byte("request from caller " + r.Peer + " to service " + service + " was rate limited by sluice\n"),
 	}
 	h.contentLength = []string{strconv.Itoa(len(h.body))}
-	// The quota is what the bucket may send now; AllowedRPS 0 means
-	// unbounded, so fall back to the limit, and announce nothing when
-	// neither is known rather than a quota of 0.
-	if quota := cmp.Or(r.AllowedRPS, r.LimitRPS); quota > 0 && !math.IsInf(quota, 0) {
+	// The quota is what the bucket may send now, which is never above its
+	// limit; nothing is announced when the bucket is unbounded.
+	if quota := min(r.AllowedRPS, r.LimitRPS); quota >= 0 && !math.IsInf(quota, 0) {
 		q := int64(min(math.Floor(quota), maxSFInteger))
 		h.policy = []string{`"sluice";q=` + strconv.FormatInt(q, 10) + `;w=1`}
 	}

@@ -3,6 +3,7 @@ package sidecar
 import (
 	"context"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"sync/atomic"
@@ -12,13 +13,15 @@ import (
 	"github.com/sluicehq/sluice/internal/names"
 )
 
+var inf = math.Inf(1)
+
 func TestMiddleware(t *testing.T) {
 	l := NewLimiter(LimiterOptions{})
 	l.SetPolicy(policy("checkout",
 		Rule{Peer: "greedy", DropRatio: 0.99, LimitRPS: 50, AllowedRPS: 42.9},
-		Rule{Peer: "nolimit", DropRatio: 0.99},                             // no quota to announce
-		Rule{Peer: "shadowed", DropRatio: 0.99, Mode: Shadow, LimitRPS: 5}, // counted, never enforced
-		Rule{Peer: names.Unknown, DropRatio: 0.99, LimitRPS: 0.5},
+		Rule{Peer: "nolimit", DropRatio: 0.99, LimitRPS: inf, AllowedRPS: inf},            // no quota to announce
+		Rule{Peer: "shadowed", DropRatio: 0.99, Mode: Shadow, LimitRPS: 5, AllowedRPS: 5}, // counted, never enforced
+		Rule{Peer: names.Unknown, DropRatio: 0.99, LimitRPS: 0.5, AllowedRPS: 0.5},
 	))
 	s := l.Service("checkout")
 
@@ -123,10 +126,11 @@ func TestRenderHTTPQuota(t *testing.T) {
 		want string
 	}{
 		{Rule{Peer: "a", AllowedRPS: 10.7, LimitRPS: 20}, `"sluice";q=10;w=1`},
-		{Rule{Peer: "a", AllowedRPS: 0, LimitRPS: 20.2}, `"sluice";q=20;w=1`}, // allowed 0 means unbounded
-		{Rule{Peer: "a", AllowedRPS: 0.3}, `"sluice";q=0;w=1`},
-		{Rule{Peer: "a", AllowedRPS: 1e300}, `"sluice";q=999999999999999;w=1`},
-		{Rule{Peer: "a"}, ""},
+		{Rule{Peer: "a", AllowedRPS: inf, LimitRPS: 20.2}, `"sluice";q=20;w=1`},
+		{Rule{Peer: "a", AllowedRPS: 0.3, LimitRPS: inf}, `"sluice";q=0;w=1`},
+		{Rule{Peer: "a", AllowedRPS: 1e300, LimitRPS: inf}, `"sluice";q=999999999999999;w=1`},
+		{Rule{Peer: "a", AllowedRPS: 0, LimitRPS: 0}, `"sluice";q=0;w=1`}, // blocked
+		{Rule{Peer: "a", AllowedRPS: inf, LimitRPS: inf}, ""},             // unbounded: nothing to announce
 	} {
 		h := renderHTTP("svc", &tc.rule)
 		got := ""

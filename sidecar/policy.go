@@ -126,8 +126,8 @@ type Rule struct {
 	Peer       string
 	DropRatio  float64 // in [0, 1)
 	Mode       Mode
-	LimitRPS   float64 // the bucket's configured limit; 0: none
-	AllowedRPS float64 // what the bucket may send now; 0: unbounded
+	LimitRPS   float64 // the bucket's configured limit; +Inf: none, 0: blocked
+	AllowedRPS float64 // what the bucket may send now; +Inf: unbounded
 	OfferedRPS float64 // the global offered rate the ratio was computed from
 	Reason     Reason
 }
@@ -219,8 +219,8 @@ func PolicyFromProto(m *sluicev1.DropPolicy) (*Policy, error) {
 		r := Rule{
 			Peer:       pp.GetPeer(),
 			DropRatio:  pp.GetDropRatio(),
-			LimitRPS:   pp.GetLimitRps(),
-			AllowedRPS: pp.GetAllowedRps(),
+			LimitRPS:   rateOrInf(pp.LimitRps),
+			AllowedRPS: rateOrInf(pp.AllowedRps),
 			OfferedRPS: pp.GetOfferedRps(),
 			Reason:     Reason(pp.GetReason()),
 		}
@@ -242,15 +242,17 @@ func PolicyFromProto(m *sluicev1.DropPolicy) (*Policy, error) {
 		default:
 			bad(f("mode"), "unknown value %d", int32(pp.GetMode()))
 		}
+		// Absent limits mean none, so the wire never needs an infinity.
 		for _, rate := range []struct {
 			name string
-			v    float64
-		}{{"limit_rps", r.LimitRPS}, {"allowed_rps", r.AllowedRPS}, {"offered_rps", r.OfferedRPS}} {
+			v    *float64
+		}{{"limit_rps", pp.LimitRps}, {"allowed_rps", pp.AllowedRps}, {"offered_rps", &pp.OfferedRps}} {
 			switch {
-			case math.IsNaN(rate.v) || math.IsInf(rate.v, 0):
-				bad(f(rate.name), "%v is not a finite number", rate.v)
-			case rate.v < 0:
-				bad(f(rate.name), "%v is negative", rate.v)
+			case rate.v == nil:
+			case math.IsNaN(*rate.v) || math.IsInf(*rate.v, 0):
+				bad(f(rate.name), "%v is not a finite number", *rate.v)
+			case *rate.v < 0:
+				bad(f(rate.name), "%v is negative", *rate.v)
 			}
 		}
 		p.Peers = append(p.Peers, r)
@@ -316,8 +318,8 @@ func (p *Policy) Proto() *sluicev1.DropPolicy {
 		pp := &sluicev1.PeerPolicy{
 			Peer:       r.Peer,
 			DropRatio:  r.DropRatio,
-			LimitRps:   r.LimitRPS,
-			AllowedRps: r.AllowedRPS,
+			LimitRps:   rateOrNil(r.LimitRPS),
+			AllowedRps: rateOrNil(r.AllowedRPS),
 			OfferedRps: r.OfferedRPS,
 			Reason:     sluicev1.DropReason(r.Reason),
 		}
@@ -330,4 +332,19 @@ func (p *Policy) Proto() *sluicev1.DropPolicy {
 		m.Peers = append(m.Peers, pp)
 	}
 	return m
+}
+
+// rateOrInf reads an optional rate: absent means unbounded.
+func rateOrInf(v *float64) float64 {
+	if v == nil {
+		return math.Inf(1)
+	}
+	return *v
+}
+
+func rateOrNil(v float64) *float64 {
+	if math.IsInf(v, 1) {
+		return nil
+	}
+	return &v
 }

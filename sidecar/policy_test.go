@@ -22,10 +22,10 @@ func goodPolicy() *sluicev1.DropPolicy {
 		Service:   "checkout",
 		Direction: sluicev1.Direction_DIRECTION_INBOUND,
 		Peers: []*sluicev1.PeerPolicy{
-			{Peer: "_overflow", DropRatio: 0.1, Mode: sluicev1.Mode_MODE_ENFORCE, LimitRps: 10, AllowedRps: 10, OfferedRps: 11.5, Reason: sluicev1.DropReason_DROP_REASON_LIMIT},
-			{Peer: "cart", DropRatio: 0, Mode: sluicev1.Mode_MODE_ENFORCE, LimitRps: 100, AllowedRps: 100, OfferedRps: 20},
-			{Peer: "search", DropRatio: 0.25, Mode: sluicev1.Mode_MODE_SHADOW, LimitRps: 300, AllowedRps: 250, OfferedRps: 400, Reason: sluicev1.DropReason_DROP_REASON_CAPACITY},
-			{Peer: "unknown", DropRatio: 0.5, Mode: sluicev1.Mode_MODE_ENFORCE, LimitRps: 1, AllowedRps: 1, OfferedRps: 2, Reason: sluicev1.DropReason_DROP_REASON_LIMIT},
+			{Peer: "_overflow", DropRatio: 0.1, Mode: sluicev1.Mode_MODE_ENFORCE, LimitRps: proto.Float64(10), AllowedRps: proto.Float64(10), OfferedRps: 11.5, Reason: sluicev1.DropReason_DROP_REASON_LIMIT},
+			{Peer: "cart", DropRatio: 0, Mode: sluicev1.Mode_MODE_ENFORCE, LimitRps: proto.Float64(100), AllowedRps: proto.Float64(100), OfferedRps: 20},
+			{Peer: "search", DropRatio: 0.25, Mode: sluicev1.Mode_MODE_SHADOW, LimitRps: proto.Float64(300), AllowedRps: proto.Float64(250), OfferedRps: 400, Reason: sluicev1.DropReason_DROP_REASON_CAPACITY},
+			{Peer: "unknown", DropRatio: 0.5, Mode: sluicev1.Mode_MODE_ENFORCE, LimitRps: proto.Float64(1), AllowedRps: proto.Float64(1), OfferedRps: 2, Reason: sluicev1.DropReason_DROP_REASON_LIMIT},
 		},
 		Ttl:           durationpb.New(10 * time.Second),
 		LiveInstances: 12,
@@ -126,8 +126,8 @@ func TestPolicyFromProtoRejects(t *testing.T) {
 		{"ratio negative", func(m *sluicev1.DropPolicy) { m.Peers[0].DropRatio = -0.1 }, []string{"peers[0].drop_ratio: -0.1 is outside"}},
 		{"ratio NaN", func(m *sluicev1.DropPolicy) { m.Peers[0].DropRatio = math.NaN() }, []string{"peers[0].drop_ratio: NaN"}},
 		{"ratio Inf", func(m *sluicev1.DropPolicy) { m.Peers[0].DropRatio = math.Inf(1) }, []string{"peers[0].drop_ratio: +Inf"}},
-		{"limit negative", func(m *sluicev1.DropPolicy) { m.Peers[1].LimitRps = -1 }, []string{"peers[1].limit_rps: -1 is negative"}},
-		{"allowed NaN", func(m *sluicev1.DropPolicy) { m.Peers[1].AllowedRps = math.NaN() }, []string{"peers[1].allowed_rps: NaN is not a finite number"}},
+		{"limit negative", func(m *sluicev1.DropPolicy) { m.Peers[1].LimitRps = proto.Float64(-1) }, []string{"peers[1].limit_rps: -1 is negative"}},
+		{"allowed NaN", func(m *sluicev1.DropPolicy) { m.Peers[1].AllowedRps = proto.Float64(math.NaN()) }, []string{"peers[1].allowed_rps: NaN is not a finite number"}},
 		{"offered Inf", func(m *sluicev1.DropPolicy) { m.Peers[1].OfferedRps = math.Inf(-1) }, []string{"peers[1].offered_rps: -Inf is not a finite number"}},
 		{"mode unknown", func(m *sluicev1.DropPolicy) { m.Peers[2].Mode = 7 }, []string{"peers[2].mode: unknown value 7"}},
 		{"ttl negative", func(m *sluicev1.DropPolicy) { m.Ttl = durationpb.New(-time.Second) }, []string{"ttl: -1s is negative"}},
@@ -138,7 +138,7 @@ func TestPolicyFromProtoRejects(t *testing.T) {
 		{"every problem at once", func(m *sluicev1.DropPolicy) {
 			m.Ttl = durationpb.New(-time.Second)
 			m.Peers[0].DropRatio = 2
-			m.Peers[2].LimitRps = -3
+			m.Peers[2].LimitRps = proto.Float64(-3)
 			m.Peers[3].Mode = 9
 		}, []string{"ttl: ", "peers[0].drop_ratio: ", "peers[2].limit_rps: ", "peers[3].mode: "}},
 	} {
@@ -158,5 +158,38 @@ func TestPolicyFromProtoRejects(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+func TestAbsentLimitsMeanUnbounded(t *testing.T) {
+	m := &sluicev1.DropPolicy{
+		Name: "callee/checkout", Service: "checkout", Direction: sluicev1.Direction_DIRECTION_INBOUND,
+		Peers: []*sluicev1.PeerPolicy{
+			{Peer: "free"},
+			{Peer: "blocked", DropRatio: 0.99, LimitRps: proto.Float64(0), AllowedRps: proto.Float64(0)},
+		},
+	}
+	p, err := PolicyFromProto(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := p.Rule("free"); !math.IsInf(r.LimitRPS, 1) || !math.IsInf(r.AllowedRPS, 1) {
+		t.Errorf("free = %+v, want unbounded limit and allowance", r)
+	}
+	if r := p.Rule("blocked"); r.LimitRPS != 0 || r.AllowedRPS != 0 {
+		t.Errorf("blocked = %+v, want limit and allowance 0", r)
+	}
+	back := p.Proto()
+	for _, pp := range back.GetPeers() {
+		switch pp.GetPeer() {
+		case "free":
+			if pp.LimitRps != nil || pp.AllowedRps != nil {
+				t.Errorf("free round-trips with limits %v/%v, want absent", pp.LimitRps, pp.AllowedRps)
+			}
+		case "blocked":
+			if pp.LimitRps == nil || *pp.LimitRps != 0 {
+				t.Errorf("blocked round-trips with limit %v, want 0", pp.LimitRps)
+			}
+		}
 	}
 }

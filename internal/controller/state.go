@@ -402,8 +402,8 @@ func (s *State) policy(sv dropratio.ServiceVerdict, live uint32, lim *limits.Ser
 			Peer:       v.Caller,
 			DropRatio:  v.Ratio,
 			Mode:       modeProto(v.Mode),
-			LimitRps:   finiteOrZero(v.Limit),
-			AllowedRps: finiteOrZero(v.Allowed),
+			LimitRps:   finiteOrAbsent(v.Limit),
+			AllowedRps: finiteOrAbsent(v.Allowed),
 			OfferedRps: v.Offered,
 			Reason:     reasonProto(v.Reason, v.Ratio),
 		})
@@ -429,8 +429,8 @@ func (s *State) due(policy *sluicev1.DropPolicy, now time.Time) bool {
 	th := s.cfg.RepublishThreshold
 	for i, np := range policy.GetPeers() {
 		op := old.GetPeers()[i]
-		if op.GetPeer() != np.GetPeer() || op.GetMode() != np.GetMode() || op.GetLimitRps() != np.GetLimitRps() ||
-			op.GetReason() != np.GetReason() {
+		if op.GetPeer() != np.GetPeer() || op.GetMode() != np.GetMode() || (op.LimitRps == nil) != (np.LimitRps == nil) ||
+			op.GetLimitRps() != np.GetLimitRps() || (op.AllowedRps == nil) != (np.AllowedRps == nil) || op.GetReason() != np.GetReason() {
 			return true
 		}
 		// A ratio that reaches or leaves zero always goes out; otherwise
@@ -465,11 +465,12 @@ func (s *State) Policies() []*sluicev1.DropPolicy {
 	return out
 }
 
-func finiteOrZero(v float64) float64 {
+// finiteOrAbsent puts a rate on the wire, where absent means unbounded.
+func finiteOrAbsent(v float64) *float64 {
 	if math.IsInf(v, 0) || math.IsNaN(v) {
-		return 0
+		return nil
 	}
-	return v
+	return &v
 }
 
 func modeProto(m dropratio.Mode) sluicev1.Mode {

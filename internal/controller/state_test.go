@@ -101,7 +101,7 @@ func TestSumsZonesAndAppliesLimits(t *testing.T) {
 	if web.GetReason() != sluicev1.DropReason_DROP_REASON_LIMIT || web.GetMode() != sluicev1.Mode_MODE_ENFORCE {
 		t.Errorf("web reason/mode = %v/%v", web.GetReason(), web.GetMode())
 	}
-	if b := peer(p, "batch"); b == nil || b.GetDropRatio() != 0 || b.GetLimitRps() != 0 {
+	if b := peer(p, "batch"); b == nil || b.GetDropRatio() != 0 || b.LimitRps != nil || b.AllowedRps != nil {
 		t.Errorf("batch = %v, want listed, not dropped, no limit", b)
 	}
 	if p.GetLiveInstances() != 6 {

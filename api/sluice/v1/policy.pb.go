@@ -269,11 +269,12 @@ type PeerPolicy struct {
 	DropRatio float64 `protobuf:"fixed64,2,opt,name=drop_ratio,json=dropRatio,proto3" json:"drop_ratio,omitempty"`
 	// Whether the drop ratio is carried out or only counted.
 	Mode Mode `protobuf:"varint,3,opt,name=mode,proto3,enum=sluice.v1.Mode" json:"mode,omitempty"`
-	// The bucket's configured limit in requests per second; 0 means none.
-	LimitRps float64 `protobuf:"fixed64,4,opt,name=limit_rps,json=limitRps,proto3" json:"limit_rps,omitempty"`
+	// The bucket's configured limit in requests per second; absent when the
+	// bucket has none. 0 blocks the bucket.
+	LimitRps *float64 `protobuf:"fixed64,4,opt,name=limit_rps,json=limitRps,proto3,oneof" json:"limit_rps,omitempty"`
 	// What the bucket may send now: the limit, or less when the callee's
-	// capacity is shared out; 0 means unbounded.
-	AllowedRps float64 `protobuf:"fixed64,5,opt,name=allowed_rps,json=allowedRps,proto3" json:"allowed_rps,omitempty"`
+	// capacity is shared out; absent when unbounded.
+	AllowedRps *float64 `protobuf:"fixed64,5,opt,name=allowed_rps,json=allowedRps,proto3,oneof" json:"allowed_rps,omitempty"`
 	// The bucket's global offered rate the ratio was computed from.
 	OfferedRps float64 `protobuf:"fixed64,6,opt,name=offered_rps,json=offeredRps,proto3" json:"offered_rps,omitempty"`
 	// Why the ratio is above zero.
@@ -334,15 +335,15 @@ func (x *PeerPolicy) GetMode() Mode {
 }
 
 func (x *PeerPolicy) GetLimitRps() float64 {
-	if x != nil {
-		return x.LimitRps
+	if x != nil && x.LimitRps != nil {
+		return *x.LimitRps
 	}
 	return 0
 }
 
 func (x *PeerPolicy) GetAllowedRps() float64 {
-	if x != nil {
-		return x.AllowedRps
+	if x != nil && x.AllowedRps != nil {
+		return *x.AllowedRps
 	}
 	return 0
 }
@@ -376,19 +377,22 @@ const file_sluice_v1_policy_proto_rawDesc = "" +
 	"\x0elive_instances\x18\x06 \x01(\rR\rliveInstances\x120\n" +
 	"\tfail_mode\x18\a \x01(\x0e2\x13.sluice.v1.FailModeR\bfailMode\x12A\n" +
 	"\x0ffail_open_decay\x18\b \x01(\v2\x19.google.protobuf.DurationR\rfailOpenDecay\x127\n" +
-	"\tissued_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\bissuedAt\"\xf2\x01\n" +
+	"\tissued_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\bissuedAt\"\x9a\x02\n" +
 	"\n" +
 	"PeerPolicy\x12\x12\n" +
 	"\x04peer\x18\x01 \x01(\tR\x04peer\x12\x1d\n" +
 	"\n" +
 	"drop_ratio\x18\x02 \x01(\x01R\tdropRatio\x12#\n" +
-	"\x04mode\x18\x03 \x01(\x0e2\x0f.sluice.v1.ModeR\x04mode\x12\x1b\n" +
-	"\tlimit_rps\x18\x04 \x01(\x01R\blimitRps\x12\x1f\n" +
-	"\vallowed_rps\x18\x05 \x01(\x01R\n" +
-	"allowedRps\x12\x1f\n" +
+	"\x04mode\x18\x03 \x01(\x0e2\x0f.sluice.v1.ModeR\x04mode\x12 \n" +
+	"\tlimit_rps\x18\x04 \x01(\x01H\x00R\blimitRps\x88\x01\x01\x12$\n" +
+	"\vallowed_rps\x18\x05 \x01(\x01H\x01R\n" +
+	"allowedRps\x88\x01\x01\x12\x1f\n" +
 	"\voffered_rps\x18\x06 \x01(\x01R\n" +
 	"offeredRps\x12-\n" +
-	"\x06reason\x18\a \x01(\x0e2\x15.sluice.v1.DropReasonR\x06reason*b\n" +
+	"\x06reason\x18\a \x01(\x0e2\x15.sluice.v1.DropReasonR\x06reasonB\f\n" +
+	"\n" +
+	"_limit_rpsB\x0e\n" +
+	"\f_allowed_rps*b\n" +
 	"\bFailMode\x12\x19\n" +
 	"\x15FAIL_MODE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eFAIL_MODE_OPEN\x10\x01\x12\x12\n" +
@@ -446,6 +450,7 @@ func file_sluice_v1_policy_proto_init() {
 		return
 	}
 	file_sluice_v1_common_proto_init()
+	file_sluice_v1_policy_proto_msgTypes[1].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
