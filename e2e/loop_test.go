@@ -109,6 +109,7 @@ func TestLoopHoldsASurge(t *testing.T) {
 		surgeEnd   = 25
 		runFor     = 35
 	)
+	ratios := make([]float64, runFor)
 	g, err := loadgen.New(loadgen.Options{
 		Targets: c.SidecarURLs(),
 		Callers: []loadgen.Caller{
@@ -120,13 +121,13 @@ func TestLoopHoldsASurge(t *testing.T) {
 			}},
 			{Name: "batch", Rate: rate(calmRate)},
 		},
-		Duration: runFor * time.Second,
+		Duration:    runFor * time.Second,
+		SecondEnded: func(s int) { ratios[s] = c.Ratio("web") },
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ratios := make([]float64, runFor)
-	if err := g.Run(context.Background(), func(s int) { ratios[s] = c.Ratio("web") }); err != nil {
+	if err := g.Run(context.Background(), nil); err != nil {
 		t.Fatal(err)
 	}
 	logSeconds(t, g, runFor, func(s int) float64 { return ratios[s] })
@@ -185,26 +186,26 @@ func TestControllerRestart(t *testing.T) {
 		startAt = 16
 		runFor  = 30
 	)
+	ratios := make([]float64, runFor)
+	errs := make(chan error, 2)
 	g, err := loadgen.New(loadgen.Options{
 		Targets:  c.SidecarURLs(),
 		Callers:  []loadgen.Caller{{Name: "web", Rate: rate(surgeRate)}, {Name: "batch", Rate: rate(calmRate)}},
 		Duration: runFor * time.Second,
+		SecondEnded: func(s int) {
+			ratios[s] = c.Ratio("web")
+			switch s + 1 {
+			case stopAt:
+				go func() { errs <- c.StopController() }()
+			case startAt:
+				go func() { errs <- c.StartController(c.ControllerAddr) }()
+			}
+		},
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ratios := make([]float64, runFor)
-	errs := make(chan error, 2)
-	onSecond := func(s int) {
-		ratios[s] = c.Ratio("web")
-		switch s + 1 {
-		case stopAt:
-			go func() { errs <- c.StopController() }()
-		case startAt:
-			go func() { errs <- c.StartController(c.ControllerAddr) }()
-		}
-	}
-	if err := g.Run(context.Background(), onSecond); err != nil {
+	if err := g.Run(context.Background(), nil); err != nil {
 		t.Fatal(err)
 	}
 	for range 2 {

@@ -42,6 +42,11 @@ type Options struct {
 	MaxInFlight int
 	// Duration bounds the run, and the per-second table; required.
 	Duration time.Duration
+	// SecondEnded, when set, is called from Run's goroutine as soon as
+	// each second of the run has passed, to sample state at that moment
+	// (a drop ratio, say). Run's onSecond comes later, once the second's
+	// requests have returned.
+	SecondEnded func(second int)
 }
 
 // Second is what one caller saw in one second, by the second requests left.
@@ -137,6 +142,12 @@ func (g *Generator) Run(ctx context.Context, onSecond func(second int)) error {
 	due := make([]float64, len(g.opts.Callers)) // requests owed, fractional
 	last := g.start
 	reported := 0
+	ended := 0 // seconds passed to SecondEnded
+	endSeconds := func(upTo int) {
+		for ; g.opts.SecondEnded != nil && ended < upTo; ended++ {
+			g.opts.SecondEnded(ended)
+		}
+	}
 	// pace sends what the schedule owes up to now.
 	pace := func(now time.Time) int {
 		elapsed := now.Sub(g.start)
@@ -162,6 +173,7 @@ func (g *Generator) Run(ctx context.Context, onSecond func(second int)) error {
 				// Ticks run late on a busy machine: settle the schedule's
 				// last stretch so a run always offers what it promised.
 				pace(g.start.Add(g.opts.Duration))
+				endSeconds(int(g.opts.Duration / time.Second))
 			}
 			g.wg.Wait()
 			if onSecond != nil {
@@ -175,6 +187,7 @@ func (g *Generator) Run(ctx context.Context, onSecond func(second int)) error {
 			return ctx.Err()
 		case now := <-t.C:
 			sec := pace(now)
+			endSeconds(sec)
 			// Report a second once its requests had a moment to return.
 			for onSecond != nil && reported < sec-1 {
 				onSecond(reported)

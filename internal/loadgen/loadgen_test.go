@@ -11,6 +11,7 @@ import (
 
 func TestCountsAdmittedAndDropped(t *testing.T) {
 	var n atomic.Int64
+	var ended []int
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("x-sluice-caller") != "web" {
 			http.Error(w, "no caller", http.StatusBadRequest)
@@ -26,6 +27,9 @@ func TestCountsAdmittedAndDropped(t *testing.T) {
 		Targets:  []string{srv.URL},
 		Callers:  []Caller{{Name: "web", Rate: func(time.Duration) float64 { return 200 }}},
 		Duration: 2 * time.Second,
+		SecondEnded: func(s int) {
+			ended = append(ended, s)
+		},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -48,6 +52,9 @@ func TestCountsAdmittedAndDropped(t *testing.T) {
 	}
 	if len(seconds) != 2 || seconds[0] != 0 || seconds[1] != 1 {
 		t.Errorf("onSecond saw %v, want [0 1]", seconds)
+	}
+	if len(ended) != 2 || ended[0] != 0 || ended[1] != 1 {
+		t.Errorf("SecondEnded saw %v, want [0 1]", ended)
 	}
 }
 

@@ -228,6 +228,17 @@ func (c *Cluster) StopController() error {
 	return n.Stop()
 }
 
+// ControllerAdminAddr is the running controller's admin address, "" while
+// stopped.
+func (c *Cluster) ControllerAdminAddr() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.controller == nil {
+		return ""
+	}
+	return c.controller.AdminAddr
+}
+
 // Controller is the running controller service, nil while stopped.
 func (c *Cluster) Controller() *controller.Service {
 	c.mu.Lock()
