@@ -207,6 +207,13 @@ func (f *File) reload() {
 	if err == nil && bytes.Equal(data, f.last) {
 		return
 	}
+	if err == nil && len(data) == 0 {
+		// Most likely caught between a writer's truncate and its write;
+		// an empty file would otherwise remove every limit. Removing all
+		// limits on purpose is `services: {}`.
+		f.logger.Debug("limits file empty; waiting for its contents", "path", f.path)
+		return
+	}
 	var set *Set
 	if err == nil {
 		set, err = Parse(bytes.NewReader(data))

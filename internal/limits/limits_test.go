@@ -127,7 +127,7 @@ func TestFileReloads(t *testing.T) {
 		}
 	}
 
-	os.WriteFile(path, []byte("services:\n  checkout:\n    callers:\n      web: {limit: 7}\n"), 0o644)
+	writeAtomically(t, path, "services:\n  checkout:\n    callers:\n      web: {limit: 7}\n")
 	if err := wait(); err != nil {
 		t.Fatalf("reload: %v", err)
 	}
@@ -136,7 +136,7 @@ func TestFileReloads(t *testing.T) {
 	}
 
 	// A bad edit is reported once and the last good limits stay.
-	os.WriteFile(path, []byte("services: [nonsense"), 0o644)
+	writeAtomically(t, path, "services: [nonsense")
 	if err := wait(); err == nil {
 		t.Fatal("bad file reloaded without error")
 	}
@@ -147,6 +147,40 @@ func TestFileReloads(t *testing.T) {
 	case err := <-reloads:
 		t.Errorf("the same bad contents were reloaded again: %v", err)
 	case <-time.After(100 * time.Millisecond):
+	}
+}
+
+// writeAtomically replaces path as editors and ConfigMap updates do: the
+// poller never sees a half-written file.
+func writeAtomically(t *testing.T, path, contents string) {
+	t.Helper()
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(contents), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestEmptyReloadKeepsLimits(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "limits.yaml")
+	os.WriteFile(path, []byte(good), 0o644)
+	f, err := LoadFile(path, time.Hour, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var reloads int
+	f.OnReload = func(error) { reloads++ }
+	os.WriteFile(path, nil, 0o644) // a writer's truncate, before its write
+	f.reload()
+	if f.Limits().Service("checkout") == nil || reloads != 0 {
+		t.Errorf("an empty read replaced the limits (reloads %d)", reloads)
+	}
+	os.WriteFile(path, []byte("services: {}\n"), 0o644)
+	f.reload()
+	if f.Limits().Len() != 0 || reloads != 1 {
+		t.Errorf("services: {} did not remove every limit: %d left", f.Limits().Len())
 	}
 }
 
