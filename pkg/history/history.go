@@ -1,0 +1,222 @@
+// Package history is sluice's store: per-minute load of every bucket, the
+// limits in force, proposed limits awaiting review, and an append-only audit
+// log of every change. Postgres (pgx) backs it in production; Memory is its
+// in-memory twin for the demo, the simulator and tests. One conformance suite
+// (historytest) runs against both, so they can not drift apart.
+//
+// Times are UTC. Rates are requests per second. The package imports pgx and
+// the standard library only.
+package history
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// Bucket is one (callee, caller) pair.
+type Bucket struct {
+	Callee string
+	Caller string
+}
+
+// MinuteRow is one bucket's load during one minute, as the controller saw it.
+type MinuteRow struct {
+	Bucket
+	Minute      time.Time // start of the minute, UTC, truncated to the minute
+	PeakOffered float64   // highest offered rate of any tick in the minute
+	MeanOffered float64   // mean offered rate over the minute
+	MeanDropped float64   // mean rate of enforced drops over the minute
+}
+
+// DailyPeak is the rollup of one bucket's minute rows over one UTC day:
+// deriving limits over weeks reads these, not minutes.
+type DailyPeak struct {
+	Bucket
+	Day         time.Time // midnight UTC
+	PeakOffered float64   // highest PeakOffered of the day's minutes
+	MeanOffered float64   // mean of the day's MeanOffered
+	MeanDropped float64   // mean of the day's MeanDropped
+	Minutes     int       // minute rows the day has: coverage, at most 1440
+}
+
+// Mode says whether a limit is enforced or only observed.
+type Mode string
+
+// Modes.
+const (
+	Enforce Mode = "enforce"
+	Shadow  Mode = "shadow"
+)
+
+// Source says where a limit came from.
+type Source string
+
+// Sources.
+const (
+	Manual  Source = "manual"  // set by an operator
+	Derived Source = "derived" // an approved proposal from history
+)
+
+// FailMode is what a service's sidecars do when their policy expires.
+type FailMode string
+
+// Fail modes.
+const (
+	FailOpen  FailMode = "open"
+	FailHold  FailMode = "hold"
+	FailLocal FailMode = "local"
+)
+
+// BucketLimit is the limit of one bucket.
+type BucketLimit struct {
+	Bucket
+	Limit     float64 // rps, >= 0; 0 blocks
+	Mode      Mode
+	Source    Source
+	UpdatedBy string
+	Reason    string
+	UpdatedAt time.Time
+}
+
+// ServiceLimits are a callee's own settings: a default limit for callers
+// without one, a capacity all callers share, and the mode and fail mode its
+// callers inherit. Nil rates mean none.
+type ServiceLimits struct {
+	Callee       string
+	DefaultLimit *float64
+	Capacity     *float64
+	Mode         Mode
+	FailMode     FailMode
+	UpdatedBy    string
+	Reason       string
+	UpdatedAt    time.Time
+}
+
+// Limits is every limit in force, one consistent read.
+type Limits struct {
+	Services []ServiceLimits // sorted by Callee
+	Buckets  []BucketLimit   // sorted by Callee, Caller
+}
+
+// ProposalStatus is where a proposal is in review.
+type ProposalStatus string
+
+// Proposal statuses.
+const (
+	Pending    ProposalStatus = "pending"
+	Approved   ProposalStatus = "approved"
+	Rejected   ProposalStatus = "rejected"
+	Superseded ProposalStatus = "superseded" // a newer proposal for the same bucket replaced it
+)
+
+// Proposal is a limit derived from history, awaiting an operator.
+type Proposal struct {
+	ID int64
+	Bucket
+	Current      *float64 // the limit in force when proposed; nil when none
+	Proposed     float64
+	PeakLookback float64  // peak over the look-back window (default 4 weeks)
+	PeakRecent   float64  // peak over the recent window (default 7 days)
+	Flags        []string // e.g. "lowers below recent peak", "step down needs approval"
+	Status       ProposalStatus
+	CreatedBy    string
+	CreatedAt    time.Time
+	DecidedBy    string
+	DecidedAt    time.Time // zero while pending
+	Reason       string    // the decision's reason
+}
+
+// AuditEntry is one change, as the audit log keeps it forever.
+type AuditEntry struct {
+	ID     int64
+	At     time.Time
+	Actor  string
+	Action string // "set_limit", "delete_limit", "set_service", "set_mode", "approve", "reject", "propose"
+	Bucket        // Caller is "" for service-level changes
+	Old    string // the previous value, rendered for people; "" when none
+	New    string
+	Reason string
+}
+
+// Change says who changes something and why; both are required.
+type Change struct {
+	Actor  string
+	Reason string
+}
+
+// Filter selects buckets; empty fields match everything.
+type Filter struct {
+	Callee string
+	Caller string
+}
+
+// Errors callers branch on.
+var (
+	ErrNotFound     = errors.New("history: not found")
+	ErrInvalid      = errors.New("history: invalid input")
+	ErrSchemaTooOld = errors.New("history: database schema is older than this binary; run the migrate command")
+	ErrSchemaTooNew = errors.New("history: database schema is newer than this binary")
+	ErrNotDecidable = errors.New("history: proposal is not pending")
+)
+
+// LoadStore keeps minute rows and their daily rollup.
+type LoadStore interface {
+	// WriteMinutes stores rows in one batch (COPY in Postgres). Writing the
+	// same (bucket, minute) again is idempotent: it never double counts.
+	WriteMinutes(ctx context.Context, rows []MinuteRow) error
+	// Minutes returns one bucket's rows in [from, to), oldest first.
+	Minutes(ctx context.Context, b Bucket, from, to time.Time) ([]MinuteRow, error)
+	// DailyPeaks returns the rollup of the days in [from, to) for the
+	// buckets f selects, sorted by callee, caller, day.
+	DailyPeaks(ctx context.Context, f Filter, from, to time.Time) ([]DailyPeak, error)
+	// Retain drops minute data older than before (in Postgres, whole daily
+	// partitions) and daily rows older than before, and returns how many
+	// days of minute data it dropped.
+	Retain(ctx context.Context, before time.Time) (int, error)
+}
+
+// LimitStore keeps limits, proposals and the audit log. Every change to a
+// limit is audited and announced to Changes in the same transaction.
+type LimitStore interface {
+	Limits(ctx context.Context) (Limits, error)
+	// SetLimit creates or replaces a bucket's limit (Source and Mode as
+	// given; an empty Mode keeps the current one, or enforce).
+	SetLimit(ctx context.Context, l BucketLimit, c Change) error
+	// DeleteLimit removes a bucket's limit; ErrNotFound when it has none.
+	DeleteLimit(ctx context.Context, b Bucket, c Change) error
+	// SetService creates or replaces a callee's own settings.
+	SetService(ctx context.Context, s ServiceLimits, c Change) error
+	// SetMode switches the mode of the buckets f selects (Caller "" with a
+	// Callee: the callee's own mode and every bucket of it). ErrNotFound
+	// when f selects nothing.
+	SetMode(ctx context.Context, f Filter, m Mode, c Change) (int, error)
+
+	// Propose stores proposals as pending, superseding pending proposals
+	// for the same buckets, and returns them with their IDs.
+	Propose(ctx context.Context, ps []Proposal, c Change) ([]Proposal, error)
+	// Proposals returns proposals the filter and statuses select (no
+	// statuses: pending only), sorted by callee, caller, ID.
+	Proposals(ctx context.Context, f Filter, statuses ...ProposalStatus) ([]Proposal, error)
+	// Approve applies pending proposals as derived limits, keeping each
+	// bucket's mode; Reject closes them. Both refuse (ErrNotDecidable) a
+	// proposal that is not pending, changing nothing.
+	Approve(ctx context.Context, ids []int64, c Change) ([]Proposal, error)
+	Reject(ctx context.Context, ids []int64, c Change) ([]Proposal, error)
+
+	// Audit returns entries the filter selects since a time, newest first,
+	// at most limit of them (0: all).
+	Audit(ctx context.Context, f Filter, since time.Time, limit int) ([]AuditEntry, error)
+
+	// Changes signals, coalesced, after every committed limit change, until
+	// ctx ends. After a lost connection it signals once more, since changes
+	// may have been missed; readers re-read Limits on every signal.
+	Changes(ctx context.Context) (<-chan struct{}, error)
+}
+
+// Store is the whole store.
+type Store interface {
+	LoadStore
+	LimitStore
+	Close()
+}
