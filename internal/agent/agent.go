@@ -12,10 +12,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -96,11 +98,18 @@ func (c Config) Validate() error {
 	if u, err := url.Parse(c.Upstream); err != nil || u.Scheme != "http" || u.Host == "" {
 		add("upstream: %q is not an http://host:port URL", c.Upstream)
 	}
-	if len(c.Aggregators) == 0 {
-		add("aggregators: at least one address is required")
-	}
-	if len(c.Controllers) == 0 {
-		add("controllers: at least one address is required")
+	for _, list := range []struct {
+		flag  string
+		addrs []string
+	}{{"aggregators", c.Aggregators}, {"controllers", c.Controllers}} {
+		if len(list.addrs) == 0 {
+			add("%s: at least one address is required", list.flag)
+		}
+		for i, a := range list.addrs {
+			if _, _, err := net.SplitHostPort(a); err != nil {
+				add("%s[%d]: %q is not host:port", list.flag, i, a)
+			}
+		}
 	}
 	if c.XDSProtocol != "delta" && c.XDSProtocol != "sotw" {
 		add("xds-protocol: %q is not delta or sotw", c.XDSProtocol)
@@ -108,8 +117,8 @@ func (c Config) Validate() error {
 	if c.ReportInterval < reporter.MinInterval || c.ReportInterval > reporter.MaxInterval {
 		add("report-interval: %v is outside [%v, %v]", c.ReportInterval, reporter.MinInterval, reporter.MaxInterval)
 	}
-	if c.CallerHeader == "" || http.CanonicalHeaderKey(c.CallerHeader) == "" {
-		add("caller-header: required")
+	if !validHeaderName(c.CallerHeader) {
+		add("caller-header: %q is not a valid header name", c.CallerHeader)
 	}
 	if c.MaxPeers < 1 || c.MaxPeers > 1<<20 {
 		add("max-peers: %d is outside [1, %d]", c.MaxPeers, 1<<20)
@@ -118,6 +127,22 @@ func (c Config) Validate() error {
 		add("strategy: %q is not diffuse or random", c.Strategy)
 	}
 	return errors.Join(errs...)
+}
+
+// validHeaderName reports whether s is an HTTP field name (an RFC 9110
+// token). Anything else could never match a request header, and every caller
+// would silently count as unknown.
+func validHeaderName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+			return false
+		}
+	}
+	return true
 }
 
 func errOr(err error, s string) any {

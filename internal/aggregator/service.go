@@ -88,30 +88,30 @@ const (
 	maxStaleAfter    = 100
 )
 
-// Validate reports every problem with c at once, naming the field and the
-// bound. Zero fields that have a default are fine.
+// Validate reports every problem with c at once, naming the field by its
+// flag and the bound. Zero fields that have a default are fine.
 func (c Config) Validate() error {
 	var errs []error
 	if c.ID != "" && len(c.ID) > names.MaxLen {
-		errs = append(errs, fmt.Errorf("ID: at most %d bytes, got %d", names.MaxLen, len(c.ID)))
+		errs = append(errs, fmt.Errorf("id: at most %d bytes, got %d", names.MaxLen, len(c.ID)))
 	}
 	if c.Zone == "" {
-		errs = append(errs, errors.New("Zone: required"))
+		errs = append(errs, errors.New("zone: required"))
 	} else if err := names.Check(c.Zone); err != nil {
-		errs = append(errs, fmt.Errorf("Zone: %w", err))
+		errs = append(errs, fmt.Errorf("zone: %w", err))
 	}
 	if c.FlushInterval != 0 && (c.FlushInterval < minFlushInterval || c.FlushInterval > maxFlushInterval) {
-		errs = append(errs, fmt.Errorf("FlushInterval: must be in [%v, %v], got %v", minFlushInterval, maxFlushInterval, c.FlushInterval))
+		errs = append(errs, fmt.Errorf("flush-interval: must be in [%v, %v], got %v", minFlushInterval, maxFlushInterval, c.FlushInterval))
 	}
 	if c.StaleAfter < 0 || c.StaleAfter > maxStaleAfter {
-		errs = append(errs, fmt.Errorf("StaleAfter: must be in [1, %d] (0 for the default), got %d", maxStaleAfter, c.StaleAfter))
+		errs = append(errs, fmt.Errorf("stale-after: must be in [1, %d] (0 for the default), got %d", maxStaleAfter, c.StaleAfter))
 	}
 	if len(c.Controllers) == 0 {
-		errs = append(errs, errors.New("Controllers: at least one address is required"))
+		errs = append(errs, errors.New("controllers: at least one address is required"))
 	}
 	for i, a := range c.Controllers {
 		if a == "" {
-			errs = append(errs, fmt.Errorf("Controllers[%d]: empty address", i))
+			errs = append(errs, fmt.Errorf("controllers[%d]: empty address", i))
 		}
 	}
 	if err := c.Limits.Validate(); err != nil {

@@ -441,12 +441,12 @@ func TestConfigValidate(t *testing.T) {
 	if err == nil {
 		t.Fatal("bad config accepted")
 	}
-	for _, field := range []string{"ID", "Zone", "FlushInterval", "StaleAfter", "Controllers[0]", "Limits.MaxRate"} {
+	for _, field := range []string{"id", "zone", "flush-interval", "stale-after", "controllers[0]", "max-rate"} {
 		if !strings.Contains(err.Error(), field+":") {
 			t.Errorf("error does not name %s:\n%v", field, err)
 		}
 	}
-	if err := (Config{}).Validate(); err == nil || !strings.Contains(err.Error(), "Zone: required") || !strings.Contains(err.Error(), "Controllers:") {
+	if err := (Config{}).Validate(); err == nil || !strings.Contains(err.Error(), "zone: required") || !strings.Contains(err.Error(), "controllers:") {
 		t.Errorf("empty config: %v", err)
 	}
 	if _, err := New(bad, nil, nil); err == nil {

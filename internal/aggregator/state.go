@@ -68,10 +68,10 @@ func (l Limits) withDefaults() Limits {
 func (l Limits) Validate() error {
 	var errs []error
 	if l.MaxPeersPerReport < 0 {
-		errs = append(errs, fmt.Errorf("Limits.MaxPeersPerReport: must be >= 0 (0 for the default), got %d", l.MaxPeersPerReport))
+		errs = append(errs, fmt.Errorf("max-peers-per-report: must be >= 0 (0 for the default), got %d", l.MaxPeersPerReport))
 	}
 	if l.MaxRate < 0 || math.IsNaN(l.MaxRate) || math.IsInf(l.MaxRate, 0) {
-		errs = append(errs, fmt.Errorf("Limits.MaxRate: must be finite and >= 0 (0 for the default), got %v", l.MaxRate))
+		errs = append(errs, fmt.Errorf("max-rate: must be finite and >= 0 (0 for the default), got %v", l.MaxRate))
 	}
 	if l.MinWindow < 0 {
 		errs = append(errs, fmt.Errorf("Limits.MinWindow: must be >= 0 (0 for the default), got %v", l.MinWindow))
@@ -83,7 +83,7 @@ func (l Limits) Validate() error {
 		errs = append(errs, fmt.Errorf("Limits.MinWindow: %v is above Limits.MaxWindow %v", d.MinWindow, d.MaxWindow))
 	}
 	if l.MaxSidecars < 0 {
-		errs = append(errs, fmt.Errorf("Limits.MaxSidecars: must be >= 0 (0 for the default), got %d", l.MaxSidecars))
+		errs = append(errs, fmt.Errorf("max-sidecars: must be >= 0 (0 for the default), got %d", l.MaxSidecars))
 	}
 	return errors.Join(errs...)
 }

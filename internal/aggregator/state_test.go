@@ -281,7 +281,7 @@ func TestLimitsValidate(t *testing.T) {
 		t.Errorf("DefaultLimits: %v", err)
 	}
 	err := Limits{MaxPeersPerReport: -1, MaxRate: -1, MinWindow: 2 * time.Minute, MaxSidecars: -1}.Validate()
-	for _, field := range []string{"MaxPeersPerReport", "MaxRate", "MinWindow", "MaxSidecars"} {
+	for _, field := range []string{"max-peers-per-report", "max-rate", "MinWindow", "max-sidecars"} {
 		if err == nil || !strings.Contains(err.Error(), field) {
 			t.Errorf("error %v does not name %s", err, field)
 		}

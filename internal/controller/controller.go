@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net/http"
 	"os"
 	"sync"
@@ -70,9 +71,11 @@ func (c Config) Validate() error {
 	check(c.FailOpenDecay >= 0, "fail-open-decay: %v is negative", c.FailOpenDecay)
 	check(c.RepublishThreshold >= 0 && c.RepublishThreshold < 1, "republish-threshold: %v is outside [0, 1)", c.RepublishThreshold)
 	check(c.MaxAggregators >= 1, "max-aggregators: %d must be at least 1", c.MaxAggregators)
-	if err := c.Law.Validate(); err != nil {
-		errs = append(errs, fmt.Errorf("control law (--p-max, --min-rate, --release-rate): %w", err))
-	}
+	// The law's own Validate names its Go fields; the flags are what an
+	// operator typed. It runs again in dropratio.New as the last word.
+	check(c.Law.PMax > 0 && c.Law.PMax < 1, "p-max: %v is outside (0, 1)", c.Law.PMax)
+	check(c.Law.MinRate >= 0 && !math.IsInf(c.Law.MinRate, 0), "min-rate: %v must be a finite rate >= 0", c.Law.MinRate)
+	check(c.Law.ReleaseRate > 1 && !math.IsInf(c.Law.ReleaseRate, 0), "release-rate: %v must be a finite factor > 1", c.Law.ReleaseRate)
 	return errors.Join(errs...)
 }
 

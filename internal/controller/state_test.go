@@ -376,7 +376,7 @@ func TestConfigValidateNamesEveryField(t *testing.T) {
 	if err == nil {
 		t.Fatal("want errors")
 	}
-	for _, field := range []string{"tick", "stale-after", "republish-threshold", "PMax"} {
+	for _, field := range []string{"tick", "stale-after", "republish-threshold", "p-max"} {
 		if !strings.Contains(err.Error(), field) {
 			t.Errorf("error %q does not name %s", err, field)
 		}

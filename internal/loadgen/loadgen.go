@@ -156,7 +156,11 @@ func (g *Generator) Run(ctx context.Context, onSecond func(second int)) error {
 		}
 		step := now.Sub(last).Seconds()
 		last = now
-		sec := min(int(elapsed/time.Second), len(g.counts[0])-1)
+		sec := int(elapsed / time.Second)
+		if elapsed >= g.opts.Duration {
+			// The final catch-up belongs to the run's last second.
+			sec = int((g.opts.Duration - 1) / time.Second)
+		}
 		for i, c := range g.opts.Callers {
 			due[i] += c.Rate(elapsed) * step
 			for ; due[i] >= 1; due[i]-- {
