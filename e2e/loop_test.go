@@ -5,7 +5,11 @@ package e2e
 
 import (
 	"context"
+	"fmt"
+	"io"
+	"log/slog"
 	"math"
+	"sync"
 	"testing"
 	"time"
 
@@ -14,6 +18,7 @@ import (
 	"github.com/sluicehq/sluice/internal/loadgen"
 	"github.com/sluicehq/sluice/internal/testbed"
 	"github.com/sluicehq/sluice/pkg/dropratio"
+	"github.com/sluicehq/sluice/sidecar"
 )
 
 const (
@@ -40,12 +45,14 @@ func startCluster(t *testing.T) *testbed.Cluster {
 	t.Helper()
 	cfg := controller.DefaultConfig()
 	cfg.Warmup = 2 * time.Second
+	logs := &testLog{w: t.Output()}
 	c, err := testbed.Start(testbed.Options{
 		Service:         "checkout",
 		Zones:           []string{"zone-a", "zone-b", "zone-c"},
 		SidecarsPerZone: 2,
 		Limits:          checkoutLimits(),
 		Controller:      &cfg,
+		Logger:          slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -54,6 +61,7 @@ func startCluster(t *testing.T) *testbed.Cluster {
 		if err := c.Close(); err != nil {
 			t.Errorf("close cluster: %v", err)
 		}
+		logs.close()
 	})
 	waitFor(t, 15*time.Second, "every sidecar holds a policy", func() bool {
 		for _, s := range c.Sidecars {
@@ -64,6 +72,30 @@ func startCluster(t *testing.T) *testbed.Cluster {
 		return true
 	})
 	return c
+}
+
+// testLog carries the components' logs into the test's output (shown when
+// it fails), and drops them once the test is over: a straggling goroutine
+// must not write to a finished test.
+type testLog struct {
+	mu     sync.Mutex
+	w      io.Writer
+	closed bool
+}
+
+func (l *testLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return len(p), nil
+	}
+	return l.w.Write(p)
+}
+
+func (l *testLog) close() {
+	l.mu.Lock()
+	l.closed = true
+	l.mu.Unlock()
 }
 
 func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
@@ -172,9 +204,9 @@ func TestLoopHoldsASurge(t *testing.T) {
 	})
 }
 
-// TestControllerRestart: mid-surge the controller stops; sidecars keep
-// their last policy, so web stays at its limit; a new controller comes up
-// on the same address and the loop converges again.
+// TestControllerRestart: mid-surge the controller stops; every sidecar keeps
+// the very policy it held, so web keeps being dropped at that ratio; a new
+// controller comes up on the same address and the loop converges again.
 func TestControllerRestart(t *testing.T) {
 	if testing.Short() {
 		t.Skip("end-to-end: about 35 s")
@@ -186,6 +218,18 @@ func TestControllerRestart(t *testing.T) {
 		startAt = 16
 		runFor  = 30
 	)
+	var (
+		mu      sync.Mutex
+		held    []*sidecar.Policy // each sidecar's policy once the controller is gone
+		changed []string          // sidecars whose policy changed while it was away
+	)
+	policies := func() []*sidecar.Policy {
+		ps := make([]*sidecar.Policy, len(c.Sidecars))
+		for i, s := range c.Sidecars {
+			ps[i] = s.Agent.Limiter().Policy("checkout")
+		}
+		return ps
+	}
 	ratios := make([]float64, runFor)
 	errs := make(chan error, 2)
 	g, err := loadgen.New(loadgen.Options{
@@ -194,9 +238,24 @@ func TestControllerRestart(t *testing.T) {
 		Duration: runFor * time.Second,
 		SecondEnded: func(s int) {
 			ratios[s] = c.Ratio("web")
+			mu.Lock()
+			if held != nil && s+1 < startAt {
+				for i, p := range policies() {
+					if p != held[i] {
+						changed = append(changed, fmt.Sprintf("t=%ds %s", s, c.Sidecars[i].Name))
+					}
+				}
+			}
+			mu.Unlock()
 			switch s + 1 {
 			case stopAt:
-				go func() { errs <- c.StopController() }()
+				go func() {
+					err := c.StopController()
+					mu.Lock()
+					held = policies()
+					mu.Unlock()
+					errs <- err
+				}()
 			case startAt:
 				go func() { errs <- c.StartController(c.ControllerAddr) }()
 			}
@@ -215,21 +274,37 @@ func TestControllerRestart(t *testing.T) {
 	}
 	logSeconds(t, g, runFor, func(s int) float64 { return ratios[s] })
 
-	before := admittedRate(g, "web", 5, stopAt)
-	during := admittedRate(g, "web", stopAt+1, startAt)
+	// While the controller is away, the sidecars keep their policies: the
+	// same objects, so web is dropped at the ratio it had when it left.
+	if len(changed) > 0 {
+		t.Errorf("policies changed while the controller was away: %v", changed)
+	}
+	for i, p := range held {
+		if p == nil || p.Rule("web") == nil || p.Rule("web").DropRatio < 0.5 {
+			t.Fatalf("%s held %v when the controller left, want web's surge ratio", c.Sidecars[i].Name, p)
+		}
+	}
+	heldRatio := held[0].Rule("web").DropRatio
+	away := g.Sum("web", stopAt+1, startAt)
+	if share := float64(away.Admitted) / float64(away.Sent); math.Abs(share-(1-heldRatio)) > 0.03 {
+		t.Errorf("web admitted %.3f of its requests while the controller was away, want 1 − %.3f held", share, heldRatio)
+	}
+
+	// Before the stop and after the restart, web is at its limit.
+	before := admittedRate(g, "web", 6, stopAt)
 	after := admittedRate(g, "web", startAt+6, runFor)
-	t.Logf("web admitted: %.1f rps before, %.1f while the controller was away, %.1f after", before, during, after)
+	t.Logf("web admitted: %.1f rps before, %.1f while the controller was away (ratio held %.3f), %.1f after", before, admittedRate(g, "web", stopAt+1, startAt), heldRatio, after)
 	for _, phase := range []struct {
 		name string
 		rate float64
-	}{{"before the stop", before}, {"while the controller was away", during}, {"after the restart", after}} {
+	}{{"before the stop", before}, {"after the restart", after}} {
 		if math.Abs(phase.rate-limit) > 0.05*limit {
 			t.Errorf("web admitted %.1f rps %s, want %v ± 5 %%", phase.rate, phase.name, limit)
 		}
 	}
 	for s := stopAt; s < runFor; s++ {
 		if ratios[s] < 0.5 {
-			t.Errorf("t=%ds: web's ratio fell to %.3f around the restart; sidecars must keep their policy", s, ratios[s])
+			t.Errorf("t=%ds: web's ratio fell to %.3f around the restart", s, ratios[s])
 		}
 	}
 	if c.Controller() == nil || c.Controller().XDSStreams() == 0 {

@@ -238,7 +238,11 @@ func (s *Service) FlushNow() *sluicev1.ZoneLoad {
 	s.mu.Lock()
 	zl := s.state.Flush(time.Now(), s.cfg.FlushInterval)
 	n := s.state.Sidecars()
+	stale := s.state.TakeStale()
 	s.mu.Unlock()
+	for _, id := range stale {
+		s.log.Warn("sidecar went silent; its load left the zone's sums", "sidecar_id", id)
+	}
 
 	buckets := 0
 	for _, sl := range zl.GetServices() {

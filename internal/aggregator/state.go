@@ -136,6 +136,8 @@ type State struct {
 	// went. Flush adds up floating-point rates in this order, so that the
 	// same sidecars give bit-identical sums whatever order they came in.
 	order []string
+	// stale collects sidecars dropped for silence until TakeStale.
+	stale []string
 }
 
 // sidecar is the latest accepted report of one sidecar, as rates.
@@ -274,11 +276,20 @@ func (s *State) Sidecars() int { return len(s.sidecars) }
 // and per peer, sorted, the sum of their rates. interval is the flush
 // interval the controller is told. The same sidecars with the same reports
 // give an identical ZoneLoad whatever order they arrived in.
+// TakeStale returns the sidecars that Flush dropped for silence since the
+// last call, for the service to log, and forgets them.
+func (s *State) TakeStale() []string {
+	stale := s.stale
+	s.stale = nil
+	return stale
+}
+
 func (s *State) Flush(now time.Time, interval time.Duration) *sluicev1.ZoneLoad {
 	for id, sc := range s.sidecars {
 		if now.Sub(sc.seen) > time.Duration(s.staleAfter)*sc.window {
 			delete(s.sidecars, id)
 			s.order = nil
+			s.stale = append(s.stale, id)
 		}
 	}
 	if s.order == nil {

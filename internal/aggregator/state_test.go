@@ -200,6 +200,12 @@ func TestStaleness(t *testing.T) {
 	if s.Sidecars() != 0 {
 		t.Errorf("Sidecars = %d after both went stale, want 0", s.Sidecars())
 	}
+	if stale := s.TakeStale(); strings.Join(stale, ",") != "fast,slow" {
+		t.Errorf("TakeStale = %v, want fast then slow", stale)
+	}
+	if stale := s.TakeStale(); len(stale) != 0 {
+		t.Errorf("TakeStale again = %v, want nothing", stale)
+	}
 
 	// A report refreshes: measured from its arrival, not its window_start.
 	apply(t, s, t0.Add(time.Hour), report("fast", "svc", in, time.Second, pc("a", 10, 0, 0)))

@@ -172,6 +172,9 @@ func (s *Service) tick(now time.Time) {
 	s.mu.Lock()
 	res := s.state.Tick(now, set)
 	s.mu.Unlock()
+	for _, id := range res.Stale {
+		s.log.Warn("aggregator went silent; its zone load left the sums", "aggregator_id", id)
+	}
 	if len(res.Changed) > 0 || len(res.Deleted) > 0 {
 		if err := s.xds.Update(res.Changed, res.Deleted); err != nil {
 			s.log.Error("publish policies", "err", err)

@@ -216,18 +216,23 @@ type TickResult struct {
 	Warm bool
 	// Aggregators and Buckets count what the tick summed.
 	Aggregators, Buckets int
+	// Stale names aggregators this tick dropped for silence.
+	Stale []string
 	// Services holds the global load per callee, for metrics.
 	Services map[string]Totals
 }
 
 // Tick runs one control step at now against the limits in force.
 func (s *State) Tick(now time.Time, set *limits.Set) TickResult {
+	var stale []string
 	for id, a := range s.aggs {
 		if now.Sub(a.seen) > time.Duration(s.cfg.StaleAfter)*a.interval {
 			delete(s.aggs, id)
+			stale = append(stale, id)
 		}
 	}
-	res := TickResult{Aggregators: len(s.aggs)}
+	slices.Sort(stale)
+	res := TickResult{Aggregators: len(s.aggs), Stale: stale}
 	if !s.Warm(now) {
 		return res
 	}

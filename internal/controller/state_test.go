@@ -425,3 +425,16 @@ func TestRestartSeedsFromEnforcedRatios(t *testing.T) {
 		t.Errorf("first ratio after restart = %v, want the enforced 0.8", got)
 	}
 }
+
+func TestTickNamesStaleAggregators(t *testing.T) {
+	s := warmState(t)
+	s.Apply(zoneLoad("agg-b", "b", 1, nil), t0)
+	s.Apply(zoneLoad("agg-a", "a", 1, nil), t0)
+	res := s.Tick(t0.Add(4*time.Second), limits.Empty)
+	if strings.Join(res.Stale, ",") != "agg-a,agg-b" {
+		t.Errorf("stale = %v, want both, sorted", res.Stale)
+	}
+	if res := s.Tick(t0.Add(5*time.Second), limits.Empty); len(res.Stale) != 0 {
+		t.Errorf("stale reported twice: %v", res.Stale)
+	}
+}
