@@ -4,8 +4,13 @@
 // in-memory twin for the demo, the simulator and tests. One conformance suite
 // (historytest) runs against both, so they can not drift apart.
 //
-// Times are UTC. Rates are requests per second. The package imports pgx and
-// the standard library only.
+// Times are UTC. Rates are requests per second, finite and never negative.
+// The store stamps every change (UpdatedAt, CreatedAt, DecidedAt, At) with
+// its clock (WithClock; time.Now by default) at microsecond precision,
+// which is what Postgres keeps. Invalid input is refused with an error that
+// wraps ErrInvalid and names the field, before anything is written.
+//
+// The package imports pgx, the standard library and internal/names only.
 package history
 
 import (
@@ -21,9 +26,10 @@ type Bucket struct {
 }
 
 // MinuteRow is one bucket's load during one minute, as the controller saw it.
+// Rates are finite and >= 0, and PeakOffered >= MeanOffered.
 type MinuteRow struct {
 	Bucket
-	Minute      time.Time // start of the minute, UTC, truncated to the minute
+	Minute      time.Time // start of the minute, truncated to the minute; years 1970 to 9999
 	PeakOffered float64   // highest offered rate of any tick in the minute
 	MeanOffered float64   // mean offered rate over the minute
 	MeanDropped float64   // mean rate of enforced drops over the minute
@@ -114,7 +120,7 @@ const (
 type Proposal struct {
 	ID int64
 	Bucket
-	Current      *float64 // the limit in force when proposed; nil when none
+	Current      *float64 // the limit in force when proposed, as the proposer saw it; nil when none
 	Proposed     float64
 	PeakLookback float64  // peak over the look-back window (default 4 weeks)
 	PeakRecent   float64  // peak over the recent window (default 7 days)
@@ -139,13 +145,15 @@ type AuditEntry struct {
 	Reason string
 }
 
-// Change says who changes something and why; both are required.
+// Change says who changes something and why; both are required (at most
+// MaxActorLen and MaxReasonLen bytes of UTF-8).
 type Change struct {
 	Actor  string
 	Reason string
 }
 
-// Filter selects buckets; empty fields match everything.
+// Filter selects buckets; empty fields match everything. Non-empty fields
+// must be valid service names.
 type Filter struct {
 	Callee string
 	Caller string
@@ -162,55 +170,82 @@ var (
 
 // LoadStore keeps minute rows and their daily rollup.
 type LoadStore interface {
-	// WriteMinutes stores rows in one batch (COPY in Postgres). Writing the
-	// same (bucket, minute) again is idempotent: it never double counts.
+	// WriteMinutes stores rows in one batch (COPY in Postgres), all or
+	// nothing, and adds them to the daily rollup. Writing the same (bucket,
+	// minute) again is idempotent: the first row written for it, in this
+	// batch or an earlier one, stays, and it never double counts. Any
+	// invalid row refuses the whole batch (ErrInvalid naming rows[i]).
 	WriteMinutes(ctx context.Context, rows []MinuteRow) error
 	// Minutes returns one bucket's rows in [from, to), oldest first.
 	Minutes(ctx context.Context, b Bucket, from, to time.Time) ([]MinuteRow, error)
-	// DailyPeaks returns the rollup of the days in [from, to) for the
-	// buckets f selects, sorted by callee, caller, day.
+	// DailyPeaks returns the rollup of the days whose midnight lies in
+	// [from, to) for the buckets f selects, sorted by callee, caller, day.
 	DailyPeaks(ctx context.Context, f Filter, from, to time.Time) ([]DailyPeak, error)
-	// Retain drops minute data older than before (in Postgres, whole daily
-	// partitions) and daily rows older than before, and returns how many
+	// Retain drops every UTC day that ends at or before before: its minute
+	// rows (in Postgres, the day's whole partition) and its daily rows. A
+	// day still in progress at before is kept whole. It returns how many
 	// days of minute data it dropped.
 	Retain(ctx context.Context, before time.Time) (int, error)
 }
 
 // LimitStore keeps limits, proposals and the audit log. Every change to a
 // limit is audited and announced to Changes in the same transaction.
+//
+// Every mutating call needs a Change with an Actor and a Reason; the store
+// sets UpdatedBy, Reason and UpdatedAt (CreatedBy, DecidedBy, …) from it and
+// its clock, ignoring what the argument holds there. A call that changes
+// nothing (SetMode to the mode in force) audits nothing.
 type LimitStore interface {
 	Limits(ctx context.Context) (Limits, error)
-	// SetLimit creates or replaces a bucket's limit (Source and Mode as
-	// given; an empty Mode keeps the current one, or enforce).
+	// SetLimit creates or replaces a bucket's limit, audited as
+	// "set_limit". An empty Source means Manual. An empty Mode keeps the
+	// bucket's current mode; a bucket without a limit takes its callee's
+	// mode (ServiceLimits.Mode), or enforce when the callee has none.
 	SetLimit(ctx context.Context, l BucketLimit, c Change) error
-	// DeleteLimit removes a bucket's limit; ErrNotFound when it has none.
+	// DeleteLimit removes a bucket's limit ("delete_limit"); ErrNotFound
+	// when it has none.
 	DeleteLimit(ctx context.Context, b Bucket, c Change) error
-	// SetService creates or replaces a callee's own settings.
+	// SetService creates or replaces a callee's own settings
+	// ("set_service", with Caller ""). An empty Mode or FailMode keeps the
+	// current one, or enforce and open for a new callee.
 	SetService(ctx context.Context, s ServiceLimits, c Change) error
-	// SetMode switches the mode of the buckets f selects (Caller "" with a
-	// Callee: the callee's own mode and every bucket of it). ErrNotFound
+	// SetMode switches the mode of the limits f selects: bucket limits,
+	// and when f.Caller is "" also the selected callees' own settings
+	// (Caller "" with a Callee: the callee's own mode and every bucket of
+	// it). It returns how many limits it selected, those already in mode m
+	// included, and audits ("set_mode") the ones it changed. ErrNotFound
 	// when f selects nothing.
 	SetMode(ctx context.Context, f Filter, m Mode, c Change) (int, error)
 
 	// Propose stores proposals as pending, superseding pending proposals
-	// for the same buckets, and returns them with their IDs.
+	// for the same buckets (status Superseded, decided by c), audits each
+	// ("propose") and returns them, in order, with their IDs. The caller
+	// sets Bucket, Current, Proposed, PeakLookback, PeakRecent and Flags;
+	// the store sets the rest. Two proposals for one bucket are invalid.
 	Propose(ctx context.Context, ps []Proposal, c Change) ([]Proposal, error)
 	// Proposals returns proposals the filter and statuses select (no
 	// statuses: pending only), sorted by callee, caller, ID.
 	Proposals(ctx context.Context, f Filter, statuses ...ProposalStatus) ([]Proposal, error)
-	// Approve applies pending proposals as derived limits, keeping each
-	// bucket's mode; Reject closes them. Both refuse (ErrNotDecidable) a
-	// proposal that is not pending, changing nothing.
+	// Approve applies pending proposals as derived limits ("approve"),
+	// keeping each bucket's mode (a bucket without a limit takes its
+	// callee's mode, or enforce); Reject closes them ("reject"). Both
+	// return the decided proposals sorted by ID, and both are all or
+	// nothing: an unknown ID is ErrNotFound, a proposal that is not pending
+	// ErrNotDecidable, and then nothing changes. Repeated IDs count once;
+	// no IDs is no change.
 	Approve(ctx context.Context, ids []int64, c Change) ([]Proposal, error)
 	Reject(ctx context.Context, ids []int64, c Change) ([]Proposal, error)
 
-	// Audit returns entries the filter selects since a time, newest first,
-	// at most limit of them (0: all).
+	// Audit returns entries the filter selects with At at or after since,
+	// newest (highest ID) first, at most limit of them (0: all).
 	Audit(ctx context.Context, f Filter, since time.Time, limit int) ([]AuditEntry, error)
 
-	// Changes signals, coalesced, after every committed limit change, until
-	// ctx ends. After a lost connection it signals once more, since changes
-	// may have been missed; readers re-read Limits on every signal.
+	// Changes signals, coalesced, after every committed limit change (the
+	// channel holds at most one pending signal), until ctx ends or the
+	// store is closed; then the channel is closed. A change committed after
+	// Changes returns is always signalled. After a lost connection it
+	// signals once more, since changes may have been missed; readers
+	// re-read Limits on every signal.
 	Changes(ctx context.Context) (<-chan struct{}, error)
 }
 
@@ -218,5 +253,7 @@ type LimitStore interface {
 type Store interface {
 	LoadStore
 	LimitStore
+	// Close ends Changes subscriptions and releases connections. It is
+	// idempotent.
 	Close()
 }

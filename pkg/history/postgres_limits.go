@@ -1,0 +1,609 @@
+package history
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// notifyChannel is the channel limit changes are announced on.
+const notifyChannel = "sluice_limits"
+
+const (
+	selectBucketLimit = `SELECT callee, caller, limit_rps AS "limit", mode, source, updated_by, reason, updated_at FROM bucket_limits`
+	selectService     = `SELECT callee, default_limit, capacity, mode, fail_mode, updated_by, reason, updated_at FROM service_limits`
+	selectProposal    = `SELECT id, callee, caller, current_limit AS current, proposed, peak_lookback, peak_recent, flags, status,
+		created_by, created_at, decided_by, COALESCE(decided_at, '0001-01-01 00:00:00+00') AS decided_at, reason FROM proposals`
+	selectAudit = `SELECT id, at, actor, action, callee, caller, old_value AS old, new_value AS new, reason FROM audit_log`
+)
+
+// Limits implements LimitStore: both tables are read in one snapshot.
+func (p *Postgres) Limits(ctx context.Context) (Limits, error) {
+	var l Limits
+	err := pgx.BeginTxFunc(ctx, p.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, selectService+` ORDER BY callee`)
+		if err != nil {
+			return err
+		}
+		if l.Services, err = pgx.CollectRows(rows, pgx.RowToStructByName[ServiceLimits]); err != nil {
+			return err
+		}
+		rows, err = tx.Query(ctx, selectBucketLimit+` ORDER BY callee, caller`)
+		if err != nil {
+			return err
+		}
+		l.Buckets, err = pgx.CollectRows(rows, pgx.RowToStructByName[BucketLimit])
+		return err
+	})
+	if err != nil {
+		return Limits{}, fmt.Errorf("read limits: %w", err)
+	}
+	return nonNilLimits(l), nil
+}
+
+// nonNilLimits makes empty lists nil, as Memory returns them.
+func nonNilLimits(l Limits) Limits {
+	if len(l.Services) == 0 {
+		l.Services = nil
+	}
+	if len(l.Buckets) == 0 {
+		l.Buckets = nil
+	}
+	return l
+}
+
+// change runs fn in a transaction that holds the limits lock, so that
+// changes, and the old values their audit entries show, are serialised.
+// now is read under the lock, so audit times rise with audit IDs. When fn
+// reports a limit change, it is announced in the same transaction:
+// listeners hear of it when, and only if, it commits.
+func (p *Postgres) change(ctx context.Context, what string, fn func(tx pgx.Tx, now time.Time) (changed bool, err error)) error {
+	err := pgx.BeginFunc(ctx, p.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1, $2)`, lockNamespace, lockLimits); err != nil {
+			return err
+		}
+		changed, err := fn(tx, p.opts.clock())
+		if err != nil || !changed {
+			return err
+		}
+		_, err = tx.Exec(ctx, `SELECT pg_notify($1, $2)`, notifyChannel, what)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	return nil
+}
+
+// bucketLimits reads the limits of buckets that have one.
+func bucketLimits(ctx context.Context, tx pgx.Tx, bs []Bucket) (map[Bucket]BucketLimit, error) {
+	callees, callers := splitBuckets(bs)
+	rows, err := tx.Query(ctx, selectBucketLimit+`
+		WHERE (callee, caller) IN (SELECT * FROM unnest($1::text[], $2::text[]))`, callees, callers)
+	if err != nil {
+		return nil, err
+	}
+	ls, err := pgx.CollectRows(rows, pgx.RowToStructByName[BucketLimit])
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[Bucket]BucketLimit, len(ls))
+	for _, l := range ls {
+		out[l.Bucket] = l
+	}
+	return out, nil
+}
+
+// serviceModes reads the modes of callees that have settings.
+func serviceModes(ctx context.Context, tx pgx.Tx, callees []string) (map[string]Mode, error) {
+	rows, err := tx.Query(ctx, `SELECT callee, mode FROM service_limits WHERE callee = ANY($1)`, callees)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]Mode{}
+	var callee string
+	var mode Mode
+	_, err = pgx.ForEachRow(rows, []any{&callee, &mode}, func() error {
+		out[callee] = mode
+		return nil
+	})
+	return out, err
+}
+
+// modesFor is the mode each bucket's limit gets when none is given: its
+// own, else its callee's, else enforce.
+func modesFor(ctx context.Context, tx pgx.Tx, bs []Bucket, current map[Bucket]BucketLimit) (map[Bucket]Mode, error) {
+	var callees []string
+	for _, b := range bs {
+		callees = append(callees, b.Callee)
+	}
+	svc, err := serviceModes(ctx, tx, callees)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[Bucket]Mode, len(bs))
+	for _, b := range bs {
+		switch l, ok := current[b]; {
+		case ok:
+			out[b] = l.Mode
+		case svc[b.Callee] != "":
+			out[b] = svc[b.Callee]
+		default:
+			out[b] = Enforce
+		}
+	}
+	return out, nil
+}
+
+func splitBuckets(bs []Bucket) (callees, callers []string) {
+	callees, callers = make([]string, len(bs)), make([]string, len(bs))
+	for i, b := range bs {
+		callees[i], callers[i] = b.Callee, b.Caller
+	}
+	return callees, callers
+}
+
+// upsertLimits writes bucket limits, replacing existing ones.
+func upsertLimits(ctx context.Context, tx pgx.Tx, ls []BucketLimit) error {
+	n := len(ls)
+	callees, callers, modes, sources := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	limits, by, reasons, at := make([]float64, n), make([]string, n), make([]string, n), make([]time.Time, n)
+	for i, l := range ls {
+		callees[i], callers[i], limits[i], modes[i], sources[i] = l.Callee, l.Caller, l.Limit, string(l.Mode), string(l.Source)
+		by[i], reasons[i], at[i] = l.UpdatedBy, l.Reason, l.UpdatedAt
+	}
+	_, err := tx.Exec(ctx, `
+		INSERT INTO bucket_limits (callee, caller, limit_rps, mode, source, updated_by, reason, updated_at)
+		SELECT * FROM unnest($1::text[], $2::text[], $3::float8[], $4::text[], $5::text[], $6::text[], $7::text[], $8::timestamptz[])
+		ON CONFLICT (callee, caller) DO UPDATE SET
+			limit_rps = excluded.limit_rps, mode = excluded.mode, source = excluded.source,
+			updated_by = excluded.updated_by, reason = excluded.reason, updated_at = excluded.updated_at`,
+		callees, callers, limits, modes, sources, by, reasons, at)
+	return err
+}
+
+var auditColumns = []string{"at", "actor", "action", "callee", "caller", "old_value", "new_value", "reason"}
+
+// insertAudit appends entries, in order, so that IDs follow it.
+func insertAudit(ctx context.Context, tx pgx.Tx, entries []AuditEntry) error {
+	if len(entries) == 0 {
+		return nil
+	}
+	_, err := tx.CopyFrom(ctx, pgx.Identifier{"audit_log"}, auditColumns,
+		pgx.CopyFromSlice(len(entries), func(i int) ([]any, error) {
+			e := &entries[i]
+			return []any{e.At, e.Actor, e.Action, e.Callee, e.Caller, e.Old, e.New, e.Reason}, nil
+		}))
+	if err != nil {
+		return fmt.Errorf("audit: %w", err)
+	}
+	return nil
+}
+
+func auditEntry(now time.Time, c Change, action string, b Bucket, old, new string) AuditEntry {
+	return AuditEntry{At: now, Actor: c.Actor, Action: action, Bucket: b, Old: old, New: new, Reason: c.Reason}
+}
+
+// SetLimit implements LimitStore.
+func (p *Postgres) SetLimit(ctx context.Context, l BucketLimit, c Change) error {
+	if err := checkChange(c); err != nil {
+		return err
+	}
+	if err := checkBucketLimit(l); err != nil {
+		return err
+	}
+	if l.Source == "" {
+		l.Source = Manual
+	}
+	return p.change(ctx, "set_limit", func(tx pgx.Tx, now time.Time) (bool, error) {
+		l := l
+		bs := []Bucket{l.Bucket}
+		current, err := bucketLimits(ctx, tx, bs)
+		if err != nil {
+			return false, err
+		}
+		if l.Mode == "" {
+			modes, err := modesFor(ctx, tx, bs, current)
+			if err != nil {
+				return false, err
+			}
+			l.Mode = modes[l.Bucket]
+		}
+		l.UpdatedBy, l.Reason, l.UpdatedAt = c.Actor, c.Reason, now
+		if err := upsertLimits(ctx, tx, []BucketLimit{l}); err != nil {
+			return false, err
+		}
+		var old string
+		if o, ok := current[l.Bucket]; ok {
+			old = renderLimit(o)
+		}
+		return true, insertAudit(ctx, tx, []AuditEntry{auditEntry(now, c, "set_limit", l.Bucket, old, renderLimit(l))})
+	})
+}
+
+// DeleteLimit implements LimitStore.
+func (p *Postgres) DeleteLimit(ctx context.Context, b Bucket, c Change) error {
+	if err := checkChange(c); err != nil {
+		return err
+	}
+	if err := checkBucket("bucket.", b); err != nil {
+		return err
+	}
+	return p.change(ctx, "delete_limit", func(tx pgx.Tx, now time.Time) (bool, error) {
+		rows, err := tx.Query(ctx, `DELETE FROM bucket_limits WHERE callee = $1 AND caller = $2
+			RETURNING callee, caller, limit_rps AS "limit", mode, source, updated_by, reason, updated_at`, b.Callee, b.Caller)
+		if err != nil {
+			return false, err
+		}
+		old, err := pgx.CollectOneRow(rows, pgx.RowToStructByName[BucketLimit])
+		if errors.Is(err, pgx.ErrNoRows) {
+			return false, fmt.Errorf("%s/%s: %w", b.Callee, b.Caller, ErrNotFound)
+		}
+		if err != nil {
+			return false, err
+		}
+		return true, insertAudit(ctx, tx, []AuditEntry{auditEntry(now, c, "delete_limit", b, renderLimit(old), "")})
+	})
+}
+
+// SetService implements LimitStore.
+func (p *Postgres) SetService(ctx context.Context, s ServiceLimits, c Change) error {
+	if err := checkChange(c); err != nil {
+		return err
+	}
+	if err := checkServiceLimits(s); err != nil {
+		return err
+	}
+	return p.change(ctx, "set_service", func(tx pgx.Tx, now time.Time) (bool, error) {
+		s := copyService(s)
+		rows, err := tx.Query(ctx, selectService+` WHERE callee = $1`, s.Callee)
+		if err != nil {
+			return false, err
+		}
+		o, err := pgx.CollectOneRow(rows, pgx.RowToStructByName[ServiceLimits])
+		had := err == nil
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return false, err
+		}
+		var old string
+		if had {
+			old = renderService(o)
+		}
+		s.Mode = cmp.Or(s.Mode, o.Mode, Enforce)
+		s.FailMode = cmp.Or(s.FailMode, o.FailMode, FailOpen)
+		s.UpdatedBy, s.Reason, s.UpdatedAt = c.Actor, c.Reason, now
+		_, err = tx.Exec(ctx, `
+			INSERT INTO service_limits (callee, default_limit, capacity, mode, fail_mode, updated_by, reason, updated_at)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+			ON CONFLICT (callee) DO UPDATE SET
+				default_limit = excluded.default_limit, capacity = excluded.capacity, mode = excluded.mode,
+				fail_mode = excluded.fail_mode, updated_by = excluded.updated_by, reason = excluded.reason,
+				updated_at = excluded.updated_at`,
+			s.Callee, s.DefaultLimit, s.Capacity, string(s.Mode), string(s.FailMode), s.UpdatedBy, s.Reason, s.UpdatedAt)
+		if err != nil {
+			return false, err
+		}
+		return true, insertAudit(ctx, tx, []AuditEntry{auditEntry(now, c, "set_service", Bucket{Callee: s.Callee}, old, renderService(s))})
+	})
+}
+
+// SetMode implements LimitStore.
+func (p *Postgres) SetMode(ctx context.Context, f Filter, m Mode, c Change) (int, error) {
+	if err := checkChange(c); err != nil {
+		return 0, err
+	}
+	if err := checkFilter(f); err != nil {
+		return 0, err
+	}
+	if err := checkMode("mode", m, false); err != nil {
+		return 0, err
+	}
+	var selected int
+	err := p.change(ctx, "set_mode", func(tx pgx.Tx, now time.Time) (bool, error) {
+		selected = 0
+		var audit []AuditEntry
+		type row struct {
+			Callee, Caller string
+			Mode           Mode
+		}
+		// Services first, then buckets, each in key order: Memory audits in
+		// the same order.
+		if f.Caller == "" {
+			sql, args := filterSQL(`SELECT callee, '' AS caller, mode FROM service_limits WHERE true`, nil, f, "callee", "")
+			rows, err := tx.Query(ctx, sql+` ORDER BY callee FOR UPDATE`, args...)
+			if err != nil {
+				return false, err
+			}
+			svcs, err := pgx.CollectRows(rows, pgx.RowToStructByName[row])
+			if err != nil {
+				return false, err
+			}
+			selected += len(svcs)
+			var changed []string
+			for _, s := range svcs {
+				if s.Mode != m {
+					changed = append(changed, s.Callee)
+					audit = append(audit, auditEntry(now, c, "set_mode", Bucket{Callee: s.Callee}, string(s.Mode), string(m)))
+				}
+			}
+			if _, err := tx.Exec(ctx, `UPDATE service_limits SET mode = $1, updated_by = $2, reason = $3, updated_at = $4
+				WHERE callee = ANY($5)`, string(m), c.Actor, c.Reason, now, changed); err != nil {
+				return false, err
+			}
+		}
+		sql, args := filterSQL(`SELECT callee, caller, mode FROM bucket_limits WHERE true`, nil, f, "callee", "caller")
+		rows, err := tx.Query(ctx, sql+` ORDER BY callee, caller FOR UPDATE`, args...)
+		if err != nil {
+			return false, err
+		}
+		bs, err := pgx.CollectRows(rows, pgx.RowToStructByName[row])
+		if err != nil {
+			return false, err
+		}
+		selected += len(bs)
+		if selected == 0 {
+			return false, fmt.Errorf("%s: %w", f, ErrNotFound)
+		}
+		var changed []Bucket
+		for _, b := range bs {
+			if b.Mode != m {
+				bk := Bucket{b.Callee, b.Caller}
+				changed = append(changed, bk)
+				audit = append(audit, auditEntry(now, c, "set_mode", bk, string(b.Mode), string(m)))
+			}
+		}
+		callees, callers := splitBuckets(changed)
+		if _, err := tx.Exec(ctx, `UPDATE bucket_limits SET mode = $1, updated_by = $2, reason = $3, updated_at = $4
+			WHERE (callee, caller) IN (SELECT * FROM unnest($5::text[], $6::text[]))`,
+			string(m), c.Actor, c.Reason, now, callees, callers); err != nil {
+			return false, err
+		}
+		return len(audit) > 0, insertAudit(ctx, tx, audit)
+	})
+	if err != nil {
+		return 0, err
+	}
+	return selected, nil
+}
+
+// Propose implements LimitStore.
+func (p *Postgres) Propose(ctx context.Context, ps []Proposal, c Change) ([]Proposal, error) {
+	if err := checkChange(c); err != nil {
+		return nil, err
+	}
+	if err := checkProposals(ps); err != nil {
+		return nil, err
+	}
+	if len(ps) == 0 {
+		return nil, nil
+	}
+	var out []Proposal
+	err := p.change(ctx, "propose", func(tx pgx.Tx, now time.Time) (bool, error) {
+		n := len(ps)
+		callees, callers := make([]string, n), make([]string, n)
+		current, proposed, lookback, recent := make([]*float64, n), make([]float64, n), make([]float64, n), make([]float64, n)
+		flags := make([][]string, n)
+		for i, p := range ps {
+			callees[i], callers[i], current[i] = p.Callee, p.Caller, p.Current
+			proposed[i], lookback[i], recent[i] = p.Proposed, p.PeakLookback, p.PeakRecent
+			flags[i] = p.Flags
+			if flags[i] == nil {
+				flags[i] = []string{}
+			}
+		}
+		if _, err := tx.Exec(ctx, `
+			UPDATE proposals SET status = 'superseded', decided_by = $1, decided_at = $2, reason = $3
+			WHERE status = 'pending' AND (callee, caller) IN (SELECT * FROM unnest($4::text[], $5::text[]))`,
+			c.Actor, now, c.Reason, callees, callers); err != nil {
+			return false, err
+		}
+		// Flags travel as one JSON array of arrays: Postgres arrays must be
+		// rectangular, and flag lists are not.
+		rows, err := tx.Query(ctx, `
+			INSERT INTO proposals (callee, caller, current_limit, proposed, peak_lookback, peak_recent, flags,
+				status, created_by, created_at)
+			SELECT u.callee, u.caller, u.cur, u.proposed, u.lookback, u.recent,
+				ARRAY(SELECT jsonb_array_elements_text(f.flags -> (u.ord::int - 1))),
+				'pending', $8, $9
+			FROM unnest($1::text[], $2::text[], $3::float8[], $4::float8[], $5::float8[], $6::float8[])
+				WITH ORDINALITY AS u(callee, caller, cur, proposed, lookback, recent, ord),
+				(SELECT $7::jsonb AS flags) AS f
+			ORDER BY u.ord
+			RETURNING `+proposalColumns, callees, callers, current, proposed, lookback, recent, flags, c.Actor, now)
+		if err != nil {
+			return false, err
+		}
+		got, err := pgx.CollectRows(rows, pgx.RowToStructByName[Proposal])
+		if err != nil {
+			return false, err
+		}
+		slices.SortFunc(got, func(a, b Proposal) int { return cmp.Compare(a.ID, b.ID) }) // IDs follow ORDER BY ord
+		audit := make([]AuditEntry, len(got))
+		for i := range got {
+			got[i] = normalizeProposal(got[i])
+			old := ""
+			if got[i].Current != nil {
+				old = renderRate(*got[i].Current)
+			}
+			audit[i] = auditEntry(now, c, "propose", got[i].Bucket, old, renderProposal(got[i]))
+		}
+		out = got
+		return false, insertAudit(ctx, tx, audit) // proposals change no limit: nothing to announce
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// proposalColumns are selectProposal's columns, for RETURNING.
+const proposalColumns = `id, callee, caller, current_limit AS current, proposed, peak_lookback, peak_recent, flags, status,
+	created_by, created_at, decided_by, COALESCE(decided_at, '0001-01-01 00:00:00+00') AS decided_at, reason`
+
+// normalizeProposal: no flags is nil, and a zero DecidedAt is time.Time{}.
+func normalizeProposal(p Proposal) Proposal {
+	if len(p.Flags) == 0 {
+		p.Flags = nil
+	}
+	if p.DecidedAt.IsZero() {
+		p.DecidedAt = time.Time{}
+	}
+	return p
+}
+
+// Proposals implements LimitStore.
+func (p *Postgres) Proposals(ctx context.Context, f Filter, statuses ...ProposalStatus) ([]Proposal, error) {
+	if err := checkFilter(f); err != nil {
+		return nil, err
+	}
+	statuses, err := checkStatuses(statuses)
+	if err != nil {
+		return nil, err
+	}
+	st := make([]string, len(statuses))
+	for i, s := range statuses {
+		st[i] = string(s)
+	}
+	sql, args := filterSQL(selectProposal+` WHERE status = ANY($1)`, []any{st}, f, "callee", "caller")
+	rows, err := p.pool.Query(ctx, sql+` ORDER BY callee, caller, id`, args...)
+	if err != nil {
+		return nil, fmt.Errorf("read proposals: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowToStructByName[Proposal])
+	if err != nil {
+		return nil, fmt.Errorf("read proposals: %w", err)
+	}
+	for i := range out {
+		out[i] = normalizeProposal(out[i])
+	}
+	if len(out) == 0 {
+		out = nil
+	}
+	return out, nil
+}
+
+// Approve implements LimitStore.
+func (p *Postgres) Approve(ctx context.Context, ids []int64, c Change) ([]Proposal, error) {
+	return p.decide(ctx, ids, c, Approved)
+}
+
+// Reject implements LimitStore.
+func (p *Postgres) Reject(ctx context.Context, ids []int64, c Change) ([]Proposal, error) {
+	return p.decide(ctx, ids, c, Rejected)
+}
+
+func (p *Postgres) decide(ctx context.Context, ids []int64, c Change, to ProposalStatus) ([]Proposal, error) {
+	if err := checkChange(c); err != nil {
+		return nil, err
+	}
+	ids = uniqueIDs(ids)
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	var out []Proposal
+	what := map[ProposalStatus]string{Approved: "approve", Rejected: "reject"}[to]
+	err := p.change(ctx, what, func(tx pgx.Tx, now time.Time) (bool, error) {
+		rows, err := tx.Query(ctx, selectProposal+` WHERE id = ANY($1) ORDER BY id FOR UPDATE`, ids)
+		if err != nil {
+			return false, err
+		}
+		ps, err := pgx.CollectRows(rows, pgx.RowToStructByName[Proposal])
+		if err != nil {
+			return false, err
+		}
+		// Check every ID before changing anything: all or nothing.
+		var missing, closed []int64
+		for _, id := range ids {
+			i := slices.IndexFunc(ps, func(p Proposal) bool { return p.ID == id })
+			switch {
+			case i < 0:
+				missing = append(missing, id)
+			case ps[i].Status != Pending:
+				closed = append(closed, id)
+			}
+		}
+		if err := decideErr(to, missing, closed); err != nil {
+			return false, err
+		}
+		if _, err := tx.Exec(ctx, `UPDATE proposals SET status = $1, decided_by = $2, decided_at = $3, reason = $4
+			WHERE id = ANY($5)`, string(to), c.Actor, now, c.Reason, ids); err != nil {
+			return false, err
+		}
+		audit := make([]AuditEntry, len(ps))
+		for i := range ps {
+			ps[i] = normalizeProposal(ps[i])
+			ps[i].Status, ps[i].DecidedBy, ps[i].DecidedAt, ps[i].Reason = to, c.Actor, now, c.Reason
+			audit[i] = auditEntry(now, c, "reject", ps[i].Bucket, renderProposal(ps[i]), "rejected")
+		}
+		out = ps
+		if to == Rejected {
+			return false, insertAudit(ctx, tx, audit) // no limit changed: nothing to announce
+		}
+
+		bs := make([]Bucket, len(ps))
+		for i, p := range ps {
+			bs[i] = p.Bucket
+		}
+		current, err := bucketLimits(ctx, tx, bs)
+		if err != nil {
+			return false, err
+		}
+		modes, err := modesFor(ctx, tx, bs, current)
+		if err != nil {
+			return false, err
+		}
+		ls := make([]BucketLimit, len(ps))
+		for i, p := range ps {
+			ls[i] = BucketLimit{
+				Bucket: p.Bucket, Limit: p.Proposed, Mode: modes[p.Bucket], Source: Derived,
+				UpdatedBy: c.Actor, Reason: c.Reason, UpdatedAt: now,
+			}
+			var old string
+			if o, ok := current[p.Bucket]; ok {
+				old = renderLimit(o)
+			}
+			audit[i] = auditEntry(now, c, "approve", p.Bucket, old, renderLimit(ls[i]))
+		}
+		if err := upsertLimits(ctx, tx, ls); err != nil {
+			return false, err
+		}
+		return true, insertAudit(ctx, tx, audit)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// Audit implements LimitStore.
+func (p *Postgres) Audit(ctx context.Context, f Filter, since time.Time, limit int) ([]AuditEntry, error) {
+	if err := checkFilter(f); err != nil {
+		return nil, err
+	}
+	if limit < 0 {
+		return nil, invalid("limit", "%d is negative", limit)
+	}
+	sql, args := filterSQL(selectAudit+` WHERE at >= $1`, []any{since}, f, "callee", "caller")
+	sql += ` ORDER BY id DESC`
+	if limit > 0 {
+		args = append(args, limit)
+		sql += fmt.Sprintf(` LIMIT $%d`, len(args))
+	}
+	rows, err := p.pool.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, fmt.Errorf("read audit log: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowToStructByName[AuditEntry])
+	if err != nil {
+		return nil, fmt.Errorf("read audit log: %w", err)
+	}
+	if len(out) == 0 {
+		out = nil
+	}
+	return out, nil
+}

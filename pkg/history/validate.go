@@ -1,0 +1,262 @@
+package history
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/sluicehq/sluice/internal/names"
+)
+
+// Bounds on free text, so that the audit log stays readable and a bad
+// client can not fill it.
+const (
+	MaxActorLen  = 256
+	MaxReasonLen = 4096
+	MaxFlagLen   = 256
+)
+
+// Minutes outside these years are a bug upstream, and partition names have
+// four-digit years.
+var (
+	minMinute = time.Date(1970, 1, 1, 0, 0, 0, 0, time.UTC)
+	maxMinute = time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)
+)
+
+// invalid builds an error that wraps ErrInvalid and names the field.
+func invalid(field, format string, args ...any) error {
+	return fmt.Errorf("%w: %s: %s", ErrInvalid, field, fmt.Sprintf(format, args...))
+}
+
+func checkName(field, s string) error {
+	if err := names.Check(s); err != nil {
+		return invalid(field, "%v", err)
+	}
+	return nil
+}
+
+func checkBucket(field string, b Bucket) error {
+	if err := checkName(field+"callee", b.Callee); err != nil {
+		return err
+	}
+	return checkName(field+"caller", b.Caller)
+}
+
+// checkFilter allows empty fields (match all) and valid names.
+func checkFilter(f Filter) error {
+	if f.Callee != "" {
+		if err := checkName("filter.callee", f.Callee); err != nil {
+			return err
+		}
+	}
+	if f.Caller != "" {
+		return checkName("filter.caller", f.Caller)
+	}
+	return nil
+}
+
+// checkRate: rates are finite and never negative.
+func checkRate(field string, v float64) error {
+	switch {
+	case math.IsNaN(v):
+		return invalid(field, "NaN is not a rate")
+	case math.IsInf(v, 0):
+		return invalid(field, "%v is not a finite rate", v)
+	case v < 0:
+		return invalid(field, "rate %v is negative", v)
+	}
+	return nil
+}
+
+func checkOptRate(field string, v *float64) error {
+	if v == nil {
+		return nil
+	}
+	return checkRate(field, *v)
+}
+
+// checkText: free text Postgres can store (valid UTF-8, no NUL bytes), so
+// that both stores accept the same input.
+func checkText(field, s string, max int, required bool) error {
+	switch {
+	case required && strings.TrimSpace(s) == "":
+		return invalid(field, "required")
+	case len(s) > max:
+		return invalid(field, "%d bytes is longer than %d", len(s), max)
+	case !utf8.ValidString(s):
+		return invalid(field, "not valid UTF-8")
+	case strings.IndexByte(s, 0) >= 0:
+		return invalid(field, "contains a NUL byte")
+	}
+	return nil
+}
+
+func checkChange(c Change) error {
+	if err := checkText("change.actor", c.Actor, MaxActorLen, true); err != nil {
+		return err
+	}
+	return checkText("change.reason", c.Reason, MaxReasonLen, true)
+}
+
+func checkMode(field string, m Mode, emptyOK bool) error {
+	if m == Enforce || m == Shadow || (emptyOK && m == "") {
+		return nil
+	}
+	return invalid(field, "mode %q is neither %q nor %q", m, Enforce, Shadow)
+}
+
+func checkFailMode(field string, m FailMode) error {
+	switch m {
+	case "", FailOpen, FailHold, FailLocal:
+		return nil
+	}
+	return invalid(field, "fail mode %q is not one of %q, %q, %q", m, FailOpen, FailHold, FailLocal)
+}
+
+func checkSource(field string, s Source) error {
+	switch s {
+	case "", Manual, Derived:
+		return nil
+	}
+	return invalid(field, "source %q is neither %q nor %q", s, Manual, Derived)
+}
+
+func checkStatus(field string, s ProposalStatus) error {
+	switch s {
+	case Pending, Approved, Rejected, Superseded:
+		return nil
+	}
+	return invalid(field, "status %q is not one of pending, approved, rejected, superseded", s)
+}
+
+// checkMinutes validates a batch of minute rows; the error names the first
+// bad row.
+func checkMinutes(rows []MinuteRow) error {
+	for i := range rows {
+		if err := checkMinute(fmt.Sprintf("rows[%d].", i), &rows[i]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func checkMinute(field string, r *MinuteRow) error {
+	if err := checkBucket(field, r.Bucket); err != nil {
+		return err
+	}
+	switch m := r.Minute; {
+	case !m.Equal(m.Truncate(time.Minute)):
+		return invalid(field+"minute", "%v is not the start of a minute", m)
+	case m.Before(minMinute) || !m.Before(maxMinute):
+		return invalid(field+"minute", "%v is outside the years 1970 to 9999", m)
+	}
+	for _, f := range []struct {
+		name string
+		v    float64
+	}{{"peak_offered", r.PeakOffered}, {"mean_offered", r.MeanOffered}, {"mean_dropped", r.MeanDropped}} {
+		if err := checkRate(field+f.name, f.v); err != nil {
+			return err
+		}
+	}
+	if r.PeakOffered < r.MeanOffered {
+		return invalid(field+"peak_offered", "peak %v is below the mean %v", r.PeakOffered, r.MeanOffered)
+	}
+	return nil
+}
+
+func checkBucketLimit(l BucketLimit) error {
+	if err := checkBucket("limit.", l.Bucket); err != nil {
+		return err
+	}
+	if err := checkRate("limit.limit", l.Limit); err != nil {
+		return err
+	}
+	if err := checkMode("limit.mode", l.Mode, true); err != nil {
+		return err
+	}
+	return checkSource("limit.source", l.Source)
+}
+
+func checkServiceLimits(s ServiceLimits) error {
+	if err := checkName("service.callee", s.Callee); err != nil {
+		return err
+	}
+	if err := checkOptRate("service.default_limit", s.DefaultLimit); err != nil {
+		return err
+	}
+	if err := checkOptRate("service.capacity", s.Capacity); err != nil {
+		return err
+	}
+	if err := checkMode("service.mode", s.Mode, true); err != nil {
+		return err
+	}
+	return checkFailMode("service.fail_mode", s.FailMode)
+}
+
+// checkProposals validates what Propose's caller sets, and that no bucket
+// has two proposals.
+func checkProposals(ps []Proposal) error {
+	seen := make(map[Bucket]int, len(ps))
+	for i, p := range ps {
+		field := fmt.Sprintf("proposals[%d].", i)
+		if err := checkBucket(field, p.Bucket); err != nil {
+			return err
+		}
+		if j, dup := seen[p.Bucket]; dup {
+			return invalid(field+"bucket", "%s/%s already has proposals[%d]", p.Callee, p.Caller, j)
+		}
+		seen[p.Bucket] = i
+		if err := checkOptRate(field+"current", p.Current); err != nil {
+			return err
+		}
+		for _, f := range []struct {
+			name string
+			v    float64
+		}{{"proposed", p.Proposed}, {"peak_lookback", p.PeakLookback}, {"peak_recent", p.PeakRecent}} {
+			if err := checkRate(field+f.name, f.v); err != nil {
+				return err
+			}
+		}
+		for j, flag := range p.Flags {
+			if err := checkText(fmt.Sprintf("%sflags[%d]", field, j), flag, MaxFlagLen, true); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func checkStatuses(statuses []ProposalStatus) ([]ProposalStatus, error) {
+	if len(statuses) == 0 {
+		return []ProposalStatus{Pending}, nil
+	}
+	for i, s := range statuses {
+		if err := checkStatus(fmt.Sprintf("statuses[%d]", i), s); err != nil {
+			return nil, err
+		}
+	}
+	return statuses, nil
+}
+
+// uniqueIDs returns ids without repeats, sorted.
+func uniqueIDs(ids []int64) []int64 {
+	out := append([]int64(nil), ids...)
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// days: the UTC midnights D with from <= D < to are exactly those with
+// ceilDay(from) <= D < ceilDay(to).
+func ceilDay(t time.Time) time.Time {
+	d := t.UTC().Truncate(24 * time.Hour) // UTC midnight: the zero time is one
+	if d.Before(t) {
+		d = d.Add(24 * time.Hour)
+	}
+	return d
+}
+
+// dayOf is the UTC midnight starting t's day.
+func dayOf(t time.Time) time.Time { return t.UTC().Truncate(24 * time.Hour) }
