@@ -15,6 +15,7 @@ build: ## build every binary into bin/
 	$(GO) build -o bin/ $(addprefix ./cmd/,$(BINS))
 
 test: ## what CI runs: formatting, vet, and every test with the race detector
+	@bash scripts/ensure-postgres.sh
 	@test -z "$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))" || { echo "gofmt needed on:"; gofmt -l .; exit 1; }
 	$(GO) vet $(PKGS)
 	$(GO) test -race -count=1 $$($(GO) list $(PKGS) | grep -v /e2e)
@@ -23,6 +24,7 @@ test: ## what CI runs: formatting, vet, and every test with the race detector
 	$(GO) test -race -count=1 ./e2e
 
 test-short: ## quick local loop: skips the long end-to-end tests
+	@bash scripts/ensure-postgres.sh
 	$(GO) test -short $(PKGS)
 
 bench: ## benchmarks recorded in docs/benchmarks.md

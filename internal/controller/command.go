@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"time"
@@ -15,10 +16,14 @@ import (
 	"github.com/sluicehq/sluice/internal/cli"
 	"github.com/sluicehq/sluice/internal/limits"
 	"github.com/sluicehq/sluice/internal/process"
+	"github.com/sluicehq/sluice/pkg/history"
 )
 
 // Flags are the controller binary's settings beyond Config.
 type Flags struct {
+	DatabaseURL     string
+	LimitsResync    time.Duration
+	Recorder        RecorderConfig
 	GRPCAddr        string
 	AdminAddr       string
 	LimitsFile      string
@@ -31,7 +36,7 @@ type Flags struct {
 // Command is the controller binary: `controller` runs the service.
 func Command() *cobra.Command {
 	cfg := DefaultConfig()
-	fl := Flags{}
+	fl := Flags{Recorder: DefaultRecorderConfig()}
 	cmd := &cobra.Command{
 		Use:   "controller",
 		Short: "sluice global controller: zone loads in, drop ratios out over xDS",
@@ -61,7 +66,33 @@ or in the --config file; flags win over the environment, the environment over th
 
 			var src limits.Source = limits.Static{}
 			var workers []func(context.Context) error
-			if fl.LimitsFile != "" {
+			var flush []func(context.Context) error
+			var recorder *Recorder
+			if fl.DatabaseURL != "" && fl.LimitsFile != "" {
+				return errors.New("invalid configuration:\n--database-url and --limits exclude each other: limits come from one place")
+			}
+			if fl.DatabaseURL != "" {
+				db, err := history.Open(cmd.Context(), fl.DatabaseURL, history.WithLogger(log))
+				if err != nil {
+					return fmt.Errorf("open the history database: %w", err)
+				}
+				defer db.Close()
+				store := limits.NewStore(db, fl.LimitsResync, log)
+				reloadErrors := prometheus.NewCounter(prometheus.CounterOpts{
+					Name: "sluice_controller_limits_reload_errors_total",
+					Help: "Reads of the limits that failed; the last limits read stay in force.",
+				})
+				reg.MustRegister(reloadErrors)
+				store.OnReload = func(err error) {
+					if err != nil {
+						reloadErrors.Inc()
+					}
+				}
+				src = store
+				recorder = NewRecorder(fl.Recorder, db, log, reg)
+				workers = append(workers, store.Run, recorder.Run)
+				flush = append(flush, recorder.Flush)
+			} else if fl.LimitsFile != "" {
 				f, err := limits.LoadFile(fl.LimitsFile, fl.LimitsReload, log)
 				if err != nil {
 					return err
@@ -86,6 +117,9 @@ or in the --config file; flags win over the environment, the environment over th
 			if err != nil {
 				return err
 			}
+			if recorder != nil {
+				svc.RecordTo(recorder)
+			}
 			g := grpc.NewServer(grpc.MaxRecvMsgSize(64 << 20))
 			svc.Register(g)
 			adm := admin.New(reg, svc.Ready)
@@ -96,6 +130,7 @@ or in the --config file; flags win over the environment, the environment over th
 				GRPC: g, GRPCAddr: fl.GRPCAddr,
 				Workers:         append(workers, svc.Run),
 				Drain:           []func(){svc.Drain},
+				Flush:           flush,
 				DrainDelay:      fl.DrainDelay,
 				ShutdownTimeout: fl.ShutdownTimeout,
 			}
@@ -107,6 +142,10 @@ or in the --config file; flags win over the environment, the environment over th
 	f.StringVar(&fl.GRPCAddr, "grpc-addr", ":18000", "address for zone-load streams from aggregators and xDS from sidecars")
 	f.StringVar(&fl.AdminAddr, "admin-addr", ":19000", "address for /metrics, /healthz, /readyz, /debug/sluice/policies")
 	f.StringVar(&fl.LimitsFile, "limits", "", "YAML file of limits per callee and caller (see README); re-read when it changes")
+	f.StringVar(&fl.DatabaseURL, "database-url", "", "Postgres URL of the history store: limits come from it (instead of --limits) and minute rows go to it")
+	f.DurationVar(&fl.LimitsResync, "limits-resync", time.Minute, "with --database-url: re-read every limit this often, besides on every change notification")
+	f.IntVar(&fl.Recorder.MaxBuffered, "history-buffer", fl.Recorder.MaxBuffered, "with --database-url: minute rows held while Postgres is slow or away; the oldest are dropped beyond it")
+	f.DurationVar(&fl.Recorder.Retention, "history-retention", fl.Recorder.Retention, "with --database-url: minute history older than this is dropped, a day at a time; 0 keeps everything")
 	f.DurationVar(&fl.LimitsReload, "limits-reload", 5*time.Second, "how often to check the limits file for changes; 0 turns reloading off")
 	f.DurationVar(&fl.DrainDelay, "drain-delay", 0, "on shutdown, how long to keep serving after /readyz turns 503")
 	f.DurationVar(&fl.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "bound on each shutdown step")
@@ -122,5 +161,44 @@ or in the --config file; flags win over the environment, the environment over th
 	f.Float64Var(&cfg.Law.MinRate, "min-rate", cfg.Law.MinRate, "offered rps below which a caller is never dropped")
 	f.Float64Var(&cfg.Law.ReleaseRate, "release-rate", cfg.Law.ReleaseRate, "slow release: factor by which a caller's admitted share may grow per second, > 1")
 	fl.Logging.AddFlags(f)
+	cmd.AddCommand(MigrateCommand("controller"))
+	return cmd
+}
+
+// MigrateCommand applies the history store's embedded migrations: an
+// explicit step, so that a binary never changes a schema by surprise. The
+// controller and the configurator both have it.
+func MigrateCommand(binary string) *cobra.Command {
+	var url string
+	cmd := &cobra.Command{
+		Use:   "migrate",
+		Short: "apply the history database's schema migrations (forward only, idempotent)",
+		Long: `migrate applies the SQL migrations embedded in this binary to the Postgres
+database at --database-url, in order, each in its own transaction, under an
+advisory lock so that two migrators at once are safe. Applied migrations are
+recorded; running it again changes nothing.`,
+		Args:         cobra.NoArgs,
+		SilenceUsage: true,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := cli.Apply(cmd.Flags(), binary, os.LookupEnv); err != nil {
+				return err
+			}
+			if url == "" {
+				return errors.New("database-url: required")
+			}
+			applied, err := history.Migrate(cmd.Context(), url)
+			if err != nil {
+				return err
+			}
+			if len(applied) == 0 {
+				fmt.Fprintln(cmd.OutOrStdout(), "up to date")
+			}
+			for _, m := range applied {
+				fmt.Fprintln(cmd.OutOrStdout(), "applied", m)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&url, "database-url", "", "Postgres URL of the history store")
 	return cmd
 }

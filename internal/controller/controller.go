@@ -93,6 +93,8 @@ type Service struct {
 	draining  chan struct{} // closed by Drain: zone streams end
 	drainOnce sync.Once
 
+	recorder *Recorder // nil without a history store; set before Run
+
 	mu      sync.Mutex // protects state and streams
 	state   *State
 	streams map[string]int64 // aggregator id → the stream that owns it
@@ -132,12 +134,30 @@ func (s *Service) Register(g *grpc.Server) {
 	s.xds.Register(g)
 }
 
-// Ready says why the controller can not serve yet: it is still warming up.
+// RecordTo makes every tick's bucket loads go to r, the minute-row
+// recorder of the history store. Call it before Run.
+func (s *Service) RecordTo(r *Recorder) { s.recorder = r }
+
+// Ready says why the controller can not serve yet: its limits are not
+// loaded, or it is still warming up.
 func (s *Service) Ready() error {
+	if err := s.limitsReady(); err != nil {
+		return err
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !s.state.Warm(time.Now()) {
 		return errors.New("warming up: collecting zone loads before publishing")
+	}
+	return nil
+}
+
+// limitsReady is nil when the limits source has limits to serve. A source
+// that reads a database has none until its first read, and publishing
+// without limits would open every gate.
+func (s *Service) limitsReady() error {
+	if r, ok := s.limits.(interface{ Ready() error }); ok {
+		return r.Ready()
 	}
 	return nil
 }
@@ -167,6 +187,9 @@ func (s *Service) Run(ctx context.Context) error {
 }
 
 func (s *Service) tick(now time.Time) {
+	if err := s.limitsReady(); err != nil {
+		return
+	}
 	set := s.limits.Limits()
 	start := time.Now()
 	s.mu.Lock()
@@ -174,6 +197,9 @@ func (s *Service) tick(now time.Time) {
 	s.mu.Unlock()
 	for _, id := range res.Stale {
 		s.log.Warn("aggregator went silent; its zone load left the sums", "aggregator_id", id)
+	}
+	if s.recorder != nil && res.Warm {
+		s.recorder.Observe(now, res.Loads)
 	}
 	if len(res.Changed) > 0 || len(res.Deleted) > 0 {
 		if err := s.xds.Update(res.Changed, res.Deleted); err != nil {

@@ -220,6 +220,15 @@ type TickResult struct {
 	Stale []string
 	// Services holds the global load per callee, for metrics.
 	Services map[string]Totals
+	// Loads holds the global load of every observed bucket, sorted, for
+	// the history recorder.
+	Loads []BucketLoad
+}
+
+// BucketLoad is one bucket's global load in one tick.
+type BucketLoad struct {
+	Callee, Caller string
+	Totals
 }
 
 // Tick runs one control step at now against the limits in force.
@@ -258,6 +267,7 @@ func (s *State) Tick(now time.Time, set *limits.Set) TickResult {
 			tot.Offered += p.Offered
 			tot.Dropped += p.Dropped
 			tot.ShadowDropped += p.ShadowDropped
+			res.Loads = append(res.Loads, BucketLoad{Callee: sv.Service, Caller: p.peer, Totals: p.Totals})
 		}
 		res.Services[sv.Service] = tot
 		res.Buckets += len(sv.Verdicts)
