@@ -1,0 +1,20 @@
+// Command configurator is sluice's operator CLI for limits: derive them from
+// history, review, approve, audit, backtest; see `configurator --help`.
+package main
+
+import (
+	"context"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/sluicehq/sluice/internal/configurator"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := configurator.Command().ExecuteContext(ctx); err != nil {
+		os.Exit(1)
+	}
+}

@@ -1,0 +1,242 @@
+package configurator
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/sluicehq/sluice/pkg/dropratio"
+	"github.com/sluicehq/sluice/pkg/history"
+)
+
+// Limit sources a backtest reports.
+const (
+	fromProposal = "proposed"
+	fromCurrent  = "current"
+	fromNone     = "none"
+)
+
+type backtestRow struct {
+	Callee      string     `json:"callee" yaml:"callee"`
+	Caller      string     `json:"caller" yaml:"caller"`
+	Limit       *float64   `json:"limit" yaml:"limit"` // null: none
+	LimitFrom   string     `json:"limit_from" yaml:"limit_from"`
+	Minutes     int        `json:"minutes" yaml:"minutes"`
+	Offered     float64    `json:"offered_requests" yaml:"offered_requests"`
+	Dropped     float64    `json:"dropped_requests" yaml:"dropped_requests"`
+	Share       float64    `json:"dropped_share" yaml:"dropped_share"`
+	DropMinutes int        `json:"drop_minutes" yaml:"drop_minutes"`
+	WorstMinute *time.Time `json:"worst_minute" yaml:"worst_minute"`
+	WorstRatio  float64    `json:"worst_ratio" yaml:"worst_ratio"`
+	FirstDrop   *time.Time `json:"first_drop" yaml:"first_drop"`
+	LastDrop    *time.Time `json:"last_drop" yaml:"last_drop"`
+}
+
+func (a *app) backtestCommand() *cobra.Command {
+	var (
+		proposed, current bool
+		fromS, toS        string
+		ndays             = 28
+		law               = dropratio.DefaultConfig()
+		out               format
+	)
+	cmd := &cobra.Command{
+		Use:   "backtest [callee[/caller]]",
+		Short: "replay stored history through the control law: what would a limit have dropped?",
+		Long: `Replays the stored minutes of every bucket (or of a callee, or one bucket) through
+the real control law, one step per minute, with the pending proposals
+(--proposed, the default; buckets without one keep the limit in force) or the
+limits in force (--current), the callee's capacity shared by its callers as the
+controller shares it. Reports per bucket the share of offered requests that
+would have been dropped, the minutes with drops, the worst minute and its drop
+ratio, and the first and last drop.
+
+The law sees each minute's mean offered rate: bursts shorter than a minute are
+averaged out, so short spikes drop more in reality than here. At one step per
+minute the law's slow release completes within a step. Set --p-max, --min-rate
+and --release-rate as the controller has them.`,
+		Example: `  configurator backtest checkout
+  configurator backtest checkout/web --current --days 7
+  configurator backtest --from 2026-03-01 --to 2026-03-08T12:00 -o json`,
+		Args: cobra.MaximumNArgs(1),
+		RunE: a.withStore(func(cmd *cobra.Command, args []string, st history.Store) error {
+			var t target
+			if len(args) == 1 {
+				var err error
+				if t, err = parseTarget(args[0], true); err != nil {
+					return err
+				}
+			}
+			if proposed && current {
+				return errors.New("--proposed and --current exclude each other")
+			}
+			if err := law.Validate(); err != nil {
+				return fmt.Errorf("invalid law settings (--p-max, --min-rate, --release-rate): %w", err)
+			}
+			from, to, err := window(a.opts.Now(), fromS, toS, ndays, cmd.Flags().Changed("days"))
+			if err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			lim, err := st.Limits(ctx)
+			if err != nil {
+				return fmt.Errorf("read limits: %w", err)
+			}
+			idx := newLimitIndex(lim)
+			proposals := map[history.Bucket]float64{}
+			if !current {
+				ps, err := st.Proposals(ctx, history.Filter{Callee: t.Callee})
+				if err != nil {
+					return fmt.Errorf("read proposals: %w", err)
+				}
+				for _, p := range ps {
+					proposals[p.Bucket] = p.Proposed
+				}
+			}
+			limitOf := func(b history.Bucket) (float64, string) {
+				if v, ok := proposals[b]; ok {
+					return v, fromProposal
+				}
+				if v, ok := idx.inForce(b); ok {
+					return v, fromCurrent
+				}
+				return math.Inf(1), fromNone
+			}
+
+			// Which buckets have history: the daily rollup says, cheaply.
+			// A callee with a capacity is replayed with all its callers,
+			// whose demands share it.
+			peaks, err := st.DailyPeaks(ctx, history.Filter{Callee: t.Callee}, startOfDay(from), to)
+			if err != nil {
+				return fmt.Errorf("read daily peaks: %w", err)
+			}
+			var buckets []history.Bucket
+			for _, p := range peaks {
+				wanted := t.Caller == "" || p.Caller == t.Caller || !math.IsInf(idx.capacity(p.Callee), 1)
+				if wanted && (len(buckets) == 0 || buckets[len(buckets)-1] != p.Bucket) {
+					buckets = append(buckets, p.Bucket)
+				}
+			}
+			var rows []history.MinuteRow
+			for _, b := range buckets {
+				rs, err := st.Minutes(ctx, b, from, to)
+				if err != nil {
+					return fmt.Errorf("read minutes of %s: %w", bucketString(b), err)
+				}
+				rows = append(rows, rs...)
+			}
+			results, err := Replay(rows, ReplayLimits{
+				Limit:    func(b history.Bucket) float64 { v, _ := limitOf(b); return v },
+				Capacity: idx.capacity,
+			}, law)
+			if err != nil {
+				return err
+			}
+			results = slices.DeleteFunc(results, func(r BacktestResult) bool { return t.Caller != "" && r.Caller != t.Caller })
+			if len(results) == 0 {
+				what := "any bucket"
+				if t.Callee != "" {
+					what = t.String()
+				}
+				return fmt.Errorf("unknown bucket %s: no minute history between %s and %s", what, formatTime(from), formatTime(to))
+			}
+
+			w := cmd.OutOrStdout()
+			if out != formatTable {
+				rs := make([]backtestRow, len(results))
+				for i, r := range results {
+					l, src := limitOf(r.Bucket)
+					rs[i] = backtestRow{
+						Callee: r.Callee, Caller: r.Caller, LimitFrom: src,
+						Minutes: r.Minutes, Offered: r.Offered, Dropped: r.Dropped, Share: r.Share(),
+						DropMinutes: r.DropMinutes, WorstRatio: r.WorstRatio,
+						WorstMinute: optTime(r.WorstMinute), FirstDrop: optTime(r.FirstDrop), LastDrop: optTime(r.LastDrop),
+					}
+					if !math.IsInf(l, 1) {
+						rs[i].Limit = &l
+					}
+				}
+				return encode(w, out, rs)
+			}
+			fmt.Fprintf(w, "replayed %s … %s, one step per minute\n\n", formatTime(from), formatTime(to))
+			tb := newTable(w, "CALLEE", "CALLER", "LIMIT", "FROM", "DROPPED", "DROP MINUTES", "WORST MINUTE", "FIRST DROP", "LAST DROP")
+			for _, r := range results {
+				l, src := limitOf(r.Bucket)
+				worst := ""
+				if r.DropMinutes > 0 {
+					worst = fmt.Sprintf("%s at %s", formatShare(r.WorstRatio), formatTime(r.WorstMinute))
+				}
+				tb.row(r.Callee, r.Caller, formatRate(l), src,
+					fmt.Sprintf("%s of %s req", formatShare(r.Share()), formatCount(r.Offered)),
+					fmt.Sprintf("%s of %s", formatCount(float64(r.DropMinutes)), formatCount(float64(r.Minutes))),
+					worst, formatTime(r.FirstDrop), formatTime(r.LastDrop))
+			}
+			return tb.flush()
+		}),
+	}
+	fl := cmd.Flags()
+	fl.BoolVar(&proposed, "proposed", false, "replay the pending proposals (the default); buckets without one keep the limit in force")
+	fl.BoolVar(&current, "current", false, "replay the limits in force")
+	fl.StringVar(&fromS, "from", "", "start of the replay, UTC: 2026-03-01 or 2026-03-01T12:00 or RFC 3339 (default: --days before --to)")
+	fl.StringVar(&toS, "to", "", "end of the replay, exclusive, same forms (default: now)")
+	fl.IntVar(&ndays, "days", ndays, "days to replay, ending at --to, when --from is not given")
+	fl.Float64Var(&law.PMax, "p-max", law.PMax, "the law's highest drop ratio, as the controller's --p-max")
+	fl.Float64Var(&law.MinRate, "min-rate", law.MinRate, "offered rps below which nothing is dropped, as the controller's --min-rate")
+	fl.Float64Var(&law.ReleaseRate, "release-rate", law.ReleaseRate, "slow release per second, as the controller's --release-rate")
+	setting(fl, "p-max", "min-rate", "release-rate")
+	addOutput(cmd, &out)
+	return cmd
+}
+
+// window resolves --from, --to and --days to [from, to), whole minutes.
+func window(now time.Time, fromS, toS string, ndays int, daysSet bool) (from, to time.Time, err error) {
+	to = now.UTC().Truncate(time.Minute)
+	if toS != "" {
+		if to, err = parseTime("to", toS); err != nil {
+			return from, to, err
+		}
+	}
+	switch {
+	case fromS != "" && daysSet:
+		return from, to, errors.New("--from and --days exclude each other")
+	case fromS != "":
+		if from, err = parseTime("from", fromS); err != nil {
+			return from, to, err
+		}
+	case ndays < 1:
+		return from, to, fmt.Errorf("--days %d is below 1", ndays)
+	default:
+		from = to.AddDate(0, 0, -ndays)
+	}
+	if !from.Before(to) {
+		return from, to, fmt.Errorf("--from %s is not before --to %s", formatTime(from), formatTime(to))
+	}
+	return from, to, nil
+}
+
+// parseTime reads a UTC time in one of the forms people type.
+func parseTime(flag, s string) (time.Time, error) {
+	for _, layout := range []string{time.RFC3339, "2006-01-02T15:04:05", "2006-01-02T15:04", "2006-01-02 15:04", time.DateOnly} {
+		if t, err := time.ParseInLocation(layout, s, time.UTC); err == nil {
+			return t.UTC().Truncate(time.Minute), nil
+		}
+	}
+	return time.Time{}, fmt.Errorf("--%s %q is not a time: use 2026-03-01, 2026-03-01T12:00 or RFC 3339", flag, s)
+}
+
+func optTime(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	t = t.UTC()
+	return &t
+}
+
+// formatCount renders a count with thousands separators, rounded.
+func formatCount(v float64) string {
+	return groupThousands(fmt.Sprintf("%.0f", v))
+}

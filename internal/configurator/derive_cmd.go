@@ -1,0 +1,183 @@
+package configurator
+
+import (
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/sluicehq/sluice/pkg/history"
+)
+
+// derivationOutput is derive's JSON and YAML.
+type derivationOutput struct {
+	DryRun    bool          `json:"dry_run" yaml:"dry_run"`
+	Proposals []proposalRow `json:"proposals" yaml:"proposals"`
+	Refusals  []refusalRow  `json:"refusals" yaml:"refusals"`
+	Unchanged []bucketRow   `json:"unchanged" yaml:"unchanged"`
+}
+
+type refusalRow struct {
+	Callee string `json:"callee" yaml:"callee"`
+	Caller string `json:"caller" yaml:"caller"`
+	Days   int    `json:"days" yaml:"days"`
+	Reason string `json:"reason" yaml:"reason"`
+}
+
+type bucketRow struct {
+	Callee string `json:"callee" yaml:"callee"`
+	Caller string `json:"caller" yaml:"caller"`
+}
+
+func (a *app) deriveCommand() *cobra.Command {
+	cfg := DefaultDeriveConfig()
+	var (
+		callee, caller string
+		dryRun         bool
+		out            format
+	)
+	cmd := &cobra.Command{
+		Use:   "derive",
+		Short: "propose limits from the history of every bucket",
+		Long: `For each bucket with history, proposes
+
+  limit = peak over --lookback × (1 + --headroom)
+
+rounded up to two significant figures (1234 → 1300, 87.2 → 88; never down, by
+less than 10 %), never below the peak of the last --recent (rounded up the same
+way) nor below --min-limit. A window is every UTC day it overlaps, today
+included: 28d at noon reads 29 daily peaks.
+
+A bucket needs --min-days days with at least --min-coverage of their 1440
+minutes of history in the look-back; otherwise it is listed with the reason
+and nothing is proposed for it. A proposal more than --max-step-down below the
+limit in force is flagged "step down needs approval": approve --all skips it.
+A bucket whose derived limit is already in force is left alone.
+
+Proposals are written for review (superseding pending ones of the same
+buckets); --dry-run only prints them. Durations take w, d, h, m, s: 28d, 4w,
+672h, 1w3d.`,
+		Example: `  configurator derive --dry-run
+  configurator derive --callee checkout --lookback 2w --headroom 0.5`,
+		Args: cobra.NoArgs,
+		RunE: a.withStore(func(cmd *cobra.Command, _ []string, st history.Store) error {
+			if err := cfg.Validate(); err != nil {
+				return err
+			}
+			f, err := filterFlags(callee, caller)
+			if err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			now := a.opts.Now()
+			start := time.Now()
+			lim, err := st.Limits(ctx)
+			if err != nil {
+				return fmt.Errorf("read limits: %w", err)
+			}
+			from, to := cfg.Window(now)
+			peaks, err := st.DailyPeaks(ctx, f, from, to)
+			if err != nil {
+				return fmt.Errorf("read daily peaks: %w", err)
+			}
+			read := time.Since(start)
+			d := Derive(peaks, lim, cfg, now)
+			a.log.Debug("derived", "daily_rows", len(peaks), "read", read, "derive", time.Since(start)-read,
+				"proposals", len(d.Proposals), "refusals", len(d.Refusals), "unchanged", len(d.Unchanged))
+
+			written := d.Proposals
+			if !dryRun && len(d.Proposals) > 0 {
+				reason := fmt.Sprintf("derived: peak over %s × %v, at least the %s peak",
+					FormatDuration(cfg.Lookback), 1+cfg.Headroom, FormatDuration(cfg.Recent))
+				written, err = st.Propose(ctx, d.Proposals, a.change(reason))
+				if err != nil {
+					return fmt.Errorf("write proposals: %w", err)
+				}
+			}
+			w := cmd.OutOrStdout()
+			if out != formatTable {
+				o := derivationOutput{DryRun: dryRun, Proposals: proposalRows(written), Refusals: []refusalRow{}, Unchanged: []bucketRow{}}
+				for _, r := range d.Refusals {
+					o.Refusals = append(o.Refusals, refusalRow{Callee: r.Callee, Caller: r.Caller, Days: r.Days, Reason: r.Reason})
+				}
+				for _, b := range d.Unchanged {
+					o.Unchanged = append(o.Unchanged, bucketRow{Callee: b.Callee, Caller: b.Caller})
+				}
+				return encode(w, out, o)
+			}
+			return writeDerivation(w, d, written, dryRun)
+		}),
+	}
+	fl := cmd.Flags()
+	fl.Var((*durationValue)(&cfg.Lookback), "lookback", "window whose peak the limit comes from (w, d, h, m, s: 28d, 4w, 672h)")
+	fl.Float64Var(&cfg.Headroom, "headroom", cfg.Headroom, "share added to the peak: 0.25 proposes 125 % of it")
+	fl.Var((*durationValue)(&cfg.Recent), "recent", "window whose peak the limit is never below")
+	fl.Float64Var(&cfg.MaxStepDown, "max-step-down", cfg.MaxStepDown, "largest cut, as a share of the limit in force, that needs no explicit approval")
+	fl.IntVar(&cfg.MinDays, "min-days", cfg.MinDays, "days of history a bucket needs in the look-back")
+	fl.Float64Var(&cfg.MinCoverage, "min-coverage", cfg.MinCoverage, "share of a day's 1440 minutes it needs to count as a day of history")
+	fl.Float64Var(&cfg.MinLimit, "min-limit", cfg.MinLimit, "lowest limit ever proposed, rps, so that an idle bucket is not blocked")
+	setting(fl, "lookback", "headroom", "recent", "max-step-down", "min-days", "min-coverage", "min-limit")
+	fl.BoolVar(&dryRun, "dry-run", false, "print the proposals, write nothing")
+	addFilterFlags(cmd, &callee, &caller)
+	addOutput(cmd, &out)
+	return cmd
+}
+
+func writeDerivation(w io.Writer, d Derivation, written []history.Proposal, dryRun bool) error {
+	if len(written) > 0 {
+		if err := writeProposals(w, written, !dryRun); err != nil {
+			return err
+		}
+	}
+	if len(d.Refusals) > 0 {
+		if len(written) > 0 {
+			fmt.Fprintln(w)
+		}
+		fmt.Fprintln(w, "not proposed, too little history:")
+		t := newTable(w, "CALLEE", "CALLER", "REASON")
+		for _, r := range d.Refusals {
+			t.row(r.Callee, r.Caller, r.Reason)
+		}
+		if err := t.flush(); err != nil {
+			return err
+		}
+	}
+	if len(written) > 0 || len(d.Refusals) > 0 {
+		fmt.Fprintln(w)
+	}
+	switch {
+	case len(written) == 0:
+		fmt.Fprint(w, "no proposals")
+	case dryRun:
+		fmt.Fprintf(w, "dry run: %s not written", plural(len(written), "proposal"))
+	default:
+		fmt.Fprintf(w, "wrote %s (ids %d–%d); review them with `configurator review`",
+			plural(len(written), "proposal"), minID(written), maxID(written))
+	}
+	fmt.Fprintf(w, "; %s refused, %s unchanged\n", plural(len(d.Refusals), "bucket"), plural(len(d.Unchanged), "bucket"))
+	return nil
+}
+
+func minID(ps []history.Proposal) int64 {
+	m := ps[0].ID
+	for _, p := range ps {
+		m = min(m, p.ID)
+	}
+	return m
+}
+
+func maxID(ps []history.Proposal) int64 {
+	var m int64
+	for _, p := range ps {
+		m = max(m, p.ID)
+	}
+	return m
+}
+
+func plural(n int, word string) string {
+	if n == 1 {
+		return "1 " + word
+	}
+	return fmt.Sprintf("%d %ss", n, word)
+}

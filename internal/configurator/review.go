@@ -1,0 +1,174 @@
+package configurator
+
+import (
+	"fmt"
+	"io"
+	"slices"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/sluicehq/sluice/internal/names"
+	"github.com/sluicehq/sluice/pkg/history"
+)
+
+// proposalRow is a proposal as review, derive, approve and reject print it.
+type proposalRow struct {
+	ID           int64      `json:"id,omitempty" yaml:"id,omitempty"`
+	Callee       string     `json:"callee" yaml:"callee"`
+	Caller       string     `json:"caller" yaml:"caller"`
+	Current      *float64   `json:"current" yaml:"current"`
+	Proposed     float64    `json:"proposed" yaml:"proposed"`
+	DeltaPct     *float64   `json:"delta_pct" yaml:"delta_pct"` // null for a new limit
+	PeakLookback float64    `json:"peak_lookback" yaml:"peak_lookback"`
+	PeakRecent   float64    `json:"peak_recent" yaml:"peak_recent"`
+	Flags        []string   `json:"flags" yaml:"flags"`
+	Status       string     `json:"status,omitempty" yaml:"status,omitempty"`
+	CreatedBy    string     `json:"created_by,omitempty" yaml:"created_by,omitempty"`
+	CreatedAt    *time.Time `json:"created_at,omitempty" yaml:"created_at,omitempty"`
+	DecidedBy    string     `json:"decided_by,omitempty" yaml:"decided_by,omitempty"`
+	DecidedAt    *time.Time `json:"decided_at,omitempty" yaml:"decided_at,omitempty"`
+	Reason       string     `json:"reason,omitempty" yaml:"reason,omitempty"`
+}
+
+// reviewFlags returns p's flags plus those review adds from its numbers,
+// whoever wrote the proposal.
+func reviewFlags(p history.Proposal) []string {
+	flags := slices.Clone(p.Flags)
+	if p.Proposed < p.PeakRecent && !slices.Contains(flags, FlagBelowRecent) {
+		flags = append(flags, FlagBelowRecent)
+	}
+	if flags == nil {
+		flags = []string{}
+	}
+	return flags
+}
+
+func newProposalRow(p history.Proposal) proposalRow {
+	r := proposalRow{
+		ID: p.ID, Callee: p.Callee, Caller: p.Caller,
+		Current: p.Current, Proposed: p.Proposed,
+		PeakLookback: p.PeakLookback, PeakRecent: p.PeakRecent,
+		Flags:     reviewFlags(p),
+		Status:    string(p.Status),
+		CreatedBy: p.CreatedBy,
+		DecidedBy: p.DecidedBy,
+		Reason:    p.Reason,
+	}
+	if p.Current != nil && *p.Current != 0 {
+		d := (p.Proposed - *p.Current) / *p.Current * 100
+		r.DeltaPct = &d
+	}
+	if !p.CreatedAt.IsZero() {
+		t := p.CreatedAt.UTC()
+		r.CreatedAt = &t
+	}
+	if !p.DecidedAt.IsZero() {
+		t := p.DecidedAt.UTC()
+		r.DecidedAt = &t
+	}
+	return r
+}
+
+// writeProposals writes proposals as review's table: current vs proposed.
+func writeProposals(w io.Writer, ps []history.Proposal, withID bool) error {
+	header := []string{"CALLEE", "CALLER", "CURRENT", "PROPOSED", "Δ", "LOOKBACK PEAK", "RECENT PEAK", "FLAGS"}
+	if withID {
+		header = append([]string{"ID"}, header...)
+	}
+	t := newTable(w, header...)
+	for _, p := range ps {
+		cur, delta := "none", "new"
+		if p.Current != nil {
+			cur, delta = formatRate(*p.Current), formatDelta(*p.Current, p.Proposed)
+		}
+		flags := ""
+		for i, f := range reviewFlags(p) {
+			if i > 0 {
+				flags += ", "
+			}
+			flags += f
+		}
+		cells := []string{p.Callee, p.Caller, cur, formatRate(p.Proposed), delta, formatRate(p.PeakLookback), formatRate(p.PeakRecent), flags}
+		if withID {
+			cells = append([]string{fmt.Sprint(p.ID)}, cells...)
+		}
+		t.row(cells...)
+	}
+	return t.flush()
+}
+
+func proposalRows(ps []history.Proposal) []proposalRow {
+	rows := make([]proposalRow, len(ps))
+	for i, p := range ps {
+		rows[i] = newProposalRow(p)
+	}
+	return rows
+}
+
+func (a *app) reviewCommand() *cobra.Command {
+	var (
+		callee, caller string
+		out            format
+	)
+	cmd := &cobra.Command{
+		Use:   "review",
+		Short: "compare pending proposals with the limits in force",
+		Long: `Lists the pending proposals, one per bucket: the limit in force (CURRENT: the
+bucket's own, else its callee's default), the proposal, the change, the peaks it
+was derived from, and flags worth a look:
+
+  new limit                  the bucket has no limit of its own yet
+  step down needs approval   lowers the limit by more than derive's --max-step-down;
+                             approve --all skips it: approve it by bucket or --id
+  replaces manual limit      the limit in force was set by hand
+  current below recent peak  traffic went over the limit in force in the recent window
+  held at recent peak        the recent-peak guard raised the proposal
+  lowers below recent peak   the proposal is below the recent peak
+
+Rates are requests per second.`,
+		Example: `  configurator review
+  configurator review --callee checkout -o json`,
+		Args: cobra.NoArgs,
+		RunE: a.withStore(func(cmd *cobra.Command, _ []string, st history.Store) error {
+			f, err := filterFlags(callee, caller)
+			if err != nil {
+				return err
+			}
+			ps, err := st.Proposals(cmd.Context(), f)
+			if err != nil {
+				return fmt.Errorf("read proposals: %w", err)
+			}
+			w := cmd.OutOrStdout()
+			if out != formatTable {
+				return encode(w, out, proposalRows(ps))
+			}
+			if len(ps) == 0 {
+				fmt.Fprintln(w, "no pending proposals")
+				return nil
+			}
+			return writeProposals(w, ps, true)
+		}),
+	}
+	addFilterFlags(cmd, &callee, &caller)
+	addOutput(cmd, &out)
+	return cmd
+}
+
+func addFilterFlags(cmd *cobra.Command, callee, caller *string) {
+	cmd.Flags().StringVar(callee, "callee", "", "only buckets of this callee")
+	cmd.Flags().StringVar(caller, "caller", "", "only buckets of this caller")
+}
+
+// filterFlags checks --callee and --caller.
+func filterFlags(callee, caller string) (history.Filter, error) {
+	for _, f := range [...]struct{ flag, v string }{{"callee", callee}, {"caller", caller}} {
+		if f.v == "" {
+			continue
+		}
+		if err := names.Check(f.v); err != nil {
+			return history.Filter{}, fmt.Errorf("--%s: %v", f.flag, err)
+		}
+	}
+	return history.Filter{Callee: callee, Caller: caller}, nil
+}

@@ -1,0 +1,234 @@
+package configurator
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/spf13/cobra"
+
+	"github.com/sluicehq/sluice/pkg/history"
+)
+
+func (a *app) setCommand() *cobra.Command {
+	var limit, mode, defaultLimit, capacity, failMode, reason string
+	cmd := &cobra.Command{
+		Use:   "set callee/caller --limit N | callee [--default-limit N] [--capacity N] [--fail-mode M]",
+		Short: "set a limit by hand (a manual override), or a callee's own settings",
+		Long: `With callee/caller, sets the bucket's limit by hand (source "manual"): --limit in
+rps (0 blocks; "none" removes the bucket's own limit), optionally --mode.
+
+With a callee alone, sets the service's own settings: --default-limit for callers
+without a limit of their own, --capacity shared by all its callers ("none"
+removes either), --fail-mode (open, hold or local) and --mode. Settings not
+given keep their value.
+
+Every change needs a --reason and is audited.`,
+		Example: `  configurator set checkout/web --limit 1500 --reason "launch week"
+  configurator set checkout/batch --limit 0 --mode shadow --reason "would block batch"
+  configurator set checkout --capacity 5000 --fail-mode hold --reason "db capacity"`,
+		Args: cobra.ExactArgs(1),
+		RunE: a.withStore(func(cmd *cobra.Command, args []string, st history.Store) error {
+			t, err := parseTarget(args[0], true)
+			if err != nil {
+				return err
+			}
+			changed := func(name string) bool { return cmd.Flags().Changed(name) }
+			var errs []error
+			var m history.Mode
+			if changed("mode") {
+				if m, err = parseMode("mode", mode); err != nil {
+					errs = append(errs, err)
+				}
+			}
+			if err := requireReason(reason); err != nil {
+				errs = append(errs, err)
+			}
+			if t.Caller != "" {
+				for _, name := range []string{"default-limit", "capacity", "fail-mode"} {
+					if changed(name) {
+						errs = append(errs, fmt.Errorf("--%s is a callee's setting: give %s alone, not %s", name, t.Callee, t))
+					}
+				}
+				if !changed("limit") {
+					errs = append(errs, fmt.Errorf("--limit is required for a bucket (e.g. set %s --limit 1000)", t))
+				}
+				l, ok, err := parseRate("limit", limit, true)
+				if changed("limit") && err != nil {
+					errs = append(errs, err)
+				}
+				if err := errors.Join(errs...); err != nil {
+					return err
+				}
+				return a.setBucket(cmd, st, t.Bucket, l, ok, m, reason)
+			}
+
+			if changed("limit") {
+				errs = append(errs, fmt.Errorf("--limit needs callee/caller; for all callers of %s without a limit of their own use --default-limit", t))
+			}
+			if !changed("default-limit") && !changed("capacity") && !changed("fail-mode") && !changed("mode") {
+				errs = append(errs, fmt.Errorf("nothing to set for %s: give --default-limit, --capacity, --fail-mode or --mode", t))
+			}
+			var s history.ServiceLimits
+			var fm history.FailMode
+			if changed("fail-mode") {
+				if fm, err = parseFailMode(failMode); err != nil {
+					errs = append(errs, err)
+				}
+			}
+			rate := func(flag, v string) *float64 {
+				r, ok, err := parseRate(flag, v, true)
+				if err != nil {
+					errs = append(errs, err)
+				}
+				if !ok {
+					return nil
+				}
+				return &r
+			}
+			var def, capa *float64
+			if changed("default-limit") {
+				def = rate("default-limit", defaultLimit)
+			}
+			if changed("capacity") {
+				capa = rate("capacity", capacity)
+			}
+			if err := errors.Join(errs...); err != nil {
+				return err
+			}
+
+			ctx := cmd.Context()
+			lim, err := st.Limits(ctx)
+			if err != nil {
+				return fmt.Errorf("read limits: %w", err)
+			}
+			old, exists := newLimitIndex(lim).services[t.Callee]
+			if exists {
+				s = old
+			} else {
+				s = history.ServiceLimits{Callee: t.Callee, Mode: history.Enforce, FailMode: history.FailOpen}
+			}
+			if changed("default-limit") {
+				s.DefaultLimit = def
+			}
+			if changed("capacity") {
+				s.Capacity = capa
+			}
+			if changed("fail-mode") {
+				s.FailMode = fm
+			}
+			if changed("mode") {
+				s.Mode = m
+			}
+			if err := st.SetService(ctx, s, a.change(reason)); err != nil {
+				return fmt.Errorf("set %s: %w", t, err)
+			}
+			if lim, err = st.Limits(ctx); err != nil {
+				return fmt.Errorf("read limits: %w", err)
+			}
+			s = newLimitIndex(lim).services[t.Callee]
+			w := cmd.OutOrStdout()
+			if !exists {
+				fmt.Fprintf(w, "%s: %s\n", t, renderService(s))
+			} else {
+				fmt.Fprintf(w, "%s: %s\n  was %s\n", t, renderService(s), renderService(old))
+			}
+			return nil
+		}),
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&limit, "limit", "", `the bucket's limit in rps; 0 blocks, "none" removes it`)
+	fl.StringVar(&mode, "mode", "", "enforce or shadow")
+	fl.StringVar(&defaultLimit, "default-limit", "", `callee: limit of callers without one of their own, rps, or "none"`)
+	fl.StringVar(&capacity, "capacity", "", `callee: rps all its callers share, or "none"`)
+	fl.StringVar(&failMode, "fail-mode", "", "callee: what its sidecars do when their policy expires: open, hold or local")
+	fl.StringVar(&reason, "reason", "", "why, for the audit log (required)")
+	_ = cmd.RegisterFlagCompletionFunc("mode", cobra.FixedCompletions([]string{"enforce", "shadow"}, cobra.ShellCompDirectiveNoFileComp))
+	_ = cmd.RegisterFlagCompletionFunc("fail-mode", cobra.FixedCompletions([]string{"open", "hold", "local"}, cobra.ShellCompDirectiveNoFileComp))
+	return cmd
+}
+
+func (a *app) setBucket(cmd *cobra.Command, st history.Store, b history.Bucket, limit float64, hasLimit bool, m history.Mode, reason string) error {
+	ctx := cmd.Context()
+	lim, err := st.Limits(ctx)
+	if err != nil {
+		return fmt.Errorf("read limits: %w", err)
+	}
+	old, exists := newLimitIndex(lim).buckets[b]
+	w := cmd.OutOrStdout()
+	if !hasLimit {
+		if err := st.DeleteLimit(ctx, b, a.change(reason)); errors.Is(err, history.ErrNotFound) {
+			return fmt.Errorf("unknown bucket %s: it has no limit of its own to remove", bucketString(b))
+		} else if err != nil {
+			return fmt.Errorf("remove limit of %s: %w", bucketString(b), err)
+		}
+		fmt.Fprintf(w, "%s: limit removed (was %s)\n", bucketString(b), renderBucket(old))
+		return nil
+	}
+	l := history.BucketLimit{Bucket: b, Limit: limit, Mode: m, Source: history.Manual}
+	if err := st.SetLimit(ctx, l, a.change(reason)); err != nil {
+		return fmt.Errorf("set limit of %s: %w", bucketString(b), err)
+	}
+	// Print what the store holds: an empty mode is resolved there.
+	if lim, err = st.Limits(ctx); err != nil {
+		return fmt.Errorf("read limits: %w", err)
+	}
+	l = newLimitIndex(lim).buckets[b]
+	if exists {
+		fmt.Fprintf(w, "%s: %s\n  was %s\n", bucketString(b), renderBucket(l), renderBucket(old))
+	} else {
+		fmt.Fprintf(w, "%s: %s (new)\n", bucketString(b), renderBucket(l))
+	}
+	return nil
+}
+
+func renderBucket(l history.BucketLimit) string {
+	return fmt.Sprintf("limit %s rps, %s, %s", formatRate(l.Limit), l.Mode, l.Source)
+}
+
+func renderService(s history.ServiceLimits) string {
+	opt := func(v *float64) string {
+		if v == nil {
+			return "none"
+		}
+		return formatRate(*v) + " rps"
+	}
+	return fmt.Sprintf("default limit %s, capacity %s, %s, fail mode %s", opt(s.DefaultLimit), opt(s.Capacity), s.Mode, s.FailMode)
+}
+
+// modeCommand builds shadow or enforce.
+func (a *app) modeCommand(m history.Mode) *cobra.Command {
+	var reason string
+	what := map[history.Mode]string{
+		history.Shadow:  "compute and report drops, but carry none out",
+		history.Enforce: "carry drops out",
+	}[m]
+	cmd := &cobra.Command{
+		Use:   string(m) + " callee[/caller] --reason TEXT",
+		Short: "switch limits to " + string(m) + " mode: " + what,
+		Long: fmt.Sprintf(`Switches a bucket, or a callee and every bucket of it, to %s mode: %s.
+The limits themselves do not change.`, m, what),
+		Example: fmt.Sprintf(`  configurator %[1]s checkout/web --reason "new limit, watch it first"
+  configurator %[1]s checkout --reason "incident 4711"`, m),
+		Args: cobra.ExactArgs(1),
+		RunE: a.withStore(func(cmd *cobra.Command, args []string, st history.Store) error {
+			t, err := parseTarget(args[0], true)
+			if err != nil {
+				return err
+			}
+			if err := requireReason(reason); err != nil {
+				return err
+			}
+			n, err := st.SetMode(cmd.Context(), t.filter(), m, a.change(reason))
+			if errors.Is(err, history.ErrNotFound) {
+				return fmt.Errorf("unknown bucket %s: it has no limit or settings to switch (set one first)", t)
+			}
+			if err != nil {
+				return fmt.Errorf("switch %s to %s: %w", t, m, err)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s: %s (%s)\n", t, m, plural(n, "limit"))
+			return nil
+		}),
+	}
+	cmd.Flags().StringVar(&reason, "reason", "", "why, for the audit log (required)")
+	return cmd
+}
