@@ -2,7 +2,7 @@
 
 GO      ?= go
 BUF     := $(GO) run github.com/bufbuild/buf/cmd/buf@v1.75.0
-BINS    := controller aggregator sidecar demo
+BINS    := controller aggregator sidecar configurator demo
 PKGS    := ./...
 
 .PHONY: help build test test-short bench generate lint demo clean
