@@ -3,12 +3,8 @@ package aggregator
 import (
 	"context"
 	"errors"
-	"fmt"
-	"os"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
 
@@ -39,18 +35,10 @@ flags win over the environment, the environment over the file.`,
 		Args:         cobra.NoArgs,
 		SilenceUsage: true,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := cli.Apply(cmd.Flags(), "aggregator", os.LookupEnv); err != nil {
-				return err
-			}
-			if err := cfg.Validate(); err != nil {
-				return fmt.Errorf("invalid configuration:\n%w", err)
-			}
-			log, err := logging.Logger(cmd.ErrOrStderr())
+			log, reg, err := cli.Start(cmd, "aggregator", &logging, func() error { return cfg.Validate() })
 			if err != nil {
 				return err
 			}
-			reg := prometheus.NewRegistry()
-			reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 			svc, err := New(cfg, log, reg)
 			if err != nil {
 				return err

@@ -3,9 +3,6 @@ package aggregator
 import (
 	"log/slog"
 	"slices"
-	"strings"
-	"sync"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -105,46 +102,4 @@ func newMetrics[Req, Resp any](reg prometheus.Registerer, logger *slog.Logger, u
 		}
 	}
 	return m
-}
-
-// reasonLog lets a log line about a reason through at most once a minute
-// per distinct reason, so a peer that keeps failing the same way does not
-// flood the log. Safe for concurrent use.
-type reasonLog struct {
-	mu   sync.Mutex           // protects last
-	last map[string]time.Time // reason → when it was last logged
-}
-
-const (
-	reasonLogEvery = time.Minute
-	reasonLogMax   = 64 // distinct reasons remembered; more clears the memory
-)
-
-func (l *reasonLog) allow(reason string, now time.Time) bool {
-	// Reasons begin with a short label ("bad_window: ..."); the details
-	// after it vary too much to tell reasons apart by.
-	if i := strings.Index(reason, ":"); i >= 0 {
-		reason = reason[:i]
-	}
-	reason = truncate(reason)
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if t, ok := l.last[reason]; ok && now.Sub(t) < reasonLogEvery {
-		return false
-	}
-	if l.last == nil || len(l.last) >= reasonLogMax {
-		l.last = make(map[string]time.Time)
-	}
-	l.last[reason] = now
-	return true
-}
-
-// truncate bounds strings that come from the network before they reach a
-// log line or an error.
-func truncate(s string) string {
-	const n = 128
-	if len(s) <= n {
-		return s
-	}
-	return strings.ToValidUTF8(s[:n], "?") + "…"
 }

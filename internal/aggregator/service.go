@@ -150,7 +150,7 @@ type Service struct {
 	owners map[string]*stream
 
 	draining  atomic.Bool
-	rejectLog reasonLog // rejections of flushes by the controller
+	rejectLog uplink.RejectLog // rejections of flushes by the controller
 }
 
 // stream is the identity of one StreamLoadReports call.
@@ -267,8 +267,8 @@ func (s *Service) onControllerResponse(r *zoneResp) {
 		return
 	}
 	s.m.controllerRejected.Inc()
-	if reason := r.GetRejectReason(); s.rejectLog.allow(reason, time.Now()) {
-		s.log.Warn("controller rejected zone load", "reject_reason", truncate(reason))
+	if reason := r.GetRejectReason(); s.rejectLog.Allow(reason, time.Now()) {
+		s.log.Warn("controller rejected zone load", "reject_reason", uplink.Truncate(reason))
 	}
 }
 
@@ -282,7 +282,7 @@ func (s *Service) apply(st *stream, r *sluicev1.LoadReport) error {
 		s.m.sidecars.Set(float64(n))
 	}()
 	if st.id != "" && r.GetSidecarId() != st.id {
-		return reject(ReasonSidecarIDChanged, "stream of sidecar %q reported for %q", truncate(st.id), truncate(r.GetSidecarId()))
+		return reject(ReasonSidecarIDChanged, "stream of sidecar %q reported for %q", uplink.Truncate(st.id), uplink.Truncate(r.GetSidecarId()))
 	}
 	if err := s.state.Apply(r, time.Now()); err != nil {
 		return err

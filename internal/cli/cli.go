@@ -18,6 +18,9 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"go.yaml.in/yaml/v3"
 )
@@ -157,4 +160,26 @@ func (l *Logging) Logger(w io.Writer) (*slog.Logger, error) {
 		return slog.New(slog.NewJSONHandler(w, opts)), nil
 	}
 	return nil, fmt.Errorf("log-format: %q is not text or json", l.Format)
+}
+
+// Start is what every binary does before anything else: it settles the
+// configuration from flags, environment and file, checks it with validate,
+// and builds the logger and a metrics registry that already holds the Go
+// runtime and process collectors. validate runs after the environment and
+// file were applied: pass a closure over the config, not a method value of
+// a config struct, which would copy it before they were.
+func Start(cmd *cobra.Command, binary string, l *Logging, validate func() error) (*slog.Logger, *prometheus.Registry, error) {
+	if err := Apply(cmd.Flags(), binary, os.LookupEnv); err != nil {
+		return nil, nil, err
+	}
+	if err := validate(); err != nil {
+		return nil, nil, fmt.Errorf("invalid configuration:\n%w", err)
+	}
+	log, err := l.Logger(cmd.ErrOrStderr())
+	if err != nil {
+		return nil, nil, err
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return log, reg, nil
 }

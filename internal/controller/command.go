@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
 
@@ -51,26 +50,22 @@ or in the --config file; flags win over the environment, the environment over th
 		SilenceUsage:  true,
 		SilenceErrors: false,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := cli.Apply(cmd.Flags(), "controller", os.LookupEnv); err != nil {
+			validate := func() error {
+				err := cfg.Validate()
+				if fl.DatabaseURL != "" && fl.LimitsFile != "" {
+					err = errors.Join(err, errors.New("database-url, limits: they exclude each other: limits come from one place"))
+				}
 				return err
 			}
-			if err := cfg.Validate(); err != nil {
-				return fmt.Errorf("invalid configuration:\n%w", err)
-			}
-			log, err := fl.Logging.Logger(cmd.ErrOrStderr())
+			log, reg, err := cli.Start(cmd, "controller", &fl.Logging, validate)
 			if err != nil {
 				return err
 			}
-			reg := prometheus.NewRegistry()
-			reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
 			var src limits.Source = limits.Static{}
 			var workers []func(context.Context) error
 			var flush []func(context.Context) error
 			var recorder *Recorder
-			if fl.DatabaseURL != "" && fl.LimitsFile != "" {
-				return errors.New("invalid configuration:\n--database-url and --limits exclude each other: limits come from one place")
-			}
 			if fl.DatabaseURL != "" {
 				db, err := history.Open(cmd.Context(), fl.DatabaseURL, history.WithLogger(log))
 				if err != nil {

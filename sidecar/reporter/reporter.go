@@ -15,8 +15,6 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
-	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -210,7 +208,7 @@ type Reporter struct {
 
 	zone      atomic.Pointer[string] // the zone the aggregator accounts us to; nil until it said
 	rejected  prometheus.Counter
-	rejectLog reasonLog
+	rejectLog uplink.RejectLog
 }
 
 // New checks cfg and returns a Reporter that reports nothing until Run.
@@ -318,9 +316,9 @@ func (r *Reporter) onResponse(resp *loadResp) {
 		return
 	}
 	r.rejected.Inc()
-	if reason := resp.GetRejectReason(); r.rejectLog.allow(reason, time.Now()) {
-		r.log.Warn("aggregator rejected load report", "reject_reason", truncate(reason),
-			"aggregator_id", truncate(resp.GetAggregatorId()))
+	if reason := resp.GetRejectReason(); r.rejectLog.Allow(reason, time.Now()) {
+		r.log.Warn("aggregator rejected load report", "reject_reason", uplink.Truncate(reason),
+			"aggregator_id", uplink.Truncate(resp.GetAggregatorId()))
 	}
 }
 
@@ -375,45 +373,4 @@ func directionLabel(d sluicev1.Direction) string {
 		return "outbound"
 	}
 	return "inbound"
-}
-
-// reasonLog lets a log line about a reason through at most once a minute
-// per distinct reason, so an aggregator that keeps rejecting for the same
-// reason does not flood the log. Safe for concurrent use.
-type reasonLog struct {
-	mu   sync.Mutex           // protects last
-	last map[string]time.Time // reason → when it was last logged
-}
-
-const (
-	reasonLogEvery = time.Minute
-	reasonLogMax   = 64 // distinct reasons remembered; more clears the memory
-)
-
-func (l *reasonLog) allow(reason string, now time.Time) bool {
-	// Aggregators begin a reason with a short label ("bad_window: ...");
-	// the details after it vary too much to tell reasons apart by.
-	if i := strings.Index(reason, ":"); i >= 0 {
-		reason = reason[:i]
-	}
-	reason = truncate(reason)
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if t, ok := l.last[reason]; ok && now.Sub(t) < reasonLogEvery {
-		return false
-	}
-	if l.last == nil || len(l.last) >= reasonLogMax {
-		l.last = make(map[string]time.Time)
-	}
-	l.last[reason] = now
-	return true
-}
-
-// truncate bounds strings from the network before they reach a log line.
-func truncate(s string) string {
-	const n = 128
-	if len(s) <= n {
-		return s
-	}
-	return strings.ToValidUTF8(s[:n], "?") + "…"
 }

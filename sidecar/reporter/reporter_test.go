@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"math"
 	"net"
-	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -400,44 +399,6 @@ func TestSeveralReportersOnOneRegistry(t *testing.T) {
 	for _, mf := range mfs {
 		if len(mf.GetMetric()) != 2 {
 			t.Errorf("%s has %d series, want one per direction", mf.GetName(), len(mf.GetMetric()))
-		}
-	}
-}
-
-func TestRejectLogOncePerReasonPerMinute(t *testing.T) {
-	var l reasonLog
-	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	for _, step := range []struct {
-		at     time.Duration
-		reason string
-		want   bool
-	}{
-		{0, "bad_window: window 2h", true},
-		{time.Second, "bad_window: window 3h", false}, // same reason, other detail
-		{time.Second, "absurd_rate: x", true},
-		{59 * time.Second, "bad_window: window 2h", false},
-		{61 * time.Second, "bad_window: window 2h", true},
-	} {
-		if got := l.allow(step.reason, now.Add(step.at)); got != step.want {
-			t.Errorf("at +%v allow(%q) = %v, want %v", step.at, step.reason, got, step.want)
-		}
-	}
-}
-
-func TestNoPgx(t *testing.T) {
-	// sidecar/ runs in every pod; it must never pull in the database
-	// driver (DESIGN.md, STYLE.md).
-	out, err := exec.Command("go", "list", "-deps", ".").CombinedOutput()
-	if err != nil {
-		t.Fatalf("go list: %v\n%s", err, out)
-	}
-	deps := strings.Fields(string(out))
-	if len(deps) < 10 {
-		t.Fatalf("go list -deps printed %q; expected the package's dependencies", out)
-	}
-	for _, dep := range deps {
-		if strings.Contains(dep, "jackc/pgx") {
-			t.Errorf("sidecar/reporter depends on %s", dep)
 		}
 	}
 }
