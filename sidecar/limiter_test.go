@@ -104,6 +104,69 @@ func TestDiffuseIsExact(t *testing.T) {
 	}
 }
 
+func TestDiffuseIsExactConcurrently(t *testing.T) {
+	// Goroutines share stripes or not (see stackStripe); either way each
+	// stripe is its own sequence, so the bound of TestDiffuseIsExact holds.
+	const (
+		goroutines = 8
+		each       = 1000
+		ratio      = 0.3
+	)
+	l := NewLimiter(LimiterOptions{Strategy: Diffuse})
+	l.SetPolicy(policy("checkout", Rule{Peer: "greedy", DropRatio: ratio}))
+	s := l.Service("checkout")
+	var drops atomic.Uint64
+	var wg sync.WaitGroup
+	for range goroutines {
+		wg.Go(func() {
+			for range each {
+				if s.Decide("greedy").Drop {
+					drops.Add(1)
+				}
+			}
+		})
+	}
+	waitTimeout(t, &wg)
+	const n = goroutines * each
+	if got, want := float64(drops.Load()), ratio*n; math.Abs(got-want) > nStripes/2 {
+		t.Errorf("%v of %d dropped, want %v ± %d", got, n, want, nStripes/2)
+	}
+	if c := counts(l, "checkout", "greedy"); c != (PeerCounts{Peer: "greedy", Offered: n, Dropped: drops.Load()}) {
+		t.Errorf("counts %+v, %d drops seen", c, drops.Load())
+	}
+}
+
+func TestStackStripeSpreadsGoroutines(t *testing.T) {
+	// Goroutines alive at the same time have their own stacks and should
+	// spread over the stripes like random choices: 64 of them all landing
+	// on at most half the stripes would take a broken hash (or odds of
+	// under 2^-57).
+	const goroutines = 64
+	var used [nStripes]atomic.Bool
+	var started, wg sync.WaitGroup
+	release := make(chan struct{})
+	started.Add(goroutines)
+	for range goroutines {
+		wg.Go(func() {
+			used[stackStripe()].Store(true)
+			started.Done()
+			<-release // stay alive, keeping this stack, until all have run
+		})
+	}
+	waitTimeout(t, &started)
+	close(release)
+	waitTimeout(t, &wg)
+	n := 0
+	for i := range used {
+		if used[i].Load() {
+			n++
+		}
+	}
+	if n <= nStripes/2 {
+		t.Errorf("%d goroutines used %d of %d stripes", goroutines, n, nStripes)
+	}
+}
+
 func TestDiffuseDropsFirstRequestAtHighRatio(t *testing.T) {
 	// The accumulator starts at one half, so a high ratio bites at once;
 	// the HTTP and gRPC tests rely on it.

@@ -1,0 +1,142 @@
+package sidecar
+
+import (
+	"math/bits"
+	"math/rand/v2"
+)
+
+// peerTable is the read side of a table's peers: it finds a peer's slot for
+// Decide. A map[string]slot lookup was the largest part of Decide's cost (a
+// call to the runtime's string hash, a probe, a call to compare strings).
+// This is an open-addressing hash table with linear probing over a flat
+// array, and for a name of at most 16 bytes (most service names) the hash
+// is one multiply and the comparison three word compares, with no call to
+// memequal. BenchmarkPeerLookup compares the two.
+//
+// A peerTable is built in one go from the peers map of a new table snapshot
+// (peers change rarely: a new peer's first sighting, a policy swap) and is
+// never modified afterwards, so readers need no synchronisation. The map
+// stays the source of truth for writers and for iteration.
+//
+// Peer names come from requests, so the table must stay fast for names an
+// attacker picks. Every byte of a name goes into its hash, which is keyed
+// with random keys drawn for each table, so names can not be chosen to
+// collide (the defence of Go's maps, whose hash where AES is missing is
+// wyhash too); and the array is at most half full, so the probe for an
+// absent name reaches a free place after a couple of steps on average.
+// Names longer than names.MaxLen never reach the table: Decide rejects them
+// before hashing.
+type peerTable struct {
+	slots  []peerSlot // a power of two long, at most half full
+	k0, k1 uint64     // the hash keys
+}
+
+// peerSlot is one place of a peerTable: a peer and its slot, or free when
+// slot.e is nil. (The empty name can not mark a free place: "" is a name
+// that Decide looks up.) lo and hi are the peer's words (see hash), kept
+// here so that a comparison need not load the name's bytes from elsewhere.
+type peerSlot struct {
+	peer   string
+	lo, hi uint64
+	slot   slot
+}
+
+// shortName is the longest name that its words hold entirely.
+const shortName = 16
+
+// minPeerTableSize is the smallest array; the reserved peers alone need 4.
+const minPeerTableSize = 8
+
+// newPeerTable indexes peers, whose slots must all have counters (e != nil).
+func newPeerTable(peers map[string]slot) peerTable {
+	size := minPeerTableSize
+	for size < 2*len(peers) {
+		size *= 2
+	}
+	t := peerTable{
+		slots: make([]peerSlot, size),
+		k0:    rand.Uint64(),
+		k1:    rand.Uint64(),
+	}
+	mask := uint64(size - 1)
+	for peer, sl := range peers {
+		if sl.e == nil {
+			panic("sidecar: peer " + peer + " has no counters")
+		}
+		lo, hi, i := t.hash(peer)
+		for t.slots[i&mask].slot.e != nil { // the keys of a map are distinct
+			i++
+		}
+		t.slots[i&mask] = peerSlot{peer: peer, lo: lo, hi: hi, slot: sl}
+	}
+	return t
+}
+
+// get returns the slot of peer, and whether there is one. It allocates
+// nothing, and the probe ends because at least half of the places are free.
+func (t *peerTable) get(peer string) (slot, bool) {
+	lo, hi, h := t.hash(peer)
+	mask := uint64(len(t.slots) - 1)
+	for i := h; ; i++ {
+		ps := &t.slots[i&mask]
+		if ps.slot.e == nil {
+			return slot{}, false
+		}
+		// A short name is its length and its words.
+		if ps.lo == lo && ps.hi == hi && len(ps.peer) == len(peer) &&
+			(len(peer) <= shortName || ps.peer == peer) {
+			return ps.slot, true
+		}
+	}
+}
+
+// hash returns the words of s and its hash.
+//
+// The words are s read as two little-endian words the way wyhash reads
+// short inputs, first and last bytes overlapping, so that a name of at most
+// shortName bytes is determined by its length and its words. A longer name
+// gets its last sixteen bytes.
+//
+// The hash follows wyhash, keyed with the table's random keys:
+// each sixteen bytes of a long name, then the words, go through mix, so
+// every byte of s goes into the hash.
+func (t *peerTable) hash(s string) (lo, hi, h uint64) {
+	n := len(s)
+	h = t.k1 ^ uint64(n)
+	switch {
+	case n > shortName:
+		// The last block may overlap the words; that only costs a mix.
+		for b := s; len(b) > shortName; b = b[16:] {
+			h = mix(le64(b)^t.k0, le64(b[8:])^h)
+		}
+		lo, hi = le64(s[n-16:]), le64(s[n-8:])
+	case n >= 8:
+		lo, hi = le64(s), le64(s[n-8:])
+	case n >= 4:
+		lo, hi = le32(s), le32(s[n-4:])
+	case n > 0:
+		lo = uint64(s[0])<<16 | uint64(s[n/2])<<8 | uint64(s[n-1])
+	}
+	return lo, hi, mix(lo^t.k0, hi^h)
+}
+
+// mix is wyhash's mixing step: the two halves of the 128-bit product,
+// folded, so that the high bits of the operands reach the low bits of the
+// result too, which pick the place.
+func mix(a, b uint64) uint64 {
+	hi, lo := bits.Mul64(a, b)
+	return hi ^ lo
+}
+
+// le64 returns the first 8 bytes of s, little endian: one load.
+func le64(s string) uint64 {
+	_ = s[7]
+	return uint64(s[0]) | uint64(s[1])<<8 | uint64(s[2])<<16 | uint64(s[3])<<24 |
+		uint64(s[4])<<32 | uint64(s[5])<<40 | uint64(s[6])<<48 | uint64(s[7])<<56
+}
+
+// le32 returns the first 4 bytes of s, little endian: one load.
+func le32(s string) uint64 {
+	_ = s[3]
+	return uint64(s[0]) | uint64(s[1])<<8 | uint64(s[2])<<16 | uint64(s[3])<<24
+}

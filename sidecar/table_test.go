@@ -1,0 +1,256 @@
+package sidecar
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"testing/quick"
+
+	"github.com/sluicehq/sluice/internal/names"
+)
+
+// slotsFor returns a distinct slot for each name; the verdict tells them
+// apart, the counters are shared.
+func slotsFor(peers ...string) map[string]slot {
+	e := newEntry("")
+	m := make(map[string]slot, len(peers))
+	for _, p := range peers {
+		m[p] = slot{e: e, v: &verdict{}}
+	}
+	return m
+}
+
+// checkAgainstMap fails unless t holds exactly the peers of m: each one with
+// its slot, and none of probes that m lacks.
+func checkAgainstMap(t *testing.T, pt *peerTable, m map[string]slot, probes ...string) {
+	t.Helper()
+	occupied := 0
+	for _, ps := range pt.slots {
+		if ps.slot.e != nil {
+			occupied++
+		}
+	}
+	if occupied != len(m) {
+		t.Errorf("%d places occupied, want %d", occupied, len(m))
+	}
+	for peer, want := range m {
+		if got, ok := pt.get(peer); !ok || got != want {
+			t.Errorf("get(%q) = %v, %v; want %v, true", peer, got, ok, want)
+		}
+	}
+	for _, peer := range probes {
+		want, wantOK := m[peer]
+		if got, ok := pt.get(peer); ok != wantOK || got != want {
+			t.Errorf("get(%q) = %v, %v; want %v, %v", peer, got, ok, want, wantOK)
+		}
+	}
+}
+
+func TestPeerTable(t *testing.T) {
+	long := strings.Repeat("x", 40)
+	for _, tc := range []struct {
+		name   string
+		peers  []string
+		probes []string
+	}{
+		{"empty", nil, []string{"", "a", "checkout"}},
+		{"reserved", []string{names.Unknown, names.Overflow}, []string{"", "unknow", "unknownn", "_overflo", "a"}},
+		{"empty name is a key", []string{"", "a"}, []string{"b", "aa"}},
+		{
+			// Around every length where hash reads the name differently.
+			"every length class",
+			[]string{"a", "ab", "abc", "abcd", "abcdefg", "abcdefgh", "abcdefghi",
+				"abcdefghijklmnop", "abcdefghijklmnopq", strings.Repeat("a", 32), strings.Repeat("a", 33), strings.Repeat("z", names.MaxLen)},
+			[]string{"", "b", "ba", "abd", "abce", "bbcdefg", "abcdefgi", "abcdefghj",
+				"abcdefghijklmnoq", "bbcdefghijklmnopq", strings.Repeat("a", 31), strings.Repeat("a", 34), strings.Repeat("z", names.MaxLen-1)},
+		},
+		{
+			// Same length and the same words, a different middle: only the
+			// full comparison tells them apart.
+			"long names with equal ends",
+			[]string{"ab" + long + "0123456789abcdef", "ab" + long + "0123456789abcdef" + "!"},
+			[]string{"ac" + long + "0123456789abcdef", "ab" + long[1:] + "y0123456789abcdef"},
+		},
+		{
+			// Short names whose overlapping words repeat bytes.
+			"overlapping words",
+			[]string{"aaaa", "aaaaa", "aaaaaaaa", "aaaaaaaaaaaa", "abab", "ababab"},
+			[]string{"aaa", "aaaaaa", "aaaaaaa", "aaaaaaaaa", "abababab", "aba"},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := slotsFor(tc.peers...)
+			pt := newPeerTable(m)
+			checkAgainstMap(t, &pt, m, tc.probes...)
+		})
+	}
+}
+
+// randomName returns a name over a small alphabet, so that names share
+// prefixes, suffixes and words; mostly short, sometimes up to names.MaxLen.
+func randomName(r *rand.Rand) string {
+	n := r.IntN(24)
+	if r.IntN(8) == 0 {
+		n = r.IntN(names.MaxLen + 1)
+	}
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = "ab-\x00\xff"[r.IntN(5)]
+	}
+	return string(b)
+}
+
+func TestPeerTableMatchesMap(t *testing.T) {
+	f := func(seed uint64) bool {
+		r := rand.New(rand.NewPCG(seed, 1))
+		var peers, probes []string
+		for range r.IntN(100) {
+			peers = append(peers, randomName(r))
+		}
+		for range 100 {
+			probes = append(probes, randomName(r))
+		}
+		// And near misses of the peers: a byte changed, one more, one less.
+		for _, p := range peers {
+			if len(p) > 0 {
+				b := []byte(p)
+				b[r.IntN(len(b))] ^= 1
+				probes = append(probes, string(b), p[1:], p[:len(p)-1])
+			}
+			probes = append(probes, p+"a")
+		}
+		m := slotsFor(peers...)
+		pt := newPeerTable(m)
+		checkAgainstMap(t, &pt, m, probes...)
+		return !t.Failed()
+	}
+	if err := quick.Check(f, &quick.Config{MaxCount: 500}); err != nil {
+		t.Error(err)
+	}
+}
+
+func FuzzPeerTable(f *testing.F) {
+	f.Add("unknown,_overflow,checkout", "checkou")
+	f.Add("a,aa,aaaa,aaaaaaaa,aaaaaaaaaaaaaaaa,aaaaaaaaaaaaaaaaa", "aaaaaaaaaaaaaaaaaa")
+	f.Add(","+strings.Repeat("x", 40), strings.Repeat("x", 39)+"y")
+	f.Fuzz(func(t *testing.T, peers, probe string) {
+		m := slotsFor(strings.Split(peers, ",")...)
+		pt := newPeerTable(m)
+		checkAgainstMap(t, &pt, m, probe, probe+probe)
+	})
+}
+
+func TestPeerTableHashUsesEveryByte(t *testing.T) {
+	// Names that differ in any single byte must hash apart (but for a
+	// chance of 2^-64 per pair), or callers could make names collide.
+	pt := newPeerTable(nil)
+	r := rand.New(rand.NewPCG(1, 2))
+	for n := 1; n <= names.MaxLen; n++ {
+		b := make([]byte, n)
+		for i := range b {
+			b[i] = byte(r.Uint32())
+		}
+		_, _, h := pt.hash(string(b))
+		for i := range b {
+			c := b[i]
+			b[i] ^= 1 << r.IntN(8)
+			if _, _, h2 := pt.hash(string(b)); h2 == h {
+				t.Errorf("length %d: changing byte %d leaves the hash at %#x", n, i, h)
+			}
+			b[i] = c
+		}
+	}
+}
+
+func TestPeerTableHostileNames(t *testing.T) {
+	// MaxPeers names an attacker might pick to pile up in one place if the
+	// hash skipped bytes: equal but for a few bytes in the middle, or short
+	// and equal but for one byte. Probes must stay short all the same.
+	for _, shape := range []string{"%08d", "pre-%04d-suf", strings.Repeat("a", 100) + "%04d" + strings.Repeat("b", 100)} {
+		var peers []string
+		for i := range DefaultMaxPeers {
+			peers = append(peers, fmt.Sprintf(shape, i))
+		}
+		m := slotsFor(peers...)
+		pt := newPeerTable(m)
+		checkAgainstMap(t, &pt, m, fmt.Sprintf(shape, -1))
+		longest := 0
+		for _, p := range peers {
+			longest = max(longest, probeLength(&pt, p))
+		}
+		// Expected at most a dozen or so at this load; a hash that ignored
+		// the varying bytes would give DefaultMaxPeers.
+		if longest > 64 {
+			t.Errorf("%q: a probe of %d places", shape, longest)
+		}
+	}
+}
+
+// probeLength returns how many places get looks at to find peer, which t
+// holds.
+func probeLength(t *peerTable, peer string) int {
+	_, _, i := t.hash(peer)
+	for n := 1; ; n++ {
+		if ps := &t.slots[i&uint64(len(t.slots)-1)]; ps.slot.e != nil && ps.peer == peer {
+			return n
+		}
+		i++
+	}
+}
+
+func TestTableIndexFollowsPeers(t *testing.T) {
+	// Every way a table is built keeps its index in step with its peers.
+	l := NewLimiter(LimiterOptions{MaxPeers: 20})
+	s := l.Service("checkout")
+	check := func(when string) {
+		t.Helper()
+		tb := s.table.Load()
+		if len(tb.peers) != tb.counted+2 {
+			t.Fatalf("%s: %d peers, %d counted", when, len(tb.peers), tb.counted)
+		}
+		t.Run(when, func(t *testing.T) { checkAgainstMap(t, &tb.index, tb.peers, "", "bad name", "never-seen") })
+	}
+	check("new")
+	for i := range 10 {
+		s.Decide(fmt.Sprintf("peer-%d", i))
+	}
+	check("after first sightings")
+	l.SetPolicy(policy("checkout", Rule{Peer: "peer-1", DropRatio: 0.5}, Rule{Peer: "listed", DropRatio: 0.5}))
+	check("after SetPolicy")
+	for i := range 30 {
+		s.Decide(fmt.Sprintf("more-%d", i))
+	}
+	check("when full")
+	l.RemovePolicy("checkout")
+	check("after RemovePolicy")
+}
+
+func BenchmarkPeerLookup(b *testing.B) {
+	// The map that peerTable replaced on the hot path, and peerTable, at
+	// three name lengths: below 8 bytes, 8 to 16, longer.
+	peers := map[string]slot{}
+	for i := range 64 {
+		peers[fmt.Sprintf("caller-%02d", i)] = slot{e: newEntry("")}
+	}
+	keys := []string{"web", "caller-a", "productcatalogservice"}
+	for _, k := range keys {
+		peers[k] = slot{e: newEntry("")}
+	}
+	t := newPeerTable(peers)
+	var sink slot
+	for _, k := range keys {
+		k = strings.Clone(k) // not the pointer stored in the table
+		b.Run(fmt.Sprintf("map-%d", len(k)), func(b *testing.B) {
+			for b.Loop() {
+				sink = peers[k]
+			}
+		})
+		b.Run(fmt.Sprintf("table-%d", len(k)), func(b *testing.B) {
+			for b.Loop() {
+				sink, _ = t.get(k)
+			}
+		})
+	}
+	_ = sink
+}
