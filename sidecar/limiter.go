@@ -54,6 +54,11 @@ type LimiterOptions struct {
 	MaxPeers int
 	// Strategy is how ratios become drops; an unknown value means Diffuse.
 	Strategy Strategy
+	// OneStripe counts every Diffuse decision on one counter stripe, so
+	// that a single-threaded caller gets the same decisions in every run,
+	// whatever the addresses of its goroutine's stack: the simulator needs
+	// that. It costs contention when several cores decide at once.
+	OneStripe bool
 }
 
 // Limiter decides requests locally from the drop policies it holds and counts
@@ -68,8 +73,9 @@ type LimiterOptions struct {
 // allocates nothing in the steady state (after a service's and a peer's
 // first sighting); see ServiceLimiter.Decide.
 type Limiter struct {
-	maxPeers int
-	random   bool
+	maxPeers   int
+	random     bool
+	stripeMask uint64 // nStripes-1, or 0 with OneStripe
 
 	// services is an immutable map, replaced (copy on write) under mu when a
 	// service is added. Services are never removed.
@@ -80,7 +86,10 @@ type Limiter struct {
 // NewLimiter returns a Limiter that holds no policy: it admits everything and
 // counts it.
 func NewLimiter(opts LimiterOptions) *Limiter {
-	l := &Limiter{maxPeers: opts.MaxPeers, random: opts.Strategy == Random}
+	l := &Limiter{maxPeers: opts.MaxPeers, random: opts.Strategy == Random, stripeMask: nStripes - 1}
+	if opts.OneStripe {
+		l.stripeMask = 0
+	}
 	if l.maxPeers <= 0 {
 		l.maxPeers = DefaultMaxPeers
 	}
@@ -115,7 +124,7 @@ func (l *Limiter) Service(name string) *ServiceLimiter {
 	if s := old[name]; s != nil {
 		return s
 	}
-	s := newServiceLimiter(strings.Clone(name), l.maxPeers, l.random)
+	s := newServiceLimiter(strings.Clone(name), l.maxPeers, l.random, l.stripeMask)
 	m := maps.Clone(old)
 	m[s.name] = s
 	l.services.Store(&m)
@@ -332,9 +341,10 @@ type table struct {
 // ServiceLimiter is a Limiter bound to one service: it skips the service
 // lookup. Safe for concurrent use.
 type ServiceLimiter struct {
-	name     string
-	maxPeers int
-	random   bool
+	name       string
+	maxPeers   int
+	random     bool
+	stripeMask uint64 // see LimiterOptions.OneStripe
 
 	// table is replaced, never modified. Readers load it once per decision;
 	// writers build a new one under mu: a new peer's first sighting, and
@@ -345,8 +355,8 @@ type ServiceLimiter struct {
 	invalidPeers atomic.Uint64 // requests whose peer name failed the name check
 }
 
-func newServiceLimiter(name string, maxPeers int, random bool) *ServiceLimiter {
-	s := &ServiceLimiter{name: name, maxPeers: maxPeers, random: random}
+func newServiceLimiter(name string, maxPeers int, random bool, stripeMask uint64) *ServiceLimiter {
+	s := &ServiceLimiter{name: name, maxPeers: maxPeers, random: random, stripeMask: stripeMask}
 	t := &table{
 		unknown:  slot{e: newEntry(names.Unknown)},
 		overflow: slot{e: newEntry(names.Overflow)},
@@ -396,7 +406,7 @@ func (s *ServiceLimiter) Decide(peer string) Decision {
 	}
 	// Diffuse, written out here: as a method it would be too large for
 	// the compiler to inline, and the call cost about 3 ns.
-	st := &sl.e.stripes[stackStripe()]
+	st := &sl.e.stripes[stackStripe()&s.stripeMask]
 	k := st.offered.Add(1)
 	if sl.v == nil || !diffuseHit(k, sl.v.step) {
 		return Decision{v: sl.v} // a nil v: not listed, admit

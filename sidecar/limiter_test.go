@@ -625,3 +625,28 @@ func TestDecideTakesNoLockInSteadyState(t *testing.T) {
 		t.Fatal("Decide blocked on a writer's lock")
 	}
 }
+
+// With OneStripe, a single-threaded caller's k-th request is decided as the
+// k-th of one sequence, wherever its goroutine's stack happens to be: the
+// simulator's runs must not depend on addresses.
+func TestOneStripeIsReproducible(t *testing.T) {
+	l := NewLimiter(LimiterOptions{OneStripe: true})
+	l.SetPolicy(policy("checkout", Rule{Peer: "web", DropRatio: 0.37, LimitRPS: inf, AllowedRPS: inf}))
+	s := l.Service("checkout")
+	ratio := 0.37
+	step := uint64(ratio * (1 << 32))
+	var decideAt func(depth int) bool
+	decideAt = func(depth int) bool { // deeper calls move the stack
+		var pad [512]byte
+		_ = pad
+		if depth > 0 {
+			return decideAt(depth - 1)
+		}
+		return s.Decide("web").Drop
+	}
+	for k := uint64(1); k <= 2000; k++ {
+		if got, want := decideAt(int(k%7)*40), diffuseHit(k, step); got != want {
+			t.Fatalf("request %d: drop %v, want %v (the k-th of one sequence)", k, got, want)
+		}
+	}
+}
