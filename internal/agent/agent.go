@@ -50,6 +50,9 @@ type Config struct {
 	XDSProtocol string
 	// ReportInterval is how often load reports go out.
 	ReportInterval time.Duration
+	// SurgeCheck is how often the counters are checked for a surge between
+	// reports; 0 means a quarter of ReportInterval, negative none.
+	SurgeCheck time.Duration
 	// CallerHeader names the request header that carries the caller.
 	CallerHeader string
 	// MaxPeers bounds the distinct callers tracked before the rest share
@@ -116,6 +119,9 @@ func (c Config) Validate() error {
 	}
 	if c.ReportInterval < reporter.MinInterval || c.ReportInterval > reporter.MaxInterval {
 		add("report-interval: %v is outside [%v, %v]", c.ReportInterval, reporter.MinInterval, reporter.MaxInterval)
+	}
+	if c.SurgeCheck > 0 && (c.SurgeCheck < reporter.MinInterval || c.SurgeCheck > c.ReportInterval) {
+		add("surge-check: %v is outside [%v, report-interval %v]; 0 for a quarter of it, negative for none", c.SurgeCheck, reporter.MinInterval, c.ReportInterval)
 	}
 	if !validHeaderName(c.CallerHeader) {
 		add("caller-header: %q is not a valid header name", c.CallerHeader)
@@ -214,6 +220,7 @@ func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Agent, er
 		Zone:        cfg.Zone,
 		Direction:   sluicev1.Direction_DIRECTION_INBOUND,
 		Interval:    cfg.ReportInterval,
+		SurgeCheck:  cfg.SurgeCheck,
 		Aggregators: cfg.Aggregators,
 		Logger:      logger,
 		Registerer:  reg,

@@ -20,6 +20,7 @@ import (
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/names"
+	"github.com/sluicehq/sluice/internal/ticker"
 	"github.com/sluicehq/sluice/internal/uplink"
 )
 
@@ -149,8 +150,16 @@ type Service struct {
 	// one was noticed dead must stay.
 	owners map[string]*stream
 
+	flushes   *ticker.Ticker // the flush loop; poked on a surge
 	draining  atomic.Bool
 	rejectLog uplink.RejectLog // rejections of flushes by the controller
+}
+
+// surgeGap is the least time between flushes that surges cause: a tenth of
+// the interval, at least 10ms, so that a fleet of sidecars reporting one
+// surge costs the controller a few extra flushes, not one per sidecar.
+func surgeGap(interval time.Duration) time.Duration {
+	return max(interval/10, 10*time.Millisecond)
 }
 
 // stream is the identity of one StreamLoadReports call.
@@ -167,10 +176,11 @@ func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Service, 
 		logger = slog.New(slog.DiscardHandler)
 	}
 	s := &Service{
-		cfg:    cfg,
-		log:    logger,
-		state:  NewState(cfg.Zone, cfg.ID, cfg.StaleAfter, cfg.Limits),
-		owners: make(map[string]*stream),
+		cfg:     cfg,
+		log:     logger,
+		flushes: ticker.New(cfg.FlushInterval, surgeGap(cfg.FlushInterval)),
+		state:   NewState(cfg.Zone, cfg.ID, cfg.StaleAfter, cfg.Limits),
+		owners:  make(map[string]*stream),
 	}
 	up, err := uplink.New(uplink.Config[zoneReq, zoneResp]{
 		Addrs:       cfg.Controllers,
@@ -217,16 +227,8 @@ func (s *Service) Run(ctx context.Context) error {
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return s.up.Run(ctx) })
 	g.Go(func() error {
-		t := time.NewTicker(s.cfg.FlushInterval)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return nil
-			case <-t.C:
-				s.FlushNow()
-			}
-		}
+		s.flushes.Run(ctx, func(time.Time) { s.FlushNow() })
+		return nil
 	})
 	return g.Wait()
 }
@@ -286,6 +288,11 @@ func (s *Service) apply(st *stream, r *sluicev1.LoadReport) error {
 	}
 	if err := s.state.Apply(r, time.Now()); err != nil {
 		return err
+	}
+	if s.state.TakeUrgent() {
+		// A surge: the controller hears of it now, not at the next
+		// flush (at most every surgeGap).
+		s.flushes.Poke()
 	}
 	st.id = r.GetSidecarId()
 	s.owners[st.id] = st

@@ -14,6 +14,7 @@ import (
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/names"
+	"github.com/sluicehq/sluice/pkg/dropratio"
 )
 
 // Limits bound what one report may claim, so that a broken or hostile
@@ -138,6 +139,8 @@ type State struct {
 	order []string
 	// stale collects sidecars dropped for silence until TakeStale.
 	stale []string
+	// urgent is set by Apply when a report shows a surge; see TakeUrgent.
+	urgent bool
 }
 
 // sidecar is the latest accepted report of one sidecar, as rates.
@@ -252,9 +255,41 @@ func (s *State) Apply(r *sluicev1.LoadReport, now time.Time) error {
 		old = new(sidecar)
 		s.sidecars[id] = old
 		s.order = nil
+	} else if !s.urgent && old.service == r.GetService() && old.direction == dir {
+		s.urgent = surged(old.peers, peers)
 	}
 	*old = sidecar{service: r.GetService(), direction: dir, window: window, seen: now, peers: peers}
 	return nil
+}
+
+// surged reports whether some peer's offered rate rose from before to after
+// enough to pass on at once (dropratio.Surged). Both are sorted by peer.
+func surged(before, after []peerRate) bool {
+	i := 0
+	for _, a := range after {
+		for i < len(before) && before[i].peer < a.peer {
+			i++
+		}
+		prev := 0.0
+		if i < len(before) && before[i].peer == a.peer {
+			prev = before[i].offered
+		}
+		if dropratio.Surged(prev, a.offered) {
+			return true
+		}
+	}
+	return false
+}
+
+// TakeUrgent reports whether a report applied since the last call showed a
+// surge — a sidecar whose rate for some peer jumped (dropratio.Surged) — and
+// clears the mark. The service flushes at once when it is set, instead of
+// waiting for its interval: the controller should hear of a surge now.
+// A sidecar's first report never counts: a new sidecar is not a surge.
+func (s *State) TakeUrgent() bool {
+	u := s.urgent
+	s.urgent = false
+	return u
 }
 
 // Remove forgets a sidecar, e.g. when its stream ended. Unknown ids are

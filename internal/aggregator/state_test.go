@@ -314,3 +314,33 @@ func serviceLoad(svc string, dir sluicev1.Direction, live uint32, peers ...*slui
 func rate(peer string, offered, dropped, shadow float64) *sluicev1.PeerRate {
 	return &sluicev1.PeerRate{Peer: peer, OfferedRps: offered, DroppedRps: dropped, ShadowDroppedRps: shadow}
 }
+
+func TestUrgentOnSurge(t *testing.T) {
+	s := NewState("zone-a", "agg-1", 3, Limits{})
+	apply(t, s, t0, report("s1", "svc", in, time.Second, pc("web", 100, 0, 0)))
+	if s.TakeUrgent() {
+		t.Error("a sidecar's first report is urgent; a new sidecar is not a surge")
+	}
+	for _, step := range []struct {
+		name string
+		web  uint64
+		want bool
+	}{
+		{"steady", 110, false},
+		{"1.5× and +55 rps", 165, true},
+		{"falling", 50, false},
+		{"+9 rps from 50: noise", 59, false},
+	} {
+		apply(t, s, t0, report("s1", "svc", in, time.Second, pc("web", step.web, 0, 0)))
+		if got := s.TakeUrgent(); got != step.want {
+			t.Errorf("%s: urgent = %v, want %v", step.name, got, step.want)
+		}
+	}
+	apply(t, s, t0, report("s1", "svc", in, time.Second, pc("web", 59, 0, 0), pc("new", 40, 0, 0)))
+	if !s.TakeUrgent() {
+		t.Error("a new caller at 40 rps is a surge from 0")
+	}
+	if s.TakeUrgent() {
+		t.Error("TakeUrgent did not clear the mark")
+	}
+}

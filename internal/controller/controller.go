@@ -25,6 +25,7 @@ import (
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/limits"
+	"github.com/sluicehq/sluice/internal/ticker"
 	"github.com/sluicehq/sluice/internal/xdsserver"
 	"github.com/sluicehq/sluice/pkg/dropratio"
 )
@@ -88,6 +89,7 @@ type Service struct {
 	limits limits.Source
 	m      *metrics
 
+	ticks     *ticker.Ticker // the tick loop; poked on a surge
 	xds       *xdsserver.Server
 	stopXDS   context.CancelFunc
 	draining  chan struct{} // closed by Drain: zone streams end
@@ -122,8 +124,11 @@ func New(cfg Config, src limits.Source, logger *slog.Logger, reg prometheus.Regi
 		xds:      xdsserver.New(xctx, xdsserver.Options{Logger: logger, Registerer: reg}),
 		stopXDS:  stopXDS,
 		draining: make(chan struct{}),
-		state:    state,
-		streams:  map[string]int64{},
+		// Surge ticks at most every tenth of a tick: a surge seen by
+		// every aggregator at once costs a few extra ticks, not one each.
+		ticks:   ticker.New(cfg.Tick, max(cfg.Tick/10, 10*time.Millisecond)),
+		state:   state,
+		streams: map[string]int64{},
 	}
 	return s, nil
 }
@@ -171,19 +176,12 @@ func (s *Service) Drain() {
 	})
 }
 
-// Run ticks until ctx is cancelled.
+// Run ticks every Tick, and soon after a zone load shows a surge, until ctx
+// is cancelled.
 func (s *Service) Run(ctx context.Context) error {
 	defer s.Drain()
-	t := time.NewTicker(s.cfg.Tick)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case now := <-t.C:
-			s.tick(now)
-		}
-	}
+	s.ticks.Run(ctx, s.tick)
+	return nil
 }
 
 func (s *Service) tick(now time.Time) {
@@ -273,7 +271,12 @@ func (s *Service) StreamZoneLoads(stream grpc.BidiStreamingServer[sluicev1.Strea
 			s.streams[load.GetAggregatorId()] = streamID
 			owned[load.GetAggregatorId()] = true
 		}
+		urgent := s.state.TakeUrgent()
 		s.mu.Unlock()
+		if urgent {
+			// A surge: run the law now rather than at the next tick.
+			s.ticks.Poke()
+		}
 		resp := &sluicev1.StreamZoneLoadsResponse{Accepted: err == nil}
 		if err != nil {
 			var rej *RejectError

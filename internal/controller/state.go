@@ -71,6 +71,7 @@ type State struct {
 	lastStep  time.Time // zero before the first step
 	lastJoin  time.Time // when an aggregator last appeared
 	warm      bool
+	urgent    bool // set by Apply on a surge; see TakeUrgent
 	published map[string]*published
 }
 
@@ -108,11 +109,14 @@ func (s *State) Apply(load *sluicev1.ZoneLoad, now time.Time) error {
 		return err
 	}
 	id := load.GetAggregatorId()
-	if _, ok := s.aggs[id]; !ok {
+	prev, ok := s.aggs[id]
+	if !ok {
 		if len(s.aggs) >= s.cfg.MaxAggregators {
 			return reject("too_many_aggregators", "already holding %d aggregators", len(s.aggs))
 		}
 		s.lastJoin = now
+	} else if !s.urgent {
+		s.urgent = zoneSurged(prev.load, load)
 	}
 	s.aggs[id] = &aggregatorLoad{
 		zone:     load.GetZone(),
@@ -121,6 +125,42 @@ func (s *State) Apply(load *sluicev1.ZoneLoad, now time.Time) error {
 		load:     load,
 	}
 	return nil
+}
+
+// TakeUrgent reports whether a zone load applied since the last call showed
+// a surge — some bucket's rate in that zone jumped (dropratio.Surged) — and
+// clears the mark. The service ticks at once when it is set instead of
+// waiting for the next tick. An aggregator's first load never counts.
+func (s *State) TakeUrgent() bool {
+	u := s.urgent
+	s.urgent = false
+	return u
+}
+
+// zoneSurged reports whether some inbound bucket's offered rate rose from
+// before to after enough to act on at once.
+func zoneSurged(before, after *sluicev1.ZoneLoad) bool {
+	type bucket struct{ service, peer string }
+	old := map[bucket]float64{}
+	for _, svc := range before.GetServices() {
+		if svc.GetDirection() != sluicev1.Direction_DIRECTION_INBOUND {
+			continue
+		}
+		for _, p := range svc.GetPeers() {
+			old[bucket{svc.GetService(), p.GetPeer()}] = p.GetOfferedRps()
+		}
+	}
+	for _, svc := range after.GetServices() {
+		if svc.GetDirection() != sluicev1.Direction_DIRECTION_INBOUND {
+			continue
+		}
+		for _, p := range svc.GetPeers() {
+			if dropratio.Surged(old[bucket{svc.GetService(), p.GetPeer()}], p.GetOfferedRps()) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // Remove forgets an aggregator at once, e.g. when its stream ended: its

@@ -438,3 +438,26 @@ func TestTickNamesStaleAggregators(t *testing.T) {
 		t.Errorf("stale reported twice: %v", res.Stale)
 	}
 }
+
+func TestUrgentOnZoneSurge(t *testing.T) {
+	s := newState(t)
+	s.Apply(zoneLoad("agg-a", "a", 1, map[string]float64{"checkout/web": 100}), t0)
+	if s.TakeUrgent() {
+		t.Error("an aggregator's first load is urgent")
+	}
+	s.Apply(zoneLoad("agg-a", "a", 1, map[string]float64{"checkout/web": 120}), t0)
+	if s.TakeUrgent() {
+		t.Error("+20 % is urgent")
+	}
+	s.Apply(zoneLoad("agg-a", "a", 1, map[string]float64{"checkout/web": 1500}), t0)
+	if !s.TakeUrgent() {
+		t.Error("a 12× jump is not urgent")
+	}
+	if s.TakeUrgent() {
+		t.Error("TakeUrgent did not clear the mark")
+	}
+	s.Apply(zoneLoad("agg-a", "a", 1, map[string]float64{"checkout/web": 100}), t0)
+	if s.TakeUrgent() {
+		t.Error("a fall is urgent")
+	}
+}

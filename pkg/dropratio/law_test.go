@@ -744,3 +744,22 @@ func TestSeedHoldsThenReleases(t *testing.T) {
 		t.Errorf("seeded 1.5 → %v, want PMax", got)
 	}
 }
+
+func TestSurged(t *testing.T) {
+	for _, tc := range []struct {
+		before, after float64
+		want          bool
+	}{
+		{100, 150, true},
+		{100, 149, false},
+		{0, 10, true},
+		{0, 9, false},  // too little to tell from noise
+		{4, 12, false}, // 3× but a rise of 8 rps
+		{200, 100, false},
+		{math.NaN(), 1000, false},
+	} {
+		if got := Surged(tc.before, tc.after); got != tc.want {
+			t.Errorf("Surged(%v, %v) = %v, want %v", tc.before, tc.after, got, tc.want)
+		}
+	}
+}

@@ -62,6 +62,10 @@ type Config struct {
 	Direction sluicev1.Direction
 	// Interval between reports. Default 1s.
 	Interval time.Duration
+	// SurgeCheck is how often the counters are checked for a surge between
+	// reports (see SurgeDetector); a surge is reported at once. Default a
+	// quarter of Interval; negative turns surge reports off.
+	SurgeCheck time.Duration
 	// Aggregators are the zone's aggregator addresses, tried in order with
 	// failover. Required.
 	Aggregators []string
@@ -79,6 +83,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Interval == 0 {
 		c.Interval = time.Second
+	}
+	if c.SurgeCheck == 0 {
+		c.SurgeCheck = max(c.Interval/4, MinInterval)
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -107,6 +114,9 @@ func (c Config) Validate() error {
 	}
 	if c.Interval != 0 && (c.Interval < MinInterval || c.Interval > MaxInterval) {
 		errs = append(errs, fmt.Errorf("Interval: must be in [%v, %v], got %v", MinInterval, MaxInterval, c.Interval))
+	}
+	if c.SurgeCheck > 0 && (c.SurgeCheck < MinInterval || c.SurgeCheck > MaxInterval) {
+		errs = append(errs, fmt.Errorf("SurgeCheck: must be in [%v, %v], or negative for none, got %v", MinInterval, MaxInterval, c.SurgeCheck))
 	}
 	if len(c.Aggregators) == 0 {
 		errs = append(errs, errors.New("Aggregators: at least one address is required"))
@@ -208,6 +218,7 @@ type Reporter struct {
 
 	zone      atomic.Pointer[string] // the zone the aggregator accounts us to; nil until it said
 	rejected  prometheus.Counter
+	surges    prometheus.Counter
 	rejectLog uplink.RejectLog
 }
 
@@ -243,7 +254,7 @@ func New(cfg Config, src Source) (*Reporter, error) {
 		return nil, fmt.Errorf("aggregator uplink: %w", err)
 	}
 	r.up = up
-	r.rejected = registerMetrics(cfg, up)
+	r.rejected, r.surges = registerMetrics(cfg, up)
 	return r, nil
 }
 
@@ -276,33 +287,61 @@ func (r *Reporter) Run(ctx context.Context) error {
 func (r *Reporter) loop(ctx context.Context) {
 	t := time.NewTicker(r.cfg.Interval)
 	defer t.Stop()
+	// A nil channel never fires: no surge checks when they are off.
+	var check <-chan time.Time
+	if r.cfg.SurgeCheck > 0 {
+		ct := time.NewTicker(r.cfg.SurgeCheck)
+		defer ct.Stop()
+		check = ct.C
+	}
 	minWindow := max(r.cfg.Interval/2, MinInterval)
-	// Two buffers take turns holding the previous and current snapshot.
+	var surge SurgeDetector
+	// prev is the snapshot at the start of the report window, checked the
+	// one at the last surge check; cur is scratch.
 	prevAt := time.Now()
 	prev := r.src.AppendCounts(r.cfg.Service, nil)
+	checkedAt, checked := prevAt, slices.Clone(prev)
 	var cur []sidecar.PeerCounts
+	send := func(from []sidecar.PeerCounts, fromAt, now time.Time) {
+		rep := Build(r.hdr, from, cur, fromAt, now.Sub(fromAt))
+		r.up.Offer(&loadReq{Report: rep})
+		surge.Reported(rep)
+		prev, cur = cur, prev
+		prevAt = now
+		checked, checkedAt = append(checked[:0], prev...), now
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case now := <-check:
+			cur = r.src.AppendCounts(r.cfg.Service, cur[:0])
+			if surge.Surging(checked, cur, now.Sub(checkedAt)) {
+				// Report the check window alone: its rate is the
+				// surge's, not diluted by the calm before it. The
+				// aggregator keeps rates, so the earlier part of the
+				// window is not missed.
+				r.surges.Inc()
+				send(checked, checkedAt, now)
+				continue
+			}
+			checked, checkedAt = append(checked[:0], cur...), now
 		case <-t.C:
+			// The window is measured, not assumed: a late tick makes a
+			// longer window, and the rate stays right. time.Now's
+			// monotonic reading keeps it immune to wall-clock steps.
+			now := time.Now()
+			if now.Sub(prevAt) < minWindow {
+				// A tick read late is followed by one on schedule, and
+				// the window between them can be too short for a
+				// meaningful rate (the aggregator rejects windows under
+				// 10ms), as can the rest of a window a surge report cut
+				// short. Fold it into the next window instead.
+				continue
+			}
+			cur = r.src.AppendCounts(r.cfg.Service, cur[:0])
+			send(prev, prevAt, now)
 		}
-		// The window is measured, not assumed: a late tick makes a longer
-		// window, and the rate stays right. time.Now's monotonic reading
-		// keeps it immune to wall-clock steps.
-		now := time.Now()
-		if now.Sub(prevAt) < minWindow {
-			// A tick read late is followed by one on schedule, and the
-			// window between them can be too short for a meaningful
-			// rate (the aggregator rejects windows under 10ms). Fold
-			// it into the next window instead.
-			continue
-		}
-		cur = r.src.AppendCounts(r.cfg.Service, cur[:0])
-		rep := Build(r.hdr, prev, cur, prevAt, now.Sub(prevAt))
-		r.up.Offer(&loadReq{Report: rep})
-		prev, cur = cur, prev
-		prevAt = now
 	}
 }
 
@@ -324,17 +363,21 @@ func (r *Reporter) onResponse(resp *loadResp) {
 
 // registerMetrics registers the reporter's metrics and returns the one it
 // counts itself. The others read the uplink's counters when scraped.
-func registerMetrics(cfg Config, up *uplink.Uplink[loadReq, loadResp]) prometheus.Counter {
+func registerMetrics(cfg Config, up *uplink.Uplink[loadReq, loadResp]) (rejected, surges prometheus.Counter) {
 	const ns, sub = "sluice", "sidecar_report"
 	// A sidecar may report both directions; the label keeps their
 	// reporters' metrics apart on one registry.
 	labels := prometheus.Labels{"direction": directionLabel(cfg.Direction)}
-	rejected := prometheus.NewCounter(prometheus.CounterOpts{
+	rejected = prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: ns, Subsystem: sub, Name: "rejected_total", ConstLabels: labels,
 		Help: "Load reports the aggregator answered with accepted=false.",
 	})
+	surges = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "surges_total", ConstLabels: labels,
+		Help: "Load reports sent before the interval was up because a caller's rate jumped.",
+	})
 	if cfg.Registerer == nil {
-		return rejected
+		return rejected, surges
 	}
 	counter := func(name, help string, f func(uplink.Stats) uint64) prometheus.Collector {
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{
@@ -343,6 +386,7 @@ func registerMetrics(cfg Config, up *uplink.Uplink[loadReq, loadResp]) prometheu
 	}
 	for _, c := range []prometheus.Collector{
 		rejected,
+		surges,
 		counter("sent_total", "Load reports sent to an aggregator.",
 			func(s uplink.Stats) uint64 { return s.Sent }),
 		counter("superseded_total", "Load reports replaced by a newer one before they could be sent.",
@@ -365,7 +409,7 @@ func registerMetrics(cfg Config, up *uplink.Uplink[loadReq, loadResp]) prometheu
 			cfg.Logger.Warn("reporter metric not registered", "error", err)
 		}
 	}
-	return rejected
+	return rejected, surges
 }
 
 func directionLabel(d sluicev1.Direction) string {

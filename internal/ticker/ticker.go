@@ -1,0 +1,77 @@
+// Package ticker runs a tier's periodic work — the aggregator's flush, the
+// controller's tick — on its period, and also soon after it is poked, but
+// never twice within a minimum gap. A poke is how a surge skips the rest of
+// an interval: see dropratio.Surged.
+package ticker
+
+import (
+	"context"
+	"time"
+)
+
+// Ticker is safe for concurrent Pokes; Run runs once at a time.
+type Ticker struct {
+	period, minGap time.Duration
+	poke           chan struct{}
+}
+
+// New returns a Ticker with the given period and minimum gap between runs
+// caused by pokes.
+func New(period, minGap time.Duration) *Ticker {
+	return &Ticker{period: period, minGap: minGap, poke: make(chan struct{}, 1)}
+}
+
+// Poke asks for a run soon. It never blocks; pokes before the run coalesce.
+func (t *Ticker) Poke() {
+	select {
+	case t.poke <- struct{}{}:
+	default:
+	}
+}
+
+// Run calls f every period and after pokes until ctx ends. f runs on Run's
+// goroutine, with the time it was called for.
+func (t *Ticker) Run(ctx context.Context, f func(now time.Time)) {
+	tick := time.NewTicker(t.period)
+	defer tick.Stop()
+	// gap fires once a poked run that had to wait out the minimum gap may
+	// go; nil while none waits.
+	var gap *time.Timer
+	var gapC <-chan time.Time
+	defer func() {
+		if gap != nil {
+			gap.Stop()
+		}
+	}()
+	var last time.Time
+	run := func(now time.Time) {
+		last = now
+		f(now)
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-tick.C:
+			run(now)
+		case <-t.poke:
+			if gapC != nil {
+				continue // a run is already scheduled
+			}
+			now := time.Now()
+			if wait := t.minGap - now.Sub(last); wait > 0 {
+				if gap == nil {
+					gap = time.NewTimer(wait)
+				} else {
+					gap.Reset(wait)
+				}
+				gapC = gap.C
+				continue
+			}
+			run(now)
+		case now := <-gapC:
+			gapC = nil
+			run(now)
+		}
+	}
+}

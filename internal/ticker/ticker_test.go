@@ -1,0 +1,52 @@
+package ticker
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+func TestPeriodAndPokes(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tk := New(time.Second, 100*time.Millisecond)
+		var mu sync.Mutex
+		var runs []time.Duration
+		start := time.Now()
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			tk.Run(ctx, func(now time.Time) {
+				mu.Lock()
+				runs = append(runs, now.Sub(start))
+				mu.Unlock()
+			})
+		}()
+		at := func(d time.Duration) {
+			time.Sleep(d - time.Since(start))
+			synctest.Wait()
+		}
+		at(1 * time.Second) // periodic run at 1s
+		at(1050 * time.Millisecond)
+		tk.Poke() // within 100ms of the last run: waits until 1.1s
+		tk.Poke() // coalesces
+		at(1500 * time.Millisecond)
+		tk.Poke() // runs at once
+		at(2500 * time.Millisecond)
+		cancel()
+		<-done
+		want := []time.Duration{time.Second, 1100 * time.Millisecond, 1500 * time.Millisecond, 2 * time.Second}
+		mu.Lock()
+		defer mu.Unlock()
+		if len(runs) != len(want) {
+			t.Fatalf("runs at %v, want %v", runs, want)
+		}
+		for i := range want {
+			if runs[i] != want[i] {
+				t.Fatalf("runs at %v, want %v", runs, want)
+			}
+		}
+	})
+}

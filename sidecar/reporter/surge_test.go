@@ -1,0 +1,157 @@
+package reporter
+
+import (
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/sidecar"
+)
+
+func report(window time.Duration, peers ...*sluicev1.PeerCounts) *sluicev1.LoadReport {
+	return &sluicev1.LoadReport{Window: durationpb.New(window), Peers: peers}
+}
+
+func TestSurgeDetector(t *testing.T) {
+	var d SurgeDetector
+	before := pcs(c("web", 1000, 0, 0), c("batch", 500, 0, 0))
+	if d.Surging(before, pcs(c("web", 5000, 0, 0)), time.Second) {
+		t.Error("surging before any report: nothing to compare with")
+	}
+	// web reported at 100 rps, batch at 10 rps; new peers at 0.
+	d.Reported(report(time.Second, wire("web", 100, 0, 0), wire("batch", 10, 0, 0)))
+	for _, tc := range []struct {
+		name    string
+		cur     []sidecar.PeerCounts
+		elapsed time.Duration
+		want    bool
+	}{
+		{"web at 300 rps over 100ms", pcs(c("web", 1030, 0, 0), c("batch", 500, 0, 0)), 100 * time.Millisecond, true},
+		{"web at 140 rps: under 1.5×", pcs(c("web", 1014, 0, 0), c("batch", 500, 0, 0)), 100 * time.Millisecond, false},
+		{"web at 1000 rps but 10 requests: noise", pcs(c("web", 1010, 0, 0)), 10 * time.Millisecond, false},
+		{"batch at 20 rps, 20 requests", pcs(c("web", 1000, 0, 0), c("batch", 520, 0, 0)), time.Second, true},
+		{"a new peer with enough requests", pcs(c("web", 1000, 0, 0), c("new", 25, 0, 0)), time.Second, true},
+		{"a reset counter is not a rate", pcs(c("web", 40, 0, 0)), 100 * time.Millisecond, false},
+		{"steady", pcs(c("web", 1010, 0, 0), c("batch", 501, 0, 0)), 100 * time.Millisecond, false},
+	} {
+		if got := d.Surging(before, tc.cur, tc.elapsed); got != tc.want {
+			t.Errorf("%s: Surging = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+	// A later report moves the baseline: web at 300 rps is now normal.
+	d.Reported(report(time.Second, wire("web", 300, 0, 0)))
+	if d.Surging(before, pcs(c("web", 1030, 0, 0)), 100*time.Millisecond) {
+		t.Error("300 rps surges against a reported 300 rps")
+	}
+}
+
+// manualSource is a Source whose counters the test sets.
+type manualSource struct {
+	mu    sync.Mutex
+	total map[string]sidecar.PeerCounts
+}
+
+func (m *manualSource) add(peer string, n uint64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	t := m.total[peer]
+	t.Peer = peer
+	t.Offered += n
+	m.total[peer] = t
+}
+
+func (m *manualSource) AppendCounts(_ string, dst []sidecar.PeerCounts) []sidecar.PeerCounts {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, t := range m.total {
+		dst = append(dst, t)
+	}
+	return dst
+}
+
+// capture is a LoadReportService that keeps every report.
+type capture struct {
+	sluicev1.UnimplementedLoadReportServiceServer
+	mu      sync.Mutex
+	reports []*sluicev1.LoadReport
+}
+
+func (c *capture) StreamLoadReports(s grpc.BidiStreamingServer[sluicev1.StreamLoadReportsRequest, sluicev1.StreamLoadReportsResponse]) error {
+	for {
+		req, err := s.Recv()
+		if err != nil {
+			return nil
+		}
+		c.mu.Lock()
+		c.reports = append(c.reports, req.GetReport())
+		c.mu.Unlock()
+		if err := s.Send(&sluicev1.StreamLoadReportsResponse{Accepted: true}); err != nil {
+			return nil
+		}
+	}
+}
+
+func (c *capture) all() []*sluicev1.LoadReport {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]*sluicev1.LoadReport(nil), c.reports...)
+}
+
+// A surge is reported at the next check, not at the end of the interval, and
+// covers the check window alone. Periodic reports never have windows under
+// half the interval (shorter ones are folded), so a report with a window of
+// a few checks can only be a surge report.
+func TestSurgeIsReportedBeforeTheInterval(t *testing.T) {
+	capt := &capture{}
+	g := grpc.NewServer()
+	sluicev1.RegisterLoadReportServiceServer(g, capt)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go g.Serve(lis)
+	defer g.Stop()
+
+	src := &manualSource{total: map[string]sidecar.PeerCounts{}}
+	reg := prometheus.NewRegistry()
+	const interval = time.Second
+	startReporter(t, Config{
+		SidecarID: "s1", Service: "checkout", Interval: interval, SurgeCheck: 10 * time.Millisecond,
+		Aggregators: []string{lis.Addr().String()}, Registerer: reg,
+	}, src)
+
+	// The first periodic report is the baseline (nothing offered yet).
+	waitFor(t, "the first periodic report", func() bool { return len(capt.all()) >= 1 })
+	if w := capt.all()[0].GetWindow().AsDuration(); w < interval/2 {
+		t.Fatalf("first report's window is %v, want a periodic one", w)
+	}
+	// Right after it, the next periodic report is an interval away: the
+	// burst is seen by a check long before.
+	src.add("web", 1000)
+	waitFor(t, "a surge report", func() bool { return len(capt.all()) >= 2 })
+	rep := capt.all()[1]
+	if w := rep.GetWindow().AsDuration(); w >= interval/2 {
+		t.Errorf("second report's window is %v: a periodic report, not a surge report", w)
+	}
+	if len(rep.GetPeers()) != 1 || rep.GetPeers()[0].GetPeer() != "web" || rep.GetPeers()[0].GetOffered() != 1000 {
+		t.Errorf("surge report peers = %v, want web's 1000 requests", rep.GetPeers())
+	}
+	if got := metric(t, reg, "sluice_sidecar_report_surges_total"); got != 1 {
+		t.Errorf("surges_total = %v, want 1", got)
+	}
+}
+
+func TestSurgeChecksOff(t *testing.T) {
+	if _, err := New(Config{SidecarID: "s", Service: "x", Aggregators: []string{"a:1"}, SurgeCheck: time.Nanosecond}, &manualSource{}); err == nil {
+		t.Error("a 1ns surge check was accepted")
+	}
+	if _, err := New(Config{SidecarID: "s", Service: "x", Aggregators: []string{"a:1"}, SurgeCheck: -1}, &manualSource{}); err != nil {
+		t.Errorf("negative SurgeCheck (off) refused: %v", err)
+	}
+}
