@@ -2,10 +2,10 @@
 
 GO      ?= go
 BUF     := $(GO) run github.com/bufbuild/buf/cmd/buf@v1.75.0
-BINS    := controller aggregator sidecar configurator demo
+BINS    := controller aggregator sidecar configurator injector demo
 PKGS    := ./...
 
-.PHONY: help build test test-short bench generate lint demo clean
+.PHONY: help build images test test-short bench generate lint demo clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -13,6 +13,9 @@ help: ## list targets
 build: ## build every binary into bin/
 	@mkdir -p bin
 	$(GO) build -o bin/ $(addprefix ./cmd/,$(BINS))
+
+images: ## container images without Docker: bin/images/sluice-<binary>.tar (TAG=dev)
+	$(GO) run ./internal/tools/ocibuild/cmd -out bin/images -tag $(or $(TAG),dev)
 
 test: ## what CI runs: formatting, vet, and every test with the race detector
 	@bash scripts/ensure-postgres.sh

@@ -210,6 +210,21 @@ func TestDependencyDirection(t *testing.T) {
 		forbidden: func(path string) bool { return isGRPC(path) || under(path, mod("api")) },
 		optional:  "pkg/history",
 	}, {
+		// The data plane, the control plane and the tools stay free of the
+		// Kubernetes client libraries: only the injector speaks Kubernetes,
+		// and only the image tool builds images.
+		name: "Kubernetes and image libraries only in the injector and the image tool",
+		applies: func(rel string) bool {
+			return !under(rel, "sidecar/inject") && !under(rel, "internal/webhook") &&
+				!under(rel, "cmd/injector") && !under(rel, "internal/tools/ocibuild")
+		},
+		forbidden: func(path string) bool {
+			return under(path, "k8s.io") || under(path, "sigs.k8s.io") ||
+				under(path, "github.com/google/go-containerregistry") ||
+				under(path, "github.com/prometheus-operator/prometheus-operator") ||
+				under(path, "github.com/prometheus/prometheus")
+		},
+	}, {
 		name:      "controller and aggregator never import the sidecar proxy",
 		applies:   func(rel string) bool { return under(rel, "internal/controller") || under(rel, "internal/aggregator") },
 		forbidden: func(path string) bool { return under(path, mod("sidecar/proxy")) },

@@ -1,0 +1,104 @@
+package webhook
+
+import (
+	"context"
+	"crypto/tls"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// TestCommandServesAndStops runs the injector binary's command in-process:
+// flags in, HTTPS webhook and admin endpoints out, a clean exit when its
+// context ends (SIGTERM in the binary).
+func TestCommandServesAndStops(t *testing.T) {
+	ca := newCA(t)
+	certPEM, keyPEM := ca.issue(t, 1)
+	vol := newSecretVolume(t, map[string][]byte{"tls.crt": certPEM, "tls.key": keyPEM})
+
+	var mu sync.Mutex
+	addrs := map[string]string{}
+	both := make(chan struct{})
+	cmd := command(func(name string, addr net.Addr) {
+		mu.Lock()
+		defer mu.Unlock()
+		addrs[name] = addr.String()
+		if len(addrs) == 2 {
+			close(both)
+		}
+	})
+	cmd.SetArgs([]string{
+		"--listen", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0",
+		"--tls-cert-file", vol.path("tls.crt"), "--tls-key-file", vol.path("tls.key"),
+		"--sidecar-image", "ghcr.io/sluicehq/sluice-sidecar:v0.1.0",
+		"--aggregators", "sluice-aggregator.sluice-system.svc:18100",
+		"--log-level", "error",
+	})
+	cmd.SetErr(io.Discard)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- cmd.ExecuteContext(ctx) }()
+
+	select {
+	case <-both:
+	case err := <-done:
+		t.Fatalf("command exited at start: %v", err)
+	case <-time.After(waitTimeout):
+		t.Fatal("command did not listen")
+	}
+	mu.Lock()
+	webhookAddr, adminAddr := addrs["webhook"], addrs["admin"]
+	mu.Unlock()
+
+	client := &http.Client{Timeout: waitTimeout}
+	for _, path := range []string{"/readyz", "/healthz", "/metrics"} {
+		resp, err := client.Get("http://" + adminAddr + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Errorf("admin %s: %s", path, resp.Status)
+		}
+		if path == "/metrics" && !strings.Contains(string(body), "sluice_injector_cert_expiry_timestamp_seconds") {
+			t.Errorf("/metrics lacks the injector's metrics")
+		}
+	}
+
+	r := &running{addr: webhookAddr, client: &http.Client{Timeout: waitTimeout, Transport: &http.Transport{
+		TLSClientConfig: &tls.Config{RootCAs: ca.pool, MinVersion: tls.VersionTLS12}}}}
+	patched(t, checkoutPod(), r.review(t, PathPod, checkoutPod()))
+
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("command after shutdown: %v", err)
+		}
+	case <-time.After(waitTimeout):
+		t.Fatal("command did not stop")
+	}
+	if _, err := net.DialTimeout("tcp", webhookAddr, time.Second); err == nil {
+		t.Error("webhook still listening after shutdown")
+	}
+}
+
+func TestCommandBadConfig(t *testing.T) {
+	cmd := Command()
+	cmd.SetArgs([]string{"--sidecar-image", "", "--aggregators", "nohost", "--sidecar-memory-request", "1Gi",
+		"--sidecar-memory-limit", "512Mi", "--sidecar-image-pull-policy", "Sometimes", "--tls-cert-file", ""})
+	cmd.SetErr(io.Discard)
+	cmd.SetOut(io.Discard)
+	err := cmd.ExecuteContext(context.Background())
+	for _, want := range []string{"sidecar-image:", "aggregators[0]:", "sidecar-memory-request:", "sidecar-image-pull-policy:", "tls-cert-file:"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("err = %v; want it to name %s", err, want)
+		}
+	}
+}

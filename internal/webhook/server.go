@@ -1,0 +1,136 @@
+package webhook
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluicehq/sluice/sidecar/inject"
+)
+
+// Config is the injector's configuration.
+type Config struct {
+	// Inject is what every sidecar gets.
+	Inject inject.Config
+	// CertFile and KeyFile hold the serving certificate (PEM), e.g. the
+	// tls.crt and tls.key of a cert-manager Secret mounted as a volume.
+	CertFile, KeyFile string
+	// ShutdownTimeout bounds the graceful end of the HTTPS server.
+	ShutdownTimeout time.Duration
+}
+
+// Validate reports every bad field at once, by flag name.
+func (c Config) Validate() error {
+	var errs []error
+	if err := c.Inject.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if c.CertFile == "" {
+		errs = append(errs, errors.New("tls-cert-file: required"))
+	}
+	if c.KeyFile == "" {
+		errs = append(errs, errors.New("tls-key-file: required"))
+	}
+	if c.ShutdownTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("shutdown-timeout: %v is not positive", c.ShutdownTimeout))
+	}
+	return errors.Join(errs...)
+}
+
+// Server is the webhook's HTTPS server.
+type Server struct {
+	cfg     Config
+	log     *slog.Logger
+	handler *Handler
+	keys    *KeyPair
+}
+
+// New loads the key pair and builds the handler; it starts nothing.
+func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	h, err := NewHandler(cfg.Inject, log, reg)
+	if err != nil {
+		return nil, err
+	}
+	keys, err := LoadKeyPair(cfg.CertFile, cfg.KeyFile, log)
+	if err != nil {
+		return nil, err
+	}
+	notAfter := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "sluice_injector_cert_expiry_timestamp_seconds",
+		Help: "NotAfter of the serving certificate, in Unix seconds.",
+	})
+	reloads := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sluice_injector_cert_reloads_total",
+		Help: "Reloads of the serving certificate after its files changed, by result: ok or error (the previous certificate stays).",
+	}, []string{"result"})
+	ok, failed := reloads.WithLabelValues("ok"), reloads.WithLabelValues("error")
+	notAfter.Set(float64(keys.Leaf().NotAfter.Unix()))
+	keys.OnLoad = func(cert *x509.Certificate, err error) {
+		if err != nil {
+			failed.Inc()
+			return
+		}
+		ok.Inc()
+		notAfter.Set(float64(cert.NotAfter.Unix()))
+	}
+	if reg != nil {
+		reg.MustRegister(notAfter, reloads)
+	}
+	return &Server{cfg: cfg, log: log, handler: h, keys: keys}, nil
+}
+
+// Handler is the webhook's HTTP handler, without TLS.
+func (s *Server) Handler() http.Handler { return s.handler }
+
+// KeyPair is the serving certificate.
+func (s *Server) KeyPair() *KeyPair { return s.keys }
+
+// TLSConfig is the server side of the TLS: the reloading certificate,
+// TLS 1.2 at least.
+func (s *Server) TLSConfig() *tls.Config {
+	return &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: s.keys.GetCertificate}
+}
+
+// Serve serves HTTPS on ln until ctx ends, then shuts down gracefully
+// within the shutdown timeout. It returns nil after a clean shutdown.
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	srv := &http.Server{
+		Handler:           s.handler,
+		TLSConfig:         s.TLSConfig(),
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       10 * time.Second,
+		WriteTimeout:      10 * time.Second,
+		IdleTimeout:       90 * time.Second,
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug), // TLS handshake noise
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.ServeTLS(ln, "", "") }()
+	select {
+	case err := <-served:
+		return fmt.Errorf("serve the webhook: %w", err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.ShutdownTimeout)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		srv.Close()
+	}
+	if err := <-served; err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("serve the webhook: %w", err)
+	}
+	return nil
+}
