@@ -1,0 +1,21 @@
+// Package sim is sluice's traffic-surge simulator in deterministic mode: it
+// runs the production code of the whole loop — the sidecar's Limiter
+// (decisions and counters), the reporter's report builder, the zone
+// aggregators' and the controller's pure states, the control law, and
+// policy conversion on the sidecars — in one goroutine, under a virtual
+// clock, with arrivals drawn from a seeded random source. Nothing in the
+// loop is a copy of production logic, and nothing touches the wall clock,
+// a socket or another goroutine, so the same scenario and seed give the
+// same output, byte for byte.
+//
+// A Scenario (a YAML file, see Parse and the files in scenarios/) describes
+// the topology, the loop's intervals, the limits, the traffic and the
+// failures. Run simulates it and returns a Result: per caller and second
+// what was offered, admitted and dropped, what the caller was allowed (from
+// an oracle independent of the control law, see Allowed), and where the time
+// to enforce went. Measure turns one caller's series into the scenario
+// measures; WriteSummary, WriteCSV and WritePNG render a Result.
+//
+// Live mode and scale mode reuse Scenario, BucketSeries, Measure and
+// Allowed, so that all modes report the same measures.
+package sim

@@ -1,0 +1,1064 @@
+package sim
+
+import (
+	"container/heap"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/aggregator"
+	"github.com/sluicehq/sluice/internal/controller"
+	"github.com/sluicehq/sluice/internal/limits"
+	"github.com/sluicehq/sluice/internal/names"
+	"github.com/sluicehq/sluice/sidecar"
+	"github.com/sluicehq/sluice/sidecar/reporter"
+)
+
+// Epoch is the virtual wall-clock time at which every run starts: the
+// production code sees timestamps from here on.
+var Epoch = time.Date(2026, time.January, 1, 0, 0, 0, 0, time.UTC)
+
+// Bin is the width of one entry of a BucketSeries.
+const Bin = time.Second
+
+// zoomBin is the width of a Zoom's entries, unless the traffic step is
+// longer.
+const zoomBin = 100 * time.Millisecond
+
+// Options tune a run without changing what it computes.
+type Options struct {
+	// Progress, when set, is called after every simulated second with the
+	// simulated time done and the run's duration.
+	Progress func(done, total time.Duration)
+}
+
+// Result is what one run produced. Everything in it is a function of the
+// scenario and the seed.
+type Result struct {
+	Scenario *Scenario
+	Seed     uint64
+	// Buckets holds the per-second series of every (callee, caller) that
+	// has a flow, sorted by callee and caller.
+	Buckets []BucketSeries
+	// Pipelines follows, for every bucket whose nominal rate goes over its
+	// allowed rate, its first over-limit episode through the loop.
+	Pipelines    []Pipeline
+	ControlPlane ControlPlane
+	FastPath     FastPath
+	// Timeline lists what happened to the loop: failures, failovers,
+	// warm-ups. Times are since the start.
+	Timeline []Happening
+	// Decisions is the number of Decide calls the run made.
+	Decisions int64
+}
+
+// Happening is one line of a Result's timeline.
+type Happening struct {
+	At   time.Duration
+	What string
+}
+
+// BucketSeries is one bucket's time series, one entry per Bin. Rates are in
+// requests per second. Live mode fills the same type from its load
+// generator, so that Measure treats both modes alike.
+type BucketSeries struct {
+	Callee, Caller string
+	Shadow         bool    // the caller's limit is in shadow mode: never dropped
+	Limit          float64 // the configured limit; +Inf: none
+	// Nominal is the scenario's offered rate for the bin (its rate
+	// functions averaged over the bin): demand without noise or retries.
+	// Measure uses it to tell a change of demand from noise; nil means
+	// Offered stands in for it.
+	Nominal  []float64
+	Offered  []float64
+	Retries  []float64 // the part of Offered that were retries of dropped requests
+	Admitted []float64
+	Dropped  []float64
+	// Allowed is the oracle's allowed rate (see Allowed) given the nominal
+	// rates of all the callee's callers in the same second: what the
+	// scenario entitles the caller to, whatever the noise; +Inf: unbounded.
+	Allowed []float64
+	// Ratio is the drop ratio the callee's sidecars held at the end of the
+	// second, averaged over them.
+	Ratio []float64
+}
+
+// Bucket returns the series' bucket.
+func (b *BucketSeries) Bucket() Bucket { return Bucket{b.Callee, b.Caller} }
+
+// Pipeline follows one bucket's first surge through the loop, to show where
+// the time to enforce goes. Onset is the first traffic step at which the
+// bucket's nominal offered rate (the scenario's rate functions, without
+// noise or retries) exceeds its nominal allowed rate; it is a surge when
+// the nominal rate one second later is at least SurgeFactor times the
+// allowed rate (a rate that creeps over its limit, as in a diurnal curve,
+// leaves the loop nothing to catch up with), and its dropped requests are not
+// retried (retries make the offered rate more than the nominal one, the
+// yardstick of each stage). Each later instant is the first
+// after the previous stage's at which the next stage had caught up; a stage
+// that did not before the episode ended is -1.
+type Pipeline struct {
+	Bucket Bucket
+	Onset  time.Duration
+	End    time.Duration // when the nominal episode ends (the run's duration if it does not)
+	// Offered and Allowed are the nominal rates one second after Onset.
+	Offered, Allowed float64
+	// FirstPublished: the first tick publishes a ratio above 0 for the
+	// caller, accurate or not (fast attack acts on partial reports).
+	FirstPublished time.Duration
+	// Reported: the reports the aggregators hold add up to 95 % of the
+	// nominal offered rate.
+	Reported time.Duration
+	// Flushed: the zone loads the controller holds add up to 95 %.
+	Flushed time.Duration
+	// Published: a tick publishes a ratio that admits within ±5 % of the
+	// allowed rate at the nominal offered rate.
+	Published time.Duration
+	// Applied: that policy reaches the sidecars (Published + push delay).
+	Applied time.Duration
+	// Zoom holds the bucket's traffic around Onset in finer bins.
+	Zoom Zoom
+}
+
+// SurgeFactor is how far over its allowed rate a bucket's nominal rate must
+// be one second after the onset for its episode to be followed as a surge.
+const SurgeFactor = 1.25
+
+// Zoom is a stretch of one bucket's traffic in bins of 100 ms (or of the
+// traffic step, if that is longer).
+type Zoom struct {
+	Start, Bin                 time.Duration
+	Offered, Admitted, Allowed []float64 // rps; Allowed is nominal
+}
+
+// FastPath counts the surge fast path's work — reports a sidecar sent early
+// because a caller's rate jumped, and flushes and ticks that such a jump
+// brought forward — and live sidecars that aggregators dropped as silent.
+type FastPath struct {
+	SurgeReports, UrgentFlushes, UrgentTicks int64
+	// StaleSidecars counts sidecars an aggregator dropped from its sums
+	// for silence (aggregator.State.TakeStale) although they were alive.
+	StaleSidecars int64
+}
+
+// ControlPlane counts the messages and bytes (proto.Size) each tier sent.
+// Policies count once per sidecar that receives them.
+type ControlPlane struct {
+	Reports, ZoneLoads, Policies Tier
+}
+
+// Tier is one tier's traffic.
+type Tier struct {
+	Messages, Bytes int64
+}
+
+// PerSecond returns bytes per second over d.
+func (t Tier) PerSecond(d time.Duration) float64 { return float64(t.Bytes) / d.Seconds() }
+
+// Run simulates sc with seed. It returns an error, naming the seed and the
+// simulated time, if a production component rejects what another produced:
+// in a correct loop that never happens.
+func Run(sc *Scenario, seed uint64, opts Options) (*Result, error) {
+	e, err := newEngine(sc, seed, opts)
+	if err != nil {
+		return nil, fmt.Errorf("%s seed %d: %w", sc.Name, seed, err)
+	}
+	e.run()
+	if e.err != nil {
+		return nil, fmt.Errorf("%s seed %d: at %v: %w", sc.Name, seed, e.now, e.err)
+	}
+	return e.result(), nil
+}
+
+type event struct {
+	at  time.Duration
+	seq uint64
+	fn  func()
+}
+
+type eventQueue []event
+
+func (q eventQueue) Len() int { return len(q) }
+func (q eventQueue) Less(i, j int) bool {
+	if q[i].at != q[j].at {
+		return q[i].at < q[j].at
+	}
+	return q[i].seq < q[j].seq
+}
+func (q eventQueue) Swap(i, j int) { q[i], q[j] = q[j], q[i] }
+func (q *eventQueue) Push(x any)   { *q = append(*q, x.(event)) }
+func (q *eventQueue) Pop() any {
+	old := *q
+	x := old[len(old)-1]
+	old[len(old)-1] = event{}
+	*q = old[:len(old)-1]
+	return x
+}
+
+type engine struct {
+	sc   *Scenario
+	seed uint64
+	opts Options
+	rng  *rand.Rand
+	now  time.Duration
+	q    eventQueue
+	seq  uint64
+	err  error
+
+	stepSec float64
+	zoomBin time.Duration
+	nbins   int
+	steps   int64 // traffic steps taken
+
+	buckets   []*bucketState
+	bucketIdx map[Bucket]int
+	callees   []*calleeState
+	flowRate  []float64 // per flow, at the current step
+	sidecars  []*simSidecar
+	aggs      []*simAggregator // one per zone
+	ctl       simController
+
+	cp        ControlPlane
+	fast      FastPath
+	timeline  []Happening
+	decisions int64
+}
+
+type calleeState struct {
+	svc      *Service
+	limits   *limits.Service
+	buckets  []int // indexes into engine.buckets, sorted by caller
+	callers  []string
+	sidecars []*simSidecar
+}
+
+type bucketState struct {
+	b      Bucket
+	callee int
+	flows  []int // scenario flows of this bucket
+
+	offered, retries, admitted, dropped, ratio []float64
+
+	// Pipeline tracking.
+	pipe     *Pipeline
+	aggHeld  float64 // Σ over sidecars of the rate their aggregator holds
+	ctlHeld  float64 // Σ over aggregators of the rate the controller holds
+	zoomFrom time.Duration
+	zoomTo   time.Duration
+}
+
+type simSidecar struct {
+	id     string
+	callee int
+	zone   int
+	lim    *sidecar.Limiter
+	svc    *sidecar.ServiceLimiter
+	hdr    reporter.Header
+	// The reporter's loop state, as in sidecar/reporter: prev is the
+	// snapshot at the start of the report window, checked the one at the
+	// last surge check, cur scratch.
+	prev, checked, cur []sidecar.PeerCounts
+	prevAt, checkedAt  time.Duration
+	surge              reporter.SurgeDetector
+	agg                int // the aggregator it reports to; -1 while failing over
+	// pending is the newest report made while failing over, sent on
+	// reconnecting (the reporter's uplink keeps at most one).
+	pending *sluicev1.LoadReport
+	flows   []sidecarFlow
+	held    []float64 // per bucket of the callee (calleeState.buckets order): rate its aggregator holds
+}
+
+type sidecarFlow struct {
+	flow   int
+	bucket int // engine bucket index
+	caller string
+	share  float64 // of the flow's rate
+	carry  float64 // Deterministic arrivals: the fraction owed
+	retry  *retryRing
+}
+
+// retryRing holds retries due per future step and attempt.
+type retryRing struct {
+	delays []int64 // steps until attempt k+1 after a drop at attempt k (k = 0: the first try)
+	due    [][]int // [step % len][attempt-1]
+	max    int
+}
+
+type simAggregator struct {
+	zone  int
+	id    string
+	state *aggregator.State
+	dead  bool
+	// orphans counts its sidecars still failing over after it died.
+	orphans int
+	ctl     []float64 // per engine bucket: the rate the controller holds from this aggregator
+	flushes pokeTicker
+}
+
+type simController struct {
+	state *controller.State
+	down  bool
+	warm  bool // has published since it last started
+	ticks pokeTicker
+	gen   int // the ticker's generation: a restarted controller has a new one
+}
+
+// pokeTicker is internal/ticker's rule for the aggregator's flushes and the
+// controller's ticks, on the virtual clock: a run every period, and one soon
+// after a poke (a surge), but never within gap of the last run; pokes
+// before that run coalesce. gap is what the services use: a tenth of the
+// interval, at least 10ms.
+type pokeTicker struct {
+	gap     time.Duration
+	last    time.Duration // the last run; -1 before the first
+	pending bool          // a poked run is scheduled
+}
+
+func newPokeTicker(period time.Duration) pokeTicker {
+	return pokeTicker{gap: max(period/10, 10*time.Millisecond), last: -1}
+}
+
+func newEngine(sc *Scenario, seed uint64, opts Options) (*engine, error) {
+	e := &engine{
+		sc:        sc,
+		seed:      seed,
+		opts:      opts,
+		rng:       rand.New(rand.NewPCG(seed, 0x736c75696365)), // "sluice"
+		stepSec:   sc.Step.Seconds(),
+		zoomBin:   max(zoomBin, sc.Step),
+		nbins:     int(sc.Duration / Bin),
+		bucketIdx: map[Bucket]int{},
+		flowRate:  make([]float64, len(sc.Flows)),
+	}
+
+	// Callees and buckets.
+	calleeIdx := map[string]int{}
+	for i := range sc.Services {
+		svc := &sc.Services[i]
+		calleeIdx[svc.Name] = len(e.callees)
+		e.callees = append(e.callees, &calleeState{svc: svc, limits: sc.Limits.Service(svc.Name)})
+	}
+	for _, b := range sc.Buckets() {
+		ci := calleeIdx[b.Callee]
+		c := e.callees[ci]
+		bs := &bucketState{
+			b: b, callee: ci,
+			offered: make([]float64, e.nbins), retries: make([]float64, e.nbins),
+			admitted: make([]float64, e.nbins), dropped: make([]float64, e.nbins),
+			ratio: make([]float64, e.nbins),
+		}
+		e.bucketIdx[b] = len(e.buckets)
+		c.buckets = append(c.buckets, len(e.buckets))
+		c.callers = append(c.callers, b.Caller)
+		e.buckets = append(e.buckets, bs)
+	}
+	for fi, f := range sc.Flows {
+		bs := e.buckets[e.bucketIdx[Bucket{f.Callee, f.Caller}]]
+		bs.flows = append(bs.flows, fi)
+	}
+	e.findOnsets()
+
+	// Sidecars, each with its own Limiter, and their report phases.
+	for ci, c := range e.callees {
+		for z, n := range c.svc.Sidecars {
+			for i := range n {
+				s := &simSidecar{
+					id:     fmt.Sprintf("%s-%s-%d", c.svc.Name, sc.Zones[z], i),
+					callee: ci,
+					zone:   z,
+					lim:    sidecar.NewLimiter(sidecar.LimiterOptions{OneStripe: true}),
+					agg:    z,
+					held:   make([]float64, len(c.buckets)),
+				}
+				s.svc = s.lim.Service(c.svc.Name)
+				s.hdr = reporter.Header{SidecarID: s.id, Service: c.svc.Name, Zone: sc.Zones[z], Direction: sluicev1.Direction_DIRECTION_INBOUND}
+				for fi, f := range sc.Flows {
+					if f.Callee != c.svc.Name || f.Weights[z] == 0 {
+						continue
+					}
+					sf := sidecarFlow{
+						flow:   fi,
+						bucket: e.bucketIdx[Bucket{f.Callee, f.Caller}],
+						caller: f.Caller,
+						share:  f.Weights[z] / float64(n),
+					}
+					if f.Retry != nil {
+						sf.retry = newRetryRing(f.Retry, sc.Step)
+					}
+					s.flows = append(s.flows, sf)
+				}
+				c.sidecars = append(c.sidecars, s)
+				e.sidecars = append(e.sidecars, s)
+			}
+		}
+	}
+	for _, s := range e.sidecars {
+		phase := time.Duration(e.rng.Int64N(int64(sc.Loop.ReportInterval)))
+		start := phase - sc.Loop.ReportInterval // the reporter started one interval before its first report
+		s.prevAt, s.checkedAt = start, start
+		s.prev = s.lim.AppendCounts(e.callees[s.callee].svc.Name, nil)
+		s.checked = slices.Clone(s.prev)
+		// Both of the reporter's tickers started with it. At an instant
+		// where both fire, the report goes first (the surge check then
+		// sees an empty window).
+		e.at(phase, func() { e.report(s) })
+		if c := sc.Loop.SurgeCheck; c > 0 {
+			first := start + c
+			for first < 0 {
+				first += c
+			}
+			e.at(first, func() { e.check(s) })
+		}
+	}
+
+	// Aggregators, one per zone, each flushing at its own phase.
+	for z, zone := range sc.Zones {
+		a := &simAggregator{
+			zone:    z,
+			id:      "aggregator-" + zone,
+			state:   aggregator.NewState(zone, "aggregator-"+zone, sc.Loop.AggregatorStaleAfter, aggregator.Limits{}),
+			ctl:     make([]float64, len(e.buckets)),
+			flushes: newPokeTicker(sc.Loop.FlushInterval),
+		}
+		e.aggs = append(e.aggs, a)
+		phase := time.Duration(e.rng.Int64N(int64(sc.Loop.FlushInterval)))
+		e.at(phase, func() { e.flush(a) })
+	}
+
+	// The controller ticks at its own phase too: nothing aligns its ticker
+	// with the seconds the measures are binned in.
+	st, err := controller.NewState(sc.Loop.Controller.StateConfig, Epoch)
+	if err != nil {
+		return nil, fmt.Errorf("controller: %w", err)
+	}
+	e.ctl = simController{state: st, ticks: newPokeTicker(sc.Loop.Controller.Tick)}
+	gen := e.ctl.gen
+	e.at(time.Duration(e.rng.Int64N(int64(sc.Loop.Controller.Tick))), func() { e.tick(gen) })
+
+	for _, ev := range sc.Events {
+		switch ev.Kind {
+		case KillAggregator:
+			z := slices.Index(sc.Zones, ev.Zone)
+			e.at(ev.At, func() { e.killAggregator(z) })
+		case RestartController:
+			e.at(ev.At, func() { e.restartController(ev.Down) })
+		}
+	}
+	e.at(0, e.step)
+	return e, nil
+}
+
+func newRetryRing(r *Retry, step time.Duration) *retryRing {
+	rr := &retryRing{max: r.MaxRetries}
+	longest := int64(0)
+	backoff := float64(r.Backoff)
+	for range r.MaxRetries {
+		d := max(int64(math.Ceil(backoff/float64(step))), 1)
+		rr.delays = append(rr.delays, d)
+		longest = max(longest, d)
+		backoff = float64(backoff * r.Multiplier)
+	}
+	rr.due = make([][]int, longest+1)
+	for i := range rr.due {
+		rr.due[i] = make([]int, r.MaxRetries)
+	}
+	return rr
+}
+
+// at schedules fn at time t (not before now).
+func (e *engine) at(t time.Duration, fn func()) {
+	e.seq++
+	heap.Push(&e.q, event{at: max(t, e.now), seq: e.seq, fn: fn})
+}
+
+func (e *engine) after(d time.Duration, fn func()) { e.at(e.now+d, fn) }
+
+func (e *engine) fail(err error) {
+	if e.err == nil {
+		e.err = err
+	}
+}
+
+func (e *engine) note(format string, args ...any) {
+	e.timeline = append(e.timeline, Happening{At: e.now, What: fmt.Sprintf(format, args...)})
+}
+
+func (e *engine) run() {
+	for e.q.Len() > 0 && e.err == nil {
+		ev := heap.Pop(&e.q).(event)
+		if ev.at >= e.sc.Duration {
+			break
+		}
+		e.now = ev.at
+		ev.fn()
+	}
+	e.now = e.sc.Duration
+	e.sampleRatios(e.nbins - 1)
+	if e.opts.Progress != nil && e.err == nil {
+		e.opts.Progress(e.now, e.sc.Duration)
+	}
+}
+
+// step offers one traffic step's arrivals to every sidecar and decides each
+// with the sidecar's Limiter.
+func (e *engine) step() {
+	t := e.now
+	if t%Bin == 0 && t > 0 {
+		e.sampleRatios(int(t/Bin) - 1)
+		if e.opts.Progress != nil {
+			e.opts.Progress(t, e.sc.Duration)
+		}
+	}
+	bin := int(t / Bin)
+	for fi, f := range e.sc.Flows {
+		e.flowRate[fi] = f.Rate.At(t)
+	}
+	for _, s := range e.sidecars {
+		for i := range s.flows {
+			e.offer(s, &s.flows[i], bin)
+		}
+	}
+	e.steps++
+	if next := t + e.sc.Step; next < e.sc.Duration {
+		e.at(next, e.step)
+	}
+}
+
+func (e *engine) offer(s *simSidecar, sf *sidecarFlow, bin int) {
+	var n int
+	lambda := e.flowRate[sf.flow] * sf.share * e.stepSec
+	if e.sc.Arrivals == Deterministic {
+		sf.carry += lambda
+		n = int(sf.carry)
+		sf.carry -= float64(n)
+	} else {
+		n = poisson(e.rng, lambda)
+	}
+	bs := e.buckets[sf.bucket]
+	admitted, dropped := e.decide(s, sf.caller, n)
+	bs.offered[bin] += float64(n)
+	bs.admitted[bin] += float64(admitted)
+	bs.dropped[bin] += float64(dropped)
+	e.zoomAdd(bs, n, admitted)
+	rr := sf.retry
+	if rr == nil {
+		return
+	}
+	slot := int(e.steps % int64(len(rr.due)))
+	rr.schedule(e.steps, 0, dropped)
+	for k := range rr.max {
+		m := rr.due[slot][k]
+		if m == 0 {
+			continue
+		}
+		rr.due[slot][k] = 0
+		a, d := e.decide(s, sf.caller, m)
+		bs.offered[bin] += float64(m)
+		bs.retries[bin] += float64(m)
+		bs.admitted[bin] += float64(a)
+		bs.dropped[bin] += float64(d)
+		e.zoomAdd(bs, m, a)
+		if k+1 < rr.max {
+			rr.schedule(e.steps, k+1, d)
+		}
+	}
+}
+
+// schedule queues n requests dropped at attempt k (0: the first try) for
+// attempt k+1.
+func (rr *retryRing) schedule(step int64, k, n int) {
+	if n == 0 || k >= rr.max {
+		return
+	}
+	slot := int((step + rr.delays[k]) % int64(len(rr.due)))
+	rr.due[slot][k] += n
+}
+
+// decide runs n requests from caller through the sidecar's Limiter.
+func (e *engine) decide(s *simSidecar, caller string, n int) (admitted, dropped int) {
+	for range n {
+		if s.svc.Decide(caller).Drop {
+			dropped++
+		}
+	}
+	e.decisions += int64(n)
+	return n - dropped, dropped
+}
+
+func (e *engine) zoomAdd(bs *bucketState, offered, admitted int) {
+	if bs.pipe == nil || e.now < bs.zoomFrom || e.now >= bs.zoomTo {
+		return
+	}
+	i := int((e.now - bs.zoomFrom) / e.zoomBin)
+	scale := float64(time.Second) / float64(e.zoomBin)
+	bs.pipe.Zoom.Offered[i] += float64(offered) * scale
+	bs.pipe.Zoom.Admitted[i] += float64(admitted) * scale
+}
+
+func (e *engine) sampleRatios(bin int) {
+	if bin < 0 || bin >= e.nbins {
+		return
+	}
+	for _, bs := range e.buckets {
+		bs.ratio[bin] = e.meanRatio(bs)
+	}
+}
+
+// meanRatio is the mean drop ratio the bucket's callee's sidecars hold for
+// its caller.
+func (e *engine) meanRatio(bs *bucketState) float64 {
+	c := e.callees[bs.callee]
+	sum := 0.0
+	for _, s := range c.sidecars {
+		if p := s.lim.Policy(c.svc.Name); p != nil {
+			if r := p.Rule(bs.b.Caller); r != nil {
+				sum += r.DropRatio
+			}
+		}
+	}
+	return sum / float64(len(c.sidecars))
+}
+
+// report is one sidecar's report tick, as the reporter's loop does it: a
+// window shorter than half an interval (the rest of one a surge report cut
+// short) folds into the next; otherwise the window's report, built by the
+// production builder, goes out.
+func (e *engine) report(s *simSidecar) {
+	e.after(e.sc.Loop.ReportInterval, func() { e.report(s) })
+	if e.now-s.prevAt < max(e.sc.Loop.ReportInterval/2, reporter.MinInterval) {
+		return
+	}
+	s.cur = s.lim.AppendCounts(e.callees[s.callee].svc.Name, s.cur[:0])
+	e.send(s, s.prev, s.prevAt)
+}
+
+// check is one sidecar's surge check: when the production SurgeDetector
+// sees a caller's rate jump since the last report, the check window alone
+// is reported at once.
+func (e *engine) check(s *simSidecar) {
+	e.after(e.sc.Loop.SurgeCheck, func() { e.check(s) })
+	s.cur = s.lim.AppendCounts(e.callees[s.callee].svc.Name, s.cur[:0])
+	if s.surge.Surging(s.checked, s.cur, e.now-s.checkedAt) {
+		e.fast.SurgeReports++
+		e.send(s, s.checked, s.checkedAt)
+		return
+	}
+	s.checked = append(s.checked[:0], s.cur...)
+	s.checkedAt = e.now
+}
+
+// send reports the window from the snapshot from, taken at fromAt, to s.cur,
+// taken now, and starts the next window, as the reporter's send does.
+func (e *engine) send(s *simSidecar, from []sidecar.PeerCounts, fromAt time.Duration) {
+	rep := reporter.Build(s.hdr, from, s.cur, Epoch.Add(fromAt), e.now-fromAt)
+	if s.agg < 0 {
+		s.pending = rep // the uplink keeps the newest while it fails over
+	} else {
+		e.sendReport(s, rep)
+	}
+	s.surge.Reported(rep)
+	s.prev, s.cur = s.cur, s.prev
+	s.prevAt = e.now
+	s.checked = append(s.checked[:0], s.prev...)
+	s.checkedAt = e.now
+}
+
+func (e *engine) sendReport(s *simSidecar, rep *sluicev1.LoadReport) {
+	e.cp.Reports.Messages++
+	e.cp.Reports.Bytes += int64(proto.Size(rep))
+	a := e.aggs[s.agg]
+	e.after(e.sc.Loop.ReportDelay, func() {
+		if a.dead {
+			return // lost with the connection
+		}
+		if err := a.state.Apply(rep, Epoch.Add(e.now)); err != nil {
+			e.fail(fmt.Errorf("aggregator %s rejected the report of %s: %w", a.id, s.id, err))
+			return
+		}
+		e.heldReport(s, rep)
+		if a.state.TakeUrgent() {
+			// A surge: the aggregator's flush ticker is poked.
+			e.poke(&a.flushes, func() { e.fast.UrgentFlushes++; e.flushNow(a) })
+		}
+	})
+}
+
+// heldReport updates what the aggregators are known to hold for the
+// pipeline's "reported" stage.
+func (e *engine) heldReport(s *simSidecar, rep *sluicev1.LoadReport) {
+	c := e.callees[s.callee]
+	secs := rep.GetWindow().AsDuration().Seconds()
+	for i, bi := range c.buckets {
+		rate := 0.0
+		for _, p := range rep.GetPeers() {
+			if p.GetPeer() == c.callers[i] {
+				rate = float64(p.GetOffered()) / secs
+			}
+		}
+		bs := e.buckets[bi]
+		bs.aggHeld += rate - s.held[i]
+		s.held[i] = rate
+		if p := bs.pipe; p != nil && p.Reported < 0 && e.inEpisode(p) && bs.aggHeld >= 0.95*e.nominalOffered(bs, e.now) {
+			p.Reported = e.now
+		}
+	}
+}
+
+func (e *engine) forgetHeld(s *simSidecar) {
+	for i, bi := range e.callees[s.callee].buckets {
+		e.buckets[bi].aggHeld -= s.held[i]
+		s.held[i] = 0
+	}
+}
+
+// flush is one aggregator's flush tick.
+func (e *engine) flush(a *simAggregator) {
+	if a.dead {
+		return
+	}
+	e.after(e.sc.Loop.FlushInterval, func() { e.flush(a) })
+	e.flushNow(a)
+}
+
+// poke is internal/ticker's Poke on the virtual clock: run now, or as soon
+// as the gap since the last run allows, unless a poked run is scheduled.
+func (e *engine) poke(t *pokeTicker, run func()) {
+	if t.pending {
+		return
+	}
+	if t.last < 0 || e.now-t.last >= t.gap {
+		run()
+		return
+	}
+	t.pending = true
+	e.at(t.last+t.gap, func() {
+		t.pending = false
+		run()
+	})
+}
+
+// flushNow is the aggregator's FlushNow: the zone's sums, sent to the
+// controller.
+func (e *engine) flushNow(a *simAggregator) {
+	if a.dead {
+		return
+	}
+	a.flushes.last = e.now
+	zl := a.state.Flush(Epoch.Add(e.now), e.sc.Loop.FlushInterval)
+	// The service logs these. Every sidecar here is alive (a dead
+	// aggregator's sidecars went elsewhere and it flushes no more), so
+	// each one dropped is load the controller does not see for a while.
+	e.fast.StaleSidecars += int64(len(a.state.TakeStale()))
+	if e.ctl.down {
+		return // the uplink holds it until the controller is back; by then a newer one replaced it
+	}
+	e.cp.ZoneLoads.Messages++
+	e.cp.ZoneLoads.Bytes += int64(proto.Size(zl))
+	e.after(e.sc.Loop.FlushDelay, func() {
+		if e.ctl.down || a.dead {
+			return
+		}
+		if err := e.ctl.state.Apply(zl, Epoch.Add(e.now)); err != nil {
+			e.fail(fmt.Errorf("controller rejected the zone load of %s: %w", a.id, err))
+			return
+		}
+		e.heldZoneLoad(a, zl)
+		if e.ctl.state.TakeUrgent() {
+			// A surge: the controller's tick ticker is poked.
+			gen := e.ctl.gen
+			e.poke(&e.ctl.ticks, func() { e.fast.UrgentTicks++; e.tickNow(gen) })
+		}
+	})
+}
+
+func (e *engine) heldZoneLoad(a *simAggregator, zl *sluicev1.ZoneLoad) {
+	for bi, bs := range e.buckets {
+		rate := 0.0
+		for _, svc := range zl.GetServices() {
+			if svc.GetService() != bs.b.Callee {
+				continue
+			}
+			for _, p := range svc.GetPeers() {
+				if p.GetPeer() == bs.b.Caller {
+					rate = p.GetOfferedRps()
+				}
+			}
+		}
+		bs.ctlHeld += rate - a.ctl[bi]
+		a.ctl[bi] = rate
+		if p := bs.pipe; p != nil && p.Reported >= 0 && p.Flushed < 0 && e.inEpisode(p) && bs.ctlHeld >= 0.95*e.nominalOffered(bs, e.now) {
+			p.Flushed = e.now
+		}
+	}
+}
+
+func (e *engine) forgetZoneLoad(a *simAggregator) {
+	for bi, bs := range e.buckets {
+		bs.ctlHeld -= a.ctl[bi]
+		a.ctl[bi] = 0
+	}
+}
+
+// tick is the controller's tick: the production State's Tick, then each
+// changed policy goes to every sidecar of its service after the push delay.
+func (e *engine) tick(gen int) {
+	if gen != e.ctl.gen {
+		return // the ticker of a controller that has since restarted
+	}
+	e.after(e.sc.Loop.Controller.Tick, func() { e.tick(gen) })
+	e.tickNow(gen)
+}
+
+// tickNow is the controller Service's tick.
+func (e *engine) tickNow(gen int) {
+	if e.ctl.down || gen != e.ctl.gen {
+		return
+	}
+	e.ctl.ticks.last = e.now
+	res := e.ctl.state.Tick(Epoch.Add(e.now), e.sc.Limits)
+	if res.Warm && !e.ctl.warm {
+		e.ctl.warm = true
+		e.note("controller warm: publishing (%d aggregators)", res.Aggregators)
+	}
+	for _, name := range sortedKeys(res.Changed) {
+		m := res.Changed[name]
+		p, err := sidecar.PolicyFromProto(m)
+		if err != nil {
+			e.fail(fmt.Errorf("sidecars would NACK the controller's policy: %w", err))
+			return
+		}
+		ci := e.calleeIndex(p.Service)
+		if ci < 0 {
+			continue // a service without sidecars: nobody subscribes
+		}
+		c := e.callees[ci]
+		e.cp.Policies.Messages += int64(len(c.sidecars))
+		e.cp.Policies.Bytes += int64(proto.Size(m)) * int64(len(c.sidecars))
+		e.after(e.sc.Loop.PushDelay, func() {
+			for _, s := range c.sidecars {
+				s.lim.SetPolicy(p)
+			}
+		})
+		e.checkPublished(c, p)
+	}
+	for _, name := range res.Deleted {
+		for _, c := range e.callees {
+			if names.Callee(c.svc.Name) == name {
+				e.cp.Policies.Messages += int64(len(c.sidecars))
+				e.after(e.sc.Loop.PushDelay, func() {
+					for _, s := range c.sidecars {
+						s.lim.RemovePolicy(c.svc.Name)
+					}
+				})
+			}
+		}
+	}
+}
+
+// checkPublished records the pipeline's "published" stage: the first
+// policy whose ratio admits within ±5 % of the nominal allowed rate.
+func (e *engine) checkPublished(c *calleeState, p *sidecar.Policy) {
+	for _, bi := range c.buckets {
+		bs := e.buckets[bi]
+		r := p.Rule(bs.b.Caller)
+		ratio := 0.0
+		if r != nil {
+			ratio = r.DropRatio
+		}
+		pp := bs.pipe
+		if pp == nil || pp.Published >= 0 || !e.inEpisode(pp) {
+			continue
+		}
+		if pp.FirstPublished < 0 && ratio > 0 {
+			pp.FirstPublished = e.now
+		}
+		if pp.Flushed < 0 {
+			continue
+		}
+		offered, allowed := e.nominal(bs, e.now)
+		if math.Abs(float64((1-ratio)*offered)-allowed) <= 0.05*allowed {
+			pp.Published = e.now
+			pp.Applied = e.now + e.sc.Loop.PushDelay
+		}
+	}
+}
+
+func (e *engine) calleeIndex(name string) int {
+	for i, c := range e.callees {
+		if c.svc.Name == name {
+			return i
+		}
+	}
+	return -1
+}
+
+func (e *engine) killAggregator(z int) {
+	a := e.aggs[z]
+	if a.dead {
+		return
+	}
+	a.dead = true
+	// Its stream to the controller ends: the controller forgets its load
+	// at once, as the Service does when a stream ends.
+	if !e.ctl.down {
+		e.ctl.state.Remove(a.id)
+	}
+	e.forgetZoneLoad(a)
+	for _, s := range e.sidecars {
+		if s.agg == z {
+			s.agg = -1
+			e.forgetHeld(s)
+			from := a
+			e.after(e.sc.Loop.FailoverDelay, func() { e.failover(s, from) })
+			a.orphans++
+		}
+	}
+	e.note("aggregator %s dies; its %d sidecars fail over in %v", e.sc.Zones[z], a.orphans, e.sc.Loop.FailoverDelay)
+}
+
+// failover connects a sidecar to the next live aggregator after its own
+// zone's, and sends the report it kept meanwhile.
+func (e *engine) failover(s *simSidecar, from *simAggregator) {
+	for i := 1; i <= len(e.aggs); i++ {
+		a := e.aggs[(s.zone+i)%len(e.aggs)]
+		if a.dead {
+			continue
+		}
+		s.agg = a.zone
+		if s.pending != nil {
+			rep := s.pending
+			s.pending = nil
+			e.sendReport(s, rep)
+		}
+		if from.orphans--; from.orphans == 0 {
+			e.note("the sidecars of %s report to %s now", from.id, a.id)
+		}
+		return
+	}
+	e.after(e.sc.Loop.FailoverDelay, func() { e.failover(s, from) }) // none alive: keep trying
+}
+
+func (e *engine) restartController(down time.Duration) {
+	if e.ctl.down {
+		return
+	}
+	e.ctl.down = true
+	e.ctl.state = nil
+	for _, a := range e.aggs {
+		e.forgetZoneLoad(a)
+	}
+	e.note("controller stops; back in %v, then warms up for %v", down, e.sc.Loop.Controller.Warmup)
+	e.after(down, func() {
+		st, err := controller.NewState(e.sc.Loop.Controller.StateConfig, Epoch.Add(e.now))
+		if err != nil {
+			e.fail(fmt.Errorf("restart controller: %w", err))
+			return
+		}
+		// A new process: new state, and a ticker that starts now.
+		gen := e.ctl.gen + 1
+		e.ctl = simController{state: st, ticks: newPokeTicker(e.sc.Loop.Controller.Tick), gen: gen}
+		e.after(e.sc.Loop.Controller.Tick, func() { e.tick(gen) })
+		e.note("controller starts with empty state")
+	})
+}
+
+// findOnsets scans the nominal rates, step by step, for each bucket's first
+// over-limit episode, and sets up its Pipeline.
+func (e *engine) findOnsets() {
+	for _, bs := range e.buckets {
+		var pipe *Pipeline
+		for t := time.Duration(0); t < e.sc.Duration; t += e.sc.Step {
+			offered, allowed := e.nominal(bs, t)
+			over := offered > allowed
+			if pipe == nil && over {
+				pipe = &Pipeline{Bucket: bs.b, Onset: t, End: e.sc.Duration, FirstPublished: -1, Reported: -1, Flushed: -1, Published: -1, Applied: -1}
+				probe := min(t+time.Second, e.sc.Duration-e.sc.Step)
+				pipe.Offered, pipe.Allowed = e.nominal(bs, probe)
+			} else if pipe != nil && !over {
+				pipe.End = t
+				break
+			}
+		}
+		if pipe == nil || pipe.Offered < SurgeFactor*pipe.Allowed || e.retries(bs) {
+			continue
+		}
+		bs.pipe = pipe
+		bs.zoomFrom = max(pipe.Onset-2*time.Second, 0).Truncate(e.zoomBin)
+		bs.zoomTo = min(bs.zoomFrom+8*time.Second, e.sc.Duration)
+		n := int((bs.zoomTo - bs.zoomFrom) / e.zoomBin)
+		pipe.Zoom = Zoom{
+			Start: bs.zoomFrom, Bin: e.zoomBin,
+			Offered: make([]float64, n), Admitted: make([]float64, n),
+			Allowed: make([]float64, n),
+		}
+		for i := range n {
+			_, pipe.Zoom.Allowed[i] = e.nominal(bs, bs.zoomFrom+time.Duration(i)*e.zoomBin)
+		}
+	}
+}
+
+// retries reports whether a bucket's dropped requests come back: its
+// offered load is then more than its nominal rate, and a pipeline measured
+// against the nominal rate would mislead.
+func (e *engine) retries(bs *bucketState) bool {
+	for _, fi := range bs.flows {
+		if e.sc.Flows[fi].Retry != nil {
+			return true
+		}
+	}
+	return false
+}
+
+func (e *engine) inEpisode(p *Pipeline) bool { return e.now >= p.Onset && e.now < p.End }
+
+// nominal returns a bucket's offered rate at t from the scenario's rate
+// functions, and its allowed rate from the oracle given every caller's.
+func (e *engine) nominal(bs *bucketState, t time.Duration) (offered, allowed float64) {
+	c := e.callees[bs.callee]
+	rates := make([]float64, len(c.buckets))
+	me := 0
+	for i, bi := range c.buckets {
+		for _, fi := range e.buckets[bi].flows {
+			rates[i] += e.sc.Flows[fi].Rate.At(t)
+		}
+		if e.buckets[bi] == bs {
+			me = i
+		}
+	}
+	return rates[me], Allowed(c.limits, c.callers, rates)[me]
+}
+
+func (e *engine) nominalOffered(bs *bucketState, t time.Duration) float64 {
+	o, _ := e.nominal(bs, t)
+	return o
+}
+
+func (e *engine) result() *Result {
+	r := &Result{Scenario: e.sc, Seed: e.seed, ControlPlane: e.cp, FastPath: e.fast, Timeline: e.timeline, Decisions: e.decisions}
+	for _, bs := range e.buckets {
+		r.Buckets = append(r.Buckets, BucketSeries{
+			Callee: bs.b.Callee, Caller: bs.b.Caller,
+			Offered: bs.offered, Retries: bs.retries, Admitted: bs.admitted, Dropped: bs.dropped,
+			Ratio: bs.ratio,
+		})
+		if bs.pipe != nil {
+			r.Pipelines = append(r.Pipelines, *bs.pipe)
+		}
+	}
+	Expect(e.sc, r.Buckets)
+	return r
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}

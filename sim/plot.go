@@ -1,0 +1,366 @@
+package sim
+
+import (
+	"fmt"
+	"image/color"
+	"io"
+	"math"
+	"strconv"
+	"time"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
+	"gonum.org/v1/plot/vg/vgimg"
+)
+
+var (
+	colOffered  = color.RGBA{R: 0xf5, G: 0x9e, B: 0x0b, A: 0xff} // amber
+	colAdmitted = color.RGBA{R: 0x1f, G: 0x77, B: 0xb4, A: 0xff} // blue
+	colAllowed  = color.Black
+	colEvent    = color.RGBA{R: 0xb9, G: 0x1c, B: 0x1c, A: 0xff} // dark red
+	palette     = []color.Color{
+		color.RGBA{R: 0x1f, G: 0x77, B: 0xb4, A: 0xff},
+		color.RGBA{R: 0xd6, G: 0x27, B: 0x28, A: 0xff},
+		color.RGBA{R: 0x2c, G: 0xa0, B: 0x2c, A: 0xff},
+		color.RGBA{R: 0x94, G: 0x67, B: 0xbd, A: 0xff},
+		color.RGBA{R: 0x8c, G: 0x56, B: 0x4b, A: 0xff},
+		color.RGBA{R: 0xe3, G: 0x77, B: 0xc2, A: 0xff},
+		color.RGBA{R: 0x7f, G: 0x7f, B: 0x7f, A: 0xff},
+	}
+	dashed = []vg.Length{vg.Points(5), vg.Points(3)}
+	dotted = []vg.Length{vg.Points(1.5), vg.Points(2.5)}
+)
+
+// WritePNG draws r: one panel per caller with its offered, admitted and
+// allowed rate over time; a panel with every caller's drop ratio; and, when
+// a caller went over its limit, a zoom on its first episode in 100 ms bins
+// with the instants each stage of the loop caught up (see Pipeline). The
+// failures of the timeline are marked on every panel. The title names the
+// scenario and the seed.
+func WritePNG(w io.Writer, r *Result) error {
+	sc := r.Scenario
+	unit, unitName := timeUnit(sc.Duration)
+	xlabel := "time (" + unitName + ")"
+
+	var rows [][]*plot.Plot
+	ymaxRate := func(series ...[]float64) float64 {
+		top := 1.0
+		for _, s := range series {
+			for _, v := range s {
+				if !math.IsInf(v, 0) {
+					top = max(top, v)
+				}
+			}
+		}
+		return top
+	}
+	for i := range r.Buckets {
+		b := &r.Buckets[i]
+		p := plot.New()
+		p.Title.Text = fmt.Sprintf("%s ← %s: offered, admitted and allowed rate (limit %s rps)", b.Callee, b.Caller, rate(b.Limit))
+		if i == 0 {
+			p.Title.Text = fmt.Sprintf("%s · seed %d\n%s", sc.Name, r.Seed, p.Title.Text)
+		}
+		p.Y.Label.Text = "rps"
+		p.X.Label.Text = xlabel
+		p.Y.Tick.Marker, p.X.Tick.Marker = compactTicks, timeTicks
+		p.Add(plotter.NewGrid())
+		top := ymaxRate(b.Offered, b.Admitted, b.Allowed)
+		p.Y.Min, p.Y.Max = 0, top*1.7
+		p.X.Min, p.X.Max = 0, sc.Duration.Seconds()/unit
+		if err := addSeries(p, "offered", binXYs(b.Offered, unit), colOffered, 1.5, nil); err != nil {
+			return err
+		}
+		if err := addSeries(p, "admitted", binXYs(b.Admitted, unit), colAdmitted, 1.5, nil); err != nil {
+			return err
+		}
+		if err := addSeries(p, "allowed", binXYs(b.Allowed, unit), colAllowed, 1, dashed); err != nil {
+			return err
+		}
+		if err := addEvents(p, r.Timeline, unit, p.Y.Max, i == 0); err != nil {
+			return err
+		}
+		p.Legend.Top = true
+		rows = append(rows, []*plot.Plot{p})
+	}
+
+	// Drop ratios.
+	p := plot.New()
+	p.Title.Text = "drop ratio held by the sidecars (mean over the callee's sidecars, end of each second)"
+	p.Y.Label.Text = "drop ratio"
+	p.X.Label.Text = xlabel
+	p.Y.Tick.Marker, p.X.Tick.Marker = compactTicks, timeTicks
+	p.Add(plotter.NewGrid())
+	p.Y.Min, p.Y.Max = 0, 1.3
+	p.X.Min, p.X.Max = 0, sc.Duration.Seconds()/unit
+	for i := range r.Buckets {
+		b := &r.Buckets[i]
+		if err := addSeries(p, b.Caller, binXYs(b.Ratio, unit), palette[i%len(palette)], 1.5, nil); err != nil {
+			return err
+		}
+	}
+	if err := addEvents(p, r.Timeline, unit, p.Y.Max, false); err != nil {
+		return err
+	}
+	p.Legend.Top = true
+	rows = append(rows, []*plot.Plot{p})
+
+	var zoom *plot.Plot
+	if len(r.Pipelines) > 0 {
+		var err error
+		if zoom, err = zoomPlot(r, &r.Pipelines[0]); err != nil {
+			return err
+		}
+	}
+
+	const width = 11 * vg.Inch
+	panelH := 2.3 * vg.Inch
+	zoomH := vg.Length(0)
+	if zoom != nil {
+		zoomH = 3 * vg.Inch
+	}
+	height := panelH*vg.Length(len(rows)) + zoomH
+	img := vgimg.NewWith(vgimg.UseWH(width, height), vgimg.UseDPI(96), vgimg.UseBackgroundColor(color.White))
+	dc := draw.New(img)
+	top := dc
+	top.Min.Y = dc.Min.Y + zoomH
+	tiles := draw.Tiles{Rows: len(rows), Cols: 1, PadTop: vg.Points(6), PadBottom: vg.Points(6), PadLeft: vg.Points(6), PadRight: vg.Points(12), PadY: vg.Points(14)}
+	canvases := plot.Align(rows, tiles, top)
+	for i := range rows {
+		rows[i][0].Draw(canvases[i][0])
+	}
+	if zoom != nil {
+		bottom := dc
+		bottom.Max.Y = dc.Min.Y + zoomH
+		bottom.Min.X += vg.Points(6)
+		bottom.Max.X -= vg.Points(12)
+		bottom.Min.Y += vg.Points(6)
+		bottom.Max.Y -= vg.Points(8)
+		zoom.Draw(bottom)
+	}
+	_, err := vgimg.PngCanvas{Canvas: img}.WriteTo(w)
+	return err
+}
+
+// zoomPlot draws the first seconds of an over-limit episode in fine bins
+// with the pipeline's instants.
+func zoomPlot(r *Result, pp *Pipeline) (*plot.Plot, error) {
+	z := pp.Zoom
+	p := plot.New()
+	p.Title.Text = fmt.Sprintf("where the time to enforce goes: %s ← %s around its surge, in %v bins; each line marks when a stage of the loop caught up",
+		pp.Bucket.Callee, pp.Bucket.Caller, z.Bin)
+	p.Y.Label.Text = "rps"
+	p.X.Label.Text = "time (s)"
+	p.Y.Tick.Marker = compactTicks
+	p.X.Tick.Marker = plot.TickerFunc(func(lo, hi float64) []plot.Tick {
+		var ticks []plot.Tick
+		for v := math.Ceil(lo*2) / 2; v <= hi+1e-9; v += 0.5 {
+			t := plot.Tick{Value: v}
+			if v == math.Trunc(v) {
+				t.Label = strconv.FormatFloat(v, 'f', -1, 64)
+			}
+			ticks = append(ticks, t)
+		}
+		return ticks
+	})
+	p.Add(plotter.NewGrid())
+	xys := func(vs []float64) plotter.XYs {
+		out := make(plotter.XYs, len(vs))
+		for i, v := range vs {
+			out[i] = plotter.XY{X: (z.Start + time.Duration(i)*z.Bin + z.Bin/2).Seconds(), Y: v}
+		}
+		return out
+	}
+	top := 1.0
+	for _, v := range z.Offered {
+		top = max(top, v)
+	}
+	p.Y.Min, p.Y.Max = 0, top*1.5
+	p.X.Min = z.Start.Seconds()
+	p.X.Max = (z.Start + time.Duration(len(z.Offered))*z.Bin).Seconds()
+	if err := addSeries(p, "offered", xys(z.Offered), colOffered, 1.5, nil); err != nil {
+		return nil, err
+	}
+	if err := addSeries(p, "admitted", xys(z.Admitted), colAdmitted, 1.5, nil); err != nil {
+		return nil, err
+	}
+	if err := addSeries(p, "allowed", xys(z.Allowed), colAllowed, 1, dashed); err != nil {
+		return nil, err
+	}
+	marks := []struct {
+		t    time.Duration
+		name string
+	}{
+		{pp.Onset, "onset"},
+		{firstPartial(pp), "first ratio (partial)"},
+		{pp.Reported, "reports held ≥ 95%"},
+		{pp.Flushed, "zone loads held ≥ 95%"},
+		{pp.Published, "tick publishes ratio"},
+		{pp.Applied, "sidecars apply it"},
+	}
+	var lx plotter.XYs
+	var ls []string
+	for i, m := range marks {
+		if m.t < 0 {
+			continue
+		}
+		x := m.t.Seconds()
+		l, err := plotter.NewLine(plotter.XYs{{X: x, Y: 0}, {X: x, Y: p.Y.Max}})
+		if err != nil {
+			return nil, err
+		}
+		l.Color = colEvent
+		l.Dashes = dotted
+		p.Add(l)
+		// Staggered so that close instants do not print over each other.
+		lx = append(lx, plotter.XY{X: x, Y: p.Y.Max * (0.95 - 0.07*float64(i))})
+		ls = append(ls, fmt.Sprintf(" %s %s", m.name, dur(m.t)))
+	}
+	if len(lx) > 0 {
+		labels, err := plotter.NewLabels(plotter.XYLabels{XYs: lx, Labels: ls})
+		if err != nil {
+			return nil, err
+		}
+		for i := range labels.TextStyle {
+			labels.TextStyle[i].Color = colEvent
+			labels.TextStyle[i].Font.Size = vg.Points(9)
+		}
+		p.Add(labels)
+	}
+	p.Legend.Top, p.Legend.Left = true, false
+	return p, nil
+}
+
+// firstPartial is the first publication when it came before the accurate
+// one, else -1.
+func firstPartial(pp *Pipeline) time.Duration {
+	if pp.FirstPublished >= 0 && pp.FirstPublished < pp.Published {
+		return pp.FirstPublished
+	}
+	return -1
+}
+
+func addSeries(p *plot.Plot, name string, xys plotter.XYs, c color.Color, width float64, dashes []vg.Length) error {
+	// Unbounded stretches (an allowed rate of +Inf) are left out.
+	var runs []plotter.XYs
+	var cur plotter.XYs
+	for _, xy := range xys {
+		if math.IsInf(xy.Y, 0) || math.IsNaN(xy.Y) {
+			if len(cur) > 0 {
+				runs, cur = append(runs, cur), nil
+			}
+			continue
+		}
+		cur = append(cur, xy)
+	}
+	if len(cur) > 0 {
+		runs = append(runs, cur)
+	}
+	for i, run := range runs {
+		l, err := plotter.NewLine(run)
+		if err != nil {
+			return fmt.Errorf("plot %s: %w", name, err)
+		}
+		l.Color = c
+		l.Width = vg.Points(width)
+		l.Dashes = dashes
+		p.Add(l)
+		if i == 0 {
+			p.Legend.Add(name, l)
+		}
+	}
+	return nil
+}
+
+// addEvents marks the timeline's happenings as vertical lines, labelled
+// when labels is set.
+func addEvents(p *plot.Plot, tl []Happening, unit, top float64, labels bool) error {
+	var lx plotter.XYs
+	var ls []string
+	for _, h := range tl {
+		x := h.At.Seconds() / unit
+		l, err := plotter.NewLine(plotter.XYs{{X: x, Y: 0}, {X: x, Y: top}})
+		if err != nil {
+			return err
+		}
+		l.Color = colEvent
+		l.Dashes = dotted
+		p.Add(l)
+		lx = append(lx, plotter.XY{X: x, Y: top * (0.93 - 0.08*float64(len(lx)%3))})
+		ls = append(ls, " "+h.What)
+	}
+	if len(lx) == 0 || !labels {
+		return nil
+	}
+	l, err := plotter.NewLabels(plotter.XYLabels{XYs: lx, Labels: ls})
+	if err != nil {
+		return err
+	}
+	for i := range l.TextStyle {
+		l.TextStyle[i].Color = colEvent
+		l.TextStyle[i].Font.Size = vg.Points(8)
+	}
+	p.Add(l)
+	return nil
+}
+
+// compactTicks are plot.DefaultTicks with short labels: 250k, 2.5k, 0.4.
+var compactTicks = plot.TickerFunc(func(lo, hi float64) []plot.Tick {
+	ticks := plot.DefaultTicks{}.Ticks(lo, hi)
+	for i := range ticks {
+		if ticks[i].Label != "" {
+			ticks[i].Label = compact(ticks[i].Value)
+		}
+	}
+	return ticks
+})
+
+func compact(v float64) string {
+	a := math.Abs(v)
+	switch {
+	case a >= 1e6:
+		return strconv.FormatFloat(v/1e6, 'g', 4, 64) + "M"
+	case a >= 1e3:
+		return strconv.FormatFloat(v/1e3, 'g', 4, 64) + "k"
+	}
+	return strconv.FormatFloat(v, 'g', 4, 64)
+}
+
+// timeTicks labels a time axis every 1, 2, 5, 10, … units, about ten times.
+var timeTicks = plot.TickerFunc(func(lo, hi float64) []plot.Tick {
+	span := hi - lo
+	step := 1.0
+	for _, s := range []float64{1, 2, 5, 10, 15, 20, 30, 60, 120, 300, 600, 1200, 3600} {
+		step = s
+		if span/s <= 12 {
+			break
+		}
+	}
+	var ticks []plot.Tick
+	for v := math.Ceil(lo/step) * step; v <= hi+1e-9; v += step {
+		ticks = append(ticks, plot.Tick{Value: v, Label: strconv.FormatFloat(v, 'f', -1, 64)})
+	}
+	return ticks
+})
+
+// binXYs places per-second values at the middle of their second.
+func binXYs(vs []float64, unit float64) plotter.XYs {
+	out := make(plotter.XYs, len(vs))
+	for i, v := range vs {
+		out[i] = plotter.XY{X: (float64(i) + 0.5) * Bin.Seconds() / unit, Y: v}
+	}
+	return out
+}
+
+// timeUnit picks the x axis unit for a run of d: seconds, minutes or hours.
+func timeUnit(d time.Duration) (float64, string) {
+	switch {
+	case d > 3*time.Hour:
+		return 3600, "h"
+	case d > 10*time.Minute:
+		return 60, "min"
+	}
+	return 1, "s"
+}
