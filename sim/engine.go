@@ -15,6 +15,7 @@ import (
 	"github.com/sluicehq/sluice/internal/controller"
 	"github.com/sluicehq/sluice/internal/limits"
 	"github.com/sluicehq/sluice/internal/names"
+	"github.com/sluicehq/sluice/internal/ticker"
 	"github.com/sluicehq/sluice/sidecar"
 	"github.com/sluicehq/sluice/sidecar/reporter"
 )
@@ -311,8 +312,7 @@ type simController struct {
 // pokeTicker is internal/ticker's rule for the aggregator's flushes and the
 // controller's ticks, on the virtual clock: a run every period, and one soon
 // after a poke (a surge), but never within gap of the last run; pokes
-// before that run coalesce. gap is what the services use: a tenth of the
-// interval, at least 10ms.
+// before that run coalesce. gap is what the services use, ticker.MinGap.
 type pokeTicker struct {
 	gap     time.Duration
 	last    time.Duration // the last run; -1 before the first
@@ -320,7 +320,7 @@ type pokeTicker struct {
 }
 
 func newPokeTicker(period time.Duration) pokeTicker {
-	return pokeTicker{gap: max(period/10, 10*time.Millisecond), last: -1}
+	return pokeTicker{gap: ticker.MinGap(period), last: -1}
 }
 
 func newEngine(sc *Scenario, seed uint64, opts Options) (*engine, error) {
@@ -376,7 +376,7 @@ func newEngine(sc *Scenario, seed uint64, opts Options) (*engine, error) {
 					held:   make([]float64, len(c.buckets)),
 				}
 				s.svc = s.lim.Service(c.svc.Name)
-				s.hdr = reporter.Header{SidecarID: s.id, Service: c.svc.Name, Zone: sc.Zones[z], Direction: sluicev1.Direction_DIRECTION_INBOUND}
+				s.hdr = reporter.Header{SidecarID: s.id, Service: c.svc.Name, Zone: sc.Zones[z], Direction: sluicev1.Direction_DIRECTION_INBOUND, Interval: sc.Loop.ReportInterval}
 				for fi, f := range sc.Flows {
 					if f.Callee != c.svc.Name || f.Weights[z] == 0 {
 						continue
@@ -634,7 +634,7 @@ func (e *engine) report(s *simSidecar) {
 		return
 	}
 	s.cur = s.lim.AppendCounts(e.callees[s.callee].svc.Name, s.cur[:0])
-	e.send(s, s.prev, s.prevAt)
+	e.send(s, s.prev, s.prevAt, false)
 }
 
 // check is one sidecar's surge check: when the production SurgeDetector
@@ -645,7 +645,7 @@ func (e *engine) check(s *simSidecar) {
 	s.cur = s.lim.AppendCounts(e.callees[s.callee].svc.Name, s.cur[:0])
 	if s.surge.Surging(s.checked, s.cur, e.now-s.checkedAt) {
 		e.fast.SurgeReports++
-		e.send(s, s.checked, s.checkedAt)
+		e.send(s, s.checked, s.checkedAt, true)
 		return
 	}
 	s.checked = append(s.checked[:0], s.cur...)
@@ -653,9 +653,11 @@ func (e *engine) check(s *simSidecar) {
 }
 
 // send reports the window from the snapshot from, taken at fromAt, to s.cur,
-// taken now, and starts the next window, as the reporter's send does.
-func (e *engine) send(s *simSidecar, from []sidecar.PeerCounts, fromAt time.Duration) {
+// taken now, and starts the next window, as the reporter's send does; surge
+// marks a surge report.
+func (e *engine) send(s *simSidecar, from []sidecar.PeerCounts, fromAt time.Duration, surge bool) {
 	rep := reporter.Build(s.hdr, from, s.cur, Epoch.Add(fromAt), e.now-fromAt)
+	rep.Urgent = surge
 	if s.agg < 0 {
 		s.pending = rep // the uplink keeps the newest while it fails over
 	} else {

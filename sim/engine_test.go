@@ -11,7 +11,7 @@ import (
 // as soon as the gap allows; pokes before that run coalesce.
 func TestPokeTicker(t *testing.T) {
 	e := &engine{sc: &Scenario{Duration: time.Minute}}
-	tk := newPokeTicker(time.Second) // gap 100ms
+	tk := newPokeTicker(2 * time.Second) // gap 100ms: a twentieth
 	var runs []time.Duration
 	run := func() { tk.last = e.now; runs = append(runs, e.now) }
 	ms := time.Millisecond
@@ -23,7 +23,7 @@ func TestPokeTicker(t *testing.T) {
 	if want := []time.Duration{0, 100 * ms, 300 * ms, 400 * ms}; !slices.Equal(runs, want) {
 		t.Errorf("runs at %v, want %v", runs, want)
 	}
-	if g := newPokeTicker(50 * time.Millisecond).gap; g != 10*time.Millisecond {
-		t.Errorf("gap for a 50ms period: %v, want the 10ms floor", g)
+	if g := newPokeTicker(100 * time.Millisecond).gap; g != 10*time.Millisecond {
+		t.Errorf("gap for a 100ms period: %v, want the 10ms floor", g)
 	}
 }

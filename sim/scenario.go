@@ -65,7 +65,7 @@ type Loop struct {
 	ReportInterval time.Duration // sidecar → aggregator; default 1s
 	// SurgeCheck is how often a sidecar checks its counters for a surge
 	// between reports and reports one at once (the sidecar's
-	// --surge-check); 0 or absent: a quarter of ReportInterval; negative:
+	// --surge-check); 0 or absent: a tenth of ReportInterval; negative:
 	// never.
 	SurgeCheck    time.Duration
 	FlushInterval time.Duration // aggregator → controller; default 1s
@@ -425,8 +425,8 @@ func (d *fileScenario) build() (*Scenario, []error) {
 	if iv := sc.Loop.ReportInterval; iv < reporter.MinInterval || iv > reporter.MaxInterval {
 		bad("loop.report_interval", "%v is outside [%v, %v]", iv, reporter.MinInterval, reporter.MaxInterval)
 	}
-	if sc.Loop.SurgeCheck == 0 { // as the sidecar's --surge-check: 0 is a quarter of the interval
-		sc.Loop.SurgeCheck = max(report/4, reporter.MinInterval)
+	if sc.Loop.SurgeCheck == 0 { // as the sidecar's --surge-check: 0 is a tenth of the interval
+		sc.Loop.SurgeCheck = reporter.DefaultSurgeCheck(report)
 	}
 	if c := sc.Loop.SurgeCheck; c > 0 && (c < reporter.MinInterval || c > sc.Loop.ReportInterval) {
 		bad("loop.surge_check", "%v is outside [%v, report_interval %v]; negative for none", c, reporter.MinInterval, sc.Loop.ReportInterval)

@@ -51,7 +51,7 @@ type Config struct {
 	// ReportInterval is how often load reports go out.
 	ReportInterval time.Duration
 	// SurgeCheck is how often the counters are checked for a surge between
-	// reports; 0 means a quarter of ReportInterval, negative none.
+	// reports; 0 means a tenth of ReportInterval, negative none.
 	SurgeCheck time.Duration
 	// CallerHeader names the request header that carries the caller.
 	CallerHeader string
@@ -121,7 +121,7 @@ func (c Config) Validate() error {
 		add("report-interval: %v is outside [%v, %v]", c.ReportInterval, reporter.MinInterval, reporter.MaxInterval)
 	}
 	if c.SurgeCheck > 0 && (c.SurgeCheck < reporter.MinInterval || c.SurgeCheck > c.ReportInterval) {
-		add("surge-check: %v is outside [%v, report-interval %v]; 0 for a quarter of it, negative for none", c.SurgeCheck, reporter.MinInterval, c.ReportInterval)
+		add("surge-check: %v is outside [%v, report-interval %v]; 0 for a tenth of it, negative for none", c.SurgeCheck, reporter.MinInterval, c.ReportInterval)
 	}
 	if !validHeaderName(c.CallerHeader) {
 		add("caller-header: %q is not a valid header name", c.CallerHeader)

@@ -72,7 +72,7 @@ flags win over the environment, the environment over the file.`,
 	f.StringSliceVar(&cfg.Controllers, "controllers", cfg.Controllers, "xDS server addresses (controllers or relays), in failover order")
 	f.StringVar(&cfg.XDSProtocol, "xds-protocol", cfg.XDSProtocol, "xDS variant: delta or sotw")
 	f.DurationVar(&cfg.ReportInterval, "report-interval", cfg.ReportInterval, "how often to report load to the aggregator")
-	f.DurationVar(&cfg.SurgeCheck, "surge-check", cfg.SurgeCheck, "how often to look for a surge between reports and report it at once; 0 means a quarter of --report-interval, negative none")
+	f.DurationVar(&cfg.SurgeCheck, "surge-check", cfg.SurgeCheck, "how often to look for a surge between reports and report it at once; 0 means a tenth of --report-interval, negative none")
 	f.StringVar(&cfg.CallerHeader, "caller-header", cfg.CallerHeader, "request header that names the caller")
 	f.IntVar(&cfg.MaxPeers, "max-peers", cfg.MaxPeers, "distinct callers tracked before the rest share the _overflow bucket")
 	f.StringVar(&cfg.Strategy, "strategy", cfg.Strategy, "drop decision: diffuse (exact error diffusion) or random")

@@ -155,13 +155,6 @@ type Service struct {
 	rejectLog uplink.RejectLog // rejections of flushes by the controller
 }
 
-// surgeGap is the least time between flushes that surges cause: a tenth of
-// the interval, at least 10ms, so that a fleet of sidecars reporting one
-// surge costs the controller a few extra flushes, not one per sidecar.
-func surgeGap(interval time.Duration) time.Duration {
-	return max(interval/10, 10*time.Millisecond)
-}
-
 // stream is the identity of one StreamLoadReports call.
 type stream struct{ id string }
 
@@ -178,7 +171,7 @@ func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Service, 
 	s := &Service{
 		cfg:     cfg,
 		log:     logger,
-		flushes: ticker.New(cfg.FlushInterval, surgeGap(cfg.FlushInterval)),
+		flushes: ticker.New(cfg.FlushInterval, ticker.MinGap(cfg.FlushInterval)),
 		state:   NewState(cfg.Zone, cfg.ID, cfg.StaleAfter, cfg.Limits),
 		owners:  make(map[string]*stream),
 	}
@@ -291,7 +284,7 @@ func (s *Service) apply(st *stream, r *sluicev1.LoadReport) error {
 	}
 	if s.state.TakeUrgent() {
 		// A surge: the controller hears of it now, not at the next
-		// flush (at most every surgeGap).
+		// flush (at most every ticker.MinGap).
 		s.flushes.Poke()
 	}
 	st.id = r.GetSidecarId()

@@ -14,7 +14,6 @@ import (
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/names"
-	"github.com/sluicehq/sluice/pkg/dropratio"
 )
 
 // Limits bound what one report may claim, so that a broken or hostile
@@ -140,14 +139,16 @@ type State struct {
 	// stale collects sidecars dropped for silence until TakeStale.
 	stale []string
 	// urgent is set by Apply when a report shows a surge; see TakeUrgent.
-	urgent bool
+	// urgentFlush marks the next Flush's zone load urgent, so that the
+	// controller acts on it at once too.
+	urgent, urgentFlush bool
 }
 
 // sidecar is the latest accepted report of one sidecar, as rates.
 type sidecar struct {
 	service   string
 	direction sluicev1.Direction
-	window    time.Duration // the report's window, for staleness
+	interval  time.Duration // the sidecar's report interval (else its window), for staleness
 	seen      time.Time     // when the report was applied, by the aggregator's clock
 	peers     []peerRate    // sorted by peer
 }
@@ -255,37 +256,28 @@ func (s *State) Apply(r *sluicev1.LoadReport, now time.Time) error {
 		old = new(sidecar)
 		s.sidecars[id] = old
 		s.order = nil
-	} else if !s.urgent && old.service == r.GetService() && old.direction == dir {
-		s.urgent = surged(old.peers, peers)
 	}
-	*old = sidecar{service: r.GetService(), direction: dir, window: window, seen: now, peers: peers}
+	// Staleness counts the sidecar's intervals, not its last window: a
+	// surge report's window is a fraction of the interval.
+	interval := window
+	if iv := r.GetInterval(); iv != nil && iv.IsValid() {
+		interval = max(window, min(iv.AsDuration(), s.lim.MaxWindow))
+	}
+	if r.GetUrgent() {
+		s.urgent, s.urgentFlush = true, true
+	}
+	*old = sidecar{service: r.GetService(), direction: dir, interval: interval, seen: now, peers: peers}
 	return nil
 }
 
-// surged reports whether some peer's offered rate rose from before to after
-// enough to pass on at once (dropratio.Surged). Both are sorted by peer.
-func surged(before, after []peerRate) bool {
-	i := 0
-	for _, a := range after {
-		for i < len(before) && before[i].peer < a.peer {
-			i++
-		}
-		prev := 0.0
-		if i < len(before) && before[i].peer == a.peer {
-			prev = before[i].offered
-		}
-		if dropratio.Surged(prev, a.offered) {
-			return true
-		}
-	}
-	return false
-}
-
-// TakeUrgent reports whether a report applied since the last call showed a
-// surge — a sidecar whose rate for some peer jumped (dropratio.Surged) — and
+// TakeUrgent reports whether an urgent report (LoadReport.urgent: a
+// sidecar saw a caller's rate jump) was applied since the last call, and
 // clears the mark. The service flushes at once when it is set, instead of
-// waiting for its interval: the controller should hear of a surge now.
-// A sidecar's first report never counts: a new sidecar is not a surge.
+// waiting for its interval, and the flush is marked urgent so that the
+// controller acts at once too. The aggregator does not judge jumps itself:
+// one sidecar's rate at a few dozen requests per second is too noisy to
+// compare report by report, and the sidecar judges with its Poisson
+// threshold on finer windows.
 func (s *State) TakeUrgent() bool {
 	u := s.urgent
 	s.urgent = false
@@ -321,7 +313,7 @@ func (s *State) TakeStale() []string {
 
 func (s *State) Flush(now time.Time, interval time.Duration) *sluicev1.ZoneLoad {
 	for id, sc := range s.sidecars {
-		if now.Sub(sc.seen) > time.Duration(s.staleAfter)*sc.window {
+		if now.Sub(sc.seen) > time.Duration(s.staleAfter)*sc.interval {
 			delete(s.sidecars, id)
 			s.order = nil
 			s.stale = append(s.stale, id)
@@ -365,7 +357,9 @@ func (s *State) Flush(now time.Time, interval time.Duration) *sluicev1.ZoneLoad 
 		Zone:         s.zone,
 		Interval:     durationpb.New(interval),
 		Services:     make([]*sluicev1.ServiceLoad, 0, len(keys)),
+		Urgent:       s.urgentFlush,
 	}
+	s.urgentFlush = false
 	for _, k := range keys {
 		b := buckets[k]
 		sl := &sluicev1.ServiceLoad{

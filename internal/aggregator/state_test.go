@@ -315,32 +315,39 @@ func rate(peer string, offered, dropped, shadow float64) *sluicev1.PeerRate {
 	return &sluicev1.PeerRate{Peer: peer, OfferedRps: offered, DroppedRps: dropped, ShadowDroppedRps: shadow}
 }
 
-func TestUrgentOnSurge(t *testing.T) {
+// A surge report covers a fraction of the interval; staleness counts the
+// sidecar's intervals, so the sidecar is not dropped while it waits for its
+// next regular report.
+func TestStalenessCountsIntervalsNotSurgeWindows(t *testing.T) {
+	s := NewState("zone-a", "agg-1", 3, Limits{})
+	r := report("s1", "svc", in, 250*time.Millisecond, pc("web", 100, 0, 0))
+	r.Interval = durationpb.New(time.Second)
+	r.Urgent = true
+	apply(t, s, t0, r)
+	if got := s.Flush(t0.Add(2*time.Second), time.Second); len(got.GetServices()) != 1 {
+		t.Errorf("2s after a 250ms surge report with a 1s interval the sidecar is gone: %v", got)
+	}
+	if got := s.Flush(t0.Add(3*time.Second+1), time.Second); len(got.GetServices()) != 0 {
+		t.Errorf("more than 3 intervals after its report the sidecar is still summed: %v", got)
+	}
+}
+
+func TestSurgeReportMakesTheNextFlushUrgent(t *testing.T) {
 	s := NewState("zone-a", "agg-1", 3, Limits{})
 	apply(t, s, t0, report("s1", "svc", in, time.Second, pc("web", 100, 0, 0)))
-	if s.TakeUrgent() {
-		t.Error("a sidecar's first report is urgent; a new sidecar is not a surge")
+	if s.TakeUrgent() || s.Flush(t0, time.Second).GetUrgent() {
+		t.Fatal("a calm report made the flush urgent")
 	}
-	for _, step := range []struct {
-		name string
-		web  uint64
-		want bool
-	}{
-		{"steady", 110, false},
-		{"1.5× and +55 rps", 165, true},
-		{"falling", 50, false},
-		{"+9 rps from 50: noise", 59, false},
-	} {
-		apply(t, s, t0, report("s1", "svc", in, time.Second, pc("web", step.web, 0, 0)))
-		if got := s.TakeUrgent(); got != step.want {
-			t.Errorf("%s: urgent = %v, want %v", step.name, got, step.want)
-		}
-	}
-	apply(t, s, t0, report("s1", "svc", in, time.Second, pc("web", 59, 0, 0), pc("new", 40, 0, 0)))
+	r := report("s2", "svc", in, 250*time.Millisecond, pc("web", 30, 0, 0))
+	r.Urgent = true // even a first report, and a small rise: the sidecar says so
+	apply(t, s, t0, r)
 	if !s.TakeUrgent() {
-		t.Error("a new caller at 40 rps is a surge from 0")
+		t.Error("a surge report is not urgent")
 	}
-	if s.TakeUrgent() {
-		t.Error("TakeUrgent did not clear the mark")
+	if !s.Flush(t0, time.Second).GetUrgent() {
+		t.Error("the flush after a surge report is not marked urgent")
+	}
+	if s.Flush(t0, time.Second).GetUrgent() {
+		t.Error("the flush after that is still urgent")
 	}
 }

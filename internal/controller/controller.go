@@ -124,11 +124,9 @@ func New(cfg Config, src limits.Source, logger *slog.Logger, reg prometheus.Regi
 		xds:      xdsserver.New(xctx, xdsserver.Options{Logger: logger, Registerer: reg}),
 		stopXDS:  stopXDS,
 		draining: make(chan struct{}),
-		// Surge ticks at most every tenth of a tick: a surge seen by
-		// every aggregator at once costs a few extra ticks, not one each.
-		ticks:   ticker.New(cfg.Tick, max(cfg.Tick/10, 10*time.Millisecond)),
-		state:   state,
-		streams: map[string]int64{},
+		ticks:    ticker.New(cfg.Tick, ticker.MinGap(cfg.Tick)),
+		state:    state,
+		streams:  map[string]int64{},
 	}
 	return s, nil
 }

@@ -115,8 +115,9 @@ func (s *State) Apply(load *sluicev1.ZoneLoad, now time.Time) error {
 			return reject("too_many_aggregators", "already holding %d aggregators", len(s.aggs))
 		}
 		s.lastJoin = now
+		s.urgent = s.urgent || load.GetUrgent()
 	} else if !s.urgent {
-		s.urgent = zoneSurged(prev.load, load)
+		s.urgent = load.GetUrgent() || zoneSurged(prev.load, load)
 	}
 	s.aggs[id] = &aggregatorLoad{
 		zone:     load.GetZone(),
@@ -128,36 +129,42 @@ func (s *State) Apply(load *sluicev1.ZoneLoad, now time.Time) error {
 }
 
 // TakeUrgent reports whether a zone load applied since the last call showed
-// a surge — some bucket's rate in that zone jumped (dropratio.Surged) — and
-// clears the mark. The service ticks at once when it is set instead of
-// waiting for the next tick. An aggregator's first load never counts.
+// a surge — the aggregator marked it urgent, or some bucket's rate in that
+// zone jumped (dropratio.Jumped) — and clears the mark. The service ticks
+// at once when it is set instead of waiting for the next tick. An
+// aggregator's first load is urgent only when it says so.
 func (s *State) TakeUrgent() bool {
 	u := s.urgent
 	s.urgent = false
 	return u
 }
 
-// zoneSurged reports whether some inbound bucket's offered rate rose from
-// before to after enough to act on at once.
+// zoneSurged reports whether some inbound bucket's offered rate jumped from
+// before to after, up or down (dropratio.Jumped); a bucket missing from one
+// of them had rate 0 there.
 func zoneSurged(before, after *sluicev1.ZoneLoad) bool {
 	type bucket struct{ service, peer string }
-	old := map[bucket]float64{}
-	for _, svc := range before.GetServices() {
-		if svc.GetDirection() != sluicev1.Direction_DIRECTION_INBOUND {
-			continue
+	rates := func(z *sluicev1.ZoneLoad) map[bucket]float64 {
+		m := map[bucket]float64{}
+		for _, svc := range z.GetServices() {
+			if svc.GetDirection() != sluicev1.Direction_DIRECTION_INBOUND {
+				continue
+			}
+			for _, p := range svc.GetPeers() {
+				m[bucket{svc.GetService(), p.GetPeer()}] = p.GetOfferedRps()
+			}
 		}
-		for _, p := range svc.GetPeers() {
-			old[bucket{svc.GetService(), p.GetPeer()}] = p.GetOfferedRps()
+		return m
+	}
+	old, cur := rates(before), rates(after)
+	for b, r := range cur {
+		if dropratio.Jumped(old[b], r) {
+			return true
 		}
 	}
-	for _, svc := range after.GetServices() {
-		if svc.GetDirection() != sluicev1.Direction_DIRECTION_INBOUND {
-			continue
-		}
-		for _, p := range svc.GetPeers() {
-			if dropratio.Surged(old[bucket{svc.GetService(), p.GetPeer()}], p.GetOfferedRps()) {
-				return true
-			}
+	for b, r := range old {
+		if _, ok := cur[b]; !ok && dropratio.Jumped(r, 0) {
+			return true
 		}
 	}
 	return false

@@ -457,7 +457,27 @@ func TestUrgentOnZoneSurge(t *testing.T) {
 		t.Error("TakeUrgent did not clear the mark")
 	}
 	s.Apply(zoneLoad("agg-a", "a", 1, map[string]float64{"checkout/web": 100}), t0)
-	if s.TakeUrgent() {
-		t.Error("a fall is urgent")
+	if !s.TakeUrgent() {
+		t.Error("a 15× fall is not urgent: moved traffic would count twice")
+	}
+	s.Apply(zoneLoad("agg-a", "a", 1, nil), t0)
+	if !s.TakeUrgent() {
+		t.Error("a bucket gone from the zone is not urgent")
+	}
+}
+
+func TestUrgentZoneLoad(t *testing.T) {
+	s := newState(t)
+	z := zoneLoad("agg-a", "a", 1, map[string]float64{"checkout/web": 100})
+	z.Urgent = true
+	s.Apply(z, t0)
+	if !s.TakeUrgent() {
+		t.Error("a zone load marked urgent is not, even as the aggregator's first")
+	}
+	z = zoneLoad("agg-a", "a", 1, map[string]float64{"checkout/web": 105})
+	z.Urgent = true
+	s.Apply(z, t0)
+	if !s.TakeUrgent() {
+		t.Error("a zone load marked urgent with a small rise is not")
 	}
 }

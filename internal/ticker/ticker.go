@@ -1,13 +1,20 @@
 // Package ticker runs a tier's periodic work — the aggregator's flush, the
 // controller's tick — on its period, and also soon after it is poked, but
 // never twice within a minimum gap. A poke is how a surge skips the rest of
-// an interval: see dropratio.Surged.
+// an interval: see dropratio.Jumped.
 package ticker
 
 import (
 	"context"
 	"time"
 )
+
+// MinGap is the least time between the runs pokes cause, for a tier with
+// the given period: a twentieth of it, at least 10ms. A fleet that reports
+// one surge then costs a tier a few extra runs, not one per report.
+func MinGap(period time.Duration) time.Duration {
+	return max(period/20, 10*time.Millisecond)
+}
 
 // Ticker is safe for concurrent Pokes; Run runs once at a time.
 type Ticker struct {

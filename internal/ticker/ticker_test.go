@@ -50,3 +50,15 @@ func TestPeriodAndPokes(t *testing.T) {
 		}
 	})
 }
+
+func TestMinGap(t *testing.T) {
+	for _, tc := range []struct{ period, want time.Duration }{
+		{time.Second, 50 * time.Millisecond},
+		{100 * time.Millisecond, 10 * time.Millisecond}, // the floor
+		{10 * time.Second, 500 * time.Millisecond},
+	} {
+		if got := MinGap(tc.period); got != tc.want {
+			t.Errorf("MinGap(%v) = %v, want %v", tc.period, got, tc.want)
+		}
+	}
+}

@@ -745,7 +745,7 @@ func TestSeedHoldsThenReleases(t *testing.T) {
 	}
 }
 
-func TestSurged(t *testing.T) {
+func TestJumped(t *testing.T) {
 	for _, tc := range []struct {
 		before, after float64
 		want          bool
@@ -755,11 +755,13 @@ func TestSurged(t *testing.T) {
 		{0, 10, true},
 		{0, 9, false},  // too little to tell from noise
 		{4, 12, false}, // 3× but a rise of 8 rps
-		{200, 100, false},
+		{150, 100, true},
+		{149, 100, false},
+		{10, 0, true},
 		{math.NaN(), 1000, false},
 	} {
-		if got := Surged(tc.before, tc.after); got != tc.want {
-			t.Errorf("Surged(%v, %v) = %v, want %v", tc.before, tc.after, got, tc.want)
+		if got := Jumped(tc.before, tc.after); got != tc.want {
+			t.Errorf("Jumped(%v, %v) = %v, want %v", tc.before, tc.after, got, tc.want)
 		}
 	}
 }

@@ -64,7 +64,7 @@ type Config struct {
 	Interval time.Duration
 	// SurgeCheck is how often the counters are checked for a surge between
 	// reports (see SurgeDetector); a surge is reported at once. Default a
-	// quarter of Interval; negative turns surge reports off.
+	// tenth of Interval; negative turns surge reports off.
 	SurgeCheck time.Duration
 	// Aggregators are the zone's aggregator addresses, tried in order with
 	// failover. Required.
@@ -85,7 +85,7 @@ func (c Config) withDefaults() Config {
 		c.Interval = time.Second
 	}
 	if c.SurgeCheck == 0 {
-		c.SurgeCheck = max(c.Interval/4, MinInterval)
+		c.SurgeCheck = DefaultSurgeCheck(c.Interval)
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -133,6 +133,9 @@ func (c Config) Validate() error {
 type Header struct {
 	SidecarID, Service, Zone string
 	Direction                sluicev1.Direction
+	// Interval is the sidecar's report interval, for the aggregator's
+	// staleness check; 0 leaves it out.
+	Interval time.Duration
 }
 
 // Build returns the report of the window [windowStart, windowStart+window)
@@ -186,6 +189,9 @@ func Build(h Header, prev, cur []sidecar.PeerCounts, windowStart time.Time, wind
 		Window:      durationpb.New(window),
 		Peers:       slices.Collect(maps.Values(deltas)),
 	}
+	if h.Interval > 0 {
+		r.Interval = durationpb.New(h.Interval)
+	}
 	slices.SortFunc(r.Peers, func(a, b *sluicev1.PeerCounts) int { return cmp.Compare(a.Peer, b.Peer) })
 	return r
 }
@@ -234,7 +240,7 @@ func New(cfg Config, src Source) (*Reporter, error) {
 	cfg = cfg.withDefaults()
 	r := &Reporter{
 		cfg: cfg,
-		hdr: Header{SidecarID: cfg.SidecarID, Service: cfg.Service, Zone: cfg.Zone, Direction: cfg.Direction},
+		hdr: Header{SidecarID: cfg.SidecarID, Service: cfg.Service, Zone: cfg.Zone, Direction: cfg.Direction, Interval: cfg.Interval},
 		src: src,
 		log: cfg.Logger,
 	}
@@ -302,8 +308,9 @@ func (r *Reporter) loop(ctx context.Context) {
 	prev := r.src.AppendCounts(r.cfg.Service, nil)
 	checkedAt, checked := prevAt, slices.Clone(prev)
 	var cur []sidecar.PeerCounts
-	send := func(from []sidecar.PeerCounts, fromAt, now time.Time) {
+	send := func(from []sidecar.PeerCounts, fromAt, now time.Time, surging bool) {
 		rep := Build(r.hdr, from, cur, fromAt, now.Sub(fromAt))
+		rep.Urgent = surging
 		r.up.Offer(&loadReq{Report: rep})
 		surge.Reported(rep)
 		prev, cur = cur, prev
@@ -322,7 +329,7 @@ func (r *Reporter) loop(ctx context.Context) {
 				// aggregator keeps rates, so the earlier part of the
 				// window is not missed.
 				r.surges.Inc()
-				send(checked, checkedAt, now)
+				send(checked, checkedAt, now, true)
 				continue
 			}
 			checked, checkedAt = append(checked[:0], cur...), now
@@ -340,7 +347,7 @@ func (r *Reporter) loop(ctx context.Context) {
 				continue
 			}
 			cur = r.src.AppendCounts(r.cfg.Service, cur[:0])
-			send(prev, prevAt, now)
+			send(prev, prevAt, now, false)
 		}
 	}
 }

@@ -18,6 +18,30 @@ func report(window time.Duration, peers ...*sluicev1.PeerCounts) *sluicev1.LoadR
 	return &sluicev1.LoadReport{Window: durationpb.New(window), Peers: peers}
 }
 
+func TestSurgeFollowsARamp(t *testing.T) {
+	var d SurgeDetector
+	before := pcs(c("web", 0, 0, 0))
+	// A regular report at 10,000 rps: 12,000 over a 250ms check (1.2×) is
+	// no surge.
+	d.Reported(report(time.Second, wire("web", 10000, 0, 0)))
+	if d.Surging(before, pcs(c("web", 3000, 0, 0)), 250*time.Millisecond) {
+		t.Error("1.2× after a regular report is a surge")
+	}
+	// After a surge report, the same 1.2× rise is reported: the surge is
+	// climbing and the ratio should follow it now.
+	r := report(time.Second, wire("web", 10000, 0, 0))
+	r.Urgent = true
+	d.Reported(r)
+	if !d.Surging(before, pcs(c("web", 3000, 0, 0)), 250*time.Millisecond) {
+		t.Error("1.2× during a surge is not reported")
+	}
+	// A regular report ends the surge.
+	d.Reported(report(time.Second, wire("web", 10000, 0, 0)))
+	if d.Surging(before, pcs(c("web", 3000, 0, 0)), 250*time.Millisecond) {
+		t.Error("1.2× after the surge ended is reported")
+	}
+}
+
 func TestSurgeDetector(t *testing.T) {
 	var d SurgeDetector
 	before := pcs(c("web", 1000, 0, 0), c("batch", 500, 0, 0))
@@ -32,22 +56,40 @@ func TestSurgeDetector(t *testing.T) {
 		elapsed time.Duration
 		want    bool
 	}{
-		{"web at 300 rps over 100ms", pcs(c("web", 1030, 0, 0), c("batch", 500, 0, 0)), 100 * time.Millisecond, true},
-		{"web at 140 rps: under 1.5×", pcs(c("web", 1014, 0, 0), c("batch", 500, 0, 0)), 100 * time.Millisecond, false},
-		{"web at 1000 rps but 10 requests: noise", pcs(c("web", 1010, 0, 0)), 10 * time.Millisecond, false},
-		{"batch at 20 rps, 20 requests", pcs(c("web", 1000, 0, 0), c("batch", 520, 0, 0)), time.Second, true},
-		{"a new peer with enough requests", pcs(c("web", 1000, 0, 0), c("new", 25, 0, 0)), time.Second, true},
-		{"a reset counter is not a rate", pcs(c("web", 40, 0, 0)), 100 * time.Millisecond, false},
+		// Over 100ms web is expected at 10 requests, batch at 1: both are
+		// too few to judge a fall, so only web's rises matter.
+		{"web at 300 rps over 100ms", pcs(c("web", 1030, 0, 0), c("batch", 501, 0, 0)), 100 * time.Millisecond, true},
+		{"web at 140 rps: under 1.5×", pcs(c("web", 1014, 0, 0), c("batch", 501, 0, 0)), 100 * time.Millisecond, false},
+		{"web at 1000 rps but 10 requests: noise", pcs(c("web", 1010, 0, 0), c("batch", 500, 0, 0)), 10 * time.Millisecond, false},
+		{"a reset counter is not a rate", pcs(c("web", 40, 0, 0), c("batch", 501, 0, 0)), 100 * time.Millisecond, false},
 		{"steady", pcs(c("web", 1010, 0, 0), c("batch", 501, 0, 0)), 100 * time.Millisecond, false},
+		// Over a second web is expected at 100 and batch at 10.
+		{"batch at 20 rps, 20 requests: within noise of 10", pcs(c("web", 1100, 0, 0), c("batch", 520, 0, 0)), time.Second, false},
+		{"batch at 30 rps: 4σ above 10", pcs(c("web", 1100, 0, 0), c("batch", 530, 0, 0)), time.Second, true},
+		{"a new peer with enough requests", pcs(c("web", 1100, 0, 0), c("batch", 510, 0, 0), c("new", 25, 0, 0)), time.Second, true},
+		{"web falls to 50 rps: 1/2, 5σ", pcs(c("web", 1050, 0, 0), c("batch", 510, 0, 0)), time.Second, true},
+		{"web falls to 70 rps: under 1.5×", pcs(c("web", 1070, 0, 0), c("batch", 510, 0, 0)), time.Second, false},
+		{"web gone from the snapshot", pcs(c("batch", 510, 0, 0)), time.Second, true},
+		{"batch falls to 0 from 10: too few to tell", pcs(c("web", 1100, 0, 0), c("batch", 500, 0, 0)), time.Second, false},
 	} {
 		if got := d.Surging(before, tc.cur, tc.elapsed); got != tc.want {
 			t.Errorf("%s: Surging = %v, want %v", tc.name, got, tc.want)
 		}
 	}
+	// Poisson noise at a moderate rate: 52 rps reported, a 250ms check
+	// expects 13; 20 is 1.5× but under 2σ: not a surge.
+	d.Reported(report(time.Second, wire("web", 52, 0, 0)))
+	if d.Surging(pcs(c("web", 0, 0, 0)), pcs(c("web", 20, 0, 0)), 250*time.Millisecond) {
+		t.Error("20 requests where 13 were expected is noise, not a surge")
+	}
 	// A later report moves the baseline: web at 300 rps is now normal.
 	d.Reported(report(time.Second, wire("web", 300, 0, 0)))
 	if d.Surging(before, pcs(c("web", 1030, 0, 0)), 100*time.Millisecond) {
 		t.Error("300 rps surges against a reported 300 rps")
+	}
+	// Traffic that leaves: 300 rps reported, nothing over a second.
+	if !d.Surging(before, pcs(c("web", 1000, 0, 0)), time.Second) {
+		t.Error("a peer falling from 300 rps to 0 is not reported at once")
 	}
 }
 

@@ -87,7 +87,16 @@ type LoadReport struct {
 	// Length of the counting window; counts divided by it give rates.
 	Window *durationpb.Duration `protobuf:"bytes,6,opt,name=window,proto3" json:"window,omitempty"`
 	// One entry per peer seen during the window, each peer at most once.
-	Peers         []*PeerCounts `protobuf:"bytes,7,rep,name=peers,proto3" json:"peers,omitempty"`
+	Peers []*PeerCounts `protobuf:"bytes,7,rep,name=peers,proto3" json:"peers,omitempty"`
+	// The sidecar's report interval. The aggregator counts a sidecar as gone
+	// after three intervals without a report; a surge report's window is
+	// shorter than the interval, so the window alone can not tell. When
+	// absent, the window stands in for it.
+	Interval *durationpb.Duration `protobuf:"bytes,8,opt,name=interval,proto3" json:"interval,omitempty"`
+	// Set on a report sent before its interval was up because a peer's rate
+	// jumped, up or down: the aggregator passes the zone's load on at once
+	// rather than at its next flush.
+	Urgent        bool `protobuf:"varint,9,opt,name=urgent,proto3" json:"urgent,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -169,6 +178,20 @@ func (x *LoadReport) GetPeers() []*PeerCounts {
 		return x.Peers
 	}
 	return nil
+}
+
+func (x *LoadReport) GetInterval() *durationpb.Duration {
+	if x != nil {
+		return x.Interval
+	}
+	return nil
+}
+
+func (x *LoadReport) GetUrgent() bool {
+	if x != nil {
+		return x.Urgent
+	}
+	return false
 }
 
 // PeerCounts are the requests of one bucket seen by one sidecar in one window.
@@ -324,7 +347,7 @@ const file_sluice_v1_load_proto_rawDesc = "" +
 	"\n" +
 	"\x14sluice/v1/load.proto\x12\tsluice.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16sluice/v1/common.proto\"I\n" +
 	"\x18StreamLoadReportsRequest\x12-\n" +
-	"\x06report\x18\x01 \x01(\v2\x15.sluice.v1.LoadReportR\x06report\"\xac\x02\n" +
+	"\x06report\x18\x01 \x01(\v2\x15.sluice.v1.LoadReportR\x06report\"\xfb\x02\n" +
 	"\n" +
 	"LoadReport\x12\x1d\n" +
 	"\n" +
@@ -334,7 +357,9 @@ const file_sluice_v1_load_proto_rawDesc = "" +
 	"\x04zone\x18\x04 \x01(\tR\x04zone\x12=\n" +
 	"\fwindow_start\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\vwindowStart\x121\n" +
 	"\x06window\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\x06window\x12+\n" +
-	"\x05peers\x18\a \x03(\v2\x15.sluice.v1.PeerCountsR\x05peers\"{\n" +
+	"\x05peers\x18\a \x03(\v2\x15.sluice.v1.PeerCountsR\x05peers\x125\n" +
+	"\binterval\x18\b \x01(\v2\x19.google.protobuf.DurationR\binterval\x12\x16\n" +
+	"\x06urgent\x18\t \x01(\bR\x06urgent\"{\n" +
 	"\n" +
 	"PeerCounts\x12\x12\n" +
 	"\x04peer\x18\x01 \x01(\tR\x04peer\x12\x18\n" +
@@ -377,13 +402,14 @@ var file_sluice_v1_load_proto_depIdxs = []int32{
 	5, // 2: sluice.v1.LoadReport.window_start:type_name -> google.protobuf.Timestamp
 	6, // 3: sluice.v1.LoadReport.window:type_name -> google.protobuf.Duration
 	2, // 4: sluice.v1.LoadReport.peers:type_name -> sluice.v1.PeerCounts
-	0, // 5: sluice.v1.LoadReportService.StreamLoadReports:input_type -> sluice.v1.StreamLoadReportsRequest
-	3, // 6: sluice.v1.LoadReportService.StreamLoadReports:output_type -> sluice.v1.StreamLoadReportsResponse
-	6, // [6:7] is the sub-list for method output_type
-	5, // [5:6] is the sub-list for method input_type
-	5, // [5:5] is the sub-list for extension type_name
-	5, // [5:5] is the sub-list for extension extendee
-	0, // [0:5] is the sub-list for field type_name
+	6, // 5: sluice.v1.LoadReport.interval:type_name -> google.protobuf.Duration
+	0, // 6: sluice.v1.LoadReportService.StreamLoadReports:input_type -> sluice.v1.StreamLoadReportsRequest
+	3, // 7: sluice.v1.LoadReportService.StreamLoadReports:output_type -> sluice.v1.StreamLoadReportsResponse
+	7, // [7:8] is the sub-list for method output_type
+	6, // [6:7] is the sub-list for method input_type
+	6, // [6:6] is the sub-list for extension type_name
+	6, // [6:6] is the sub-list for extension extendee
+	0, // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_sluice_v1_load_proto_init() }

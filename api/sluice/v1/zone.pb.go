@@ -80,7 +80,11 @@ type ZoneLoad struct {
 	// gone after three intervals without a flush.
 	Interval *durationpb.Duration `protobuf:"bytes,3,opt,name=interval,proto3" json:"interval,omitempty"`
 	// One entry per (service, direction), each at most once.
-	Services      []*ServiceLoad `protobuf:"bytes,4,rep,name=services,proto3" json:"services,omitempty"`
+	Services []*ServiceLoad `protobuf:"bytes,4,rep,name=services,proto3" json:"services,omitempty"`
+	// Set on a flush sent before its interval was up because a sidecar
+	// reported a jump: the controller runs the control law at once rather
+	// than at its next tick.
+	Urgent        bool `protobuf:"varint,5,opt,name=urgent,proto3" json:"urgent,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -141,6 +145,13 @@ func (x *ZoneLoad) GetServices() []*ServiceLoad {
 		return x.Services
 	}
 	return nil
+}
+
+func (x *ZoneLoad) GetUrgent() bool {
+	if x != nil {
+		return x.Urgent
+	}
+	return false
 }
 
 // ServiceLoad is the load of one enforcing service in one zone.
@@ -350,12 +361,13 @@ const file_sluice_v1_zone_proto_rawDesc = "" +
 	"\n" +
 	"\x14sluice/v1/zone.proto\x12\tsluice.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x16sluice/v1/common.proto\"A\n" +
 	"\x16StreamZoneLoadsRequest\x12'\n" +
-	"\x04load\x18\x01 \x01(\v2\x13.sluice.v1.ZoneLoadR\x04load\"\xae\x01\n" +
+	"\x04load\x18\x01 \x01(\v2\x13.sluice.v1.ZoneLoadR\x04load\"\xc6\x01\n" +
 	"\bZoneLoad\x12#\n" +
 	"\raggregator_id\x18\x01 \x01(\tR\faggregatorId\x12\x12\n" +
 	"\x04zone\x18\x02 \x01(\tR\x04zone\x125\n" +
 	"\binterval\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\binterval\x122\n" +
-	"\bservices\x18\x04 \x03(\v2\x16.sluice.v1.ServiceLoadR\bservices\"\xab\x01\n" +
+	"\bservices\x18\x04 \x03(\v2\x16.sluice.v1.ServiceLoadR\bservices\x12\x16\n" +
+	"\x06urgent\x18\x05 \x01(\bR\x06urgent\"\xab\x01\n" +
 	"\vServiceLoad\x12\x18\n" +
 	"\aservice\x18\x01 \x01(\tR\aservice\x122\n" +
 	"\tdirection\x18\x02 \x01(\x0e2\x14.sluice.v1.DirectionR\tdirection\x12#\n" +
