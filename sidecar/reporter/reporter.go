@@ -322,6 +322,11 @@ func (r *Reporter) loop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case now := <-check:
+			if now.Sub(checkedAt) < MinInterval {
+				// A late tick's successor: too short a window for a
+				// rate the aggregator accepts; let it grow.
+				continue
+			}
 			cur = r.src.AppendCounts(r.cfg.Service, cur[:0])
 			if surge.Surging(checked, cur, now.Sub(checkedAt)) {
 				// Report the check window alone: its rate is the
