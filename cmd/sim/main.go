@@ -8,6 +8,7 @@ import (
 	"syscall"
 
 	"github.com/sluicehq/sluice/sim"
+	"github.com/sluicehq/sluice/sim/scale"
 )
 
 func main() {
@@ -16,7 +17,7 @@ func main() {
 	root := sim.Command() // `sim run`: deterministic mode
 	// The other modes plug in here, each as its package's Command():
 	// root.AddCommand(live.Command())  // `sim live`: the real binaries on loopback
-	// root.AddCommand(scale.Command()) // `sim scale`: counted traffic at fleet scale
+	root.AddCommand(scale.Command()) // `sim scale`: counted traffic at fleet scale
 	if err := root.ExecuteContext(ctx); err != nil {
 		os.Exit(1)
 	}

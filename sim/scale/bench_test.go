@@ -1,0 +1,142 @@
+package scale
+
+import (
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/aggregator"
+	"github.com/sluicehq/sluice/internal/controller"
+	"github.com/sluicehq/sluice/sidecar"
+	"github.com/sluicehq/sluice/sidecar/reporter"
+)
+
+// zoneLoads is what the mesh's aggregators flush in one second, built
+// directly from the rates: each bucket's rate split over the aggregators in
+// proportion to the service's sidecars behind each. surge applies the surge
+// (1% of buckets at 15× by default), so the law has ratios to compute.
+func zoneLoads(cfg Config, m *mesh, surge bool) []*sluicev1.ZoneLoad {
+	out := make([]*sluicev1.ZoneLoad, len(m.aggs))
+	for a, ag := range m.aggs {
+		zl := &sluicev1.ZoneLoad{AggregatorId: ag.id, Zone: ag.zone, Interval: durationpb.New(time.Second)}
+		for i := range m.services {
+			s := &m.services[i]
+			if s.perAgg[a] == 0 {
+				continue
+			}
+			share := float64(s.perAgg[a]) / float64(len(s.sidecars))
+			sl := &sluicev1.ServiceLoad{Service: s.name, Direction: sluicev1.Direction_DIRECTION_INBOUND, LiveSidecars: uint32(s.perAgg[a])}
+			for j, caller := range s.callers {
+				rate := s.base[j]
+				if surge && s.surge[j] {
+					rate *= cfg.SurgeFactor
+				}
+				sl.Peers = append(sl.Peers, &sluicev1.PeerRate{Peer: caller, OfferedRps: rate * share})
+			}
+			zl.Services = append(zl.Services, sl)
+		}
+		out[a] = zl
+	}
+	return out
+}
+
+// BenchmarkControllerTick110k is one controller tick at issue 4's scale:
+// 12 zone loads (3 zones × 4 aggregators) over 1,100 services × 100 callers
+// = 110,000 buckets, 1% of them surging 15× over their limits. The loads are
+// applied again before each tick (not timed) so that none goes stale. It
+// measures the controller state alone, on a heap that holds only it; the
+// scale command measures the same call inside the whole simulation.
+func BenchmarkControllerTick110k(b *testing.B) {
+	cfg := Default()
+	m := newMesh(cfg, newRNG(cfg))
+	loads := zoneLoads(cfg, m, true)
+	st, err := controller.NewState(cfg.Controller, epoch)
+	if err != nil {
+		b.Fatal(err)
+	}
+	now := epoch
+	apply := func() {
+		for _, zl := range loads {
+			if err := st.Apply(zl, now); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	// Past the warm-up, and past the first tick, which publishes every
+	// policy: the loop measures steady ticks with TTL/2 refreshes.
+	for range 6 {
+		now = now.Add(time.Second)
+		apply()
+		st.Tick(now, m.set)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		b.StopTimer()
+		now = now.Add(time.Second)
+		apply()
+		b.StartTimer()
+		res := st.Tick(now, m.set)
+		if res.Buckets != cfg.Buckets() {
+			b.Fatalf("tick ran %d buckets, want %d", res.Buckets, cfg.Buckets())
+		}
+	}
+}
+
+// BenchmarkAggregatorApply is Apply of one 100-caller report into an
+// aggregator that holds ~8,333 sidecars, issue 4's share of one of 12.
+func BenchmarkAggregatorApply(b *testing.B) {
+	st, reports := aggregatorAtScale(b)
+	now := epoch.Add(time.Second)
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		if err := st.Apply(reports[i%len(reports)], now); err != nil {
+			b.Fatal(err)
+		}
+		i++
+	}
+}
+
+// BenchmarkAggregatorFlush is the flush of that aggregator.
+func BenchmarkAggregatorFlush(b *testing.B) {
+	st, _ := aggregatorAtScale(b)
+	now := epoch.Add(time.Second)
+	b.ReportAllocs()
+	for b.Loop() {
+		st.Flush(now, time.Second)
+	}
+}
+
+// aggregatorAtScale returns aggregator 0 of the default mesh holding one
+// report from each of its sidecars, and those reports.
+func aggregatorAtScale(b *testing.B) (*aggregator.State, []*sluicev1.LoadReport) {
+	b.Helper()
+	cfg := Default()
+	m := newMesh(cfg, newRNG(cfg))
+	st := aggregator.NewState(m.aggs[0].zone, m.aggs[0].id, 3, aggregator.Limits{})
+	var reports []*sluicev1.LoadReport
+	var cur []sidecar.PeerCounts
+	for i := range m.services {
+		s := &m.services[i]
+		for _, k := range s.sidecars {
+			sc := m.sidecars[k]
+			if sc.agg != 0 {
+				continue
+			}
+			cur = cur[:0]
+			for j, c := range s.callers {
+				if n := uint64(s.base[j] / float64(len(s.sidecars))); n > 0 {
+					cur = append(cur, sidecar.PeerCounts{Peer: c, Offered: n})
+				}
+			}
+			r := reporter.Build(sc.hdr, nil, cur, epoch, time.Second)
+			if err := st.Apply(r, epoch.Add(time.Second)); err != nil {
+				b.Fatal(err)
+			}
+			reports = append(reports, r)
+		}
+	}
+	return st, reports
+}

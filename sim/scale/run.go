@@ -1,0 +1,483 @@
+package scale
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"maps"
+	"math"
+	"math/rand/v2"
+	"os"
+	"runtime"
+	"runtime/metrics"
+	"slices"
+	"strings"
+	"time"
+
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+
+	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/aggregator"
+	"github.com/sluicehq/sluice/internal/controller"
+	"github.com/sluicehq/sluice/internal/xdsserver"
+	"github.com/sluicehq/sluice/sidecar"
+	"github.com/sluicehq/sluice/sidecar/reporter"
+)
+
+// Result is what a run measured.
+type Result struct {
+	Config  Config
+	Counted Counted    // deterministic for a Config
+	Timing  Timing     // wall time, varies run to run
+	Memory  Memory     // live heap at the end of the run
+	XDS     *XDSResult // nil unless Config.XDSStreams > 0
+}
+
+// Counted holds everything a run counts, as opposed to times: the same
+// Config gives the same Counted, bit for bit.
+type Counted struct {
+	Buckets, Aggregators int
+	// SidecarsPerService: the fewest and the most sidecars of a service.
+	MinSidecars, MaxSidecars int
+	// Surging is how many buckets surge.
+	Surging int
+	// Rejected counts reports and zone loads the states refused; a sound
+	// run has none.
+	Rejected int
+	// Seconds holds one entry per virtual second, in order.
+	Seconds []Second
+	// Probe follows the largest surging bucket.
+	Probe Probe
+}
+
+// Second is one virtual second: the sidecars' reports for the window that
+// ended at T, the aggregators' flushes and the controller's tick at T.
+type Second struct {
+	T int
+	// Generated is the offered rate the sidecars counted in the window,
+	// summed over every bucket; Seen and SeenDropped are the controller's
+	// global sums at the tick (0 before it is warm).
+	Generated, Seen, SeenDropped float64
+	Warm                         bool
+	Buckets                      int // buckets the tick ran the law on
+
+	// Sidecars → aggregators: reports and their acknowledgements.
+	Reports                     int
+	ReportBytes, ReportAckBytes int64
+	// Aggregators → controller.
+	ZoneLoads     int
+	ZoneLoadBytes int64
+
+	// Controller → sidecars, each subscribed by name to its own service's
+	// policy: a published policy goes to every sidecar of the service.
+	Policies  int // policies the tick published
+	Refreshes int // of those, due by age: TTL/2 since the last push
+	Pushes    int64
+	PushBytes int64 // delta xDS responses, one per push
+	AckBytes  int64 // the sidecars' delta ACKs
+	// The alternative: aggregators relay xDS to their zone. The controller
+	// sends each policy once per aggregator with sidecars of the service;
+	// each aggregator sends it on to its own sidecars (the same total as
+	// PushBytes, spread over the aggregators).
+	RelayPushes      int64
+	RelayBytes       int64
+	RelayMaxAggBytes int64 // the busiest aggregator's relay egress to its sidecars
+}
+
+// Probe is one bucket's course through the run.
+type Probe struct {
+	Callee, Caller string
+	Limit          float64
+	Offered        []float64 // generated rps, per second
+	Seen           []float64 // the controller's global offered rps at the tick
+	Ratio          []float64 // the ratio the sidecars hold after the tick
+}
+
+// Timing holds wall time measured around each call on the one goroutine that
+// runs the loop. Garbage collection triggered by the whole simulation lands
+// in whatever call is running, as it would in a real process.
+type Timing struct {
+	Tick            Samples // controller.State.Tick, warm ticks only
+	TickAlloc       []uint64
+	ControllerApply Samples // controller.State.Apply, per zone load (validation included)
+	ZoneLoadDecode  Samples // proto.Unmarshal of a zone load, at the controller
+	ZoneLoadEncode  Samples // proto.Marshal of a zone load, at the aggregator
+	Flush           Samples // aggregator.State.Flush, per aggregator per second
+	Apply           Hist    // aggregator.State.Apply, per report
+	ReportDecode    Hist    // proto.Unmarshal of a report, at the aggregator
+	Build           Hist    // reporter.Build, per report (sidecar side)
+	Wall            time.Duration
+	// LoadAvg is the machine's load average (1, 5, 15 minutes) at the
+	// start and the end of the run, where the system tells it: other work
+	// on the machine shows in every time above.
+	LoadAvg [2]string
+}
+
+// Memory is the live heap retained by each state at the end of the run:
+// the drop in runtime.MemStats.HeapAlloc, after a full GC, when the state
+// is released. InUse is the same for HeapInuse (whole spans, so coarser).
+type Memory struct {
+	Controller, ControllerInUse   uint64
+	Aggregators, AggregatorsInUse []uint64
+	// Heap is HeapAlloc after a full GC with everything live (the
+	// simulation's own mesh and buffers included); Sys is what the process
+	// had from the OS.
+	Heap, Sys uint64
+}
+
+// epoch is virtual time zero; fixed so that issued_at, and so policy sizes,
+// are the same in every run.
+var epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// Run runs cfg and returns what it measured. progress, if not nil, gets one
+// line per virtual second. ctx stops the run between seconds.
+func Run(ctx context.Context, cfg Config, progress io.Writer) (*Result, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	started := time.Now()
+	load0 := loadAvg()
+	rng := newRNG(cfg)
+	m := newMesh(cfg, rng)
+	ctl, err := controller.NewState(cfg.Controller, epoch)
+	if err != nil {
+		return nil, fmt.Errorf("controller state: %w", err)
+	}
+	aggs := make([]*aggregator.State, len(m.aggs))
+	for i, a := range m.aggs {
+		aggs[i] = aggregator.NewState(a.zone, a.id, cfg.Controller.StaleAfter, aggregator.Limits{})
+	}
+
+	var xds *xdsProbe
+	if cfg.XDSStreams > 0 {
+		xds, err = startXDS(ctx, m, cfg.XDSStreams)
+		if err != nil {
+			return nil, err
+		}
+		defer xds.close()
+	}
+
+	res := &Result{Config: cfg}
+	c := &res.Counted
+	c.Buckets, c.Aggregators, c.Surging = cfg.Buckets(), len(m.aggs), m.surging
+	c.MinSidecars, c.MaxSidecars = math.MaxInt, 0
+	for _, s := range m.services {
+		c.MinSidecars = min(c.MinSidecars, len(s.sidecars))
+		c.MaxSidecars = max(c.MaxSidecars, len(s.sidecars))
+	}
+	probe := &m.services[m.probe.svc]
+	c.Probe = Probe{Callee: probe.name, Caller: probe.callers[m.probe.caller], Limit: probe.limit[m.probe.caller]}
+
+	ackSizes := make([]int64, len(m.aggs))
+	for i, a := range m.aggs {
+		ackSizes[i] = int64(proto.Size(&sluicev1.StreamLoadReportsResponse{Accepted: true, Zone: a.zone, AggregatorId: a.id}))
+	}
+	xdsAckSize := int64(proto.Size(&discovery.DeltaDiscoveryRequest{TypeUrl: xdsserver.TypeURL, ResponseNonce: sampleNonce}))
+
+	var (
+		counts   = make([]uint64, cfg.Callers) // one service's bucket counts for the second
+		cur      []sidecar.PeerCounts
+		buf      []byte
+		lastPush = make(map[string]time.Time, cfg.Services)
+		aggBytes = make([]int64, len(m.aggs))
+	)
+	for t := 1; t <= cfg.Seconds; t++ {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		secStart := time.Now()
+		now := epoch.Add(time.Duration(t) * time.Second)
+		sec := Second{T: t}
+		surging := t-1 >= cfg.SurgeAt && t-1 < cfg.SurgeAt+cfg.SurgeFor
+
+		// Sidecars: count the window [t−1, t) and report it.
+		for i := range m.services {
+			s := &m.services[i]
+			var svcTotal uint64
+			for j := range s.callers {
+				rate := s.base[j]
+				if surging && s.surge[j] {
+					rate *= cfg.SurgeFactor
+				}
+				if cfg.Noise > 0 {
+					rate *= 1 + cfg.Noise*(2*rng.Float64()-1)
+				}
+				counts[j] = uint64(math.Round(rate))
+				svcTotal += counts[j]
+			}
+			sec.Generated += float64(svcTotal)
+			if i == m.probe.svc {
+				c.Probe.Offered = append(c.Probe.Offered, float64(counts[m.probe.caller]))
+			}
+			n := uint64(len(s.sidecars))
+			for k, scIdx := range s.sidecars {
+				sc := &m.sidecars[scIdx]
+				cur = cur[:0]
+				for j, total := range counts {
+					// total split over the n sidecars: each gets total/n, and
+					// total%n of them one more, rotating so that no sidecar
+					// always gets the extra.
+					cnt := total / n
+					off := uint64(t+j) % n
+					if (uint64(k)+n-off)%n < total%n {
+						cnt++
+					}
+					if cnt == 0 {
+						continue
+					}
+					pc := sidecar.PeerCounts{Peer: s.callers[j], Offered: cnt}
+					// What the sidecar drops with the ratio it holds: error
+					// diffusion drops n·p of n requests, give or take one.
+					if p := s.ratio[j]; p > 0 {
+						d := min(uint64(math.Round(float64(cnt)*p)), cnt)
+						if s.shadow[j] {
+							pc.ShadowDropped = d
+						} else {
+							pc.Dropped = d
+						}
+					}
+					cur = append(cur, pc)
+				}
+				t0 := time.Now()
+				rep := reporter.Build(sc.hdr, nil, cur, now.Add(-time.Second), time.Second)
+				t1 := time.Now()
+				buf, err = proto.MarshalOptions{}.MarshalAppend(buf[:0], &sluicev1.StreamLoadReportsRequest{Report: rep})
+				if err != nil {
+					return nil, fmt.Errorf("encode report: %w", err)
+				}
+				t2 := time.Now()
+				var req sluicev1.StreamLoadReportsRequest
+				if err := proto.Unmarshal(buf, &req); err != nil {
+					return nil, fmt.Errorf("decode report: %w", err)
+				}
+				t3 := time.Now()
+				aerr := aggs[sc.agg].Apply(req.GetReport(), now)
+				t4 := time.Now()
+				res.Timing.Build.Add(t1.Sub(t0))
+				res.Timing.ReportDecode.Add(t3.Sub(t2))
+				res.Timing.Apply.Add(t4.Sub(t3))
+				if aerr != nil {
+					c.Rejected++
+				}
+				sec.Reports++
+				sec.ReportBytes += int64(len(buf))
+				sec.ReportAckBytes += ackSizes[sc.agg]
+			}
+		}
+
+		// Aggregators flush to the controller.
+		for a, st := range aggs {
+			t0 := time.Now()
+			zl := st.Flush(now, time.Second)
+			t1 := time.Now()
+			buf, err = proto.MarshalOptions{}.MarshalAppend(buf[:0], &sluicev1.StreamZoneLoadsRequest{Load: zl})
+			if err != nil {
+				return nil, fmt.Errorf("encode zone load of %s: %w", m.aggs[a].id, err)
+			}
+			t2 := time.Now()
+			var req sluicev1.StreamZoneLoadsRequest
+			if err := proto.Unmarshal(buf, &req); err != nil {
+				return nil, fmt.Errorf("decode zone load of %s: %w", m.aggs[a].id, err)
+			}
+			t3 := time.Now()
+			cerr := ctl.Apply(req.GetLoad(), now)
+			t4 := time.Now()
+			res.Timing.Flush = append(res.Timing.Flush, t1.Sub(t0))
+			res.Timing.ZoneLoadEncode = append(res.Timing.ZoneLoadEncode, t2.Sub(t1))
+			res.Timing.ZoneLoadDecode = append(res.Timing.ZoneLoadDecode, t3.Sub(t2))
+			res.Timing.ControllerApply = append(res.Timing.ControllerApply, t4.Sub(t3))
+			if cerr != nil {
+				c.Rejected++
+			}
+			sec.ZoneLoads++
+			sec.ZoneLoadBytes += int64(len(buf))
+		}
+
+		// The controller ticks.
+		alloc0 := allocatedBytes()
+		t0 := time.Now()
+		tick := ctl.Tick(now, m.set)
+		d := time.Since(t0)
+		if tick.Warm {
+			res.Timing.Tick = append(res.Timing.Tick, d)
+			res.Timing.TickAlloc = append(res.Timing.TickAlloc, allocatedBytes()-alloc0)
+		}
+		sec.Warm, sec.Buckets = tick.Warm, tick.Buckets
+		for _, name := range slices.Sorted(maps.Keys(tick.Services)) { // sorted: float sums depend on order
+			sec.Seen += tick.Services[name].Offered
+			sec.SeenDropped += tick.Services[name].Dropped + tick.Services[name].ShadowDropped
+		}
+		if tick.Warm {
+			for _, l := range tick.Loads {
+				if l.Callee == c.Probe.Callee && l.Caller == c.Probe.Caller {
+					c.Probe.Seen = append(c.Probe.Seen, l.Offered)
+				}
+			}
+		}
+		if len(c.Probe.Seen) < t {
+			c.Probe.Seen = append(c.Probe.Seen, 0)
+		}
+
+		// Publish: count the bytes per tier, and give the sidecars their
+		// new ratios for the next window.
+		clear(aggBytes)
+		for _, name := range slices.Sorted(maps.Keys(tick.Changed)) {
+			p := tick.Changed[name]
+			i, ok := m.byPolicy[name]
+			if !ok {
+				return nil, fmt.Errorf("tick published %q, a service the mesh does not have", name)
+			}
+			s := &m.services[i]
+			size := int64(deltaResponseSize(p))
+			sec.Policies++
+			if last, ok := lastPush[name]; ok && now.Sub(last) >= cfg.Controller.PolicyTTL/2 {
+				sec.Refreshes++
+			}
+			lastPush[name] = now
+			n := int64(len(s.sidecars))
+			sec.Pushes += n
+			sec.PushBytes += n * size
+			sec.AckBytes += n * xdsAckSize
+			sec.RelayPushes += int64(s.relayFanout)
+			sec.RelayBytes += int64(s.relayFanout) * size
+			for a, k := range s.perAgg {
+				aggBytes[a] += int64(k) * size
+			}
+			clear(s.ratio)
+			clear(s.shadow)
+			for _, pp := range p.GetPeers() {
+				if j, ok := s.callerIdx[pp.GetPeer()]; ok {
+					s.ratio[j] = pp.GetDropRatio()
+					s.shadow[j] = pp.GetMode() == sluicev1.Mode_MODE_SHADOW
+				}
+			}
+		}
+		sec.RelayMaxAggBytes = slices.Max(aggBytes)
+		c.Probe.Ratio = append(c.Probe.Ratio, probe.ratio[m.probe.caller])
+		if xds != nil && (len(tick.Changed) > 0 || len(tick.Deleted) > 0) {
+			if err := xds.publish(tick.Changed, tick.Deleted); err != nil {
+				return nil, err
+			}
+		}
+		c.Seconds = append(c.Seconds, sec)
+		if progress != nil {
+			fmt.Fprintf(progress, "t=%2ds generated=%.4g rps seen=%.4g rps policies=%d tick=%v real=%v\n",
+				t, sec.Generated, sec.Seen, sec.Policies, d.Round(time.Microsecond), time.Since(secStart).Round(time.Millisecond))
+		}
+	}
+	res.Timing.Wall = time.Since(started)
+	res.Timing.LoadAvg = [2]string{load0, loadAvg()}
+
+	// Memory: release one state at a time and see the live heap drop. The
+	// mesh (and the xDS probe, if any) stays live throughout, so what drops
+	// is the state's own. This runs before the xDS probe stops: gRPC frees
+	// its connections' memory for seconds after they close, and that must
+	// not land in a state's figure.
+	var ms runtime.MemStats
+	settle(&ms)
+	res.Memory.Heap, res.Memory.Sys = ms.HeapAlloc, ms.Sys
+	prevAlloc, prevInuse := ms.HeapAlloc, ms.HeapInuse
+	freed := func() (alloc, inuse uint64) {
+		settle(&ms)
+		alloc, inuse = sub(prevAlloc, ms.HeapAlloc), sub(prevInuse, ms.HeapInuse)
+		prevAlloc, prevInuse = ms.HeapAlloc, ms.HeapInuse
+		return alloc, inuse
+	}
+	// The controller goes first, released by its last use: setting a local
+	// that is never read again to nil is a dead store the compiler may drop,
+	// and then the state would be freed before the baseline above.
+	runtime.KeepAlive(ctl)
+	res.Memory.Controller, res.Memory.ControllerInUse = freed()
+	for i := range aggs {
+		aggs[i] = nil
+		a, u := freed()
+		res.Memory.Aggregators = append(res.Memory.Aggregators, a)
+		res.Memory.AggregatorsInUse = append(res.Memory.AggregatorsInUse, u)
+	}
+	if xds != nil {
+		xds.close()
+		res.XDS = xdsResult(xds)
+	}
+	runtime.KeepAlive(m)
+	return res, nil
+}
+
+// settle collects garbage until the live heap stops shrinking (by less
+// than 1 MiB, at most 10 rounds), so that garbage freed late (a collection
+// may leave finalizers and timers' garbage for the next) does not count as
+// a state's.
+func settle(ms *runtime.MemStats) {
+	runtime.GC()
+	runtime.ReadMemStats(ms)
+	for range 10 {
+		prev := ms.HeapAlloc
+		runtime.GC()
+		runtime.ReadMemStats(ms)
+		if prev-min(prev, ms.HeapAlloc) < 1<<20 {
+			return
+		}
+	}
+}
+
+// newRNG is the run's only source of randomness: the mesh, the surge and
+// the noise all come from it, in a fixed order.
+func newRNG(cfg Config) *rand.Rand { return rand.New(rand.NewPCG(cfg.Seed, 0x5ca1e)) }
+
+// loadAvg is the first three fields of /proc/loadavg, or "" off Linux.
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return ""
+	}
+	f := strings.Fields(string(b))
+	return strings.Join(f[:min(3, len(f))], " ")
+}
+
+func sub(a, b uint64) uint64 {
+	if b > a {
+		return 0
+	}
+	return a - b
+}
+
+// allocatedBytes is the cumulative heap allocation, without stopping the
+// world as runtime.ReadMemStats would.
+func allocatedBytes() uint64 {
+	s := []metrics.Sample{{Name: "/gc/heap/allocs:bytes"}}
+	metrics.Read(s)
+	if s[0].Value.Kind() != metrics.KindUint64 {
+		return 0
+	}
+	return s[0].Value.Uint64()
+}
+
+// A delta response as go-control-plane's LinearCache sends it to a sidecar
+// subscribed to one resource: the resource as an Any, its version (a
+// SHA-256 content hash, 64 hex digits), the cache's system version and a
+// nonce. The nonce and system version here have typical lengths.
+const sampleNonce = "123456"
+
+var (
+	sampleVersion       = strings.Repeat("0", 64)
+	sampleSystemVersion = "0a1b2c3d-123456"
+)
+
+// deltaResponseSize is the size of the delta xDS response that carries p to
+// one subscriber.
+func deltaResponseSize(p *sluicev1.DropPolicy) int {
+	value, err := anypb.New(p)
+	if err != nil {
+		// A policy that does not marshal would fail the real server too;
+		// count it as the bare message so the run goes on.
+		return proto.Size(p)
+	}
+	r := &discovery.DeltaDiscoveryResponse{
+		SystemVersionInfo: sampleSystemVersion,
+		TypeUrl:           xdsserver.TypeURL,
+		Nonce:             sampleNonce,
+		Resources:         []*discovery.Resource{{Name: p.GetName(), Version: sampleVersion, Resource: value}},
+	}
+	return proto.Size(r)
+}

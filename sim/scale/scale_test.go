@@ -1,0 +1,282 @@
+package scale
+
+import (
+	"bytes"
+	"context"
+	"math"
+	"math/rand/v2"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// testConfig is Small without noise, so that a surging bucket's offered rate,
+// and so its ratio, is the same every second of the surge.
+func testConfig() Config {
+	c := Small()
+	c.Noise = 0
+	return c
+}
+
+func run(t *testing.T, cfg Config) *Result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	res, err := Run(ctx, cfg, nil)
+	if err != nil {
+		t.Fatalf("Run(seed %d): %v", cfg.Seed, err)
+	}
+	return res
+}
+
+func TestSumsAndSurgeRatio(t *testing.T) {
+	cfg := testConfig()
+	res := run(t, cfg)
+	c := res.Counted
+	if c.Rejected != 0 {
+		t.Errorf("%d reports or zone loads rejected, want 0", c.Rejected)
+	}
+	if c.Buckets != 200 || c.Aggregators != 6 || c.Surging != 10 {
+		t.Errorf("buckets, aggregators, surging = %d, %d, %d; want 200, 6, 10", c.Buckets, c.Aggregators, c.Surging)
+	}
+	if len(c.Seconds) != cfg.Seconds {
+		t.Fatalf("%d seconds recorded, want %d", len(c.Seconds), cfg.Seconds)
+	}
+
+	// Without a surge the mesh offers RPS, up to rounding each bucket's
+	// count to a whole request.
+	if got := c.Seconds[0].Generated; math.Abs(got-cfg.RPS) > float64(c.Buckets) {
+		t.Errorf("second 1 generated %v rps, want %v ± %d", got, cfg.RPS, c.Buckets)
+	}
+	warm := 0
+	for _, s := range c.Seconds {
+		if s.Reports != cfg.Sidecars {
+			t.Errorf("t=%d: %d reports, want one per sidecar, %d", s.T, s.Reports, cfg.Sidecars)
+		}
+		if s.ZoneLoads != c.Aggregators {
+			t.Errorf("t=%d: %d zone loads, want %d", s.T, s.ZoneLoads, c.Aggregators)
+		}
+		if !s.Warm {
+			continue
+		}
+		warm++
+		// The controller sees exactly what the sidecars counted: counts
+		// are split over sidecars, summed by aggregators as rates, summed
+		// again by the controller.
+		if d := relDiff(s.Generated, s.Seen); d > 1e-12 {
+			t.Errorf("t=%d: generated %v rps, the controller saw %v (relative difference %g)", s.T, s.Generated, s.Seen, d)
+		}
+		if s.Buckets != c.Buckets {
+			t.Errorf("t=%d: the tick ran %d buckets, want %d", s.T, s.Buckets, c.Buckets)
+		}
+	}
+	if want := cfg.Seconds - int(cfg.Controller.Warmup/time.Second) + 1; warm != want {
+		t.Errorf("%d warm ticks, want %d", warm, want)
+	}
+
+	// The first warm tick publishes every policy to every sidecar; TTL/2
+	// later every policy is refreshed, since nothing changed before the
+	// surge.
+	first := int(cfg.Controller.Warmup / time.Second)
+	for _, at := range []int{first, first + int(cfg.Controller.PolicyTTL/2/time.Second)} {
+		s := c.Seconds[at-1]
+		if s.Policies != cfg.Services || s.Pushes != int64(cfg.Sidecars) {
+			t.Errorf("t=%d: %d policies to %d sidecars, want all %d to all %d", at, s.Policies, s.Pushes, cfg.Services, cfg.Sidecars)
+		}
+		if s.RelayPushes < int64(cfg.Services) || s.RelayPushes > int64(cfg.Services*c.Aggregators) {
+			t.Errorf("t=%d: %d relay pushes, want between %d and %d", at, s.RelayPushes, cfg.Services, cfg.Services*c.Aggregators)
+		}
+	}
+	if s := c.Seconds[first]; s.Policies != 0 {
+		t.Errorf("t=%d: %d policies published in a quiet second, want 0", s.T, s.Policies)
+	}
+	if s := c.Seconds[first+4]; s.Refreshes != cfg.Services {
+		t.Errorf("t=%d: %d refreshes, want %d", s.T, s.Refreshes, cfg.Services)
+	}
+
+	// The surging bucket: counted from second SurgeAt+1, seen at that
+	// tick, and from then on dropped with 1 − limit/offered.
+	p := c.Probe
+	for i := range p.Offered {
+		tsec := i + 1
+		surging := i >= cfg.SurgeAt && i < cfg.SurgeAt+cfg.SurgeFor
+		switch {
+		case tsec <= cfg.SurgeAt:
+			if p.Ratio[i] != 0 {
+				t.Errorf("t=%d: ratio %v before the surge, want 0", tsec, p.Ratio[i])
+			}
+		case surging:
+			want := 1 - p.Limit/p.Offered[i]
+			if p.Seen[i] != p.Offered[i] || math.Abs(p.Ratio[i]-want) > 1e-12 {
+				t.Errorf("t=%d: offered %v, seen %v, ratio %v; want seen = offered and ratio 1 − %v/%v = %v",
+					tsec, p.Offered[i], p.Seen[i], p.Ratio[i], p.Limit, p.Offered[i], want)
+			}
+			if math.Abs(want-(1-1/(cfg.SurgeFactor/(1+cfg.Headroom)))) > 1e-3 {
+				t.Errorf("t=%d: expected ratio %v is not 1 − (1+headroom)/factor", tsec, want)
+			}
+		case tsec >= cfg.SurgeAt+cfg.SurgeFor+7:
+			// Slow release: the admitted share may double each second,
+			// so from ~0.92 the ratio is 0 within 7 ticks.
+			if p.Ratio[i] != 0 {
+				t.Errorf("t=%d: ratio %v long after the surge, want 0", tsec, p.Ratio[i])
+			}
+		}
+	}
+	// Each state's memory is measured by releasing it: a figure near zero
+	// means the state was freed before the baseline, or never.
+	if m := res.Memory; m.Controller < 10<<10 || len(m.Aggregators) != c.Aggregators || slices.Min(m.Aggregators) < 10<<10 {
+		t.Errorf("memory: controller %d B, aggregators %v B; want each at least 10 KiB", m.Controller, m.Aggregators)
+	}
+
+	// While the ratio holds, the sidecars drop: the controller sees drops
+	// of about (ratio × offered) summed over surging buckets.
+	mid := c.Seconds[cfg.SurgeAt+cfg.SurgeFor/2]
+	if mid.SeenDropped <= 0 || mid.SeenDropped >= mid.Seen {
+		t.Errorf("t=%d: the controller saw %v of %v rps dropped; want some but not all", mid.T, mid.SeenDropped, mid.Seen)
+	}
+}
+
+func TestDeterministic(t *testing.T) {
+	cfg := Small()
+	cfg.Seconds = 24 // surge and release
+	a, b := run(t, cfg), run(t, cfg)
+	if !reflect.DeepEqual(a.Counted, b.Counted) {
+		for i := range a.Counted.Seconds {
+			if a.Counted.Seconds[i] != b.Counted.Seconds[i] {
+				t.Errorf("seed %d, second %d differs:\n%+v\n%+v", cfg.Seed, i+1, a.Counted.Seconds[i], b.Counted.Seconds[i])
+				break
+			}
+		}
+		t.Fatalf("seed %d: two runs counted differently", cfg.Seed)
+	}
+	cfg.Seed++
+	c := run(t, cfg)
+	if reflect.DeepEqual(a.Counted, c.Counted) {
+		t.Errorf("seeds %d and %d counted the same: the seed does nothing", cfg.Seed-1, cfg.Seed)
+	}
+}
+
+func TestXDSDeliversEveryPush(t *testing.T) {
+	cfg := testConfig()
+	cfg.Seconds = 12
+	cfg.XDSStreams = cfg.Sidecars // one client per sidecar: the clients are the fleet
+	res := run(t, cfg)
+	x := res.XDS
+	if x == nil {
+		t.Fatal("no xDS result")
+	}
+	var pushes int64
+	ticks := 0
+	for _, s := range res.Counted.Seconds {
+		pushes += s.Pushes
+		if s.Policies > 0 {
+			ticks++
+		}
+	}
+	if x.Streams != cfg.Sidecars || x.Services != cfg.Services {
+		t.Errorf("%d streams over %d services, want %d over %d", x.Streams, x.Services, cfg.Sidecars, cfg.Services)
+	}
+	// What the real server delivered is what the run counted as pushes.
+	if x.Deliveries != pushes || len(x.Updates) != ticks || len(x.Delivery) != ticks {
+		t.Errorf("%d deliveries in %d updates (%d timed), want %d in %d", x.Deliveries, len(x.Updates), len(x.Delivery), pushes, ticks)
+	}
+}
+
+func TestCommandSmall(t *testing.T) {
+	cmd := Command()
+	var out, errOut bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetErr(&errOut)
+	cmd.SetArgs([]string{"--small", "--seconds", "8", "--quiet"})
+	if err := cmd.ExecuteContext(context.Background()); err != nil {
+		t.Fatalf("scale --small: %v\n%s", err, errOut.String())
+	}
+	for _, want := range []string{
+		"command: scale --services 20 --callers 10 --sidecars 300 --rps 200000 --zones 3 --aggregators-per-zone 2 --seconds 8",
+		"controller Tick (200 buckets, warm ticks)",
+		"aggregator Apply, per report",
+		"controller state",
+		"sidecars → aggregators: load reports",
+		"relay: controller → aggregators",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, out.String())
+		}
+	}
+	if errOut.Len() != 0 {
+		t.Errorf("--quiet wrote to stderr: %s", errOut.String())
+	}
+}
+
+func TestValidateNamesEveryBadFlag(t *testing.T) {
+	c := Default()
+	c.Services, c.Sidecars, c.Zones, c.Noise = 1, 0, 0, 2
+	err := c.Validate()
+	if err == nil {
+		t.Fatal("Validate accepted a bad config")
+	}
+	for _, flag := range []string{"services:", "callers:", "sidecars:", "zones:", "noise:"} {
+		if !strings.Contains(err.Error(), flag) {
+			t.Errorf("error does not name %s: %v", flag, err)
+		}
+	}
+	if err := Default().Validate(); err != nil {
+		t.Errorf("Default: %v", err)
+	}
+	if err := Small().Validate(); err != nil {
+		t.Errorf("Small: %v", err)
+	}
+}
+
+func TestApportion(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	for range 100 {
+		n := 1 + r.IntN(50)
+		total := n + r.IntN(10000)
+		w := make([]float64, n)
+		var sum float64
+		for i := range w {
+			w[i] = r.ExpFloat64()
+			sum += w[i]
+		}
+		for i := range w {
+			w[i] /= sum
+		}
+		got := apportion(total, w)
+		s := 0
+		for i, v := range got {
+			s += v
+			// Largest remainder: within one of the exact share.
+			if exact := 1 + float64(total-n)*w[i]; v < 1 || math.Abs(float64(v)-exact) >= 1 {
+				t.Fatalf("apportion(%d, %v)[%d] = %d, exact share %v", total, w, i, v, exact)
+			}
+		}
+		if s != total {
+			t.Fatalf("apportion(%d, …) sums to %d", total, s)
+		}
+	}
+}
+
+func TestHistQuantile(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	var h Hist
+	var exact Samples
+	for range 10000 {
+		d := time.Duration(r.ExpFloat64() * 5000)
+		h.Add(d)
+		exact = append(exact, d)
+	}
+	for _, q := range []float64{0.5, 0.9, 0.99, 1} {
+		got, want := h.Quantile(q), exact.Quantile(q)
+		// The bucket's upper bound: at or above the exact value, within a
+		// sixteenth.
+		if got < want || float64(got) > float64(want)*(1+1.0/16)+1 {
+			t.Errorf("q%v = %v, exact %v", q, got, want)
+		}
+	}
+	if h.MaxDur != slices.Max(exact) || h.Count != 10000 {
+		t.Errorf("max %v count %d; want %v 10000", h.MaxDur, h.Count, slices.Max(exact))
+	}
+}
