@@ -1,10 +1,11 @@
 package controller
 
 import (
-	"cmp"
 	"fmt"
+	"hash/fnv"
 	"math"
 	"slices"
+	"strings"
 	"time"
 
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -119,6 +120,7 @@ func (s *State) Apply(load *sluicev1.ZoneLoad, now time.Time) error {
 	} else if !s.urgent {
 		s.urgent = load.GetUrgent() || zoneSurged(prev.load, load)
 	}
+	sortPeers(load)
 	s.aggs[id] = &aggregatorLoad{
 		zone:     load.GetZone(),
 		interval: load.GetInterval().AsDuration(),
@@ -137,6 +139,18 @@ func (s *State) TakeUrgent() bool {
 	u := s.urgent
 	s.urgent = false
 	return u
+}
+
+// sortPeers sorts every service's peers by name, which sum relies on. The
+// aggregators send them sorted; a load that is not is sorted in place
+// rather than refused.
+func sortPeers(load *sluicev1.ZoneLoad) {
+	byPeer := func(a, b *sluicev1.PeerRate) int { return strings.Compare(a.GetPeer(), b.GetPeer()) }
+	for _, svc := range load.GetServices() {
+		if !slices.IsSortedFunc(svc.GetPeers(), byPeer) {
+			slices.SortFunc(svc.Peers, byPeer)
+		}
+	}
 }
 
 // zoneSurged reports whether some inbound bucket's offered rate jumped from
@@ -373,9 +387,13 @@ type peerTotals struct {
 // sum adds up the live aggregators' inbound loads per callee, in sorted
 // aggregator order: float sums depend on order, and every controller replica
 // must compute the same ratios from the same inputs.
+//
+// Each zone load lists a service's peers sorted (Apply sees to it), so a
+// service's peers are merged across aggregators rather than hashed: at
+// 110,000 buckets from a dozen aggregators, a map keyed by (service, peer)
+// was most of a tick.
 func (s *State) sum() (map[string][]peerTotals, map[string]uint32) {
-	type bucket struct{ service, peer string }
-	totals := map[bucket]*Totals{}
+	perService := map[string][]*sluicev1.ServiceLoad{} // in aggregator order
 	live := map[string]uint32{}
 	for _, id := range sortedKeys(s.aggs) {
 		for _, svc := range s.aggs[id].load.GetServices() {
@@ -385,25 +403,39 @@ func (s *State) sum() (map[string][]peerTotals, map[string]uint32) {
 				continue
 			}
 			live[svc.GetService()] += svc.GetLiveSidecars()
-			for _, p := range svc.GetPeers() {
-				b := bucket{svc.GetService(), p.GetPeer()}
-				t := totals[b]
-				if t == nil {
-					t = &Totals{}
-					totals[b] = t
-				}
-				t.Offered += p.GetOfferedRps()
-				t.Dropped += p.GetDroppedRps()
-				t.ShadowDropped += p.GetShadowDroppedRps()
-			}
+			perService[svc.GetService()] = append(perService[svc.GetService()], svc)
 		}
 	}
-	out := map[string][]peerTotals{}
-	for b, t := range totals {
-		out[b.service] = append(out[b.service], peerTotals{Totals: *t, peer: b.peer})
-	}
-	for _, peers := range out {
-		slices.SortFunc(peers, func(a, b peerTotals) int { return cmp.Compare(a.peer, b.peer) })
+	out := make(map[string][]peerTotals, len(perService))
+	heads := []int{}
+	for name, loads := range perService {
+		heads = append(heads[:0], make([]int, len(loads))...)
+		var merged []peerTotals
+		for {
+			// The smallest peer at the heads; its rates are added in
+			// aggregator order.
+			peer, found := "", false
+			for k, l := range loads {
+				if h := heads[k]; h < len(l.GetPeers()) && (!found || l.GetPeers()[h].GetPeer() < peer) {
+					peer, found = l.GetPeers()[h].GetPeer(), true
+				}
+			}
+			if !found {
+				break
+			}
+			t := peerTotals{peer: peer}
+			for k, l := range loads {
+				if h := heads[k]; h < len(l.GetPeers()) && l.GetPeers()[h].GetPeer() == peer {
+					p := l.GetPeers()[h]
+					t.Offered += p.GetOfferedRps()
+					t.Dropped += p.GetDroppedRps()
+					t.ShadowDropped += p.GetShadowDroppedRps()
+					heads[k]++
+				}
+			}
+			merged = append(merged, t)
+		}
+		out[name] = merged
 	}
 	return out, live
 }
@@ -481,7 +513,7 @@ func (s *State) due(policy *sluicev1.DropPolicy, now time.Time) bool {
 		return true
 	}
 	old := last.policy
-	if now.Sub(old.GetIssuedAt().AsTime()) >= s.cfg.PolicyTTL/2 {
+	if now.Sub(old.GetIssuedAt().AsTime()) >= s.cfg.PolicyTTL/2-refreshStagger(policy.GetName(), s.cfg.PolicyTTL) {
 		return true
 	}
 	if old.GetLiveInstances() != policy.GetLiveInstances() || old.GetFailMode() != policy.GetFailMode() ||
@@ -509,6 +541,17 @@ func (s *State) due(policy *sluicev1.DropPolicy, now time.Time) bool {
 		}
 	}
 	return false
+}
+
+// refreshStagger spreads the refreshes of unchanged policies over a quarter
+// of the TTL by resource name: every policy first goes out on the same
+// tick, and without it every refresh after would too, in one burst every
+// half TTL (454 MiB/s against a 211 MiB/s mean at 100,000 sidecars in the
+// scale simulation). A hash of the name, so that replicas agree.
+func refreshStagger(name string, ttl time.Duration) time.Duration {
+	h := fnv.New64a()
+	h.Write([]byte(name))
+	return time.Duration(h.Sum64() % uint64(max(ttl/4, 1)))
 }
 
 func relChanged(a, b, th float64) bool {

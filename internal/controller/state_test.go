@@ -206,8 +206,11 @@ func TestPublishesOnlyChangesAndRefreshes(t *testing.T) {
 		}
 	}
 	lastPush := t0.Add(4 * time.Second)
-	if refreshed.Sub(lastPush) != 5*time.Second {
-		t.Errorf("refreshed at %v, want half a TTL (5s) after the last push at %v", refreshed, lastPush)
+	// Half a TTL (5s), less a stagger of up to a quarter TTL, rounded up
+	// to the next 1s tick.
+	want := 5*time.Second - refreshStagger("callee/checkout", 10*time.Second)
+	if got := refreshed.Sub(lastPush); got < want || got >= want+time.Second {
+		t.Errorf("refreshed %v after the last push, want the first tick from %v", got, want)
 	}
 }
 
@@ -479,5 +482,61 @@ func TestUrgentZoneLoad(t *testing.T) {
 	s.Apply(z, t0)
 	if !s.TakeUrgent() {
 		t.Error("a zone load marked urgent with a small rise is not")
+	}
+}
+
+// Sums across aggregators, whatever order each lists its peers in, match a
+// plain map sum: the merge in sum relies on sorted peers.
+func TestSumMergesAggregators(t *testing.T) {
+	s := warmState(t)
+	now := t0.Add(2 * time.Second)
+	want := map[string]float64{}
+	for a := range 5 {
+		z := &sluicev1.ZoneLoad{AggregatorId: fmt.Sprintf("agg-%d", a), Zone: "z", Interval: durationpb.New(time.Second)}
+		sl := &sluicev1.ServiceLoad{Service: "checkout", Direction: sluicev1.Direction_DIRECTION_INBOUND, LiveSidecars: 1}
+		// Aggregator a sees callers c(a)..c(a+4), listed in reverse.
+		for c := a + 4; c >= a; c-- {
+			rate := float64(10*a + c)
+			sl.Peers = append(sl.Peers, &sluicev1.PeerRate{Peer: fmt.Sprintf("c%02d", c), OfferedRps: rate})
+			want[fmt.Sprintf("c%02d", c)] += rate
+		}
+		z.Services = []*sluicev1.ServiceLoad{sl}
+		if err := s.Apply(z, now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	inbound, live := s.sum()
+	if live["checkout"] != 5 {
+		t.Errorf("live = %d, want 5", live["checkout"])
+	}
+	got := inbound["checkout"]
+	if len(got) != len(want) {
+		t.Fatalf("%d peers summed, want %d: %v", len(got), len(want), got)
+	}
+	for i, p := range got {
+		if i > 0 && got[i-1].peer >= p.peer {
+			t.Errorf("peers not sorted: %v", got)
+		}
+		if p.Offered != want[p.peer] {
+			t.Errorf("%s = %v, want %v", p.peer, p.Offered, want[p.peer])
+		}
+	}
+}
+
+func TestRefreshStaggerSpreads(t *testing.T) {
+	ttl := 10 * time.Second
+	seen := map[time.Duration]bool{}
+	for i := range 100 {
+		d := refreshStagger(fmt.Sprintf("callee/svc-%d", i), ttl)
+		if d < 0 || d >= ttl/4 {
+			t.Fatalf("stagger %v outside [0, %v)", d, ttl/4)
+		}
+		seen[d.Truncate(250*time.Millisecond)] = true
+	}
+	if len(seen) < 8 {
+		t.Errorf("100 services' refreshes fall into %d of 10 quarter-second slots: not spread", len(seen))
+	}
+	if refreshStagger("callee/a", ttl) != refreshStagger("callee/a", ttl) {
+		t.Error("the stagger is not a function of the name: replicas would disagree")
 	}
 }
