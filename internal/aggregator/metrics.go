@@ -29,7 +29,7 @@ func (m *metrics) rejected(reason string) prometheus.Counter {
 	return m.rejectedOther
 }
 
-func newMetrics[Req, Resp any](reg prometheus.Registerer, logger *slog.Logger, up *uplink.Uplink[Req, Resp]) metrics {
+func newMetrics[Req, Resp any](reg prometheus.Registerer, logger *slog.Logger, ups []*uplink.Uplink[Req, Resp]) metrics {
 	const ns, sub = "sluice", "aggregator"
 	rejected := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: ns, Subsystem: sub, Name: "reports_rejected_total",
@@ -69,27 +69,41 @@ func newMetrics[Req, Resp any](reg prometheus.Registerer, logger *slog.Logger, u
 	if reg == nil {
 		return m
 	}
+	// With fan-out there is one uplink per controller replica; the
+	// metrics add them up.
+	stat := func(f func(uplink.Stats) uint64) func() float64 {
+		return func() float64 {
+			var n uint64
+			for _, up := range ups {
+				n += f(up.Stats())
+			}
+			return float64(n)
+		}
+	}
 	connected := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Namespace: ns, Subsystem: sub, Name: "controller_connected",
-		Help: "1 while the controller stream is open and has answered, else 0.",
+		Help: "Controller streams open that have answered: 1 for a single controller, the number of replicas reached with fan-out.",
 	}, func() float64 {
-		if up.Connected() {
-			return 1
+		n := 0
+		for _, up := range ups {
+			if up.Connected() {
+				n++
+			}
 		}
-		return 0
+		return float64(n)
 	})
 	superseded := prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Namespace: ns, Subsystem: sub, Name: "uplink_superseded_total",
 		Help: "Zone loads replaced by a newer one before they could be sent to the controller.",
-	}, func() float64 { return float64(up.Stats().Superseded) })
+	}, stat(func(s uplink.Stats) uint64 { return s.Superseded }))
 	sent := prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Namespace: ns, Subsystem: sub, Name: "uplink_sent_total",
-		Help: "Zone loads sent to the controller.",
-	}, func() float64 { return float64(up.Stats().Sent) })
+		Help: "Zone loads sent to the controller (to each replica, with fan-out).",
+	}, stat(func(s uplink.Stats) uint64 { return s.Sent }))
 	failovers := prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Namespace: ns, Subsystem: sub, Name: "controller_failovers_total",
 		Help: "Failed or ended controller streams after which the aggregator moved to the next address.",
-	}, func() float64 { return float64(up.Stats().Failovers) })
+	}, stat(func(s uplink.Stats) uint64 { return s.Failovers }))
 	for _, c := range []prometheus.Collector{
 		m.reports, rejected, m.sidecars, m.streams, m.flushes, m.flushBuckets, m.controllerRejected,
 		connected, superseded, sent, failovers,

@@ -40,8 +40,15 @@ type Config struct {
 	// silent before it is dropped from the sums. Default 3.
 	StaleAfter int
 	// Controllers are the controller addresses, tried in order with
-	// failover. Required.
+	// failover; with ControllerFanout, every one of them gets every flush.
+	// Required.
 	Controllers []string
+	// ControllerFanout sends every flush to every address in Controllers,
+	// each a replica: every replica then sums the same zone loads and,
+	// deterministic, publishes the same ratios, so that a sidecar can take
+	// its policy from any of them. Off, the addresses are one controller's
+	// in failover order.
+	ControllerFanout bool
 	// Limits bound what a report may claim; zero fields take defaults.
 	Limits Limits
 	// DialOptions for the controller connection; default plaintext.
@@ -138,7 +145,7 @@ type (
 type Service struct {
 	cfg Config
 	log *slog.Logger
-	up  *uplink.Uplink[zoneReq, zoneResp]
+	ups []*uplink.Uplink[zoneReq, zoneResp] // one per controller replica with fan-out, else one
 	m   metrics
 
 	// mu protects state and owners. Every report takes it once, briefly.
@@ -175,8 +182,29 @@ func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Service, 
 		state:   NewState(cfg.Zone, cfg.ID, cfg.StaleAfter, cfg.Limits),
 		owners:  make(map[string]*stream),
 	}
+	targets := [][]string{cfg.Controllers}
+	if cfg.ControllerFanout {
+		targets = targets[:0]
+		for _, a := range cfg.Controllers {
+			targets = append(targets, []string{a})
+		}
+	}
+	for _, addrs := range targets {
+		up, err := s.newUplink(cfg, addrs, logger)
+		if err != nil {
+			return nil, err
+		}
+		s.ups = append(s.ups, up)
+	}
+	s.m = newMetrics(reg, logger, s.ups)
+	return s, nil
+}
+
+// newUplink is the link to one controller replica, failing over across
+// addrs.
+func (s *Service) newUplink(cfg Config, addrs []string, logger *slog.Logger) (*uplink.Uplink[zoneReq, zoneResp], error) {
 	up, err := uplink.New(uplink.Config[zoneReq, zoneResp]{
-		Addrs:       cfg.Controllers,
+		Addrs:       addrs,
 		DialOptions: cfg.DialOptions,
 		Open: func(ctx context.Context, cc grpc.ClientConnInterface) (grpc.BidiStreamingClient[zoneReq, zoneResp], error) {
 			return sluicev1.NewZoneLoadServiceClient(cc).StreamZoneLoads(ctx)
@@ -194,9 +222,7 @@ func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Service, 
 	if err != nil {
 		return nil, fmt.Errorf("controller uplink: %w", err)
 	}
-	s.up = up
-	s.m = newMetrics(reg, logger, up)
-	return s, nil
+	return up, nil
 }
 
 // Register adds the LoadReportService to g.
@@ -205,8 +231,19 @@ func (s *Service) Register(g grpc.ServiceRegistrar) {
 }
 
 // Ready reports whether the aggregator is connected to a controller (its
-// stream delivered a response) and not draining.
-func (s *Service) Ready() bool { return s.up.Connected() && !s.draining.Load() }
+// stream delivered a response) — to one replica at least, with fan-out —
+// and not draining.
+func (s *Service) Ready() bool {
+	if s.draining.Load() {
+		return false
+	}
+	for _, up := range s.ups {
+		if up.Connected() {
+			return true
+		}
+	}
+	return false
+}
 
 // Drain makes every sidecar stream end at its next report with UNAVAILABLE,
 // unapplied, so that its sidecar fails over to another replica and resends
@@ -218,7 +255,9 @@ func (s *Service) Drain() { s.draining.Store(true) }
 // is cancelled; it returns nil after its goroutines stopped.
 func (s *Service) Run(ctx context.Context) error {
 	g, ctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return s.up.Run(ctx) })
+	for _, up := range s.ups {
+		g.Go(func() error { return up.Run(ctx) })
+	}
 	g.Go(func() error {
 		s.flushes.Run(ctx, func(time.Time) { s.FlushNow() })
 		return nil
@@ -246,7 +285,11 @@ func (s *Service) FlushNow() *sluicev1.ZoneLoad {
 	s.m.sidecars.Set(float64(n))
 	s.m.flushes.Inc()
 	s.m.flushBuckets.Set(float64(buckets))
-	s.up.Offer(&zoneReq{Load: zl})
+	for _, up := range s.ups {
+		// Each uplink sends the message it is offered; sharing one
+		// read-only message is safe.
+		up.Offer(&zoneReq{Load: zl})
+	}
 	return zl
 }
 

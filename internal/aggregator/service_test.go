@@ -351,6 +351,27 @@ func TestServiceControllerFailover(t *testing.T) {
 	}
 }
 
+// With fan-out every replica gets every flush, and one replica's loss does
+// not stop the others' flushes.
+func TestServiceControllerFanout(t *testing.T) {
+	c1, c2 := newFakeController(t), newFakeController(t)
+	h := startService(t, Config{Controllers: []string{c1.addr, c2.addr}, ControllerFanout: true})
+	s := dialSidecar(t, h.addr)
+	s.mustAccept(t, report("s1", "svc", in, time.Second, pc("a", 5, 0, 0)))
+	want := serviceLoad("svc", in, 1, rate("a", 5, 0, 0))
+	c1.await(t, want)
+	c2.await(t, want)
+	waitFor(t, "both replicas connected", func() bool {
+		return metric(t, h.reg, "sluice_aggregator_controller_connected") == 2
+	})
+	c1.stop()
+	s.mustAccept(t, report("s1", "svc", in, time.Second, pc("a", 7, 0, 0)))
+	c2.await(t, serviceLoad("svc", in, 1, rate("a", 7, 0, 0)))
+	if !h.svc.Ready() {
+		t.Error("not ready with one replica of two reachable")
+	}
+}
+
 func TestServiceSkipsDeadController(t *testing.T) {
 	ctrl := newFakeController(t)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")

@@ -93,7 +93,7 @@ func (l Limits) Validate() error {
 const (
 	ReasonEmptyReport     = "empty_report"      // the request carried no report
 	ReasonBadSidecarID    = "bad_sidecar_id"    // empty, or longer than names.MaxLen
-	ReasonBadName         = "bad_name"          // service or peer fails names.Check
+	ReasonBadName         = "bad_name"          // service or peer fails names.Check, or the service is names.Overflow
 	ReasonBadDirection    = "bad_direction"     // neither inbound nor outbound
 	ReasonBadWindow       = "bad_window"        // missing, or outside [MinWindow, MaxWindow]
 	ReasonTooManyPeers    = "too_many_peers"    // more than MaxPeersPerReport
@@ -198,6 +198,11 @@ func (s *State) Apply(r *sluicev1.LoadReport, now time.Time) error {
 	}
 	if err := names.Check(r.GetService()); err != nil {
 		return reject(ReasonBadName, "service: %v", err)
+	}
+	if r.GetService() == names.Overflow {
+		// The controller refuses a zone load naming it, which would hide
+		// the whole zone from it.
+		return reject(ReasonBadName, "service: %q is reserved", names.Overflow)
 	}
 	dir := r.GetDirection()
 	if dir != sluicev1.Direction_DIRECTION_INBOUND && dir != sluicev1.Direction_DIRECTION_OUTBOUND {

@@ -124,7 +124,7 @@ func New(cfg Config, src limits.Source, logger *slog.Logger, reg prometheus.Regi
 		xds:      xdsserver.New(xctx, xdsserver.Options{Logger: logger, Registerer: reg}),
 		stopXDS:  stopXDS,
 		draining: make(chan struct{}),
-		ticks:    ticker.New(cfg.Tick, ticker.MinGap(cfg.Tick)),
+		ticks:    ticker.New(cfg.Tick, ticker.MinGap(cfg.Tick)).Aligned(),
 		state:    state,
 		streams:  map[string]int64{},
 	}

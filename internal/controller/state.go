@@ -402,7 +402,9 @@ func (s *State) sum() (map[string][]peerTotals, map[string]uint32) {
 			if svc.GetDirection() != sluicev1.Direction_DIRECTION_INBOUND {
 				continue
 			}
-			live[svc.GetService()] += svc.GetLiveSidecars()
+			// Saturating: a zone claiming 2^32-1 sidecars must not wrap the
+			// sum around to a handful.
+			live[svc.GetService()] += min(svc.GetLiveSidecars(), math.MaxUint32-live[svc.GetService()])
 			perService[svc.GetService()] = append(perService[svc.GetService()], svc)
 		}
 	}

@@ -19,7 +19,17 @@ func MinGap(period time.Duration) time.Duration {
 // Ticker is safe for concurrent Pokes; Run runs once at a time.
 type Ticker struct {
 	period, minGap time.Duration
+	aligned        bool
 	poke           chan struct{}
+}
+
+// Aligned makes the periodic runs fall on multiples of the period since the
+// Unix epoch, so that processes with the same period run at the same
+// instants: controller replicas then tick on the same zone loads. Call it
+// before Run.
+func (t *Ticker) Aligned() *Ticker {
+	t.aligned = true
+	return t
 }
 
 // New returns a Ticker with the given period and minimum gap between runs
@@ -39,6 +49,17 @@ func (t *Ticker) Poke() {
 // Run calls f every period and after pokes until ctx ends. f runs on Run's
 // goroutine, with the time it was called for.
 func (t *Ticker) Run(ctx context.Context, f func(now time.Time)) {
+	var first time.Time // an aligned ticker's first run, at the boundary
+	if t.aligned {
+		now := time.Now()
+		wait := time.NewTimer(now.Truncate(t.period).Add(t.period).Sub(now))
+		select {
+		case <-ctx.Done():
+			wait.Stop()
+			return
+		case first = <-wait.C:
+		}
+	}
 	tick := time.NewTicker(t.period)
 	defer tick.Stop()
 	// gap fires once a poked run that had to wait out the minimum gap may
@@ -54,6 +75,9 @@ func (t *Ticker) Run(ctx context.Context, f func(now time.Time)) {
 	run := func(now time.Time) {
 		last = now
 		f(now)
+	}
+	if !first.IsZero() {
+		run(first)
 	}
 	for {
 		select {

@@ -62,3 +62,38 @@ func TestMinGap(t *testing.T) {
 		}
 	}
 }
+
+func TestAlignedRunsOnMultiplesOfThePeriod(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		// synctest's clock starts at midnight 2000-01-01 UTC: move off the
+		// boundary first.
+		time.Sleep(300 * time.Millisecond)
+		tk := New(time.Second, 50*time.Millisecond).Aligned()
+		var mu sync.Mutex
+		var runs []time.Time
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			tk.Run(ctx, func(now time.Time) {
+				mu.Lock()
+				runs = append(runs, now)
+				mu.Unlock()
+			})
+		}()
+		time.Sleep(2500 * time.Millisecond)
+		synctest.Wait()
+		cancel()
+		<-done
+		mu.Lock()
+		defer mu.Unlock()
+		if len(runs) != 2 {
+			t.Fatalf("runs at %v, want two", runs)
+		}
+		for _, r := range runs {
+			if !r.Equal(r.Truncate(time.Second)) {
+				t.Errorf("run at %v is not on a whole second", r)
+			}
+		}
+	})
+}

@@ -1,0 +1,282 @@
+package aggregator_test
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/aggregator"
+	"github.com/sluicehq/sluice/internal/controller"
+	"github.com/sluicehq/sluice/internal/names"
+)
+
+var updateCorpus = flag.Bool("update-corpus", false, "rewrite the seed corpora under testdata/fuzz from the seeds in the fuzz tests")
+
+// seed is one named input of a fuzz target's committed seed corpus: the
+// arguments of its fuzz function, each a []byte.
+type seed struct {
+	name string
+	args [][]byte
+}
+
+// checkCorpus keeps testdata/fuzz/<target>/<seed> in step with seeds: with
+// -update-corpus it writes them, otherwise a missing or stale file fails.
+// go test runs every file there as a seed of the target.
+func checkCorpus(t *testing.T, target string, seeds []seed) {
+	t.Helper()
+	dir := filepath.Join("testdata", "fuzz", target)
+	for _, s := range seeds {
+		var b strings.Builder
+		b.WriteString("go test fuzz v1\n")
+		for _, a := range s.args {
+			fmt.Fprintf(&b, "[]byte(%q)\n", a)
+		}
+		path := filepath.Join(dir, s.name)
+		if *updateCorpus {
+			if err := os.MkdirAll(dir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		if got, err := os.ReadFile(path); err != nil || string(got) != b.String() {
+			t.Errorf("%s is missing or stale; in this package's directory run: go test . -run '^%s$' -update-corpus", path, t.Name())
+		}
+	}
+}
+
+var (
+	fuzzNow    = time.Date(2026, 11, 30, 3, 3, 0, 0, time.UTC)
+	fuzzLimits = aggregator.Limits{MaxPeersPerReport: 8, MaxSidecars: 2}
+)
+
+const (
+	inbound  = sluicev1.Direction_DIRECTION_INBOUND
+	outbound = sluicev1.Direction_DIRECTION_OUTBOUND
+)
+
+func pcs(peers ...any) []*sluicev1.PeerCounts {
+	var out []*sluicev1.PeerCounts
+	for i := 0; i+3 < len(peers); i += 4 {
+		out = append(out, &sluicev1.PeerCounts{Peer: peers[i].(string), Offered: peers[i+1].(uint64),
+			Dropped: peers[i+2].(uint64), ShadowDropped: peers[i+3].(uint64)})
+	}
+	return out
+}
+
+// baseReport is the report every fuzzed state holds before the fuzzed ones
+// arrive, so that a rejected report has something to leave alone.
+func baseReport() *sluicev1.LoadReport {
+	return &sluicev1.LoadReport{
+		SidecarId: "checkout-0", Service: "checkout", Direction: inbound, Zone: "zone-a",
+		WindowStart: timestamppb.New(fuzzNow.Add(-time.Second)), Window: durationpb.New(time.Second),
+		Interval: durationpb.New(time.Second),
+		Peers:    pcs("web", uint64(1000), uint64(900), uint64(0), "batch", uint64(50), uint64(0), uint64(25)),
+	}
+}
+
+func reportBytes(t testing.TB, edit func(*sluicev1.LoadReport)) []byte {
+	r := baseReport()
+	r.SidecarId = "checkout-1"
+	if edit != nil {
+		edit(r)
+	}
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// loadReportSeeds are FuzzLoadReport's committed seeds, two reports each: good
+// ones, and every way a report must be refused.
+func loadReportSeeds(t testing.TB) []seed {
+	rb := func(edit func(*sluicev1.LoadReport)) []byte { return reportBytes(t, edit) }
+	one := func(name string, edit func(*sluicev1.LoadReport)) seed { // sent twice, as a retry would
+		b := rb(edit)
+		return seed{name, [][]byte{b, b}}
+	}
+	str := func(field protowire.Number, s string) []byte {
+		return protowire.AppendString(protowire.AppendTag(nil, field, protowire.BytesType), s)
+	}
+	return []seed{
+		one("good", nil),
+		one("good-outbound-no-peers", func(r *sluicev1.LoadReport) { r.Direction, r.Peers = outbound, nil }),
+		one("good-reserved-peers", func(r *sluicev1.LoadReport) {
+			r.Peers = pcs(names.Unknown, uint64(5), uint64(0), uint64(0), names.Overflow, uint64(7), uint64(7), uint64(0))
+		}),
+		one("good-at-max-rate", func(r *sluicev1.LoadReport) { r.Peers = pcs("web", uint64(1e7), uint64(1e7), uint64(0)) }),
+		one("good-shortest-window", func(r *sluicev1.LoadReport) { r.Window = durationpb.New(10 * time.Millisecond) }),
+		one("good-longest-window", func(r *sluicev1.LoadReport) { r.Window = durationpb.New(time.Minute) }),
+		one("good-surge", func(r *sluicev1.LoadReport) { r.Urgent, r.Window = true, durationpb.New(100*time.Millisecond) }),
+		one("good-huge-interval", func(r *sluicev1.LoadReport) { r.Interval = &durationpb.Duration{Seconds: math.MaxInt64} }),
+		one("good-253-byte-names", func(r *sluicev1.LoadReport) {
+			r.SidecarId, r.Service = strings.Repeat("i", names.MaxLen), strings.Repeat("s", names.MaxLen)
+			r.Peers[0].Peer = strings.Repeat("p", names.MaxLen)
+		}),
+		{"good-replace-then-leave", [][]byte{rb(nil), rb(func(r *sluicev1.LoadReport) { r.Peers = nil })}},
+		{"good-same-sidecar-other-service", [][]byte{rb(nil), rb(func(r *sluicev1.LoadReport) { r.Service = "orders" })}},
+		{"bad-one-sidecar-too-many", [][]byte{rb(nil), rb(func(r *sluicev1.LoadReport) { r.SidecarId = "checkout-2" })}},
+		one("bad-overflow-service", func(r *sluicev1.LoadReport) { r.Service = names.Overflow }),
+		one("bad-empty", func(r *sluicev1.LoadReport) { proto.Reset(r) }),
+		one("bad-empty-sidecar-id", func(r *sluicev1.LoadReport) { r.SidecarId = "" }),
+		one("bad-254-byte-sidecar-id", func(r *sluicev1.LoadReport) { r.SidecarId = strings.Repeat("i", names.MaxLen+1) }),
+		one("bad-254-byte-peer", func(r *sluicev1.LoadReport) { r.Peers[0].Peer = strings.Repeat("p", names.MaxLen+1) }),
+		one("bad-empty-peer", func(r *sluicev1.LoadReport) { r.Peers[1].Peer = "" }),
+		one("bad-peer-charset", func(r *sluicev1.LoadReport) { r.Peers[1].Peer = "batch\n" }),
+		one("bad-duplicate-peer", func(r *sluicev1.LoadReport) { r.Peers[1].Peer = r.Peers[0].Peer }),
+		one("bad-too-many-peers", func(r *sluicev1.LoadReport) {
+			r.Peers = nil
+			for i := range 9 {
+				r.Peers = append(r.Peers, pcs(fmt.Sprintf("caller-%d", i), uint64(1), uint64(0), uint64(0))...)
+			}
+		}),
+		one("bad-dropped-above-offered", func(r *sluicev1.LoadReport) { r.Peers[0].Dropped = r.Peers[0].Offered + 1 }),
+		one("bad-counts-overflow", func(r *sluicev1.LoadReport) {
+			r.Peers = pcs("web", uint64(1<<63+1), uint64(1<<63), uint64(1<<63))
+		}),
+		one("bad-huge-count", func(r *sluicev1.LoadReport) { r.Peers = pcs("web", uint64(math.MaxUint64), uint64(0), uint64(0)) }),
+		one("bad-absurd-rate", func(r *sluicev1.LoadReport) { r.Peers = pcs("web", uint64(1e7+1), uint64(0), uint64(0)) }),
+		one("bad-no-window", func(r *sluicev1.LoadReport) { r.Window = nil }),
+		one("bad-negative-window", func(r *sluicev1.LoadReport) { r.Window = durationpb.New(-time.Second) }),
+		one("bad-window-too-long", func(r *sluicev1.LoadReport) { r.Window = durationpb.New(time.Minute + 1) }),
+		one("bad-window-invalid", func(r *sluicev1.LoadReport) { r.Window = &durationpb.Duration{Seconds: 1, Nanos: -5} }),
+		one("bad-direction", func(r *sluicev1.LoadReport) { r.Direction = 3 }),
+		one("bad-urgent", func(r *sluicev1.LoadReport) { r.Urgent, r.Service = true, "" }),
+		{"wire-invalid-utf8", [][]byte{append(str(1, "checkout-1"), str(2, "check\xc3out")...), {}}},
+		{"wire-truncated", [][]byte{rb(nil)[:30], rb(nil)}},
+	}
+}
+
+func TestFuzzLoadReportCorpus(t *testing.T) {
+	seeds := loadReportSeeds(t)
+	checkCorpus(t, "FuzzLoadReport", seeds)
+	// The seeds say what they are: in good ones every report is taken.
+	for _, s := range seeds {
+		st := aggregator.NewState("zone-a", "agg-a", 3, fuzzLimits)
+		if err := st.Apply(baseReport(), fuzzNow); err != nil {
+			t.Fatal(err)
+		}
+		var errs []error
+		for _, b := range s.args {
+			r := new(sluicev1.LoadReport)
+			err := proto.Unmarshal(b, r)
+			if err == nil {
+				err = st.Apply(r, fuzzNow)
+			}
+			errs = append(errs, err)
+		}
+		if good := strings.HasPrefix(s.name, "good"); good != (errors.Join(errs...) == nil) {
+			t.Errorf("seed %s: %v", s.name, errs)
+		}
+	}
+}
+
+// FuzzLoadReport decodes two reports from any bytes and applies them to a
+// State that already holds one, as the aggregator's stream does. Apply must
+// never panic; a rejected report must change nothing (a twin State that
+// never sees it flushes the same zone load, surge mark included); the zone
+// load built from accepted ones must hold finite, non-negative rates with
+// dropped ≤ offered, valid names, and be accepted by the controller, since
+// a zone load the controller refuses hides the whole zone from it.
+func FuzzLoadReport(f *testing.F) {
+	f.Fuzz(func(t *testing.T, report1, report2 []byte) {
+		got := aggregator.NewState("zone-a", "agg-a", 3, fuzzLimits)
+		twin := aggregator.NewState("zone-a", "agg-a", 3, fuzzLimits)
+		for _, s := range []*aggregator.State{got, twin} {
+			if err := s.Apply(baseReport(), fuzzNow); err != nil {
+				t.Fatal(err)
+			}
+			s.TakeUrgent()
+		}
+		for i, data := range [][]byte{report1, report2} {
+			r := new(sluicev1.LoadReport)
+			if proto.Unmarshal(data, r) != nil {
+				continue
+			}
+			before := proto.Clone(r)
+			now := fuzzNow.Add(time.Duration(i) * time.Millisecond)
+			err := got.Apply(r, now)
+			if !proto.Equal(before, r) {
+				t.Fatalf("report %d: Apply changed the report", i)
+			}
+			if err != nil {
+				var rej *aggregator.RejectError
+				if !errors.As(err, &rej) || !slices.Contains(aggregator.Reasons, rej.Reason) {
+					t.Fatalf("report %d: error %v is not a RejectError with a known reason", i, err)
+				}
+				continue
+			}
+			if err := twin.Apply(r, now); err != nil {
+				t.Fatalf("report %d: accepted once, then refused by an identical State: %v", i, err)
+			}
+			if got.TakeUrgent() != twin.TakeUrgent() {
+				t.Fatalf("report %d: surge mark differs", i)
+			}
+		}
+		if got.Sidecars() > fuzzLimits.MaxSidecars {
+			t.Errorf("%d sidecars kept, at most %d", got.Sidecars(), fuzzLimits.MaxSidecars)
+		}
+		flushAt := fuzzNow.Add(time.Second)
+		zl := got.Flush(flushAt, time.Second)
+		if want := twin.Flush(flushAt, time.Second); !proto.Equal(zl, want) {
+			t.Fatalf("a rejected report changed the zone load:\n got %v\nwant %v", zl, want)
+		}
+		checkZoneLoad(t, zl, got.Sidecars())
+
+		ctl, err := controller.NewState(controller.DefaultConfig().StateConfig, fuzzNow)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := ctl.Apply(zl, flushAt); err != nil {
+			t.Fatalf("the controller refuses the zone load built from accepted reports: %v\n%v", err, zl)
+		}
+	})
+}
+
+func checkZoneLoad(t *testing.T, zl *sluicev1.ZoneLoad, sidecars int) {
+	t.Helper()
+	live := 0
+	for _, svc := range zl.GetServices() {
+		if err := names.Check(svc.GetService()); err != nil {
+			t.Errorf("service %q: %v", svc.GetService(), err)
+		}
+		live += int(svc.GetLiveSidecars())
+		for i, p := range svc.GetPeers() {
+			if err := names.Check(p.GetPeer()); err != nil {
+				t.Errorf("%s: peer %q: %v", svc.GetService(), p.GetPeer(), err)
+			}
+			if i > 0 && svc.GetPeers()[i-1].GetPeer() >= p.GetPeer() {
+				t.Errorf("%s: peers not sorted or repeated at %q", svc.GetService(), p.GetPeer())
+			}
+			o, d, sh := p.GetOfferedRps(), p.GetDroppedRps(), p.GetShadowDroppedRps()
+			for _, v := range []float64{o, d, sh} {
+				if !(v >= 0) || math.IsInf(v, 0) {
+					t.Errorf("%s/%s: rates %v, %v, %v", svc.GetService(), p.GetPeer(), o, d, sh)
+				}
+			}
+			// Sums of rates, each dropped ≤ offered: allow for rounding.
+			if d+sh > o*(1+1e-12) {
+				t.Errorf("%s/%s: dropped %v + shadow %v above offered %v", svc.GetService(), p.GetPeer(), d, sh, o)
+			}
+		}
+	}
+	if live != sidecars {
+		t.Errorf("live sidecars add up to %d, the state keeps %d", live, sidecars)
+	}
+}

@@ -1,0 +1,309 @@
+package controller_test
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/controller"
+	"github.com/sluicehq/sluice/internal/limits"
+	"github.com/sluicehq/sluice/internal/names"
+	"github.com/sluicehq/sluice/pkg/dropratio"
+	"github.com/sluicehq/sluice/sidecar"
+)
+
+var updateCorpus = flag.Bool("update-corpus", false, "rewrite the seed corpora under testdata/fuzz from the seeds in the fuzz tests")
+
+// seed is one named input of a fuzz target's committed seed corpus: the
+// arguments of its fuzz function, each a []byte.
+type seed struct {
+	name string
+	args [][]byte
+}
+
+// checkCorpus keeps testdata/fuzz/<target>/<seed> in step with seeds: with
+// -update-corpus it writes them, otherwise a missing or stale file fails.
+// go test runs every file there as a seed of the target.
+func checkCorpus(t *testing.T, target string, seeds []seed) {
+	t.Helper()
+	dir := filepath.Join("testdata", "fuzz", target)
+	for _, s := range seeds {
+		var b strings.Builder
+		b.WriteString("go test fuzz v1\n")
+		for _, a := range s.args {
+			fmt.Fprintf(&b, "[]byte(%q)\n", a)
+		}
+		path := filepath.Join(dir, s.name)
+		if *updateCorpus {
+			if err := os.MkdirAll(dir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		if got, err := os.ReadFile(path); err != nil || string(got) != b.String() {
+			t.Errorf("%s is missing or stale; in this package's directory run: go test . -run '^%s$' -update-corpus", path, t.Name())
+		}
+	}
+}
+
+var fuzzStart = time.Date(2026, 11, 30, 3, 3, 0, 0, time.UTC)
+
+const (
+	inbound  = sluicev1.Direction_DIRECTION_INBOUND
+	outbound = sluicev1.Direction_DIRECTION_OUTBOUND
+)
+
+// rejectReasons are the reasons Apply may give.
+var rejectReasons = []string{"bad_name", "bad_interval", "bad_direction", "duplicate_service", "duplicate_peer", "bad_rate", "too_many_aggregators"}
+
+func fuzzConfig() controller.StateConfig {
+	cfg := controller.DefaultConfig().StateConfig
+	cfg.Warmup = 0 // tick at once, before a zone load with a short interval goes stale
+	cfg.MaxAggregators = 2
+	return cfg
+}
+
+// fuzzLimits bind: a limit, a shadow limit, a default limit, a capacity,
+// and a blocked caller of a callee that may see no traffic at all.
+func fuzzLimits() *limits.Set {
+	inf := math.Inf(1)
+	return limits.NewSet(map[string]*limits.Service{
+		"checkout": {Name: "checkout", Capacity: 1000, DefaultLimit: 200, FailMode: limits.FailHold, Callers: map[string]limits.Bucket{
+			"web": {Limit: 100}, "batch": {Limit: 50, Mode: dropratio.Shadow},
+		}},
+		"orders": {Name: "orders", Capacity: inf, DefaultLimit: inf, FailMode: limits.FailLocal, Callers: map[string]limits.Bucket{
+			"abuser": {Limit: 0},
+		}},
+	})
+}
+
+func rates(peerRates ...any) []*sluicev1.PeerRate {
+	var out []*sluicev1.PeerRate
+	for i := 0; i+3 < len(peerRates); i += 4 {
+		out = append(out, &sluicev1.PeerRate{Peer: peerRates[i].(string), OfferedRps: peerRates[i+1].(float64),
+			DroppedRps: peerRates[i+2].(float64), ShadowDroppedRps: peerRates[i+3].(float64)})
+	}
+	return out
+}
+
+// baseLoad is the zone load every fuzzed state holds before the fuzzed ones.
+func baseLoad() *sluicev1.ZoneLoad {
+	return &sluicev1.ZoneLoad{AggregatorId: "agg-base", Zone: "zone-a", Interval: durationpb.New(time.Second),
+		Services: []*sluicev1.ServiceLoad{
+			{Service: "checkout", Direction: inbound, LiveSidecars: 2,
+				Peers: rates("web", 500.0, 0.0, 0.0, "batch", 80.0, 0.0, 30.0, "mobile", 150.0, 0.0, 0.0)},
+		}}
+}
+
+// zoneLoadSeeds are FuzzZoneLoad's committed seeds, two zone loads each:
+// good ones, and every way a zone load must be refused.
+func zoneLoadSeeds(t testing.TB) []seed {
+	zb := func(edit func(*sluicev1.ZoneLoad)) []byte {
+		z := baseLoad()
+		z.AggregatorId, z.Zone = "agg-b", "zone-b"
+		z.Services[0].Peers = rates("web", 700.0, 600.0, 0.0, "mobile", 20.0, 0.0, 0.0)
+		z.Services = append(z.Services, &sluicev1.ServiceLoad{Service: "orders", Direction: inbound, LiveSidecars: 1,
+			Peers: rates("checkout", 30.0, 0.0, 0.0, "abuser", 5.0, 5.0, 0.0)})
+		if edit != nil {
+			edit(z)
+		}
+		b, err := proto.MarshalOptions{Deterministic: true}.Marshal(z)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	one := func(name string, edit func(*sluicev1.ZoneLoad)) seed { // sent twice, as the next flush would
+		b := zb(edit)
+		return seed{name, [][]byte{b, b}}
+	}
+	peer0 := func(edit func(*sluicev1.PeerRate)) func(*sluicev1.ZoneLoad) {
+		return func(z *sluicev1.ZoneLoad) { edit(z.Services[0].Peers[0]) }
+	}
+	str := func(field protowire.Number, s string) []byte {
+		return protowire.AppendString(protowire.AppendTag(nil, field, protowire.BytesType), s)
+	}
+	return []seed{
+		one("good", nil),
+		one("good-empty-zone", func(z *sluicev1.ZoneLoad) { z.Services = nil }),
+		one("good-outbound", func(z *sluicev1.ZoneLoad) { z.Services[1].Direction = outbound }),
+		one("good-urgent", func(z *sluicev1.ZoneLoad) { z.Urgent = true }),
+		one("good-max-rate", peer0(func(p *sluicev1.PeerRate) { p.OfferedRps, p.DroppedRps, p.ShadowDroppedRps = 1e10, 1e10, 1e10 })),
+		one("good-dropped-above-offered", peer0(func(p *sluicev1.PeerRate) { p.OfferedRps, p.DroppedRps = 10, 1e10 })),
+		one("good-negative-zero", peer0(func(p *sluicev1.PeerRate) { p.OfferedRps = math.Copysign(0, -1) })),
+		one("good-tiny-rates", peer0(func(p *sluicev1.PeerRate) { p.OfferedRps, p.DroppedRps = 5e-324, 5e-324 })),
+		one("good-max-live-sidecars", func(z *sluicev1.ZoneLoad) { z.Services[0].LiveSidecars = math.MaxUint32 }),
+		one("good-zero-live-sidecars", func(z *sluicev1.ZoneLoad) { z.Services[0].LiveSidecars = 0 }),
+		one("good-overflow-and-unknown-peers", peer0(func(p *sluicev1.PeerRate) { p.Peer = names.Overflow })),
+		one("good-253-byte-names", func(z *sluicev1.ZoneLoad) {
+			z.AggregatorId, z.Zone = strings.Repeat("a", names.MaxLen), strings.Repeat("z", names.MaxLen)
+			z.Services[1].Service, z.Services[1].Peers[0].Peer = strings.Repeat("s", names.MaxLen), strings.Repeat("p", names.MaxLen)
+		}),
+		one("good-interval-bounds", func(z *sluicev1.ZoneLoad) { z.Interval = durationpb.New(10 * time.Millisecond) }),
+		{"good-replace", [][]byte{zb(nil), zb(func(z *sluicev1.ZoneLoad) { z.Services = z.Services[1:] })}},
+		{"bad-one-aggregator-too-many", [][]byte{zb(nil), zb(func(z *sluicev1.ZoneLoad) { z.AggregatorId = "agg-c" })}},
+		one("bad-rate-nan", peer0(func(p *sluicev1.PeerRate) { p.OfferedRps = math.NaN() })),
+		one("bad-rate-inf", peer0(func(p *sluicev1.PeerRate) { p.DroppedRps = math.Inf(1) })),
+		one("bad-rate-negative", peer0(func(p *sluicev1.PeerRate) { p.ShadowDroppedRps = -1e-300 })),
+		one("bad-rate-absurd", peer0(func(p *sluicev1.PeerRate) { p.OfferedRps = math.Nextafter(1e10, math.Inf(1)) })),
+		one("bad-overflow-service", func(z *sluicev1.ZoneLoad) { z.Services[1].Service = names.Overflow }),
+		one("bad-empty-aggregator-id", func(z *sluicev1.ZoneLoad) { z.AggregatorId = "" }),
+		one("bad-zone-charset", func(z *sluicev1.ZoneLoad) { z.Zone = "zone a" }),
+		one("bad-254-byte-peer", peer0(func(p *sluicev1.PeerRate) { p.Peer = strings.Repeat("p", names.MaxLen+1) })),
+		one("bad-duplicate-service", func(z *sluicev1.ZoneLoad) { z.Services[1].Service = "checkout" }),
+		one("bad-duplicate-peer", func(z *sluicev1.ZoneLoad) { z.Services[0].Peers[1].Peer = "web" }),
+		one("bad-direction", func(z *sluicev1.ZoneLoad) { z.Services[1].Direction = 0 }),
+		one("bad-no-interval", func(z *sluicev1.ZoneLoad) { z.Interval = nil }),
+		one("bad-interval-invalid", func(z *sluicev1.ZoneLoad) { z.Interval = &durationpb.Duration{Seconds: -1, Nanos: 5} }),
+		one("bad-interval-long", func(z *sluicev1.ZoneLoad) { z.Interval = durationpb.New(time.Minute + 1) }),
+		one("bad-urgent", func(z *sluicev1.ZoneLoad) { z.Urgent, z.Zone = true, "" }),
+		{"wire-invalid-utf8", [][]byte{append(str(1, "agg-b"), str(2, "zone-\xff")...), {}}},
+		{"wire-truncated", [][]byte{zb(nil)[:25], zb(nil)}},
+	}
+}
+
+func TestFuzzZoneLoadCorpus(t *testing.T) {
+	seeds := zoneLoadSeeds(t)
+	checkCorpus(t, "FuzzZoneLoad", seeds)
+	// The seeds say what they are: in good ones every zone load is taken.
+	for _, s := range seeds {
+		st, err := controller.NewState(fuzzConfig(), fuzzStart)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := st.Apply(baseLoad(), fuzzStart); err != nil {
+			t.Fatal(err)
+		}
+		var errs []error
+		for _, b := range s.args {
+			z := new(sluicev1.ZoneLoad)
+			err := proto.Unmarshal(b, z)
+			if err == nil {
+				err = st.Apply(z, fuzzStart)
+			}
+			errs = append(errs, err)
+		}
+		if good := strings.HasPrefix(s.name, "good"); good != (errors.Join(errs...) == nil) {
+			t.Errorf("seed %s: %v", s.name, errs)
+		}
+	}
+}
+
+// FuzzZoneLoad decodes two zone loads from any bytes and applies them to a
+// controller that already holds one, then runs two ticks. Apply must never
+// panic; a rejected zone load must change nothing (a twin State that never
+// sees it ticks to the same result); and every policy a tick publishes must
+// be one the sidecars accept (sidecar.PolicyFromProto), or they would NACK
+// it and keep enforcing their last one, with its live instance count at
+// least what any accepted zone reported.
+func FuzzZoneLoad(f *testing.F) {
+	set := fuzzLimits()
+	f.Fuzz(func(t *testing.T, load1, load2 []byte) {
+		var got, twin *controller.State
+		for _, s := range []**controller.State{&got, &twin} {
+			st, err := controller.NewState(fuzzConfig(), fuzzStart)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := st.Apply(baseLoad(), fuzzStart); err != nil {
+				t.Fatal(err)
+			}
+			st.TakeUrgent()
+			*s = st
+		}
+		live := map[string]uint32{"checkout": 2} // the most one accepted zone load claimed
+		for i, data := range [][]byte{load1, load2} {
+			z := new(sluicev1.ZoneLoad)
+			if proto.Unmarshal(data, z) != nil {
+				continue
+			}
+			now := fuzzStart.Add(time.Duration(i+1) * time.Millisecond)
+			if err := got.Apply(z, now); err != nil {
+				var rej *controller.RejectError
+				if !errors.As(err, &rej) || !slices.Contains(rejectReasons, rej.Reason) {
+					t.Fatalf("zone load %d: error %v is not a RejectError with a known reason", i, err)
+				}
+				continue
+			}
+			if err := twin.Apply(z, now); err != nil {
+				t.Fatalf("zone load %d: accepted once, then refused by an identical State: %v", i, err)
+			}
+			if got.TakeUrgent() != twin.TakeUrgent() {
+				t.Fatalf("zone load %d: surge mark differs", i)
+			}
+			for _, svc := range z.GetServices() {
+				if svc.GetDirection() == inbound {
+					live[svc.GetService()] = max(live[svc.GetService()], svc.GetLiveSidecars())
+				}
+			}
+		}
+		for tick := range 2 {
+			// The first tick sees every accepted zone load; by the second,
+			// those with a short interval went stale.
+			now := fuzzStart.Add(2*time.Millisecond + time.Duration(tick)*time.Second)
+			res, want := got.Tick(now, set), twin.Tick(now, set)
+			equalTicks(t, tick, res, want)
+			checkTick(t, tick, res, live)
+			clear(live)
+		}
+	})
+}
+
+func equalTicks(t *testing.T, tick int, got, want controller.TickResult) {
+	t.Helper()
+	same := got.Warm == want.Warm && got.Aggregators == want.Aggregators && got.Buckets == want.Buckets &&
+		slices.Equal(got.Deleted, want.Deleted) && len(got.Changed) == len(want.Changed) &&
+		len(got.Services) == len(want.Services) && len(got.Loads) == len(want.Loads)
+	for name, p := range got.Changed {
+		same = same && proto.Equal(p, want.Changed[name])
+	}
+	if !same {
+		t.Fatalf("tick %d: a rejected zone load changed the result:\n got %+v\nwant %+v", tick, got, want)
+	}
+}
+
+func checkTick(t *testing.T, tick int, res controller.TickResult, live map[string]uint32) {
+	t.Helper()
+	if !res.Warm {
+		t.Fatalf("tick %d: not warm", tick)
+	}
+	for name, m := range res.Changed {
+		p, err := sidecar.PolicyFromProto(m)
+		if err != nil {
+			t.Fatalf("tick %d: published a policy the sidecars refuse: %v\n%v", tick, err, m)
+		}
+		if p.Name != name {
+			t.Errorf("tick %d: policy %q published as %q", tick, p.Name, name)
+		}
+		if uint32(p.LiveInstances) < live[p.Service] {
+			t.Errorf("tick %d: %s: live instances %d, but one zone alone reported %d", tick, name, p.LiveInstances, live[p.Service])
+		}
+	}
+	for svc, tot := range res.Services {
+		for _, v := range []float64{tot.Offered, tot.Dropped, tot.ShadowDropped} {
+			if !(v >= 0) || math.IsInf(v, 0) {
+				t.Errorf("tick %d: %s totals %+v", tick, svc, tot)
+			}
+		}
+	}
+	for _, l := range res.Loads {
+		if names.Check(l.Callee) != nil || names.Check(l.Caller) != nil || !(l.Offered >= 0) || math.IsInf(l.Offered, 0) {
+			t.Errorf("tick %d: history row %+v", tick, l)
+		}
+	}
+}
