@@ -73,7 +73,7 @@ type Second struct {
 	// Controller → sidecars, each subscribed by name to its own service's
 	// policy: a published policy goes to every sidecar of the service.
 	Policies  int // policies the tick published
-	Refreshes int // of those, due by age: TTL/2 since the last push
+	Refreshes int // of those, the same as the last push but for issued_at: re-sent by age
 	Pushes    int64
 	PushBytes int64 // delta xDS responses, one per push
 	AckBytes  int64 // the sidecars' delta ACKs
@@ -180,7 +180,7 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Result, error) {
 		counts   = make([]uint64, cfg.Callers) // one service's bucket counts for the second
 		cur      []sidecar.PeerCounts
 		buf      []byte
-		lastPush = make(map[string]time.Time, cfg.Services)
+		lastPush = make(map[string]*sluicev1.DropPolicy, cfg.Services)
 		aggBytes = make([]int64, len(m.aggs))
 	)
 	for t := 1; t <= cfg.Seconds; t++ {
@@ -332,10 +332,10 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Result, error) {
 			s := &m.services[i]
 			size := int64(deltaResponseSize(p))
 			sec.Policies++
-			if last, ok := lastPush[name]; ok && now.Sub(last) >= cfg.Controller.PolicyTTL/2 {
+			if last, ok := lastPush[name]; ok && sameButIssued(last, p) {
 				sec.Refreshes++
 			}
-			lastPush[name] = now
+			lastPush[name] = p
 			n := int64(len(s.sidecars))
 			sec.Pushes += n
 			sec.PushBytes += n * size
@@ -480,4 +480,12 @@ func deltaResponseSize(p *sluicev1.DropPolicy) int {
 		Resources:         []*discovery.Resource{{Name: p.GetName(), Version: sampleVersion, Resource: value}},
 	}
 	return proto.Size(r)
+}
+
+// sameButIssued reports whether two publications of a policy differ only in
+// when they were issued: a refresh, not a change.
+func sameButIssued(a, b *sluicev1.DropPolicy) bool {
+	a, b = proto.CloneOf(a), proto.CloneOf(b)
+	a.IssuedAt, b.IssuedAt = nil, nil
+	return proto.Equal(a, b)
 }

@@ -76,24 +76,39 @@ func TestSumsAndSurgeRatio(t *testing.T) {
 		t.Errorf("%d warm ticks, want %d", warm, want)
 	}
 
-	// The first warm tick publishes every policy to every sidecar; TTL/2
-	// later every policy is refreshed, since nothing changed before the
-	// surge.
+	// The first warm tick publishes every policy to every sidecar. Nothing
+	// changes before the surge, so over the next TTL/2 every policy is
+	// refreshed exactly once, staggered by name over the last quarter TTL
+	// so that the refreshes do not all land on one tick.
 	first := int(cfg.Controller.Warmup / time.Second)
-	for _, at := range []int{first, first + int(cfg.Controller.PolicyTTL/2/time.Second)} {
-		s := c.Seconds[at-1]
-		if s.Policies != cfg.Services || s.Pushes != int64(cfg.Sidecars) {
-			t.Errorf("t=%d: %d policies to %d sidecars, want all %d to all %d", at, s.Policies, s.Pushes, cfg.Services, cfg.Sidecars)
-		}
-		if s.RelayPushes < int64(cfg.Services) || s.RelayPushes > int64(cfg.Services*c.Aggregators) {
-			t.Errorf("t=%d: %d relay pushes, want between %d and %d", at, s.RelayPushes, cfg.Services, cfg.Services*c.Aggregators)
-		}
+	half := int(cfg.Controller.PolicyTTL / 2 / time.Second)
+	if first+half > cfg.SurgeAt {
+		t.Fatalf("test config: refresh window ends at t=%d, after the surge at t=%d", first+half, cfg.SurgeAt)
+	}
+	s := c.Seconds[first-1]
+	if s.Policies != cfg.Services || s.Pushes != int64(cfg.Sidecars) {
+		t.Errorf("t=%d: %d policies to %d sidecars, want all %d to all %d", first, s.Policies, s.Pushes, cfg.Services, cfg.Sidecars)
+	}
+	if s.RelayPushes < int64(cfg.Services) || s.RelayPushes > int64(cfg.Services*c.Aggregators) {
+		t.Errorf("t=%d: %d relay pushes, want between %d and %d", first, s.RelayPushes, cfg.Services, cfg.Services*c.Aggregators)
 	}
 	if s := c.Seconds[first]; s.Policies != 0 {
 		t.Errorf("t=%d: %d policies published in a quiet second, want 0", s.T, s.Policies)
 	}
-	if s := c.Seconds[first+4]; s.Refreshes != cfg.Services {
-		t.Errorf("t=%d: %d refreshes, want %d", s.T, s.Refreshes, cfg.Services)
+	var policies, refreshes, busiest int
+	var pushes int64
+	for _, s := range c.Seconds[first : first+half] {
+		policies += s.Policies
+		refreshes += s.Refreshes
+		pushes += s.Pushes
+		busiest = max(busiest, s.Policies)
+	}
+	if policies != cfg.Services || refreshes != cfg.Services || pushes != int64(cfg.Sidecars) {
+		t.Errorf("t=%d..%d: %d policies (%d refreshes) to %d sidecars; want each of %d refreshed once, to all %d",
+			first+1, first+half, policies, refreshes, pushes, cfg.Services, cfg.Sidecars)
+	}
+	if busiest == cfg.Services {
+		t.Errorf("t=%d..%d: all %d refreshes on one tick, want them staggered", first+1, first+half, busiest)
 	}
 
 	// The surging bucket: counted from second SurgeAt+1, seen at that
