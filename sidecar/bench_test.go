@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"testing"
+	"time"
 )
 
 // BenchmarkDecide measures the hot path. The goal (DESIGN: a sidecar adds
@@ -59,6 +60,47 @@ func BenchmarkDecide(b *testing.B) {
 	})
 	b.Run("drop-p0.5", func(b *testing.B) {
 		_, s := newLimiter()
+		b.ReportAllocs()
+		for b.Loop() {
+			s.Decide("caller-drop")
+		}
+	})
+	// The fail modes of an expired policy (failmode.go). caller-a's
+	// bucket holds 10^10 tokens, so local-admit never runs dry.
+	expired := func(mode FailMode, rules ...Rule) *ServiceLimiter {
+		l := NewLimiter(LimiterOptions{})
+		p := policy("checkout", rules...)
+		p.FailMode, p.TTL, p.FailOpenDecay, p.LiveInstances = mode, time.Second, time.Second, 1
+		now := time.Now()
+		l.SetPolicyAt(p, now)
+		l.Expire(now.Add(p.TTL + p.FailOpenDecay/2))
+		return l.Service("checkout")
+	}
+	b.Run("local-admit", func(b *testing.B) {
+		s := expired(FailLocal, Rule{Peer: "caller-a", DropRatio: 0.01, LimitRPS: 1e11})
+		b.ReportAllocs()
+		for b.Loop() {
+			s.Decide("caller-a")
+		}
+	})
+	b.Run("local-drop", func(b *testing.B) {
+		s := expired(FailLocal, Rule{Peer: "caller-a", DropRatio: 0.5, LimitRPS: 0})
+		b.ReportAllocs()
+		for b.Loop() {
+			s.Decide("caller-a")
+		}
+	})
+	b.Run("local-parallel-same-peer", func(b *testing.B) {
+		s := expired(FailLocal, Rule{Peer: "caller-a", DropRatio: 0.01, LimitRPS: 1e11})
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				s.Decide("caller-a")
+			}
+		})
+	})
+	b.Run("open-p0.5-half-decayed", func(b *testing.B) {
+		s := expired(FailOpen, Rule{Peer: "caller-drop", DropRatio: 0.5})
 		b.ReportAllocs()
 		for b.Loop() {
 			s.Decide("caller-drop")

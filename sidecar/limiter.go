@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"github.com/sluicehq/sluice/internal/names"
@@ -140,18 +141,60 @@ func (l *Limiter) lookup(service string) *ServiceLimiter { return (*l.services.L
 // PolicyFromProto's job) but stays safe with hand-built policies: ratios
 // outside [0, 1) are clamped, peers with invalid names are ignored because
 // Decide never accounts a request to them.
+//
+// The new policy is fresh: whatever fail mode the previous one was in ends
+// here. Its TTL runs from the next Expire; a holder that knows when it
+// received p calls SetPolicyAt instead.
 func (l *Limiter) SetPolicy(p *Policy) {
 	if p == nil {
 		return
 	}
-	l.Service(p.Service).setPolicy(p)
+	l.Service(p.Service).setPolicy(p, time.Time{})
+}
+
+// SetPolicyAt is SetPolicy for a holder that acts on policy TTLs (see
+// Expire): now is when p was received, on the holder's own clock, and p's
+// TTL runs from it (not from p.IssuedAt: the controller's clock is not
+// this machine's). A zero now is SetPolicy's "from the next Expire".
+func (l *Limiter) SetPolicyAt(p *Policy, now time.Time) {
+	if p == nil {
+		return
+	}
+	l.Service(p.Service).setPolicy(p, now)
+}
+
+// Expire brings every service's policy state up to date at now (see
+// PolicyState) and puts the policy's fail mode in force once its TTL has run
+// out without a new policy: FailOpen lowers the ratios in force towards 0
+// over the decay window, FailHold keeps them, FailLocal has a token bucket
+// per limited peer decide instead (see FailMode). It also refills those
+// token buckets. Decide never reads a clock: a holder that wants fail modes
+// calls Expire periodically (the sidecar agent every 100ms), and the decay
+// and refills move in steps of that period. Without Expire a policy is kept
+// for ever, as it was before fail modes.
+//
+// now must not go backwards between calls; Expire is cheap (a lock and a
+// few loads per service, and a new table once when a policy expires).
+func (l *Limiter) Expire(now time.Time) {
+	for _, s := range *l.services.Load() {
+		s.expire(now)
+	}
+}
+
+// Status returns the state of service's policy as of the last Expire; the
+// zero PolicyStatus (NoPolicy) for a service it has no table for.
+func (l *Limiter) Status(service string) PolicyStatus {
+	if s := l.lookup(service); s != nil {
+		return s.Status()
+	}
+	return PolicyStatus{}
 }
 
 // RemovePolicy drops service's policy, if any: every peer is admitted again.
 // Counters are kept.
 func (l *Limiter) RemovePolicy(service string) {
 	if s := l.lookup(service); s != nil {
-		s.setPolicy(nil)
+		s.setPolicy(nil, time.Time{})
 	}
 }
 
@@ -188,7 +231,9 @@ type Decision struct {
 
 // Rule returns the rule the decision was made under, nil when the policy did
 // not list the peer (or there was no policy). It points into the Policy that
-// was current, which is immutable: do not modify it.
+// was current, which is immutable: do not modify it. Once that policy has
+// expired, the rule is still the policy's as received: the ratio in force
+// may be lower (ServiceLimiter.Ratio).
 func (d Decision) Rule() *Rule {
 	if d.v == nil {
 		return nil
@@ -196,7 +241,8 @@ func (d Decision) Rule() *Rule {
 	return d.v.rule
 }
 
-// verdict is a Rule compiled for the hot path. Immutable.
+// verdict is a Rule compiled for the hot path. Immutable, but for the
+// atomics that the fail modes of an expired policy keep in it.
 type verdict struct {
 	rule *Rule
 	// step is the ratio in 32.32 fixed point: Diffuse drops the k-th
@@ -206,24 +252,54 @@ type verdict struct {
 	// thresh is the ratio scaled to 2^(64-stripeBits): Random drops when
 	// the random bits above the stripe index are below it.
 	thresh uint64
+	// kind says what a request that the ratio picked gets (see hitOther).
+	kind verdictKind
+	// shadow: the rule is in shadow mode. Redundant with kindShadow; the
+	// fail-mode kinds need it.
 	shadow bool
+	// ratio is the ratio step and thresh encode, clamped to [0, 1).
+	ratio float64
 	// Pre-rendered rejections, set only when the verdict can drop (enforced
-	// and ratio > 0), so that the drop path does no formatting.
+	// and ratio > 0, or a token bucket), so that the drop path does no
+	// formatting.
 	http    *httpRejection
 	grpcErr error
+
+	// Fail modes only (see failmode.go).
+	keep   *atomic.Uint64 // kindOpen: the share of picked requests still dropped, 32.32; Expire lowers it
+	bucket *tokenBucket   // kindLocal
+}
+
+// verdictKind is what happens to a request that a verdict's ratio picked.
+type verdictKind uint8
+
+const (
+	kindEnforce verdictKind = iota // dropped: the fresh path
+	kindShadow                     // counted as shadow dropped, admitted
+	kindOpen                       // expired, fail-open: dropped with the decaying share keep, else admitted and counted as fail-open
+	kindLocal                      // expired, fail-local: every request is picked, and the token bucket decides
+)
+
+// clampRatio is a rule's ratio as the Limiter applies it: NaN and
+// negatives are 0, and 1 or more is just below 1.
+func clampRatio(p float64) float64 {
+	if !(p > 0) { // also NaN
+		return 0
+	}
+	return min(p, math.Nextafter(1, 0))
 }
 
 func compile(service string, r *Rule) *verdict {
-	p := r.DropRatio
-	if !(p > 0) { // also NaN
-		p = 0
-	}
-	p = min(p, math.Nextafter(1, 0))
+	p := clampRatio(r.DropRatio)
 	v := &verdict{
 		rule:   r,
 		step:   uint64(p * (1 << 32)),
 		thresh: uint64(p * (1 << (64 - stripeBits))),
 		shadow: r.Mode == Shadow,
+		ratio:  p,
+	}
+	if v.shadow {
+		v.kind = kindShadow
 	}
 	if !v.shadow && (v.step != 0 || v.thresh != 0) {
 		v.http = renderHTTP(service, r)
@@ -231,6 +307,9 @@ func compile(service string, r *Rule) *verdict {
 	}
 	return v
 }
+
+// admitsAll reports whether v's ratio never picks a request.
+func (v *verdict) admitsAll() bool { return v.step == 0 && v.thresh == 0 }
 
 const (
 	stripeBits = 3
@@ -245,11 +324,20 @@ const (
 // offered doubles as Diffuse's sequence number, so the common case, an
 // admitted request, costs a single atomic add. It is incremented before
 // dropped and shadow; see ServiceLimiter.AppendCounts.
+//
+// The other five count only while a policy has expired and its fail mode is
+// in force; they fill the rest of the line (a test checks that a stripe is
+// one line).
 type stripe struct {
 	offered atomic.Uint64
 	dropped atomic.Uint64
 	shadow  atomic.Uint64
-	_       [64 - 3*8]byte
+
+	picked        atomic.Uint64 // fail-open: requests the policy's own ratio picked; the sequence that thins them out
+	failOpen      atomic.Uint64 // fail-open: of those, admitted (enforced rules only)
+	localAdmitted atomic.Uint64 // fail-local: a token was taken
+	localDropped  atomic.Uint64 // fail-local: no token; dropped. Part of the peer's Dropped
+	localShadow   atomic.Uint64 // fail-local: no token, but the rule is shadow; admitted. Part of the peer's ShadowDropped
 }
 
 // entry holds the counters of one peer of one service. stripes comes first
@@ -279,12 +367,61 @@ func (sl slot) random() Decision {
 	if sl.v == nil || r>>stripeBits >= sl.v.thresh {
 		return Decision{v: sl.v} // a nil v: not listed, admit
 	}
-	return sl.v.hit(st)
+	if sl.v.kind != kindEnforce {
+		return sl.v.hitOther(st)
+	}
+	st.dropped.Add(1)
+	return Decision{Drop: true, v: sl.v}
 }
 
-// hit counts and returns the decision on a request that v's ratio picked,
-// already counted as offered in st.
-func (v *verdict) hit(st *stripe) Decision {
+// hitOther decides a request that v's ratio picked, already counted as
+// offered in its stripe st, when v is not a plain enforced verdict: a shadow
+// rule, or a fail mode of an expired policy (see failmode.go). Decide and
+// random write out the enforced drop, the fresh policy's case, themselves:
+//
+//	if v.kind != kindEnforce {
+//		return v.hitOther(st)
+//	}
+//	st.dropped.Add(1)
+//	return Decision{Drop: true, v: v}
+//
+// As a method, with its call to hitOther, that is too large to inline, and
+// the call cost the drop path about 3 ns.
+func (v *verdict) hitOther(st *stripe) Decision {
+	switch v.kind {
+	case kindOpen:
+		// The policy's own ratio picked this request; of those, the
+		// share keep is still dropped, by error diffusion over the
+		// stripe's picked requests, so that dropped ≈ picked·keep and
+		// failOpen ≈ picked·(1-keep), give or take one per stripe.
+		if diffuseHit(st.picked.Add(1), v.keep.Load()) {
+			return v.pickedDrop(st)
+		}
+		if !v.shadow {
+			st.failOpen.Add(1)
+		}
+		return Decision{v: v}
+	case kindLocal:
+		if v.bucket.take() {
+			st.localAdmitted.Add(1)
+			return Decision{v: v}
+		}
+		// localDropped and localShadow count in Dropped and
+		// ShadowDropped too (AppendCounts adds them), so that the
+		// drop path, the common one in an overload, costs one add.
+		if v.shadow {
+			st.localShadow.Add(1)
+			return Decision{Shadow: true, v: v}
+		}
+		st.localDropped.Add(1)
+		return Decision{Drop: true, v: v}
+	}
+	return v.pickedDrop(st) // kindShadow
+}
+
+// pickedDrop drops a picked request, or counts it as shadow dropped under a
+// shadow rule.
+func (v *verdict) pickedDrop(st *stripe) Decision {
 	if v.shadow {
 		st.shadow.Add(1)
 		return Decision{Shadow: true, v: v}
@@ -350,7 +487,9 @@ type ServiceLimiter struct {
 	// writers build a new one under mu: a new peer's first sighting, and
 	// policy swaps.
 	table atomic.Pointer[table]
-	mu    sync.Mutex // serialises writers of table
+	mu    sync.Mutex // serialises writers of table; guards fail
+
+	fail failState // the policy's age and fail mode; see failmode.go
 
 	invalidPeers atomic.Uint64 // requests whose peer name failed the name check
 }
@@ -370,7 +509,9 @@ func newServiceLimiter(name string, maxPeers int, random bool, stripeMask uint64
 // Name returns the service name.
 func (s *ServiceLimiter) Name() string { return s.name }
 
-// Policy returns the current policy, nil if none.
+// Policy returns the current policy as received, nil if none. Once it has
+// expired, the ratios in force may differ from its rules': see Ratio and
+// Status.
 func (s *ServiceLimiter) Policy() *Policy { return s.table.Load().policy }
 
 // Decide decides one request from peer and counts it. It is the hot path:
@@ -391,6 +532,9 @@ func (s *ServiceLimiter) Policy() *Policy { return s.table.Load().policy }
 // bytes: one multiply and three compares) and one atomic add (two when the
 // request is dropped or shadow dropped); Random adds a random number. The
 // goal is ≤ 15 ns and 0 allocations per call; BenchmarkDecide measures it.
+// An expired policy's fail mode (see Limiter.Expire) costs nothing on this
+// path: it is a different verdict in the table, and its work starts where
+// a drop's would (see hitOther).
 func (s *ServiceLimiter) Decide(peer string) Decision {
 	t := s.table.Load()
 	var sl slot
@@ -411,7 +555,12 @@ func (s *ServiceLimiter) Decide(peer string) Decision {
 	if sl.v == nil || !diffuseHit(k, sl.v.step) {
 		return Decision{v: sl.v} // a nil v: not listed, admit
 	}
-	return sl.v.hit(st)
+	// A picked request; see hitOther.
+	if sl.v.kind != kindEnforce {
+		return sl.v.hitOther(st)
+	}
+	st.dropped.Add(1)
+	return Decision{Drop: true, v: sl.v}
 }
 
 // miss resolves a peer that is not in the table t.
@@ -454,8 +603,9 @@ func (s *ServiceLimiter) addPeer(peer string) slot {
 	return sl
 }
 
-// setPolicy installs p (nil: none) as one new table.
-func (s *ServiceLimiter) setPolicy(p *Policy) {
+// setPolicy installs p (nil: none) as one new table, received at received
+// (zero: at the next Expire).
+func (s *ServiceLimiter) setPolicy(p *Policy, received time.Time) {
 	var verdicts map[string]*verdict
 	if p != nil {
 		verdicts = make(map[string]*verdict, len(p.Peers))
@@ -469,6 +619,13 @@ func (s *ServiceLimiter) setPolicy(p *Policy) {
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.installLocked(p, verdicts)
+	s.fail.reset(p, received)
+}
+
+// installLocked installs p with verdicts, by peer, as one new table. s.mu
+// must be held.
+func (s *ServiceLimiter) installLocked(p *Policy, verdicts map[string]*verdict) {
 	old := s.table.Load()
 	nt := &table{
 		peers:    make(map[string]slot, max(len(old.peers), len(verdicts))),
@@ -510,8 +667,8 @@ func (s *ServiceLimiter) AppendCounts(dst []PeerCounts) []PeerCounts {
 		c := PeerCounts{Peer: peer}
 		for i := range sl.e.stripes {
 			st := &sl.e.stripes[i]
-			c.ShadowDropped += st.shadow.Load()
-			c.Dropped += st.dropped.Load()
+			c.ShadowDropped += st.shadow.Load() + st.localShadow.Load()
+			c.Dropped += st.dropped.Load() + st.localDropped.Load()
 			c.Offered += st.offered.Load()
 		}
 		dst = append(dst, c)

@@ -12,7 +12,8 @@ var (
 			"(a shadow limit would have dropped them) are admitted and counted in admitted too.",
 		[]string{"service", "peer", "outcome"}, nil)
 	dropRatioDesc = prometheus.NewDesc("sluice_sidecar_drop_ratio",
-		"Drop ratio of each peer listed in the current policy.",
+		"Drop ratio in force for each peer listed in the current policy: the policy's, decaying to 0 once it has "+
+			"expired in fail mode open; absent for peers a token bucket decides (expired in fail mode local).",
 		[]string{"service", "peer", "mode"}, nil)
 	peersDesc = prometheus.NewDesc("sluice_sidecar_peers",
 		"Peers with counters, the reserved unknown and _overflow included. Requests from new peers "+
@@ -24,7 +25,26 @@ var (
 	invalidPeersDesc = prometheus.NewDesc("sluice_sidecar_invalid_peer_names_total",
 		"Requests whose peer name is not a valid service name; they count as peer unknown.",
 		[]string{"service"}, nil)
+	policyStateDesc = prometheus.NewDesc("sluice_sidecar_policy_state",
+		"1 for the state the service's policy is in, else 0: fresh (received within half its TTL), stale (no new "+
+			"policy for half its TTL), expired (none for its TTL: the fail mode is in force). All 0 without a policy.",
+		[]string{"service", "state"}, nil)
+	policyAgeDesc = prometheus.NewDesc("sluice_sidecar_policy_age_seconds",
+		"Time since the sidecar received the service's current policy, on its own clock, as of its last fail-mode "+
+			"check (every 100ms in the sidecar); absent without a policy.",
+		[]string{"service"}, nil)
+	failOpenDesc = prometheus.NewDesc("sluice_sidecar_fail_open_total",
+		"Requests admitted that the last policy would have dropped: while it is expired in fail mode open, requests "+
+			"its own ratio picked (the same error diffusion as when fresh) that the decayed ratio let through. Enforced rules only.",
+		[]string{"service"}, nil)
+	localDecisionsDesc = prometheus.NewDesc("sluice_sidecar_local_decisions_total",
+		"Requests a local token bucket decided while the policy was expired in fail mode local, by outcome; admitted + "+
+			"dropped is every such request, and shadow_dropped (a shadow rule's bucket was empty) are admitted too.",
+		[]string{"service", "outcome"}, nil)
 )
+
+// The states the policy state gauge has a series for.
+var gaugedStates = [...]PolicyState{Fresh, Stale, Expired}
 
 // Collector returns a prometheus.Collector that reads the Limiter's counters
 // and policies when scraped; deciding a request does no metric work at all.
@@ -52,6 +72,10 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- peersDesc
 	ch <- policyPeersDesc
 	ch <- invalidPeersDesc
+	ch <- policyStateDesc
+	ch <- policyAgeDesc
+	ch <- failOpenDesc
+	ch <- localDecisionsDesc
 }
 
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
@@ -71,14 +95,36 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(peersDesc, prometheus.GaugeValue, float64(s.peerCount()), name)
 		ch <- prometheus.MustNewConstMetric(invalidPeersDesc, prometheus.CounterValue, float64(s.invalidPeers.Load()), name)
-		if p := s.Policy(); p != nil {
+		t := s.table.Load()
+		if p := t.policy; p != nil {
 			ch <- prometheus.MustNewConstMetric(policyPeersDesc, prometheus.GaugeValue, float64(len(p.Peers)), name)
 			for _, r := range p.Peers {
 				if !validName(r.Peer) { // hand-built policies only; not a valid label
 					continue
 				}
-				ch <- prometheus.MustNewConstMetric(dropRatioDesc, prometheus.GaugeValue, r.DropRatio, name, r.Peer, r.Mode.String())
+				ratio, ok := t.ratio(r.Peer)
+				if !ok { // a token bucket decides
+					continue
+				}
+				ch <- prometheus.MustNewConstMetric(dropRatioDesc, prometheus.GaugeValue, ratio, name, r.Peer, r.Mode.String())
 			}
 		}
+
+		st := s.Status()
+		for _, state := range gaugedStates {
+			v := 0.0
+			if st.State == state {
+				v = 1
+			}
+			ch <- prometheus.MustNewConstMetric(policyStateDesc, prometheus.GaugeValue, v, name, state.String())
+		}
+		if st.State != NoPolicy && !st.Received.IsZero() {
+			ch <- prometheus.MustNewConstMetric(policyAgeDesc, prometheus.GaugeValue, st.Age.Seconds(), name)
+		}
+		fc := s.failCounts()
+		ch <- prometheus.MustNewConstMetric(failOpenDesc, prometheus.CounterValue, float64(fc.failOpen), name)
+		ch <- prometheus.MustNewConstMetric(localDecisionsDesc, prometheus.CounterValue, float64(fc.localAdmitted+fc.localShadow), name, "admitted")
+		ch <- prometheus.MustNewConstMetric(localDecisionsDesc, prometheus.CounterValue, float64(fc.localDropped), name, "dropped")
+		ch <- prometheus.MustNewConstMetric(localDecisionsDesc, prometheus.CounterValue, float64(fc.localShadow), name, "shadow_dropped")
 	}
 }

@@ -51,15 +51,27 @@ func TestCollector(t *testing.T) {
 
 	var want strings.Builder
 	want.WriteString(`
-# HELP sluice_sidecar_drop_ratio Drop ratio of each peer listed in the current policy.
+# HELP sluice_sidecar_drop_ratio Drop ratio in force for each peer listed in the current policy: the policy's, decaying to 0 once it has expired in fail mode open; absent for peers a token bucket decides (expired in fail mode local).
 # TYPE sluice_sidecar_drop_ratio gauge
 sluice_sidecar_drop_ratio{mode="enforce",peer="a",service="checkout"} 0
 sluice_sidecar_drop_ratio{mode="enforce",peer="b",service="checkout"} 0.5
 sluice_sidecar_drop_ratio{mode="shadow",peer="c",service="checkout"} 0.25
+# HELP sluice_sidecar_fail_open_total Requests admitted that the last policy would have dropped: while it is expired in fail mode open, requests its own ratio picked (the same error diffusion as when fresh) that the decayed ratio let through. Enforced rules only.
+# TYPE sluice_sidecar_fail_open_total counter
+sluice_sidecar_fail_open_total{service="cart"} 0
+sluice_sidecar_fail_open_total{service="checkout"} 0
 # HELP sluice_sidecar_invalid_peer_names_total Requests whose peer name is not a valid service name; they count as peer unknown.
 # TYPE sluice_sidecar_invalid_peer_names_total counter
 sluice_sidecar_invalid_peer_names_total{service="cart"} 0
 sluice_sidecar_invalid_peer_names_total{service="checkout"} 1
+# HELP sluice_sidecar_local_decisions_total Requests a local token bucket decided while the policy was expired in fail mode local, by outcome; admitted + dropped is every such request, and shadow_dropped (a shadow rule's bucket was empty) are admitted too.
+# TYPE sluice_sidecar_local_decisions_total counter
+sluice_sidecar_local_decisions_total{outcome="admitted",service="cart"} 0
+sluice_sidecar_local_decisions_total{outcome="admitted",service="checkout"} 0
+sluice_sidecar_local_decisions_total{outcome="dropped",service="cart"} 0
+sluice_sidecar_local_decisions_total{outcome="dropped",service="checkout"} 0
+sluice_sidecar_local_decisions_total{outcome="shadow_dropped",service="cart"} 0
+sluice_sidecar_local_decisions_total{outcome="shadow_dropped",service="checkout"} 0
 # HELP sluice_sidecar_peers Peers with counters, the reserved unknown and _overflow included. Requests from new peers count as _overflow once the table is full; watch sluice_sidecar_requests_total{peer="_overflow"}.
 # TYPE sluice_sidecar_peers gauge
 sluice_sidecar_peers{service="cart"} 3
@@ -67,6 +79,14 @@ sluice_sidecar_peers{service="checkout"} 6
 # HELP sluice_sidecar_policy_peers Peers listed in the current policy; absent when the service has no policy.
 # TYPE sluice_sidecar_policy_peers gauge
 sluice_sidecar_policy_peers{service="checkout"} 3
+# HELP sluice_sidecar_policy_state 1 for the state the service's policy is in, else 0: fresh (received within half its TTL), stale (no new policy for half its TTL), expired (none for its TTL: the fail mode is in force). All 0 without a policy.
+# TYPE sluice_sidecar_policy_state gauge
+sluice_sidecar_policy_state{service="cart",state="expired"} 0
+sluice_sidecar_policy_state{service="cart",state="fresh"} 0
+sluice_sidecar_policy_state{service="cart",state="stale"} 0
+sluice_sidecar_policy_state{service="checkout",state="expired"} 0
+sluice_sidecar_policy_state{service="checkout",state="fresh"} 1
+sluice_sidecar_policy_state{service="checkout",state="stale"} 0
 # HELP sluice_sidecar_requests_total Requests decided, by outcome. admitted + dropped is every request; shadow_dropped requests (a shadow limit would have dropped them) are admitted and counted in admitted too.
 # TYPE sluice_sidecar_requests_total counter
 `)

@@ -59,8 +59,8 @@ func (m Mode) String() string {
 }
 
 // FailMode says what a sidecar does once a policy has outlived its TTL. The
-// zero value is FailOpen, DESIGN.md's default. The Limiter only carries it;
-// acting on it is the xDS client's job.
+// zero value is FailOpen, DESIGN.md's default. Limiter.Expire puts it in
+// force; see failmode.go.
 type FailMode uint8
 
 const (

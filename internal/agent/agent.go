@@ -4,7 +4,10 @@
 //
 // The request path is the Limiter's Decide and the proxy; the xDS client and
 // the reporter run beside it and only swap policies in and read counters, so
-// a lost controller or aggregator never holds up a request.
+// a lost controller or aggregator never holds up a request. A third worker
+// owns the clock of the policy's TTL: every 100ms it calls Limiter.Expire,
+// which puts the policy's fail mode in force once the controller has been
+// silent for the TTL (see sidecar/failmode.go).
 package agent
 
 import (
@@ -239,7 +242,45 @@ func (a *Agent) Limiter() *sidecar.Limiter { return a.limiter }
 
 // Workers are the goroutines the sidecar needs besides its server.
 func (a *Agent) Workers() []func(ctx context.Context) error {
-	return []func(context.Context) error{a.xds.Run, a.reporter.Run}
+	return []func(context.Context) error{a.xds.Run, a.reporter.Run, a.runFailModes}
+}
+
+// failModeTick is how often runFailModes brings the policy's state up to
+// date: the steps of a fail-open decay and of local token-bucket refills.
+// Ten steps a second keep both smooth (a 30s decay moves the ratio by 1/300
+// of its start per step) at the cost of a lock and a few loads each.
+const failModeTick = 100 * time.Millisecond
+
+// runFailModes calls Limiter.Expire every failModeTick until ctx is done,
+// and logs each change of the policy's state. Decide reads no clock: this is
+// the clock of the TTL, the fail-open decay and the local token buckets.
+func (a *Agent) runFailModes(ctx context.Context) error {
+	tick := time.NewTicker(failModeTick)
+	defer tick.Stop()
+	last := sidecar.NoPolicy
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+		a.limiter.Expire(time.Now())
+		st := a.svc.Status()
+		if st.State == last {
+			continue
+		}
+		attrs := []any{"service", a.cfg.Service, "state", st.State.String(), "previous", last.String(),
+			"age", st.Age, "fail_mode", st.FailMode.String()}
+		switch {
+		case st.State == sidecar.Expired:
+			a.log.Warn("policy expired: no word from the controller for its TTL; its fail mode is in force", attrs...)
+		case last == sidecar.Expired:
+			a.log.Info("policy refreshed: the fail mode is over", attrs...)
+		case st.State == sidecar.Stale:
+			a.log.Info("policy stale: no word from the controller for half its TTL", attrs...)
+		}
+		last = st.State
+	}
 }
 
 // Close releases the proxy's idle upstream connections.
@@ -253,6 +294,11 @@ func (a *Agent) Ready() error { return nil }
 // policyHandler turns xDS updates into limiter policies.
 type policyHandler struct{ a *Agent }
 
+// Update installs a new version of the policy, fresh: its TTL runs from now,
+// on this machine's clock. The xDS client hands over only versions whose
+// content changed; the controller stamps a new issued_at on every re-issue
+// (at least every half TTL), so a controller that is alive but has nothing
+// new to say still refreshes the policy here.
 func (h policyHandler) Update(name string, m *sluicev1.DropPolicy) error {
 	p, err := sidecar.PolicyFromProto(m)
 	if err != nil {
@@ -261,7 +307,7 @@ func (h policyHandler) Update(name string, m *sluicev1.DropPolicy) error {
 	if p.Service != h.a.cfg.Service {
 		return fmt.Errorf("policy %s is for service %q, this sidecar fronts %q", name, p.Service, h.a.cfg.Service)
 	}
-	h.a.limiter.SetPolicy(p)
+	h.a.limiter.SetPolicyAt(p, time.Now())
 	return nil
 }
 

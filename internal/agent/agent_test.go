@@ -149,7 +149,7 @@ func TestBadConfigFailsNew(t *testing.T) {
 		t.Fatalf("New with a valid config: %v", err)
 	}
 	defer a.Close()
-	if a.Handler() == nil || len(a.Workers()) != 2 || a.Ready() != nil {
+	if a.Handler() == nil || len(a.Workers()) != 3 || a.Ready() != nil {
 		t.Errorf("New built an agent that is not ready to run: handler %v, %d workers, ready %v",
 			a.Handler(), len(a.Workers()), a.Ready())
 	}

@@ -29,8 +29,11 @@ and RateLimit headers; a dropped gRPC call gets RESOURCE_EXHAUSTED with RetryInf
 
 The caller is read from --caller-header (default x-sluice-caller), else "unknown".
 The policy comes over xDS from --controllers; every --report-interval the sidecar
-reports per-caller counts to its zone aggregator (--aggregators). Without a policy,
-or when the controller is unreachable, it keeps the last policy it had.
+reports per-caller counts to its zone aggregator (--aggregators). Without a policy
+it admits everything. When the controller is unreachable it keeps the last policy
+until the policy's TTL runs out, then follows the policy's fail mode: open (the
+ratios decay to 0 over the policy's decay window), hold (they stay), or local
+(each caller with a limit gets limit / live instances per second, as a token bucket).
 
 Every flag can also be set as SLUICE_SIDECAR_<FLAG> or in the --config file;
 flags win over the environment, the environment over the file.`,

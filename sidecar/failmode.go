@@ -1,0 +1,352 @@
+package sidecar
+
+import (
+	"math"
+	"strconv"
+	"sync/atomic"
+	"time"
+)
+
+// Fail modes: what a sidecar does once the controller has been silent for a
+// policy's TTL.
+//
+// The controller re-issues every policy at least every half TTL, with a new
+// IssuedAt, so a sidecar that hears from it never sees a policy expire. Age
+// is measured from when this sidecar received the policy, on its own clock
+// (SetPolicyAt, or the first Expire after SetPolicy): IssuedAt is on the
+// controller's clock, and clocks differ across machines.
+//
+// Decide never reads a clock and its fresh path does not change: a fail
+// mode is a different set of verdicts, derived from the policy once when it
+// expires and installed with the same atomic table swap as a new policy. A
+// new policy replaces them at once, which ends the fail mode. The owner of
+// the clock calls Limiter.Expire periodically; Expire works out each
+// service's state and moves the fail mode along:
+//
+//   - FailOpen: every ratio falls linearly from the policy's to 0 over the
+//     policy's FailOpenDecay (default 30s), starting at the TTL; afterwards
+//     every request is admitted. Each derived verdict keeps the policy's own
+//     ratio to pick requests, by the same error diffusion as ever; of the
+//     picked ones it drops the share keep = 1 − decay, diffused over the
+//     stripe's picked requests, which Expire lowers. A picked request that is
+//     admitted is a fail-open decision (sluice_sidecar_fail_open_total): a
+//     request the last policy would have dropped. A decision costs nothing
+//     more unless it is picked; then one more atomic add.
+//   - FailHold: the verdicts stay as they are; only the state says expired.
+//   - FailLocal: each peer with a limit gets a token bucket of
+//     LimitRPS / LiveInstances tokens per second (LiveInstances < 1 counts as
+//     1), holding at most LocalBurst's worth (at least one token, and at
+//     least one refill), full at the start; Expire refills it. Every request
+//     of such a peer goes to its bucket: one atomic compare-and-swap takes a
+//     token, and a request that finds none is dropped (shadow rules: counted
+//     as shadow dropped) without writing to the bucket. Peers without a limit
+//     are admitted.
+//
+// Linear in the ratio is linear in the admitted share 1 − p: the admitted
+// rate climbs at a constant pace from what the last policy let through to
+// everything offered. The alternative, a constant factor per second in the
+// admitted share (how the controller releases a ratio), would hold most of
+// the stale ratio for most of the window (from 0.99 over 30s, 90% of the
+// drops remain at half time). A sidecar in fail-open no longer knows the
+// offered rate: its stale ratio may be protecting the callee from a surge
+// that goes on, or dropping a caller whose surge ended with the outage; a
+// linear ramp gives the callee a steady climb to follow while it stops
+// wrongly dropping at a steady pace. The limiter must not become the outage.
+
+// PolicyState says how current a service's policy is.
+type PolicyState uint8
+
+const (
+	NoPolicy PolicyState = iota // the service has no policy: everything is admitted
+	Fresh                       // received within half its TTL
+	Stale                       // no new policy for half its TTL: informative, nothing changes
+	Expired                     // no new policy for its TTL: the fail mode is in force
+)
+
+func (s PolicyState) String() string {
+	switch s {
+	case NoPolicy:
+		return "none"
+	case Fresh:
+		return "fresh"
+	case Stale:
+		return "stale"
+	case Expired:
+		return "expired"
+	}
+	return "PolicyState(" + strconv.Itoa(int(s)) + ")"
+}
+
+const (
+	// DefaultPolicyTTL applies to a policy whose TTL is not set (DESIGN.md).
+	DefaultPolicyTTL = 10 * time.Second
+	// DefaultFailOpenDecay applies to a policy whose FailOpenDecay is not
+	// set (DESIGN.md).
+	DefaultFailOpenDecay = 30 * time.Second
+	// LocalBurst is how much of its rate a FailLocal token bucket holds:
+	// a peer idle for a while may send this much at once. Short, so that
+	// the admitted rate per second stays close to the local share.
+	LocalBurst = 100 * time.Millisecond
+)
+
+// PolicyStatus is the state of a service's policy as of the last Expire.
+type PolicyStatus struct {
+	State    PolicyState
+	FailMode FailMode // the policy's
+	// Received is when the policy was received, on the holder's clock;
+	// zero after SetPolicy until the next Expire.
+	Received time.Time
+	// Age is the time from Received to the last Expire.
+	Age time.Duration
+	// Decay is, under FailOpen, how far the decay has gone: 0 at the TTL,
+	// 1 at the end of the window. The ratios in force are the policy's
+	// times (1 − Decay). 0 otherwise.
+	Decay float64
+}
+
+// failState is what a ServiceLimiter knows about its policy's age and fail
+// mode. Guarded by ServiceLimiter.mu.
+type failState struct {
+	received time.Time     // zero: stamp at the next Expire
+	last     time.Time     // the last Expire's now; zero before the first since the policy
+	state    PolicyState   // as of last
+	age      time.Duration // as of last
+	decay    float64       // FailOpen: see PolicyStatus.Decay
+	derived  bool          // the table holds verdicts derived for the fail mode
+	keep     *atomic.Uint64
+	buckets  []*tokenBucket // FailLocal: refilled by Expire
+}
+
+// reset starts the record of a new policy p (nil: none) received at
+// received.
+func (f *failState) reset(p *Policy, received time.Time) {
+	*f = failState{received: received}
+	if p != nil {
+		f.state = Fresh
+	}
+}
+
+// expire is Limiter.Expire for one service.
+func (s *ServiceLimiter) expire(now time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p := s.table.Load().policy
+	if p == nil {
+		return
+	}
+	f := &s.fail
+	if f.received.IsZero() {
+		f.received = now
+	}
+	var dt time.Duration
+	if !f.last.IsZero() {
+		dt = max(now.Sub(f.last), 0)
+	}
+	f.last = now
+	f.age = max(now.Sub(f.received), 0)
+	ttl := p.TTL
+	if ttl <= 0 {
+		ttl = DefaultPolicyTTL
+	}
+	switch {
+	case f.derived || f.age >= ttl: // once derived, expired until a new policy
+		f.state = Expired
+	case f.age >= ttl/2:
+		f.state = Stale
+		return
+	default:
+		f.state = Fresh
+		return
+	}
+
+	switch p.FailMode {
+	case FailHold:
+	case FailLocal:
+		if !f.derived {
+			s.deriveLocked(p) // buckets start full
+			return
+		}
+		for _, b := range f.buckets {
+			b.refill(dt)
+		}
+	default: // FailOpen, and unknown modes of hand-built policies
+		decay := p.FailOpenDecay
+		if decay <= 0 {
+			decay = DefaultFailOpenDecay
+		}
+		f.decay = min(max(float64(f.age-ttl)/float64(decay), 0), 1)
+		keep := uint64((1 - f.decay) * (1 << 32))
+		if !f.derived {
+			f.keep = new(atomic.Uint64)
+			f.keep.Store(keep)
+			s.deriveLocked(p)
+			return
+		}
+		f.keep.Store(keep)
+	}
+}
+
+// deriveLocked installs p's verdicts for its fail mode. s.mu must be held.
+func (s *ServiceLimiter) deriveLocked(p *Policy) {
+	old := s.table.Load()
+	verdicts := make(map[string]*verdict, len(old.verdicts))
+	for peer, v := range old.verdicts {
+		verdicts[peer] = s.failVerdict(p, v)
+	}
+	s.installLocked(p, verdicts)
+	s.fail.derived = true
+}
+
+// failVerdict derives v's verdict under p's fail mode, FailOpen or
+// FailLocal. s.mu must be held.
+func (s *ServiceLimiter) failVerdict(p *Policy, v *verdict) *verdict {
+	r := v.rule
+	if p.FailMode == FailLocal {
+		if !(r.LimitRPS >= 0) || math.IsInf(r.LimitRPS, 1) { // no limit (NaN: a hand-built policy)
+			if v.admitsAll() {
+				return v
+			}
+			return &verdict{rule: r, kind: v.kind, shadow: v.shadow}
+		}
+		b := newTokenBucket(r.LimitRPS / float64(max(p.LiveInstances, 1)))
+		s.fail.buckets = append(s.fail.buckets, b)
+		nv := &verdict{
+			rule: r,
+			// Ratio 1: every request is picked, and goes to the bucket.
+			step:   1 << 32,
+			thresh: 1 << (64 - stripeBits),
+			kind:   kindLocal,
+			shadow: v.shadow,
+			http:   v.http, grpcErr: v.grpcErr,
+			bucket: b,
+		}
+		if !nv.shadow && nv.http == nil {
+			nv.http = renderHTTP(s.name, r)
+			nv.grpcErr = renderGRPC(s.name, r)
+		}
+		return nv
+	}
+	if v.admitsAll() {
+		return v
+	}
+	return &verdict{
+		rule: r, step: v.step, thresh: v.thresh,
+		kind: kindOpen, shadow: v.shadow, ratio: v.ratio,
+		http: v.http, grpcErr: v.grpcErr,
+		keep: s.fail.keep,
+	}
+}
+
+// Status returns the state of the policy as of the last Expire.
+func (s *ServiceLimiter) Status() PolicyStatus {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p := s.table.Load().policy
+	if p == nil {
+		return PolicyStatus{}
+	}
+	f := &s.fail
+	return PolicyStatus{State: f.state, FailMode: p.FailMode, Received: f.received, Age: f.age, Decay: f.decay}
+}
+
+// Ratio returns the drop ratio in force for peer: the policy's (clamped to
+// [0, 1)), decayed under FailOpen; 0 for a peer the policy does not list or
+// without a policy. Under FailLocal a peer with a limit has no ratio, a
+// token bucket decides: ok is false.
+func (s *ServiceLimiter) Ratio(peer string) (ratio float64, ok bool) {
+	return s.table.Load().ratio(peer)
+}
+
+func (t *table) ratio(peer string) (float64, bool) {
+	v := t.verdicts[peer]
+	switch {
+	case v == nil:
+		return 0, true
+	case v.kind == kindLocal:
+		return 0, false
+	case v.kind == kindOpen:
+		return v.ratio * float64(v.keep.Load()) / (1 << 32), true
+	}
+	return v.ratio, true
+}
+
+// failCounts are a service's fail-mode counters, summed over its peers.
+type failCounts struct {
+	failOpen                                 uint64
+	localAdmitted, localDropped, localShadow uint64
+}
+
+func (s *ServiceLimiter) failCounts() failCounts {
+	var c failCounts
+	for _, sl := range s.table.Load().peers {
+		for i := range sl.e.stripes {
+			st := &sl.e.stripes[i]
+			c.failOpen += st.failOpen.Load()
+			c.localAdmitted += st.localAdmitted.Load()
+			c.localDropped += st.localDropped.Load()
+			c.localShadow += st.localShadow.Load()
+		}
+	}
+	return c
+}
+
+// tokenUnit is one token in a tokenBucket's fixed point: fractions of a
+// token carry over, so a bucket refilled with 3.3 tokens per period admits
+// 33 requests in ten periods, not 30.
+const tokenUnit = 1 << 20
+
+// maxTokens bounds a bucket's contents and one refill, so that their sum
+// never overflows.
+const maxTokens = 1 << 61
+
+// tokenBucket is a FailLocal peer's token bucket: Decide takes tokens
+// without a lock (a compare-and-swap loop, which a request that finds the
+// bucket empty leaves without writing), Expire refills it.
+type tokenBucket struct {
+	tokens atomic.Int64 // in 1/tokenUnit of a token; 0 ≤ tokens ≤ maxTokens
+	// Every core that decides for the peer writes tokens: keep the next
+	// bucket's counter off this cache line.
+	_      [56]byte
+	perSec float64 // refill, in units per second
+	burst  int64   // capacity, in units
+}
+
+// newTokenBucket returns a full bucket of rate tokens per second.
+func newTokenBucket(rate float64) *tokenBucket {
+	b := &tokenBucket{perSec: rate * tokenUnit}
+	burst := rate * LocalBurst.Seconds() * tokenUnit
+	if rate > 0 {
+		burst = max(burst, tokenUnit)
+	}
+	b.burst = int64(min(burst, maxTokens))
+	b.tokens.Store(b.burst)
+	return b
+}
+
+// take takes one token if there is one.
+func (b *tokenBucket) take() bool {
+	for {
+		t := b.tokens.Load()
+		if t < tokenUnit {
+			return false
+		}
+		if b.tokens.CompareAndSwap(t, t-tokenUnit) {
+			return true
+		}
+	}
+}
+
+// refill adds dt's worth of tokens, up to the burst; a refill larger than
+// the burst (Expire ran late) is kept whole, so that a late refill does not
+// lose rate.
+func (b *tokenBucket) refill(dt time.Duration) {
+	add := int64(min(math.Round(b.perSec*dt.Seconds()), maxTokens))
+	limit := max(b.burst, add)
+	for {
+		t := b.tokens.Load()
+		n := min(t+add, limit)
+		if n == t || b.tokens.CompareAndSwap(t, n) {
+			return
+		}
+	}
+}
