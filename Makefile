@@ -51,3 +51,7 @@ demo: ## run the whole loop locally: controller, 3 aggregators, 6 sidecars, a su
 
 clean:
 	rm -rf bin
+
+.PHONY: fuzz
+fuzz: ## run every fuzz target for FUZZTIME each (default 5s; FUZZ=regexp picks targets); crashers land in testdata/fuzz
+	@bash scripts/fuzz.sh $(or $(FUZZTIME),5s) $(FUZZ)

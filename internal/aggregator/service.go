@@ -134,6 +134,11 @@ func (c Config) Validate() error {
 // rule, not State's.
 const ReasonSidecarIDChanged = "sidecar_id_changed"
 
+// ReasonTooLarge counts a report larger than the gRPC server's receive
+// limit: gRPC refuses it before it is decoded and ends the stream, so
+// State never sees it.
+const ReasonTooLarge = "too_large"
+
 type (
 	zoneReq  = sluicev1.StreamZoneLoadsRequest
 	zoneResp = sluicev1.StreamZoneLoadsResponse
@@ -370,6 +375,10 @@ func (l loadServer) StreamLoadReports(g grpc.BidiStreamingServer[sluicev1.Stream
 			return nil
 		}
 		if err != nil {
+			if status.Code(err) == codes.ResourceExhausted {
+				s.m.reports.Inc()
+				s.m.rejected(ReasonTooLarge).Inc()
+			}
 			return err // the stream is gone; gRPC has its status
 		}
 		if s.draining.Load() {

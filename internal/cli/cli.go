@@ -104,11 +104,32 @@ func setValue(f *pflag.Flag, v any) error {
 		}
 		items := make([]string, len(list))
 		for i, item := range list {
+			if err := scalar(item); err != nil {
+				return fmt.Errorf("item %d: %w", i, err)
+			}
 			items[i] = fmt.Sprint(item)
 		}
 		return sv.Replace(items)
 	}
+	if err := scalar(v); err != nil {
+		return err
+	}
 	return set(f, fmt.Sprint(v))
+}
+
+// scalar refuses what fmt.Sprint would turn into a value nobody wrote: a
+// key left empty (YAML null, "<nil>"), a mapping ("map[a:1]"), a nested
+// list.
+func scalar(v any) error {
+	switch v.(type) {
+	case nil:
+		return errors.New("no value (YAML null): give one, or leave the setting out")
+	case map[string]any, map[any]any:
+		return errors.New("a mapping is not a value: the file is a flat map of settings")
+	case []any:
+		return errors.New("a list is not a valid list item")
+	}
+	return nil
 }
 
 // set replaces a flag's value; for list flags a comma-separated string

@@ -240,6 +240,12 @@ func (s *Service) StreamZoneLoads(stream grpc.BidiStreamingServer[sluicev1.Strea
 	go func() {
 		for {
 			req, err := stream.Recv()
+			if status.Code(err) == codes.ResourceExhausted {
+				// Larger than the gRPC server's receive limit: refused
+				// before it was decoded, and the stream ends. Counted
+				// here: the handler may see the stream's end first.
+				s.m.rejected.WithLabelValues("too_large").Inc()
+			}
 			select {
 			case reqs <- recv{req, err}:
 			case <-ctx.Done():

@@ -2,6 +2,7 @@ package limits
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -50,13 +51,21 @@ type fileBucket struct {
 // Parse reads a limits document. Unknown fields are errors, and every problem
 // is reported at once, each with its path (services.checkout.callers.web.limit).
 func Parse(r io.Reader) (*Set, error) {
-	dec := yaml.NewDecoder(r)
+	data, err := io.ReadAll(r)
+	if err != nil {
+		return nil, fmt.Errorf("read limits: %w", err)
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	var doc fileDoc
 	if err := dec.Decode(&doc); err != nil && !errors.Is(err, io.EOF) {
 		return nil, fmt.Errorf("decode limits: %w", err)
 	}
 	var errs []error
+	var root yaml.Node // the same document again, unexpanded, for its keys
+	if err := yaml.NewDecoder(bytes.NewReader(data)).Decode(&root); err == nil {
+		nullKeys(&root, "", &errs)
+	}
 	services := make(map[string]*Service, len(doc.Services))
 	for _, name := range sortedKeys(doc.Services) {
 		fs := doc.Services[name]
@@ -92,6 +101,33 @@ func Parse(r io.Reader) (*Set, error) {
 		return nil, fmt.Errorf("invalid limits: %w", errors.Join(errs...))
 	}
 	return NewSet(services), nil
+}
+
+// nullKeys reports every mapping key under n that YAML reads as null (~,
+// null, Null, NULL, or no key at all). Decoding into a map[string] drops
+// such entries without a word, and "null" is a valid service name: its
+// limit would silently not exist.
+func nullKeys(n *yaml.Node, path string, errs *[]error) {
+	switch n.Kind {
+	case yaml.DocumentNode, yaml.SequenceNode:
+		for _, c := range n.Content {
+			nullKeys(c, path, errs)
+		}
+	case yaml.MappingNode:
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k := n.Content[i]
+			if k.ShortTag() == "!!null" {
+				*errs = append(*errs, fmt.Errorf("%s: line %d: key %q reads as null in YAML; quote it if it is a name",
+					cmp.Or(path, "(top level)"), k.Line, k.Value))
+				continue
+			}
+			p := k.Value
+			if path != "" {
+				p = path + "." + k.Value
+			}
+			nullKeys(n.Content[i+1], p, errs)
+		}
+	}
 }
 
 func errOr(err error, s string) any {

@@ -1,0 +1,280 @@
+package limits
+
+import (
+	"bytes"
+	"flag"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"testing"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/sluicehq/sluice/internal/names"
+	"github.com/sluicehq/sluice/pkg/dropratio"
+)
+
+var updateCorpus = flag.Bool("update-corpus", false, "rewrite the seed corpora under testdata/fuzz from the seeds in the fuzz tests")
+
+// checkCorpus keeps testdata/fuzz/<target>/<name> in step with seeds, a
+// document each: with -update-corpus it writes them, otherwise a missing or
+// stale file fails. go test runs every file there as a seed of the target.
+func checkCorpus(t *testing.T, target string, seeds map[string]string) {
+	t.Helper()
+	dir := filepath.Join("testdata", "fuzz", target)
+	for name, doc := range seeds {
+		content := fmt.Sprintf("go test fuzz v1\n[]byte(%q)\n", doc)
+		path := filepath.Join(dir, name)
+		if *updateCorpus {
+			if err := os.MkdirAll(dir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		if got, err := os.ReadFile(path); err != nil || string(got) != content {
+			t.Errorf("%s is missing or stale; in this package's directory run: go test . -run '^%s$' -update-corpus", path, t.Name())
+		}
+	}
+}
+
+// billionLaughs is the classic alias bomb: levels anchors, each a list of
+// nine aliases of the one before, under the given key path; fully expanded
+// it holds 9^levels strings.
+func billionLaughs(levels int) string {
+	var b strings.Builder
+	b.WriteString("lol0: &lol0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n")
+	for i := 1; i < levels; i++ {
+		fmt.Fprintf(&b, "lol%d: &lol%d [%s]\n", i, i, strings.TrimSuffix(strings.Repeat(fmt.Sprintf("*lol%d, ", i-1), 9), ", "))
+	}
+	return b.String()
+}
+
+// indent shifts every line of doc right by n spaces.
+func indent(doc string, n int) string {
+	pad := strings.Repeat(" ", n)
+	return pad + strings.ReplaceAll(strings.TrimSuffix(doc, "\n"), "\n", "\n"+pad) + "\n"
+}
+
+// bombs are documents built to make a YAML decoder do far more work than
+// their size: alias expansion at the top, where the schema expects
+// services, and where it expects callers; merge keys; and deep nesting.
+func bombs() map[string]string {
+	laughs := billionLaughs(9)
+	var merges strings.Builder
+	merges.WriteString("services:\n  base: &b {callers: {web: {limit: 1}}}\n")
+	for i := range 64 {
+		fmt.Fprintf(&merges, "  s%d: &s%d {<<: [*%s, *%s]}\n", i, i, prev(i), prev(i))
+	}
+	return map[string]string{
+		"bomb-top-level":     laughs,
+		"bomb-in-services":   "services:\n" + indent(laughs, 2),
+		"bomb-in-callers":    "services:\n  checkout:\n    callers:\n" + indent(laughs, 6),
+		"bomb-as-limit":      "x: &x " + strings.Repeat("[*x, ", 1) + "]\nservices: {checkout: {callers: {web: {limit: *x}}}}\n",
+		"bomb-merge-keys":    merges.String(),
+		"deep-flow-nesting":  "services: " + strings.Repeat("[", 20000) + strings.Repeat("]", 20000) + "\n",
+		"deep-block-nesting": "services:\n" + deepBlocks(2000),
+	}
+}
+
+func prev(i int) string {
+	if i == 0 {
+		return "b"
+	}
+	return fmt.Sprintf("s%d", i-1)
+}
+
+func deepBlocks(n int) string {
+	var b strings.Builder
+	for i := range n {
+		fmt.Fprintf(&b, "%s  k%d:\n", strings.Repeat(" ", i), i)
+	}
+	return b.String()
+}
+
+// parseSeeds are FuzzParse's committed seeds.
+func parseSeeds() map[string]string {
+	s := map[string]string{
+		"good":               good,
+		"good-empty":         "",
+		"good-no-services":   "services: {}\n",
+		"good-null-services": "services: ~\n",
+		"good-extremes": "services:\n  checkout:\n    capacity: 1.7976931348623157e308\n    default_limit: 0\n" +
+			"    callers: {web: {limit: 5e-324}, _overflow: {limit: 10}, unknown: {limit: 1}}\n",
+		"good-253-byte-names": fmt.Sprintf("services:\n  %s:\n    callers: {%s: {limit: 1}}\n",
+			strings.Repeat("s", names.MaxLen), strings.Repeat("c", names.MaxLen)),
+		"good-yaml-number-forms": "services:\n  checkout:\n    capacity: 0x10\n    default_limit: 1_000\n    callers: {web: {limit: +.5}, a: {limit: 0o17}}\n",
+		"good-anchor":            "services:\n  a: &svc {default_limit: 5, callers: {web: {limit: 1}}}\n  b: *svc\n",
+		"good-merge-key":         "services:\n  a: &svc {default_limit: 5}\n  b: {<<: *svc, capacity: 9}\n",
+		"good-second-document":   good + "---\nnot: [a, limits, file]\n",
+		"bad-nan":                "services: {checkout: {callers: {web: {limit: .nan}}}}\n",
+		"bad-inf":                "services: {checkout: {capacity: .inf}}\n",
+		"bad-negative-inf":       "services: {checkout: {default_limit: -.Inf}}\n",
+		"bad-negative":           "services: {checkout: {callers: {web: {limit: -1}}}}\n",
+		"bad-overflow-service":   "services: {_overflow: {callers: {web: {limit: 1}}}}\n",
+		"bad-empty-names":        "services: {\"\": {callers: {\"\": {limit: 1}}}}\n",
+		"bad-null-key":           "services: {~: {callers: {~: {limit: 1}}}}\n",
+		"bad-null-caller-name":   "services:\n  checkout:\n    callers:\n      null: {limit: 0}\n",
+		"bad-empty-key":          "services:\n  checkout:\n    callers:\n      ? \n      : {limit: 0}\n",
+		"good-quoted-null-name":  "services:\n  checkout:\n    callers:\n      \"null\": {limit: 0}\n",
+		"bad-254-byte-name":      fmt.Sprintf("services: {%s: {}}\n", strings.Repeat("s", names.MaxLen+1)),
+		"bad-non-utf8-name":      "services: {\"check\\xffout\": {}}\n",
+		"bad-unknown-field":      "services: {checkout: {limits: {web: 1}}}\n",
+		"bad-duplicate-key":      "services:\n  checkout: {}\n  checkout: {}\n",
+		"bad-limit-missing":      "services: {checkout: {callers: {web: {mode: shadow}}}}\n",
+		"bad-limit-string":       "services: {checkout: {callers: {web: {limit: lots}}}}\n",
+		"bad-modes":              "services: {checkout: {mode: strict, fail_mode: closed, callers: {web: {limit: 1, mode: Shadow}}}}\n",
+		"bad-tabs":               "services:\n\tcheckout: {}\n",
+		"bad-binary":             "\x00\xff\xfe services",
+	}
+	for name, doc := range bombs() {
+		if len(doc) <= 64<<10 { // larger seeds slow every mutation down
+			s[name] = doc
+		}
+	}
+	return s
+}
+
+func TestFuzzParseCorpus(t *testing.T) {
+	seeds := parseSeeds()
+	checkCorpus(t, "FuzzParse", seeds)
+	for name, doc := range seeds {
+		_, err := Parse(strings.NewReader(doc))
+		if good := strings.HasPrefix(name, "good"); good != (err == nil) {
+			t.Errorf("seed %s: %v", name, err)
+		}
+	}
+}
+
+// TestParseRefusesBombs: a limits file that expands its aliases a billion
+// times over, or nests ten thousand deep, is refused after bounded work,
+// not after the controller ran out of memory. The bound is on bytes
+// allocated, not on time, so that a busy machine can not make it flake.
+func TestParseRefusesBombs(t *testing.T) {
+	const maxAlloc = 64 << 20
+	for name, doc := range bombs() {
+		t.Run(name, func(t *testing.T) {
+			var before, after runtime.MemStats
+			runtime.ReadMemStats(&before)
+			_, err := Parse(strings.NewReader(doc))
+			runtime.ReadMemStats(&after)
+			if err == nil {
+				t.Errorf("a %d-byte bomb was accepted", len(doc))
+			}
+			if n := after.TotalAlloc - before.TotalAlloc; n > maxAlloc {
+				t.Errorf("parsing a %d-byte document allocated %d MB", len(doc), n>>20)
+			}
+			t.Logf("%d bytes: %.120v", len(doc), err)
+		})
+	}
+}
+
+// FuzzParse feeds any bytes to Parse. It must never panic; a document it
+// accepts must hold only valid names and rates that are finite and >= 0,
+// or +Inf for none; and the set must survive being written back as YAML
+// and parsed again.
+func FuzzParse(f *testing.F) {
+	f.Fuzz(func(t *testing.T, doc []byte) {
+		set, err := Parse(bytes.NewReader(doc))
+		if err != nil {
+			if set != nil {
+				t.Fatalf("Parse returned a set and an error: %v", err)
+			}
+			return
+		}
+		checkSet(t, set)
+		out, err := yaml.Marshal(render(set))
+		if err != nil {
+			t.Fatalf("render the set: %v", err)
+		}
+		again, err := Parse(bytes.NewReader(out))
+		if err != nil {
+			t.Fatalf("the set written back does not parse: %v\n%s", err, out)
+		}
+		if !equalSets(set, again) {
+			t.Fatalf("the set changed on its way back:\n%s", out)
+		}
+	})
+}
+
+func checkSet(t *testing.T, set *Set) {
+	t.Helper()
+	if !slices.IsSorted(set.Services()) || set.Len() != len(set.Services()) {
+		t.Fatalf("Services() %q, Len() %d", set.Services(), set.Len())
+	}
+	rateOK := func(v float64) bool { return v >= 0 && !math.IsInf(v, -1) } // NaN fails too
+	for _, name := range set.Services() {
+		svc := set.Service(name)
+		if svc == nil || svc.Name != name {
+			t.Fatalf("Service(%q) = %+v", name, svc)
+		}
+		if err := names.Check(name); err != nil || name == names.Overflow {
+			t.Errorf("accepted service %q: %v", name, err)
+		}
+		if !rateOK(svc.Capacity) || !rateOK(svc.DefaultLimit) {
+			t.Errorf("%s: capacity %v, default limit %v", name, svc.Capacity, svc.DefaultLimit)
+		}
+		if svc.Mode != dropratio.Enforce && svc.Mode != dropratio.Shadow ||
+			svc.FailMode != FailOpen && svc.FailMode != FailHold && svc.FailMode != FailLocal {
+			t.Errorf("%s: mode %v, fail mode %q", name, svc.Mode, svc.FailMode)
+		}
+		for caller, b := range svc.Callers {
+			if err := names.Check(caller); err != nil {
+				t.Errorf("%s: accepted caller %q: %v", name, caller, err)
+			}
+			if !rateOK(b.Limit) || math.IsInf(b.Limit, 1) {
+				t.Errorf("%s/%s: limit %v: a listed caller has a finite limit", name, caller, b.Limit)
+			}
+			if b.Mode != dropratio.Enforce && b.Mode != dropratio.Shadow {
+				t.Errorf("%s/%s: mode %v", name, caller, b.Mode)
+			}
+		}
+	}
+}
+
+// render writes a set in the file's format.
+func render(set *Set) fileDoc {
+	doc := fileDoc{Services: map[string]fileService{}}
+	rate := func(v float64) *float64 {
+		if math.IsInf(v, 1) {
+			return nil
+		}
+		return &v
+	}
+	for _, name := range set.Services() {
+		svc := set.Service(name)
+		fs := fileService{Capacity: rate(svc.Capacity), DefaultLimit: rate(svc.DefaultLimit),
+			Mode: svc.Mode.String(), FailMode: svc.FailMode, Callers: map[string]fileBucket{}}
+		for caller, b := range svc.Callers {
+			fs.Callers[caller] = fileBucket{Limit: rate(b.Limit), Mode: b.Mode.String()}
+		}
+		doc.Services[name] = fs
+	}
+	return doc
+}
+
+func equalSets(a, b *Set) bool {
+	if !slices.Equal(a.Services(), b.Services()) {
+		return false
+	}
+	for _, name := range a.Services() {
+		x, y := a.Service(name), b.Service(name)
+		// == on rates: -0 is written as 0, which means the same.
+		if x.Capacity != y.Capacity || x.DefaultLimit != y.DefaultLimit || x.Mode != y.Mode || x.FailMode != y.FailMode ||
+			len(x.Callers) != len(y.Callers) {
+			return false
+		}
+		for caller, bx := range x.Callers {
+			if by, ok := y.Callers[caller]; !ok || bx != by {
+				return false
+			}
+		}
+	}
+	return true
+}

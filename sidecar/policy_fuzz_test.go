@@ -1,0 +1,379 @@
+package sidecar
+
+import (
+	"flag"
+	"fmt"
+	"math"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/names"
+)
+
+var updateCorpus = flag.Bool("update-corpus", false, "rewrite the seed corpora under testdata/fuzz from the seeds in the fuzz tests")
+
+// seed is one named input of a fuzz target's committed seed corpus: the
+// arguments of its fuzz function, each a []byte, string, uint64 or float64.
+type seed struct {
+	name string
+	args []any
+}
+
+// checkCorpus keeps testdata/fuzz/<target>/<seed> in step with seeds, which
+// say in Go what the committed files say in the fuzzer's encoding: with
+// -update-corpus it writes them, otherwise a missing or stale file fails.
+// go test runs every file there as a seed of the target; files the fuzzer
+// adds (crashers) are left alone.
+func checkCorpus(t *testing.T, target string, seeds []seed) {
+	t.Helper()
+	dir := filepath.Join("testdata", "fuzz", target)
+	for _, s := range seeds {
+		var b strings.Builder
+		b.WriteString("go test fuzz v1\n")
+		for _, a := range s.args {
+			switch v := a.(type) {
+			case []byte:
+				fmt.Fprintf(&b, "[]byte(%q)\n", v)
+			case string:
+				fmt.Fprintf(&b, "string(%q)\n", v)
+			case uint64:
+				fmt.Fprintf(&b, "uint64(%d)\n", v)
+			case float64:
+				fmt.Fprintf(&b, "math.Float64frombits(0x%x)\n", math.Float64bits(v))
+			default:
+				t.Fatalf("seed %s: argument of type %T", s.name, a)
+			}
+		}
+		path := filepath.Join(dir, s.name)
+		if *updateCorpus {
+			if err := os.MkdirAll(dir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		if got, err := os.ReadFile(path); err != nil || string(got) != b.String() {
+			t.Errorf("%s is missing or stale; in this package's directory run: go test . -run '^%s$' -update-corpus", path, t.Name())
+		}
+	}
+}
+
+func marshal(t testing.TB, m proto.Message) []byte {
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(m)
+	if err != nil {
+		t.Fatalf("marshal %T: %v", m, err)
+	}
+	return b
+}
+
+func f64(v float64) *float64 { return &v }
+
+// policySeeds are FuzzPolicyFromProto's committed seeds: good policies and
+// every way the edge must refuse one.
+func policySeeds(t testing.TB) []seed {
+	good := func(edit func(*sluicev1.DropPolicy)) []byte {
+		m := &sluicev1.DropPolicy{
+			Name: "callee/checkout", Service: "checkout", Direction: sluicev1.Direction_DIRECTION_INBOUND,
+			Ttl: durationpb.New(10 * time.Second), LiveInstances: 6, FailMode: sluicev1.FailMode_FAIL_MODE_HOLD,
+			FailOpenDecay: durationpb.New(30 * time.Second),
+			IssuedAt:      timestamppb.New(time.Date(2026, 11, 30, 3, 3, 0, 5, time.UTC)),
+			Peers: []*sluicev1.PeerPolicy{ // unsorted on purpose
+				{Peer: "web", DropRatio: 0.9, Mode: sluicev1.Mode_MODE_ENFORCE, LimitRps: f64(100), AllowedRps: f64(100), OfferedRps: 1000, Reason: sluicev1.DropReason_DROP_REASON_LIMIT},
+				{Peer: "batch", DropRatio: 0.5, Mode: sluicev1.Mode_MODE_SHADOW, LimitRps: f64(50), OfferedRps: 100},
+				{Peer: "mobile", LimitRps: f64(0), OfferedRps: 3, Reason: sluicev1.DropReason_DROP_REASON_CAPACITY},
+			},
+		}
+		if edit != nil {
+			edit(m)
+		}
+		return marshal(t, m)
+	}
+	peer0 := func(edit func(*sluicev1.PeerPolicy)) []byte {
+		return good(func(m *sluicev1.DropPolicy) { edit(m.Peers[0]) })
+	}
+	many := func(m *sluicev1.DropPolicy) {
+		for i := range 300 {
+			m.Peers = append(m.Peers, &sluicev1.PeerPolicy{Peer: fmt.Sprintf("caller-%03d", i), DropRatio: float64(i) / 300})
+		}
+	}
+	// Wire forms the generated code never writes.
+	str := func(field protowire.Number, s string) []byte {
+		return protowire.AppendString(protowire.AppendTag(nil, field, protowire.BytesType), s)
+	}
+	badUTF8 := append(str(1, "callee/checkout"), str(2, "check\xffout")...)
+	wrongWire := protowire.AppendVarint(protowire.AppendTag(nil, 4, protowire.VarintType), 7) // peers as a varint
+	hugeLen := protowire.AppendVarint(protowire.AppendTag(nil, 4, protowire.BytesType), 1<<40)
+	b := func(v []byte) []any { return []any{v} }
+	return []seed{
+		{"good", b(good(nil))},
+		{"good-outbound", b(good(func(m *sluicev1.DropPolicy) {
+			m.Name, m.Direction = "caller/checkout", sluicev1.Direction_DIRECTION_OUTBOUND
+		}))},
+		{"good-minimal", b(marshal(t, &sluicev1.DropPolicy{Name: "callee/a", Service: "a", Direction: sluicev1.Direction_DIRECTION_INBOUND}))},
+		{"good-300-peers", b(good(many))},
+		{"good-overflow-peer", b(peer0(func(p *sluicev1.PeerPolicy) { p.Peer = names.Overflow }))},
+		{"good-ratio-below-one", b(peer0(func(p *sluicev1.PeerPolicy) { p.DropRatio = math.Nextafter(1, 0) }))},
+		{"good-ratio-negative-zero", b(peer0(func(p *sluicev1.PeerPolicy) { p.DropRatio = math.Copysign(0, -1) }))},
+		{"good-huge-rates", b(peer0(func(p *sluicev1.PeerPolicy) {
+			p.LimitRps, p.AllowedRps, p.OfferedRps = f64(math.MaxFloat64), f64(1e300), math.MaxFloat64
+		}))},
+		{"good-max-live-instances", b(good(func(m *sluicev1.DropPolicy) { m.LiveInstances = math.MaxUint32 }))},
+		{"good-253-byte-names", b(good(func(m *sluicev1.DropPolicy) {
+			m.Service = strings.Repeat("s", names.MaxLen)
+			m.Name = names.Callee(m.Service)
+			m.Peers[0].Peer = strings.Repeat("p", names.MaxLen)
+		}))},
+		{"good-unknown-reason", b(peer0(func(p *sluicev1.PeerPolicy) { p.Reason = 99 }))},
+		{"bad-empty", b(nil)},
+		{"bad-ratio-nan", b(peer0(func(p *sluicev1.PeerPolicy) { p.DropRatio = math.NaN() }))},
+		{"bad-ratio-one", b(peer0(func(p *sluicev1.PeerPolicy) { p.DropRatio = 1 }))},
+		{"bad-ratio-negative", b(peer0(func(p *sluicev1.PeerPolicy) { p.DropRatio = -1e-300 }))},
+		{"bad-ratio-inf", b(peer0(func(p *sluicev1.PeerPolicy) { p.DropRatio = math.Inf(1) }))},
+		{"bad-limit-inf", b(peer0(func(p *sluicev1.PeerPolicy) { p.LimitRps = f64(math.Inf(1)) }))},
+		{"bad-allowed-nan", b(peer0(func(p *sluicev1.PeerPolicy) { p.AllowedRps = f64(math.NaN()) }))},
+		{"bad-offered-negative", b(peer0(func(p *sluicev1.PeerPolicy) { p.OfferedRps = -1 }))},
+		{"bad-offered-neg-inf", b(peer0(func(p *sluicev1.PeerPolicy) { p.OfferedRps = math.Inf(-1) }))},
+		{"bad-duplicate-peers", b(good(func(m *sluicev1.DropPolicy) { m.Peers[2].Peer = m.Peers[0].Peer }))},
+		{"bad-empty-peer", b(peer0(func(p *sluicev1.PeerPolicy) { p.Peer = "" }))},
+		{"bad-254-byte-peer", b(peer0(func(p *sluicev1.PeerPolicy) { p.Peer = strings.Repeat("p", names.MaxLen+1) }))},
+		{"bad-peer-charset", b(peer0(func(p *sluicev1.PeerPolicy) { p.Peer = "web/../admin" }))},
+		{"bad-overflow-service", b(good(func(m *sluicev1.DropPolicy) { m.Service, m.Name = names.Overflow, names.Callee(names.Overflow) }))},
+		{"bad-name-mismatch", b(good(func(m *sluicev1.DropPolicy) { m.Name = "callee/orders" }))},
+		{"bad-direction-unspecified", b(good(func(m *sluicev1.DropPolicy) { m.Direction = 0 }))},
+		{"bad-unknown-enums", b(good(func(m *sluicev1.DropPolicy) {
+			m.Direction, m.FailMode, m.Peers[0].Mode = 5, 9, 7
+		}))},
+		{"bad-ttl-negative", b(good(func(m *sluicev1.DropPolicy) { m.Ttl = durationpb.New(-time.Second) }))},
+		{"bad-ttl-out-of-range", b(good(func(m *sluicev1.DropPolicy) { m.Ttl = &durationpb.Duration{Seconds: math.MaxInt64} }))},
+		{"bad-decay-mixed-signs", b(good(func(m *sluicev1.DropPolicy) { m.FailOpenDecay = &durationpb.Duration{Seconds: 1, Nanos: -1} }))},
+		{"bad-issued-at", b(good(func(m *sluicev1.DropPolicy) { m.IssuedAt = &timestamppb.Timestamp{Seconds: math.MinInt64} }))},
+		{"bad-every-field", b(marshal(t, &sluicev1.DropPolicy{Name: "x", Service: "-x", Direction: 9, FailMode: 9,
+			Ttl: &durationpb.Duration{Nanos: 2e9}, Peers: []*sluicev1.PeerPolicy{
+				{Peer: "", DropRatio: math.NaN(), Mode: 9, LimitRps: f64(-1), AllowedRps: f64(math.Inf(-1)), OfferedRps: math.NaN()},
+				{Peer: "", DropRatio: 2}}}))},
+		{"wire-invalid-utf8", b(badUTF8)},
+		{"wire-wrong-type", b(wrongWire)},
+		{"wire-huge-length", b(hugeLen)},
+		{"wire-truncated", b(good(nil)[:40])},
+	}
+}
+
+func TestFuzzPolicyFromProtoCorpus(t *testing.T) {
+	seeds := policySeeds(t)
+	checkCorpus(t, "FuzzPolicyFromProto", seeds)
+	// The seeds say what they are: good ones are accepted, the others not.
+	for _, s := range seeds {
+		m := new(sluicev1.DropPolicy)
+		err := proto.Unmarshal(s.args[0].([]byte), m)
+		if err == nil {
+			_, err = PolicyFromProto(m)
+		}
+		if good := strings.HasPrefix(s.name, "good"); good != (err == nil) {
+			t.Errorf("seed %s: error %v", s.name, err)
+		}
+	}
+}
+
+// FuzzPolicyFromProto decodes any bytes as a DropPolicy, as the xDS client
+// does, and runs it through PolicyFromProto. It must never panic; an
+// accepted policy must keep every invariant the Limiter relies on, survive
+// Proto() and the wire unchanged, and be enforceable: a Limiter and its HTTP
+// middleware take it and decide each listed peer without trouble.
+func FuzzPolicyFromProto(f *testing.F) {
+	f.Fuzz(func(t *testing.T, data []byte) {
+		m := new(sluicev1.DropPolicy)
+		if proto.Unmarshal(data, m) != nil {
+			return
+		}
+		p, err := PolicyFromProto(m)
+		if err != nil {
+			if p != nil {
+				t.Fatalf("PolicyFromProto returned a policy and an error: %v", err)
+			}
+			if !utf8.ValidString(err.Error()) {
+				t.Fatalf("error %q is not valid UTF-8", err)
+			}
+			return
+		}
+		checkPolicy(t, m, p)
+
+		// Round trips: through Proto, and through the wire.
+		back, err := PolicyFromProto(p.Proto())
+		if err != nil {
+			t.Fatalf("PolicyFromProto(p.Proto()): %v\npolicy %+v", err, p)
+		}
+		equalPolicies(t, "Proto()", p, back)
+		wire := new(sluicev1.DropPolicy)
+		if err := proto.Unmarshal(marshal(t, p.Proto()), wire); err != nil {
+			t.Fatalf("p.Proto() does not survive the wire: %v", err)
+		}
+		back, err = PolicyFromProto(wire)
+		if err != nil {
+			t.Fatalf("PolicyFromProto(wire form of p.Proto()): %v", err)
+		}
+		equalPolicies(t, "the wire", p, back)
+
+		enforce(t, p)
+	})
+}
+
+// checkPolicy checks what every accepted policy must hold.
+func checkPolicy(t *testing.T, m *sluicev1.DropPolicy, p *Policy) {
+	t.Helper()
+	if err := names.Check(p.Service); err != nil || p.Service == names.Overflow {
+		t.Errorf("accepted service %q: %v", p.Service, err)
+	}
+	switch {
+	case p.Direction == Inbound && p.Name == names.Callee(p.Service):
+	case p.Direction == Outbound && p.Name == names.Caller(p.Service):
+	default:
+		t.Errorf("accepted name %q for %v service %q", p.Name, p.Direction, p.Service)
+	}
+	if p.FailMode > FailLocal || p.TTL < 0 || p.FailOpenDecay < 0 || p.LiveInstances < 0 {
+		t.Errorf("accepted fail mode %v, TTL %v, decay %v, live instances %d", p.FailMode, p.TTL, p.FailOpenDecay, p.LiveInstances)
+	}
+	if len(p.Peers) != len(m.GetPeers()) {
+		t.Errorf("%d peers in, %d out", len(m.GetPeers()), len(p.Peers))
+	}
+	for i, r := range p.Peers {
+		if names.Check(r.Peer) != nil {
+			t.Errorf("peers[%d]: accepted name %q", i, r.Peer)
+		}
+		if i > 0 && p.Peers[i-1].Peer >= r.Peer {
+			t.Errorf("peers[%d]: %q after %q: not sorted, or listed twice", i, r.Peer, p.Peers[i-1].Peer)
+		}
+		if !(r.DropRatio >= 0 && r.DropRatio < 1) {
+			t.Errorf("peers[%d]: accepted ratio %v", i, r.DropRatio)
+		}
+		if r.Mode > Shadow {
+			t.Errorf("peers[%d]: accepted mode %v", i, r.Mode)
+		}
+		for _, v := range []float64{r.LimitRPS, r.AllowedRPS} {
+			if !(v >= 0) {
+				t.Errorf("peers[%d]: accepted limit %v, allowed %v", i, r.LimitRPS, r.AllowedRPS)
+			}
+		}
+		if !(r.OfferedRPS >= 0) || math.IsInf(r.OfferedRPS, 0) {
+			t.Errorf("peers[%d]: accepted offered %v", i, r.OfferedRPS)
+		}
+		if got := p.Rule(r.Peer); got != &p.Peers[i] {
+			t.Errorf("Rule(%q) = %p, want &Peers[%d]", r.Peer, got, i)
+		}
+	}
+}
+
+func equalPolicies(t *testing.T, via string, want, got *Policy) {
+	t.Helper()
+	same := want.Name == got.Name && want.Service == got.Service && want.Direction == got.Direction &&
+		want.TTL == got.TTL && want.LiveInstances == got.LiveInstances && want.FailMode == got.FailMode &&
+		want.FailOpenDecay == got.FailOpenDecay && want.IssuedAt.Equal(got.IssuedAt) &&
+		want.IssuedAt.IsZero() == got.IssuedAt.IsZero() && len(want.Peers) == len(got.Peers)
+	for i := 0; same && i < len(want.Peers); i++ {
+		a, b := want.Peers[i], got.Peers[i]
+		// Bits, not ==: -0 must stay -0.
+		same = a.Peer == b.Peer && a.Mode == b.Mode && a.Reason == b.Reason &&
+			math.Float64bits(a.DropRatio) == math.Float64bits(b.DropRatio) &&
+			math.Float64bits(a.LimitRPS) == math.Float64bits(b.LimitRPS) &&
+			math.Float64bits(a.AllowedRPS) == math.Float64bits(b.AllowedRPS) &&
+			math.Float64bits(a.OfferedRPS) == math.Float64bits(b.OfferedRPS)
+	}
+	if !same {
+		t.Fatalf("round trip through %s changed the policy:\n was %+v\n now %+v", via, want, got)
+	}
+}
+
+// enforce installs p in a Limiter with fewer peers allowed than the policy
+// may list, and sends two requests per listed peer, and one from an
+// unlisted one, through the HTTP middleware.
+func enforce(t *testing.T, p *Policy) {
+	t.Helper()
+	const maxPeers = 8
+	l := NewLimiter(LimiterOptions{MaxPeers: maxPeers})
+	l.SetPolicy(p)
+	if l.Policy(p.Service) != p {
+		t.Fatal("Limiter does not hold the policy it was given")
+	}
+	s := l.Service(p.Service)
+	app := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) })
+	h := s.Middleware(app, HTTPOptions{})
+	sent := 0
+	send := func(peer string) {
+		req := httptest.NewRequest(http.MethodGet, "/", nil)
+		req.Header.Set(DefaultCallerHeader, peer)
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		sent++
+		switch rec.Code {
+		case http.StatusNoContent:
+		case http.StatusTooManyRequests:
+			r := p.Rule(peer)
+			if r == nil || r.Mode != Enforce || r.DropRatio == 0 {
+				t.Fatalf("peer %q dropped under rule %+v", peer, r)
+			}
+			checkRejection(t, rec, r)
+		default:
+			t.Fatalf("peer %q: status %d", peer, rec.Code)
+		}
+	}
+	for _, r := range p.Peers {
+		send(r.Peer)
+		send(r.Peer)
+	}
+	send("never-listed-peer-x")
+
+	var offered uint64
+	counts := l.AppendCounts(p.Service, nil)
+	for _, c := range counts {
+		offered += c.Offered
+		if c.Dropped+c.ShadowDropped > c.Offered {
+			t.Errorf("peer %q: dropped %d + shadow %d above offered %d", c.Peer, c.Dropped, c.ShadowDropped, c.Offered)
+		}
+	}
+	if offered != uint64(sent) {
+		t.Errorf("%d requests sent, %d counted", sent, offered)
+	}
+	if len(counts) > maxPeers+2 {
+		t.Errorf("%d peers with counters, at most %d + the 2 reserved", len(counts), maxPeers)
+	}
+}
+
+// checkRejection checks a 429's headers against its rule.
+func checkRejection(t *testing.T, rec *httptest.ResponseRecorder, r *Rule) {
+	t.Helper()
+	hdr := rec.Header()
+	if hdr.Get("Retry-After") != strconv.Itoa(retryAfterSeconds) {
+		t.Errorf("Retry-After %q", hdr.Get("Retry-After"))
+	}
+	if n, err := strconv.Atoi(hdr.Get("Content-Length")); err != nil || n != rec.Body.Len() {
+		t.Errorf("Content-Length %q for a body of %d bytes", hdr.Get("Content-Length"), rec.Body.Len())
+	}
+	quota := min(r.AllowedRPS, r.LimitRPS)
+	pol := hdr.Get("RateLimit-Policy")
+	if math.IsInf(quota, 1) {
+		if pol != "" {
+			t.Errorf("RateLimit-Policy %q for an unbounded rule", pol)
+		}
+		return
+	}
+	q, ok := strings.CutPrefix(pol, `"sluice";q=`)
+	q, ok2 := strings.CutSuffix(q, ";w=1")
+	n, err := strconv.ParseInt(q, 10, 64)
+	if !ok || !ok2 || err != nil || n < 0 || n > maxSFInteger || float64(n) > quota {
+		t.Errorf("RateLimit-Policy %q for quota %v", pol, quota)
+	}
+}
