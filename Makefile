@@ -25,6 +25,9 @@ test: ## what CI runs: formatting, vet, and every test with the race detector
 	@# The end-to-end tests measure rates against a clock: they run alone,
 	@# not beside other packages' tests fighting for two cores.
 	$(GO) test -race -count=1 ./e2e
+	@# A short fuzz run of every target (4 s each, ~80 s in all): the
+	@# committed seeds already ran above; this looks a little further.
+	@bash scripts/fuzz.sh 4s
 
 test-short: ## quick local loop: skips the long end-to-end tests
 	@bash scripts/ensure-postgres.sh

@@ -39,7 +39,8 @@ for t in "${targets[@]}"; do
 		status=FAIL
 		failed=$((failed + 1))
 	fi
-	execs=$(grep -o 'execs: [0-9]*' "$log" | tail -1 | cut -d' ' -f2)
+	# A short run may end while fuzzing still gathers its baseline: no execs yet.
+	execs=$(grep -o 'execs: [0-9]*' "$log" | tail -1 | cut -d' ' -f2 || true)
 	printf '%-4s %6.1fs %10s execs  %-22s %s\n' "$status" "$((($(date +%s%N) - start) / 1000000))e-3" "${execs:-?}" "$pkg" "$name"
 	if [ "$status" = FAIL ]; then
 		sed 's/^/    /' "$log"
