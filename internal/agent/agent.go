@@ -33,6 +33,12 @@ import (
 	"github.com/sluicehq/sluice/sidecar/xdsclient"
 )
 
+// MaxPeersLimit is the most callers a sidecar may track: its reports name
+// each of them plus the reserved unknown and _overflow peers, and an
+// aggregator rejects a report naming more than its --max-peers-per-report,
+// 10,000 by default. A larger table would have every full report refused.
+const MaxPeersLimit = 10000 - 2
+
 // Config is the sidecar's configuration.
 type Config struct {
 	// Service is the service the sidecar runs next to, the callee of every
@@ -59,7 +65,7 @@ type Config struct {
 	// CallerHeader names the request header that carries the caller.
 	CallerHeader string
 	// MaxPeers bounds the distinct callers tracked before the rest share
-	// one overflow bucket.
+	// one overflow bucket; at most MaxPeersLimit.
 	MaxPeers int
 	// Strategy is "diffuse" (exact, deterministic) or "random".
 	Strategy string
@@ -129,8 +135,9 @@ func (c Config) Validate() error {
 	if !validHeaderName(c.CallerHeader) {
 		add("caller-header: %q is not a valid header name", c.CallerHeader)
 	}
-	if c.MaxPeers < 1 || c.MaxPeers > 1<<20 {
-		add("max-peers: %d is outside [1, %d]", c.MaxPeers, 1<<20)
+	if c.MaxPeers < 1 || c.MaxPeers > MaxPeersLimit {
+		add("max-peers: %d is outside [1, %d]: a report names every tracked caller plus unknown and _overflow, "+
+			"and aggregators reject reports naming more than their --max-peers-per-report (default 10000)", c.MaxPeers, MaxPeersLimit)
 	}
 	if c.Strategy != "diffuse" && c.Strategy != "random" {
 		add("strategy: %q is not diffuse or random", c.Strategy)
