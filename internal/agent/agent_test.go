@@ -70,9 +70,9 @@ func TestBadConfigNamesTheFlag(t *testing.T) {
 		{"report-interval", func(c *Config) { c.ReportInterval = reporter.MaxInterval + 1 }},
 		{"caller-header", func(c *Config) { c.CallerHeader = "" }},
 		{"", func(c *Config) { c.MaxPeers = 1 }},
-		{"", func(c *Config) { c.MaxPeers = 1 << 20 }},
+		{"", func(c *Config) { c.MaxPeers = MaxPeersLimit }},
 		{"max-peers", func(c *Config) { c.MaxPeers = 0 }},
-		{"max-peers", func(c *Config) { c.MaxPeers = 1<<20 + 1 }},
+		{"max-peers", func(c *Config) { c.MaxPeers = MaxPeersLimit + 1 }},
 		{"", func(c *Config) { c.Strategy = "random" }},
 		{"strategy", func(c *Config) { c.Strategy = "fastest" }},
 	} {
