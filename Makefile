@@ -5,7 +5,7 @@ BUF     := $(GO) run github.com/bufbuild/buf/cmd/buf@v1.75.0
 BINS    := controller aggregator sidecar configurator injector demo
 PKGS    := ./...
 
-.PHONY: help build images test test-short bench generate lint demo clean
+.PHONY: help build images test test-short bench bench-compare generate lint demo clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -41,6 +41,11 @@ bench: ## benchmarks recorded in docs/benchmarks.md (Postgres ones start a throw
 	$(GO) test -run '^$$' -bench . -benchtime 10x ./pkg/history
 	$(GO) test -run '^$$' -bench . -benchtime 5x ./internal/configurator
 
+bench-compare: ## sluice vs Redis + Lua, side by side (~7 min; QUICK=1 for a short check): tables in bin/bench-compare, plots in docs/img
+	@bash scripts/ensure-redis.sh
+	$(GO) test -race -count=1 -tags benchcompare ./bench/...
+	$(GO) run ./bench/cmd/compare $(if $(QUICK),-quick)
+
 generate: ## regenerate api/ Go code from the protos (plugins pinned in go.mod)
 	$(GO) run ./internal/tools/protogen/cmd api
 
@@ -51,6 +56,11 @@ lint: ## gofmt, go vet, buf lint (STANDARD)
 
 demo: ## run the whole loop locally: controller, 3 aggregators, 6 sidecars, a surge
 	$(GO) run ./cmd/demo
+
+.PHONY: certs
+certs: ## development mTLS: a CA and SPIFFE certificates into certs/ (SERVICES=checkout,web ZONES=zone-a TRUST_DOMAIN=cluster.local)
+	$(GO) run ./internal/identity/devpki/cmd -dir "$${DIR:-certs}" -services "$${SERVICES:-checkout,web}" \
+		-zones "$${ZONES:-zone-a}" -trust-domain "$${TRUST_DOMAIN:-cluster.local}"
 
 clean:
 	rm -rf bin

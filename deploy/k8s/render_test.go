@@ -48,6 +48,7 @@ type (
 			CommonName  string   `json:"commonName,omitempty"`
 			SecretName  string   `json:"secretName"`
 			DNSNames    []string `json:"dnsNames,omitempty"`
+			URIs        []string `json:"uris,omitempty"`
 			Duration    string   `json:"duration,omitempty"`
 			RenewBefore string   `json:"renewBefore,omitempty"`
 			Usages      []string `json:"usages,omitempty"`

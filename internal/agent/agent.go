@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/names"
@@ -69,6 +70,10 @@ type Config struct {
 	MaxPeers int
 	// Strategy is "diffuse" (exact, deterministic) or "random".
 	Strategy string
+	// ReportDialOptions and XDSDialOptions dial the aggregators and the
+	// xDS servers; default plaintext. Under mutual TLS they carry
+	// credentials that check the server's identity (internal/identity).
+	ReportDialOptions, XDSDialOptions []grpc.DialOption
 }
 
 // DefaultConfig returns the defaults; Service is left for the caller.
@@ -212,14 +217,15 @@ func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Agent, er
 		protocol = xdsclient.SotW
 	}
 	a.xds, err = xdsclient.New(xdsclient.Config{
-		Servers:    cfg.Controllers,
-		NodeID:     cfg.ID,
-		Cluster:    cfg.Service,
-		Zone:       cfg.Zone,
-		Resources:  []string{names.Callee(cfg.Service)},
-		Protocol:   protocol,
-		Logger:     logger,
-		Registerer: reg,
+		Servers:     cfg.Controllers,
+		NodeID:      cfg.ID,
+		Cluster:     cfg.Service,
+		Zone:        cfg.Zone,
+		Resources:   []string{names.Callee(cfg.Service)},
+		Protocol:    protocol,
+		DialOptions: cfg.XDSDialOptions,
+		Logger:      logger,
+		Registerer:  reg,
 	}, policyHandler{a})
 	if err != nil {
 		return nil, err
@@ -232,6 +238,7 @@ func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Agent, er
 		Interval:    cfg.ReportInterval,
 		SurgeCheck:  cfg.SurgeCheck,
 		Aggregators: cfg.Aggregators,
+		DialOptions: cfg.ReportDialOptions,
 		Logger:      logger,
 		Registerer:  reg,
 	}, a.limiter)

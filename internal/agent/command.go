@@ -1,12 +1,15 @@
 package agent
 
 import (
+	"errors"
 	"time"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
 
 	"github.com/sluicehq/sluice/internal/admin"
 	"github.com/sluicehq/sluice/internal/cli"
+	"github.com/sluicehq/sluice/internal/identity"
 	"github.com/sluicehq/sluice/internal/process"
 	"github.com/sluicehq/sluice/sidecar/proxy"
 )
@@ -18,6 +21,7 @@ func Command() *cobra.Command {
 		listen, adminAddr       string
 		drainDelay, stopTimeout time.Duration
 		logging                 cli.Logging
+		tlsFlags                identity.Flags
 	)
 	cmd := &cobra.Command{
 		Use:   "sidecar",
@@ -40,9 +44,23 @@ flags win over the environment, the environment over the file.`,
 		Args:         cobra.NoArgs,
 		SilenceUsage: true,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			log, reg, err := cli.Start(cmd, "sidecar", &logging, func() error { return cfg.Validate() })
+			log, reg, err := cli.Start(cmd, "sidecar", &logging, func() error { return errors.Join(cfg.Validate(), tlsFlags.Validate()) })
 			if err != nil {
 				return err
+			}
+			tlsSrc, err := tlsFlags.Setup(log, reg)
+			if err != nil {
+				return err
+			}
+			if tlsSrc != nil {
+				// The sidecar speaks for --service alone; its certificate
+				// must say so, or the aggregator would refuse every report.
+				if err := tlsSrc.Require(identity.Workload, cfg.Service); err != nil {
+					return err
+				}
+				cfg.ReportDialOptions = []grpc.DialOption{tlsSrc.DialOption(identity.Kinds(identity.Aggregator))}
+				// Policies come from a controller or a zone relay.
+				cfg.XDSDialOptions = []grpc.DialOption{tlsSrc.DialOption(identity.Kinds(identity.Controller, identity.Aggregator))}
 			}
 			a, err := New(cfg, log, reg)
 			if err != nil {
@@ -79,6 +97,7 @@ flags win over the environment, the environment over the file.`,
 	f.StringVar(&cfg.CallerHeader, "caller-header", cfg.CallerHeader, "request header that names the caller")
 	f.IntVar(&cfg.MaxPeers, "max-peers", cfg.MaxPeers, "distinct callers tracked before the rest share the _overflow bucket")
 	f.StringVar(&cfg.Strategy, "strategy", cfg.Strategy, "drop decision: diffuse (exact error diffusion) or random")
+	tlsFlags.AddFlags(f)
 	logging.AddFlags(f)
 	return cmd
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/admin"
 	"github.com/sluicehq/sluice/internal/cli"
+	"github.com/sluicehq/sluice/internal/identity"
 	"github.com/sluicehq/sluice/internal/process"
 )
 
@@ -20,6 +21,7 @@ func Command() *cobra.Command {
 		grpcAddr, adminAddr     string
 		drainDelay, stopTimeout time.Duration
 		logging                 cli.Logging
+		tlsFlags                identity.Flags
 	)
 	cmd := &cobra.Command{
 		Use:   "aggregator",
@@ -35,15 +37,28 @@ flags win over the environment, the environment over the file.`,
 		Args:         cobra.NoArgs,
 		SilenceUsage: true,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			log, reg, err := cli.Start(cmd, "aggregator", &logging, func() error { return cfg.Validate() })
+			log, reg, err := cli.Start(cmd, "aggregator", &logging, func() error { return errors.Join(cfg.Validate(), tlsFlags.Validate()) })
 			if err != nil {
 				return err
+			}
+			serverOpts := []grpc.ServerOption{grpc.MaxRecvMsgSize(16 << 20)}
+			tlsSrc, err := tlsFlags.Setup(log, reg)
+			if err != nil {
+				return err
+			}
+			if tlsSrc != nil {
+				if err := tlsSrc.Require(identity.Aggregator, cfg.Zone); err != nil {
+					return err
+				}
+				serverOpts = append(serverOpts, tlsSrc.ServerOption())
+				cfg.RequirePeerIdentity = true
+				cfg.DialOptions = []grpc.DialOption{tlsSrc.DialOption(identity.Kinds(identity.Controller))}
 			}
 			svc, err := New(cfg, log, reg)
 			if err != nil {
 				return err
 			}
-			g := grpc.NewServer(grpc.MaxRecvMsgSize(16 << 20))
+			g := grpc.NewServer(serverOpts...)
 			svc.Register(g)
 			ready := func() error {
 				if !svc.Ready() {
@@ -78,6 +93,7 @@ flags win over the environment, the environment over the file.`,
 	f.IntVar(&cfg.Limits.MaxPeersPerReport, "max-peers-per-report", cfg.Limits.MaxPeersPerReport, "reports naming more callers are rejected")
 	f.Float64Var(&cfg.Limits.MaxRate, "max-rate", cfg.Limits.MaxRate, "reports claiming a higher rate (rps) for one caller are rejected")
 	f.IntVar(&cfg.Limits.MaxSidecars, "max-sidecars", cfg.Limits.MaxSidecars, "most sidecars held; reports from more are rejected")
+	tlsFlags.AddFlags(f)
 	logging.AddFlags(f)
 	return cmd
 }

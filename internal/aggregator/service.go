@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/identity"
 	"github.com/sluicehq/sluice/internal/names"
 	"github.com/sluicehq/sluice/internal/ticker"
 	"github.com/sluicehq/sluice/internal/uplink"
@@ -53,6 +54,11 @@ type Config struct {
 	Limits Limits
 	// DialOptions for the controller connection; default plaintext.
 	DialOptions []grpc.DialOption
+	// RequirePeerIdentity, set under mutual TLS, accepts a report only from
+	// a workload whose identity (internal/identity) is the report's service,
+	// and a sidecar id only from the identity that first reported it: a
+	// sidecar may speak for its own service alone.
+	RequirePeerIdentity bool
 }
 
 // DefaultConfig returns a Config with every default filled in; Zone and
@@ -139,6 +145,11 @@ const ReasonSidecarIDChanged = "sidecar_id_changed"
 // State never sees it.
 const ReasonTooLarge = "too_large"
 
+// ReasonIdentityMismatch rejects, under mutual TLS, a report whose service
+// is not its sender's identity, or whose sidecar id another identity holds.
+// The Service's rule, like ReasonSidecarIDChanged.
+const ReasonIdentityMismatch = "identity_mismatch"
+
 type (
 	zoneReq  = sluicev1.StreamZoneLoadsRequest
 	zoneResp = sluicev1.StreamZoneLoadsResponse
@@ -168,7 +179,13 @@ type Service struct {
 }
 
 // stream is the identity of one StreamLoadReports call.
-type stream struct{ id string }
+type stream struct {
+	id string
+	// peer is the sender's verified identity, with RequirePeerIdentity;
+	// peerErr says why there is none.
+	peer    identity.ID
+	peerErr error
+}
 
 // New returns a Service; it serves nothing until Register and does not
 // flush until Run. Metrics go to reg unless it is nil.
@@ -327,6 +344,11 @@ func (s *Service) apply(st *stream, r *sluicev1.LoadReport) error {
 	if st.id != "" && r.GetSidecarId() != st.id {
 		return reject(ReasonSidecarIDChanged, "stream of sidecar %q reported for %q", uplink.Truncate(st.id), uplink.Truncate(r.GetSidecarId()))
 	}
+	if s.cfg.RequirePeerIdentity {
+		if err := s.authorize(st, r); err != nil {
+			return err
+		}
+	}
 	if err := s.state.Apply(r, time.Now()); err != nil {
 		return err
 	}
@@ -337,6 +359,24 @@ func (s *Service) apply(st *stream, r *sluicev1.LoadReport) error {
 	}
 	st.id = r.GetSidecarId()
 	s.owners[st.id] = st
+	return nil
+}
+
+// authorize checks a report against its sender's identity; s.mu is held.
+// The message's own claims (service, sidecar id) are trusted only as far as
+// the certificate backs them; its zone never is (the aggregator's wins).
+func (s *Service) authorize(st *stream, r *sluicev1.LoadReport) error {
+	switch {
+	case st.peerErr != nil:
+		return reject(ReasonIdentityMismatch, "no verified peer identity: %v", st.peerErr)
+	case st.peer.Kind != identity.Workload:
+		return reject(ReasonIdentityMismatch, "peer %s is a %v, not a workload", uplink.Truncate(st.peer.URI), st.peer.Kind)
+	case r.GetService() != st.peer.Service:
+		return reject(ReasonIdentityMismatch, "peer %s is service %q, the report is for %q", uplink.Truncate(st.peer.URI), st.peer.Service, uplink.Truncate(r.GetService()))
+	}
+	if o, ok := s.owners[r.GetSidecarId()]; ok && o != st && o.peer.Service != st.peer.Service {
+		return reject(ReasonIdentityMismatch, "sidecar id %q is held by service %q", uplink.Truncate(r.GetSidecarId()), o.peer.Service)
+	}
 	return nil
 }
 
@@ -368,6 +408,9 @@ func (l loadServer) StreamLoadReports(g grpc.BidiStreamingServer[sluicev1.Stream
 	s.m.streams.Inc()
 	defer s.m.streams.Dec()
 	st := new(stream)
+	if s.cfg.RequirePeerIdentity {
+		st.peer, st.peerErr = identity.Peer(g.Context())
+	}
 	defer s.end(st)
 	for {
 		req, err := g.Recv()

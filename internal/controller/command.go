@@ -13,8 +13,10 @@ import (
 
 	"github.com/sluicehq/sluice/internal/admin"
 	"github.com/sluicehq/sluice/internal/cli"
+	"github.com/sluicehq/sluice/internal/identity"
 	"github.com/sluicehq/sluice/internal/limits"
 	"github.com/sluicehq/sluice/internal/process"
+	"github.com/sluicehq/sluice/internal/xdsserver"
 	"github.com/sluicehq/sluice/pkg/history"
 )
 
@@ -30,12 +32,17 @@ type Flags struct {
 	DrainDelay      time.Duration
 	ShutdownTimeout time.Duration
 	Logging         cli.Logging
+
+	// ProxylessEndpoints is the file of callees served to proxyless gRPC
+	// clients and their backends (xdsserver.LoadEndpoints).
+	ProxylessEndpoints string
 }
 
 // Command is the controller binary: `controller` runs the service.
 func Command() *cobra.Command {
 	cfg := DefaultConfig()
 	fl := Flags{Recorder: DefaultRecorderConfig()}
+	var tlsFlags identity.Flags
 	cmd := &cobra.Command{
 		Use:   "controller",
 		Short: "sluice global controller: zone loads in, drop ratios out over xDS",
@@ -55,11 +62,17 @@ or in the --config file; flags win over the environment, the environment over th
 				if fl.DatabaseURL != "" && fl.LimitsFile != "" {
 					err = errors.Join(err, errors.New("database-url, limits: they exclude each other: limits come from one place"))
 				}
+				err = errors.Join(err, tlsFlags.Validate())
 				return err
 			}
 			log, reg, err := cli.Start(cmd, "controller", &fl.Logging, validate)
 			if err != nil {
 				return err
+			}
+			if fl.ProxylessEndpoints != "" {
+				if cfg.Proxyless, err = xdsserver.LoadEndpoints(fl.ProxylessEndpoints); err != nil {
+					return fmt.Errorf("proxyless-endpoints: %w", err)
+				}
 			}
 
 			var src limits.Source = limits.Static{}
@@ -108,6 +121,18 @@ or in the --config file; flags win over the environment, the environment over th
 				log.Warn("no --limits file: no limits are enforced, load is only observed")
 			}
 
+			serverOpts := []grpc.ServerOption{grpc.MaxRecvMsgSize(64 << 20)}
+			tlsSrc, err := tlsFlags.Setup(log, reg)
+			if err != nil {
+				return err
+			}
+			if tlsSrc != nil {
+				if err := tlsSrc.Require(identity.Controller, ""); err != nil {
+					return err
+				}
+				serverOpts = append(serverOpts, tlsSrc.ServerOption())
+				cfg.RequirePeerIdentity = true
+			}
 			svc, err := New(cfg, src, log, reg)
 			if err != nil {
 				return err
@@ -115,7 +140,7 @@ or in the --config file; flags win over the environment, the environment over th
 			if recorder != nil {
 				svc.RecordTo(recorder)
 			}
-			g := grpc.NewServer(grpc.MaxRecvMsgSize(64 << 20))
+			g := grpc.NewServer(serverOpts...)
 			svc.Register(g)
 			adm := admin.New(reg, svc.Ready)
 			adm.Handle("GET /debug/sluice/policies", svc.PoliciesHandler())
@@ -137,6 +162,7 @@ or in the --config file; flags win over the environment, the environment over th
 	f.StringVar(&fl.GRPCAddr, "grpc-addr", ":18000", "address for zone-load streams from aggregators and xDS from sidecars")
 	f.StringVar(&fl.AdminAddr, "admin-addr", ":19000", "address for /metrics, /healthz, /readyz, /debug/sluice/policies")
 	f.StringVar(&fl.LimitsFile, "limits", "", "YAML file of limits per callee and caller (see README); re-read when it changes")
+	f.StringVar(&fl.ProxylessEndpoints, "proxyless-endpoints", "", "YAML file of callees served to proxyless gRPC clients (xds:///<callee>) and their backends' host:port (docs/dataplanes.md); read at start")
 	f.StringVar(&fl.DatabaseURL, "database-url", "", "Postgres URL of the history store: limits come from it (instead of --limits) and minute rows go to it")
 	f.DurationVar(&fl.LimitsResync, "limits-resync", time.Minute, "with --database-url: re-read every limit this often, besides on every change notification")
 	f.IntVar(&fl.Recorder.MaxBuffered, "history-buffer", fl.Recorder.MaxBuffered, "with --database-url: minute rows held while Postgres is slow or away; the oldest are dropped beyond it")
@@ -155,6 +181,7 @@ or in the --config file; flags win over the environment, the environment over th
 	f.Float64Var(&cfg.Law.PMax, "p-max", cfg.Law.PMax, "highest drop ratio ever pushed, in (0, 1)")
 	f.Float64Var(&cfg.Law.MinRate, "min-rate", cfg.Law.MinRate, "offered rps below which a caller is never dropped")
 	f.Float64Var(&cfg.Law.ReleaseRate, "release-rate", cfg.Law.ReleaseRate, "slow release: factor by which a caller's admitted share may grow per second, > 1")
+	tlsFlags.AddFlags(f)
 	fl.Logging.AddFlags(f)
 	cmd.AddCommand(MigrateCommand("controller"))
 	return cmd

@@ -24,6 +24,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/identity"
 	"github.com/sluicehq/sluice/internal/limits"
 	"github.com/sluicehq/sluice/internal/ticker"
 	"github.com/sluicehq/sluice/internal/xdsserver"
@@ -36,6 +37,13 @@ type Config struct {
 	ID string
 	// Tick is how often the control law runs.
 	Tick time.Duration
+	// Proxyless lists the callees served to proxyless gRPC clients, with
+	// their backends (--proxyless-endpoints); empty serves none.
+	Proxyless xdsserver.Endpoints
+	// RequirePeerIdentity, set under mutual TLS, takes zone loads only from
+	// aggregator identities (of the load's zone, when the identity names
+	// one) and serves each xDS stream only its peer's own policies.
+	RequirePeerIdentity bool
 	StateConfig
 }
 
@@ -77,6 +85,9 @@ func (c Config) Validate() error {
 	check(c.Law.PMax > 0 && c.Law.PMax < 1, "p-max: %v is outside (0, 1)", c.Law.PMax)
 	check(c.Law.MinRate >= 0 && !math.IsInf(c.Law.MinRate, 0), "min-rate: %v must be a finite rate >= 0", c.Law.MinRate)
 	check(c.Law.ReleaseRate > 1 && !math.IsInf(c.Law.ReleaseRate, 0), "release-rate: %v must be a finite factor > 1", c.Law.ReleaseRate)
+	if err := c.Proxyless.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("proxyless-endpoints: %w", err))
+	}
 	return errors.Join(errs...)
 }
 
@@ -121,7 +132,7 @@ func New(cfg Config, src limits.Source, logger *slog.Logger, reg prometheus.Regi
 		log:      logger,
 		limits:   src,
 		m:        newMetrics(reg),
-		xds:      xdsserver.New(xctx, xdsserver.Options{Logger: logger, Registerer: reg}),
+		xds:      xdsserver.New(xctx, xdsserver.Options{Logger: logger, Registerer: reg, Proxyless: cfg.Proxyless, RequirePeerIdentity: cfg.RequirePeerIdentity}),
 		stopXDS:  stopXDS,
 		draining: make(chan struct{}),
 		ticks:    ticker.New(cfg.Tick, ticker.MinGap(cfg.Tick)).Aligned(),
@@ -216,6 +227,14 @@ func (s *Service) StreamZoneLoads(stream grpc.BidiStreamingServer[sluicev1.Strea
 	streamID := s.nextID
 	s.mu.Unlock()
 	owned := map[string]bool{}
+	// The peer's identity is fixed for the stream: read it once.
+	var (
+		peer    identity.ID
+		peerErr error
+	)
+	if s.cfg.RequirePeerIdentity {
+		peer, peerErr = identity.Peer(stream.Context())
+	}
 	defer func() {
 		s.mu.Lock()
 		for id := range owned {
@@ -269,8 +288,14 @@ func (s *Service) StreamZoneLoads(stream grpc.BidiStreamingServer[sluicev1.Strea
 			return nil // the aggregator went away; its load goes with it
 		}
 		load := r.req.GetLoad()
+		var err error
+		if s.cfg.RequirePeerIdentity {
+			err = authorizeZoneLoad(peer, peerErr, load)
+		}
 		s.mu.Lock()
-		err := s.state.Apply(load, time.Now())
+		if err == nil {
+			err = s.state.Apply(load, time.Now())
+		}
 		if err == nil {
 			s.streams[load.GetAggregatorId()] = streamID
 			owned[load.GetAggregatorId()] = true
@@ -297,6 +322,28 @@ func (s *Service) StreamZoneLoads(stream grpc.BidiStreamingServer[sluicev1.Strea
 			return nil
 		}
 	}
+}
+
+// authorizeZoneLoad takes a zone load only from an aggregator identity, and
+// only for the zone its identity names, if it names one: a sidecar, or the
+// aggregator of another zone, must not be able to speak for a zone.
+func authorizeZoneLoad(peer identity.ID, peerErr error, load *sluicev1.ZoneLoad) error {
+	switch {
+	case peerErr != nil:
+		return &RejectError{Reason: "identity_mismatch", Detail: peerErr.Error()}
+	case peer.Kind != identity.Aggregator:
+		return &RejectError{Reason: "identity_mismatch", Detail: fmt.Sprintf("peer %s is a %v, not an aggregator", peer.URI, peer.Kind)}
+	case peer.Zone != "" && load.GetZone() != peer.Zone:
+		return &RejectError{Reason: "identity_mismatch", Detail: fmt.Sprintf("peer %s may speak for zone %q only, the load is for %q", peer.URI, peer.Zone, truncZone(load.GetZone()))}
+	}
+	return nil
+}
+
+func truncZone(s string) string {
+	if len(s) > 128 {
+		return s[:128] + "…"
+	}
+	return s
 }
 
 // Policies returns the policies last published.

@@ -35,8 +35,9 @@ and every pod labelled sluice.io/inject=true elsewhere (path /inject); it answer
 JSON patch that adds the sluice sidecar, or with a denial that names a bad annotation.
 It needs no access to the Kubernetes API.
 
-It serves HTTPS on --listen with the certificate in --tls-cert-file and --tls-key-file,
-and reloads them when they change (cert-manager renewals need no restart).
+It serves HTTPS (TLS 1.3) on --listen with the certificate in --tls-cert-file and
+--tls-key-file, and reloads them when they change (cert-manager renewals need no
+restart). With --tls-client-ca-file it requires the API server's client certificate.
 
 Every flag can also be set as SLUICE_INJECTOR_<FLAG> or in the --config file;
 flags win over the environment, the environment over the file.`,
@@ -89,12 +90,14 @@ flags win over the environment, the environment over the file.`,
 	f.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", cfg.ShutdownTimeout, "bound on each shutdown step")
 	f.StringVar(&cfg.CertFile, "tls-cert-file", "/etc/sluice/tls/tls.crt", "serving certificate (PEM); reloaded when it changes")
 	f.StringVar(&cfg.KeyFile, "tls-key-file", "/etc/sluice/tls/tls.key", "serving certificate's private key (PEM); reloaded when it changes")
+	f.StringVar(&cfg.ClientCAFile, "tls-client-ca-file", "", "CA bundle (PEM) the API server's client certificate must chain to; reloaded when it changes. Empty: callers are not authenticated (a warning at start)")
 	f.StringVar(&cfg.Inject.Image, "sidecar-image", "", "image of the injected sidecar (required)")
 	f.StringVar(&pullPolicy, "sidecar-image-pull-policy", "IfNotPresent", "pull policy of the sidecar image: Always, IfNotPresent or Never")
 	f.StringSliceVar(&cfg.Inject.Aggregators, "aggregators", []string{"sluice-aggregator.sluice-system.svc:18100"},
 		"the sidecar's --aggregators: the zone-local aggregator Service")
 	f.StringSliceVar(&cfg.Inject.Controllers, "controllers", []string{"sluice-controller.sluice-system.svc:18000"},
 		"the sidecar's --controllers: the controller Service (xDS)")
+	f.StringVar(&cfg.SidecarTLS.TrustDomain, "sidecar-trust-domain", "", "give injected sidecars mutual TLS in this SPIFFE trust domain, with certificates from cert-manager's csi-driver-spiffe (the pod's service account must be its service); empty: sidecars in plaintext")
 	f.StringVar(&cfg.Inject.CallerHeader, "caller-header", "", "the sidecar's --caller-header; empty keeps the sidecar's default")
 	f.StringVar(&cfg.Inject.CPURequest, "sidecar-cpu-request", "50m", "the sidecar's CPU request; pods override it with sluice.io/cpu-request")
 	f.StringVar(&cfg.Inject.MemoryRequest, "sidecar-memory-request", "64Mi", "the sidecar's memory request; pods override it with sluice.io/memory-request")

@@ -23,6 +23,13 @@ type Config struct {
 	// CertFile and KeyFile hold the serving certificate (PEM), e.g. the
 	// tls.crt and tls.key of a cert-manager Secret mounted as a volume.
 	CertFile, KeyFile string
+	// ClientCAFile, when set, makes the webhook require a client
+	// certificate that chains to this bundle (the API server's, configured
+	// through its admission kubeconfig); re-read when it changes. Empty, any
+	// client that reaches the port is served.
+	ClientCAFile string
+	// SidecarTLS, with a trust domain, gives injected sidecars mutual TLS.
+	SidecarTLS SidecarTLS
 	// ShutdownTimeout bounds the graceful end of the HTTPS server.
 	ShutdownTimeout time.Duration
 }
@@ -31,6 +38,9 @@ type Config struct {
 func (c Config) Validate() error {
 	var errs []error
 	if err := c.Inject.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := c.SidecarTLS.Validate(); err != nil {
 		errs = append(errs, err)
 	}
 	if c.CertFile == "" {
@@ -51,6 +61,7 @@ type Server struct {
 	log     *slog.Logger
 	handler *Handler
 	keys    *KeyPair
+	clients *clientCAs // nil without ClientCAFile
 }
 
 // New loads the key pair and builds the handler; it starts nothing.
@@ -65,6 +76,7 @@ func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Server, erro
 	if err != nil {
 		return nil, err
 	}
+	h.sidecarTLS = cfg.SidecarTLS
 	keys, err := LoadKeyPair(cfg.CertFile, cfg.KeyFile, log)
 	if err != nil {
 		return nil, err
@@ -90,7 +102,16 @@ func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Server, erro
 	if reg != nil {
 		reg.MustRegister(notAfter, reloads)
 	}
-	return &Server{cfg: cfg, log: log, handler: h, keys: keys}, nil
+	srv := &Server{cfg: cfg, log: log, handler: h, keys: keys}
+	if cfg.ClientCAFile != "" {
+		if srv.clients, err = loadClientCAs(cfg.ClientCAFile, log); err != nil {
+			return nil, err
+		}
+	} else {
+		log.Warn("no --tls-client-ca-file: the webhook does not authenticate its callers; " +
+			"any client that reaches its port may ask for patches (they reveal the injected sidecar's configuration)")
+	}
+	return srv, nil
 }
 
 // Handler is the webhook's HTTP handler, without TLS.
@@ -99,10 +120,23 @@ func (s *Server) Handler() http.Handler { return s.handler }
 // KeyPair is the serving certificate.
 func (s *Server) KeyPair() *KeyPair { return s.keys }
 
-// TLSConfig is the server side of the TLS: the reloading certificate,
-// TLS 1.2 at least.
+// TLSConfig is the server side of the TLS: TLS 1.3, the reloading
+// certificate and, with ClientCAFile, a client certificate required and
+// verified against the reloading bundle.
 func (s *Server) TLSConfig() *tls.Config {
-	return &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: s.keys.GetCertificate}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS13, GetCertificate: s.keys.GetCertificate}
+	if s.clients != nil {
+		// Per handshake, so that a new bundle applies without a restart.
+		cfg.GetConfigForClient = func(*tls.ClientHelloInfo) (*tls.Config, error) {
+			return &tls.Config{
+				MinVersion:     tls.VersionTLS13,
+				GetCertificate: s.keys.GetCertificate,
+				ClientAuth:     tls.RequireAndVerifyClientCert,
+				ClientCAs:      s.clients.get(),
+			}, nil
+		}
+	}
+	return cfg
 }
 
 // Serve serves HTTPS on ln until ctx ends, then shuts down gracefully

@@ -48,6 +48,8 @@ type Handler struct {
 	mux     *http.ServeMux
 	results map[string]prometheus.Counter // by result, resolved once
 	latency prometheus.Histogram
+	// sidecarTLS, set before the handler serves, gives sidecars mTLS.
+	sidecarTLS SidecarTLS
 }
 
 // Results of an admission, the values of the result label.
@@ -181,6 +183,21 @@ func (h *Handler) admit(req *admissionv1.AdmissionRequest, scope inject.Scope) (
 	if res.Patch == nil {
 		h.log.Debug("pod left alone", "namespace", req.Namespace, "pod", name, "reason", res.Skipped)
 		return resp, resultSkipped
+	}
+	if h.sidecarTLS.TrustDomain != "" {
+		if err := h.sidecarTLS.addTLS(pod, &res); err != nil {
+			var sa errServiceAccount
+			if errors.As(err, &sa) {
+				h.log.Info("pod denied", "namespace", req.Namespace, "pod", name, "reason", err.Error())
+				resp.Allowed = false
+				resp.Result = &metav1.Status{Status: metav1.StatusFailure, Code: http.StatusUnprocessableEntity,
+					Reason: metav1.StatusReasonInvalid, Message: err.Error()}
+				return resp, resultDenied
+			}
+			h.log.Error("add TLS to the sidecar; the pod goes without the sidecar", "namespace", req.Namespace, "pod", name, "err", err)
+			resp.Warnings = append(resp.Warnings, "sluice: the sidecar was not injected: "+err.Error())
+			return resp, resultSkipped
+		}
 	}
 	patch, err := json.Marshal(res.Patch)
 	if err != nil {

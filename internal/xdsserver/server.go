@@ -39,6 +39,13 @@ type Options struct {
 	Logger *slog.Logger
 	// Registerer receives the server's metrics; nil registers none.
 	Registerer prometheus.Registerer
+	// Proxyless lists the callees served to proxyless gRPC clients and
+	// their backends (see dataplanes.go); it must pass Validate. RTDS
+	// layers for Envoy are served for every callee regardless.
+	Proxyless Endpoints
+	// RequirePeerIdentity, set under mutual TLS, serves each stream only
+	// what its peer's identity may have (see authz.go).
+	RequirePeerIdentity bool
 }
 
 // Server holds the DropPolicy table and serves it over ADS. Its methods are
@@ -46,6 +53,7 @@ type Options struct {
 type Server struct {
 	log   *slog.Logger
 	cache *cache.LinearCache
+	dp    *dataplanes // proxyless gRPC and RTDS resources, derived in Update
 	xds   serverv3.Server
 	ctx   context.Context
 	m     metrics
@@ -89,10 +97,12 @@ func New(ctx context.Context, opts Options) *Server {
 	// The version prefix is unique per Server. A SotW client that reconnects
 	// with a version from another controller replica or an earlier process
 	// then always gets an answer, even when none of its resources exist here.
+	prefix := instancePrefix()
 	s.cache = cache.NewLinearCache(TypeURL,
-		cache.WithVersionPrefix(instancePrefix()),
+		cache.WithVersionPrefix(prefix),
 		cache.WithLogger(cpLog))
-	s.xds = serverv3.NewServer(ctx, s.cache, callbacks{s},
+	s.dp = newDataplanes(ctx, opts.Proxyless, prefix, cpLog)
+	s.xds = serverv3.NewServer(ctx, s.dp.mux(s.cache), withAuthz(opts, callbacks{s}, logger),
 		sotw.WithLogger(cpLog),
 		// A request naming no resource subscribes to nothing instead of to
 		// everything: wildcard watches make LinearCache walk the whole table
@@ -149,9 +159,16 @@ func (s *Server) Update(changed map[string]*sluicev1.DropPolicy, deleted []strin
 	if err := s.cache.UpdateResources(res, deleted); err != nil {
 		return fmt.Errorf("update xds cache: %w", err)
 	}
+	// The policies are out whatever happens to the data-plane resources
+	// derived from them, so an error there is reported, not a reason to
+	// hold streams back.
+	dpErr := s.dp.update(changed, deleted)
 	s.m.updates.Inc()
 	s.m.resources.Set(float64(s.cache.NumResources()))
 	s.readyOnce.Do(func() { close(s.ready) })
+	if dpErr != nil {
+		return fmt.Errorf("update data-plane resources: %w", dpErr)
+	}
 	return nil
 }
 

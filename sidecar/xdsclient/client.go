@@ -81,7 +81,7 @@ type Config struct {
 	Zone        string   // Node locality zone
 	Resources   []string // resource names, e.g. "callee/checkout"
 	Protocol    Protocol
-	DialOptions []grpc.DialOption // default: insecure credentials (plaintext for local dev; mTLS comes in a later issue)
+	DialOptions []grpc.DialOption // default: insecure credentials (plaintext, local dev); internal/identity gives mutual TLS that checks the server's SPIFFE identity
 	// Reconnect backoff with jitter; defaults 100ms and 5s; reset after a
 	// stream that received something.
 	BackoffMin, BackoffMax time.Duration

@@ -1,0 +1,551 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math"
+	"net"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	runtime "github.com/envoyproxy/go-control-plane/envoy/service/runtime/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/xds"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/controller"
+	"github.com/sluicehq/sluice/internal/limits"
+	"github.com/sluicehq/sluice/internal/xdsserver"
+	"github.com/sluicehq/sluice/pkg/dropratio"
+)
+
+// What the proxyless test asks of the abort share. Calls are aborted at
+// random (gRPC-Go's fault filter draws per call), so the share over n calls
+// has a standard deviation of sqrt(p(1-p)/n): 0.0023 at p = 0.3 and
+// n = 40,000, 0.0019 at p = 0.1 and n = 25,000. The ±0.01 band is over four
+// of them wide either way, so the test does not flake by chance.
+const (
+	proxylessTolerance = 0.01
+	callsAtFirstRatio  = 40000
+	callsAtSecondRatio = 25000
+	callsTimeout       = 3 * time.Minute // bounds each phase on a loaded machine
+	callerHeader       = "x-test-caller"
+	webWorkers         = 3 // goroutines calling per web client
+)
+
+// mutableLimits is a limits.Source the test changes between ticks.
+type mutableLimits struct{ p atomic.Pointer[limits.Set] }
+
+func (m *mutableLimits) Limits() *limits.Set { return m.p.Load() }
+
+func (m *mutableLimits) set(webLimit float64) {
+	m.p.Store(limits.NewSet(map[string]*limits.Service{
+		"checkout": {
+			Name: "checkout", Capacity: math.Inf(1), DefaultLimit: math.Inf(1), FailMode: limits.FailOpen,
+			Callers: map[string]limits.Bucket{
+				"web":    {Limit: webLimit, Mode: dropratio.Enforce},
+				"mobile": {Limit: 1000, Mode: dropratio.Enforce},
+			},
+		},
+	}))
+}
+
+// call is one RPC a client made: when it started, whether it was aborted.
+type call struct {
+	start   time.Time
+	aborted bool
+}
+
+// proxylessClient is an unmodified gRPC-Go client that resolves
+// xds:///checkout through the controller, as caller node cluster.
+type proxylessClient struct {
+	caller string
+	cc     *grpc.ClientConn
+
+	mu    sync.Mutex // protects calls
+	calls []call
+}
+
+func newProxylessClient(t *testing.T, xdsAddr, caller, id string) *proxylessClient {
+	t.Helper()
+	// gRPC-Go v1.85.0 takes a per-client bootstrap through this resolver
+	// builder (marked experimental and for testing); a process that runs
+	// one caller would set GRPC_XDS_BOOTSTRAP_CONFIG or GRPC_XDS_BOOTSTRAP
+	// instead. Two callers in one process need one each.
+	bootstrap := fmt.Sprintf(`{
+		"xds_servers": [{"server_uri": %q, "channel_creds": [{"type": "insecure"}], "server_features": ["xds_v3"]}],
+		"node": {"id": %q, "cluster": %q, "locality": {"zone": "zone-a"}}
+	}`, xdsAddr, id, caller)
+	rb, err := xds.NewXDSResolverWithConfigForTesting([]byte(bootstrap))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc, err := grpc.NewClient("xds:///checkout", grpc.WithResolvers(rb), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cc.Close() })
+	return &proxylessClient{caller: caller, cc: cc}
+}
+
+// run calls Check with `workers` goroutines until ctx ends, recording
+// every call. An error other than the abort fails the test.
+func (c *proxylessClient) run(ctx context.Context, t *testing.T, workers int, wg *sync.WaitGroup) {
+	hc := healthpb.NewHealthClient(c.cc)
+	for range workers {
+		wg.Go(func() {
+			var local []call
+			defer func() {
+				c.mu.Lock()
+				c.calls = append(c.calls, local...)
+				c.mu.Unlock()
+			}()
+			md := metadata.Pairs(callerHeader, c.caller)
+			for ctx.Err() == nil {
+				start := time.Now()
+				cctx, cancel := context.WithTimeout(metadata.NewOutgoingContext(ctx, md), 10*time.Second)
+				_, err := hc.Check(cctx, &healthpb.HealthCheckRequest{})
+				cancel()
+				if err != nil && ctx.Err() != nil {
+					return // cut short by the end of the run
+				}
+				switch status.Code(err) {
+				case codes.OK:
+					local = append(local, call{start: start})
+				case codes.ResourceExhausted:
+					local = append(local, call{start: start, aborted: true})
+				default:
+					t.Errorf("%s: call failed with something other than the abort: %v", c.caller, err)
+					return
+				}
+				if len(local) >= 256 {
+					c.mu.Lock()
+					c.calls = append(c.calls, local...)
+					c.mu.Unlock()
+					local = local[:0]
+				}
+			}
+		})
+	}
+}
+
+func (c *proxylessClient) count() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.calls)
+}
+
+// take returns the recorded calls, sorted by start, and forgets them.
+func (c *proxylessClient) take() []call {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := c.calls
+	c.calls = nil
+	slices.SortFunc(out, func(a, b call) int { return a.start.Compare(b.start) })
+	return out
+}
+
+func abortShare(calls []call) float64 {
+	n := 0
+	for _, c := range calls {
+		if c.aborted {
+			n++
+		}
+	}
+	return float64(n) / float64(len(calls))
+}
+
+// countingServer is the callee: a real gRPC server (the standard health
+// service) that counts the calls reaching it per caller, to show that
+// aborted calls are never sent.
+type countingServer struct {
+	mu       sync.Mutex
+	received map[string]int
+}
+
+func (s *countingServer) intercept(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	md, _ := metadata.FromIncomingContext(ctx)
+	caller := "none"
+	if v := md.Get(callerHeader); len(v) > 0 {
+		caller = v[0]
+	}
+	s.mu.Lock()
+	s.received[caller]++
+	s.mu.Unlock()
+	return h(ctx, req)
+}
+
+func (s *countingServer) get(caller string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.received[caller]
+}
+
+func serveGRPC(t *testing.T, g *grpc.Server) string {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = g.Serve(lis)
+	}()
+	t.Cleanup(func() {
+		g.Stop()
+		<-done
+	})
+	return lis.Addr().String()
+}
+
+// fakeAggregator streams one zone's load to the controller every 200ms,
+// as an aggregator would, until ctx ends: web offers 1,000 rps to
+// checkout, mobile 500.
+func fakeAggregator(ctx context.Context, t *testing.T, addr string, wg *sync.WaitGroup) {
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := sluicev1.NewZoneLoadServiceClient(cc).StreamZoneLoads(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	load := &sluicev1.ZoneLoad{
+		AggregatorId: "agg-a", Zone: "zone-a", Interval: durationpb.New(time.Second),
+		Services: []*sluicev1.ServiceLoad{{
+			Service: "checkout", Direction: sluicev1.Direction_DIRECTION_INBOUND, LiveSidecars: 1,
+			Peers: []*sluicev1.PeerRate{{Peer: "mobile", OfferedRps: 500}, {Peer: "web", OfferedRps: 1000}},
+		}},
+	}
+	wg.Go(func() {
+		defer cc.Close()
+		tk := time.NewTicker(200 * time.Millisecond)
+		defer tk.Stop()
+		for {
+			if err := st.Send(&sluicev1.StreamZoneLoadsRequest{Load: load}); err != nil {
+				return
+			}
+			if r, err := st.Recv(); err != nil {
+				return
+			} else if !r.GetAccepted() {
+				t.Errorf("zone load refused: %s", r.GetRejectReason())
+				return
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-tk.C:
+			}
+		}
+	})
+}
+
+// publishedRatio is the ratio the controller last published for
+// (checkout, caller), or -1.
+func publishedRatio(svc *controller.Service, caller string) float64 {
+	for _, p := range svc.Policies() {
+		if p.GetName() == "callee/checkout" {
+			return peerRatio(p, caller)
+		}
+	}
+	return -1
+}
+
+// TestProxylessGRPCFollowsTheController runs real gRPC-Go xDS clients
+// (google.golang.org/grpc/xds, dialling xds:///checkout) against a real gRPC
+// server, with the controller as their only xDS server.
+//
+// The ratios are driven through the real controller: its limits (web 700
+// rps, then 900; mobile 1,000) and zone loads sent over the real
+// ZoneLoadService stream as an aggregator would (web offers 1,000 rps,
+// mobile 500), so the control law produces exactly 0.3 (1 − 700/1000), then
+// 0.1, and mobile 0. The load is synthetic: that the callee side counts a
+// proxyless caller's traffic is not what this test checks.
+//
+// An RTDS subscriber (a plain SotW ADS stream, as an Envoy in front of
+// checkout would open) watches the runtime layer of the same ratios.
+func TestProxylessGRPCFollowsTheController(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end-to-end: tens of thousands of calls")
+	}
+	// The callee.
+	callee := &countingServer{received: map[string]int{}}
+	cg := grpc.NewServer(grpc.UnaryInterceptor(callee.intercept))
+	healthpb.RegisterHealthServer(cg, health.NewServer())
+	calleeAddr := serveGRPC(t, cg)
+
+	// The controller, at the default tick of 1s.
+	lim := &mutableLimits{}
+	lim.set(700)
+	cfg := controller.DefaultConfig()
+	cfg.Warmup = 0
+	cfg.Proxyless = xdsserver.Endpoints{"checkout": {calleeAddr}}
+	logs := &testLog{w: t.Output()}
+	t.Cleanup(logs.close)
+	svc, err := controller.New(cfg, lim, slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn})), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	xg := grpc.NewServer()
+	svc.Register(xg)
+	ctrlAddr := serveGRPC(t, xg)
+	ctx, cancel := context.WithCancel(context.Background())
+	var bg sync.WaitGroup
+	t.Cleanup(func() {
+		cancel()
+		bg.Wait()
+	})
+	bg.Go(func() { _ = svc.Run(ctx) })
+	fakeAggregator(ctx, t, ctrlAddr, &bg)
+	waitFor(t, 15*time.Second, "the controller publishes web at 0.3", func() bool {
+		return xdsserver.PPM(publishedRatio(svc, "web")) == 300000
+	})
+	rtds := subscribeRuntime(ctx, t, ctrlAddr)
+
+	// Two web clients (two nodes of caller web) and one mobile client.
+	web := []*proxylessClient{
+		newProxylessClient(t, ctrlAddr, "web", "web-1"),
+		newProxylessClient(t, ctrlAddr, "web", "web-2"),
+	}
+	mobile := newProxylessClient(t, ctrlAddr, "mobile", "mobile-1")
+	runCtx, stop := context.WithCancel(ctx)
+	var calls sync.WaitGroup
+	for _, c := range web {
+		c.run(runCtx, t, webWorkers, &calls)
+	}
+	mobile.run(runCtx, t, 2, &calls)
+	t.Cleanup(func() { // before the controller stops, on any way out
+		stop()
+		calls.Wait()
+	})
+	webCalls := func() int { return web[0].count() + web[1].count() }
+	waitFor(t, callsTimeout, fmt.Sprintf("%d web calls at 0.3", callsAtFirstRatio), func() bool {
+		return webCalls() >= callsAtFirstRatio || t.Failed()
+	})
+
+	// The ratio changes: web's limit goes to 900, the law to 0.1.
+	changed := time.Now()
+	lim.set(900)
+	var published time.Time
+	waitFor(t, 5*time.Second, "the controller publishes web at 0.1", func() bool {
+		published = time.Now() // polled every 20ms: at most that late
+		return xdsserver.PPM(publishedRatio(svc, "web")) == 100000
+	})
+	settled := published.Add(cfg.Tick)
+	time.Sleep(time.Until(settled))
+	// Workers hand their calls over 256 at a time, so the count lags by
+	// up to that much per worker.
+	target := webCalls() + callsAtSecondRatio + 2*webWorkers*256
+	waitFor(t, callsTimeout, fmt.Sprintf("%d web calls at 0.1", callsAtSecondRatio), func() bool {
+		return webCalls() >= target || t.Failed()
+	})
+	stop()
+	calls.Wait()
+	if t.Failed() {
+		return
+	}
+
+	all := slices.Concat(web[0].take(), web[1].take())
+	slices.SortFunc(all, func(a, b call) int { return a.start.Compare(b.start) })
+	before, after := split(all, changed), split(all, settled)
+	first, second := all[:before], all[after:]
+	p1, p2 := abortShare(first), abortShare(second)
+	t.Logf("web at 0.3: %d calls, abort share %.4f", len(first), p1)
+	t.Logf("web at 0.1: %d calls from one tick after publication, abort share %.4f", len(second), p2)
+	if len(first) < 20000 || math.Abs(p1-0.3) > proxylessTolerance {
+		t.Errorf("web at 0.3: abort share %.4f over %d calls, want 0.3 ± %v over ≥ 20,000", p1, len(first), proxylessTolerance)
+	}
+	if len(second) < 20000 || math.Abs(p2-0.1) > proxylessTolerance {
+		t.Errorf("web at 0.1: abort share %.4f over %d calls, want 0.1 ± %v over ≥ 20,000", p2, len(second), proxylessTolerance)
+	}
+
+	// How fast the clients followed: the first window of 250 calls from
+	// which on every window is nearer 0.1 than 0.3. At 0.3 a window of 250
+	// has a standard deviation of 0.029, so it falls below the midpoint
+	// 0.2 by chance once in 3,000 windows, and every later one would have
+	// to as well.
+	const window = 250
+	follow := -1
+	for i := len(all) - window; i >= before; i -= window {
+		if abortShare(all[i:i+window]) >= 0.2 {
+			break
+		}
+		follow = i
+	}
+	if follow < 0 {
+		t.Fatal("the clients never settled at 0.1")
+	}
+	// The switch happened within the first such window: its end bounds
+	// the time to follow from above.
+	followFrom, followAt := all[follow].start, all[follow+window-1].start
+	t.Logf("ratio change: the limit changed %v before the next tick published 0.1; the clients were at 0.1 between %v and %v after publication (%v after the limit changed; windows of %d calls)",
+		published.Sub(changed).Round(time.Millisecond), followFrom.Sub(published).Round(time.Millisecond),
+		followAt.Sub(published).Round(time.Millisecond), followAt.Sub(changed).Round(time.Millisecond), window)
+	if d := followAt.Sub(published); d > cfg.Tick {
+		t.Errorf("clients followed %v after the controller published, want within one tick (%v)", d, cfg.Tick)
+	}
+	if d := followAt.Sub(changed); d > 2*cfg.Tick {
+		t.Errorf("clients followed %v after the limit changed, want within two ticks (the one that sees it, then the push): %v", d, 2*cfg.Tick)
+	}
+
+	// Mobile, ratio 0, is never aborted.
+	mc := mobile.take()
+	t.Logf("mobile at 0: %d calls, abort share %.4f", len(mc), abortShare(mc))
+	if len(mc) < 1000 || abortShare(mc) != 0 {
+		t.Errorf("mobile: abort share %.4f over %d calls, want 0 over ≥ 1,000", abortShare(mc), len(mc))
+	}
+
+	// Aborted calls never reach the callee: it received the calls that
+	// succeeded, plus at most one per worker cut short by the end of the
+	// run (received, then cancelled).
+	ok := 0
+	for _, c := range all {
+		if !c.aborted {
+			ok++
+		}
+	}
+	if got := callee.get("web"); got < ok || got > ok+2*webWorkers {
+		t.Errorf("callee received %d web calls, clients saw %d succeed and %d aborted", got, ok, len(all)-ok)
+	}
+
+	// The RTDS layer followed the same ratios.
+	for _, want := range []float64{300000, 100000} {
+		waitFor(t, 5*time.Second, fmt.Sprintf("RTDS layer with web at %v ppm", want), func() bool {
+			return rtds.has(want)
+		})
+	}
+	if got := rtds.last(xdsserver.AbortPercentKey("mobile")); got != 0 {
+		t.Errorf("RTDS: mobile abort_percent numerator %v, want 0", got)
+	}
+	if got := rtds.lastStatus("web"); got != xdsserver.AbortHTTPStatus {
+		t.Errorf("RTDS: web http_status %v, want %d", got, xdsserver.AbortHTTPStatus)
+	}
+}
+
+// split is the index of the first call that started after t.
+func split(calls []call, t time.Time) int {
+	i, _ := slices.BinarySearchFunc(calls, t, func(c call, t time.Time) int {
+		if c.start.After(t) {
+			return 1
+		}
+		return -1
+	})
+	return i
+}
+
+// runtimeWatch records every version of the checkout runtime layer an RTDS
+// subscriber received.
+type runtimeWatch struct {
+	mu     sync.Mutex
+	layers []*runtime.Runtime
+}
+
+// subscribeRuntime opens a SotW ADS stream as the Envoy in front of
+// checkout would (node cluster "checkout", RTDS resource "sluice/checkout"),
+// and ACKs every response, until ctx ends.
+func subscribeRuntime(ctx context.Context, t *testing.T, addr string) *runtimeWatch {
+	t.Helper()
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cc.Close() })
+	sctx, cancel := context.WithCancel(ctx)
+	st, err := discovery.NewAggregatedDiscoveryServiceClient(cc).StreamAggregatedResources(sctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := []string{xdsserver.RuntimeLayerName("checkout")}
+	req := &discovery.DiscoveryRequest{
+		Node:    &core.Node{Id: "checkout-envoy-1", Cluster: "checkout"},
+		TypeUrl: xdsserver.RuntimeTypeURL, ResourceNames: names,
+	}
+	if err := st.Send(req); err != nil {
+		t.Fatal(err)
+	}
+	w := &runtimeWatch{}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			r, err := st.Recv()
+			if err != nil {
+				return
+			}
+			for _, a := range r.GetResources() {
+				l := new(runtime.Runtime)
+				if err := a.UnmarshalTo(l); err != nil {
+					t.Errorf("RTDS resource: %v", err)
+					return
+				}
+				w.mu.Lock()
+				w.layers = append(w.layers, l)
+				w.mu.Unlock()
+			}
+			ack := &discovery.DiscoveryRequest{TypeUrl: r.GetTypeUrl(), ResourceNames: names,
+				VersionInfo: r.GetVersionInfo(), ResponseNonce: r.GetNonce()}
+			if err := st.Send(ack); err != nil {
+				return
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	return w
+}
+
+func (w *runtimeWatch) numerator(l *runtime.Runtime, key string) float64 {
+	v, ok := l.GetLayer().AsMap()[key].(map[string]any)
+	if !ok || v["denominator"] != "MILLION" {
+		return -1
+	}
+	n, _ := v["numerator"].(float64)
+	return n
+}
+
+// has reports whether some layer received had web's abort at ppm.
+func (w *runtimeWatch) has(ppm float64) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, l := range w.layers {
+		if w.numerator(l, xdsserver.AbortPercentKey("web")) == ppm {
+			return true
+		}
+	}
+	return false
+}
+
+func (w *runtimeWatch) last(key string) float64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.layers) == 0 {
+		return -1
+	}
+	return w.numerator(w.layers[len(w.layers)-1], key)
+}
+
+func (w *runtimeWatch) lastStatus(caller string) float64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.layers) == 0 {
+		return -1
+	}
+	v, _ := w.layers[len(w.layers)-1].GetLayer().AsMap()[xdsserver.AbortHTTPStatusKey(caller)].(float64)
+	return v
+}
