@@ -221,8 +221,7 @@ func (s *ServiceLimiter) failVerdict(p *Policy, v *verdict) *verdict {
 			bucket: b,
 		}
 		if !nv.shadow && nv.http == nil {
-			nv.http = renderHTTP(s.name, r)
-			nv.grpcErr = renderGRPC(s.name, r)
+			nv.http, nv.grpcErr = renderRejection(s.name, p.Direction, r)
 		}
 		return nv
 	}

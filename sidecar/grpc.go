@@ -22,6 +22,8 @@ type GRPCOptions struct {
 	// lower case; the name is lowered here. A call without it counts as
 	// names.Unknown.
 	CallerHeader string
+	// IgnoreDecided: see HTTPOptions.IgnoreDecided.
+	IgnoreDecided bool
 }
 
 func (o GRPCOptions) key() string {
@@ -30,11 +32,12 @@ func (o GRPCOptions) key() string {
 
 // UnaryServerInterceptor enforces s's policy on inbound unary calls. A
 // dropped call never reaches the handler and fails with RESOURCE_EXHAUSTED
-// carrying a google.rpc.RetryInfo detail.
+// carrying a google.rpc.RetryInfo detail. A call whose DecidedHeader names
+// its caller reaches the handler undecided and uncounted (see Middleware).
 func (s *ServiceLimiter) UnaryServerInterceptor(opts GRPCOptions) grpc.UnaryServerInterceptor {
 	key := opts.key()
 	return func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		if d := s.Decide(callerFromContext(ctx, key)); d.Drop {
+		if d := s.decideIncoming(ctx, key, opts.IgnoreDecided); d.Drop {
 			return nil, d.v.grpcErr
 		}
 		return handler(ctx, req)
@@ -46,11 +49,22 @@ func (s *ServiceLimiter) UnaryServerInterceptor(opts GRPCOptions) grpc.UnaryServ
 func (s *ServiceLimiter) StreamServerInterceptor(opts GRPCOptions) grpc.StreamServerInterceptor {
 	key := opts.key()
 	return func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-		if d := s.Decide(callerFromContext(ss.Context(), key)); d.Drop {
+		if d := s.decideIncoming(ss.Context(), key, opts.IgnoreDecided); d.Drop {
 			return d.v.grpcErr
 		}
 		return handler(srv, ss)
 	}
+}
+
+// decideIncoming decides an inbound call, unless its caller decided it
+// already (and ignoreDecided is off): then it admits it uncounted.
+func (s *ServiceLimiter) decideIncoming(ctx context.Context, key string, ignoreDecided bool) Decision {
+	caller := callerFromContext(ctx, key)
+	if !ignoreDecided && decidedUpstream(metadata.ValueFromIncomingContext(ctx, DecidedHeader), caller) {
+		s.upstream.Add(1)
+		return Decision{}
+	}
+	return s.Decide(caller)
 }
 
 func callerFromContext(ctx context.Context, key string) string {

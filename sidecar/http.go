@@ -28,6 +28,11 @@ type HTTPOptions struct {
 	// service name; DefaultCallerHeader when empty. A request without it
 	// counts as names.Unknown.
 	CallerHeader string
+	// IgnoreDecided decides and counts requests that their caller marked
+	// as decided already (DecidedHeader) like any other, for callees whose
+	// callers are not trusted to mark honestly. Then those callers must
+	// not enforce outbound as well: their calls would be counted twice.
+	IgnoreDecided bool
 }
 
 // Middleware enforces s's policy on inbound HTTP requests: the peer is the
@@ -42,12 +47,21 @@ type HTTPOptions struct {
 //
 // A gRPC call's caller is its metadata key opts.CallerHeader, which is the
 // HTTP/2 header of that name.
+//
+// A request whose DecidedHeader names its caller was decided and counted by
+// the caller's outbound enforcement: it reaches next undecided and uncounted
+// (but in DecidedUpstream), unless opts.IgnoreDecided.
 func (s *ServiceLimiter) Middleware(next http.Handler, opts HTTPOptions) http.Handler {
 	key := textproto.CanonicalMIMEHeaderKey(cmp.Or(opts.CallerHeader, DefaultCallerHeader))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var caller string
 		if v := r.Header[key]; len(v) > 0 {
 			caller = v[0]
+		}
+		if !opts.IgnoreDecided && decidedUpstream(r.Header[decidedKey], caller) {
+			s.upstream.Add(1)
+			next.ServeHTTP(w, r)
+			return
 		}
 		if d := s.Decide(caller); d.Drop {
 			if ct := r.Header["Content-Type"]; len(ct) > 0 && isGRPCContentType(ct[0]) {

@@ -289,7 +289,7 @@ func clampRatio(p float64) float64 {
 	return min(p, math.Nextafter(1, 0))
 }
 
-func compile(service string, r *Rule) *verdict {
+func compile(service string, dir Direction, r *Rule) *verdict {
 	p := clampRatio(r.DropRatio)
 	v := &verdict{
 		rule:   r,
@@ -302,8 +302,7 @@ func compile(service string, r *Rule) *verdict {
 		v.kind = kindShadow
 	}
 	if !v.shadow && (v.step != 0 || v.thresh != 0) {
-		v.http = renderHTTP(service, r)
-		v.grpcErr = renderGRPC(service, r)
+		v.http, v.grpcErr = renderRejection(service, dir, r)
 	}
 	return v
 }
@@ -492,6 +491,7 @@ type ServiceLimiter struct {
 	fail failState // the policy's age and fail mode; see failmode.go
 
 	invalidPeers atomic.Uint64 // requests whose peer name failed the name check
+	upstream     atomic.Uint64 // inbound requests their caller had decided already (DecidedHeader); see client.go
 }
 
 func newServiceLimiter(name string, maxPeers int, random bool, stripeMask uint64) *ServiceLimiter {
@@ -612,7 +612,7 @@ func (s *ServiceLimiter) setPolicy(p *Policy, received time.Time) {
 		for i := range p.Peers {
 			r := &p.Peers[i]
 			if validName(r.Peer) {
-				verdicts[r.Peer] = compile(s.name, r)
+				verdicts[r.Peer] = compile(s.name, p.Direction, r)
 			}
 		}
 	}

@@ -41,6 +41,10 @@ var (
 		"Requests a local token bucket decided while the policy was expired in fail mode local, by outcome; admitted + "+
 			"dropped is every such request, and shadow_dropped (a shadow rule's bucket was empty) are admitted too.",
 		[]string{"service", "outcome"}, nil)
+	decidedUpstreamDesc = prometheus.NewDesc("sluice_sidecar_decided_upstream_total",
+		"Inbound requests admitted without a decision because their caller's outbound enforcement had decided and "+
+			"counted them already (x-sluice-decided); in no other count.",
+		[]string{"service"}, nil)
 )
 
 // The states the policy state gauge has a series for.
@@ -76,6 +80,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- policyAgeDesc
 	ch <- failOpenDesc
 	ch <- localDecisionsDesc
+	ch <- decidedUpstreamDesc
 }
 
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
@@ -95,6 +100,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(peersDesc, prometheus.GaugeValue, float64(s.peerCount()), name)
 		ch <- prometheus.MustNewConstMetric(invalidPeersDesc, prometheus.CounterValue, float64(s.invalidPeers.Load()), name)
+		ch <- prometheus.MustNewConstMetric(decidedUpstreamDesc, prometheus.CounterValue, float64(s.upstream.Load()), name)
 		t := s.table.Load()
 		if p := t.policy; p != nil {
 			ch <- prometheus.MustNewConstMetric(policyPeersDesc, prometheus.GaugeValue, float64(len(p.Peers)), name)

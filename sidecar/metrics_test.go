@@ -51,6 +51,10 @@ func TestCollector(t *testing.T) {
 
 	var want strings.Builder
 	want.WriteString(`
+# HELP sluice_sidecar_decided_upstream_total Inbound requests admitted without a decision because their caller's outbound enforcement had decided and counted them already (x-sluice-decided); in no other count.
+# TYPE sluice_sidecar_decided_upstream_total counter
+sluice_sidecar_decided_upstream_total{service="cart"} 0
+sluice_sidecar_decided_upstream_total{service="checkout"} 0
 # HELP sluice_sidecar_drop_ratio Drop ratio in force for each peer listed in the current policy: the policy's, decaying to 0 once it has expired in fail mode open; absent for peers a token bucket decides (expired in fail mode local).
 # TYPE sluice_sidecar_drop_ratio gauge
 sluice_sidecar_drop_ratio{mode="enforce",peer="a",service="checkout"} 0

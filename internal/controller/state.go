@@ -153,19 +153,19 @@ func sortPeers(load *sluicev1.ZoneLoad) {
 	}
 }
 
-// zoneSurged reports whether some inbound bucket's offered rate jumped from
-// before to after, up or down (dropratio.Jumped); a bucket missing from one
-// of them had rate 0 there.
+// zoneSurged reports whether some bucket's offered rate, inbound or
+// outbound, jumped from before to after, up or down (dropratio.Jumped); a
+// bucket missing from one of them had rate 0 there.
 func zoneSurged(before, after *sluicev1.ZoneLoad) bool {
-	type bucket struct{ service, peer string }
+	type bucket struct {
+		service, peer string
+		dir           sluicev1.Direction
+	}
 	rates := func(z *sluicev1.ZoneLoad) map[bucket]float64 {
 		m := map[bucket]float64{}
 		for _, svc := range z.GetServices() {
-			if svc.GetDirection() != sluicev1.Direction_DIRECTION_INBOUND {
-				continue
-			}
 			for _, p := range svc.GetPeers() {
-				m[bucket{svc.GetService(), p.GetPeer()}] = p.GetOfferedRps()
+				m[bucket{svc.GetService(), p.GetPeer(), svc.GetDirection()}] = p.GetOfferedRps()
 			}
 		}
 		return m
@@ -308,7 +308,8 @@ func (s *State) Tick(now time.Time, set *limits.Set) TickResult {
 	}
 	res.Warm = true
 
-	inbound, live := s.sum()
+	loads := s.sum()
+	inbound, live := loads.buckets, loads.live
 	services := lawInput(inbound, set)
 	var dt time.Duration
 	if !s.lastStep.IsZero() {
@@ -333,6 +334,13 @@ func (s *State) Tick(now time.Time, set *limits.Set) TickResult {
 		res.Services[sv.Service] = tot
 		res.Buckets += len(sv.Verdicts)
 		policy := s.policy(sv, live[sv.Service], set.Service(sv.Service), now)
+		current[policy.GetName()] = true
+		if s.due(policy, now) {
+			s.published[policy.GetName()] = &published{policy: policy}
+			res.Changed[policy.GetName()] = policy
+		}
+	}
+	for _, policy := range s.callerPolicies(verdicts, loads.outLive, set, now) {
 		current[policy.GetName()] = true
 		if s.due(policy, now) {
 			s.published[policy.GetName()] = &published{policy: policy}
@@ -384,62 +392,145 @@ type peerTotals struct {
 	peer string
 }
 
-// sum adds up the live aggregators' inbound loads per callee, in sorted
-// aggregator order: float sums depend on order, and every controller replica
-// must compute the same ratios from the same inputs.
+// tickLoads is what one tick sums from the live aggregators' zone loads.
+type tickLoads struct {
+	// buckets holds each callee's load per caller, sorted by caller: what
+	// reached the callee's inbound sidecars undecided plus what callers
+	// enforcing outbound offered it (see combine).
+	buckets map[string][]peerTotals
+	live    map[string]uint32 // per callee: live inbound sidecars
+	outLive map[string]uint32 // per caller: live instances enforcing outbound
+}
+
+// sum adds up the live aggregators' loads, in sorted aggregator order: float
+// sums depend on order, and every controller replica must compute the same
+// ratios from the same inputs.
 //
 // Each zone load lists a service's peers sorted (Apply sees to it), so a
 // service's peers are merged across aggregators rather than hashed: at
 // 110,000 buckets from a dozen aggregators, a map keyed by (service, peer)
 // was most of a tick.
-func (s *State) sum() (map[string][]peerTotals, map[string]uint32) {
-	perService := map[string][]*sluicev1.ServiceLoad{} // in aggregator order
-	live := map[string]uint32{}
+func (s *State) sum() tickLoads {
+	// Indexed by direction: 0 inbound (service = callee, peers = callers),
+	// 1 outbound (service = caller, peers = callees).
+	var perService [2]map[string][]*sluicev1.ServiceLoad // in aggregator order
+	var live [2]map[string]uint32
+	for d := range perService {
+		perService[d], live[d] = map[string][]*sluicev1.ServiceLoad{}, map[string]uint32{}
+	}
 	for _, id := range sortedKeys(s.aggs) {
 		for _, svc := range s.aggs[id].load.GetServices() {
-			// Outbound loads (caller-side enforcement) are accepted on the
-			// wire but not yet turned into caller/<svc> policies.
-			if svc.GetDirection() != sluicev1.Direction_DIRECTION_INBOUND {
-				continue
+			d := 0
+			if svc.GetDirection() == sluicev1.Direction_DIRECTION_OUTBOUND {
+				d = 1
 			}
 			// Saturating: a zone claiming 2^32-1 sidecars must not wrap the
 			// sum around to a handful.
-			live[svc.GetService()] += min(svc.GetLiveSidecars(), math.MaxUint32-live[svc.GetService()])
-			perService[svc.GetService()] = append(perService[svc.GetService()], svc)
+			live[d][svc.GetService()] += min(svc.GetLiveSidecars(), math.MaxUint32-live[d][svc.GetService()])
+			perService[d][svc.GetService()] = append(perService[d][svc.GetService()], svc)
 		}
 	}
-	out := make(map[string][]peerTotals, len(perService))
-	heads := []int{}
-	for name, loads := range perService {
-		heads = append(heads[:0], make([]int, len(loads))...)
-		var merged []peerTotals
-		for {
-			// The smallest peer at the heads; its rates are added in
-			// aggregator order.
-			peer, found := "", false
-			for k, l := range loads {
-				if h := heads[k]; h < len(l.GetPeers()) && (!found || l.GetPeers()[h].GetPeer() < peer) {
-					peer, found = l.GetPeers()[h].GetPeer(), true
-				}
-			}
-			if !found {
-				break
-			}
-			t := peerTotals{peer: peer}
-			for k, l := range loads {
-				if h := heads[k]; h < len(l.GetPeers()) && l.GetPeers()[h].GetPeer() == peer {
-					p := l.GetPeers()[h]
-					t.Offered += p.GetOfferedRps()
-					t.Dropped += p.GetDroppedRps()
-					t.ShadowDropped += p.GetShadowDroppedRps()
-					heads[k]++
-				}
-			}
-			merged = append(merged, t)
+	var merged [2]map[string][]peerTotals
+	for d := range merged {
+		merged[d] = make(map[string][]peerTotals, len(perService[d]))
+		for name, loads := range perService[d] {
+			merged[d][name] = mergePeers(loads)
 		}
-		out[name] = merged
 	}
-	return out, live
+	return tickLoads{buckets: combine(merged[0], merged[1]), live: live[0], outLive: live[1]}
+}
+
+// mergePeers adds up one service's peers across the zone loads of several
+// aggregators, each sorted by peer; the result is sorted by peer too.
+func mergePeers(loads []*sluicev1.ServiceLoad) []peerTotals {
+	heads := make([]int, len(loads))
+	var merged []peerTotals
+	for {
+		// The smallest peer at the heads; its rates are added in
+		// aggregator order.
+		peer, found := "", false
+		for k, l := range loads {
+			if h := heads[k]; h < len(l.GetPeers()) && (!found || l.GetPeers()[h].GetPeer() < peer) {
+				peer, found = l.GetPeers()[h].GetPeer(), true
+			}
+		}
+		if !found {
+			return merged
+		}
+		t := peerTotals{peer: peer}
+		for k, l := range loads {
+			if h := heads[k]; h < len(l.GetPeers()) && l.GetPeers()[h].GetPeer() == peer {
+				p := l.GetPeers()[h]
+				t.Offered += p.GetOfferedRps()
+				t.Dropped += p.GetDroppedRps()
+				t.ShadowDropped += p.GetShadowDroppedRps()
+				heads[k]++
+			}
+		}
+		merged = append(merged, t)
+	}
+}
+
+// combine turns outbound loads (per caller, peers = callees) around into
+// buckets (per callee, peers = callers) and adds them to the inbound ones.
+//
+// The double-counting rule: a call that a caller enforcing outbound admits
+// reaches the callee's inbound sidecar marked as decided (sidecar.
+// DecidedHeader), and the inbound side neither decides nor counts it. So
+// the inbound counts of a bucket hold only what no caller decided (callers
+// that do not enforce outbound, or not yet), the outbound counts what the
+// enforcing callers offered before their drops, and a bucket's offered load
+// is their sum: each request counted once, whichever side decided it. The
+// law runs once per bucket on that sum, and both sides get the bucket's one
+// ratio (callee/<callee> and caller/<caller>), each applying it to the
+// requests it decides, so that together they admit the limit: (1−p)·(R_out
+// + R_in) = L, never 2·L, and no request is dropped twice.
+//
+// Outbound peers names.Unknown and names.Overflow (calls whose callee the
+// caller could not name, or beyond its table) are left out: no limit can
+// name them, and they would make policies for services that do not exist.
+// Sums are in a fixed order, inbound first, callers sorted.
+func combine(inbound, outbound map[string][]peerTotals) map[string][]peerTotals {
+	if len(outbound) == 0 {
+		return inbound
+	}
+	byCallee := map[string][]peerTotals{} // sorted by caller: callers are visited sorted
+	for _, caller := range sortedKeys(outbound) {
+		for _, p := range outbound[caller] {
+			if p.peer == names.Unknown || p.peer == names.Overflow {
+				continue
+			}
+			byCallee[p.peer] = append(byCallee[p.peer], peerTotals{Totals: p.Totals, peer: caller})
+		}
+	}
+	out := make(map[string][]peerTotals, len(inbound)+len(byCallee))
+	for callee, in := range inbound {
+		out[callee] = in
+	}
+	for callee, outb := range byCallee {
+		in := inbound[callee]
+		merged := make([]peerTotals, 0, len(in)+len(outb))
+		i, j := 0, 0
+		for i < len(in) || j < len(outb) {
+			switch {
+			case j == len(outb) || i < len(in) && in[i].peer < outb[j].peer:
+				merged = append(merged, in[i])
+				i++
+			case i == len(in) || outb[j].peer < in[i].peer:
+				merged = append(merged, outb[j])
+				j++
+			default: // the same caller on both sides
+				t := in[i]
+				t.Offered += outb[j].Offered
+				t.Dropped += outb[j].Dropped
+				t.ShadowDropped += outb[j].ShadowDropped
+				merged = append(merged, t)
+				i, j = i+1, j+1
+			}
+		}
+		out[callee] = merged
+	}
+	return out
 }
 
 // lawInput joins observed load with configured limits: every callee with
@@ -505,6 +596,72 @@ func (s *State) policy(sv dropratio.ServiceVerdict, live uint32, lim *limits.Ser
 		})
 	}
 	return p
+}
+
+// callerPolicies builds the outbound policy, caller/<caller>, of every
+// caller that enforces outbound (outLive: its live instances), sorted by
+// caller: its rules are the buckets' verdicts where it is the caller, one
+// per callee, with the same ratio the callee's inbound policy carries for
+// it (see combine). Verdicts come sorted by callee, so each caller's rules
+// are too.
+//
+// A policy has one fail mode while its callees may each have their own: the
+// callees' common fail mode when they agree, else open, the default.
+func (s *State) callerPolicies(verdicts []dropratio.ServiceVerdict, outLive map[string]uint32, set *limits.Set, now time.Time) []*sluicev1.DropPolicy {
+	if len(outLive) == 0 {
+		return nil
+	}
+	policies := make(map[string]*sluicev1.DropPolicy, len(outLive))
+	failModes := make(map[string]string, len(outLive)) // "" before the first callee, "mixed" once they differ
+	for _, caller := range sortedKeys(outLive) {
+		policies[caller] = &sluicev1.DropPolicy{
+			Name:          names.Caller(caller),
+			Service:       caller,
+			Direction:     sluicev1.Direction_DIRECTION_OUTBOUND,
+			Ttl:           durationpb.New(s.cfg.PolicyTTL),
+			LiveInstances: outLive[caller],
+			FailMode:      sluicev1.FailMode_FAIL_MODE_OPEN,
+			FailOpenDecay: durationpb.New(s.cfg.FailOpenDecay),
+			IssuedAt:      timestamppb.New(now),
+		}
+	}
+	for _, sv := range verdicts {
+		fm := limits.FailOpen
+		if lim := set.Service(sv.Service); lim != nil {
+			fm = lim.FailMode
+		}
+		for _, v := range sv.Verdicts {
+			p := policies[v.Caller]
+			if p == nil {
+				continue
+			}
+			p.Peers = append(p.Peers, &sluicev1.PeerPolicy{
+				Peer:       sv.Service,
+				DropRatio:  v.Ratio,
+				Mode:       modeProto(v.Mode),
+				LimitRps:   finiteOrAbsent(v.Limit),
+				AllowedRps: finiteOrAbsent(v.Allowed),
+				OfferedRps: v.Offered,
+				Reason:     reasonProto(v.Reason, v.Ratio),
+			})
+			switch failModes[v.Caller] {
+			case "":
+				failModes[v.Caller] = fm
+			case fm, "mixed":
+			default:
+				failModes[v.Caller] = "mixed"
+			}
+		}
+	}
+	out := make([]*sluicev1.DropPolicy, 0, len(policies))
+	for _, caller := range sortedKeys(policies) {
+		p := policies[caller]
+		if fm := failModes[caller]; fm != "" && fm != "mixed" {
+			p.FailMode = failModeProto(fm)
+		}
+		out = append(out, p)
+	}
+	return out
 }
 
 // due says whether policy differs enough from what was last published, or

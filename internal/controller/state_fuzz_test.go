@@ -226,7 +226,7 @@ func FuzzZoneLoad(f *testing.F) {
 			st.TakeUrgent()
 			*s = st
 		}
-		live := map[string]uint32{"checkout": 2} // the most one accepted zone load claimed
+		live := map[string]uint32{"callee/checkout": 2} // by policy: the most one accepted zone load claimed
 		for i, data := range [][]byte{load1, load2} {
 			z := new(sluicev1.ZoneLoad)
 			if proto.Unmarshal(data, z) != nil {
@@ -247,9 +247,11 @@ func FuzzZoneLoad(f *testing.F) {
 				t.Fatalf("zone load %d: surge mark differs", i)
 			}
 			for _, svc := range z.GetServices() {
-				if svc.GetDirection() == inbound {
-					live[svc.GetService()] = max(live[svc.GetService()], svc.GetLiveSidecars())
+				name := names.Callee(svc.GetService())
+				if svc.GetDirection() == outbound {
+					name = names.Caller(svc.GetService())
 				}
+				live[name] = max(live[name], svc.GetLiveSidecars())
 			}
 		}
 		for tick := range 2 {
@@ -290,8 +292,8 @@ func checkTick(t *testing.T, tick int, res controller.TickResult, live map[strin
 		if p.Name != name {
 			t.Errorf("tick %d: policy %q published as %q", tick, p.Name, name)
 		}
-		if uint32(p.LiveInstances) < live[p.Service] {
-			t.Errorf("tick %d: %s: live instances %d, but one zone alone reported %d", tick, name, p.LiveInstances, live[p.Service])
+		if uint32(p.LiveInstances) < live[name] {
+			t.Errorf("tick %d: %s: live instances %d, but one zone alone reported %d", tick, name, p.LiveInstances, live[name])
 		}
 	}
 	for svc, tot := range res.Services {

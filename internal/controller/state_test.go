@@ -505,7 +505,8 @@ func TestSumMergesAggregators(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	inbound, live := s.sum()
+	loads := s.sum()
+	inbound, live := loads.buckets, loads.live
 	if live["checkout"] != 5 {
 		t.Errorf("live = %d, want 5", live["checkout"])
 	}

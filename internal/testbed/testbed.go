@@ -12,11 +12,14 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/sluicehq/sluice/internal/admin"
 	"github.com/sluicehq/sluice/internal/agent"
@@ -56,11 +59,13 @@ type Cluster struct {
 	Sidecars       []*Node
 	UpstreamURL    string
 
-	mu         sync.Mutex // protects controller
+	mu         sync.Mutex // protects controller, svc and callers
 	controller *Node
 	svc        *controller.Service
+	callers    []*Caller // see StartCaller
 
-	upstream *http.Server
+	upstream     *http.Server
+	upstreamGRPC *grpc.Server // behind upstream, for gRPC calls
 }
 
 // Node is one running component.
@@ -118,12 +123,20 @@ func Start(opts Options) (*Cluster, error) {
 		}
 	}()
 
-	// The app behind every sidecar answers at once.
+	// The app behind every sidecar answers at once: "ok" to HTTP, and
+	// the gRPC health service (SERVING) to gRPC calls, which the sidecars
+	// pass on over h2c.
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
 	}
+	c.upstreamGRPC = grpc.NewServer()
+	healthpb.RegisterHealthServer(c.upstreamGRPC, health.NewServer())
 	c.upstream = proxy.NewServer("", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ProtoMajor == 2 && strings.HasPrefix(r.Header.Get("Content-Type"), "application/grpc") {
+			c.upstreamGRPC.ServeHTTP(w, r)
+			return
+		}
 		io.Copy(io.Discard, r.Body)
 		io.WriteString(w, "ok\n")
 	}))
@@ -330,9 +343,16 @@ func (c *Cluster) Ratio(caller string) float64 {
 	return 0
 }
 
-// Close stops everything, sidecars first, and waits.
+// Close stops everything, callers and sidecars first, and waits.
 func (c *Cluster) Close() error {
 	var errs []error
+	c.mu.Lock()
+	callers := c.callers
+	c.callers = nil
+	c.mu.Unlock()
+	for _, cl := range callers {
+		errs = append(errs, cl.Stop())
+	}
 	for _, n := range c.Sidecars {
 		errs = append(errs, n.Stop())
 		n.Agent.Close()
@@ -351,6 +371,7 @@ func (c *Cluster) Close() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		c.upstream.Shutdown(ctx)
 		cancel()
+		c.upstreamGRPC.Stop()
 	}
 	return errors.Join(errs...)
 }
