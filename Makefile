@@ -41,7 +41,7 @@ bench: ## benchmarks recorded in docs/benchmarks.md (Postgres ones start a throw
 	$(GO) test -run '^$$' -bench . -benchtime 10x ./pkg/history
 	$(GO) test -run '^$$' -bench . -benchtime 5x ./internal/configurator
 
-bench-compare: ## sluice vs Redis + Lua, side by side (~7 min; QUICK=1 for a short check): tables in bin/bench-compare, plots in docs/img
+bench-compare: ## sluice vs Redis + Lua, side by side (~6 min; QUICK=1 for a short check): tables in bin/bench-compare, plots in docs/img
 	@bash scripts/ensure-redis.sh
 	$(GO) test -race -count=1 -tags benchcompare ./bench/...
 	$(GO) run ./bench/cmd/compare $(if $(QUICK),-quick)
