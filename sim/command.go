@@ -71,7 +71,10 @@ func Command() *cobra.Command {
 
   sim run    deterministic mode: the production sidecar, aggregator, controller and
              control law in one goroutine, under a virtual clock, with a seeded random
-             source; the same scenario and seed give the same output, byte for byte.`,
+             source; the same scenario and seed give the same output, byte for byte.
+  sim live   live mode: the same scenarios, scaled down, against the real controller,
+             aggregator and sidecar binaries on loopback; --compare sets the two modes
+             side by side.`,
 		SilenceUsage: true,
 	}
 	root.AddCommand(runCommand())

@@ -307,6 +307,11 @@ type simController struct {
 	warm  bool // has published since it last started
 	ticks pokeTicker
 	gen   int // the ticker's generation: a restarted controller has a new one
+	// phase is where the regular ticks fall: at phase + k·tick. The
+	// production ticker is aligned to the wall clock (ticker.Aligned), so
+	// a restarted controller ticks on the same grid as before, not a tick
+	// after it started.
+	phase time.Duration
 }
 
 // pokeTicker is internal/ticker's rule for the aggregator's flushes and the
@@ -430,15 +435,17 @@ func newEngine(sc *Scenario, seed uint64, opts Options) (*engine, error) {
 		e.at(phase, func() { e.flush(a) })
 	}
 
-	// The controller ticks at its own phase too: nothing aligns its ticker
-	// with the seconds the measures are binned in.
+	// The controller ticks at its own phase too: its ticker is aligned to
+	// the wall clock, and nothing aligns that with the seconds the
+	// measures are binned in.
 	st, err := controller.NewState(sc.Loop.Controller.StateConfig, Epoch)
 	if err != nil {
 		return nil, fmt.Errorf("controller: %w", err)
 	}
-	e.ctl = simController{state: st, ticks: newPokeTicker(sc.Loop.Controller.Tick)}
+	phase := time.Duration(e.rng.Int64N(int64(sc.Loop.Controller.Tick)))
+	e.ctl = simController{state: st, ticks: newPokeTicker(sc.Loop.Controller.Tick), phase: phase}
 	gen := e.ctl.gen
-	e.at(time.Duration(e.rng.Int64N(int64(sc.Loop.Controller.Tick))), func() { e.tick(gen) })
+	e.at(phase, func() { e.tick(gen) })
 
 	for _, ev := range sc.Events {
 		switch ev.Kind {
@@ -961,10 +968,16 @@ func (e *engine) restartController(down time.Duration) {
 			e.fail(fmt.Errorf("restart controller: %w", err))
 			return
 		}
-		// A new process: new state, and a ticker that starts now.
-		gen := e.ctl.gen + 1
-		e.ctl = simController{state: st, ticks: newPokeTicker(e.sc.Loop.Controller.Tick), gen: gen}
-		e.after(e.sc.Loop.Controller.Tick, func() { e.tick(gen) })
+		// A new process: new state, and a ticker whose first regular tick
+		// is the next one on the wall-clock grid, as ticker.Aligned's.
+		tick := e.sc.Loop.Controller.Tick
+		gen, phase := e.ctl.gen+1, e.ctl.phase
+		e.ctl = simController{state: st, ticks: newPokeTicker(tick), gen: gen, phase: phase}
+		next := phase
+		if e.now >= phase {
+			next = phase + ((e.now-phase)/tick+1)*tick
+		}
+		e.at(next, func() { e.tick(gen) })
 		e.note("controller starts with empty state")
 	})
 }

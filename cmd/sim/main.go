@@ -8,6 +8,7 @@ import (
 	"syscall"
 
 	"github.com/sluicehq/sluice/sim"
+	"github.com/sluicehq/sluice/sim/live"
 	"github.com/sluicehq/sluice/sim/scale"
 )
 
@@ -15,8 +16,8 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	root := sim.Command() // `sim run`: deterministic mode
-	// The other modes plug in here, each as its package's Command():
-	// root.AddCommand(live.Command())  // `sim live`: the real binaries on loopback
+	// The other modes plug in here, each as its package's Command().
+	root.AddCommand(live.Command())  // `sim live`: the real binaries on loopback
 	root.AddCommand(scale.Command()) // `sim scale`: counted traffic at fleet scale
 	if err := root.ExecuteContext(ctx); err != nil {
 		os.Exit(1)
