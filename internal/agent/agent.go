@@ -65,6 +65,11 @@ type Config struct {
 	SurgeCheck time.Duration
 	// CallerHeader names the request header that carries the caller.
 	CallerHeader string
+	// IgnoreDecided decides and counts every request, even one its caller
+	// marked as decided by its own outbound enforcement (x-sluice-decided).
+	// The mark is as forgeable as the caller header: set this when callers
+	// are not trusted to enforce their own outbound limits.
+	IgnoreDecided bool
 	// MaxPeers bounds the distinct callers tracked before the rest share
 	// one overflow bucket; at most MaxPeersLimit.
 	MaxPeers int
@@ -210,7 +215,7 @@ func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Agent, er
 		return nil, err
 	}
 	a.proxy = p
-	a.handler = a.svc.Middleware(p, sidecar.HTTPOptions{CallerHeader: cfg.CallerHeader})
+	a.handler = a.svc.Middleware(p, sidecar.HTTPOptions{CallerHeader: cfg.CallerHeader, IgnoreDecided: cfg.IgnoreDecided})
 
 	protocol := xdsclient.Delta
 	if cfg.XDSProtocol == "sotw" {

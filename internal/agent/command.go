@@ -95,6 +95,7 @@ flags win over the environment, the environment over the file.`,
 	f.DurationVar(&cfg.ReportInterval, "report-interval", cfg.ReportInterval, "how often to report load to the aggregator")
 	f.DurationVar(&cfg.SurgeCheck, "surge-check", cfg.SurgeCheck, "how often to look for a surge between reports and report it at once; 0 means a tenth of --report-interval, negative none")
 	f.StringVar(&cfg.CallerHeader, "caller-header", cfg.CallerHeader, "request header that names the caller")
+	f.BoolVar(&cfg.IgnoreDecided, "ignore-decided", cfg.IgnoreDecided, "decide every request, even those a caller marked x-sluice-decided after enforcing its own outbound limit (for callers not trusted to)")
 	f.IntVar(&cfg.MaxPeers, "max-peers", cfg.MaxPeers, "distinct callers tracked before the rest share the _overflow bucket")
 	f.StringVar(&cfg.Strategy, "strategy", cfg.Strategy, "drop decision: diffuse (exact error diffusion) or random")
 	tlsFlags.AddFlags(f)
