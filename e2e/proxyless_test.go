@@ -7,6 +7,7 @@ import (
 	"math"
 	"net"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -15,6 +16,7 @@ import (
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	runtime "github.com/envoyproxy/go-control-plane/envoy/service/runtime/v3"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -28,8 +30,10 @@ import (
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/controller"
 	"github.com/sluicehq/sluice/internal/limits"
+	"github.com/sluicehq/sluice/internal/testbed"
 	"github.com/sluicehq/sluice/internal/xdsserver"
 	"github.com/sluicehq/sluice/pkg/dropratio"
+	"github.com/sluicehq/sluice/sidecar"
 )
 
 // What the proxyless test asks of the abort share. Calls are aborted at
@@ -548,4 +552,331 @@ func (w *runtimeWatch) lastStatus(caller string) float64 {
 	}
 	v, _ := w.layers[len(w.layers)-1].GetLayer().AsMap()[xdsserver.AbortHTTPStatusKey(caller)].(float64)
 	return v
+}
+
+// upstreamCall is one call of a paced proxyless client.
+type upstreamCall struct {
+	start   time.Time
+	aborted bool // by the client's fault filter
+	// dropped by the callee's sluice interceptor: a second drop, which
+	// must not happen to a caller enforced upstream.
+	calleeDropped bool
+}
+
+// pacedClient calls Check at a fixed rate through a proxyless client,
+// whatever the outcomes: an open loop, so that the offered rate is the
+// test's and not the callee's (an aborted call returns at once, so a client
+// that calls again on return would offer more the more it is aborted).
+type pacedClient struct {
+	*proxylessClient
+	mu    sync.Mutex // guards calls
+	calls []upstreamCall
+}
+
+// run starts the pacer; every call it makes is owned by wg too. At most
+// 256 calls are in flight: past that the pacer waits, and catches up after.
+func (c *pacedClient) run(ctx context.Context, t *testing.T, rate float64, wg *sync.WaitGroup) {
+	hc := healthpb.NewHealthClient(c.cc)
+	md := metadata.Pairs(callerHeader, c.caller)
+	inFlight := make(chan struct{}, 256)
+	wg.Go(func() {
+		start := time.Now()
+		timer := time.NewTimer(0)
+		defer timer.Stop()
+		for i := 0; ; i++ {
+			timer.Reset(time.Until(start.Add(time.Duration(float64(i) / rate * float64(time.Second)))))
+			select {
+			case <-ctx.Done():
+				return
+			case <-timer.C:
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case inFlight <- struct{}{}:
+			}
+			wg.Go(func() {
+				defer func() { <-inFlight }()
+				s := time.Now()
+				cctx, cancel := context.WithTimeout(metadata.NewOutgoingContext(ctx, md), 10*time.Second)
+				_, err := hc.Check(cctx, &healthpb.HealthCheckRequest{})
+				cancel()
+				if err != nil && ctx.Err() != nil {
+					return // cut short by the end of the run
+				}
+				call := upstreamCall{start: s}
+				switch status.Code(err) {
+				case codes.OK:
+				case codes.ResourceExhausted:
+					// sluice's own rejection says so (sidecar.renderGRPC);
+					// the fault filter's does not.
+					if strings.Contains(status.Convert(err).Message(), "rate limited by sluice") {
+						call.calleeDropped = true
+					} else {
+						call.aborted = true
+					}
+				default:
+					t.Errorf("%s: call failed with something other than a drop: %v", c.caller, err)
+					return
+				}
+				c.mu.Lock()
+				c.calls = append(c.calls, call)
+				c.mu.Unlock()
+			})
+		}
+	})
+}
+
+// between returns the calls that started in [from, to): how many, aborted
+// by the client, dropped by the callee.
+func (c *pacedClient) between(from, to time.Time) (n, aborted, calleeDropped int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, call := range c.calls {
+		if call.start.Before(from) || !call.start.Before(to) {
+			continue
+		}
+		n++
+		if call.aborted {
+			aborted++
+		}
+		if call.calleeDropped {
+			calleeDropped++
+		}
+	}
+	return n, aborted, calleeDropped
+}
+
+// ratioSamples polls the controller's published ratio of (checkout, web)
+// every 100ms until ctx ends.
+type ratioSamples struct {
+	mu sync.Mutex // guards at and ratio
+	at []time.Time
+	r  []float64
+}
+
+func (s *ratioSamples) run(ctx context.Context, c *testbed.Cluster, wg *sync.WaitGroup) {
+	wg.Go(func() {
+		tk := time.NewTicker(100 * time.Millisecond)
+		defer tk.Stop()
+		for {
+			if svc := c.Controller(); svc != nil {
+				if r := publishedRatio(svc, "web"); r >= 0 && !math.IsNaN(r) {
+					s.mu.Lock()
+					s.at, s.r = append(s.at, time.Now()), append(s.r, r)
+					s.mu.Unlock()
+				}
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-tk.C:
+			}
+		}
+	})
+}
+
+// last is the latest sample, -1 before the first.
+func (s *ratioSamples) last() float64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.r) == 0 {
+		return -1
+	}
+	return s.r[len(s.r)-1]
+}
+
+// since returns the samples taken from t on.
+func (s *ratioSamples) since(t time.Time) []float64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []float64
+	for i, at := range s.at {
+		if !at.Before(t) {
+			out = append(out, s.r[i])
+		}
+	}
+	return out
+}
+
+// limiterMetric is the value of a sidecar metric of the checkout service
+// and peer, by its outcome label ("" for none).
+func limiterMetric(t *testing.T, g prometheus.Gatherer, name, peer, outcome string) float64 {
+	t.Helper()
+	mfs, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	metrics:
+		for _, m := range mf.GetMetric() {
+			want := map[string]string{"service": "checkout", "peer": peer, "outcome": outcome}
+			for _, lp := range m.GetLabel() {
+				if want[lp.GetName()] != lp.GetValue() {
+					continue metrics
+				}
+			}
+			return m.GetCounter().GetValue()
+		}
+	}
+	return math.NaN()
+}
+
+// TestProxylessCallerCountedAtTheCallee runs the whole loop for a proxyless
+// caller, with no synthetic load: a real gRPC-Go xDS client (caller web)
+// calls xds:///checkout at a fixed 300 rps; the callee is a real gRPC
+// server behind sluice's inbound interceptors (internal/testbed's
+// GRPCCallee), whose reporter reports to a real aggregator, which flushes to
+// the real controller, which serves the client its route. The limits
+// declare the bucket enforced upstream, limit 210 rps.
+//
+// The client aborts a share p of its calls before they are sent, so the
+// callee sees 300·(1−p). It must report 300 (each arrival weighs 1/(1−p)),
+// so that the law settles at p = 1 − 210/300 = 0.3 instead of swinging
+// 0.3, 0, 0.3, … as it does on post-drop counts; and it must not drop the
+// survivors again. Checked over a 15 s window once the ratio is up:
+//   - the rate the callee's app receives is 210 rps ± 5 %;
+//   - the offered rate the callee reports is the clients' ± 5 %;
+//   - no published ratio falls below 0.1 (the post-drop failure is 0 every
+//     other tick), and their mean is 0.3 ± 0.05;
+//   - the callee dropped nothing: no call failed with sluice's own
+//     rejection, its drop counter is 0, and every arrival it counted as
+//     enforced upstream reached the app.
+//
+// The tolerances are wide for a loaded 2-core machine: the aborts are
+// random, so the reported rate over 15 s has a standard deviation of about
+// 1 %, and one second's of about 4 %, which moves one tick's ratio by
+// about 0.03.
+func TestProxylessCallerCountedAtTheCallee(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end-to-end: a whole loop for half a minute")
+	}
+	const (
+		offeredRPS = 300.0
+		limitRPS   = 210.0
+		wantRatio  = 1 - limitRPS/offeredRPS
+		rateTol    = 0.05
+		window     = 15 * time.Second
+	)
+	set, err := limits.Parse(strings.NewReader(`
+services:
+  checkout:
+    callers:
+      web: {limit: 210, enforcement: upstream} # a proxyless gRPC client
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The callee's listener first: the controller's proxyless endpoints
+	// name it.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := controller.DefaultConfig()
+	cfg.Warmup = 0
+	cfg.Proxyless = xdsserver.Endpoints{"checkout": {ln.Addr().String()}}
+	logs := &testLog{w: t.Output()}
+	t.Cleanup(logs.close)
+	c, err := testbed.Start(testbed.Options{
+		Service: "checkout", Zones: []string{"zone-a"}, NoSidecars: true,
+		Limits: set, Controller: &cfg,
+		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn})),
+	})
+	if err != nil {
+		ln.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	callee, err := c.StartGRPCCallee(ln, "checkout-0", "zone-a", sidecar.GRPCOptions{CallerHeader: callerHeader})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(callee.Limiter.Collector())
+
+	// The callee holds its policy before the first call, so that every
+	// call of web is counted as enforced upstream.
+	waitFor(t, 15*time.Second, "the callee holds web as enforced upstream", func() bool {
+		p := callee.Limiter.Policy("checkout")
+		return p != nil && p.Rule("web") != nil && p.Rule("web").Mode == sidecar.Upstream
+	})
+	web := &pacedClient{proxylessClient: newProxylessClient(t, c.ControllerAddr, "web", "web-1")}
+	ctx, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	t.Cleanup(func() { // before the cluster closes, on any way out
+		stop()
+		wg.Wait()
+	})
+	ratios := &ratioSamples{}
+	ratios.run(ctx, c, &wg)
+	begin := time.Now()
+	web.run(ctx, t, offeredRPS, &wg)
+
+	waitFor(t, 30*time.Second, "the controller publishes web at ≥ 0.25", func() bool {
+		return ratios.last() >= 0.25 || t.Failed()
+	})
+	up := time.Now()
+	t.Logf("web's ratio reached %.3f %v after the load started", ratios.last(), up.Sub(begin).Round(time.Millisecond))
+	// Three ticks to settle, then the window.
+	time.Sleep(3 * cfg.Tick)
+	counts := func() (sidecar.PeerCounts, int) {
+		for _, pc := range callee.Limiter.AppendCounts("checkout", nil) {
+			if pc.Peer == "web" {
+				return pc, callee.Received("web")
+			}
+		}
+		return sidecar.PeerCounts{}, callee.Received("web")
+	}
+	from := time.Now()
+	c1, recv1 := counts()
+	time.Sleep(window)
+	to := time.Now()
+	c2, recv2 := counts()
+	secs := to.Sub(from).Seconds()
+
+	n, aborted, _ := web.between(from, to)
+	clientOffered := float64(n) / secs
+	admitted := float64(recv2-recv1) / secs
+	reported := float64(c2.Offered-c1.Offered) / secs
+	samples := ratios.since(from)
+	mean, lo, hi := 0.0, math.Inf(1), math.Inf(-1)
+	for _, r := range samples {
+		mean += r / float64(len(samples))
+		lo, hi = min(lo, r), max(hi, r)
+	}
+	t.Logf("window of %.1fs: clients offered %.1f rps, %.4f aborted; callee received %.1f rps (limit %v), reported %.1f rps offered; published ratio mean %.3f, min %.3f, max %.3f over %d samples",
+		secs, clientOffered, float64(aborted)/float64(n), admitted, limitRPS, reported, mean, lo, hi, len(samples))
+	if clientOffered < 1.2*limitRPS {
+		t.Fatalf("the clients offered only %.1f rps, too little over the limit %v to test anything (machine too busy?)", clientOffered, limitRPS)
+	}
+	if math.Abs(admitted-limitRPS) > rateTol*limitRPS {
+		t.Errorf("callee received %.1f rps, want the limit %v ± %.0f %%", admitted, limitRPS, 100*rateTol)
+	}
+	if math.Abs(reported-clientOffered) > rateTol*clientOffered {
+		t.Errorf("callee reported %.1f rps offered, the clients offered %.1f: want within %.0f %%", reported, clientOffered, 100*rateTol)
+	}
+	if len(samples) < 10 || lo < 0.1 || math.Abs(mean-wantRatio) > 0.05 {
+		t.Errorf("published ratios over the window: mean %.3f, min %.3f over %d samples; want mean %.2f ± 0.05 and none below 0.1 (no swing to 0)",
+			mean, lo, len(samples), wantRatio)
+	}
+
+	// No second drop anywhere.
+	stop()
+	wg.Wait()
+	if _, _, dropped := web.between(begin, time.Now()); dropped != 0 {
+		t.Errorf("the callee's interceptor dropped %d calls of a caller enforced upstream", dropped)
+	}
+	ownDrops := limiterMetric(t, reg, "sluice_sidecar_requests_total", "web", "dropped")
+	arrivals := limiterMetric(t, reg, "sluice_sidecar_upstream_arrivals_total", "web", "")
+	inferred := limiterMetric(t, reg, "sluice_sidecar_upstream_dropped_total", "web", "")
+	t.Logf("callee's counters: %v arrivals enforced upstream, %v inferred upstream drops, %v own drops; app received %d",
+		arrivals, inferred, ownDrops, callee.Received("web"))
+	if ownDrops != 0 || arrivals != float64(callee.Received("web")) || !(inferred > 0) {
+		t.Errorf("callee counted %v own drops, %v upstream arrivals for %d received, %v inferred drops; want 0, all, > 0",
+			ownDrops, arrivals, callee.Received("web"), inferred)
+	}
 }

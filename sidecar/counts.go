@@ -7,7 +7,7 @@ package sidecar
 // snapshots into per-window counts.
 type PeerCounts struct {
 	Peer          string
-	Offered       uint64 // every request seen, dropped ones included
-	Dropped       uint64 // dropped by an enforced ratio; a subset of Offered
+	Offered       uint64 // every request seen, dropped ones included, and for a peer enforced upstream the inferred upstream drops
+	Dropped       uint64 // dropped by an enforced ratio, or inferred dropped upstream (Mode Upstream); a subset of Offered
 	ShadowDropped uint64 // a shadow ratio would have dropped; admitted
 }

@@ -201,6 +201,13 @@ func (s *ServiceLimiter) deriveLocked(p *Policy) {
 // FailLocal. s.mu must be held.
 func (s *ServiceLimiter) failVerdict(p *Policy, v *verdict) *verdict {
 	r := v.rule
+	if v.kind == kindUpstream {
+		// This side never drops the peer, fresh or not. The upstream
+		// data planes keep their last ratio when the controller is
+		// gone (docs/dataplanes.md: hold), so the weights of that
+		// ratio stay right.
+		return v
+	}
 	if p.FailMode == FailLocal {
 		if !(r.LimitRPS >= 0) || math.IsInf(r.LimitRPS, 1) { // no limit (NaN: a hand-built policy)
 			if v.admitsAll() {

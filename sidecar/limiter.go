@@ -268,17 +268,42 @@ type verdict struct {
 	// Fail modes only (see failmode.go).
 	keep   *atomic.Uint64 // kindOpen: the share of picked requests still dropped, 32.32; Expire lowers it
 	bucket *tokenBucket   // kindLocal
+
+	// kindUpstream only: the requests each arrival stands for that the
+	// upstream data plane dropped, p/(1−p), in 1/upstreamOne units:
+	// round(upstreamOne/(1−p)) − upstreamOne.
+	upWeight uint64
 }
 
 // verdictKind is what happens to a request that a verdict's ratio picked.
 type verdictKind uint8
 
 const (
-	kindEnforce verdictKind = iota // dropped: the fresh path
-	kindShadow                     // counted as shadow dropped, admitted
-	kindOpen                       // expired, fail-open: dropped with the decaying share keep, else admitted and counted as fail-open
-	kindLocal                      // expired, fail-local: every request is picked, and the token bucket decides
+	kindEnforce  verdictKind = iota // dropped: the fresh path
+	kindShadow                      // counted as shadow dropped, admitted
+	kindOpen                        // expired, fail-open: dropped with the decaying share keep, else admitted and counted as fail-open
+	kindLocal                       // expired, fail-local: every request is picked, and the token bucket decides
+	kindUpstream                    // enforced upstream: every request is picked, admitted, and counts upWeight inferred drops
 )
+
+// upstreamOne is one request in the fixed point of the inferred upstream
+// drops: 2^16, so that the weight of a ratio is exact to 2^-17 of a request
+// per arrival, and 2^48 inferred drops (2.8·10^14: nine years at a million
+// a second) fit a counter before it wraps.
+const upstreamOne = 1 << 16
+
+// maxUpstreamRatio bounds the ratio an upstream weight is computed from: at
+// p → 1 an arrival would stand for an unbounded number of requests. The law
+// never publishes 1 (its p_max defaults to 0.99); at 0.999 an arrival stands
+// for 1,000 requests, and any ratio above counts as 0.999.
+const maxUpstreamRatio = 0.999
+
+// upstreamWeight is verdict.upWeight for ratio p, already clamped to
+// [0, 1).
+func upstreamWeight(p float64) uint64 {
+	p = min(p, maxUpstreamRatio)
+	return uint64(math.Round(upstreamOne/(1-p))) - upstreamOne
+}
 
 // clampRatio is a rule's ratio as the Limiter applies it: NaN and
 // negatives are 0, and 1 or more is just below 1.
@@ -291,6 +316,16 @@ func clampRatio(p float64) float64 {
 
 func compile(service string, dir Direction, r *Rule) *verdict {
 	p := clampRatio(r.DropRatio)
+	if r.Mode == Upstream {
+		// Picked, every request (as kindLocal), so that the fresh
+		// path of the other verdicts pays nothing for this one: its
+		// work is in hitOther. Never dropped, so nothing is rendered.
+		return &verdict{
+			rule: r, ratio: p, kind: kindUpstream,
+			step: 1 << 32, thresh: 1 << (64 - stripeBits),
+			upWeight: upstreamWeight(p),
+		}
+	}
 	v := &verdict{
 		rule:   r,
 		step:   uint64(p * (1 << 32)),
@@ -345,7 +380,46 @@ type stripe struct {
 // own cache line. If that ever stops being true, only speed suffers.
 type entry struct {
 	stripes [nStripes]stripe
-	peer    string
+	// up counts the requests of the peer while it is enforced upstream.
+	// Apart from stripes, so that a stripe stays one cache line, and
+	// packed (four stripes' counters share a line): only upstream-enforced
+	// peers write them, and they cost every peer 128 bytes, not 512.
+	up   [nUpStripes]upCounters
+	peer string
+}
+
+// nUpStripes is the number of upstream counter pairs per entry: one per
+// stripe.
+const nUpStripes = nStripes
+
+// upCounters are one stripe's counters of an upstream-enforced peer.
+type upCounters struct {
+	arrived  atomic.Uint64 // requests that arrived, admitted undecided; in the stripe's offered too
+	inferred atomic.Uint64 // requests the upstream data plane dropped, inferred, in 1/upstreamOne units
+}
+
+// counts sums e's counters. The inferred upstream drops, whole requests,
+// count in both Offered and Dropped (so the reporter carries them to the
+// controller), and are returned on their own too; their fraction stays in
+// the fixed-point counters and carries over to the next call, so that
+// successive snapshots never lose a part of a request. Reading dropped
+// before offered keeps Dropped ≤ Offered (see AppendCounts).
+func (e *entry) counts() (c PeerCounts, arrived, inferred uint64) {
+	var fixed uint64
+	for i := range e.up {
+		arrived += e.up[i].arrived.Load()
+		fixed += e.up[i].inferred.Load()
+	}
+	for i := range e.stripes {
+		st := &e.stripes[i]
+		c.ShadowDropped += st.shadow.Load() + st.localShadow.Load()
+		c.Dropped += st.dropped.Load() + st.localDropped.Load()
+		c.Offered += st.offered.Load()
+	}
+	inferred = fixed / upstreamOne
+	c.Offered += inferred
+	c.Dropped += inferred
+	return c, arrived, inferred
 }
 
 func newEntry(peer string) *entry { return &entry{peer: peer} }
@@ -361,33 +435,44 @@ type slot struct {
 // (Decide does Diffuse itself.)
 func (sl slot) random() Decision {
 	r := rand.Uint64()
-	st := &sl.e.stripes[r&(nStripes-1)]
+	i := r & (nStripes - 1)
+	st := &sl.e.stripes[i]
 	st.offered.Add(1)
 	if sl.v == nil || r>>stripeBits >= sl.v.thresh {
 		return Decision{v: sl.v} // a nil v: not listed, admit
 	}
 	if sl.v.kind != kindEnforce {
-		return sl.v.hitOther(st)
+		return sl.v.hitOther(sl.e, i)
 	}
 	st.dropped.Add(1)
 	return Decision{Drop: true, v: sl.v}
 }
 
 // hitOther decides a request that v's ratio picked, already counted as
-// offered in its stripe st, when v is not a plain enforced verdict: a shadow
-// rule, or a fail mode of an expired policy (see failmode.go). Decide and
-// random write out the enforced drop, the fresh policy's case, themselves:
+// offered in e's stripe i, when v is not a plain enforced verdict: a shadow
+// rule, an upstream-enforced one, or a fail mode of an expired policy (see
+// failmode.go). Decide and random write out the enforced drop, the fresh
+// policy's case, themselves:
 //
 //	if v.kind != kindEnforce {
-//		return v.hitOther(st)
+//		return v.hitOther(e, i)
 //	}
 //	st.dropped.Add(1)
 //	return Decision{Drop: true, v: v}
 //
 // As a method, with its call to hitOther, that is too large to inline, and
 // the call cost the drop path about 3 ns.
-func (v *verdict) hitOther(st *stripe) Decision {
+func (v *verdict) hitOther(e *entry, i uint64) Decision {
+	st := &e.stripes[i]
 	switch v.kind {
+	case kindUpstream:
+		// Admitted: the upstream data plane has decided it. It was
+		// counted offered as it arrived; it stands for upWeight more
+		// requests, offered and dropped before they got here.
+		u := &e.up[i&(nUpStripes-1)]
+		u.arrived.Add(1)
+		u.inferred.Add(v.upWeight)
+		return Decision{v: v}
 	case kindOpen:
 		// The policy's own ratio picked this request; of those, the
 		// share keep is still dropped, by error diffusion over the
@@ -550,14 +635,15 @@ func (s *ServiceLimiter) Decide(peer string) Decision {
 	}
 	// Diffuse, written out here: as a method it would be too large for
 	// the compiler to inline, and the call cost about 3 ns.
-	st := &sl.e.stripes[stackStripe()&s.stripeMask]
+	i := stackStripe() & s.stripeMask
+	st := &sl.e.stripes[i]
 	k := st.offered.Add(1)
 	if sl.v == nil || !diffuseHit(k, sl.v.step) {
 		return Decision{v: sl.v} // a nil v: not listed, admit
 	}
 	// A picked request; see hitOther.
 	if sl.v.kind != kindEnforce {
-		return sl.v.hitOther(st)
+		return sl.v.hitOther(sl.e, i)
 	}
 	st.dropped.Add(1)
 	return Decision{Drop: true, v: sl.v}
@@ -660,17 +746,16 @@ func (s *ServiceLimiter) installLocked(p *Policy, verdicts map[string]*verdict) 
 // decided: offered is incremented before them and read after them.
 // Offered - Dropped may shrink by the number of decisions in flight,
 // counted offered by one call and dropped by the next.
+//
+// A peer enforced upstream (Mode Upstream) has its inferred upstream drops
+// in Offered and Dropped, in whole requests, the fraction carried to the
+// next call: what its caller offered, not only what arrived.
 func (s *ServiceLimiter) AppendCounts(dst []PeerCounts) []PeerCounts {
 	t := s.table.Load()
 	start := len(dst)
 	for peer, sl := range t.peers {
-		c := PeerCounts{Peer: peer}
-		for i := range sl.e.stripes {
-			st := &sl.e.stripes[i]
-			c.ShadowDropped += st.shadow.Load() + st.localShadow.Load()
-			c.Dropped += st.dropped.Load() + st.localDropped.Load()
-			c.Offered += st.offered.Load()
-		}
+		c, _, _ := sl.e.counts()
+		c.Peer = peer
 		dst = append(dst, c)
 	}
 	slices.SortFunc(dst[start:], func(a, b PeerCounts) int { return cmp.Compare(a.Peer, b.Peer) })

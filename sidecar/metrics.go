@@ -9,8 +9,19 @@ import (
 var (
 	requestsDesc = prometheus.NewDesc("sluice_sidecar_requests_total",
 		"Requests decided, by outcome. admitted + dropped is every request; shadow_dropped requests "+
-			"(a shadow limit would have dropped them) are admitted and counted in admitted too.",
+			"(a shadow limit would have dropped them) are admitted and counted in admitted too. Drops inferred for "+
+			"peers enforced upstream are not in it: see sluice_sidecar_upstream_dropped_total.",
 		[]string{"service", "peer", "outcome"}, nil)
+	upstreamArrivalsDesc = prometheus.NewDesc("sluice_sidecar_upstream_arrivals_total",
+		"Requests of peers enforced upstream (their proxyless gRPC client or the callee's Envoy carried out the "+
+			"ratio before they arrived) that reached the sidecar; admitted without a drop, and in requests_total admitted "+
+			"too. Present for peers that have been enforced upstream.",
+		[]string{"service", "peer"}, nil)
+	upstreamDroppedDesc = prometheus.NewDesc("sluice_sidecar_upstream_dropped_total",
+		"Requests of peers enforced upstream that the upstream data plane is inferred to have dropped: each arrival "+
+			"counts p/(1-p) at the ratio p in force, in whole requests. Reported to the controller as offered and dropped; "+
+			"not in requests_total.",
+		[]string{"service", "peer"}, nil)
 	dropRatioDesc = prometheus.NewDesc("sluice_sidecar_drop_ratio",
 		"Drop ratio in force for each peer listed in the current policy: the policy's, decaying to 0 once it has "+
 			"expired in fail mode open; absent for peers a token bucket decides (expired in fail mode local).",
@@ -81,22 +92,29 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- failOpenDesc
 	ch <- localDecisionsDesc
 	ch <- decidedUpstreamDesc
+	ch <- upstreamArrivalsDesc
+	ch <- upstreamDroppedDesc
 }
 
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	var counts []PeerCounts
 	for _, name := range c.l.Services() {
 		s := c.l.lookup(name)
-		counts = s.AppendCounts(counts[:0])
-		for _, pc := range counts {
-			b := bucket{name, pc.Peer}
+		for peer, sl := range s.table.Load().peers {
+			// One read of the peer's counters, so that the inferred
+			// drops taken out of Dropped are the ones in it.
+			pc, arrived, inferred := sl.e.counts()
+			b := bucket{name, peer}
 			admitted := max(pc.Offered-pc.Dropped, c.admitted[b])
 			c.admitted[b] = admitted
-			ch <- prometheus.MustNewConstMetric(requestsDesc, prometheus.CounterValue, float64(admitted), name, pc.Peer, "admitted")
-			ch <- prometheus.MustNewConstMetric(requestsDesc, prometheus.CounterValue, float64(pc.Dropped), name, pc.Peer, "dropped")
-			ch <- prometheus.MustNewConstMetric(requestsDesc, prometheus.CounterValue, float64(pc.ShadowDropped), name, pc.Peer, "shadow_dropped")
+			ch <- prometheus.MustNewConstMetric(requestsDesc, prometheus.CounterValue, float64(admitted), name, peer, "admitted")
+			ch <- prometheus.MustNewConstMetric(requestsDesc, prometheus.CounterValue, float64(pc.Dropped-inferred), name, peer, "dropped")
+			ch <- prometheus.MustNewConstMetric(requestsDesc, prometheus.CounterValue, float64(pc.ShadowDropped), name, peer, "shadow_dropped")
+			if arrived > 0 {
+				ch <- prometheus.MustNewConstMetric(upstreamArrivalsDesc, prometheus.CounterValue, float64(arrived), name, peer)
+				ch <- prometheus.MustNewConstMetric(upstreamDroppedDesc, prometheus.CounterValue, float64(inferred), name, peer)
+			}
 		}
 		ch <- prometheus.MustNewConstMetric(peersDesc, prometheus.GaugeValue, float64(s.peerCount()), name)
 		ch <- prometheus.MustNewConstMetric(invalidPeersDesc, prometheus.CounterValue, float64(s.invalidPeers.Load()), name)

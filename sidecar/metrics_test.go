@@ -15,6 +15,7 @@ func TestCollector(t *testing.T) {
 		Rule{Peer: "a"},
 		Rule{Peer: "b", DropRatio: 0.5},
 		Rule{Peer: "c", DropRatio: 0.25, Mode: Shadow},
+		Rule{Peer: "e", DropRatio: 0.75, Mode: Upstream},
 	))
 	// Outcomes as the callers saw them, to check the collector against.
 	seen := map[string]*[3]int{} // admitted, dropped, shadow_dropped
@@ -43,6 +44,7 @@ func TestCollector(t *testing.T) {
 	decide("checkout", "", 2)
 	decide("checkout", "not a name", 1)
 	decide("cart", "web", 4)
+	decide("checkout", "e", 10) // each stands for 3 dropped upstream
 
 	reg := prometheus.NewPedanticRegistry()
 	if err := reg.Register(l.Collector()); err != nil {
@@ -60,6 +62,7 @@ sluice_sidecar_decided_upstream_total{service="checkout"} 0
 sluice_sidecar_drop_ratio{mode="enforce",peer="a",service="checkout"} 0
 sluice_sidecar_drop_ratio{mode="enforce",peer="b",service="checkout"} 0.5
 sluice_sidecar_drop_ratio{mode="shadow",peer="c",service="checkout"} 0.25
+sluice_sidecar_drop_ratio{mode="upstream",peer="e",service="checkout"} 0.75
 # HELP sluice_sidecar_fail_open_total Requests admitted that the last policy would have dropped: while it is expired in fail mode open, requests its own ratio picked (the same error diffusion as when fresh) that the decayed ratio let through. Enforced rules only.
 # TYPE sluice_sidecar_fail_open_total counter
 sluice_sidecar_fail_open_total{service="cart"} 0
@@ -79,10 +82,10 @@ sluice_sidecar_local_decisions_total{outcome="shadow_dropped",service="checkout"
 # HELP sluice_sidecar_peers Peers with counters, the reserved unknown and _overflow included. Requests from new peers count as _overflow once the table is full; watch sluice_sidecar_requests_total{peer="_overflow"}.
 # TYPE sluice_sidecar_peers gauge
 sluice_sidecar_peers{service="cart"} 3
-sluice_sidecar_peers{service="checkout"} 6
+sluice_sidecar_peers{service="checkout"} 7
 # HELP sluice_sidecar_policy_peers Peers listed in the current policy; absent when the service has no policy.
 # TYPE sluice_sidecar_policy_peers gauge
-sluice_sidecar_policy_peers{service="checkout"} 3
+sluice_sidecar_policy_peers{service="checkout"} 4
 # HELP sluice_sidecar_policy_state 1 for the state the service's policy is in, else 0: fresh (received within half its TTL), stale (no new policy for half its TTL), expired (none for its TTL: the fail mode is in force). All 0 without a policy.
 # TYPE sluice_sidecar_policy_state gauge
 sluice_sidecar_policy_state{service="cart",state="expired"} 0
@@ -91,7 +94,7 @@ sluice_sidecar_policy_state{service="cart",state="stale"} 0
 sluice_sidecar_policy_state{service="checkout",state="expired"} 0
 sluice_sidecar_policy_state{service="checkout",state="fresh"} 1
 sluice_sidecar_policy_state{service="checkout",state="stale"} 0
-# HELP sluice_sidecar_requests_total Requests decided, by outcome. admitted + dropped is every request; shadow_dropped requests (a shadow limit would have dropped them) are admitted and counted in admitted too.
+# HELP sluice_sidecar_requests_total Requests decided, by outcome. admitted + dropped is every request; shadow_dropped requests (a shadow limit would have dropped them) are admitted and counted in admitted too. Drops inferred for peers enforced upstream are not in it: see sluice_sidecar_upstream_dropped_total.
 # TYPE sluice_sidecar_requests_total counter
 `)
 	seen["checkout/unknown"] = &[3]int{seen["checkout/"][0] + seen["checkout/not a name"][0]}
@@ -103,7 +106,7 @@ sluice_sidecar_policy_state{service="checkout",state="stale"} 0
 	seen["cart/unknown"] = new([3]int)
 	// Prometheus sorts series by label values: outcome, peer, service.
 	for _, outcome := range []string{"admitted", "dropped", "shadow_dropped"} {
-		for _, peer := range []string{"_overflow", "a", "b", "c", "d", "unknown", "web"} {
+		for _, peer := range []string{"_overflow", "a", "b", "c", "d", "e", "unknown", "web"} {
 			for _, service := range []string{"cart", "checkout"} {
 				c := seen[service+"/"+peer]
 				if c == nil {
@@ -113,6 +116,16 @@ sluice_sidecar_policy_state{service="checkout",state="stale"} 0
 				fmt.Fprintf(&want, "sluice_sidecar_requests_total{outcome=%q,peer=%q,service=%q} %d\n", outcome, peer, service, c[i])
 			}
 		}
+	}
+	want.WriteString(`# HELP sluice_sidecar_upstream_arrivals_total Requests of peers enforced upstream (their proxyless gRPC client or the callee's Envoy carried out the ratio before they arrived) that reached the sidecar; admitted without a drop, and in requests_total admitted too. Present for peers that have been enforced upstream.
+# TYPE sluice_sidecar_upstream_arrivals_total counter
+sluice_sidecar_upstream_arrivals_total{peer="e",service="checkout"} 10
+# HELP sluice_sidecar_upstream_dropped_total Requests of peers enforced upstream that the upstream data plane is inferred to have dropped: each arrival counts p/(1-p) at the ratio p in force, in whole requests. Reported to the controller as offered and dropped; not in requests_total.
+# TYPE sluice_sidecar_upstream_dropped_total counter
+sluice_sidecar_upstream_dropped_total{peer="e",service="checkout"} 30
+`)
+	if seen["checkout/e"][0] != 10 {
+		t.Fatalf("upstream peer e: outcomes %v, want all 10 admitted", seen["checkout/e"])
 	}
 	if seen["checkout/b"][1] == 0 || seen["checkout/c"][2] == 0 {
 		t.Fatalf("no drops to check: %v %v", seen["checkout/b"], seen["checkout/c"])

@@ -46,6 +46,13 @@ type Mode uint8
 const (
 	Enforce Mode = iota // requests are dropped with the rule's ratio
 	Shadow              // would-be drops are counted as shadow drops; every request is admitted
+	// Upstream: the ratio was carried out before the requests arrived, by
+	// the caller's proxyless gRPC client or the callee's Envoy
+	// (PeerPolicy.enforced_upstream). Every request is admitted, and each
+	// one counts as 1/(1−p) offered, p/(1−p) of it dropped upstream, so
+	// that the reports carry the load offered before those drops. See
+	// docs/dataplanes.md.
+	Upstream
 )
 
 func (m Mode) String() string {
@@ -54,6 +61,8 @@ func (m Mode) String() string {
 		return "enforce"
 	case Shadow:
 		return "shadow"
+	case Upstream:
+		return "upstream"
 	}
 	return "Mode(" + strconv.Itoa(int(m)) + ")"
 }
@@ -150,6 +159,8 @@ func (p *Policy) Rule(peer string) *Rule {
 // Lenient where being strict would only cause outages: peers need not arrive
 // sorted (they are sorted here), MODE_UNSPECIFIED means enforce (proto3 drops
 // zero values on the wire, and shadow is an explicit opt-in),
+// enforced_upstream makes a peer Upstream whatever its mode (the controller
+// sends MODE_SHADOW with it, for sidecars that do not know the field),
 // FAIL_MODE_UNSPECIFIED means open (DESIGN.md's default), an unknown drop
 // reason is carried through, and unset durations and timestamps become zero.
 func PolicyFromProto(m *sluicev1.DropPolicy) (*Policy, error) {
@@ -242,6 +253,14 @@ func PolicyFromProto(m *sluicev1.DropPolicy) (*Policy, error) {
 		default:
 			bad(f("mode"), "unknown value %d", int32(pp.GetMode()))
 		}
+		if pp.GetEnforcedUpstream() {
+			r.Mode = Upstream
+			if p.Direction == Outbound {
+				// Upstream of an outbound sidecar is the caller's app:
+				// nobody would drop the bucket.
+				bad(f("enforced_upstream"), "set in an outbound policy")
+			}
+		}
 		// Absent limits mean none, so the wire never needs an infinity.
 		for _, rate := range []struct {
 			name string
@@ -328,6 +347,9 @@ func (p *Policy) Proto() *sluicev1.DropPolicy {
 			pp.Mode = sluicev1.Mode_MODE_ENFORCE
 		case Shadow:
 			pp.Mode = sluicev1.Mode_MODE_SHADOW
+		case Upstream:
+			pp.Mode = sluicev1.Mode_MODE_SHADOW // as the controller sends it
+			pp.EnforcedUpstream = true
 		}
 		m.Peers = append(m.Peers, pp)
 	}

@@ -74,6 +74,14 @@ func parseMode(flag, s string) (history.Mode, error) {
 	return "", fmt.Errorf("--%s %q is not enforce or shadow", flag, s)
 }
 
+func parseEnforcement(s string) (history.Enforcement, error) {
+	switch e := history.Enforcement(s); e {
+	case history.EnforceSidecar, history.EnforceUpstream:
+		return e, nil
+	}
+	return "", fmt.Errorf("--enforcement %q is not sidecar or upstream", s)
+}
+
 func parseFailMode(s string) (history.FailMode, error) {
 	switch m := history.FailMode(s); m {
 	case history.FailOpen, history.FailHold, history.FailLocal:

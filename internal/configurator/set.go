@@ -10,22 +10,32 @@ import (
 )
 
 func (a *app) setCommand() *cobra.Command {
-	var limit, mode, defaultLimit, capacity, failMode, reason string
+	var limit, mode, defaultLimit, capacity, failMode, enforcement, reason string
 	cmd := &cobra.Command{
-		Use:   "set callee/caller --limit N | callee [--default-limit N] [--capacity N] [--fail-mode M]",
+		Use:   "set callee/caller --limit N | callee [--default-limit N] [--capacity N] [--fail-mode M] [--enforcement E]",
 		Short: "set a limit by hand (a manual override), or a callee's own settings",
 		Long: `With callee/caller, sets the bucket's limit by hand (source "manual"): --limit in
-rps (0 blocks; "none" removes the bucket's own limit), optionally --mode.
+rps (0 blocks; "none" removes the bucket's own limit), optionally --mode and
+--enforcement.
 
 With a callee alone, sets the service's own settings: --default-limit for callers
 without a limit of their own, --capacity shared by all its callers ("none"
-removes either), --fail-mode (open, hold or local) and --mode. Settings not
-given keep their value.
+removes either), --fail-mode (open, hold or local), --mode and --enforcement.
+Settings not given keep their value.
+
+--enforcement upstream says the bucket's ratio is carried out before its
+requests reach the callee's sidecar: by the caller's proxyless gRPC client, or
+by an Envoy in front of the callee (set it on the callee: it is the default of
+callers without a limit of their own, and of new bucket limits, but never of
+unknown and _overflow). The callee's sidecar then counts those requests as
+offered before the upstream drops and never drops them. sidecar (the default)
+undoes it.
 
 Every change needs a --reason and is audited.`,
 		Example: `  configurator set checkout/web --limit 1500 --reason "launch week"
   configurator set checkout/batch --limit 0 --mode shadow --reason "would block batch"
-  configurator set checkout --capacity 5000 --fail-mode hold --reason "db capacity"`,
+  configurator set checkout --capacity 5000 --fail-mode hold --reason "db capacity"
+  configurator set checkout/app --limit 300 --enforcement upstream --reason "proxyless gRPC client"`,
 		Args: cobra.ExactArgs(1),
 		RunE: a.withStore(func(cmd *cobra.Command, args []string, st history.Store) error {
 			t, err := parseTarget(args[0], true)
@@ -37,6 +47,12 @@ Every change needs a --reason and is audited.`,
 			var m history.Mode
 			if changed("mode") {
 				if m, err = parseMode("mode", mode); err != nil {
+					errs = append(errs, err)
+				}
+			}
+			var e history.Enforcement
+			if changed("enforcement") {
+				if e, err = parseEnforcement(enforcement); err != nil {
 					errs = append(errs, err)
 				}
 			}
@@ -59,14 +75,14 @@ Every change needs a --reason and is audited.`,
 				if err := errors.Join(errs...); err != nil {
 					return err
 				}
-				return a.setBucket(cmd, st, t.Bucket, l, ok, m, reason)
+				return a.setBucket(cmd, st, t.Bucket, l, ok, m, e, reason)
 			}
 
 			if changed("limit") {
 				errs = append(errs, fmt.Errorf("--limit needs callee/caller; for all callers of %s without a limit of their own use --default-limit", t))
 			}
-			if !changed("default-limit") && !changed("capacity") && !changed("fail-mode") && !changed("mode") {
-				errs = append(errs, fmt.Errorf("nothing to set for %s: give --default-limit, --capacity, --fail-mode or --mode", t))
+			if !changed("default-limit") && !changed("capacity") && !changed("fail-mode") && !changed("mode") && !changed("enforcement") {
+				errs = append(errs, fmt.Errorf("nothing to set for %s: give --default-limit, --capacity, --fail-mode, --mode or --enforcement", t))
 			}
 			var s history.ServiceLimits
 			var fm history.FailMode
@@ -119,6 +135,9 @@ Every change needs a --reason and is audited.`,
 			if changed("mode") {
 				s.Mode = m
 			}
+			if changed("enforcement") {
+				s.Enforcement = e
+			}
 			if err := st.SetService(ctx, s, a.change(reason)); err != nil {
 				return fmt.Errorf("set %s: %w", t, err)
 			}
@@ -141,13 +160,15 @@ Every change needs a --reason and is audited.`,
 	fl.StringVar(&defaultLimit, "default-limit", "", `callee: limit of callers without one of their own, rps, or "none"`)
 	fl.StringVar(&capacity, "capacity", "", `callee: rps all its callers share, or "none"`)
 	fl.StringVar(&failMode, "fail-mode", "", "callee: what its sidecars do when their policy expires: open, hold or local")
+	fl.StringVar(&enforcement, "enforcement", "", "sidecar, or upstream: a proxyless gRPC client or the callee's Envoy drops before the callee's sidecar (for a callee: its callers' default)")
 	fl.StringVar(&reason, "reason", "", "why, for the audit log (required)")
 	_ = cmd.RegisterFlagCompletionFunc("mode", cobra.FixedCompletions([]string{"enforce", "shadow"}, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("fail-mode", cobra.FixedCompletions([]string{"open", "hold", "local"}, cobra.ShellCompDirectiveNoFileComp))
+	_ = cmd.RegisterFlagCompletionFunc("enforcement", cobra.FixedCompletions([]string{"sidecar", "upstream"}, cobra.ShellCompDirectiveNoFileComp))
 	return cmd
 }
 
-func (a *app) setBucket(cmd *cobra.Command, st history.Store, b history.Bucket, limit float64, hasLimit bool, m history.Mode, reason string) error {
+func (a *app) setBucket(cmd *cobra.Command, st history.Store, b history.Bucket, limit float64, hasLimit bool, m history.Mode, e history.Enforcement, reason string) error {
 	ctx := cmd.Context()
 	lim, err := st.Limits(ctx)
 	if err != nil {
@@ -164,11 +185,12 @@ func (a *app) setBucket(cmd *cobra.Command, st history.Store, b history.Bucket, 
 		fmt.Fprintf(w, "%s: limit removed (was %s)\n", bucketString(b), renderBucket(old))
 		return nil
 	}
-	l := history.BucketLimit{Bucket: b, Limit: limit, Mode: m, Source: history.Manual}
+	l := history.BucketLimit{Bucket: b, Limit: limit, Mode: m, Enforcement: e, Source: history.Manual}
 	if err := st.SetLimit(ctx, l, a.change(reason)); err != nil {
 		return fmt.Errorf("set limit of %s: %w", bucketString(b), err)
 	}
-	// Print what the store holds: an empty mode is resolved there.
+	// Print what the store holds: an empty mode or enforcement is resolved
+	// there.
 	if lim, err = st.Limits(ctx); err != nil {
 		return fmt.Errorf("read limits: %w", err)
 	}
@@ -182,7 +204,16 @@ func (a *app) setBucket(cmd *cobra.Command, st history.Store, b history.Bucket, 
 }
 
 func renderBucket(l history.BucketLimit) string {
-	return fmt.Sprintf("limit %s rps, %s, %s", formatRate(l.Limit), l.Mode, l.Source)
+	return fmt.Sprintf("limit %s rps, %s, %s%s", formatRate(l.Limit), l.Mode, l.Source, renderUpstream(l.Enforcement))
+}
+
+// renderUpstream says so when limits are enforced upstream; sidecar, the
+// default, goes unsaid.
+func renderUpstream(e history.Enforcement) string {
+	if e == history.EnforceUpstream {
+		return ", enforced upstream"
+	}
+	return ""
 }
 
 func renderService(s history.ServiceLimits) string {
@@ -192,7 +223,7 @@ func renderService(s history.ServiceLimits) string {
 		}
 		return formatRate(*v) + " rps"
 	}
-	return fmt.Sprintf("default limit %s, capacity %s, %s, fail mode %s", opt(s.DefaultLimit), opt(s.Capacity), s.Mode, s.FailMode)
+	return fmt.Sprintf("default limit %s, capacity %s, %s, fail mode %s%s", opt(s.DefaultLimit), opt(s.Capacity), s.Mode, s.FailMode, renderUpstream(s.Enforcement))
 }
 
 // modeCommand builds shadow or enforce.

@@ -585,7 +585,7 @@ func (s *State) policy(sv dropratio.ServiceVerdict, live uint32, lim *limits.Ser
 		p.FailMode = failModeProto(lim.FailMode)
 	}
 	for _, v := range sv.Verdicts {
-		p.Peers = append(p.Peers, &sluicev1.PeerPolicy{
+		pp := &sluicev1.PeerPolicy{
 			Peer:       v.Caller,
 			DropRatio:  v.Ratio,
 			Mode:       modeProto(v.Mode),
@@ -593,9 +593,28 @@ func (s *State) policy(sv dropratio.ServiceVerdict, live uint32, lim *limits.Ser
 			AllowedRps: finiteOrAbsent(v.Allowed),
 			OfferedRps: v.Offered,
 			Reason:     reasonProto(v.Reason, v.Ratio),
-		})
+		}
+		markUpstream(pp, v.Mode, lim.Bucket(v.Caller))
+		p.Peers = append(p.Peers, pp)
 	}
 	return p
+}
+
+// markUpstream marks an enforced bucket whose limits say it is enforced
+// upstream (by the caller's proxyless gRPC client or the callee's Envoy):
+// the callee's sidecar must count it as offered before those drops and
+// never drop it again. The ratio stays, for the sidecar's weights and for
+// the proxyless routes and runtime layers derived from this policy. The
+// wire mode becomes MODE_SHADOW, which sidecars that predate the mark read
+// as "count, never drop": they undercount the bucket but do not drop it
+// twice. A shadow bucket stays plain shadow: nothing drops it anywhere, so
+// its callee sees all of it. Only the limits decide, never which clients
+// are connected, so that replicas agree.
+func markUpstream(pp *sluicev1.PeerPolicy, mode dropratio.Mode, b limits.Bucket) {
+	if mode == dropratio.Enforce && b.Enforcement == limits.EnforceUpstream {
+		pp.Mode = sluicev1.Mode_MODE_SHADOW
+		pp.EnforcedUpstream = true
+	}
 }
 
 // callerPolicies builds the outbound policy, caller/<caller>, of every
@@ -682,7 +701,8 @@ func (s *State) due(policy *sluicev1.DropPolicy, now time.Time) bool {
 	th := s.cfg.RepublishThreshold
 	for i, np := range policy.GetPeers() {
 		op := old.GetPeers()[i]
-		if op.GetPeer() != np.GetPeer() || op.GetMode() != np.GetMode() || (op.LimitRps == nil) != (np.LimitRps == nil) ||
+		if op.GetPeer() != np.GetPeer() || op.GetMode() != np.GetMode() || op.GetEnforcedUpstream() != np.GetEnforcedUpstream() ||
+			(op.LimitRps == nil) != (np.LimitRps == nil) ||
 			op.GetLimitRps() != np.GetLimitRps() || (op.AllowedRps == nil) != (np.AllowedRps == nil) || op.GetReason() != np.GetReason() {
 			return true
 		}

@@ -28,9 +28,16 @@ import (
 //	    default_limit: 200   # rps per caller without a limit of its own (optional)
 //	    mode: enforce        # enforce | shadow (default enforce)
 //	    fail_mode: open      # open | hold | local (default open)
+//	    enforcement: sidecar # sidecar | upstream: the callers' default (default sidecar)
 //	    callers:
 //	      web:   {limit: 100}
 //	      batch: {limit: 50, mode: shadow}
+//	      app:   {limit: 80, enforcement: upstream} # a proxyless gRPC client
+//
+// enforcement: upstream says that the bucket's ratio is carried out before
+// its requests reach the callee's sidecar, by the caller's proxyless gRPC
+// client or the callee's Envoy; the service-level value is the default of
+// its callers but unknown and _overflow, which must name it themselves.
 type fileDoc struct {
 	Services map[string]fileService `yaml:"services"`
 }
@@ -40,12 +47,14 @@ type fileService struct {
 	DefaultLimit *float64              `yaml:"default_limit"`
 	Mode         string                `yaml:"mode"`
 	FailMode     string                `yaml:"fail_mode"`
+	Enforcement  string                `yaml:"enforcement"`
 	Callers      map[string]fileBucket `yaml:"callers"`
 }
 
 type fileBucket struct {
-	Limit *float64 `yaml:"limit"`
-	Mode  string   `yaml:"mode"`
+	Limit       *float64 `yaml:"limit"`
+	Mode        string   `yaml:"mode"`
+	Enforcement string   `yaml:"enforcement"`
 }
 
 // Parse reads a limits document. Unknown fields are errors, and every problem
@@ -79,6 +88,7 @@ func Parse(r io.Reader) (*Set, error) {
 			DefaultLimit: rate(path+".default_limit", fs.DefaultLimit, &errs),
 			Mode:         mode(path+".mode", fs.Mode, dropratio.Enforce, &errs),
 			FailMode:     failMode(path+".fail_mode", fs.FailMode, &errs),
+			Enforcement:  enforcement(path+".enforcement", fs.Enforcement, EnforceSidecar, &errs),
 			Callers:      make(map[string]Bucket, len(fs.Callers)),
 		}
 		for _, caller := range sortedKeys(fs.Callers) {
@@ -91,8 +101,9 @@ func Parse(r io.Reader) (*Set, error) {
 				errs = append(errs, fmt.Errorf("%s.limit: missing", cpath))
 			}
 			svc.Callers[caller] = Bucket{
-				Limit: rate(cpath+".limit", fb.Limit, &errs),
-				Mode:  mode(cpath+".mode", fb.Mode, svc.Mode, &errs),
+				Limit:       rate(cpath+".limit", fb.Limit, &errs),
+				Mode:        mode(cpath+".mode", fb.Mode, svc.Mode, &errs),
+				Enforcement: enforcement(cpath+".enforcement", fb.Enforcement, svc.callerEnforcement(caller), &errs),
 			}
 		}
 		services[name] = svc
@@ -159,6 +170,19 @@ func mode(path, s string, def dropratio.Mode, errs *[]error) dropratio.Mode {
 		return dropratio.Shadow
 	}
 	*errs = append(*errs, fmt.Errorf("%s: %q is not enforce or shadow", path, s))
+	return def
+}
+
+func enforcement(path, s string, def Enforcement, errs *[]error) Enforcement {
+	switch s {
+	case "":
+		return def
+	case "sidecar":
+		return EnforceSidecar
+	case "upstream":
+		return EnforceUpstream
+	}
+	*errs = append(*errs, fmt.Errorf("%s: %q is not sidecar or upstream", path, s))
 	return def
 }
 

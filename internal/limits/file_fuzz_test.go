@@ -250,9 +250,9 @@ func render(set *Set) fileDoc {
 	for _, name := range set.Services() {
 		svc := set.Service(name)
 		fs := fileService{Capacity: rate(svc.Capacity), DefaultLimit: rate(svc.DefaultLimit),
-			Mode: svc.Mode.String(), FailMode: svc.FailMode, Callers: map[string]fileBucket{}}
+			Mode: svc.Mode.String(), FailMode: svc.FailMode, Enforcement: svc.Enforcement.String(), Callers: map[string]fileBucket{}}
 		for caller, b := range svc.Callers {
-			fs.Callers[caller] = fileBucket{Limit: rate(b.Limit), Mode: b.Mode.String()}
+			fs.Callers[caller] = fileBucket{Limit: rate(b.Limit), Mode: b.Mode.String(), Enforcement: b.Enforcement.String()}
 		}
 		doc.Services[name] = fs
 	}
@@ -267,6 +267,7 @@ func equalSets(a, b *Set) bool {
 		x, y := a.Service(name), b.Service(name)
 		// == on rates: -0 is written as 0, which means the same.
 		if x.Capacity != y.Capacity || x.DefaultLimit != y.DefaultLimit || x.Mode != y.Mode || x.FailMode != y.FailMode ||
+			x.Enforcement != y.Enforcement ||
 			len(x.Callers) != len(y.Callers) {
 			return false
 		}

@@ -11,6 +11,7 @@ import (
 	"math"
 	"sort"
 
+	"github.com/sluicehq/sluice/internal/names"
 	"github.com/sluicehq/sluice/pkg/dropratio"
 )
 
@@ -46,14 +47,44 @@ type Service struct {
 	// FailMode is what the service's sidecars do when their policy expires:
 	// "open", "hold" or "local".
 	FailMode string
+	// Enforcement applies to callers without an enforcement of their own,
+	// except the reserved callers names.Unknown and names.Overflow, which
+	// always name theirs: no Envoy header names them, so the default of a
+	// callee fronted by Envoy would leave them unenforced.
+	Enforcement Enforcement
 	// Callers holds the per-bucket limits, keyed by caller.
 	Callers map[string]Bucket
 }
 
 // Bucket is the limit of one (callee, caller) pair.
 type Bucket struct {
-	Limit float64 // requests per second; +Inf means none
-	Mode  dropratio.Mode
+	Limit       float64 // requests per second; +Inf means none
+	Mode        dropratio.Mode
+	Enforcement Enforcement
+}
+
+// Enforcement says which data plane carries out a bucket's ratio. It is
+// declared, never inferred from the clients that happen to be connected, so
+// that every controller replica computes the same policies from the same
+// limits.
+type Enforcement uint8
+
+const (
+	// EnforceSidecar: sluice's own sidecar or interceptors decide, on the
+	// callee's side or, enforcing outbound, on the caller's. The default.
+	EnforceSidecar Enforcement = iota
+	// EnforceUpstream: the caller's proxyless gRPC client or the callee's
+	// Envoy drops before a request reaches the callee's sidecar, which then
+	// only counts: each arrival as 1/(1−p) offered, p/(1−p) of it dropped
+	// upstream (docs/dataplanes.md).
+	EnforceUpstream
+)
+
+func (e Enforcement) String() string {
+	if e == EnforceUpstream {
+		return "upstream"
+	}
+	return "sidecar"
 }
 
 // Fail modes a service may name.
@@ -94,7 +125,16 @@ func (svc *Service) Bucket(caller string) Bucket {
 	if b, ok := svc.Callers[caller]; ok {
 		return b
 	}
-	return Bucket{Limit: svc.DefaultLimit, Mode: svc.Mode}
+	return Bucket{Limit: svc.DefaultLimit, Mode: svc.Mode, Enforcement: svc.callerEnforcement(caller)}
+}
+
+// callerEnforcement is the enforcement a caller without one of its own
+// gets: the service's, but for the reserved callers.
+func (svc *Service) callerEnforcement(caller string) Enforcement {
+	if caller == names.Unknown || caller == names.Overflow {
+		return EnforceSidecar
+	}
+	return svc.Enforcement
 }
 
 // Static is a Source whose limits never change: the demo's and tests'.

@@ -43,12 +43,12 @@ func TestParse(t *testing.T) {
 		svc, caller string
 		want        Bucket
 	}{
-		{"checkout", "web", Bucket{100, dropratio.Enforce}},
-		{"checkout", "batch", Bucket{50, dropratio.Shadow}},
-		{"checkout", "other", Bucket{200, dropratio.Enforce}},           // the default limit
-		{"orders", "web", Bucket{0, dropratio.Shadow}},                  // inherits the service's mode
-		{"orders", "other", Bucket{math.Inf(1), dropratio.Shadow}},      // no default: unlimited
-		{"unconfigured", "web", Bucket{math.Inf(1), dropratio.Enforce}}, // no limits at all
+		{"checkout", "web", Bucket{100, dropratio.Enforce, EnforceSidecar}},
+		{"checkout", "batch", Bucket{50, dropratio.Shadow, EnforceSidecar}},
+		{"checkout", "other", Bucket{200, dropratio.Enforce, EnforceSidecar}},           // the default limit
+		{"orders", "web", Bucket{0, dropratio.Shadow, EnforceSidecar}},                  // inherits the service's mode
+		{"orders", "other", Bucket{math.Inf(1), dropratio.Shadow, EnforceSidecar}},      // no default: unlimited
+		{"unconfigured", "web", Bucket{math.Inf(1), dropratio.Enforce, EnforceSidecar}}, // no limits at all
 	} {
 		if got := set.Service(tc.svc).Bucket(tc.caller); got != tc.want {
 			t.Errorf("%s/%s = %+v, want %+v", tc.svc, tc.caller, got, tc.want)
@@ -193,5 +193,62 @@ func TestLoadFileFailsAtStartup(t *testing.T) {
 	}
 	if _, err := LoadFile(filepath.Join(t.TempDir(), "missing.yaml"), 0, nil); err == nil {
 		t.Error("a missing file loaded")
+	}
+}
+
+func TestParseEnforcement(t *testing.T) {
+	set, err := Parse(strings.NewReader(`
+services:
+  checkout:              # fronted by Envoy: every named caller upstream
+    enforcement: upstream
+    default_limit: 10
+    callers:
+      web:     {limit: 100, enforcement: sidecar}
+      app:     {limit: 5}
+      unknown: {limit: 1}
+  orders:
+    callers:
+      mobile: {limit: 3, enforcement: upstream} # a proxyless gRPC client
+      web:    {limit: 3}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		svc, caller string
+		want        Enforcement
+	}{
+		{"checkout", "web", EnforceSidecar},       // its own overrides the service's
+		{"checkout", "app", EnforceUpstream},      // inherits the service's
+		{"checkout", "other", EnforceUpstream},    // no entry: the service's
+		{"checkout", "unknown", EnforceSidecar},   // reserved: never inherits
+		{"checkout", "_overflow", EnforceSidecar}, // reserved: never inherits
+		{"orders", "mobile", EnforceUpstream},
+		{"orders", "web", EnforceSidecar},
+		{"orders", "other", EnforceSidecar},
+		{"unconfigured", "web", EnforceSidecar},
+	} {
+		if got := set.Service(tc.svc).Bucket(tc.caller).Enforcement; got != tc.want {
+			t.Errorf("%s/%s: enforcement %v, want %v", tc.svc, tc.caller, got, tc.want)
+		}
+	}
+	if got := set.Service("checkout").Enforcement; got != EnforceUpstream {
+		t.Errorf("checkout's default enforcement = %v, want upstream", got)
+	}
+
+	_, err = Parse(strings.NewReader(`
+services:
+  checkout:
+    enforcement: envoy
+    callers:
+      web: {limit: 1, enforcement: proxyless}
+`))
+	for _, want := range []string{
+		`services.checkout.enforcement: "envoy" is not sidecar or upstream`,
+		`services.checkout.callers.web.enforcement: "proxyless" is not sidecar or upstream`,
+	} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("error %v does not contain %q", err, want)
+		}
 	}
 }

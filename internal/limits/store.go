@@ -39,12 +39,26 @@ func FromHistory(l history.Limits) *Set {
 		if sl.FailMode != "" {
 			s.FailMode = string(sl.FailMode)
 		}
+		s.Enforcement = enforcementOf(sl.Enforcement, EnforceSidecar)
 	}
 	for _, b := range l.Buckets {
 		s := get(b.Callee)
-		s.Callers[b.Caller] = Bucket{Limit: b.Limit, Mode: modeOf(b.Mode, s.Mode)}
+		s.Callers[b.Caller] = Bucket{Limit: b.Limit, Mode: modeOf(b.Mode, s.Mode),
+			Enforcement: enforcementOf(b.Enforcement, s.callerEnforcement(b.Caller))}
 	}
 	return NewSet(services)
+}
+
+// enforcementOf reads a stored enforcement; empty (a store that predates
+// it) is def.
+func enforcementOf(e history.Enforcement, def Enforcement) Enforcement {
+	switch e {
+	case history.EnforceUpstream:
+		return EnforceUpstream
+	case history.EnforceSidecar:
+		return EnforceSidecar
+	}
+	return def
 }
 
 func modeOf(m history.Mode, def dropratio.Mode) dropratio.Mode {

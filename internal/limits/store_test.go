@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -27,14 +28,14 @@ func TestFromHistory(t *testing.T) {
 	if co.Capacity != 1000 || co.DefaultLimit != 200 || co.Mode != dropratio.Shadow || co.FailMode != FailHold {
 		t.Errorf("checkout = %+v", co)
 	}
-	if b := co.Bucket("web"); b != (Bucket{100, dropratio.Enforce}) {
+	if b := co.Bucket("web"); b != (Bucket{Limit: 100, Mode: dropratio.Enforce}) {
 		t.Errorf("checkout/web = %+v", b)
 	}
-	if b := co.Bucket("other"); b != (Bucket{200, dropratio.Shadow}) {
+	if b := co.Bucket("other"); b != (Bucket{Limit: 200, Mode: dropratio.Shadow}) {
 		t.Errorf("checkout/other = %+v, want the service default in its mode", b)
 	}
 	or := set.Service("orders")
-	if !math.IsInf(or.Capacity, 1) || or.Bucket("web") != (Bucket{0, dropratio.Enforce}) || or.FailMode != FailOpen {
+	if !math.IsInf(or.Capacity, 1) || or.Bucket("web") != (Bucket{Limit: 0, Mode: dropratio.Enforce}) || or.FailMode != FailOpen {
 		t.Errorf("orders = %+v, want no capacity, web blocked, fail open", or)
 	}
 }
@@ -113,5 +114,53 @@ func TestStoreFollowsChangesAndKeepsLimitsThroughFailures(t *testing.T) {
 	wait("the failed read is counted", func() bool { mu.Lock(); defer mu.Unlock(); return reloadErrs > 1 })
 	if got := s.Limits().Service("checkout").Bucket("web").Limit; got != 100 {
 		t.Errorf("limit while the store fails = %v, want the last read 100", got)
+	}
+}
+
+// Enforcement through the store: a callee's is its callers' default (but
+// the reserved ones'), resolved when a bucket's limit is written, as its
+// mode is.
+func TestFromHistoryEnforcement(t *testing.T) {
+	ctx := context.Background()
+	mem := history.NewMemory()
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(mem.SetService(ctx, history.ServiceLimits{Callee: "checkout", Enforcement: history.EnforceUpstream}, change))
+	set := func(caller string, e history.Enforcement) {
+		t.Helper()
+		must(mem.SetLimit(ctx, history.BucketLimit{Bucket: history.Bucket{Callee: "checkout", Caller: caller}, Limit: 10, Enforcement: e}, change))
+	}
+	set("web", "")                        // takes the callee's
+	set("batch", history.EnforceSidecar)  // its own
+	set("unknown", "")                    // reserved: never the callee's
+	set("mobile", history.EnforceSidecar) // its own, then kept
+	set("mobile", "")                     // keeps sidecar
+	must(mem.SetLimit(ctx, history.BucketLimit{Bucket: history.Bucket{Callee: "orders", Caller: "app"}, Limit: 5, Enforcement: history.EnforceUpstream}, change))
+	l, err := mem.Limits(ctx)
+	must(err)
+	s := FromHistory(l)
+	for _, tc := range []struct {
+		callee, caller string
+		want           Enforcement
+	}{
+		{"checkout", "web", EnforceUpstream},
+		{"checkout", "batch", EnforceSidecar},
+		{"checkout", "unknown", EnforceSidecar},
+		{"checkout", "mobile", EnforceSidecar},
+		{"checkout", "other", EnforceUpstream}, // no limit of its own: the service's default
+		{"orders", "app", EnforceUpstream},
+		{"orders", "other", EnforceSidecar},
+	} {
+		if got := s.Service(tc.callee).Bucket(tc.caller).Enforcement; got != tc.want {
+			t.Errorf("%s/%s: %v, want %v", tc.callee, tc.caller, got, tc.want)
+		}
+	}
+	if err := mem.SetLimit(ctx, history.BucketLimit{Bucket: history.Bucket{Callee: "a", Caller: "b"}, Limit: 1, Enforcement: "envoy"}, change); err == nil ||
+		!strings.Contains(err.Error(), "limit.enforcement") {
+		t.Errorf("SetLimit with enforcement envoy: %v, want an error naming limit.enforcement", err)
 	}
 }

@@ -38,6 +38,9 @@ type Options struct {
 	// Zones get one aggregator each; SidecarsPerZone sidecars report to it.
 	Zones           []string
 	SidecarsPerZone int
+	// NoSidecars starts no sidecars at all, for tests that bring their own
+	// callee (StartGRPCCallee).
+	NoSidecars bool
 	// Limits are the controller's limits.
 	Limits *limits.Set
 	// Controller configures the controller; zero means its defaults.
@@ -63,6 +66,8 @@ type Cluster struct {
 	controller *Node
 	svc        *controller.Service
 	callers    []*Caller // see StartCaller
+
+	grpcCallees []*GRPCCallee // see StartGRPCCallee; guarded by mu
 
 	upstream     *http.Server
 	upstreamGRPC *grpc.Server // behind upstream, for gRPC calls
@@ -154,6 +159,9 @@ func Start(opts Options) (*Cluster, error) {
 		c.Aggregators = append(c.Aggregators, n)
 	}
 	for zi, zone := range opts.Zones {
+		if opts.NoSidecars {
+			break
+		}
 		// Own zone first, the next zone as failover.
 		aggs := []string{c.Aggregators[zi].Addr, c.Aggregators[(zi+1)%len(c.Aggregators)].Addr}
 		for i := range opts.SidecarsPerZone {
@@ -352,6 +360,13 @@ func (c *Cluster) Close() error {
 	c.mu.Unlock()
 	for _, cl := range callers {
 		errs = append(errs, cl.Stop())
+	}
+	c.mu.Lock()
+	callees := c.grpcCallees
+	c.grpcCallees = nil
+	c.mu.Unlock()
+	for _, gc := range callees {
+		errs = append(errs, gc.Stop())
 	}
 	for _, n := range c.Sidecars {
 		errs = append(errs, n.Stop())

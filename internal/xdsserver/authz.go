@@ -21,8 +21,10 @@ import (
 // not have. A workload (a sidecar, an Envoy, a proxyless client) may have
 // only its own service's resources: the DropPolicies callee/<svc> and
 // caller/<svc>, the RTDS layer of <svc>, and proxyless resources for a node
-// whose cluster is <svc>. A sluice aggregator or controller (a zone relay,
-// a tool) may have anything, wildcards included. Refusing ends the stream
+// whose cluster is <svc> (an empty cluster included: proxyless resources
+// are served per node cluster, and a node without one would get the
+// "unknown" caller's ratios, which are not its own). A sluice aggregator or
+// controller (a zone relay, a tool) may have anything, wildcards included. Refusing ends the stream
 // with PERMISSION_DENIED: a client that asks for what it may not have is
 // misconfigured or hostile, and either way should hear it at once.
 //
@@ -33,9 +35,15 @@ type authz struct {
 	log    *slog.Logger
 	denied *prometheus.CounterVec
 
-	mu    sync.Mutex            // guards sotw and delta
+	mu    sync.Mutex            // guards sotw, delta and nodes
 	sotw  map[int64]identity.ID // open SotW streams' peers
 	delta map[int64]identity.ID // open delta streams' peers (ids are per protocol)
+	// nodes holds the node of each open delta stream, from the last
+	// request that named one: go-control-plane hands the delta callback a
+	// request as received, and a client names its node in the first
+	// request only, while the cache keys the later ones by it all the
+	// same. (SotW requests reach the callback with the node filled in.)
+	nodes map[int64]*core.Node
 }
 
 // Reasons of sluice_controller_xds_denied_total.
@@ -65,7 +73,7 @@ func withAuthz(opts Options, cb serverv3.Callbacks, log *slog.Logger) serverv3.C
 		}
 	}
 	return &authz{Callbacks: cb, log: log, denied: denied,
-		sotw: map[int64]identity.ID{}, delta: map[int64]identity.ID{}}
+		sotw: map[int64]identity.ID{}, delta: map[int64]identity.ID{}, nodes: map[int64]*core.Node{}}
 }
 
 func (a *authz) open(streams map[int64]identity.ID, ctx context.Context, id int64) error {
@@ -114,6 +122,9 @@ func (a *authz) OnStreamClosed(id int64, node *core.Node) {
 }
 
 func (a *authz) OnDeltaStreamClosed(id int64, node *core.Node) {
+	a.mu.Lock()
+	delete(a.nodes, id)
+	a.mu.Unlock()
 	a.close(a.delta, id)
 	a.Callbacks.OnDeltaStreamClosed(id, node)
 }
@@ -126,13 +137,21 @@ func (a *authz) OnStreamRequest(id int64, req *discovery.DiscoveryRequest) error
 }
 
 func (a *authz) OnStreamDeltaRequest(id int64, req *discovery.DeltaDiscoveryRequest) error {
-	// A delta stream names its node in the first request only; later ones
-	// can not change it, so checking the one that has it is enough.
+	// A delta stream names its node in the first request, usually only
+	// there; the later ones are checked against it (see nodes).
 	subscribed := req.GetResourceNamesSubscribe()
 	for name := range req.GetInitialResourceVersions() {
 		subscribed = append(subscribed, name)
 	}
-	if err := a.check(a.peer(a.delta, id), req.GetNode(), req.GetTypeUrl(), subscribed); err != nil {
+	a.mu.Lock()
+	node := req.GetNode()
+	if node != nil {
+		a.nodes[id] = node
+	} else {
+		node = a.nodes[id]
+	}
+	a.mu.Unlock()
+	if err := a.check(a.peer(a.delta, id), node, req.GetTypeUrl(), subscribed); err != nil {
 		return err
 	}
 	return a.Callbacks.OnStreamDeltaRequest(id, req)
@@ -158,7 +177,12 @@ func (a *authz) check(p identity.ID, node *core.Node, typeURL string, resources 
 		own = []string{RuntimeLayerName(p.Service)}
 	default:
 		// Proxyless listeners, routes, clusters and endpoints: served per
-		// node cluster, checked above.
+		// node cluster, checked above when set. Unset, the node would be
+		// served the "unknown" caller's ratios: refused, so that a
+		// workload is only ever served its own.
+		if node.GetCluster() == "" {
+			return a.deny(DeniedNode, p, "node has no cluster; proxyless resources of type %s are served per node cluster, which must be the identity's service %q", typeURL, p.Service)
+		}
 		return nil
 	}
 	for _, r := range resources {

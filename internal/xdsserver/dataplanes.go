@@ -59,7 +59,9 @@ func (d *dataplanes) mux(policies cache.Cache) cache.Cache {
 // update derives the data-plane resources from one batch of DropPolicies.
 // Inbound policies only: their peers are the callers of the policy's
 // service. A shadow caller is served ratio 0: shadow means counted, never
-// dropped.
+// dropped. A caller enforced upstream is MODE_SHADOW on the wire only so
+// that old sidecars do not drop it twice (PeerPolicy.enforced_upstream):
+// these data planes are the upstream, and are served its ratio.
 func (d *dataplanes) update(changed map[string]*sluicev1.DropPolicy, deleted []string) error {
 	ratios := make(map[string]map[string]float64, len(changed))
 	for name, p := range changed {
@@ -69,7 +71,7 @@ func (d *dataplanes) update(changed map[string]*sluicev1.DropPolicy, deleted []s
 		m := make(map[string]float64, len(p.GetPeers()))
 		for _, peer := range p.GetPeers() {
 			r := peer.GetDropRatio()
-			if peer.GetMode() == sluicev1.Mode_MODE_SHADOW {
+			if peer.GetMode() == sluicev1.Mode_MODE_SHADOW && !peer.GetEnforcedUpstream() {
 				r = 0
 			}
 			m[peer.GetPeer()] = r

@@ -74,26 +74,40 @@ const (
 	FailLocal FailMode = "local"
 )
 
+// Enforcement says which data plane carries out a bucket's ratio: sluice's
+// sidecar, or one upstream of it (the caller's proxyless gRPC client, the
+// callee's Envoy), which the callee's sidecar then only counts
+// (docs/dataplanes.md).
+type Enforcement string
+
+// Enforcements.
+const (
+	EnforceSidecar  Enforcement = "sidecar"
+	EnforceUpstream Enforcement = "upstream"
+)
+
 // BucketLimit is the limit of one bucket.
 type BucketLimit struct {
 	Bucket
-	Limit     float64 // rps, >= 0; 0 blocks
-	Mode      Mode
-	Source    Source
-	UpdatedBy string
-	Reason    string
-	UpdatedAt time.Time
+	Limit       float64 // rps, >= 0; 0 blocks
+	Mode        Mode
+	Enforcement Enforcement
+	Source      Source
+	UpdatedBy   string
+	Reason      string
+	UpdatedAt   time.Time
 }
 
 // ServiceLimits are a callee's own settings: a default limit for callers
-// without one, a capacity all callers share, and the mode and fail mode its
-// callers inherit. Nil rates mean none.
+// without one, a capacity all callers share, and the mode, fail mode and
+// enforcement its callers inherit. Nil rates mean none.
 type ServiceLimits struct {
 	Callee       string
 	DefaultLimit *float64
 	Capacity     *float64
 	Mode         Mode
 	FailMode     FailMode
+	Enforcement  Enforcement
 	UpdatedBy    string
 	Reason       string
 	UpdatedAt    time.Time
@@ -201,13 +215,17 @@ type LimitStore interface {
 	// "set_limit". An empty Source means Manual. An empty Mode keeps the
 	// bucket's current mode; a bucket without a limit takes its callee's
 	// mode (ServiceLimits.Mode), or enforce when the callee has none.
+	// Enforcement likewise: empty keeps the bucket's, else takes its
+	// callee's (but for the reserved callers unknown and _overflow),
+	// else sidecar.
 	SetLimit(ctx context.Context, l BucketLimit, c Change) error
 	// DeleteLimit removes a bucket's limit ("delete_limit"); ErrNotFound
 	// when it has none.
 	DeleteLimit(ctx context.Context, b Bucket, c Change) error
 	// SetService creates or replaces a callee's own settings
-	// ("set_service", with Caller ""). An empty Mode or FailMode keeps the
-	// current one, or enforce and open for a new callee.
+	// ("set_service", with Caller ""). An empty Mode, FailMode or
+	// Enforcement keeps the current one, or enforce, open and sidecar for a
+	// new callee.
 	SetService(ctx context.Context, s ServiceLimits, c Change) error
 	// SetMode switches the mode of the limits f selects: bucket limits,
 	// and when f.Caller is "" also the selected callees' own settings

@@ -207,6 +207,16 @@ func (m *Memory) modeFor(b Bucket) Mode {
 	return Enforce
 }
 
+// enforcementFor is the enforcement a bucket's limit gets when none is
+// given: its own, else its callee's (but for the reserved callers), else
+// sidecar. Caller holds mu.
+func (m *Memory) enforcementFor(b Bucket) Enforcement {
+	if old, ok := m.buckets[b]; ok {
+		return old.Enforcement
+	}
+	return inheritedEnforcement(b, m.services[b.Callee].Enforcement)
+}
+
 // SetLimit implements LimitStore.
 func (m *Memory) SetLimit(ctx context.Context, l BucketLimit, c Change) error {
 	if err := checkChange(c); err != nil {
@@ -220,6 +230,9 @@ func (m *Memory) SetLimit(ctx context.Context, l BucketLimit, c Change) error {
 	now := m.opts.clock()
 	if l.Mode == "" {
 		l.Mode = m.modeFor(l.Bucket)
+	}
+	if l.Enforcement == "" {
+		l.Enforcement = m.enforcementFor(l.Bucket)
 	}
 	if l.Source == "" {
 		l.Source = Manual
@@ -274,6 +287,7 @@ func (m *Memory) SetService(ctx context.Context, s ServiceLimits, c Change) erro
 	}
 	s.Mode = cmp.Or(s.Mode, o.Mode, Enforce)
 	s.FailMode = cmp.Or(s.FailMode, o.FailMode, FailOpen)
+	s.Enforcement = cmp.Or(s.Enforcement, o.Enforcement, EnforceSidecar)
 	s.UpdatedBy, s.Reason, s.UpdatedAt = c.Actor, c.Reason, now
 	m.services[s.Callee] = s
 	m.appendAudit(now, c, "set_service", Bucket{Callee: s.Callee}, old, renderService(s))
@@ -452,7 +466,7 @@ func (m *Memory) decide(ids []int64, c Change, to ProposalStatus) ([]Proposal, e
 			continue
 		}
 		l := BucketLimit{
-			Bucket: p.Bucket, Limit: p.Proposed, Mode: m.modeFor(p.Bucket), Source: Derived,
+			Bucket: p.Bucket, Limit: p.Proposed, Mode: m.modeFor(p.Bucket), Enforcement: m.enforcementFor(p.Bucket), Source: Derived,
 			UpdatedBy: c.Actor, Reason: c.Reason, UpdatedAt: now,
 		}
 		var old string

@@ -15,8 +15,8 @@ import (
 const notifyChannel = "sluice_limits"
 
 const (
-	selectBucketLimit = `SELECT callee, caller, limit_rps AS "limit", mode, source, updated_by, reason, updated_at FROM bucket_limits`
-	selectService     = `SELECT callee, default_limit, capacity, mode, fail_mode, updated_by, reason, updated_at FROM service_limits`
+	selectBucketLimit = `SELECT callee, caller, limit_rps AS "limit", mode, enforcement, source, updated_by, reason, updated_at FROM bucket_limits`
+	selectService     = `SELECT callee, default_limit, capacity, mode, fail_mode, enforcement, updated_by, reason, updated_at FROM service_limits`
 	selectProposal    = `SELECT id, callee, caller, current_limit AS current, proposed, peak_lookback, peak_recent, flags, status,
 		created_by, created_at, decided_by, COALESCE(decided_at, '0001-01-01 00:00:00+00') AS decided_at, reason FROM proposals`
 	selectAudit = `SELECT id, at, actor, action, callee, caller, old_value AS old, new_value AS new, reason FROM audit_log`
@@ -99,42 +99,52 @@ func bucketLimits(ctx context.Context, tx pgx.Tx, bs []Bucket) (map[Bucket]Bucke
 	return out, nil
 }
 
-// serviceModes reads the modes of callees that have settings.
-func serviceModes(ctx context.Context, tx pgx.Tx, callees []string) (map[string]Mode, error) {
-	rows, err := tx.Query(ctx, `SELECT callee, mode FROM service_limits WHERE callee = ANY($1)`, callees)
+// serviceModes reads the modes and enforcements of callees that have
+// settings.
+func serviceModes(ctx context.Context, tx pgx.Tx, callees []string) (map[string]Mode, map[string]Enforcement, error) {
+	rows, err := tx.Query(ctx, `SELECT callee, mode, enforcement FROM service_limits WHERE callee = ANY($1)`, callees)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	out := map[string]Mode{}
+	modes, enfs := map[string]Mode{}, map[string]Enforcement{}
 	var callee string
 	var mode Mode
-	_, err = pgx.ForEachRow(rows, []any{&callee, &mode}, func() error {
-		out[callee] = mode
+	var enf Enforcement
+	_, err = pgx.ForEachRow(rows, []any{&callee, &mode, &enf}, func() error {
+		modes[callee], enfs[callee] = mode, enf
 		return nil
 	})
-	return out, err
+	return modes, enfs, err
+}
+
+// bucketDefaults are what a bucket's limit gets when it names no mode or
+// enforcement.
+type bucketDefaults struct {
+	mode        Mode
+	enforcement Enforcement
 }
 
 // modesFor is the mode each bucket's limit gets when none is given: its
-// own, else its callee's, else enforce.
-func modesFor(ctx context.Context, tx pgx.Tx, bs []Bucket, current map[Bucket]BucketLimit) (map[Bucket]Mode, error) {
+// own, else its callee's, else enforce; and the enforcement likewise (see
+// inheritedEnforcement).
+func modesFor(ctx context.Context, tx pgx.Tx, bs []Bucket, current map[Bucket]BucketLimit) (map[Bucket]bucketDefaults, error) {
 	var callees []string
 	for _, b := range bs {
 		callees = append(callees, b.Callee)
 	}
-	svc, err := serviceModes(ctx, tx, callees)
+	svc, svcEnf, err := serviceModes(ctx, tx, callees)
 	if err != nil {
 		return nil, err
 	}
-	out := make(map[Bucket]Mode, len(bs))
+	out := make(map[Bucket]bucketDefaults, len(bs))
 	for _, b := range bs {
 		switch l, ok := current[b]; {
 		case ok:
-			out[b] = l.Mode
+			out[b] = bucketDefaults{l.Mode, l.Enforcement}
 		case svc[b.Callee] != "":
-			out[b] = svc[b.Callee]
+			out[b] = bucketDefaults{svc[b.Callee], inheritedEnforcement(b, svcEnf[b.Callee])}
 		default:
-			out[b] = Enforce
+			out[b] = bucketDefaults{Enforce, EnforceSidecar}
 		}
 	}
 	return out, nil
@@ -153,17 +163,20 @@ func upsertLimits(ctx context.Context, tx pgx.Tx, ls []BucketLimit) error {
 	n := len(ls)
 	callees, callers, modes, sources := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 	limits, by, reasons, at := make([]float64, n), make([]string, n), make([]string, n), make([]time.Time, n)
+	enfs := make([]string, n)
 	for i, l := range ls {
 		callees[i], callers[i], limits[i], modes[i], sources[i] = l.Callee, l.Caller, l.Limit, string(l.Mode), string(l.Source)
 		by[i], reasons[i], at[i] = l.UpdatedBy, l.Reason, l.UpdatedAt
+		enfs[i] = string(cmp.Or(l.Enforcement, EnforceSidecar))
 	}
 	_, err := tx.Exec(ctx, `
-		INSERT INTO bucket_limits (callee, caller, limit_rps, mode, source, updated_by, reason, updated_at)
-		SELECT * FROM unnest($1::text[], $2::text[], $3::float8[], $4::text[], $5::text[], $6::text[], $7::text[], $8::timestamptz[])
+		INSERT INTO bucket_limits (callee, caller, limit_rps, mode, source, updated_by, reason, updated_at, enforcement)
+		SELECT * FROM unnest($1::text[], $2::text[], $3::float8[], $4::text[], $5::text[], $6::text[], $7::text[], $8::timestamptz[], $9::text[])
 		ON CONFLICT (callee, caller) DO UPDATE SET
 			limit_rps = excluded.limit_rps, mode = excluded.mode, source = excluded.source,
-			updated_by = excluded.updated_by, reason = excluded.reason, updated_at = excluded.updated_at`,
-		callees, callers, limits, modes, sources, by, reasons, at)
+			updated_by = excluded.updated_by, reason = excluded.reason, updated_at = excluded.updated_at,
+			enforcement = excluded.enforcement`,
+		callees, callers, limits, modes, sources, by, reasons, at, enfs)
 	return err
 }
 
@@ -207,12 +220,13 @@ func (p *Postgres) SetLimit(ctx context.Context, l BucketLimit, c Change) error 
 		if err != nil {
 			return false, err
 		}
-		if l.Mode == "" {
-			modes, err := modesFor(ctx, tx, bs, current)
+		if l.Mode == "" || l.Enforcement == "" {
+			defs, err := modesFor(ctx, tx, bs, current)
 			if err != nil {
 				return false, err
 			}
-			l.Mode = modes[l.Bucket]
+			l.Mode = cmp.Or(l.Mode, defs[l.Bucket].mode)
+			l.Enforcement = cmp.Or(l.Enforcement, defs[l.Bucket].enforcement)
 		}
 		l.UpdatedBy, l.Reason, l.UpdatedAt = c.Actor, c.Reason, now
 		if err := upsertLimits(ctx, tx, []BucketLimit{l}); err != nil {
@@ -236,7 +250,7 @@ func (p *Postgres) DeleteLimit(ctx context.Context, b Bucket, c Change) error {
 	}
 	return p.change(ctx, "delete_limit", func(tx pgx.Tx, now time.Time) (bool, error) {
 		rows, err := tx.Query(ctx, `DELETE FROM bucket_limits WHERE callee = $1 AND caller = $2
-			RETURNING callee, caller, limit_rps AS "limit", mode, source, updated_by, reason, updated_at`, b.Callee, b.Caller)
+			RETURNING callee, caller, limit_rps AS "limit", mode, enforcement, source, updated_by, reason, updated_at`, b.Callee, b.Caller)
 		if err != nil {
 			return false, err
 		}
@@ -276,15 +290,16 @@ func (p *Postgres) SetService(ctx context.Context, s ServiceLimits, c Change) er
 		}
 		s.Mode = cmp.Or(s.Mode, o.Mode, Enforce)
 		s.FailMode = cmp.Or(s.FailMode, o.FailMode, FailOpen)
+		s.Enforcement = cmp.Or(s.Enforcement, o.Enforcement, EnforceSidecar)
 		s.UpdatedBy, s.Reason, s.UpdatedAt = c.Actor, c.Reason, now
 		_, err = tx.Exec(ctx, `
-			INSERT INTO service_limits (callee, default_limit, capacity, mode, fail_mode, updated_by, reason, updated_at)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+			INSERT INTO service_limits (callee, default_limit, capacity, mode, fail_mode, updated_by, reason, updated_at, enforcement)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
 			ON CONFLICT (callee) DO UPDATE SET
 				default_limit = excluded.default_limit, capacity = excluded.capacity, mode = excluded.mode,
 				fail_mode = excluded.fail_mode, updated_by = excluded.updated_by, reason = excluded.reason,
-				updated_at = excluded.updated_at`,
-			s.Callee, s.DefaultLimit, s.Capacity, string(s.Mode), string(s.FailMode), s.UpdatedBy, s.Reason, s.UpdatedAt)
+				updated_at = excluded.updated_at, enforcement = excluded.enforcement`,
+			s.Callee, s.DefaultLimit, s.Capacity, string(s.Mode), string(s.FailMode), s.UpdatedBy, s.Reason, s.UpdatedAt, string(s.Enforcement))
 		if err != nil {
 			return false, err
 		}
@@ -553,14 +568,14 @@ func (p *Postgres) decide(ctx context.Context, ids []int64, c Change, to Proposa
 		if err != nil {
 			return false, err
 		}
-		modes, err := modesFor(ctx, tx, bs, current)
+		defs, err := modesFor(ctx, tx, bs, current)
 		if err != nil {
 			return false, err
 		}
 		ls := make([]BucketLimit, len(ps))
 		for i, p := range ps {
 			ls[i] = BucketLimit{
-				Bucket: p.Bucket, Limit: p.Proposed, Mode: modes[p.Bucket], Source: Derived,
+				Bucket: p.Bucket, Limit: p.Proposed, Mode: defs[p.Bucket].mode, Enforcement: defs[p.Bucket].enforcement, Source: Derived,
 				UpdatedBy: c.Actor, Reason: c.Reason, UpdatedAt: now,
 			}
 			var old string

@@ -17,15 +17,24 @@ func renderOptRate(v *float64) string {
 	return renderRate(*v)
 }
 
-// renderLimit: "120 rps, enforce, manual".
+// renderLimit: "120 rps, enforce, manual", and ", enforced upstream" when
+// it is (sidecar, the default, is left out, as before the field existed).
 func renderLimit(l BucketLimit) string {
-	return fmt.Sprintf("%s, %s, %s", renderRate(l.Limit), l.Mode, l.Source)
+	return fmt.Sprintf("%s, %s, %s%s", renderRate(l.Limit), l.Mode, l.Source, renderUpstream(l.Enforcement))
 }
 
-// renderService: "default 100 rps, capacity none, mode enforce, fail open".
+// renderService: "default 100 rps, capacity none, mode enforce, fail open",
+// and ", enforced upstream" when it is.
 func renderService(s ServiceLimits) string {
-	return fmt.Sprintf("default %s, capacity %s, mode %s, fail %s",
-		renderOptRate(s.DefaultLimit), renderOptRate(s.Capacity), s.Mode, s.FailMode)
+	return fmt.Sprintf("default %s, capacity %s, mode %s, fail %s%s",
+		renderOptRate(s.DefaultLimit), renderOptRate(s.Capacity), s.Mode, s.FailMode, renderUpstream(s.Enforcement))
+}
+
+func renderUpstream(e Enforcement) string {
+	if e == EnforceUpstream {
+		return ", enforced upstream"
+	}
+	return ""
 }
 
 // renderProposal: "proposal 7: 150 rps".

@@ -116,6 +116,25 @@ func checkFailMode(field string, m FailMode) error {
 	return invalid(field, "fail mode %q is not one of %q, %q, %q", m, FailOpen, FailHold, FailLocal)
 }
 
+// inheritedEnforcement is what a new bucket limit of b takes from its
+// callee's enforcement (empty: the callee has no settings): the callee's,
+// but never for the reserved callers, which no Envoy header names, so that
+// a callee fronted by Envoy does not leave them unenforced.
+func inheritedEnforcement(b Bucket, callee Enforcement) Enforcement {
+	if callee == "" || b.Caller == names.Unknown || b.Caller == names.Overflow {
+		return EnforceSidecar
+	}
+	return callee
+}
+
+func checkEnforcement(field string, e Enforcement) error {
+	switch e {
+	case "", EnforceSidecar, EnforceUpstream:
+		return nil
+	}
+	return invalid(field, "enforcement %q is neither %q nor %q", e, EnforceSidecar, EnforceUpstream)
+}
+
 func checkSource(field string, s Source) error {
 	switch s {
 	case "", Manual, Derived:
@@ -177,6 +196,9 @@ func checkBucketLimit(l BucketLimit) error {
 	if err := checkMode("limit.mode", l.Mode, true); err != nil {
 		return err
 	}
+	if err := checkEnforcement("limit.enforcement", l.Enforcement); err != nil {
+		return err
+	}
 	return checkSource("limit.source", l.Source)
 }
 
@@ -191,6 +213,9 @@ func checkServiceLimits(s ServiceLimits) error {
 		return err
 	}
 	if err := checkMode("service.mode", s.Mode, true); err != nil {
+		return err
+	}
+	if err := checkEnforcement("service.enforcement", s.Enforcement); err != nil {
 		return err
 	}
 	return checkFailMode("service.fail_mode", s.FailMode)

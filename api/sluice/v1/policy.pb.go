@@ -278,9 +278,20 @@ type PeerPolicy struct {
 	// The bucket's global offered rate the ratio was computed from.
 	OfferedRps float64 `protobuf:"fixed64,6,opt,name=offered_rps,json=offeredRps,proto3" json:"offered_rps,omitempty"`
 	// Why the ratio is above zero.
-	Reason        DropReason `protobuf:"varint,7,opt,name=reason,proto3,enum=sluice.v1.DropReason" json:"reason,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Reason DropReason `protobuf:"varint,7,opt,name=reason,proto3,enum=sluice.v1.DropReason" json:"reason,omitempty"`
+	// The bucket's ratio is carried out before its requests reach the callee,
+	// by the caller's proxyless gRPC client or by the callee's Envoy (the
+	// limits say so, "enforcement: upstream"); inbound policies only. The
+	// holder of the policy then never drops this peer's requests, and counts
+	// each arrival as 1 / (1 - drop_ratio) offered, of which
+	// drop_ratio / (1 - drop_ratio) dropped upstream, so that its reports
+	// carry the load offered before those drops. mode is MODE_SHADOW for such
+	// a peer on the wire, so that sidecars built before this field count its
+	// requests without dropping them a second time; a holder that knows this
+	// field reads mode as enforced upstream.
+	EnforcedUpstream bool `protobuf:"varint,8,opt,name=enforced_upstream,json=enforcedUpstream,proto3" json:"enforced_upstream,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *PeerPolicy) Reset() {
@@ -362,6 +373,13 @@ func (x *PeerPolicy) GetReason() DropReason {
 	return DropReason_DROP_REASON_UNSPECIFIED
 }
 
+func (x *PeerPolicy) GetEnforcedUpstream() bool {
+	if x != nil {
+		return x.EnforcedUpstream
+	}
+	return false
+}
+
 var File_sluice_v1_policy_proto protoreflect.FileDescriptor
 
 const file_sluice_v1_policy_proto_rawDesc = "" +
@@ -377,7 +395,7 @@ const file_sluice_v1_policy_proto_rawDesc = "" +
 	"\x0elive_instances\x18\x06 \x01(\rR\rliveInstances\x120\n" +
 	"\tfail_mode\x18\a \x01(\x0e2\x13.sluice.v1.FailModeR\bfailMode\x12A\n" +
 	"\x0ffail_open_decay\x18\b \x01(\v2\x19.google.protobuf.DurationR\rfailOpenDecay\x127\n" +
-	"\tissued_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\bissuedAt\"\x9a\x02\n" +
+	"\tissued_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\bissuedAt\"\xc7\x02\n" +
 	"\n" +
 	"PeerPolicy\x12\x12\n" +
 	"\x04peer\x18\x01 \x01(\tR\x04peer\x12\x1d\n" +
@@ -389,7 +407,8 @@ const file_sluice_v1_policy_proto_rawDesc = "" +
 	"allowedRps\x88\x01\x01\x12\x1f\n" +
 	"\voffered_rps\x18\x06 \x01(\x01R\n" +
 	"offeredRps\x12-\n" +
-	"\x06reason\x18\a \x01(\x0e2\x15.sluice.v1.DropReasonR\x06reasonB\f\n" +
+	"\x06reason\x18\a \x01(\x0e2\x15.sluice.v1.DropReasonR\x06reason\x12+\n" +
+	"\x11enforced_upstream\x18\b \x01(\bR\x10enforcedUpstreamB\f\n" +
 	"\n" +
 	"_limit_rpsB\x0e\n" +
 	"\f_allowed_rps*b\n" +

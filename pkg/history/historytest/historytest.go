@@ -39,6 +39,7 @@ func Run(t *testing.T, open func(t *testing.T) history.Store) {
 		{"Retain", testRetain},
 		{"SetLimit", testSetLimit},
 		{"SetLimitModeDefaults", testSetLimitModeDefaults},
+		{"Enforcement", testEnforcement},
 		{"DeleteLimit", testDeleteLimit},
 		{"SetService", testSetService},
 		{"SetMode", testSetMode},
@@ -477,8 +478,8 @@ func testSetLimit(t *testing.T, s history.Store) {
 		return out
 	}
 	eq(t, "buckets, sorted", strip(l.Buckets), []history.BucketLimit{
-		{Bucket: ab, Limit: 50, Mode: history.Shadow, Source: history.Derived, UpdatedBy: "alice", Reason: "first reason"},
-		{Bucket: ac, Limit: 100, Mode: history.Enforce, Source: history.Manual, UpdatedBy: "alice", Reason: "first reason"},
+		{Bucket: ab, Limit: 50, Mode: history.Shadow, Enforcement: history.EnforceSidecar, Source: history.Derived, UpdatedBy: "alice", Reason: "first reason"},
+		{Bucket: ac, Limit: 100, Mode: history.Enforce, Enforcement: history.EnforceSidecar, Source: history.Manual, UpdatedBy: "alice", Reason: "first reason"},
 	})
 
 	// Replace: an empty Mode keeps the bucket's.
@@ -505,6 +506,40 @@ func testSetLimitModeDefaults(t *testing.T, s history.Store) {
 		got, _ := bucketLimit(t, s, b)
 		eq(t, fmt.Sprintf("mode of %v", b), got.Mode, want)
 	}
+}
+
+// testEnforcement: like the mode, a bucket limit's enforcement is its own,
+// kept when not given, else its callee's (but for the reserved callers),
+// else sidecar; a callee's is kept when not given; approving a proposal
+// keeps it; the audit shows it.
+func testEnforcement(t *testing.T, s history.Store) {
+	ctx := t.Context()
+	up := history.EnforceUpstream
+	must(t, s.SetService(ctx, history.ServiceLimits{Callee: "a", Enforcement: up}, alice))
+	must(t, s.SetService(ctx, history.ServiceLimits{Callee: "a", Capacity: f64(10)}, alice)) // kept
+	au := history.Bucket{Callee: "a", Caller: "unknown"}
+	must(t, s.SetLimit(ctx, history.BucketLimit{Bucket: ab, Limit: 1}, alice))                                      // the callee's
+	must(t, s.SetLimit(ctx, history.BucketLimit{Bucket: au, Limit: 1}, alice))                                      // reserved: sidecar
+	must(t, s.SetLimit(ctx, history.BucketLimit{Bucket: bb, Limit: 1}, alice))                                      // no settings: sidecar
+	must(t, s.SetLimit(ctx, history.BucketLimit{Bucket: ac, Limit: 1, Enforcement: history.EnforceSidecar}, alice)) // its own
+	must(t, s.SetLimit(ctx, history.BucketLimit{Bucket: ac, Limit: 2}, alice))                                      // kept
+	must(t, s.SetLimit(ctx, history.BucketLimit{Bucket: bb, Limit: 2, Enforcement: up}, alice))                     // changed
+	propose(t, s, alice, proposal(bb, 300))
+	ps, err := s.Proposals(ctx, history.Filter{})
+	must(t, err)
+	_, err = s.Approve(ctx, ids(ps), bob) // keeps bb's
+	must(t, err)
+	for b, want := range map[history.Bucket]history.Enforcement{ab: up, au: history.EnforceSidecar, ac: history.EnforceSidecar, bb: up} {
+		got, _ := bucketLimit(t, s, b)
+		eq(t, fmt.Sprintf("enforcement of %v", b), got.Enforcement, want)
+	}
+	eq(t, "callee a's enforcement", limits(t, s).Services[0].Enforcement, up)
+	eq(t, "audit of the approval", entries(audit(t, s, history.Filter{Callee: "b"}))[0],
+		entry{"bob", "approve", "b", "b", "2 rps, enforce, manual, enforced upstream", "300 rps, enforce, derived, enforced upstream", "second reason"})
+	wantErr(t, "a bad enforcement", s.SetLimit(ctx, history.BucketLimit{Bucket: ab, Limit: 1, Enforcement: "envoy"}, alice),
+		history.ErrInvalid, "limit.enforcement")
+	wantErr(t, "a bad service enforcement", s.SetService(ctx, history.ServiceLimits{Callee: "a", Enforcement: "envoy"}, alice),
+		history.ErrInvalid, "service.enforcement")
 }
 
 func testDeleteLimit(t *testing.T, s history.Store) {
@@ -546,15 +581,15 @@ func testSetService(t *testing.T, s history.Store) {
 	}
 	eq(t, "services, sorted", strip(l.Services), []history.ServiceLimits{
 		{Callee: "a", DefaultLimit: f64(100), Capacity: f64(500), Mode: history.Shadow, FailMode: history.FailLocal,
-			UpdatedBy: "alice", Reason: "first reason"},
-		{Callee: "b", Mode: history.Enforce, FailMode: history.FailOpen, UpdatedBy: "alice", Reason: "first reason"},
+			Enforcement: history.EnforceSidecar, UpdatedBy: "alice", Reason: "first reason"},
+		{Callee: "b", Mode: history.Enforce, FailMode: history.FailOpen, Enforcement: history.EnforceSidecar, UpdatedBy: "alice", Reason: "first reason"},
 	})
 
 	// Replace: rates as given (nil: none), empty modes kept.
 	must(t, s.SetService(ctx, history.ServiceLimits{Callee: "a", Capacity: f64(250)}, bob))
 	eq(t, "replaced", strip(limits(t, s).Services)[0], history.ServiceLimits{
 		Callee: "a", Capacity: f64(250), Mode: history.Shadow, FailMode: history.FailLocal,
-		UpdatedBy: "bob", Reason: "second reason"})
+		Enforcement: history.EnforceSidecar, UpdatedBy: "bob", Reason: "second reason"})
 
 	eq(t, "audit", entries(audit(t, s, history.Filter{Callee: "a"})), []entry{
 		{"bob", "set_service", "a", "",
@@ -745,7 +780,7 @@ func testApprove(t *testing.T, s history.Store) {
 		l.Buckets[i].UpdatedAt = time.Time{}
 	}
 	derived := func(b history.Bucket, limit float64, m history.Mode) history.BucketLimit {
-		return history.BucketLimit{Bucket: b, Limit: limit, Mode: m, Source: history.Derived, UpdatedBy: "bob", Reason: "second reason"}
+		return history.BucketLimit{Bucket: b, Limit: limit, Mode: m, Enforcement: history.EnforceSidecar, Source: history.Derived, UpdatedBy: "bob", Reason: "second reason"}
 	}
 	eq(t, "limits", l.Buckets, []history.BucketLimit{
 		derived(ab, 100, history.Shadow), derived(ac, 200, history.Shadow), derived(bb, 300, history.Enforce),
