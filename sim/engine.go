@@ -645,14 +645,22 @@ func (e *engine) report(s *simSidecar) {
 }
 
 // check is one sidecar's surge check: when the production SurgeDetector
-// sees a caller's rate jump since the last report, the check window alone
-// is reported at once.
+// sees a caller's rate jump in the check window, that window alone is
+// reported at once; else when it sees one since the last report, that
+// window is.
 func (e *engine) check(s *simSidecar) {
 	e.after(e.sc.Loop.SurgeCheck, func() { e.check(s) })
 	s.cur = s.lim.AppendCounts(e.callees[s.callee].svc.Name, s.cur[:0])
 	if s.surge.Surging(s.checked, s.cur, e.now-s.checkedAt) {
 		e.fast.SurgeReports++
 		e.send(s, s.checked, s.checkedAt, true)
+		return
+	}
+	// As the reporter: too few requests per check window, the window since
+	// the last report.
+	if !s.surge.Following() && s.checkedAt != s.prevAt && s.surge.Surging(s.prev, s.cur, e.now-s.prevAt) {
+		e.fast.SurgeReports++
+		e.send(s, s.prev, s.prevAt, true)
 		return
 	}
 	s.checked = append(s.checked[:0], s.cur...)

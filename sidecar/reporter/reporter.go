@@ -337,6 +337,17 @@ func (r *Reporter) loop(ctx context.Context) {
 				send(checked, checkedAt, now, true)
 				continue
 			}
+			if !surge.Following() && checkedAt != prevAt && surge.Surging(prev, cur, now.Sub(prevAt)) {
+				// A sidecar with a few requests per check window never
+				// sees MinCount in one (a 10× surge to 170 rps is 17
+				// per 100ms): the window since the last report adds
+				// up to it, a check or two later. Its rate is diluted
+				// by the calm before the surge; the checks after a
+				// surge report follow the rise (FollowFactor).
+				r.surges.Inc()
+				send(prev, prevAt, now, true)
+				continue
+			}
 			checked, checkedAt = append(checked[:0], cur...), now
 		case <-t.C:
 			// The window is measured, not assumed: a late tick makes a

@@ -82,6 +82,10 @@ func (d *SurgeDetector) Reported(r *sluicev1.LoadReport) {
 	}
 }
 
+// Following reports whether a surge is under way: the last report was a
+// surge report.
+func (d *SurgeDetector) Following() bool { return d.following }
+
 // Surging reports whether, between the snapshots prev and cur taken
 // elapsed apart, some peer's count n jumped from what its last reported
 // rate predicts for the window (want): by a factor of at least Factor

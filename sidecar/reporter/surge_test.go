@@ -197,3 +197,43 @@ func TestSurgeChecksOff(t *testing.T) {
 		t.Errorf("negative SurgeCheck (off) refused: %v", err)
 	}
 }
+
+// A surge too thin to show in one check window — fewer requests than
+// MinCount per check, as at a sidecar that sees 10 rps become 170 — is
+// still reported before the interval ends: the window since the last report
+// adds up to MinCount a few checks in.
+func TestThinSurgeIsReportedBeforeTheInterval(t *testing.T) {
+	capt := &capture{}
+	g := grpc.NewServer()
+	sluicev1.RegisterLoadReportServiceServer(g, capt)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go g.Serve(lis)
+	defer g.Stop()
+
+	src := &manualSource{total: map[string]sidecar.PeerCounts{}}
+	const interval, check = 2 * time.Second, 50 * time.Millisecond
+	startReporter(t, Config{
+		SidecarID: "s1", Service: "checkout", Interval: interval, SurgeCheck: check,
+		Aggregators: []string{lis.Addr().String()}, Registerer: prometheus.NewRegistry(),
+	}, src)
+	waitFor(t, "the first periodic report", func() bool { return len(capt.all()) >= 1 })
+
+	// 6 requests every 60ms: at most 18 in a check window unless this
+	// goroutine stalls for three checks, below DefaultSurgeMinCount (20).
+	start := time.Now()
+	for len(capt.all()) < 2 && time.Since(start) < interval/2 {
+		src.add("web", 6)
+		time.Sleep(60 * time.Millisecond)
+	}
+	reports := capt.all()
+	if len(reports) < 2 {
+		t.Fatalf("no report within %v of a thin surge starting (interval %v)", interval/2, interval)
+	}
+	if rep := reports[1]; !rep.GetUrgent() || rep.GetWindow().AsDuration() >= interval/2 {
+		t.Errorf("second report: urgent %v, window %v; want a surge report, sent before half the interval",
+			rep.GetUrgent(), rep.GetWindow().AsDuration())
+	}
+}
