@@ -34,6 +34,7 @@ import (
 	"github.com/sluicehq/sluice/internal/aggregator"
 	"github.com/sluicehq/sluice/internal/controller"
 	"github.com/sluicehq/sluice/internal/loadgen"
+	"github.com/sluicehq/sluice/internal/pgtest"
 )
 
 // Bounds on every wait of these tests. They are generous: a slow machine
@@ -57,6 +58,13 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	if binDir != "" {
 		os.RemoveAll(binDir)
+	}
+	// The fault tests' throwaway Postgres (faults_test.go), if one ran.
+	if err := pgtest.Close(); err != nil {
+		fmt.Fprintf(os.Stderr, "pgtest: %v\n", err)
+		if code == 0 {
+			code = 1
+		}
 	}
 	os.Exit(code)
 }

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -36,6 +37,7 @@ import (
 	"github.com/sluicehq/sluice/internal/agent"
 	"github.com/sluicehq/sluice/internal/aggregator"
 	"github.com/sluicehq/sluice/internal/controller"
+	"github.com/sluicehq/sluice/internal/loadgen"
 	"github.com/sluicehq/sluice/internal/names"
 	"github.com/sluicehq/sluice/internal/testbed"
 	"github.com/sluicehq/sluice/sidecar"
@@ -133,7 +135,9 @@ var hostileCallers = []struct {
 // controller. The sidecar must keep counters for at most MaxPeers callers
 // and count the rest as _overflow, count every request once, and report
 // all of it: reports within the aggregator's bounds, none rejected, the
-// overflow reaching the controller. The heap must stay within
+// overflow reaching the controller. Meanwhile web, a caller with a limit,
+// sends 5× it; once the flood is over it must be back within ±5 % of its
+// limit within floodRecoveryBound. The heap must stay within
 // floodHeapBound of its size before the flood, and once the loop is shut
 // down, heap and goroutines must be back where they were.
 func TestFloodOfDistinctCallers(t *testing.T) {
@@ -174,9 +178,24 @@ func TestFloodOfDistinctCallers(t *testing.T) {
 	sc := c.Sidecars[0]
 	s := sc.Agent.Limiter().Service("checkout")
 	maxPeers := agent.DefaultConfig().MaxPeers
+
+	// web, a caller with a limit, sends 5× it through the sidecar from
+	// before the flood to after it (its own load is no part of the flood's
+	// counts below). Being the first caller, it keeps a counter of its
+	// own. The flood must not take the limit away: after the flood, web is
+	// back within ±5 % of its limit within floodRecoveryBound.
+	web := startFloodWebLoad(t, c.SidecarURLs())
+	waitFor(t, 15*time.Second, "web is held at its limit before the flood", func() bool {
+		p := c.Policy()
+		return web.second() >= 3 && p != nil && p.Rule("web") != nil && p.Rule("web").DropRatio > 0.5
+	})
+
 	counted := func() (total uint64, byPeer map[string]sidecar.PeerCounts) {
 		byPeer = map[string]sidecar.PeerCounts{}
 		for _, pc := range s.AppendCounts(nil) {
+			if pc.Peer == "web" {
+				continue
+			}
 			total += pc.Offered
 			byPeer[pc.Peer] = pc
 		}
@@ -216,6 +235,7 @@ func TestFloodOfDistinctCallers(t *testing.T) {
 	})
 
 	// The million, decided in-process by two goroutines, paced.
+	floodStart := web.second()
 	start := time.Now()
 	var g sync.WaitGroup
 	const workers = 2
@@ -279,6 +299,7 @@ func TestFloodOfDistinctCallers(t *testing.T) {
 		t.Errorf("sluice_sidecar_invalid_peer_names_total rose by %v, %d invalid names sent", got, invalidSent)
 	}
 	checkHeadersRefused(t, sc.Addr, s)
+	floodEnd := web.second()
 
 	// The loop carries it: the overflow reaches the controller, through
 	// reports that are all accepted and within the aggregator's bound. The
@@ -317,6 +338,7 @@ func TestFloodOfDistinctCallers(t *testing.T) {
 		t.Errorf("the flood grew the live heap by %d MB, bound %d MB", growth>>20, floodHeapBound>>20)
 	}
 
+	web.check(t, floodStart, floodEnd)
 	closeCluster()
 	deadline := time.Now().Add(15 * time.Second)
 	for runtime.NumGoroutine() > goroutinesBefore && time.Now().Before(deadline) {
@@ -331,6 +353,82 @@ func TestFloodOfDistinctCallers(t *testing.T) {
 	t.Logf("after shutdown: live heap %.1f MB, %d goroutines (%d before)", mb(heapAfter), runtime.NumGoroutine(), goroutinesBefore)
 	if heapAfter > heapBefore+shutdownHeapSlack {
 		t.Errorf("live heap %d MB after shutdown, %d MB before the cluster started", heapAfter>>20, heapBefore>>20)
+	}
+}
+
+// floodRecoveryBound is the documented bound on the time from the end of
+// the flood until web is back within ±5 % of its limit; floodAfter is how
+// long web's load goes on after the flood.
+const (
+	floodRecoveryBound = 8
+	floodAfter         = 15
+)
+
+// floodWebLoad is web's load during TestFloodOfDistinctCallers.
+type floodWebLoad struct {
+	g     *loadgen.Generator
+	begin time.Time // just before Run: its seconds count from here, within a few µs
+	stop  func()    // ends the run and waits for it; idempotent
+}
+
+func startFloodWebLoad(t *testing.T, targets []string) *floodWebLoad {
+	t.Helper()
+	g, err := loadgen.New(loadgen.Options{
+		Targets:  targets,
+		Callers:  []loadgen.Caller{{Name: "web", Rate: rate(surgeRate)}},
+		Duration: 5 * time.Minute, // ended by stop
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	begin := time.Now()
+	go func() {
+		defer close(done)
+		g.Run(ctx, nil)
+	}()
+	var once sync.Once
+	w := &floodWebLoad{g: g, begin: begin, stop: func() { once.Do(func() { cancel(); <-done }) }}
+	t.Cleanup(w.stop)
+	return w
+}
+
+// second is the run's current second. (Generator.Elapsed may not be read
+// while Run starts.)
+func (w *floodWebLoad) second() int { return int(time.Since(w.begin) / time.Second) }
+
+// check lets web's load go on for floodAfter seconds after the flood, stops
+// it, and asserts that web was back within ±5 % of its limit (the mean
+// admitted rate over 3 s) within floodRecoveryBound of the flood's end, and
+// stayed there.
+func (w *floodWebLoad) check(t *testing.T, floodStart, floodEnd int) {
+	t.Helper()
+	end := floodEnd + floodAfter
+	for w.second() < end+1 {
+		time.Sleep(100 * time.Millisecond)
+	}
+	w.stop()
+	mean := func(from, to int) float64 { return admittedRate(w.g, "web", from, to) }
+	for s := floodStart; s < end; s++ {
+		x := w.g.Second("web", s)
+		t.Logf("web t=%2ds sent=%3d admitted=%3d skipped=%d errors=%d", s, x.Sent, x.Admitted, x.Skipped, x.Errors)
+	}
+	back := -1
+	for s := floodEnd; s+3 <= end; s++ {
+		if math.Abs(mean(s, s+3)-limit) <= 0.05*limit {
+			back = s - floodEnd
+			break
+		}
+	}
+	t.Logf("web admitted %.1f rps during the flood (seconds [%d, %d)), limit %v; back within ±5 %% %d s after it (bound %d s)",
+		mean(floodStart, floodEnd), floodStart, floodEnd, limit, back, floodRecoveryBound)
+	if back < 0 || back > floodRecoveryBound {
+		t.Errorf("web was back within ±5 %% of its limit %d s after the flood, want within %d s", back, floodRecoveryBound)
+		return
+	}
+	if m := mean(floodEnd+back, end); math.Abs(m-limit) > 0.05*limit {
+		t.Errorf("web admitted %.1f rps over seconds [%d, %d) after the flood, want %v ± 5 %%", m, floodEnd+back, end, limit)
 	}
 }
 
@@ -404,12 +502,15 @@ func floodOverHTTP(t *testing.T, url string, seed uint64) (sent, invalid int) {
 
 // checkHeadersRefused sends caller headers that HTTP itself forbids (a NUL,
 // a bare CR) on a raw connection: the server must answer 400 before the
-// request reaches the Limiter, which counts nothing.
+// request reaches the Limiter, which counts nothing (web's load, which goes
+// on meanwhile, aside).
 func checkHeadersRefused(t *testing.T, addr string, s *sidecar.ServiceLimiter) {
 	t.Helper()
 	before := uint64(0)
 	for _, pc := range s.AppendCounts(nil) {
-		before += pc.Offered
+		if pc.Peer != "web" {
+			before += pc.Offered
+		}
 	}
 	for _, value := range []string{"web\x00admin", "web\rX-Evil: 1"} {
 		conn, err := net.DialTimeout("tcp", addr, 5*time.Second)
@@ -428,7 +529,9 @@ func checkHeadersRefused(t *testing.T, addr string, s *sidecar.ServiceLimiter) {
 	}
 	after := uint64(0)
 	for _, pc := range s.AppendCounts(nil) {
-		after += pc.Offered
+		if pc.Peer != "web" {
+			after += pc.Offered
+		}
 	}
 	if after != before {
 		t.Errorf("%d requests with malformed headers reached the Limiter", after-before)

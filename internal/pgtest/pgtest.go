@@ -77,18 +77,28 @@ var (
 //	func TestMain(m *testing.M) { pgtest.Main(m) }
 func Main(m *testing.M) {
 	code := m.Run()
-	mu.Lock()
-	if shared != nil {
-		if err := shared.destroy(); err != nil {
-			fmt.Fprintf(os.Stderr, "pgtest: %v\n", err)
-			if code == 0 {
-				code = 1
-			}
+	if err := Close(); err != nil {
+		fmt.Fprintf(os.Stderr, "pgtest: %v\n", err)
+		if code == 0 {
+			code = 1
 		}
-		shared = nil
 	}
-	mu.Unlock()
 	os.Exit(code)
+}
+
+// Close stops the throwaway cluster, if one was started, and removes its
+// files; an external server is left alone. It is for a TestMain that has
+// more to clean up than Main does: call it after m.Run. A later URL starts
+// a new cluster.
+func Close() error {
+	mu.Lock()
+	defer mu.Unlock()
+	if shared == nil {
+		return nil
+	}
+	err := shared.destroy()
+	shared = nil
+	return err
 }
 
 // URL returns a connection URL to a new, empty database on the shared
