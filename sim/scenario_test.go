@@ -30,7 +30,7 @@ func TestParseDefaults(t *testing.T) {
 	if l.ReportInterval != time.Second || l.FlushInterval != time.Second || c.Tick != time.Second ||
 		l.SurgeCheck != 100*time.Millisecond || l.PushDelay != 50*time.Millisecond || l.AggregatorStaleAfter != 3 || c.StaleAfter != 3 ||
 		c.Law.PMax != 0.99 || c.Law.MinRate != 1 || c.Law.ReleaseRate != 2 ||
-		c.PolicyTTL != 10*time.Second || c.Warmup != 5*time.Second {
+		c.PolicyTTL != 30*time.Second || c.Warmup != 5*time.Second {
 		t.Errorf("loop defaults: %+v", l)
 	}
 	// Without weights a flow follows the sidecars: 3 to 1.

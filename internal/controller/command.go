@@ -155,6 +155,10 @@ or in the --config file; flags win over the environment, the environment over th
 				ShutdownTimeout: fl.ShutdownTimeout,
 			}
 			log.Info("controller starting", "id", cfg.ID, "tick", cfg.Tick, "warmup", cfg.Warmup, "limits", fl.LimitsFile)
+			if margin := cfg.RestartMargin(); margin <= 0 {
+				log.Warn("warmup is not below half of policy-ttl: if this controller restarts, sidecars' policies expire before it publishes again, and their fail modes take over meanwhile; raise --policy-ttl or run a second controller",
+					"warmup", cfg.Warmup, "policy-ttl", cfg.PolicyTTL)
+			}
 			return p.Run(cmd.Context())
 		},
 	}

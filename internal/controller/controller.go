@@ -54,9 +54,14 @@ func DefaultConfig() Config {
 		ID:   host,
 		Tick: time.Second,
 		StateConfig: StateConfig{
-			StaleAfter:         3,
-			Warmup:             5 * time.Second,
-			PolicyTTL:          10 * time.Second,
+			StaleAfter: 3,
+			Warmup:     5 * time.Second,
+			// Long enough to outlive a restart: a policy is up to half a
+			// TTL old when the controller dies (refreshes come every half
+			// TTL), and a restarted controller publishes a warm-up after
+			// it starts. 30s leaves 10s for the restart itself; at 10s
+			// there was none (TestFaultControllerKilledAndRestarted).
+			PolicyTTL:          30 * time.Second,
 			FailOpenDecay:      30 * time.Second,
 			RepublishThreshold: 0.005,
 			MaxAggregators:     1000,
@@ -64,6 +69,12 @@ func DefaultConfig() Config {
 		},
 	}
 }
+
+// RestartMargin is how long a restart of the controller may take before
+// the policies sidecars hold can expire: a policy is re-issued every half
+// TTL, so it may be that old at the crash, and a restarted controller
+// publishes a warm-up after it starts.
+func (c Config) RestartMargin() time.Duration { return c.PolicyTTL/2 - c.Warmup }
 
 // Validate reports every bad field at once.
 func (c Config) Validate() error {

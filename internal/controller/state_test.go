@@ -20,6 +20,8 @@ var t0 = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 func testConfig() StateConfig {
 	c := DefaultConfig().StateConfig
 	c.Warmup = 2 * time.Second
+	// The tests step through refreshes and tombstones tick by tick.
+	c.PolicyTTL = 10 * time.Second
 	return c
 }
 

@@ -184,8 +184,10 @@ func TestSurgeIsReportedBeforeTheInterval(t *testing.T) {
 	if len(rep.GetPeers()) != 1 || rep.GetPeers()[0].GetPeer() != "web" || rep.GetPeers()[0].GetOffered() != 1000 {
 		t.Errorf("surge report peers = %v, want web's 1000 requests", rep.GetPeers())
 	}
-	if got := metric(t, reg, "sluice_sidecar_report_surges_total"); got != 1 {
-		t.Errorf("surges_total = %v, want 1", got)
+	// At least 1: the check after the burst may already have reported its
+	// end, a fall from the burst's rate to nothing, as a surge too.
+	if got := metric(t, reg, "sluice_sidecar_report_surges_total"); got < 1 {
+		t.Errorf("surges_total = %v, want at least 1", got)
 	}
 }
 

@@ -17,6 +17,9 @@ import (
 func testConfig() Config {
 	c := Small()
 	c.Noise = 0
+	// A TTL whose half-TTL refresh window ends before the surge, so that
+	// the refreshes can be counted apart from the surge's policies.
+	c.Controller.PolicyTTL = 10 * time.Second
 	return c
 }
 
