@@ -231,7 +231,10 @@ func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Agent, er
 		DialOptions: cfg.XDSDialOptions,
 		Logger:      logger,
 		Registerer:  reg,
-	}, policyHandler{a})
+	}, sidecar.Installer{
+		Limiter: a.limiter, Service: cfg.Service, Direction: sidecar.Inbound,
+		OnRemove: func(name string) { logger.Info("policy removed by the controller", "resource", name) },
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -309,28 +312,3 @@ func (a *Agent) Close() { a.proxy.Close() }
 // without a policy admits everything, so it must not hold the pod out of
 // service while the controller is away.
 func (a *Agent) Ready() error { return nil }
-
-// policyHandler turns xDS updates into limiter policies.
-type policyHandler struct{ a *Agent }
-
-// Update installs a new version of the policy, fresh: its TTL runs from now,
-// on this machine's clock. The xDS client hands over only versions whose
-// content changed; the controller stamps a new issued_at on every re-issue
-// (at least every half TTL), so a controller that is alive but has nothing
-// new to say still refreshes the policy here.
-func (h policyHandler) Update(name string, m *sluicev1.DropPolicy) error {
-	p, err := sidecar.PolicyFromProto(m)
-	if err != nil {
-		return err
-	}
-	if p.Service != h.a.cfg.Service {
-		return fmt.Errorf("policy %s is for service %q, this sidecar fronts %q", name, p.Service, h.a.cfg.Service)
-	}
-	h.a.limiter.SetPolicyAt(p, time.Now())
-	return nil
-}
-
-func (h policyHandler) Remove(name string) {
-	h.a.log.Info("policy removed by the controller", "resource", name)
-	h.a.limiter.RemovePolicy(h.a.cfg.Service)
-}

@@ -105,7 +105,7 @@ func TestFailModeWorker(t *testing.T) {
 		ctx, cancel := context.WithCancel(t.Context())
 		done := make(chan error, 1)
 		go func() { done <- a.runFailModes(ctx) }()
-		h := policyHandler{a}
+		h := sidecar.Installer{Limiter: a.limiter, Service: a.cfg.Service, Direction: sidecar.Inbound}
 		start := time.Now()
 		if err := h.Update("callee/checkout", dropPolicy(0.8, start.Add(-time.Hour))); err != nil {
 			t.Fatal(err)

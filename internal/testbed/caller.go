@@ -86,7 +86,7 @@ func (c *Cluster) StartCaller(service, id, zone string) (*Caller, error) {
 		Protocol:   xdsclient.Delta,
 		Logger:     log,
 		Registerer: reg,
-	}, outboundPolicies{lim: lim, service: service})
+	}, sidecar.Installer{Limiter: lim, Service: service, Direction: sidecar.Outbound})
 	if err != nil {
 		return nil, err
 	}
@@ -207,24 +207,3 @@ func (cl *Caller) Stop() error {
 	})
 	return cl.stopErr
 }
-
-// outboundPolicies installs caller/<service> policies in the outbound
-// Limiter, as the agent's handler does for callee/<service>.
-type outboundPolicies struct {
-	lim     *sidecar.Limiter
-	service string
-}
-
-func (h outboundPolicies) Update(name string, m *sluicev1.DropPolicy) error {
-	p, err := sidecar.PolicyFromProto(m)
-	if err != nil {
-		return err
-	}
-	if p.Service != h.service || p.Direction != sidecar.Outbound {
-		return fmt.Errorf("policy %s is for %v service %q, this caller is outbound %q", name, p.Direction, p.Service, h.service)
-	}
-	h.lim.SetPolicyAt(p, time.Now())
-	return nil
-}
-
-func (h outboundPolicies) Remove(string) { h.lim.RemovePolicy(h.service) }

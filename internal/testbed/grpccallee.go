@@ -80,7 +80,7 @@ func (c *Cluster) StartGRPCCallee(ln net.Listener, id, zone string, opts sidecar
 		Protocol:   xdsclient.Delta,
 		Logger:     log,
 		Registerer: reg,
-	}, inboundPolicies{lim: lim, service: service})
+	}, sidecar.Installer{Limiter: lim, Service: service, Direction: sidecar.Inbound})
 	if err != nil {
 		ln.Close()
 		return nil, err
@@ -157,24 +157,3 @@ func (c *Cluster) StartGRPCCallee(ln net.Listener, id, zone string, opts sidecar
 	c.mu.Unlock()
 	return gc, nil
 }
-
-// inboundPolicies installs callee/<service> policies in the Limiter, as the
-// agent's handler does.
-type inboundPolicies struct {
-	lim     *sidecar.Limiter
-	service string
-}
-
-func (h inboundPolicies) Update(name string, m *sluicev1.DropPolicy) error {
-	p, err := sidecar.PolicyFromProto(m)
-	if err != nil {
-		return err
-	}
-	if p.Service != h.service || p.Direction != sidecar.Inbound {
-		return fmt.Errorf("policy %s is for %v service %q, this callee is inbound %q", name, p.Direction, p.Service, h.service)
-	}
-	h.lim.SetPolicyAt(p, time.Now())
-	return nil
-}
-
-func (h inboundPolicies) Remove(string) { h.lim.RemovePolicy(h.service) }
