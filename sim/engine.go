@@ -266,6 +266,7 @@ type simSidecar struct {
 	prev, checked, cur []sidecar.PeerCounts
 	prevAt, checkedAt  time.Duration
 	surge              reporter.SurgeDetector
+	trail              reporter.Trail[time.Duration]
 	agg                int // the aggregator it reports to; -1 while failing over
 	// pending is the newest report made while failing over, sent on
 	// reconnecting (the reporter's uplink keeps at most one).
@@ -408,6 +409,7 @@ func newEngine(sc *Scenario, seed uint64, opts Options) (*engine, error) {
 		s.prevAt, s.checkedAt = start, start
 		s.prev = s.lim.AppendCounts(e.callees[s.callee].svc.Name, nil)
 		s.checked = slices.Clone(s.prev)
+		s.trail.Reset(s.prev, s.prevAt)
 		// Both of the reporter's tickers started with it. At an instant
 		// where both fire, the report goes first (the surge check then
 		// sees an empty window).
@@ -658,12 +660,14 @@ func (e *engine) check(s *simSidecar) {
 	}
 	// As the reporter: too few requests per check window, the window since
 	// the last report.
-	if !s.surge.Following() && s.checkedAt != s.prevAt && s.surge.Surging(s.prev, s.cur, e.now-s.prevAt) {
+	if s.checkedAt != s.prevAt && s.surge.SurgingSinceReport(s.prev, s.cur, e.now-s.prevAt) {
 		e.fast.SurgeReports++
-		e.send(s, s.prev, s.prevAt, true)
+		from, fromAt := s.trail.Since(s.cur, reporter.DefaultSurgeMinCount)
+		e.send(s, from, fromAt, true)
 		return
 	}
 	s.checked = append(s.checked[:0], s.cur...)
+	s.trail.Add(s.cur, e.now)
 	s.checkedAt = e.now
 }
 
@@ -683,6 +687,7 @@ func (e *engine) send(s *simSidecar, from []sidecar.PeerCounts, fromAt time.Dura
 	s.prevAt = e.now
 	s.checked = append(s.checked[:0], s.prev...)
 	s.checkedAt = e.now
+	s.trail.Reset(s.prev, s.prevAt)
 }
 
 func (e *engine) sendReport(s *simSidecar, rep *sluicev1.LoadReport) {

@@ -302,6 +302,7 @@ func (r *Reporter) loop(ctx context.Context) {
 	}
 	minWindow := max(r.cfg.Interval/2, MinInterval)
 	var surge SurgeDetector
+	var trail Trail[time.Time]
 	// prev is the snapshot at the start of the report window, checked the
 	// one at the last surge check; cur is scratch.
 	prevAt := time.Now()
@@ -316,7 +317,9 @@ func (r *Reporter) loop(ctx context.Context) {
 		prev, cur = cur, prev
 		prevAt = now
 		checked, checkedAt = append(checked[:0], prev...), now
+		trail.Reset(prev, prevAt)
 	}
+	trail.Reset(prev, prevAt)
 	for {
 		select {
 		case <-ctx.Done():
@@ -337,18 +340,20 @@ func (r *Reporter) loop(ctx context.Context) {
 				send(checked, checkedAt, now, true)
 				continue
 			}
-			if !surge.Following() && checkedAt != prevAt && surge.Surging(prev, cur, now.Sub(prevAt)) {
+			if checkedAt != prevAt && surge.SurgingSinceReport(prev, cur, now.Sub(prevAt)) {
 				// A sidecar with a few requests per check window never
 				// sees MinCount in one (a 10× surge to 170 rps is 17
 				// per 100ms): the window since the last report adds
-				// up to it, a check or two later. Its rate is diluted
-				// by the calm before the surge; the checks after a
-				// surge report follow the rise (FollowFactor).
+				// up to it, a check or two later. Reported over the
+				// last checks that hold MinCount requests, not the
+				// whole window: its rate is then the surge's.
 				r.surges.Inc()
-				send(prev, prevAt, now, true)
+				from, fromAt := trail.Since(cur, surgeMinCount(surge))
+				send(from, fromAt, now, true)
 				continue
 			}
 			checked, checkedAt = append(checked[:0], cur...), now
+			trail.Add(cur, now)
 		case <-t.C:
 			// The window is measured, not assumed: a late tick makes a
 			// longer window, and the rate stays right. time.Now's

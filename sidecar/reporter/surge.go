@@ -43,6 +43,8 @@ const (
 	// check's count by only a little more than its noise.
 	surgeSigmas  = 4
 	followSigmas = 2
+	// reportSigmas is the bar of SurgingSinceReport.
+	reportSigmas = 6
 )
 
 // DefaultSurgeCheck is how often a sidecar with the given report interval
@@ -61,6 +63,7 @@ type SurgeDetector struct {
 	MinCount uint64  // 0 means DefaultSurgeMinCount
 
 	reported  map[string]float64 // offered rate per peer in the last report
+	window    float64            // the last report's window, seconds
 	following bool               // the last report was a surge report
 }
 
@@ -74,6 +77,7 @@ func (d *SurgeDetector) Reported(r *sluicev1.LoadReport) {
 	}
 	clear(d.reported)
 	secs := r.GetWindow().AsDuration().Seconds()
+	d.window = secs
 	if secs <= 0 {
 		return
 	}
@@ -81,10 +85,6 @@ func (d *SurgeDetector) Reported(r *sluicev1.LoadReport) {
 		d.reported[p.GetPeer()] += float64(p.GetOffered()) / secs
 	}
 }
-
-// Following reports whether a surge is under way: the last report was a
-// surge report.
-func (d *SurgeDetector) Following() bool { return d.following }
 
 // Surging reports whether, between the snapshots prev and cur taken
 // elapsed apart, some peer's count n jumped from what its last reported
@@ -94,6 +94,28 @@ func (d *SurgeDetector) Following() bool { return d.following }
 // n (for a rise) or want (for a fall) at least MinCount. Before any report
 // nothing surges: a starting sidecar has no rate to compare with.
 func (d *SurgeDetector) Surging(prev, cur []sidecar.PeerCounts, elapsed time.Duration) bool {
+	return d.surging(prev, cur, elapsed, false)
+}
+
+// SurgingSinceReport judges the window since the last report, prev being
+// the snapshot the report was built from, when no surge is under way: a
+// sidecar with a few requests per check never sees MinCount in one check
+// window (a 10× surge to 170 rps is 17 per 100ms), but the window since
+// the report adds up to it a check or two later. Its windows overlap from
+// check to check and are long, so it asks for more: reportSigmas, against
+// the noise of the report's own count as well as n's (two Poisson counts
+// of one rate λ, over the report's window w and elapsed e, differ by
+// sqrt(λe(1+e/w)) once scaled). Judged like the check window, a peer that
+// happened to be reported low "rose" whenever a second's worth was
+// checked: 312 false surges in 35 s of uber-surge without its surge.
+func (d *SurgeDetector) SurgingSinceReport(prev, cur []sidecar.PeerCounts, elapsed time.Duration) bool {
+	if d.following || d.window <= 0 {
+		return false
+	}
+	return d.surging(prev, cur, elapsed, true)
+}
+
+func (d *SurgeDetector) surging(prev, cur []sidecar.PeerCounts, elapsed time.Duration, sinceReport bool) bool {
 	if d.reported == nil || elapsed <= 0 {
 		return false
 	}
@@ -108,8 +130,13 @@ func (d *SurgeDetector) Surging(prev, cur []sidecar.PeerCounts, elapsed time.Dur
 	if minCount == 0 {
 		minCount = DefaultSurgeMinCount
 	}
+	e := elapsed.Seconds()
 	jumped := func(n, want float64) bool {
 		noise := sigmas * math.Sqrt(max(want, 1))
+		if sinceReport {
+			lambdaE := (want*d.window/e + n) / (d.window + e) * e // pooled
+			noise = reportSigmas * math.Sqrt(max(lambdaE, 1)*(1+e/d.window))
+		}
 		rose := n >= float64(minCount) && n >= factor*want && n-want >= noise
 		fell := want >= float64(minCount) && n*factor <= want && want-n >= noise
 		return rose || fell
@@ -121,15 +148,70 @@ func (d *SurgeDetector) Surging(prev, cur []sidecar.PeerCounts, elapsed time.Dur
 		if c.Offered < b.Offered {
 			continue // reset: not a rate
 		}
-		if jumped(float64(c.Offered-b.Offered), d.reported[peer]*elapsed.Seconds()) {
+		if jumped(float64(c.Offered-b.Offered), d.reported[peer]*e) {
 			return true
 		}
 	}
 	// A reported peer the snapshot no longer lists sent nothing.
 	for peer, rate := range d.reported {
-		if _, ok := now[peer]; !ok && jumped(0, rate*elapsed.Seconds()) {
+		if _, ok := now[peer]; !ok && jumped(0, rate*e) {
 			return true
 		}
 	}
 	return false
+}
+
+// surgeMinCount is d's MinCount, or its default.
+func surgeMinCount(d SurgeDetector) uint64 {
+	if d.MinCount == 0 {
+		return DefaultSurgeMinCount
+	}
+	return d.MinCount
+}
+
+// Trail keeps the snapshots of the surge checks since the last report, so
+// that a surge SurgingSinceReport finds is reported over the recent part of
+// that window, not diluted by the calm before it. T is the clock's type: a
+// time.Time in the reporter, a virtual offset in the simulator. Not safe for
+// concurrent use; its buffers are reused from report to report.
+type Trail[T any] struct {
+	snaps [][]sidecar.PeerCounts
+	at    []T
+	n     int
+}
+
+// Reset starts a new report window whose start is the snapshot from, at at.
+func (t *Trail[T]) Reset(from []sidecar.PeerCounts, at T) {
+	t.n = 0
+	t.Add(from, at)
+}
+
+// Add records the snapshot of a check (copied).
+func (t *Trail[T]) Add(snap []sidecar.PeerCounts, at T) {
+	if t.n == len(t.snaps) {
+		t.snaps = append(t.snaps, nil)
+		t.at = append(t.at, at)
+	}
+	t.snaps[t.n] = append(t.snaps[t.n][:0], snap...)
+	t.at[t.n] = at
+	t.n++
+}
+
+// Since returns the newest recorded snapshot from which cur has counted at
+// least minCount requests in all (or the oldest, the report's start), and
+// its time: the shortest recent window whose rate means something.
+func (t *Trail[T]) Since(cur []sidecar.PeerCounts, minCount uint64) ([]sidecar.PeerCounts, T) {
+	total := func(s []sidecar.PeerCounts) (n uint64) {
+		for _, c := range s {
+			n += c.Offered
+		}
+		return n
+	}
+	now := total(cur)
+	for i := t.n - 1; i > 0; i-- {
+		if then := total(t.snaps[i]); now >= then && now-then >= minCount {
+			return t.snaps[i], t.at[i]
+		}
+	}
+	return t.snaps[0], t.at[0]
 }

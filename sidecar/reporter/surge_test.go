@@ -239,3 +239,34 @@ func TestThinSurgeIsReportedBeforeTheInterval(t *testing.T) {
 			rep.GetUrgent(), rep.GetWindow().AsDuration())
 	}
 }
+
+// Since picks the newest check from which at least MinCount requests were
+// counted, so that a surge found over the window since the report is
+// reported over its recent part.
+func TestTrailSince(t *testing.T) {
+	snap := func(n uint64) []sidecar.PeerCounts {
+		return []sidecar.PeerCounts{{Peer: "web", Offered: n}, {Peer: "mobile", Offered: 1}}
+	}
+	var tr Trail[int]
+	tr.Reset(snap(100), 0)
+	for i, n := range []uint64{101, 102, 103, 110, 127} {
+		tr.Add(snap(n), i+1)
+	}
+	cases := []struct {
+		cur  uint64
+		want int
+	}{
+		{147, 5}, // 20 since the last check
+		{140, 4}, // 13 since the last, 30 since the one before
+		{115, 0}, // never 20 since a check: the report's start
+	}
+	for _, c := range cases {
+		if _, at := tr.Since(snap(c.cur), 20); at != c.want {
+			t.Errorf("Since(%d) from check %d, want %d", c.cur, at, c.want)
+		}
+	}
+	tr.Reset(snap(200), 9)
+	if s, at := tr.Since(snap(300), 20); at != 9 || s[0].Offered != 200 {
+		t.Errorf("after Reset: Since = %v at %d, want the new start", s, at)
+	}
+}
