@@ -6,6 +6,8 @@ import (
 	"math"
 	"strings"
 	"time"
+
+	"github.com/sluicehq/sluice/internal/controller"
 )
 
 // Env is what the report says about the machine and the run.
@@ -153,8 +155,8 @@ func (r *Results) writeSurge(w io.Writer) {
 func (r *Results) writeOutage(w io.Writer) {
 	o := r.Outage
 	fmt.Fprintf(w, "\n### When the shared part stops\n\n")
-	fmt.Fprintf(w, "web offers %g rps against its limit of %g throughout, mobile %g rps. At t=%ds Redis (or sluice's controller) is stopped; at t=%ds it is started again (Redis empty, as without persistence). The Redis proxies fail open; sluice's sidecars hold their policy for its TTL (10 s), then follow its fail mode (open, decaying over 30 s).\n\n",
-		o.Offered, o.Limit, o.Mobile, o.Down, o.Up)
+	fmt.Fprintf(w, "web offers %g rps against its limit of %g throughout, mobile %g rps. At t=%ds Redis (or sluice's controller) is stopped; at t=%ds it is started again (Redis empty, as without persistence). The Redis proxies fail open; sluice's sidecars hold their policy for its TTL (%v, the controller's default), then follow its fail mode (open, decaying over %v).\n\n",
+		o.Offered, o.Limit, o.Mobile, o.Down, o.Up, controller.DefaultConfig().PolicyTTL, controller.DefaultConfig().FailOpenDecay)
 	fmt.Fprintf(w, "| design | web admitted, %d s before | during | after | share of web's excess admitted while down | share of decisions failed open while down | held the limit for | errors + skipped |\n|---|---|---|---|---|---|---|---|\n", outageLead)
 	for _, run := range r.OutageRuns {
 		x := SummarizeOutage(run.Web, o.Limit, o.Down, o.Up, run.InForce == nil)
