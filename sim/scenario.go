@@ -18,6 +18,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/sluicehq/sluice/internal/controller"
+	"github.com/sluicehq/sluice/internal/duration"
 	"github.com/sluicehq/sluice/internal/limits"
 	"github.com/sluicehq/sluice/internal/names"
 	"github.com/sluicehq/sluice/sidecar/reporter"
@@ -200,8 +201,8 @@ type fileScenario struct {
 	Name        string                 `yaml:"name"`
 	Description string                 `yaml:"description"`
 	Seed        *uint64                `yaml:"seed"`
-	Duration    *time.Duration         `yaml:"duration"`
-	Step        *time.Duration         `yaml:"step"`
+	Duration    *duration.Value         `yaml:"duration"`
+	Step        *duration.Value         `yaml:"step"`
 	Arrivals    string                 `yaml:"arrivals"`
 	Loop        fileLoop               `yaml:"loop"`
 	Zones       []string               `yaml:"zones"`
@@ -213,18 +214,18 @@ type fileScenario struct {
 }
 
 type fileLoop struct {
-	ReportInterval       *time.Duration `yaml:"report_interval"`
-	SurgeCheck           *time.Duration `yaml:"surge_check"`
-	FlushInterval        *time.Duration `yaml:"flush_interval"`
-	Tick                 *time.Duration `yaml:"tick"`
-	ReportDelay          *time.Duration `yaml:"report_delay"`
-	FlushDelay           *time.Duration `yaml:"flush_delay"`
-	PushDelay            *time.Duration `yaml:"push_delay"`
-	FailoverDelay        *time.Duration `yaml:"failover_delay"`
+	ReportInterval       *duration.Value `yaml:"report_interval"`
+	SurgeCheck           *duration.Value `yaml:"surge_check"`
+	FlushInterval        *duration.Value `yaml:"flush_interval"`
+	Tick                 *duration.Value `yaml:"tick"`
+	ReportDelay          *duration.Value `yaml:"report_delay"`
+	FlushDelay           *duration.Value `yaml:"flush_delay"`
+	PushDelay            *duration.Value `yaml:"push_delay"`
+	FailoverDelay        *duration.Value `yaml:"failover_delay"`
 	AggregatorStaleAfter *int           `yaml:"aggregator_stale_after"`
 	ControllerStaleAfter *int           `yaml:"controller_stale_after"`
-	Warmup               *time.Duration `yaml:"warmup"`
-	PolicyTTL            *time.Duration `yaml:"policy_ttl"`
+	Warmup               *duration.Value `yaml:"warmup"`
+	PolicyTTL            *duration.Value `yaml:"policy_ttl"`
 	RepublishThreshold   *float64       `yaml:"republish_threshold"`
 	PMax                 *float64       `yaml:"p_max"`
 	MinRate              *float64       `yaml:"min_rate"`
@@ -251,35 +252,35 @@ type fileRate struct {
 }
 
 type filePoint struct {
-	At  *time.Duration `yaml:"at"`
+	At  *duration.Value `yaml:"at"`
 	RPS *float64       `yaml:"rps"`
 }
 
 type fileDiurnal struct {
 	Min    *float64       `yaml:"min"`
 	Max    *float64       `yaml:"max"`
-	PeakAt *time.Duration `yaml:"peak_at"`
-	Period *time.Duration `yaml:"period"`
+	PeakAt *duration.Value `yaml:"peak_at"`
+	Period *duration.Value `yaml:"period"`
 }
 
 type fileRetry struct {
 	MaxRetries *int           `yaml:"max_retries"`
-	Backoff    *time.Duration `yaml:"backoff"`
+	Backoff    *duration.Value `yaml:"backoff"`
 	Multiplier *float64       `yaml:"multiplier"`
 }
 
 type fileEvent struct {
-	At                *time.Duration `yaml:"at"`
+	At                *duration.Value `yaml:"at"`
 	KillAggregator    string         `yaml:"kill_aggregator"`
 	RestartController *fileRestart   `yaml:"restart_controller"`
 }
 
 type fileRestart struct {
-	Down *time.Duration `yaml:"down"`
+	Down *duration.Value `yaml:"down"`
 }
 
 type fileTargets struct {
-	TimeToEnforce    *time.Duration `yaml:"time_to_enforce"`
+	TimeToEnforce    *duration.Value `yaml:"time_to_enforce"`
 	SteadyStateError *float64       `yaml:"steady_state_error"`
 	CollateralDrops  *float64       `yaml:"collateral_drops"`
 }
@@ -345,8 +346,8 @@ func (d *fileScenario) build() (*Scenario, []error) {
 		Name:        d.Name,
 		Description: strings.TrimSpace(d.Description),
 		Seed:        deref(d.Seed, DefaultSeed),
-		Duration:    deref(d.Duration, 0),
-		Step:        deref(d.Step, DefaultStep),
+		Duration:    derefDuration(d.Duration, 0),
+		Step:        derefDuration(d.Step, DefaultStep),
 	}
 	if err := names.Check(sc.Name); err != nil {
 		bad("name", "%v", err)
@@ -372,23 +373,23 @@ func (d *fileScenario) build() (*Scenario, []error) {
 	l := &d.Loop
 	cfg := controller.DefaultConfig()
 	cfg.ID = "sim"
-	cfg.Tick = deref(l.Tick, cfg.Tick)
+	cfg.Tick = derefDuration(l.Tick, cfg.Tick)
 	cfg.StaleAfter = deref(l.ControllerStaleAfter, cfg.StaleAfter)
-	cfg.Warmup = deref(l.Warmup, cfg.Warmup)
-	cfg.PolicyTTL = deref(l.PolicyTTL, cfg.PolicyTTL)
+	cfg.Warmup = derefDuration(l.Warmup, cfg.Warmup)
+	cfg.PolicyTTL = derefDuration(l.PolicyTTL, cfg.PolicyTTL)
 	cfg.RepublishThreshold = deref(l.RepublishThreshold, cfg.RepublishThreshold)
 	cfg.Law.PMax = deref(l.PMax, cfg.Law.PMax)
 	cfg.Law.MinRate = deref(l.MinRate, cfg.Law.MinRate)
 	cfg.Law.ReleaseRate = deref(l.ReleaseRate, cfg.Law.ReleaseRate)
-	report := deref(l.ReportInterval, time.Second)
+	report := derefDuration(l.ReportInterval, time.Second)
 	sc.Loop = Loop{
 		ReportInterval:       report,
-		SurgeCheck:           deref(l.SurgeCheck, 0),
-		FlushInterval:        deref(l.FlushInterval, time.Second),
-		ReportDelay:          deref(l.ReportDelay, 0),
-		FlushDelay:           deref(l.FlushDelay, 0),
-		PushDelay:            deref(l.PushDelay, DefaultPushDelay),
-		FailoverDelay:        deref(l.FailoverDelay, DefaultFailoverDelay),
+		SurgeCheck:           derefDuration(l.SurgeCheck, 0),
+		FlushInterval:        derefDuration(l.FlushInterval, time.Second),
+		ReportDelay:          derefDuration(l.ReportDelay, 0),
+		FlushDelay:           derefDuration(l.FlushDelay, 0),
+		PushDelay:            derefDuration(l.PushDelay, DefaultPushDelay),
+		FailoverDelay:        derefDuration(l.FailoverDelay, DefaultFailoverDelay),
 		AggregatorStaleAfter: deref(l.AggregatorStaleAfter, 3),
 		Controller:           cfg,
 	}
@@ -548,7 +549,7 @@ func (d *fileScenario) build() (*Scenario, []error) {
 		if fe.At == nil {
 			bad(path+".at", "missing")
 		} else {
-			e.At = *fe.At
+			e.At = time.Duration(*fe.At)
 			if e.At < 0 || e.At >= sc.Duration {
 				bad(path+".at", "%v is outside the run [0, %v)", e.At, sc.Duration)
 			}
@@ -564,7 +565,7 @@ func (d *fileScenario) build() (*Scenario, []error) {
 		if fe.RestartController != nil {
 			actions++
 			e.Kind = RestartController
-			e.Down = deref(fe.RestartController.Down, 0)
+			e.Down = derefDuration(fe.RestartController.Down, 0)
 			if e.Down < 0 {
 				bad(path+".restart_controller.down", "%v is negative", e.Down)
 			}
@@ -578,7 +579,7 @@ func (d *fileScenario) build() (*Scenario, []error) {
 
 	// Targets.
 	t := d.Targets
-	sc.Targets = Targets{TimeToEnforce: t.TimeToEnforce, SteadyStateError: t.SteadyStateError, CollateralDrops: t.CollateralDrops}
+	sc.Targets = Targets{TimeToEnforce: (*time.Duration)(t.TimeToEnforce), SteadyStateError: t.SteadyStateError, CollateralDrops: t.CollateralDrops}
 	if t.TimeToEnforce != nil && *t.TimeToEnforce < 0 {
 		bad("targets.time_to_enforce", "%v is negative", *t.TimeToEnforce)
 	}
@@ -668,7 +669,7 @@ func buildRate(fr *fileRate, path string, bad func(string, string, ...any)) Rate
 			if fp.At == nil {
 				bad(p+".at", "missing")
 			} else {
-				pt.At = *fp.At
+				pt.At = time.Duration(*fp.At)
 				if pt.At < 0 {
 					bad(p+".at", "%v is negative", pt.At)
 				}
@@ -685,8 +686,8 @@ func buildRate(fr *fileRate, path string, bad func(string, string, ...any)) Rate
 			Kind:   Diurnal,
 			Min:    rps(path+".diurnal.min", fd.Min),
 			Max:    rps(path+".diurnal.max", fd.Max),
-			PeakAt: deref(fd.PeakAt, 0),
-			Period: deref(fd.Period, 24*time.Hour),
+			PeakAt: derefDuration(fd.PeakAt, 0),
+			Period: derefDuration(fd.Period, 24*time.Hour),
 		}
 		if r.Min > r.Max {
 			bad(path+".diurnal", "min %v is above max %v", r.Min, r.Max)
@@ -704,7 +705,7 @@ func buildRate(fr *fileRate, path string, bad func(string, string, ...any)) Rate
 func buildRetry(fr *fileRetry, step time.Duration, path string, bad func(string, string, ...any)) *Retry {
 	r := &Retry{
 		MaxRetries: deref(fr.MaxRetries, 0),
-		Backoff:    deref(fr.Backoff, 0),
+		Backoff:    derefDuration(fr.Backoff, 0),
 		Multiplier: deref(fr.Multiplier, 2),
 	}
 	if fr.MaxRetries == nil {
@@ -721,6 +722,14 @@ func buildRetry(fr *fileRetry, step time.Duration, path string, bad func(string,
 		bad(path+".multiplier", "%v is outside [1, 10]", r.Multiplier)
 	}
 	return r
+}
+
+// derefDuration is *p read as a time.Duration, or def when p is nil.
+func derefDuration(p *duration.Value, def time.Duration) time.Duration {
+	if p == nil {
+		return def
+	}
+	return time.Duration(*p)
 }
 
 func deref[T any](p *T, def T) T {

@@ -52,7 +52,7 @@ func TestParseErrors(t *testing.T) {
 		{"unknown top-level field", minimal + "durations: 5s\n", []string{"durations: unknown field (line 9)", "known: arrivals"}},
 		{"unknown nested field", strings.Replace(minimal, "{constant: 10}", "{rampp: []}", 1), []string{"flows[0].rate.rampp: unknown field"}},
 		{"several problems at once", minimal + "loop: {tick: fast, p_mx: 1}\nseed: -1\n", []string{"loop.tick:", "loop.p_mx: unknown field", "seed:"}},
-		{"a number for a duration", minimal + "step: 10\n", []string{"step: cannot unmarshal"}},
+		{"a number for a duration", minimal + "step: 10\n", []string{`step: duration "10": missing unit after 10`}},
 		{"missing duration", strings.Replace(minimal, "duration: 10s", "", 1), []string{"duration: missing"}},
 		{"odd duration", strings.Replace(minimal, "10s", "10.5s", 1), []string{"duration: 10.5s is not a whole number of seconds"}},
 		{"step", minimal + "step: 7ms\n", []string{"step: 7ms must be at least 1ms and divide 1s"}},

@@ -9,6 +9,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/admin"
 	"github.com/sluicehq/sluice/internal/cli"
+	"github.com/sluicehq/sluice/internal/duration"
 	"github.com/sluicehq/sluice/internal/identity"
 	"github.com/sluicehq/sluice/internal/process"
 	"github.com/sluicehq/sluice/sidecar/proxy"
@@ -83,8 +84,8 @@ flags win over the environment, the environment over the file.`,
 	f := cmd.Flags()
 	f.StringVar(&listen, "listen", ":15001", "address the proxy listens on (HTTP/1.1 and h2c)")
 	f.StringVar(&adminAddr, "admin-addr", ":15020", "address for /metrics, /healthz, /readyz")
-	f.DurationVar(&drainDelay, "drain-delay", 0, "on shutdown, how long to keep serving after /readyz turns 503")
-	f.DurationVar(&stopTimeout, "shutdown-timeout", 10*time.Second, "bound on each shutdown step")
+	duration.Var(f, &drainDelay, "drain-delay", 0, "on shutdown, how long to keep serving after /readyz turns 503")
+	duration.Var(f, &stopTimeout, "shutdown-timeout", 10*time.Second, "bound on each shutdown step")
 	f.StringVar(&cfg.Service, "service", "", "name of the service this sidecar fronts (required)")
 	f.StringVar(&cfg.ID, "id", cfg.ID, "this sidecar's id, unique while it runs (e.g. the pod name)")
 	f.StringVar(&cfg.Zone, "zone", "", "this sidecar's zone, if known; the aggregator has the last word")
@@ -92,8 +93,8 @@ flags win over the environment, the environment over the file.`,
 	f.StringSliceVar(&cfg.Aggregators, "aggregators", cfg.Aggregators, "zone aggregator addresses, in failover order")
 	f.StringSliceVar(&cfg.Controllers, "controllers", cfg.Controllers, "xDS server addresses (controllers or relays), in failover order")
 	f.StringVar(&cfg.XDSProtocol, "xds-protocol", cfg.XDSProtocol, "xDS variant: delta or sotw")
-	f.DurationVar(&cfg.ReportInterval, "report-interval", cfg.ReportInterval, "how often to report load to the aggregator")
-	f.DurationVar(&cfg.SurgeCheck, "surge-check", cfg.SurgeCheck, "how often to look for a surge between reports and report it at once; 0 means a tenth of --report-interval, negative none")
+	duration.Var(f, &cfg.ReportInterval, "report-interval", cfg.ReportInterval, "how often to report load to the aggregator")
+	duration.Var(f, &cfg.SurgeCheck, "surge-check", cfg.SurgeCheck, "how often to look for a surge between reports and report it at once; 0 means a tenth of --report-interval, negative none")
 	f.StringVar(&cfg.CallerHeader, "caller-header", cfg.CallerHeader, "request header that names the caller")
 	f.BoolVar(&cfg.IgnoreDecided, "ignore-decided", cfg.IgnoreDecided, "decide every request, even those a caller marked x-sluice-decided after enforcing its own outbound limit (for callers not trusted to)")
 	f.IntVar(&cfg.MaxPeers, "max-peers", cfg.MaxPeers, "distinct callers tracked before the rest share the _overflow bucket")

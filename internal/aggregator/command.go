@@ -10,6 +10,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/admin"
 	"github.com/sluicehq/sluice/internal/cli"
+	"github.com/sluicehq/sluice/internal/duration"
 	"github.com/sluicehq/sluice/internal/identity"
 	"github.com/sluicehq/sluice/internal/process"
 )
@@ -82,13 +83,13 @@ flags win over the environment, the environment over the file.`,
 	f := cmd.Flags()
 	f.StringVar(&grpcAddr, "grpc-addr", ":18100", "address for load-report streams from sidecars")
 	f.StringVar(&adminAddr, "admin-addr", ":19100", "address for /metrics, /healthz, /readyz")
-	f.DurationVar(&drainDelay, "drain-delay", 0, "on shutdown, how long to keep serving after /readyz turns 503")
-	f.DurationVar(&stopTimeout, "shutdown-timeout", 10*time.Second, "bound on each shutdown step")
+	duration.Var(f, &drainDelay, "drain-delay", 0, "on shutdown, how long to keep serving after /readyz turns 503")
+	duration.Var(f, &stopTimeout, "shutdown-timeout", 10*time.Second, "bound on each shutdown step")
 	f.StringVar(&cfg.ID, "id", cfg.ID, "this aggregator's id, unique while it runs")
 	f.StringVar(&cfg.Zone, "zone", "", "the zone every sidecar reporting here is accounted to (required)")
 	f.StringSliceVar(&cfg.Controllers, "controllers", []string{"127.0.0.1:18000"}, "controller addresses, in failover order (with --controller-fanout: one per replica)")
 	f.BoolVar(&cfg.ControllerFanout, "controller-fanout", false, "send every flush to every --controllers address, each a controller replica, so that all replicas publish the same ratios")
-	f.DurationVar(&cfg.FlushInterval, "flush-interval", cfg.FlushInterval, "how often the zone's rates go to the controller")
+	duration.Var(f, &cfg.FlushInterval, "flush-interval", cfg.FlushInterval, "how often the zone's rates go to the controller")
 	f.IntVar(&cfg.StaleAfter, "stale-after", cfg.StaleAfter, "report windows a sidecar may miss before it leaves the sums")
 	f.IntVar(&cfg.Limits.MaxPeersPerReport, "max-peers-per-report", cfg.Limits.MaxPeersPerReport, "reports naming more callers are rejected")
 	f.Float64Var(&cfg.Limits.MaxRate, "max-rate", cfg.Limits.MaxRate, "reports claiming a higher rate (rps) for one caller are rejected")

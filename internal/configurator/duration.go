@@ -2,99 +2,32 @@ package configurator
 
 import (
 	"fmt"
-	"math"
-	"strconv"
-	"strings"
 	"time"
+
+	"github.com/sluicehq/sluice/internal/duration"
 )
 
-// Day and Week are the units time.ParseDuration lacks. Days are 24 hours:
-// history is kept in UTC, which has no daylight saving.
+// Day and Week: look-back windows are counted in them.
 const (
-	Day  = 24 * time.Hour
-	Week = 7 * Day
+	Day  = duration.Day
+	Week = duration.Week
 )
 
-// ParseDuration parses a non-negative duration such as "28d", "4w", "672h",
-// "1w3d" or "36h30m": a sequence of decimal numbers, each with a unit, w
-// (weeks), d (days), h, m or s. "0" alone needs no unit. Look-back windows
-// are what it is for, so it has no sub-second units and no sign.
+// ParseDuration parses a look-back window: duration.Parse, which every
+// binary shares ("28d", "4w", "672h", "1w3d"), refusing negative windows.
 func ParseDuration(s string) (time.Duration, error) {
-	orig := s
-	if s == "" {
-		return 0, fmt.Errorf("empty duration; use e.g. 28d, 4w or 672h")
+	d, err := duration.Parse(s)
+	if err != nil {
+		return 0, err
 	}
-	if s == "0" {
-		return 0, nil
+	if d < 0 {
+		return 0, fmt.Errorf("duration %q is negative", s)
 	}
-	if strings.HasPrefix(s, "-") {
-		return 0, fmt.Errorf("duration %q is negative", orig)
-	}
-	var total float64 // seconds; a float so 1.5d works, checked for overflow at the end
-	for s != "" {
-		i := 0
-		for i < len(s) && (s[i] >= '0' && s[i] <= '9' || s[i] == '.') {
-			i++
-		}
-		if i == 0 {
-			return 0, fmt.Errorf("duration %q: expected a number at %q; use e.g. 28d, 4w or 672h", orig, s)
-		}
-		n, err := strconv.ParseFloat(s[:i], 64)
-		if err != nil {
-			return 0, fmt.Errorf("duration %q: bad number %q", orig, s[:i])
-		}
-		s = s[i:]
-		j := 0
-		for j < len(s) && (s[j] < '0' || s[j] > '9') && s[j] != '.' {
-			j++
-		}
-		var unit time.Duration
-		switch s[:j] {
-		case "w":
-			unit = Week
-		case "d":
-			unit = Day
-		case "h":
-			unit = time.Hour
-		case "m":
-			unit = time.Minute
-		case "s":
-			unit = time.Second
-		case "":
-			return 0, fmt.Errorf("duration %q: missing unit after %v; units are w, d, h, m, s", orig, n)
-		default:
-			return 0, fmt.Errorf("duration %q: unknown unit %q; units are w, d, h, m, s", orig, s[:j])
-		}
-		s = s[j:]
-		total += n * unit.Seconds()
-	}
-	if total*float64(time.Second) >= math.MaxInt64 {
-		return 0, fmt.Errorf("duration %q is too long", orig)
-	}
-	return time.Duration(math.Round(total * float64(time.Second))), nil
+	return d, nil
 }
 
-// FormatDuration renders d the way ParseDuration reads it, in whole weeks or
-// days when it is one ("4w", "10d"), else as time.Duration does.
-func FormatDuration(d time.Duration) string {
-	switch {
-	case d == 0:
-		return "0"
-	case d%Week == 0:
-		return strconv.FormatInt(int64(d/Week), 10) + "w"
-	case d%Day == 0:
-		return strconv.FormatInt(int64(d/Day), 10) + "d"
-	}
-	s := d.String()
-	// "36h30m0s" reads better as "36h30m".
-	if strings.HasSuffix(s, "m0s") {
-		s = strings.TrimSuffix(s, "0s")
-	}
-	if strings.HasSuffix(s, "h0m") {
-		s = strings.TrimSuffix(s, "0m")
-	}
-	return s
-}
+// FormatDuration renders d the way ParseDuration reads it ("4w", "10d").
+func FormatDuration(d time.Duration) string { return duration.Format(d) }
 
 // durationValue is a pflag.Value over ParseDuration.
 type durationValue time.Duration

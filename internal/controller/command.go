@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/admin"
 	"github.com/sluicehq/sluice/internal/cli"
+	"github.com/sluicehq/sluice/internal/duration"
 	"github.com/sluicehq/sluice/internal/identity"
 	"github.com/sluicehq/sluice/internal/limits"
 	"github.com/sluicehq/sluice/internal/process"
@@ -168,18 +169,18 @@ or in the --config file; flags win over the environment, the environment over th
 	f.StringVar(&fl.LimitsFile, "limits", "", "YAML file of limits per callee and caller (see README); re-read when it changes")
 	f.StringVar(&fl.ProxylessEndpoints, "proxyless-endpoints", "", "YAML file of callees served to proxyless gRPC clients (xds:///<callee>) and their backends' host:port (docs/dataplanes.md); read at start")
 	f.StringVar(&fl.DatabaseURL, "database-url", "", "Postgres URL of the history store: limits come from it (instead of --limits) and minute rows go to it")
-	f.DurationVar(&fl.LimitsResync, "limits-resync", time.Minute, "with --database-url: re-read every limit this often, besides on every change notification")
+	duration.Var(f, &fl.LimitsResync, "limits-resync", time.Minute, "with --database-url: re-read every limit this often, besides on every change notification")
 	f.IntVar(&fl.Recorder.MaxBuffered, "history-buffer", fl.Recorder.MaxBuffered, "with --database-url: minute rows held while Postgres is slow or away; the oldest are dropped beyond it")
-	f.DurationVar(&fl.Recorder.Retention, "history-retention", fl.Recorder.Retention, "with --database-url: minute history older than this is dropped, a day at a time; 0 keeps everything")
-	f.DurationVar(&fl.LimitsReload, "limits-reload", 5*time.Second, "how often to check the limits file for changes; 0 turns reloading off")
-	f.DurationVar(&fl.DrainDelay, "drain-delay", 0, "on shutdown, how long to keep serving after /readyz turns 503")
-	f.DurationVar(&fl.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "bound on each shutdown step")
+	duration.Var(f, &fl.Recorder.Retention, "history-retention", fl.Recorder.Retention, "with --database-url: minute history older than this is dropped, a day at a time; 0 keeps everything")
+	duration.Var(f, &fl.LimitsReload, "limits-reload", 5*time.Second, "how often to check the limits file for changes; 0 turns reloading off")
+	duration.Var(f, &fl.DrainDelay, "drain-delay", 0, "on shutdown, how long to keep serving after /readyz turns 503")
+	duration.Var(f, &fl.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "bound on each shutdown step")
 	f.StringVar(&cfg.ID, "id", cfg.ID, "name of this replica in logs")
-	f.DurationVar(&cfg.Tick, "tick", cfg.Tick, "how often the control law runs")
+	duration.Var(f, &cfg.Tick, "tick", cfg.Tick, "how often the control law runs")
 	f.IntVar(&cfg.StaleAfter, "stale-after", cfg.StaleAfter, "flush intervals an aggregator may miss before its load leaves the sums")
-	f.DurationVar(&cfg.Warmup, "warmup", cfg.Warmup, "after start, how long to collect zone loads before publishing any policy")
-	f.DurationVar(&cfg.PolicyTTL, "policy-ttl", cfg.PolicyTTL, "TTL written into policies; unchanged policies are re-issued every half TTL")
-	f.DurationVar(&cfg.FailOpenDecay, "fail-open-decay", cfg.FailOpenDecay, "how long sidecars in fail mode open take to decay ratios to 0")
+	duration.Var(f, &cfg.Warmup, "warmup", cfg.Warmup, "after start, how long to collect zone loads before publishing any policy")
+	duration.Var(f, &cfg.PolicyTTL, "policy-ttl", cfg.PolicyTTL, "TTL written into policies; unchanged policies are re-issued every half TTL")
+	duration.Var(f, &cfg.FailOpenDecay, "fail-open-decay", cfg.FailOpenDecay, "how long sidecars in fail mode open take to decay ratios to 0")
 	f.Float64Var(&cfg.RepublishThreshold, "republish-threshold", cfg.RepublishThreshold, "relative change of a caller's admitted share that is pushed before the refresh is due")
 	f.IntVar(&cfg.MaxAggregators, "max-aggregators", cfg.MaxAggregators, "most aggregators whose loads are held")
 	f.Float64Var(&cfg.Law.PMax, "p-max", cfg.Law.PMax, "highest drop ratio ever pushed, in (0, 1)")

@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sluicehq/sluice/internal/controller"
+	"github.com/sluicehq/sluice/internal/duration"
 	"github.com/sluicehq/sluice/internal/limits"
 	"github.com/sluicehq/sluice/internal/loadgen"
 	"github.com/sluicehq/sluice/internal/testbed"
@@ -70,9 +71,9 @@ drop ratio the sidecars hold; at the end, a summary. No Postgres, no configurati
 	f.Float64Var(&o.Limit, "limit", o.Limit, "each caller's limit, rps")
 	f.Float64Var(&o.Calm, "calm", o.Calm, "rps of a caller that is not surging")
 	f.Float64Var(&o.Surge, "surge", o.Surge, "web's surge, as a multiple of its limit")
-	f.DurationVar(&o.SurgeStart, "surge-start", o.SurgeStart, "when web's surge begins")
-	f.DurationVar(&o.SurgeLength, "surge-length", o.SurgeLength, "how long web's surge lasts")
-	f.DurationVar(&o.After, "after", o.After, "how long to keep going after the surge")
+	duration.Var(f, &o.SurgeStart, "surge-start", o.SurgeStart, "when web's surge begins")
+	duration.Var(f, &o.SurgeLength, "surge-length", o.SurgeLength, "how long web's surge lasts")
+	duration.Var(f, &o.After, "after", o.After, "how long to keep going after the surge")
 	f.BoolVar(&o.Verbose, "verbose", false, "log what the components do, to stderr")
 	return cmd
 }

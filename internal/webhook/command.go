@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/admin"
 	"github.com/sluicehq/sluice/internal/cli"
+	"github.com/sluicehq/sluice/internal/duration"
 	"github.com/sluicehq/sluice/internal/process"
 )
 
@@ -86,8 +87,8 @@ flags win over the environment, the environment over the file.`,
 	f := cmd.Flags()
 	f.StringVar(&listen, "listen", ":9443", "address of the HTTPS webhook")
 	f.StringVar(&adminAddr, "admin-addr", ":19200", "address for /metrics, /healthz, /readyz")
-	f.DurationVar(&drainDelay, "drain-delay", 0, "on shutdown, how long to keep serving after /readyz turns 503")
-	f.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", cfg.ShutdownTimeout, "bound on each shutdown step")
+	duration.Var(f, &drainDelay, "drain-delay", 0, "on shutdown, how long to keep serving after /readyz turns 503")
+	duration.Var(f, &cfg.ShutdownTimeout, "shutdown-timeout", cfg.ShutdownTimeout, "bound on each shutdown step")
 	f.StringVar(&cfg.CertFile, "tls-cert-file", "/etc/sluice/tls/tls.crt", "serving certificate (PEM); reloaded when it changes")
 	f.StringVar(&cfg.KeyFile, "tls-key-file", "/etc/sluice/tls/tls.key", "serving certificate's private key (PEM); reloaded when it changes")
 	f.StringVar(&cfg.ClientCAFile, "tls-client-ca-file", "", "CA bundle (PEM) the API server's client certificate must chain to; reloaded when it changes. Empty: callers are not authenticated (a warning at start)")

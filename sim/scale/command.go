@@ -12,6 +12,8 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+
+	"github.com/sluicehq/sluice/internal/duration"
 )
 
 // Command is the `scale` subcommand of the simulator: it runs Run and prints
@@ -69,8 +71,8 @@ for a quick look.`,
 	f.IntVar(&cfg.SurgeAt, "surge-at", cfg.SurgeAt, "second the surge starts")
 	f.IntVar(&cfg.SurgeFor, "surge-for", cfg.SurgeFor, "seconds the surge lasts")
 	f.IntVar(&cfg.XDSStreams, "xds-streams", cfg.XDSStreams, "also push every tick into a real xDS server with this many real delta clients (in-memory gRPC, ~200 KB each, at most 20000); 0: off")
-	f.DurationVar(&cfg.Controller.Warmup, "warmup", cfg.Controller.Warmup, "controller warm-up before it publishes")
-	f.DurationVar(&cfg.Controller.PolicyTTL, "policy-ttl", cfg.Controller.PolicyTTL, "policy TTL; unchanged policies are re-pushed every half TTL")
+	duration.Var(f, &cfg.Controller.Warmup, "warmup", cfg.Controller.Warmup, "controller warm-up before it publishes")
+	duration.Var(f, &cfg.Controller.PolicyTTL, "policy-ttl", cfg.Controller.PolicyTTL, "policy TTL; unchanged policies are re-pushed every half TTL")
 	f.Float64Var(&cfg.Controller.RepublishThreshold, "republish-threshold", cfg.Controller.RepublishThreshold, "change of a bucket's admitted share that makes a policy worth pushing")
 	f.BoolVar(&small, "small", false, "a small mesh (20 services × 10 callers, 300 sidecars, 200k rps, 3 zones × 2 aggregators); flags given explicitly still win")
 	f.BoolVar(&quiet, "quiet", false, "no per-second progress on stderr")
