@@ -17,6 +17,8 @@ ARG GO_VERSION=1.26.8
 
 FROM golang:${GO_VERSION} AS build
 ARG BINARY
+ARG VERSION=devel
+ARG REVISION=
 ARG TARGETOS=linux
 ARG TARGETARCH=amd64
 WORKDIR /src
@@ -25,7 +27,7 @@ RUN --mount=type=cache,target=/go/pkg/mod go mod download
 COPY . .
 RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
     test -n "${BINARY}" || { echo "set --build-arg BINARY=<controller|aggregator|sidecar|configurator|injector>"; exit 1; } && \
-    GOOS=${TARGETOS} GOARCH=${TARGETARCH} CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/sluice ./cmd/${BINARY}
+    GOOS=${TARGETOS} GOARCH=${TARGETARCH} CGO_ENABLED=0 go build -trimpath -ldflags="-s -w -X github.com/sluicehq/sluice/internal/cli.version=${VERSION} -X github.com/sluicehq/sluice/internal/cli.revision=${REVISION}" -o /out/sluice ./cmd/${BINARY}
 
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/sluice /usr/local/bin/sluice

@@ -4,6 +4,11 @@ GO      ?= go
 BUF     := $(GO) run github.com/bufbuild/buf/cmd/buf@v1.75.0
 BINS    := controller aggregator sidecar configurator injector demo
 PKGS    := ./...
+# What --version and sluice_build_info say: the nearest tag (or the commit),
+# and the commit.
+VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
+REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)
+LDFLAGS  := -X github.com/sluicehq/sluice/internal/cli.version=$(VERSION) -X github.com/sluicehq/sluice/internal/cli.revision=$(REVISION)
 
 .PHONY: help build images test test-short bench bench-compare generate lint demo clean
 
@@ -12,10 +17,10 @@ help: ## list targets
 
 build: ## build every binary into bin/
 	@mkdir -p bin
-	$(GO) build -o bin/ $(addprefix ./cmd/,$(BINS))
+	$(GO) build -ldflags '$(LDFLAGS)' -o bin/ $(addprefix ./cmd/,$(BINS) sim)
 
 images: ## container images without Docker: bin/images/sluice-<binary>.tar (TAG=dev)
-	$(GO) run ./internal/tools/ocibuild/cmd -out bin/images -tag $(or $(TAG),dev)
+	$(GO) run ./internal/tools/ocibuild/cmd -out bin/images -tag $(or $(TAG),dev) -revision '$(REVISION)'
 
 test: ## what CI runs: formatting, vet, and every test with the race detector
 	@bash scripts/ensure-postgres.sh

@@ -7,13 +7,14 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/sluicehq/sluice/internal/cli"
 	"github.com/sluicehq/sluice/internal/controller"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := controller.Command().ExecuteContext(ctx); err != nil {
+	if err := cli.Versioned(controller.Command()).ExecuteContext(ctx); err != nil {
 		os.Exit(1)
 	}
 }

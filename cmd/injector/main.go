@@ -8,13 +8,14 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/sluicehq/sluice/internal/cli"
 	"github.com/sluicehq/sluice/internal/webhook"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := webhook.Command().ExecuteContext(ctx); err != nil {
+	if err := cli.Versioned(webhook.Command()).ExecuteContext(ctx); err != nil {
 		os.Exit(1)
 	}
 }

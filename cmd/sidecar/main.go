@@ -8,12 +8,13 @@ import (
 	"syscall"
 
 	"github.com/sluicehq/sluice/internal/agent"
+	"github.com/sluicehq/sluice/internal/cli"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := agent.Command().ExecuteContext(ctx); err != nil {
+	if err := cli.Versioned(agent.Command()).ExecuteContext(ctx); err != nil {
 		os.Exit(1)
 	}
 }

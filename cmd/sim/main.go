@@ -7,6 +7,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/sluicehq/sluice/internal/cli"
 	"github.com/sluicehq/sluice/sim"
 	"github.com/sluicehq/sluice/sim/live"
 	"github.com/sluicehq/sluice/sim/scale"
@@ -15,7 +16,7 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	root := sim.Command() // `sim run`: deterministic mode
+	root := cli.Versioned(sim.Command()) // `sim run`: deterministic mode
 	// The other modes plug in here, each as its package's Command().
 	root.AddCommand(live.Command())  // `sim live`: the real binaries on loopback
 	root.AddCommand(scale.Command()) // `sim scale`: counted traffic at fleet scale

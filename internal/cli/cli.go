@@ -186,9 +186,10 @@ func (l *Logging) Logger(w io.Writer) (*slog.Logger, error) {
 // Start is what every binary does before anything else: it settles the
 // configuration from flags, environment and file, checks it with validate,
 // and builds the logger and a metrics registry that already holds the Go
-// runtime and process collectors. validate runs after the environment and
-// file were applied: pass a closure over the config, not a method value of
-// a config struct, which would copy it before they were.
+// runtime and process collectors and sluice_build_info. validate runs after
+// the environment and file were applied: pass a closure over the config,
+// not a method value of a config struct, which would copy it before they
+// were.
 func Start(cmd *cobra.Command, binary string, l *Logging, validate func() error) (*slog.Logger, *prometheus.Registry, error) {
 	if err := Apply(cmd.Flags(), binary, os.LookupEnv); err != nil {
 		return nil, nil, err
@@ -201,6 +202,6 @@ func Start(cmd *cobra.Command, binary string, l *Logging, validate func() error)
 		return nil, nil, err
 	}
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), BuildInfoCollector())
 	return log, reg, nil
 }

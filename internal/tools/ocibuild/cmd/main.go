@@ -3,6 +3,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
@@ -26,11 +27,19 @@ func main() {
 	}
 }
 
+// The variables internal/cli reads for --version and sluice_build_info.
+const (
+	versionVar  = "github.com/sluicehq/sluice/internal/cli.version"
+	revisionVar = "github.com/sluicehq/sluice/internal/cli.revision"
+)
+
 func run(ctx context.Context) error {
 	out := flag.String("out", "bin/images", "directory for the image tarballs")
 	repo := flag.String("repo", "ghcr.io/sluicehq", "image repository prefix: <repo>/sluice-<binary>")
 	tag := flag.String("tag", "dev", "image tag")
 	arch := flag.String("arch", "amd64", "GOARCH of the images")
+	version := flag.String("version", "", "what the binaries' --version and sluice_build_info say; default the tag")
+	revision := flag.String("revision", "", "the commit the binaries were built from, for --version and sluice_build_info")
 	flag.Parse()
 	bins := flag.Args()
 	if len(bins) == 0 {
@@ -46,7 +55,8 @@ func run(ctx context.Context) error {
 	}
 	for _, b := range bins {
 		bin := filepath.Join(tmp, b)
-		cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags=-s -w", "-o", bin, "./cmd/"+b)
+		ldflags := "-s -w -X " + versionVar + "=" + cmp.Or(*version, *tag) + " -X " + revisionVar + "=" + *revision
+		cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags="+ldflags, "-o", bin, "./cmd/"+b)
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+*arch)
 		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 		if err := cmd.Run(); err != nil {
