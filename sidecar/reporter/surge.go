@@ -65,13 +65,30 @@ type SurgeDetector struct {
 	reported  map[string]float64 // offered rate per peer in the last report
 	window    float64            // the last report's window, seconds
 	following bool               // the last report was a surge report
+	// confirm arms the check after a surge report: see Reported.
+	// confirmed says the check just made was that one, so that the report
+	// it causes does not arm another.
+	confirm, confirmed bool
 }
 
 // Reported records the report just sent: jumps are judged against it. An
 // urgent report (r.Urgent) makes the following checks report smaller
 // changes (FollowFactor), until a regular report ends the surge.
+//
+// It also makes the next check a confirmation: that check reports again
+// when its rate differs from the surge report's by FollowFactor, whatever
+// the noise. A surge report's window holds the onset, so part of it is the
+// calm before, and its rate is low by up to a fifth (the check fires once
+// MinCount arrive, which a window mostly before the onset does not hold);
+// the next window is all surge. Without it, a sidecar that reported 100 of
+// its 125 rps kept the fleet's ratio 5 % short until its next regular report
+// had gone through a flush and a tick: the "partial first ratio" that took
+// enforcement from one second to three. A confirmation's own report arms
+// none, so one surge costs a sidecar at most twice its surge reports.
 func (d *SurgeDetector) Reported(r *sluicev1.LoadReport) {
 	d.following = r.GetUrgent()
+	d.confirm = d.following && !d.confirmed
+	d.confirmed = false
 	if d.reported == nil {
 		d.reported = make(map[string]float64, len(r.GetPeers()))
 	}
@@ -94,6 +111,7 @@ func (d *SurgeDetector) Reported(r *sluicev1.LoadReport) {
 // n (for a rise) or want (for a fall) at least MinCount. Before any report
 // nothing surges: a starting sidecar has no rate to compare with.
 func (d *SurgeDetector) Surging(prev, cur []sidecar.PeerCounts, elapsed time.Duration) bool {
+	d.confirmed, d.confirm = d.confirm, false
 	return d.surging(prev, cur, elapsed, false)
 }
 
@@ -126,6 +144,9 @@ func (d *SurgeDetector) surging(prev, cur []sidecar.PeerCounts, elapsed time.Dur
 	sigmas := float64(surgeSigmas)
 	if d.following {
 		factor, sigmas = min(factor, FollowFactor), followSigmas
+	}
+	if d.confirmed && !sinceReport {
+		sigmas = 0 // see Reported
 	}
 	if minCount == 0 {
 		minCount = DefaultSurgeMinCount

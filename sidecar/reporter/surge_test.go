@@ -270,3 +270,44 @@ func TestTrailSince(t *testing.T) {
 		t.Errorf("after Reset: Since = %v at %d, want the new start", s, at)
 	}
 }
+
+// TestSurgeConfirmsItsReport: the check after a surge report reports again
+// when the rate it sees differs by FollowFactor, whatever the noise, since
+// the surge report's window held some of the calm before the onset; the
+// confirmation's own report arms no other.
+func TestSurgeConfirmsItsReport(t *testing.T) {
+	const check = 200 * time.Millisecond
+	urgent := func(rps float64) *sluicev1.LoadReport {
+		r := report(check, wire("web", uint64(rps*check.Seconds()), 0, 0))
+		r.Urgent = true
+		return r
+	}
+	before := pcs(c("web", 0, 0, 0))
+	var d SurgeDetector
+	d.Reported(report(time.Second, wire("web", 12, 0, 0)))
+	// The surge report: the onset a fifth into its window, 100 rps of 125.
+	d.Reported(urgent(100))
+	// 25 requests in 200ms (125 rps) against 20 expected: 1.25×, but
+	// under 2σ (8.9): only the confirmation reports it.
+	if !d.Surging(before, pcs(c("web", 25, 0, 0)), check) {
+		t.Fatal("the check after a diluted surge report does not report the surge's full rate")
+	}
+	d.Reported(urgent(125))
+	// The confirmation's report arms none: 29 against 25 expected (1.16×,
+	// 0.8σ) is noise again.
+	if d.Surging(before, pcs(c("web", 29, 0, 0)), check) {
+		t.Error("the check after a confirmation reports 1.16× within noise")
+	}
+
+	// Without a diluted report, the confirmation stays quiet: 26 against 25.
+	d.Reported(report(time.Second, wire("web", 125, 0, 0)))
+	d.Reported(urgent(125))
+	if d.Surging(before, pcs(c("web", 26, 0, 0)), check) {
+		t.Error("a confirmation within FollowFactor of the surge report reports")
+	}
+	// And only the first check after a surge report confirms: the second
+	// judges with the noise again.
+	if d.Surging(before, pcs(c("web", 31, 0, 0)), check) {
+		t.Error("the second check after a surge report reports 1.24× at 1.2σ")
+	}
+}
