@@ -63,9 +63,10 @@ func loadTestScenario(t *testing.T) *sim.Scenario {
 // within the documented tolerance (DefaultMargins, docs/simulation.md). It
 // sends 550 rps at most, for 24 s, about 30 s a run with start-up.
 //
-// Every run must show the loop at work on the real processes: web held to
-// its limit within 3 s, most of its excess dropped, the sidecars reporting
-// surges, and no goroutine of the run left behind. And the comparison must
+// Every run whose load went out on schedule must show the loop at work on
+// the real processes: web held to its limit within 3 s, most of its excess
+// dropped, the sidecars reporting surges; and no run may leave a goroutine
+// behind. And the comparison must
 // be able to fail: the same live run set against the deterministic mode of
 // a mis-scaled scenario (limits twice the ones the processes enforced) must
 // disagree.
@@ -98,7 +99,6 @@ func TestLiveAgreesWithDeterministic(t *testing.T) {
 		if err := WriteSummary(&summary, r); err != nil {
 			t.Fatal(err)
 		}
-		checkLoopWorked(t, r, summary.String())
 		c, err := Compare(r, sc.Seed, 10, DefaultMargins())
 		if err != nil {
 			t.Fatal(err)
@@ -118,6 +118,9 @@ func TestLiveAgreesWithDeterministic(t *testing.T) {
 			}
 			t.Skip(msg)
 		}
+		// Judged only on a run whose load went out on schedule: a run
+		// whose load generator stalled measured the machine.
+		checkLoopWorked(t, r, summary.String())
 		if !c.Agree() {
 			t.Errorf("live and deterministic mode disagree (live seed %d):\n%s\n%s", attempt, summary.String(), table.String())
 		} else {
@@ -149,8 +152,8 @@ func TestLiveAgreesWithDeterministic(t *testing.T) {
 	}
 }
 
-// checkLoopWorked checks what any live run of step-surge must show, however
-// busy the machine: web (500 rps for 10 s against 100) is held to its limit,
+// checkLoopWorked checks what any live run of step-surge whose load went
+// out on schedule must show, however busy the machine otherwise: web (500 rps for 10 s against 100) is held to its limit,
 // most of its excess is dropped, and the sidecars report surges.
 func checkLoopWorked(t *testing.T, r *Result, summary string) {
 	t.Helper()
