@@ -201,8 +201,8 @@ type fileScenario struct {
 	Name        string                 `yaml:"name"`
 	Description string                 `yaml:"description"`
 	Seed        *uint64                `yaml:"seed"`
-	Duration    *duration.Value         `yaml:"duration"`
-	Step        *duration.Value         `yaml:"step"`
+	Duration    *duration.Value        `yaml:"duration"`
+	Step        *duration.Value        `yaml:"step"`
 	Arrivals    string                 `yaml:"arrivals"`
 	Loop        fileLoop               `yaml:"loop"`
 	Zones       []string               `yaml:"zones"`
@@ -222,14 +222,14 @@ type fileLoop struct {
 	FlushDelay           *duration.Value `yaml:"flush_delay"`
 	PushDelay            *duration.Value `yaml:"push_delay"`
 	FailoverDelay        *duration.Value `yaml:"failover_delay"`
-	AggregatorStaleAfter *int           `yaml:"aggregator_stale_after"`
-	ControllerStaleAfter *int           `yaml:"controller_stale_after"`
+	AggregatorStaleAfter *int            `yaml:"aggregator_stale_after"`
+	ControllerStaleAfter *int            `yaml:"controller_stale_after"`
 	Warmup               *duration.Value `yaml:"warmup"`
 	PolicyTTL            *duration.Value `yaml:"policy_ttl"`
-	RepublishThreshold   *float64       `yaml:"republish_threshold"`
-	PMax                 *float64       `yaml:"p_max"`
-	MinRate              *float64       `yaml:"min_rate"`
-	ReleaseRate          *float64       `yaml:"release_rate"`
+	RepublishThreshold   *float64        `yaml:"republish_threshold"`
+	PMax                 *float64        `yaml:"p_max"`
+	MinRate              *float64        `yaml:"min_rate"`
+	ReleaseRate          *float64        `yaml:"release_rate"`
 }
 
 type fileService struct {
@@ -253,26 +253,26 @@ type fileRate struct {
 
 type filePoint struct {
 	At  *duration.Value `yaml:"at"`
-	RPS *float64       `yaml:"rps"`
+	RPS *float64        `yaml:"rps"`
 }
 
 type fileDiurnal struct {
-	Min    *float64       `yaml:"min"`
-	Max    *float64       `yaml:"max"`
+	Min    *float64        `yaml:"min"`
+	Max    *float64        `yaml:"max"`
 	PeakAt *duration.Value `yaml:"peak_at"`
 	Period *duration.Value `yaml:"period"`
 }
 
 type fileRetry struct {
-	MaxRetries *int           `yaml:"max_retries"`
+	MaxRetries *int            `yaml:"max_retries"`
 	Backoff    *duration.Value `yaml:"backoff"`
-	Multiplier *float64       `yaml:"multiplier"`
+	Multiplier *float64        `yaml:"multiplier"`
 }
 
 type fileEvent struct {
 	At                *duration.Value `yaml:"at"`
-	KillAggregator    string         `yaml:"kill_aggregator"`
-	RestartController *fileRestart   `yaml:"restart_controller"`
+	KillAggregator    string          `yaml:"kill_aggregator"`
+	RestartController *fileRestart    `yaml:"restart_controller"`
 }
 
 type fileRestart struct {
@@ -281,8 +281,8 @@ type fileRestart struct {
 
 type fileTargets struct {
 	TimeToEnforce    *duration.Value `yaml:"time_to_enforce"`
-	SteadyStateError *float64       `yaml:"steady_state_error"`
-	CollateralDrops  *float64       `yaml:"collateral_drops"`
+	SteadyStateError *float64        `yaml:"steady_state_error"`
+	CollateralDrops  *float64        `yaml:"collateral_drops"`
 }
 
 // Defaults that DESIGN.md does not name.
