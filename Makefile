@@ -22,17 +22,8 @@ build: ## build every binary into bin/
 images: ## container images without Docker: bin/images/sluice-<binary>.tar (TAG=dev)
 	$(GO) run ./internal/tools/ocibuild/cmd -out bin/images -tag $(or $(TAG),dev) -revision '$(REVISION)'
 
-test: ## what CI runs: formatting, vet, and every test with the race detector
-	@bash scripts/ensure-postgres.sh
-	@test -z "$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))" || { echo "gofmt needed on:"; gofmt -l .; exit 1; }
-	$(GO) vet $(PKGS)
-	$(GO) test -race -count=1 $$($(GO) list $(PKGS) | grep -v /e2e)
-	@# The end-to-end tests measure rates against a clock: they run alone,
-	@# not beside other packages' tests fighting for two cores.
-	$(GO) test -race -count=1 ./e2e
-	@# A short fuzz run of every target (4 s each, ~80 s in all): the
-	@# committed seeds already ran above; this looks a little further.
-	@bash scripts/fuzz.sh 4s
+test: ## what CI runs: gofmt, vet, every test with the race detector, e2e alone, a short fuzz run; every stage runs, failures listed at the end (STAGES="unit e2e" picks some)
+	@bash scripts/test.sh
 
 test-short: ## quick local loop: skips the long end-to-end tests
 	@bash scripts/ensure-postgres.sh
