@@ -69,8 +69,8 @@ func (b Build) String() string {
 	return s + " " + b.GoVersion + " " + runtime.GOOS + "/" + runtime.GOARCH
 }
 
-// Versioned gives a binary's root command --version (and -v is left
-// alone: several binaries read it otherwise), printing "<binary> <build>".
+// Versioned gives a binary's root command --version (and -v, unless the
+// command has a -v of its own), printing "<binary> <build>".
 func Versioned(root *cobra.Command) *cobra.Command {
 	root.Version = BuildInfo().String()
 	root.SetVersionTemplate(fmt.Sprintf("%s {{.Version}}\n", root.Name()))

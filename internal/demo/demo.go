@@ -59,7 +59,7 @@ limits: callers "web" and "mobile" may each send --limit rps to service "checkou
 A load generator sends both at --calm rps; after --surge-start, web surges to
 --surge times its limit for --surge-length, then calms down again.
 
-Every second it prints what each caller offered and got through, the limit and the
+Every second it prints what each caller offered and got through, and the
 drop ratio the sidecars hold; at the end, a summary. No Postgres, no configuration.`,
 		Args:         cobra.NoArgs,
 		SilenceUsage: true,
