@@ -1,0 +1,168 @@
+package controller
+
+import (
+	"math"
+	"slices"
+
+	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/names"
+)
+
+// Summing: the latest zone load of every live aggregator, merged per
+// bucket, inbound and outbound counted once each.
+
+// peerTotals is one bucket's load during a tick.
+type peerTotals struct {
+	Totals
+	peer string
+}
+
+// tickLoads is what one tick sums from the live aggregators' zone loads.
+type tickLoads struct {
+	// buckets holds each callee's load per caller, sorted by caller: what
+	// reached the callee's inbound sidecars undecided plus what callers
+	// enforcing outbound offered it (see combine).
+	buckets map[string][]peerTotals
+	live    map[string]uint32 // per callee: live inbound sidecars
+	outLive map[string]uint32 // per caller: live instances enforcing outbound
+}
+
+// sum adds up the live aggregators' loads, in sorted aggregator order: float
+// sums depend on order, and every controller replica must compute the same
+// ratios from the same inputs.
+//
+// Each zone load lists a service's peers sorted (Apply sees to it), so a
+// service's peers are merged across aggregators rather than hashed: at
+// 110,000 buckets from a dozen aggregators, a map keyed by (service, peer)
+// was most of a tick.
+func (s *State) sum() tickLoads {
+	// Indexed by direction: 0 inbound (service = callee, peers = callers),
+	// 1 outbound (service = caller, peers = callees).
+	var perService [2]map[string][]*sluicev1.ServiceLoad // in aggregator order
+	var live [2]map[string]uint32
+	for d := range perService {
+		perService[d], live[d] = map[string][]*sluicev1.ServiceLoad{}, map[string]uint32{}
+	}
+	for _, id := range sortedKeys(s.aggs) {
+		for _, svc := range s.aggs[id].load.GetServices() {
+			d := 0
+			if svc.GetDirection() == sluicev1.Direction_DIRECTION_OUTBOUND {
+				d = 1
+			}
+			// Saturating: a zone claiming 2^32-1 sidecars must not wrap the
+			// sum around to a handful.
+			live[d][svc.GetService()] += min(svc.GetLiveSidecars(), math.MaxUint32-live[d][svc.GetService()])
+			perService[d][svc.GetService()] = append(perService[d][svc.GetService()], svc)
+		}
+	}
+	var merged [2]map[string][]peerTotals
+	for d := range merged {
+		merged[d] = make(map[string][]peerTotals, len(perService[d]))
+		for name, loads := range perService[d] {
+			merged[d][name] = mergePeers(loads)
+		}
+	}
+	return tickLoads{buckets: combine(merged[0], merged[1]), live: live[0], outLive: live[1]}
+}
+
+// mergePeers adds up one service's peers across the zone loads of several
+// aggregators, each sorted by peer; the result is sorted by peer too.
+func mergePeers(loads []*sluicev1.ServiceLoad) []peerTotals {
+	heads := make([]int, len(loads))
+	var merged []peerTotals
+	for {
+		// The smallest peer at the heads; its rates are added in
+		// aggregator order.
+		peer, found := "", false
+		for k, l := range loads {
+			if h := heads[k]; h < len(l.GetPeers()) && (!found || l.GetPeers()[h].GetPeer() < peer) {
+				peer, found = l.GetPeers()[h].GetPeer(), true
+			}
+		}
+		if !found {
+			return merged
+		}
+		t := peerTotals{peer: peer}
+		for k, l := range loads {
+			if h := heads[k]; h < len(l.GetPeers()) && l.GetPeers()[h].GetPeer() == peer {
+				p := l.GetPeers()[h]
+				t.Offered += p.GetOfferedRps()
+				t.Dropped += p.GetDroppedRps()
+				t.ShadowDropped += p.GetShadowDroppedRps()
+				heads[k]++
+			}
+		}
+		merged = append(merged, t)
+	}
+}
+
+// combine turns outbound loads (per caller, peers = callees) around into
+// buckets (per callee, peers = callers) and adds them to the inbound ones.
+//
+// The double-counting rule: a call that a caller enforcing outbound admits
+// reaches the callee's inbound sidecar marked as decided (sidecar.
+// DecidedHeader), and the inbound side neither decides nor counts it. So
+// the inbound counts of a bucket hold only what no caller decided (callers
+// that do not enforce outbound, or not yet), the outbound counts what the
+// enforcing callers offered before their drops, and a bucket's offered load
+// is their sum: each request counted once, whichever side decided it. The
+// law runs once per bucket on that sum, and both sides get the bucket's one
+// ratio (callee/<callee> and caller/<caller>), each applying it to the
+// requests it decides, so that together they admit the limit: (1−p)·(R_out
+// + R_in) = L, never 2·L, and no request is dropped twice.
+//
+// Outbound peers names.Unknown and names.Overflow (calls whose callee the
+// caller could not name, or beyond its table) are left out: no limit can
+// name them, and they would make policies for services that do not exist.
+// Sums are in a fixed order, inbound first, callers sorted.
+func combine(inbound, outbound map[string][]peerTotals) map[string][]peerTotals {
+	if len(outbound) == 0 {
+		return inbound
+	}
+	byCallee := map[string][]peerTotals{} // sorted by caller: callers are visited sorted
+	for _, caller := range sortedKeys(outbound) {
+		for _, p := range outbound[caller] {
+			if p.peer == names.Unknown || p.peer == names.Overflow {
+				continue
+			}
+			byCallee[p.peer] = append(byCallee[p.peer], peerTotals{Totals: p.Totals, peer: caller})
+		}
+	}
+	out := make(map[string][]peerTotals, len(inbound)+len(byCallee))
+	for callee, in := range inbound {
+		out[callee] = in
+	}
+	for callee, outb := range byCallee {
+		in := inbound[callee]
+		merged := make([]peerTotals, 0, len(in)+len(outb))
+		i, j := 0, 0
+		for i < len(in) || j < len(outb) {
+			switch {
+			case j == len(outb) || i < len(in) && in[i].peer < outb[j].peer:
+				merged = append(merged, in[i])
+				i++
+			case i == len(in) || outb[j].peer < in[i].peer:
+				merged = append(merged, outb[j])
+				j++
+			default: // the same caller on both sides
+				t := in[i]
+				t.Offered += outb[j].Offered
+				t.Dropped += outb[j].Dropped
+				t.ShadowDropped += outb[j].ShadowDropped
+				merged = append(merged, t)
+				i, j = i+1, j+1
+			}
+		}
+		out[callee] = merged
+	}
+	return out
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}

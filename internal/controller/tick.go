@@ -1,0 +1,177 @@
+package controller
+
+import (
+	"math"
+	"slices"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/limits"
+	"github.com/sluicehq/sluice/pkg/dropratio"
+)
+
+// A tick: the global loads summed, the law run on them, the policies that
+// changed rendered.
+
+// Totals is a bucket's global load, summed over live aggregators.
+type Totals struct {
+	Offered, Dropped, ShadowDropped float64
+}
+
+// TickResult is what one tick decided.
+type TickResult struct {
+	// Changed holds the policies to push, by resource name.
+	Changed map[string]*sluicev1.DropPolicy
+	// Deleted names resources to remove (services gone for a TTL).
+	Deleted []string
+	// Warm is false while the controller is still collecting after start;
+	// nothing is published then.
+	Warm bool
+	// Aggregators and Buckets count what the tick summed.
+	Aggregators, Buckets int
+	// Stale names aggregators this tick dropped for silence.
+	Stale []string
+	// Services holds the global load per callee, for metrics.
+	Services map[string]Totals
+	// Loads holds the global load of every observed bucket, sorted, for
+	// the history recorder.
+	Loads []BucketLoad
+}
+
+// BucketLoad is one bucket's global load in one tick.
+type BucketLoad struct {
+	Callee, Caller string
+	Totals
+}
+
+// Tick runs one control step at now against the limits in force.
+func (s *State) Tick(now time.Time, set *limits.Set) TickResult {
+	var stale []string
+	for id, a := range s.aggs {
+		if now.Sub(a.seen) > time.Duration(s.cfg.StaleAfter)*a.interval {
+			delete(s.aggs, id)
+			stale = append(stale, id)
+		}
+	}
+	slices.Sort(stale)
+	res := TickResult{Aggregators: len(s.aggs), Stale: stale}
+	if !s.Warm(now) {
+		return res
+	}
+	res.Warm = true
+
+	loads := s.sum()
+	inbound, live := loads.buckets, loads.live
+	services := lawInput(inbound, set)
+	var dt time.Duration
+	if !s.lastStep.IsZero() {
+		dt = now.Sub(s.lastStep)
+	} else {
+		s.seed(inbound)
+	}
+	s.lastStep = now
+	verdicts := s.law.Step(dt, services)
+
+	res.Changed = map[string]*sluicev1.DropPolicy{}
+	res.Services = make(map[string]Totals, len(verdicts))
+	current := make(map[string]bool, len(verdicts))
+	for _, sv := range verdicts {
+		var tot Totals
+		for _, p := range inbound[sv.Service] {
+			tot.Offered += p.Offered
+			tot.Dropped += p.Dropped
+			tot.ShadowDropped += p.ShadowDropped
+			res.Loads = append(res.Loads, BucketLoad{Callee: sv.Service, Caller: p.peer, Totals: p.Totals})
+		}
+		res.Services[sv.Service] = tot
+		res.Buckets += len(sv.Verdicts)
+		policy := s.policy(sv, live[sv.Service], set.Service(sv.Service), now)
+		current[policy.GetName()] = true
+		if s.due(policy, now) {
+			s.published[policy.GetName()] = &published{policy: policy}
+			res.Changed[policy.GetName()] = policy
+		}
+	}
+	for _, policy := range s.callerPolicies(verdicts, loads.outLive, set, now) {
+		current[policy.GetName()] = true
+		if s.due(policy, now) {
+			s.published[policy.GetName()] = &published{policy: policy}
+			res.Changed[policy.GetName()] = policy
+		}
+	}
+	// Services that vanished (no traffic, no limits, ratios released): an
+	// empty policy first, so state-of-the-world clients, which never hear
+	// of deletions, stop dropping; the resource itself goes a TTL later.
+	for _, name := range sortedKeys(s.published) {
+		p := s.published[name]
+		if current[name] {
+			continue
+		}
+		switch {
+		case p.tombstone.IsZero():
+			empty := &sluicev1.DropPolicy{
+				Name: name, Service: p.policy.GetService(), Direction: p.policy.GetDirection(),
+				Ttl: p.policy.GetTtl(), FailMode: p.policy.GetFailMode(), FailOpenDecay: p.policy.GetFailOpenDecay(),
+				IssuedAt: timestamppb.New(now),
+			}
+			s.published[name] = &published{policy: empty, tombstone: now}
+			res.Changed[name] = empty
+		case now.Sub(p.tombstone) >= s.cfg.PolicyTTL:
+			delete(s.published, name)
+			res.Deleted = append(res.Deleted, name)
+		}
+	}
+	return res
+}
+
+// seed starts the law from the ratios the sidecars are seen to enforce, so
+// that a restarted controller neither forgets a surge nor releases it from a
+// picture that may still lack a zone: a ratio measured as dropped / offered
+// is right even from part of the fleet.
+func (s *State) seed(inbound map[string][]peerTotals) {
+	for svc, peers := range inbound {
+		for _, p := range peers {
+			if p.Offered > 0 {
+				s.law.Seed(svc, p.peer, (p.Dropped+p.ShadowDropped)/p.Offered)
+			}
+		}
+	}
+}
+
+// lawInput joins observed load with configured limits: every callee with
+// traffic or limits, every caller with traffic or a limit of its own.
+func lawInput(inbound map[string][]peerTotals, set *limits.Set) []dropratio.Service {
+	callees := map[string]bool{}
+	for svc := range inbound {
+		callees[svc] = true
+	}
+	for _, svc := range set.Services() {
+		callees[svc] = true
+	}
+	out := make([]dropratio.Service, 0, len(callees))
+	for _, name := range sortedKeys(callees) {
+		lim := set.Service(name)
+		svc := dropratio.Service{Name: name, Capacity: math.Inf(1)}
+		if lim != nil {
+			svc.Capacity = lim.Capacity
+		}
+		seen := map[string]bool{}
+		for _, p := range inbound[name] {
+			b := lim.Bucket(p.peer)
+			svc.Callers = append(svc.Callers, dropratio.Caller{Name: p.peer, Offered: p.Offered, Limit: b.Limit, Mode: b.Mode})
+			seen[p.peer] = true
+		}
+		if lim != nil {
+			for _, caller := range sortedKeys(lim.Callers) {
+				if !seen[caller] {
+					b := lim.Callers[caller]
+					svc.Callers = append(svc.Callers, dropratio.Caller{Name: caller, Limit: b.Limit, Mode: b.Mode})
+				}
+			}
+		}
+		out = append(out, svc)
+	}
+	return out
+}
