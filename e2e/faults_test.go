@@ -27,7 +27,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/controller"
 	"github.com/sluicehq/sluice/internal/loadgen"
+	"github.com/sluicehq/sluice/internal/names"
 	"github.com/sluicehq/sluice/internal/pgtest"
 	"github.com/sluicehq/sluice/pkg/history"
 )
@@ -667,10 +669,12 @@ func TestFaultControllerKilledAndRestarted(t *testing.T) {
 	})
 	load.at(killAt)
 	// Wait for the worst moment: just before a refresh, when the policies
-	// are as old as they get. The controller refreshes an unchanged policy
-	// at an age between a quarter and half the TTL, fixed per name; learn
-	// it by watching one refresh, then wait until the policies are within
-	// a second of that age again.
+	// are as old as they get. The controller issues an unchanged policy
+	// again on the first tick after it reaches its refresh age, fixed per
+	// name; a policy pushed early because its ratio moved starts the wait
+	// over. The window is a second and a half wide, so that polling, which
+	// on a busy machine takes most of a second to scrape six sidecars, does
+	// not step over it.
 	youngest := func() float64 {
 		y := math.Inf(1)
 		for _, sc := range sidecars {
@@ -679,19 +683,9 @@ func TestFaultControllerKilledAndRestarted(t *testing.T) {
 		}
 		return y
 	}
-	var period, last float64
-	waitFor(t, refreshWait, "a refresh of the sidecars' policies", func() bool {
-		y := youngest()
-		if y < last-1 {
-			period = last
-			return true
-		}
-		last = y
-		return false
-	})
-	waitFor(t, refreshWait, fmt.Sprintf("the sidecars' policies are %.1f s old, a second before their refresh", period-1), func() bool {
-		y := youngest()
-		return y >= period-1 && y < period-0.2
+	refresh := controller.RefreshAge(names.Callee("checkout"), controller.DefaultConfig().PolicyTTL).Seconds()
+	waitFor(t, 2*refreshWait, fmt.Sprintf("the sidecars' policies are %.1f s old, just before their refresh at %.1f s", refresh-1.5, refresh), func() bool {
+		return youngest() >= refresh-1.5
 	})
 	sidecarGoroutines := goroutines(t, sidecars[0])
 	aggGoroutines := goroutines(t, aggs[0])

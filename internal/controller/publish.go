@@ -146,7 +146,7 @@ func (s *State) due(policy *sluicev1.DropPolicy, now time.Time) bool {
 		return true
 	}
 	old := last.policy
-	if now.Sub(old.GetIssuedAt().AsTime()) >= s.cfg.PolicyTTL/2-refreshStagger(policy.GetName(), s.cfg.PolicyTTL) {
+	if now.Sub(old.GetIssuedAt().AsTime()) >= RefreshAge(policy.GetName(), s.cfg.PolicyTTL) {
 		return true
 	}
 	if old.GetLiveInstances() != policy.GetLiveInstances() || old.GetFailMode() != policy.GetFailMode() ||
@@ -175,6 +175,13 @@ func (s *State) due(policy *sluicev1.DropPolicy, now time.Time) bool {
 		}
 	}
 	return false
+}
+
+// RefreshAge is the age at which an unchanged policy of that resource name
+// is issued again, on the first tick from then on: between a quarter and
+// half the TTL, fixed per name (refreshStagger).
+func RefreshAge(name string, ttl time.Duration) time.Duration {
+	return ttl/2 - refreshStagger(name, ttl)
 }
 
 // refreshStagger spreads the refreshes of unchanged policies over a quarter
