@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"math"
 	"os"
@@ -19,6 +20,9 @@ var update = flag.Bool("update", false, "rewrite testdata/*.golden from the outp
 
 // cliNow is the clock of the in-memory CLI tests: mid-day, like now.
 var cliNow = now
+
+// noUser is an OS without a user name for this process.
+func noUser() (string, error) { return "", errors.New("no user for this uid") }
 
 // env is a fake environment.
 type env map[string]string
@@ -48,6 +52,8 @@ func (h *harness) run(args ...string) (string, error) {
 		Open:      func(context.Context, string) (history.Store, error) { return h.store, nil },
 		Migrate:   func(context.Context, string) ([]string, error) { return nil, nil },
 		LookupEnv: h.env.lookup,
+		// No OS user: $USER from the fake environment names the actor.
+		CurrentUser: noUser,
 	})
 	var out, errOut bytes.Buffer
 	cmd.SetOut(&out)
