@@ -53,6 +53,9 @@ cleanup() {
   rm -rf "$dir"
 }
 trap cleanup EXIT
+# A signal would end bash without its EXIT trap, and leave a postmaster.
+trap 'exit 130' INT
+trap 'exit 143' TERM
 [ "${#as_pg[@]}" -eq 0 ] || chown postgres: "$dir"
 
 # PG* variables of the caller would point the tools elsewhere.
