@@ -58,7 +58,7 @@ demo: ## run the whole loop locally: controller, 3 aggregators, 6 sidecars, a su
 	$(GO) run ./cmd/demo
 
 .PHONY: lifecycle-demo
-lifecycle-demo: ## README's limits-from-history transcript, replayed against a throwaway Postgres (~5 s after the build)
+lifecycle-demo: ## README's limits-from-history transcript, replayed against a throwaway Postgres (seconds, after the build)
 	@bash scripts/lifecycle-demo.sh
 
 .PHONY: certs
