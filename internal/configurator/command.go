@@ -106,7 +106,7 @@ environment, the environment over the file.`,
 	pf.StringVar(&a.databaseURL, "database-url", "", "Postgres URL of the limits and history store, e.g. postgres://sluice@db:5432/sluice (required)")
 	pf.StringVar(&a.actor, "actor", defaultActor(a.opts.CurrentUser, a.opts.LookupEnv),
 		"who makes the changes, as the audit log records it; default: the OS user (os/user, else $USER), and commands that write refuse to run without one")
-	pf.Var(&a.now, "now", "take this time (UTC: 2026-11-30T03:03 or RFC 3339) as now for the windows over history of derive, history, backtest and history seed: for a past view or a reproducible demo; changes are still stamped with the real time, and audit --since counts back from it")
+	pf.Var(&a.now, "now", "take this time (UTC: 2026-11-30T03:03 or RFC 3339) as now for the windows over history of derive, history, backtest and history seed: for a past view or a reproducible demo; changes are still stamped with the real time, from which audit --since counts back")
 	a.logging.AddFlags(pf)
 	setting(pf, "database-url", "actor", "now", "log-level", "log-format", cli.ConfigFlag)
 

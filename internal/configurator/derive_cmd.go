@@ -58,8 +58,10 @@ A bucket needs --min-days days with at least --min-coverage of their 1440
 minutes of history in the look-back; otherwise it is listed with the reason
 and nothing is proposed for it. History comes from the controller, which
 writes a row per bucket per minute when run with --database-url; for a demo,
-"configurator history seed --synthetic 4w" writes made-up history. A proposal more than --max-step-down below the
-limit in force is flagged "step down needs approval": approve --all skips it.
+"configurator history seed --synthetic 4w" writes made-up history.
+
+A proposal more than --max-step-down below the limit in force is flagged
+"step down needs approval": approve --all skips it.
 A bucket whose derived limit is already in force is left alone.
 
 Proposals are written for review (superseding pending ones of the same
