@@ -53,6 +53,10 @@ lint: ## gofmt, go vet, buf lint (STANDARD)
 demo: ## run the whole loop locally: controller, 3 aggregators, 6 sidecars, a surge
 	$(GO) run ./cmd/demo
 
+.PHONY: lifecycle-demo
+lifecycle-demo: ## README's limits-from-history transcript, replayed against a throwaway Postgres (seconds, after the build)
+	@bash scripts/lifecycle-demo.sh
+
 .PHONY: certs
 certs: ## development mTLS: a CA and SPIFFE certificates into certs/ (SERVICES=checkout,web ZONES=zone-a TRUST_DOMAIN=cluster.local)
 	$(GO) run ./internal/identity/devpki/cmd -dir "$${DIR:-certs}" -services "$${SERVICES:-checkout,web}" \

@@ -20,6 +20,9 @@ const (
 	fromNone     = "none"
 )
 
+// backtestRow is a bucket's replay in JSON and YAML: requests rounded to
+// whole ones, shares and ratios as the table rounds them (roundShare), the
+// limit exact.
 type backtestRow struct {
 	Callee      string     `json:"callee" yaml:"callee"`
 	Caller      string     `json:"caller" yaml:"caller"`
@@ -77,7 +80,7 @@ and --release-rate as the controller has them.`,
 			if err := law.Validate(); err != nil {
 				return fmt.Errorf("invalid law settings (--p-max, --min-rate, --release-rate): %w", err)
 			}
-			from, to, err := window(a.opts.Now(), fromS, toS, ndays, cmd.Flags().Changed("days"))
+			from, to, err := window(a.clock(), fromS, toS, ndays, cmd.Flags().Changed("days"))
 			if err != nil {
 				return err
 			}
@@ -152,8 +155,8 @@ and --release-rate as the controller has them.`,
 					l, src := limitOf(r.Bucket)
 					rs[i] = backtestRow{
 						Callee: r.Callee, Caller: r.Caller, LimitFrom: src,
-						Minutes: r.Minutes, Offered: r.Offered, Dropped: r.Dropped, Share: r.Share(),
-						DropMinutes: r.DropMinutes, WorstRatio: r.WorstRatio,
+						Minutes: r.Minutes, Offered: math.Round(r.Offered), Dropped: math.Round(r.Dropped), Share: roundShare(r.Share()),
+						DropMinutes: r.DropMinutes, WorstRatio: roundShare(r.WorstRatio),
 						WorstMinute: optTime(r.WorstMinute), FirstDrop: optTime(r.FirstDrop), LastDrop: optTime(r.LastDrop),
 					}
 					if !math.IsInf(l, 1) {

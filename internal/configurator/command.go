@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"os/user"
 	"strings"
 	"time"
 
@@ -30,6 +31,9 @@ type Options struct {
 	Migrate func(ctx context.Context, url string) ([]string, error)
 	// LookupEnv reads the environment; nil means os.LookupEnv.
 	LookupEnv func(string) (string, bool)
+	// CurrentUser names the OS user, the default --actor; nil means
+	// os/user.Current's Username.
+	CurrentUser func() (string, error)
 }
 
 // app is the state the subcommands share.
@@ -37,6 +41,7 @@ type app struct {
 	opts        Options
 	databaseURL string
 	actor       string
+	now         timeValue // --now; zero: the clock
 	logging     cli.Logging
 	log         *slog.Logger
 }
@@ -49,17 +54,28 @@ func NewCommand(opts Options) *cobra.Command {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	if opts.Migrate == nil {
-		opts.Migrate = history.Migrate
-	}
 	if opts.LookupEnv == nil {
 		opts.LookupEnv = os.LookupEnv
+	}
+	if opts.CurrentUser == nil {
+		opts.CurrentUser = func() (string, error) {
+			u, err := user.Current()
+			if err != nil {
+				return "", err
+			}
+			return u.Username, nil
+		}
 	}
 	a := &app{opts: opts}
 	if a.opts.Open == nil {
 		// Late bound: the logger exists once the flags are parsed.
 		a.opts.Open = func(ctx context.Context, url string) (history.Store, error) {
 			return openPostgres(a.log)(ctx, url)
+		}
+	}
+	if a.opts.Migrate == nil {
+		a.opts.Migrate = func(ctx context.Context, url string) ([]string, error) {
+			return history.Migrate(ctx, url, history.WithLogger(a.log))
 		}
 	}
 	root := &cobra.Command{
@@ -69,6 +85,7 @@ func NewCommand(opts Options) *cobra.Command {
 
 The limit lifecycle:
   observe   the controller writes every bucket's per-minute load to Postgres
+            (for a demo: history seed --synthetic 4w)
   derive    propose limits: the peak over --lookback (4w) × (1 + --headroom) (25%)
   review    compare proposals with the limits in force
   backtest  replay stored minutes through the control law: what would have been dropped
@@ -87,9 +104,11 @@ environment, the environment over the file.`,
 	}
 	pf := root.PersistentFlags()
 	pf.StringVar(&a.databaseURL, "database-url", "", "Postgres URL of the limits and history store, e.g. postgres://sluice@db:5432/sluice (required)")
-	pf.StringVar(&a.actor, "actor", defaultActor(opts.LookupEnv), "who makes the changes, as the audit log records it")
+	pf.StringVar(&a.actor, "actor", defaultActor(a.opts.CurrentUser, a.opts.LookupEnv),
+		"who makes the changes, as the audit log records it; default: the OS user (os/user, else $USER), and commands that write refuse to run without one")
+	pf.Var(&a.now, "now", "take this time (UTC: 2026-11-30T03:03 or RFC 3339) as now for the windows over history of derive, history, backtest and history seed: for a past view or a reproducible demo; changes are still stamped with the real time, from which audit --since counts back")
 	a.logging.AddFlags(pf)
-	setting(pf, "database-url", "actor", "log-level", "log-format", cli.ConfigFlag)
+	setting(pf, "database-url", "actor", "now", "log-level", "log-format", cli.ConfigFlag)
 
 	root.AddCommand(
 		a.migrateCommand(),
@@ -107,11 +126,17 @@ environment, the environment over the file.`,
 	return root
 }
 
-func defaultActor(lookupEnv func(string) (string, bool)) string {
-	if u, ok := lookupEnv("USER"); ok && u != "" {
+// defaultActor is the OS user: os/user's name for this process's uid, else
+// $USER, else "" (and then a command that writes asks for --actor). Never a
+// placeholder: the audit log must name a person or a system.
+func defaultActor(currentUser func() (string, error), lookupEnv func(string) (string, bool)) string {
+	if u, err := currentUser(); err == nil && strings.TrimSpace(u) != "" {
 		return u
 	}
-	return "unknown"
+	if u, ok := lookupEnv("USER"); ok && strings.TrimSpace(u) != "" {
+		return u
+	}
+	return ""
 }
 
 // settingAnnotation marks the flags that are settings: taken from the
@@ -159,10 +184,16 @@ func (a *app) setup(cmd *cobra.Command) error {
 		return err
 	}
 	a.log = log
-	if strings.TrimSpace(a.actor) == "" {
-		return errors.New("--actor is empty; the audit log needs a name")
-	}
 	return nil
+}
+
+// clock is now for windows over history: --now when given, else the
+// clock. (Changes are stamped by the store's clock, never by --now.)
+func (a *app) clock() time.Time {
+	if !a.now.t.IsZero() {
+		return a.now.t
+	}
+	return a.opts.Now()
 }
 
 // ignored is a setting of another subcommand, met in the config file.
@@ -202,13 +233,44 @@ func (a *app) change(reason string) history.Change {
 	return history.Change{Actor: a.actor, Reason: reason}
 }
 
-// requireReason names the flag when --reason is missing.
-func requireReason(reason string) error {
+// requireChange names what the audit log lacks: a --reason, or an actor.
+func (a *app) requireChange(reason string) error {
+	var errs []error
 	if strings.TrimSpace(reason) == "" {
-		return errors.New(`--reason is required: say why, for the audit log (e.g. --reason "black friday headroom")`)
+		errs = append(errs, errors.New(`--reason is required: say why, for the audit log (e.g. --reason "black friday headroom")`))
+	}
+	return errors.Join(append(errs, a.requireActor())...)
+}
+
+// requireActor refuses a write without a name for the audit log.
+func (a *app) requireActor() error {
+	if strings.TrimSpace(a.actor) == "" {
+		return fmt.Errorf("--actor is required: no OS user was found (os/user, $USER) to name who makes this change in the audit log; give --actor NAME or set %s",
+			cli.EnvName(binary, "actor"))
 	}
 	return nil
 }
+
+// timeValue is a pflag.Value over parseTime.
+type timeValue struct{ t time.Time }
+
+func (v *timeValue) Set(s string) error {
+	t, err := parseTime("now", s)
+	if err != nil {
+		return err
+	}
+	v.t = t
+	return nil
+}
+
+func (v *timeValue) String() string {
+	if v.t.IsZero() {
+		return ""
+	}
+	return v.t.Format(time.RFC3339)
+}
+
+func (v *timeValue) Type() string { return "time" }
 
 func (a *app) migrateCommand() *cobra.Command {
 	return &cobra.Command{

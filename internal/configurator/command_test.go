@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -19,6 +21,9 @@ var update = flag.Bool("update", false, "rewrite testdata/*.golden from the outp
 
 // cliNow is the clock of the in-memory CLI tests: mid-day, like now.
 var cliNow = now
+
+// noUser is an OS without a user name for this process.
+func noUser() (string, error) { return "", errors.New("no user for this uid") }
 
 // env is a fake environment.
 type env map[string]string
@@ -48,6 +53,8 @@ func (h *harness) run(args ...string) (string, error) {
 		Open:      func(context.Context, string) (history.Store, error) { return h.store, nil },
 		Migrate:   func(context.Context, string) ([]string, error) { return nil, nil },
 		LookupEnv: h.env.lookup,
+		// No OS user: $USER from the fake environment names the actor.
+		CurrentUser: noUser,
 	})
 	var out, errOut bytes.Buffer
 	cmd.SetOut(&out)
@@ -189,7 +196,10 @@ func TestLifecycleMemory(t *testing.T) {
 	if d := rows[0].DeltaPct; d == nil || *d != -75 {
 		t.Errorf("mobile delta_pct = %v; want -75", d)
 	}
-	if rows[1].Current != nil || rows[1].DeltaPct != nil || rows[1].Flags[0] != FlagNewLimit {
+	if !slices.Equal(rows[0].Flags, []string{"step_down_needs_approval"}) {
+		t.Errorf("mobile flags = %q; want the code step_down_needs_approval", rows[0].Flags)
+	}
+	if rows[1].Current != nil || rows[1].DeltaPct != nil || !slices.Equal(rows[1].Flags, []string{"new_limit"}) {
 		t.Errorf("web row: %+v", rows[1])
 	}
 
@@ -374,7 +384,7 @@ func TestBacktestCommand(t *testing.T) {
 	if err := json.Unmarshal([]byte(h.must("backtest", "checkout/web", "--current", "--days", "2", "-o", "json")), &res); err != nil {
 		t.Fatal(err)
 	}
-	if len(res) != 1 || *res[0].Limit != 100 || res[0].LimitFrom != "current" || res[0].Minutes != 4 || res[0].Share != 0.3125 ||
+	if len(res) != 1 || *res[0].Limit != 100 || res[0].LimitFrom != "current" || res[0].Minutes != 4 || res[0].Share != 0.313 || // 0.3125, rounded as the table's 31.3%
 		res[0].DropMinutes != 2 || res[0].WorstRatio != 0.5 || !res[0].FirstDrop.Equal(start.Add(time.Minute)) || !res[0].LastDrop.Equal(start.Add(2*time.Minute)) {
 		t.Errorf("backtest --current: %+v", res)
 	}

@@ -34,7 +34,7 @@ func (a *app) decideCommand(verb string) *cobra.Command {
   configurator %[1]s --id 12 --id 13 --reason "reviewed in #traffic"
   configurator %[1]s --all --reason "weekly review"`, verb),
 		RunE: a.withStore(func(cmd *cobra.Command, args []string, st history.Store) error {
-			if err := requireReason(reason); err != nil {
+			if err := a.requireChange(reason); err != nil {
 				return err
 			}
 			if all && (len(args) > 0 || len(ids) > 0) {

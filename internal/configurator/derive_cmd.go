@@ -1,10 +1,15 @@
 package configurator
 
 import (
+	"cmp"
 	"fmt"
 	"io"
+	"net"
+	"strconv"
+	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/spf13/cobra"
 
 	"github.com/sluicehq/sluice/pkg/history"
@@ -51,8 +56,12 @@ included: 28d at noon reads 29 daily peaks.
 
 A bucket needs --min-days days with at least --min-coverage of their 1440
 minutes of history in the look-back; otherwise it is listed with the reason
-and nothing is proposed for it. A proposal more than --max-step-down below the
-limit in force is flagged "step down needs approval": approve --all skips it.
+and nothing is proposed for it. History comes from the controller, which
+writes a row per bucket per minute when run with --database-url; for a demo,
+"configurator history seed --synthetic 4w" writes made-up history.
+
+A proposal more than --max-step-down below the limit in force is flagged
+"step down needs approval": approve --all skips it.
 A bucket whose derived limit is already in force is left alone.
 
 Proposals are written for review (superseding pending ones of the same
@@ -65,12 +74,17 @@ buckets); --dry-run only prints them. Durations take w, d, h, m, s: 28d, 4w,
 			if err := cfg.Validate(); err != nil {
 				return err
 			}
+			if !dryRun {
+				if err := a.requireActor(); err != nil {
+					return err
+				}
+			}
 			f, err := filterFlags(callee, caller)
 			if err != nil {
 				return err
 			}
 			ctx := cmd.Context()
-			now := a.opts.Now()
+			now := a.clock()
 			start := time.Now()
 			lim, err := st.Limits(ctx)
 			if err != nil {
@@ -104,9 +118,27 @@ buckets); --dry-run only prints them. Durations take w, d, h, m, s: 28d, 4w,
 				for _, b := range d.Unchanged {
 					o.Unchanged = append(o.Unchanged, bucketRow{Callee: b.Callee, Caller: b.Caller})
 				}
-				return encode(w, out, o)
+				if err := encode(w, out, o); err != nil {
+					return err
+				}
+				// Stdout stays one document; people still get the hint.
+				if len(peaks) == 0 || len(d.Proposals)+len(d.Unchanged) == 0 {
+					writeNoHistory(cmd.ErrOrStderr(), describeDB(a.databaseURL), f, cfg, len(peaks) == 0)
+				}
+				return nil
 			}
-			return writeDerivation(w, d, written, dryRun)
+			if len(peaks) == 0 {
+				writeNoHistory(w, describeDB(a.databaseURL), f, cfg, true)
+				return nil
+			}
+			if err := writeDerivation(w, d, written, dryRun); err != nil {
+				return err
+			}
+			if len(d.Proposals)+len(d.Unchanged) == 0 {
+				fmt.Fprintln(w)
+				writeNoHistory(w, describeDB(a.databaseURL), f, cfg, false)
+			}
+			return nil
 		}),
 	}
 	fl := cmd.Flags()
@@ -157,6 +189,39 @@ func writeDerivation(w io.Writer, d Derivation, written []history.Proposal, dryR
 	}
 	fmt.Fprintf(w, "; %s refused, %s unchanged\n", plural(len(d.Refusals), "bucket"), plural(len(d.Unchanged), "bucket"))
 	return nil
+}
+
+// writeNoHistory says that there is no history (none) or too little of it in
+// db for the buckets f selects, what derive needs, and where history comes
+// from: the first thing a new user meets.
+func writeNoHistory(w io.Writer, db string, f history.Filter, cfg DeriveConfig, none bool) {
+	what := "every bucket"
+	if f.Callee != "" || f.Caller != "" {
+		what = "the buckets " + cmp.Or(f.Callee, "*") + "/" + cmp.Or(f.Caller, "*")
+	}
+	if none {
+		fmt.Fprintf(w, "no history in %s for %s in the last %s.\n", db, what, FormatDuration(max(cfg.Lookback, cfg.Recent)))
+	} else {
+		fmt.Fprintf(w, "too little history in %s for %s to propose any limit.\n", db, what)
+	}
+	fmt.Fprintf(w, "derive needs --min-days %d days, each with --min-coverage %s of its 1440 minutes, in the last --lookback %s.\n",
+		cfg.MinDays, formatPercent(cfg.MinCoverage), FormatDuration(cfg.Lookback))
+	fmt.Fprintln(w, "The controller writes a row per bucket per minute when run with --database-url.")
+	fmt.Fprintln(w, "For a demo: configurator history seed --synthetic 4w --reason \"try derive\" (made-up history; see its --help).")
+}
+
+// describeDB names the database at url for people, without credentials:
+// database "sluice" on db:5432.
+func describeDB(url string) string {
+	cfg, err := pgconn.ParseConfig(url)
+	if err != nil {
+		return "the database"
+	}
+	host := cfg.Host
+	if !strings.HasPrefix(host, "/") {
+		host = net.JoinHostPort(host, strconv.Itoa(int(cfg.Port)))
+	}
+	return fmt.Sprintf("database %q on %s", cfg.Database, host)
 }
 
 func minID(ps []history.Proposal) int64 {

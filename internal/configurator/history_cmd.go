@@ -12,6 +12,8 @@ import (
 	"github.com/sluicehq/sluice/pkg/history"
 )
 
+// dayRow is a day of history in JSON and YAML, rates rounded as the table
+// shows them.
 type dayRow struct {
 	Day         string  `json:"day" yaml:"day"`
 	PeakOffered float64 `json:"peak_offered" yaml:"peak_offered"`
@@ -46,14 +48,14 @@ the highest; a blank is a day without history) and the limit in force.
 				return fmt.Errorf("--days %d is below 1", ndays)
 			}
 			ctx := cmd.Context()
-			to := startOfDay(a.opts.Now()).Add(Day)
+			to := startOfDay(a.clock()).Add(Day)
 			from := to.AddDate(0, 0, -ndays)
 			rows, err := st.DailyPeaks(ctx, t.filter(), from, to)
 			if err != nil {
 				return fmt.Errorf("read daily peaks: %w", err)
 			}
 			if len(rows) == 0 {
-				return fmt.Errorf("unknown bucket %s: no history in the last %d days", t, ndays)
+				return fmt.Errorf("unknown bucket %s: no history in the last %d days (the controller writes history when run with --database-url; for a demo, history seed --synthetic 4w)", t, ndays)
 			}
 			lim, err := st.Limits(ctx)
 			if err != nil {
@@ -79,7 +81,8 @@ the highest; a blank is a day without history) and the limit in force.
 			if out != formatTable {
 				rs := make([]dayRow, len(rows))
 				for i, r := range rows {
-					rs[i] = dayRow{Day: r.Day.UTC().Format(time.DateOnly), PeakOffered: r.PeakOffered, MeanOffered: r.MeanOffered, MeanDropped: r.MeanDropped, Minutes: r.Minutes}
+					rs[i] = dayRow{Day: r.Day.UTC().Format(time.DateOnly), PeakOffered: roundRate(r.PeakOffered),
+						MeanOffered: roundRate(r.MeanOffered), MeanDropped: roundRate(r.MeanDropped), Minutes: r.Minutes}
 				}
 				return encode(w, out, rs)
 			}
@@ -112,6 +115,7 @@ the highest; a blank is a day without history) and the limit in force.
 			return nil
 		}),
 	}
+	cmd.AddCommand(a.seedCommand())
 	cmd.Flags().IntVar(&ndays, "days", ndays, "UTC days to show, today included")
 	cmd.Flags().StringVar(&png, "png", "", "also write a plot to this PNG file")
 	addOutput(cmd, &out)

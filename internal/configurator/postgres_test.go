@@ -17,7 +17,7 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 // the real Postgres store at url, with the real clock.
 func runPG(t testing.TB, url string, args ...string) (string, error) {
 	t.Helper()
-	cmd := NewCommand(Options{LookupEnv: env{"USER": "carol"}.lookup})
+	cmd := NewCommand(Options{LookupEnv: env{"USER": "carol"}.lookup, CurrentUser: noUser})
 	var out, errOut bytes.Buffer
 	cmd.SetOut(&out)
 	cmd.SetErr(&errOut)

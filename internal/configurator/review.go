@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -12,7 +13,11 @@ import (
 	"github.com/sluicehq/sluice/pkg/history"
 )
 
-// proposalRow is a proposal as review, derive, approve and reject print it.
+// proposalRow is a proposal as review, derive, approve and reject print it
+// in JSON and YAML. Limits (current, proposed) are exact: they are what is
+// or will be in force. Measured rates (the peaks) are rounded as the table
+// shows them (roundRate), delta_pct to 0.1, and flags are stable codes
+// (flagCodes), so that scripts can compare them.
 type proposalRow struct {
 	ID           int64      `json:"id,omitempty" yaml:"id,omitempty"`
 	Callee       string     `json:"callee" yaml:"callee"`
@@ -31,6 +36,41 @@ type proposalRow struct {
 	Reason       string     `json:"reason,omitempty" yaml:"reason,omitempty"`
 }
 
+// flagCodes spell the flags for JSON and YAML. The prose is for people
+// (the table) and is what the store keeps, so that binaries of every
+// version read the same flags; the codes are for scripts, and never change.
+var flagCodes = map[string]string{
+	FlagNewLimit:       "new_limit",
+	FlagStepDown:       "step_down_needs_approval",
+	FlagHeldAtRecent:   "held_at_recent_peak",
+	FlagReplacesManual: "replaces_manual",
+	FlagCurrentHit:     "current_below_recent_peak",
+	FlagBelowRecent:    "lowers_below_recent_peak",
+}
+
+// flagCode is a flag's code; a flag this binary does not know (written by
+// another proposer) is spelled the same way: lower case, runs of anything
+// but letters and digits as one "_".
+func flagCode(flag string) string {
+	if c, ok := flagCodes[flag]; ok {
+		return c
+	}
+	var b strings.Builder
+	sep := false
+	for _, r := range strings.ToLower(flag) {
+		if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' {
+			if sep && b.Len() > 0 {
+				b.WriteByte('_')
+			}
+			b.WriteRune(r)
+			sep = false
+			continue
+		}
+		sep = true
+	}
+	return b.String()
+}
+
 // reviewFlags returns p's flags plus those review adds from its numbers,
 // whoever wrote the proposal.
 func reviewFlags(p history.Proposal) []string {
@@ -45,18 +85,22 @@ func reviewFlags(p history.Proposal) []string {
 }
 
 func newProposalRow(p history.Proposal) proposalRow {
+	flags := reviewFlags(p)
+	for i, f := range flags {
+		flags[i] = flagCode(f)
+	}
 	r := proposalRow{
 		ID: p.ID, Callee: p.Callee, Caller: p.Caller,
 		Current: p.Current, Proposed: p.Proposed,
-		PeakLookback: p.PeakLookback, PeakRecent: p.PeakRecent,
-		Flags:     reviewFlags(p),
+		PeakLookback: roundRate(p.PeakLookback), PeakRecent: roundRate(p.PeakRecent),
+		Flags:     flags,
 		Status:    string(p.Status),
 		CreatedBy: p.CreatedBy,
 		DecidedBy: p.DecidedBy,
 		Reason:    p.Reason,
 	}
 	if p.Current != nil && *p.Current != 0 {
-		d := (p.Proposed - *p.Current) / *p.Current * 100
+		d := roundPct((p.Proposed - *p.Current) / *p.Current * 100)
 		r.DeltaPct = &d
 	}
 	if !p.CreatedAt.IsZero() {
@@ -126,7 +170,11 @@ was derived from, and flags worth a look:
   held at recent peak        the recent-peak guard raised the proposal
   lowers below recent peak   the proposal is below the recent peak
 
-Rates are requests per second.`,
+Rates are requests per second. -o json and -o yaml spell the flags as codes
+that never change: new_limit, step_down_needs_approval, replaces_manual,
+current_below_recent_peak, held_at_recent_peak, lowers_below_recent_peak; they
+round measured rates as the table does and delta_pct to 0.1, and give limits
+(current, proposed) exactly.`,
 		Example: `  configurator review
   configurator review --callee checkout -o json`,
 		Args: cobra.NoArgs,

@@ -116,3 +116,42 @@ func formatDelta(from, to float64) string {
 	}
 	return s + "%"
 }
+
+// roundRate rounds a measured rate for JSON and YAML to what formatRate
+// shows: whole rps from 100 up, one decimal from 10, two below. Scripts
+// then see the numbers people see, not 1054.3729166666667.
+func roundRate(v float64) float64 {
+	switch a := math.Abs(v); {
+	case math.IsNaN(v) || math.IsInf(v, 0):
+		return v
+	case a >= 100:
+		return math.Round(v)
+	case a >= 10:
+		return math.Round(v*10) / 10
+	}
+	return math.Round(v*100) / 100
+}
+
+// roundPct rounds a percentage to 0.1: -57.99999999999999 is -58.
+func roundPct(v float64) float64 {
+	if math.IsNaN(v) || math.IsInf(v, 0) {
+		return v
+	}
+	return math.Round(v*10) / 10
+}
+
+// roundShare rounds a share in [0, 1] to what formatShare shows: 0.1 % from
+// 10 % up, 0.01 % from 0.1 %, two significant figures below, so that a
+// rare drop is not rounded away.
+func roundShare(s float64) float64 {
+	switch {
+	case s == 0 || math.IsNaN(s) || math.IsInf(s, 0):
+		return s
+	case s >= 0.1:
+		return math.Round(s*1000) / 1000
+	case s >= 0.001:
+		return math.Round(s*10000) / 10000
+	}
+	f, _ := strconv.ParseFloat(strconv.FormatFloat(s, 'g', 2, 64), 64)
+	return f
+}

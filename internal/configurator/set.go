@@ -56,7 +56,7 @@ Every change needs a --reason and is audited.`,
 					errs = append(errs, err)
 				}
 			}
-			if err := requireReason(reason); err != nil {
+			if err := a.requireChange(reason); err != nil {
 				errs = append(errs, err)
 			}
 			if t.Caller != "" {
@@ -246,7 +246,7 @@ The limits themselves do not change.`, m, what),
 			if err != nil {
 				return err
 			}
-			if err := requireReason(reason); err != nil {
+			if err := a.requireChange(reason); err != nil {
 				return err
 			}
 			n, err := st.SetMode(cmd.Context(), t.filter(), m, a.change(reason))

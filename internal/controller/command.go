@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"time"
 
@@ -203,7 +204,9 @@ func MigrateCommand(binary string) *cobra.Command {
 		Long: `migrate applies the SQL migrations embedded in this binary to the Postgres
 database at --database-url, in order, each in its own transaction, under an
 advisory lock so that two migrators at once are safe. Applied migrations are
-recorded; running it again changes nothing.`,
+recorded, with whether binaries older than each may run on the database;
+running it again changes nothing. Migrations only go forward: see
+docs/operations.md, "Upgrade" and "Rollback".`,
 		Args:         cobra.NoArgs,
 		SilenceUsage: true,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -213,7 +216,10 @@ recorded; running it again changes nothing.`,
 			if url == "" {
 				return errors.New("database-url: required")
 			}
-			applied, err := history.Migrate(cmd.Context(), url)
+			// A database newer than this binary, by migrations that let
+			// older binaries run, is left alone with a warning on stderr.
+			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))
+			applied, err := history.Migrate(cmd.Context(), url, history.WithLogger(log))
 			if err != nil {
 				return err
 			}

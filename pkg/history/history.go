@@ -152,7 +152,7 @@ type AuditEntry struct {
 	ID     int64
 	At     time.Time
 	Actor  string
-	Action string // "set_limit", "delete_limit", "set_service", "set_mode", "approve", "reject", "propose"
+	Action string // "set_limit", "delete_limit", "set_service", "set_mode", "approve", "reject", "propose", "write_history"
 	Bucket        // Caller is "" for service-level changes
 	Old    string // the previous value, rendered for people; "" when none
 	New    string
@@ -164,6 +164,13 @@ type AuditEntry struct {
 type Change struct {
 	Actor  string
 	Reason string
+}
+
+// HistoryNote says what an operator wrote into a bucket's minute history, for
+// the audit log (LimitStore.AuditHistory).
+type HistoryNote struct {
+	Bucket
+	What string // e.g. "synthetic: 40,320 minutes …"; required, at most MaxReasonLen bytes
 }
 
 // Filter selects buckets; empty fields match everything. Non-empty fields
@@ -253,6 +260,14 @@ type LimitStore interface {
 	// no IDs is no change.
 	Approve(ctx context.Context, ids []int64, c Change) ([]Proposal, error)
 	Reject(ctx context.Context, ids []int64, c Change) ([]Proposal, error)
+
+	// AuditHistory records, one "write_history" entry per note with the
+	// note as its new value, that minute history was written by hand (the
+	// configurator's history seed). The controller's own minutes are not
+	// audited: they are what happened. Rows an operator adds are not, and
+	// limits are derived from them, so who added them and why is kept. It
+	// changes no limit, so it announces nothing to Changes.
+	AuditHistory(ctx context.Context, notes []HistoryNote, c Change) error
 
 	// Audit returns entries the filter selects with At at or after since,
 	// newest (highest ID) first, at most limit of them (0: all).

@@ -515,6 +515,23 @@ func (m *Memory) Audit(ctx context.Context, f Filter, since time.Time, limit int
 	return out, nil
 }
 
+// AuditHistory implements LimitStore.
+func (m *Memory) AuditHistory(ctx context.Context, notes []HistoryNote, c Change) error {
+	if err := checkChange(c); err != nil {
+		return err
+	}
+	if err := checkNotes(notes); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.opts.clock()
+	for _, n := range notes {
+		m.appendAudit(now, c, "write_history", n.Bucket, "", n.What)
+	}
+	return nil
+}
+
 // appendAudit records one change. Caller holds mu.
 func (m *Memory) appendAudit(at time.Time, c Change, action string, b Bucket, old, new string) {
 	m.audit = append(m.audit, AuditEntry{

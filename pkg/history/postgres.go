@@ -35,10 +35,21 @@ type Postgres struct {
 var _ Store = (*Postgres)(nil)
 
 // Open connects to the database at url (a postgres:// URL or key=value
-// DSN; pool_max_conns and friends apply), pings it, and checks that its
-// schema is the one this binary was built for: ErrSchemaTooOld means run
-// Migrate, ErrSchemaTooNew means this binary is older than the database.
+// DSN; pool_max_conns and friends apply), pings it, and checks that this
+// binary may run on its schema: ErrSchemaTooOld means run Migrate;
+// ErrSchemaTooNew means the database has a migration this binary does not
+// know and that does not let older binaries run. A database newer only by
+// migrations that do is opened, with a warning to the logger (WithLogger).
 func Open(ctx context.Context, url string, opts ...Option) (*Postgres, error) {
+	ms, err := loadMigrations()
+	if err != nil {
+		return nil, fmt.Errorf("open history: %w", err)
+	}
+	return open(ctx, url, ms, newOptions(opts))
+}
+
+// open is Open for a binary with the migrations ms.
+func open(ctx context.Context, url string, ms []migration, o options) (*Postgres, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, fmt.Errorf("open history: %w", err)
@@ -59,14 +70,14 @@ func Open(ctx context.Context, url string, opts ...Option) (*Postgres, error) {
 		pool.Close()
 		return nil, fmt.Errorf("open history: ping: %w", err)
 	}
-	if err := checkSchema(ctx, pool); err != nil {
+	if err := checkSchema(ctx, pool, ms, o); err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("open history: %w", err)
 	}
 	p := &Postgres{
 		pool:   pool,
 		listen: cfg.ConnConfig.Copy(),
-		opts:   newOptions(opts),
+		opts:   o,
 		parts:  map[int64]bool{},
 		ids:    map[Bucket]int32{},
 		names:  map[int32]Bucket{},

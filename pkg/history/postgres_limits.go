@@ -595,6 +595,26 @@ func (p *Postgres) decide(ctx context.Context, ids []int64, c Change, to Proposa
 	return out, nil
 }
 
+// AuditHistory implements LimitStore.
+func (p *Postgres) AuditHistory(ctx context.Context, notes []HistoryNote, c Change) error {
+	if err := checkChange(c); err != nil {
+		return err
+	}
+	if err := checkNotes(notes); err != nil {
+		return err
+	}
+	if len(notes) == 0 {
+		return nil
+	}
+	return p.change(ctx, "audit history", func(tx pgx.Tx, now time.Time) (bool, error) {
+		audit := make([]AuditEntry, len(notes))
+		for i, n := range notes {
+			audit[i] = auditEntry(now, c, "write_history", n.Bucket, "", n.What)
+		}
+		return false, insertAudit(ctx, tx, audit) // no limit changed: nothing to announce
+	})
+}
+
 // Audit implements LimitStore.
 func (p *Postgres) Audit(ctx context.Context, f Filter, since time.Time, limit int) ([]AuditEntry, error) {
 	if err := checkFilter(f); err != nil {

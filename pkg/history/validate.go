@@ -94,6 +94,19 @@ func checkText(field, s string, max int, required bool) error {
 	return nil
 }
 
+func checkNotes(notes []HistoryNote) error {
+	for i, n := range notes {
+		field := fmt.Sprintf("notes[%d].", i)
+		if err := checkBucket(field, n.Bucket); err != nil {
+			return err
+		}
+		if err := checkText(field+"what", n.What, MaxReasonLen, true); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 func checkChange(c Change) error {
 	if err := checkText("change.actor", c.Actor, MaxActorLen, true); err != nil {
 		return err

@@ -50,6 +50,7 @@ func Run(t *testing.T, open func(t *testing.T) history.Store) {
 		{"Reject", testReject},
 		{"NotDecidable", testNotDecidable},
 		{"Audit", testAudit},
+		{"AuditHistory", testAuditHistory},
 		{"ReturnsCopies", testReturnsCopies},
 		{"Changes", testChanges},
 		{"ChangesCoalesce", testChangesCoalesce},
@@ -907,6 +908,24 @@ func testAudit(t *testing.T, s history.Store) {
 	eq(t, "bucket a/b", entries(got), entries(all[2:]))
 }
 
+func testAuditHistory(t *testing.T, s history.Store) {
+	ctx := t.Context()
+	must(t, s.AuditHistory(ctx, nil, alice)) // nothing to note: no entry
+	eq(t, "entries after no notes", len(audit(t, s, history.Filter{})), 0)
+	st := begin()
+	must(t, s.AuditHistory(ctx, []history.HistoryNote{{Bucket: ab, What: "synthetic: 10 minutes"}, {Bucket: bb, What: "synthetic: 20 minutes"}}, bob))
+	st = st.end()
+	all := audit(t, s, history.Filter{})
+	eq(t, "entries", entries(all), entries([]history.AuditEntry{
+		{Actor: "bob", Action: "write_history", Bucket: bb, New: "synthetic: 20 minutes", Reason: bob.Reason},
+		{Actor: "bob", Action: "write_history", Bucket: ab, New: "synthetic: 10 minutes", Reason: bob.Reason},
+	}))
+	for _, e := range all {
+		st.check(t, "write_history at", e.At)
+	}
+	eq(t, "limits", limits(t, s), history.Limits{}) // it changes no limit
+}
+
 // testReturnsCopies: changing what a store returned changes nothing in it.
 func testReturnsCopies(t *testing.T, s history.Store) {
 	ctx := t.Context()
@@ -1095,6 +1114,15 @@ func testInvalid(t *testing.T, s history.Store) {
 		{"reject no actor", "change.actor", func() error { _, err := s.Reject(ctx, []int64{1}, history.Change{Reason: "r"}); return err }},
 		{"proposals status", "statuses[0]", func() error { _, err := s.Proposals(ctx, history.Filter{}, "open"); return err }},
 		{"proposals filter", "filter.callee", func() error { _, err := s.Proposals(ctx, history.Filter{Callee: " "}); return err }},
+		{"history note what", "notes[1].what", func() error {
+			return s.AuditHistory(ctx, []history.HistoryNote{{Bucket: ab, What: "x"}, {Bucket: ac, What: " "}}, alice)
+		}},
+		{"history note bucket", "notes[0].caller", func() error {
+			return s.AuditHistory(ctx, []history.HistoryNote{{Bucket: history.Bucket{Callee: "a"}, What: "x"}}, alice)
+		}},
+		{"history note no reason", "change.reason", func() error {
+			return s.AuditHistory(ctx, []history.HistoryNote{{Bucket: ab, What: "x"}}, history.Change{Actor: "a"})
+		}},
 		{"audit limit", "limit", func() error { _, err := s.Audit(ctx, history.Filter{}, time.Time{}, -1); return err }},
 		{"audit filter", "filter.caller", func() error { _, err := s.Audit(ctx, history.Filter{Caller: "x y"}, time.Time{}, 0); return err }},
 	} {
