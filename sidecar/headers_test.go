@@ -45,6 +45,15 @@ func TestRetryAfter(t *testing.T) {
 			t.Errorf("retryAfter(%v, %v) = %d, want %d", tc.p, tc.limit, got, tc.want)
 		}
 	}
+	// Bounded, and never shorter for a higher ratio.
+	last := 0
+	for p := 0.0; p < 1; p += 1.0 / 4096 {
+		got := retryAfter(p, 100)
+		if got < MinRetryAfter || got > MaxRetryAfter || got < last {
+			t.Fatalf("retryAfter(%v, 100) = %d after %d: outside [%d, %d] or shorter than for a lower ratio", p, got, last, MinRetryAfter, MaxRetryAfter)
+		}
+		last = got
+	}
 }
 
 // The rule's oracle is the control law itself: a ratio seeded at p, then
