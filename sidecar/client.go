@@ -178,9 +178,10 @@ func (s *ServiceLimiter) StreamClientInterceptor(opts ClientOptions) grpc.Stream
 // the callee is opts.CalleeHeader if set and present, else opts.Callee of the
 // request's host (Request.Host, else URL.Host). A dropped request is never
 // sent: the caller gets, with a nil error, the response the callee's sidecar
-// would have given (see Middleware): 429 with Retry-After, RateLimit-Policy,
-// RateLimit and a short text body, or for a gRPC call (Content-Type
-// application/grpc) a trailers-only RESOURCE_EXHAUSTED. The request's body
+// would have given (see Middleware): 429 with Retry-After,
+// x-envoy-ratelimited, RateLimit-Policy, RateLimit and a short text body, or
+// for a gRPC call (Content-Type application/grpc) a trailers-only
+// RESOURCE_EXHAUSTED with the same headers. The request's body
 // is closed, as http.RoundTripper requires.
 //
 // An admitted request goes to next as a shallow copy whose header map is a
@@ -261,7 +262,7 @@ func (h *httpRejection) response(req *http.Request, grpcCall bool) *http.Respons
 		Header:  hdr,
 		Request: req,
 	}
-	h.writeRateLimit(hdr)
+	h.writeRateLimit(hdr, NoRateLimitHeaders)
 	if grpcCall {
 		hdr["Content-Type"] = grpcContentType
 		hdr["Grpc-Status"] = h.grpcStatus
@@ -283,13 +284,17 @@ func (h *httpRejection) response(req *http.Request, grpcCall bool) *http.Respons
 }
 
 // renderRejection renders what a request that rule r of service's policy
-// drops gets. Outbound, service is the caller and r.Peer the callee, so the
-// names swap: the message always says who called whom.
+// drops gets, told to come back after retryAfter of r's ratio and limit.
+// Outbound, service is the caller and r.Peer the callee, so the names swap:
+// the message always says who called whom.
 func renderRejection(service string, dir Direction, r *Rule) (*httpRejection, error) {
+	retry := retryAfter(r.DropRatio, r.LimitRPS)
 	if dir == Outbound {
 		swapped := *r
 		swapped.Peer = service
-		return renderHTTP(r.Peer, &swapped), renderGRPC(r.Peer, &swapped)
+		service = r.Peer
+		r = &swapped
 	}
-	return renderHTTP(service, r), renderGRPC(service, r)
+	grpcErr := renderGRPC(service, r, retry)
+	return renderHTTP(service, r, retry, grpcErr), grpcErr
 }

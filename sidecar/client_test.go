@@ -183,8 +183,8 @@ func TestGRPCClientInterceptors(t *testing.T) {
 				info = ri
 			}
 		}
-		if info.GetRetryDelay().AsDuration() != time.Second {
-			t.Errorf("unary: details %v, want RetryInfo of 1s", status.Convert(u).Details())
+		if info.GetRetryDelay().AsDuration() != 53*time.Second {
+			t.Errorf("unary: details %v, want RetryInfo of 53s (ratio 1−2⁻⁵³)", status.Convert(u).Details())
 		}
 		if c := counts(outL, "web", "orders"); c.Offered != 2 || c.Dropped != 2 {
 			t.Errorf("outbound web→orders counted %+v, want 2 offered, 2 dropped", c)
@@ -295,7 +295,7 @@ func TestRoundTripper(t *testing.T) {
 		if res.StatusCode != http.StatusTooManyRequests || string(b) != string(inBody) {
 			t.Errorf("outbound drop: %d %q, want %d %q", res.StatusCode, b, inRes.StatusCode, inBody)
 		}
-		for _, k := range []string{"Content-Type", "X-Content-Type-Options", "Content-Length", "Retry-After", "Ratelimit", "Ratelimit-Policy"} {
+		for _, k := range []string{"Content-Type", "X-Content-Type-Options", "Content-Length", "Retry-After", "Ratelimit", "Ratelimit-Policy", "X-Envoy-Ratelimited"} {
 			if got, want := res.Header.Values(k), inRes.Header.Values(k); !slices.Equal(got, want) {
 				t.Errorf("%s: %q, want the inbound side's %q", k, got, want)
 			}
@@ -313,7 +313,7 @@ func TestRoundTripper(t *testing.T) {
 		// what later drops get.
 		res.Header.Add("Retry-After", "7")
 		res2, _ := get(client, "checkout", nil, nil)
-		if got := res2.Header.Values("Retry-After"); !slices.Equal(got, []string{"1"}) {
+		if got := res2.Header.Values("Retry-After"); !slices.Equal(got, []string{"53"}) {
 			t.Errorf("Retry-After after a caller edited an earlier response: %q", got)
 		}
 	})
@@ -321,7 +321,8 @@ func TestRoundTripper(t *testing.T) {
 	t.Run("gRPC content type gets a trailers-only status", func(t *testing.T) {
 		res, b := get(client, "checkout", map[string]string{"Content-Type": "application/grpc+proto"}, nil)
 		if res.StatusCode != http.StatusOK || len(b) != 0 || res.Header.Get("Grpc-Status") != "8" ||
-			res.Header.Get("Grpc-Status-Details-Bin") == "" || res.Header.Get("Retry-After") != "1" {
+			res.Header.Get("Grpc-Status-Details-Bin") == "" || res.Header.Get("Retry-After") != "53" ||
+			res.Header.Get("X-Envoy-Ratelimited") != "true" {
 			t.Errorf("gRPC drop: %d %q %v", res.StatusCode, b, res.Header)
 		}
 	})

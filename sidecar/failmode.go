@@ -199,6 +199,13 @@ func (s *ServiceLimiter) deriveLocked(p *Policy) {
 
 // failVerdict derives v's verdict under p's fail mode, FailOpen or
 // FailLocal. s.mu must be held.
+//
+// What requests are told (rejections, admitted headers) stays what was
+// rendered from the policy as received: the quota is still the quota, and
+// the ratio the controller last saw is the best measure left of how far
+// over it the caller is. Under FailOpen the ratio in force only falls from
+// there, so Retry-After and the reset may err long, never short; remaining
+// is as old as the policy.
 func (s *ServiceLimiter) failVerdict(p *Policy, v *verdict) *verdict {
 	r := v.rule
 	if v.kind == kindUpstream {
@@ -213,6 +220,8 @@ func (s *ServiceLimiter) failVerdict(p *Policy, v *verdict) *verdict {
 			if v.admitsAll() {
 				return v
 			}
+			// Admitted, all of it: no quota is enforced (not even a
+			// share of capacity), so none is announced.
 			return &verdict{rule: r, kind: v.kind, shadow: v.shadow}
 		}
 		b := newTokenBucket(r.LimitRPS / float64(max(p.LiveInstances, 1)))
@@ -225,6 +234,7 @@ func (s *ServiceLimiter) failVerdict(p *Policy, v *verdict) *verdict {
 			kind:   kindLocal,
 			shadow: v.shadow,
 			http:   v.http, grpcErr: v.grpcErr,
+			admit:  v.admit,
 			bucket: b,
 		}
 		if !nv.shadow && nv.http == nil {
@@ -239,7 +249,8 @@ func (s *ServiceLimiter) failVerdict(p *Policy, v *verdict) *verdict {
 		rule: r, step: v.step, thresh: v.thresh,
 		kind: kindOpen, shadow: v.shadow, ratio: v.ratio,
 		http: v.http, grpcErr: v.grpcErr,
-		keep: s.fail.keep,
+		admit: v.admit,
+		keep:  s.fail.keep,
 	}
 }
 

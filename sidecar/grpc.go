@@ -24,6 +24,16 @@ type GRPCOptions struct {
 	CallerHeader string
 	// IgnoreDecided: see HTTPOptions.IgnoreDecided.
 	IgnoreDecided bool
+	// RateLimitHeaders: see HTTPOptions.RateLimitHeaders. Admitted calls
+	// carry the headers as header metadata (grpc.SetHeader), drops carry
+	// them as trailer metadata next to the status. An admitted call whose
+	// handler fails then sends those headers before its status instead of
+	// answering trailers-only; a proxy that retries on a gRPC status reads
+	// it from a trailers-only response (Envoy's retry-grpc-on does), so
+	// such failures are no longer retried by it. The middleware in front
+	// of a proxied app (the sidecar binary) does not change the form of
+	// the app's answer.
+	RateLimitHeaders RateLimitHeaders
 }
 
 func (o GRPCOptions) key() string {
@@ -32,13 +42,32 @@ func (o GRPCOptions) key() string {
 
 // UnaryServerInterceptor enforces s's policy on inbound unary calls. A
 // dropped call never reaches the handler and fails with RESOURCE_EXHAUSTED
-// carrying a google.rpc.RetryInfo detail. A call whose DecidedHeader names
-// its caller reaches the handler undecided and uncounted (see Middleware).
+// carrying a google.rpc.RetryInfo detail whose retry_delay is the
+// Retry-After an HTTP drop gets (see retryAfter); its trailers-only response
+// carries x-envoy-ratelimited: true, as Envoy's own rate-limit replies do,
+// so that an Envoy in front does not retry it, plus the rate-limit headers
+// of opts.RateLimitHeaders. An admitted call gets those headers as header
+// metadata (see Middleware for which calls and what they say). A call whose
+// DecidedHeader names its caller reaches the handler undecided and
+// uncounted (see Middleware).
+//
+// The decision and the headers are rendered when the policy is installed;
+// sluice allocates nothing per call for them, but grpc-go copies metadata
+// handed to SetHeader and SetTrailer: each costs the call a map and a slice
+// per key, next to what grpc-go allocates for every call anyway.
 func (s *ServiceLimiter) UnaryServerInterceptor(opts GRPCOptions) grpc.UnaryServerInterceptor {
 	key := opts.key()
 	return func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		if d := s.decideIncoming(ctx, key, opts.IgnoreDecided); d.Drop {
+		d, v := s.decideIncoming(ctx, key, opts.IgnoreDecided)
+		if d.Drop {
+			// The error only says that ctx has no stream (a caller
+			// that runs the interceptor by hand): the status still
+			// goes back.
+			_ = grpc.SetTrailer(ctx, d.v.http.grpcTrailer(opts.RateLimitHeaders))
 			return nil, d.v.grpcErr
+		}
+		if md := v.admitHeader(opts.RateLimitHeaders); md != nil {
+			_ = grpc.SetHeader(ctx, md) // as above; or the handler has sent headers: it has not run yet
 		}
 		return handler(ctx, req)
 	}
@@ -49,22 +78,30 @@ func (s *ServiceLimiter) UnaryServerInterceptor(opts GRPCOptions) grpc.UnaryServ
 func (s *ServiceLimiter) StreamServerInterceptor(opts GRPCOptions) grpc.StreamServerInterceptor {
 	key := opts.key()
 	return func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-		if d := s.decideIncoming(ss.Context(), key, opts.IgnoreDecided); d.Drop {
+		d, v := s.decideIncoming(ss.Context(), key, opts.IgnoreDecided)
+		if d.Drop {
+			ss.SetTrailer(d.v.http.grpcTrailer(opts.RateLimitHeaders))
 			return d.v.grpcErr
+		}
+		if md := v.admitHeader(opts.RateLimitHeaders); md != nil {
+			_ = ss.SetHeader(md) // fails only once headers are sent, and the handler has not run
 		}
 		return handler(srv, ss)
 	}
 }
 
 // decideIncoming decides an inbound call, unless its caller decided it
-// already (and ignoreDecided is off): then it admits it uncounted.
-func (s *ServiceLimiter) decideIncoming(ctx context.Context, key string, ignoreDecided bool) Decision {
+// already (and ignoreDecided is off): then it admits it uncounted. v is the
+// verdict of the caller's rule either way (nil: none), for the headers of an
+// admitted call.
+func (s *ServiceLimiter) decideIncoming(ctx context.Context, key string, ignoreDecided bool) (d Decision, v *verdict) {
 	caller := callerFromContext(ctx, key)
 	if !ignoreDecided && decidedUpstream(metadata.ValueFromIncomingContext(ctx, DecidedHeader), caller) {
 		s.upstream.Add(1)
-		return Decision{}
+		return Decision{}, s.verdictOf(caller)
 	}
-	return s.Decide(caller)
+	d = s.Decide(caller)
+	return d, d.v
 }
 
 func callerFromContext(ctx context.Context, key string) string {
@@ -74,12 +111,13 @@ func callerFromContext(ctx context.Context, key string) string {
 	return ""
 }
 
-// renderGRPC builds the rejection of rule r once. The error is shared by
-// every rejected call under the rule; gRPC only reads it.
-func renderGRPC(service string, r *Rule) error {
+// renderGRPC builds the rejection of rule r once, telling the caller to
+// retry after retry seconds. The error is shared by every rejected call
+// under the rule; gRPC only reads it.
+func renderGRPC(service string, r *Rule, retry int) error {
 	st := status.New(codes.ResourceExhausted,
 		"call from caller "+r.Peer+" to service "+service+" was rate limited by sluice")
-	withInfo, err := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(retryAfterSeconds * time.Second)})
+	withInfo, err := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(time.Duration(retry) * time.Second)})
 	if err != nil { // marshalling a RetryInfo does not fail; keep the bare status if it ever does
 		return st.Err()
 	}

@@ -48,8 +48,8 @@ func startHealthServer(t *testing.T, s *ServiceLimiter, opts GRPCOptions) health
 func TestGRPCInterceptors(t *testing.T) {
 	l := NewLimiter(LimiterOptions{})
 	l.SetPolicy(policy("checkout",
-		Rule{Peer: "greedy", DropRatio: 0.99},
-		Rule{Peer: "shadowed", DropRatio: 0.99, Mode: Shadow},
+		Rule{Peer: "greedy", DropRatio: 0.99, LimitRPS: 50, AllowedRPS: 50},
+		Rule{Peer: "shadowed", DropRatio: 0.99, Mode: Shadow, LimitRPS: 50, AllowedRPS: 50},
 	))
 	s := l.Service("checkout")
 	defaultClient := startHealthServer(t, s, GRPCOptions{})
@@ -103,6 +103,8 @@ func TestGRPCInterceptors(t *testing.T) {
 	}
 }
 
+// checkRPC checks a call's outcome: success, or a drop of caller's with
+// the message and a RetryInfo of 7s, what a ratio of 0.99 gets (retryAfter).
 func checkRPC(t *testing.T, kind, caller string, err error, dropped bool) {
 	t.Helper()
 	if !dropped {
@@ -124,7 +126,7 @@ func checkRPC(t *testing.T, kind, caller string, err error, dropped bool) {
 			info = ri
 		}
 	}
-	if info == nil || info.GetRetryDelay().AsDuration() != time.Second {
-		t.Errorf("%s: details %v, want RetryInfo of 1s", kind, st.Details())
+	if info == nil || info.GetRetryDelay().AsDuration() != 7*time.Second {
+		t.Errorf("%s: details %v, want RetryInfo of 7s", kind, st.Details())
 	}
 }

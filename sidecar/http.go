@@ -3,13 +3,13 @@ package sidecar
 import (
 	"cmp"
 	"encoding/base64"
-	"math"
 	"net/http"
 	"net/textproto"
 	"strconv"
 	"strings"
 	"unicode/utf8"
 
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 )
@@ -17,10 +17,6 @@ import (
 // DefaultCallerHeader is the request header (HTTP) or metadata key (gRPC)
 // that names the calling service.
 const DefaultCallerHeader = "x-sluice-caller"
-
-// retryAfterSeconds is what rejections ask callers to wait: one controller
-// tick, after which the ratio may have changed.
-const retryAfterSeconds = 1
 
 // HTTPOptions configure Middleware. The zero value is ready to use.
 type HTTPOptions struct {
@@ -33,43 +29,68 @@ type HTTPOptions struct {
 	// callers are not trusted to mark honestly. Then those callers must
 	// not enforce outbound as well: their calls would be counted twice.
 	IgnoreDecided bool
+	// RateLimitHeaders says which rate-limit headers admitted responses
+	// carry: none (the default), the IETF draft's, or Envoy's
+	// X-RateLimit-* (which drops then carry too). See RateLimitHeaders,
+	// and renderAdmit for what the values say.
+	RateLimitHeaders RateLimitHeaders
 }
 
 // Middleware enforces s's policy on inbound HTTP requests: the peer is the
 // caller named by opts.CallerHeader. A dropped request never reaches next.
-// It gets 429 Too Many Requests with Retry-After and the RateLimit-Policy /
-// RateLimit headers of draft-ietf-httpapi-ratelimit-headers, and a short
-// text body; or, when it is a gRPC call (see isGRPCContentType), the
-// trailers-only response a gRPC server would send for the status that
-// UnaryServerInterceptor returns (RESOURCE_EXHAUSTED with a RetryInfo),
-// with the same Retry-After and RateLimit headers. Admitted requests, shadow
-// drops included, reach next untouched.
+// It gets 429 Too Many Requests with Retry-After (see retryAfter),
+// x-envoy-ratelimited: true (so that Envoy does not retry it, see
+// envoyRateLimited), the RateLimit-Policy / RateLimit headers of
+// draft-ietf-httpapi-ratelimit-headers, and a short text body; or, when it
+// is a gRPC call (see isGRPCContentType), the trailers-only response a gRPC
+// server would send for the status that UnaryServerInterceptor returns
+// (RESOURCE_EXHAUSTED with a RetryInfo of the same delay), with the same
+// headers. With opts.RateLimitHeaders XRateLimitHeaders, both also carry
+// X-RateLimit-Limit, -Remaining (0) and -Reset.
+//
+// An admitted request reaches next with the rate-limit headers of
+// opts.RateLimitHeaders already in the response's header map, when its
+// caller's rule has a quota to announce and is not in shadow mode (see
+// renderAdmit); the app may overwrite them, and headers it adds with Add
+// (httputil.ReverseProxy copies the app's this way) come after them.
+// Otherwise, shadow drops included, it reaches next untouched. Neither path
+// allocates: every value was rendered when the policy was installed.
 //
 // A gRPC call's caller is its metadata key opts.CallerHeader, which is the
 // HTTP/2 header of that name.
 //
 // A request whose DecidedHeader names its caller was decided and counted by
 // the caller's outbound enforcement: it reaches next undecided and uncounted
-// (but in DecidedUpstream), unless opts.IgnoreDecided.
+// (but in DecidedUpstream), unless opts.IgnoreDecided. It gets the
+// rate-limit headers its caller's rule announces all the same.
 func (s *ServiceLimiter) Middleware(next http.Handler, opts HTTPOptions) http.Handler {
 	key := textproto.CanonicalMIMEHeaderKey(cmp.Or(opts.CallerHeader, DefaultCallerHeader))
+	form := opts.RateLimitHeaders
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var caller string
 		if v := r.Header[key]; len(v) > 0 {
 			caller = v[0]
 		}
+		var v *verdict
 		if !opts.IgnoreDecided && decidedUpstream(r.Header[decidedKey], caller) {
 			s.upstream.Add(1)
-			next.ServeHTTP(w, r)
-			return
-		}
-		if d := s.Decide(caller); d.Drop {
-			if ct := r.Header["Content-Type"]; len(ct) > 0 && isGRPCContentType(ct[0]) {
-				d.v.http.writeGRPC(w)
-			} else {
-				d.v.http.write(w)
+			if form != NoRateLimitHeaders {
+				v = s.verdictOf(caller)
 			}
-			return
+		} else {
+			d := s.Decide(caller)
+			if d.Drop {
+				if ct := r.Header["Content-Type"]; len(ct) > 0 && isGRPCContentType(ct[0]) {
+					d.v.http.writeGRPC(w, form)
+				} else {
+					d.v.http.write(w, form)
+				}
+				return
+			}
+			v = d.v
+		}
+		if form != NoRateLimitHeaders && v != nil && v.admit != nil {
+			v.admit.setHTTP(w.Header(), form)
 		}
 		next.ServeHTTP(w, r)
 	})
@@ -93,7 +114,8 @@ func isGRPCContentType(ct string) bool {
 // has cap == len, so a later Header().Add copies instead of writing into the
 // shared array.
 type httpRejection struct {
-	policy        []string // RateLimit-Policy; nil when the rule has no quota to announce
+	retryAfter    []string     // Retry-After: see retryAfter
+	quota         quotaHeaders // remaining 0 for retryAfter seconds; policy nil when the rule has no quota to announce
 	contentLength []string
 	body          []byte
 
@@ -102,24 +124,27 @@ type httpRejection struct {
 	grpcStatus  []string // Grpc-Status: the code in decimal
 	grpcMessage []string // Grpc-Message: percent-encoded
 	grpcDetails []string // Grpc-Status-Details-Bin: nil if the status has no details (or did not marshal)
+
+	// What the server interceptors add to the status as trailer metadata,
+	// by the form of rate-limit headers they were asked for:
+	// x-envoy-ratelimited always, and the quota headers of the form.
+	grpcTrailerDraft, grpcTrailerX metadata.MD
 }
 
 // Header values shared by all rejections.
 var (
 	textPlain       = []string{"text/plain; charset=utf-8"}
 	noSniff         = []string{"nosniff"}
-	retryAfter      = []string{strconv.Itoa(retryAfterSeconds)}
-	rateLimitNone   = []string{`"sluice";r=0;t=` + strconv.Itoa(retryAfterSeconds)}
 	grpcContentType = []string{"application/grpc"}
 )
 
-func (h *httpRejection) write(w http.ResponseWriter) {
+func (h *httpRejection) write(w http.ResponseWriter, form RateLimitHeaders) {
 	// Canonical keys assigned directly: no canonicalisation, no formatting.
 	hdr := w.Header()
 	hdr["Content-Type"] = textPlain
 	hdr["X-Content-Type-Options"] = noSniff
 	hdr["Content-Length"] = h.contentLength
-	h.writeRateLimit(hdr)
+	h.writeRateLimit(hdr, form)
 	w.WriteHeader(http.StatusTooManyRequests)
 	_, _ = w.Write(h.body) // the caller is gone if this fails; nothing to do
 }
@@ -128,7 +153,7 @@ func (h *httpRejection) write(w http.ResponseWriter) {
 // status in the headers, no body. With nothing written after WriteHeader
 // and no Flush, the HTTP/2 server sends the headers with END_STREAM when the
 // handler returns, which a gRPC client reads as the call's trailers.
-func (h *httpRejection) writeGRPC(w http.ResponseWriter) {
+func (h *httpRejection) writeGRPC(w http.ResponseWriter, form RateLimitHeaders) {
 	hdr := w.Header()
 	hdr["Content-Type"] = grpcContentType
 	hdr["Grpc-Status"] = h.grpcStatus
@@ -136,36 +161,53 @@ func (h *httpRejection) writeGRPC(w http.ResponseWriter) {
 	if h.grpcDetails != nil {
 		hdr["Grpc-Status-Details-Bin"] = h.grpcDetails
 	}
-	h.writeRateLimit(hdr)
+	h.writeRateLimit(hdr, form)
 	w.WriteHeader(http.StatusOK)
 }
 
-// writeRateLimit sets the headers both forms share.
-func (h *httpRejection) writeRateLimit(hdr http.Header) {
-	hdr["Retry-After"] = retryAfter
-	hdr["Ratelimit"] = rateLimitNone
-	if h.policy != nil {
-		hdr["Ratelimit-Policy"] = h.policy
+// writeRateLimit sets the headers both forms share: Retry-After,
+// x-envoy-ratelimited, the draft's RateLimit fields always, and Envoy's
+// X-RateLimit-* when form asks for them.
+func (h *httpRejection) writeRateLimit(hdr http.Header, form RateLimitHeaders) {
+	hdr["Retry-After"] = h.retryAfter
+	hdr["X-Envoy-Ratelimited"] = envoyRateLimited
+	h.quota.setHTTP(hdr, DraftRateLimitHeaders)
+	if form == XRateLimitHeaders {
+		h.quota.setHTTP(hdr, XRateLimitHeaders)
 	}
+}
+
+// grpcTrailer is the trailer metadata the server interceptors send with a
+// drop's status.
+func (h *httpRejection) grpcTrailer(form RateLimitHeaders) metadata.MD {
+	switch form {
+	case DraftRateLimitHeaders:
+		return h.grpcTrailerDraft
+	case XRateLimitHeaders:
+		return h.grpcTrailerX
+	}
+	return envoyRateLimitedMD
 }
 
 // maxSFInteger is the largest integer a structured field (RFC 9651) holds.
 const maxSFInteger = 999_999_999_999_999
 
-func renderHTTP(service string, r *Rule) *httpRejection {
+// renderHTTP renders the rejection of a request under rule r of service,
+// told to wait retry seconds, whose gRPC form carries grpcErr's status.
+func renderHTTP(service string, r *Rule, retry int, grpcErr error) *httpRejection {
 	h := &httpRejection{
-		body: []byte("request from caller " + r.Peer + " to service " + service + " was rate limited by sluice\n"),
+		retryAfter: seconds[min(max(retry, MinRetryAfter), MaxRetryAfter)],
+		body:       []byte("request from caller " + r.Peer + " to service " + service + " was rate limited by sluice\n"),
 	}
 	h.contentLength = []string{strconv.Itoa(len(h.body))}
 	// The quota is what the bucket may send now, which is never above its
-	// limit; nothing is announced when the bucket is unbounded.
-	if quota := min(r.AllowedRPS, r.LimitRPS); quota >= 0 && !math.IsInf(quota, 0) {
-		q := int64(min(math.Floor(quota), maxSFInteger))
-		h.policy = []string{`"sluice";q=` + strconv.FormatInt(q, 10) + `;w=1`}
-	}
-	// The gRPC form carries exactly the status the interceptors return:
-	// both come from renderGRPC.
-	h.grpcStatus, h.grpcMessage, h.grpcDetails = grpcTrailers(status.Convert(renderGRPC(service, r)))
+	// limit; nothing is announced when the bucket is unbounded. Nothing is
+	// left of it until the ratio is released.
+	h.quota, _ = renderQuota(r, 0, retry)
+	h.grpcTrailerDraft = h.quota.metadata(DraftRateLimitHeaders, envoyRateLimitedMD)
+	h.grpcTrailerX = h.quota.metadata(XRateLimitHeaders, envoyRateLimitedMD)
+	// The gRPC form carries exactly the status the interceptors return.
+	h.grpcStatus, h.grpcMessage, h.grpcDetails = grpcTrailers(status.Convert(grpcErr))
 	return h
 }
 

@@ -36,6 +36,12 @@ type proxiedHealth struct {
 
 func startProxiedHealth(t *testing.T, s *ServiceLimiter) *proxiedHealth {
 	t.Helper()
+	return startProxiedHealthOpts(t, s, HTTPOptions{})
+}
+
+// startProxiedHealthOpts is startProxiedHealth with the middleware's options.
+func startProxiedHealthOpts(t *testing.T, s *ServiceLimiter, opts HTTPOptions) *proxiedHealth {
+	t.Helper()
 	ph := &proxiedHealth{}
 
 	appLis, err := net.Listen("tcp", "127.0.0.1:0")
@@ -73,7 +79,7 @@ func startProxiedHealth(t *testing.T, s *ServiceLimiter) *proxiedHealth {
 		t.Fatal(err)
 	}
 	ph.addr = lis.Addr().String()
-	srv := proxy.NewServer(ph.addr, s.Middleware(p, HTTPOptions{}))
+	srv := proxy.NewServer(ph.addr, s.Middleware(p, opts))
 	srv.ErrorLog = log.New(io.Discard, "", 0)
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(lis) }()
@@ -107,8 +113,9 @@ func TestMiddlewareGRPCEndToEnd(t *testing.T) {
 	))
 	s := l.Service("checkout")
 	ph := startProxiedHealth(t, s)
-	// What the interceptors return for greedy, to compare the wire form with.
-	wantStatus := status.Convert(renderGRPC("checkout", s.Policy().Rule("greedy"))).Proto()
+	// What the interceptors return for greedy, to compare the wire form
+	// with: at 0.99, a RetryInfo of 7s (retryAfter).
+	wantStatus := status.Convert(renderGRPC("checkout", s.Policy().Rule("greedy"), 7)).Proto()
 
 	for _, tc := range []struct {
 		name    string
@@ -207,9 +214,10 @@ func checkDroppedCall(t *testing.T, kind string, err error, trailer metadata.MD,
 		t.Errorf("%s: status %v, want %v", kind, got, want)
 	}
 	for _, h := range []struct{ key, want string }{
-		{"retry-after", "1"},
-		{"ratelimit", `"sluice";r=0;t=1`},
+		{"retry-after", "7"}, // 0.99
+		{"ratelimit", `"sluice";r=0;t=7`},
 		{"ratelimit-policy", `"sluice";q=42;w=1`},
+		{"x-envoy-ratelimited", "true"},
 	} {
 		if got := trailer.Get(h.key); len(got) != 1 || got[0] != h.want {
 			t.Errorf("%s: trailer %s = %q, want %q (all: %v)", kind, h.key, got, h.want, trailer)

@@ -49,12 +49,13 @@ func TestMiddleware(t *testing.T) {
 		retryAfter, body  string
 		upstreamReached   bool
 	}
+	// Every rule drops at 0.99, which is released in 7 ticks (retryAfter).
 	rejected := func(caller, policy string) want {
 		return want{
 			status:     http.StatusTooManyRequests,
 			policy:     policy,
-			rateLimit:  `"sluice";r=0;t=1`,
-			retryAfter: "1",
+			rateLimit:  `"sluice";r=0;t=7`,
+			retryAfter: "7",
 			body:       "request from caller " + caller + " to service checkout was rate limited by sluice\n",
 		}
 	}
@@ -104,10 +105,15 @@ func TestMiddleware(t *testing.T) {
 			if got := reached.Load() > before; got != tc.want.upstreamReached {
 				t.Errorf("upstream reached: %v, want %v", got, tc.want.upstreamReached)
 			}
+			envoy := ""
+			if tc.want.status == http.StatusTooManyRequests {
+				envoy = "true"
+			}
 			for _, h := range []struct{ name, want string }{
 				{"RateLimit-Policy", tc.want.policy},
 				{"RateLimit", tc.want.rateLimit},
 				{"Retry-After", tc.want.retryAfter},
+				{"X-Envoy-Ratelimited", envoy},
 			} {
 				if got := resp.Header.Values(h.name); h.want == "" && len(got) != 0 || h.want != "" && (len(got) != 1 || got[0] != h.want) {
 					t.Errorf("%s: %q, want %q", h.name, got, h.want)
@@ -138,10 +144,10 @@ func TestRenderHTTPQuota(t *testing.T) {
 		{Rule{Peer: "a", AllowedRPS: 0, LimitRPS: 0}, `"sluice";q=0;w=1`}, // blocked
 		{Rule{Peer: "a", AllowedRPS: inf, LimitRPS: inf}, ""},             // unbounded: nothing to announce
 	} {
-		h := renderHTTP("svc", &tc.rule)
+		h := renderHTTP("svc", &tc.rule, 1, renderGRPC("svc", &tc.rule, 1))
 		got := ""
-		if h.policy != nil {
-			got = h.policy[0]
+		if h.quota.policy != nil {
+			got = h.quota.policy[0]
 		}
 		if got != tc.want {
 			t.Errorf("%+v: RateLimit-Policy %q, want %q", tc.rule, got, tc.want)
@@ -220,9 +226,10 @@ func TestMiddlewareGRPCResponse(t *testing.T) {
 		name := tc.caller + " " + tc.contentType
 
 		for _, hv := range []struct{ name, want string }{
-			{"Retry-After", "1"},
-			{"RateLimit", `"sluice";r=0;t=1`},
+			{"Retry-After", "7"}, // 0.99
+			{"RateLimit", `"sluice";r=0;t=7`},
 			{"RateLimit-Policy", tc.policy},
+			{"X-Envoy-Ratelimited", "true"},
 		} {
 			if got := res.Header.Values(hv.name); hv.want == "" && len(got) != 0 || hv.want != "" && (len(got) != 1 || got[0] != hv.want) {
 				t.Errorf("%s: %s: %q, want %q", name, hv.name, got, hv.want)
@@ -262,7 +269,7 @@ func TestMiddlewareGRPCResponse(t *testing.T) {
 			t.Fatalf("%s: Grpc-Status-Details-Bin: %v", name, err)
 		}
 		// The interceptors' status, to the byte.
-		want := status.Convert(renderGRPC("checkout", s.Policy().Rule(tc.caller))).Proto()
+		want := status.Convert(renderGRPC("checkout", s.Policy().Rule(tc.caller), 7)).Proto() // 0.99: 7s
 		if !proto.Equal(&got, want) {
 			t.Errorf("%s: details %v, want %v", name, &got, want)
 		}

@@ -264,6 +264,11 @@ type verdict struct {
 	// formatting.
 	http    *httpRejection
 	grpcErr error
+	// admit is what an admitted request is told about its quota when the
+	// middleware or interceptors are asked to (RateLimitHeaders); nil when
+	// the rule announces nothing (renderAdmit) and in outbound policies,
+	// whose admitted requests are answered by the callee.
+	admit *admitHeaders
 
 	// Fail modes only (see failmode.go).
 	keep   *atomic.Uint64 // kindOpen: the share of picked requests still dropped, 32.32; Expire lowers it
@@ -314,16 +319,25 @@ func clampRatio(p float64) float64 {
 	return min(p, math.Nextafter(1, 0))
 }
 
+// compile compiles rule r of service's policy for direction dir, and renders
+// what its requests are told (see headers.go): once per policy, so that no
+// request formats anything.
 func compile(service string, dir Direction, r *Rule) *verdict {
 	p := clampRatio(r.DropRatio)
+	var admit *admitHeaders
+	if dir == Inbound {
+		admit = renderAdmit(r, p)
+	}
 	if r.Mode == Upstream {
 		// Picked, every request (as kindLocal), so that the fresh
 		// path of the other verdicts pays nothing for this one: its
-		// work is in hitOther. Never dropped, so nothing is rendered.
+		// work is in hitOther. Never dropped, so no rejection is
+		// rendered.
 		return &verdict{
 			rule: r, ratio: p, kind: kindUpstream,
 			step: 1 << 32, thresh: 1 << (64 - stripeBits),
 			upWeight: upstreamWeight(p),
+			admit:    admit,
 		}
 	}
 	v := &verdict{
@@ -332,6 +346,7 @@ func compile(service string, dir Direction, r *Rule) *verdict {
 		thresh: uint64(p * (1 << (64 - stripeBits))),
 		shadow: r.Mode == Shadow,
 		ratio:  p,
+		admit:  admit,
 	}
 	if v.shadow {
 		v.kind = kindShadow
@@ -647,6 +662,25 @@ func (s *ServiceLimiter) Decide(peer string) Decision {
 	}
 	st.dropped.Add(1)
 	return Decision{Drop: true, v: sl.v}
+}
+
+// verdictOf returns the verdict Decide would decide a request from peer
+// under (nil: none), without deciding, counting or adding the peer: for the
+// headers of a request its caller decided already. It allocates nothing.
+func (s *ServiceLimiter) verdictOf(peer string) *verdict {
+	t := s.table.Load()
+	if len(peer) <= names.MaxLen {
+		if sl, ok := t.index.get(peer); ok {
+			return sl.v
+		}
+	}
+	switch {
+	case peer == "" || !validName(peer):
+		return t.unknown.v
+	case t.counted >= s.maxPeers:
+		return t.overflow.v
+	}
+	return t.verdicts[peer]
 }
 
 // miss resolves a peer that is not in the table t.

@@ -356,8 +356,11 @@ func enforce(t *testing.T, p *Policy) {
 func checkRejection(t *testing.T, rec *httptest.ResponseRecorder, r *Rule) {
 	t.Helper()
 	hdr := rec.Header()
-	if hdr.Get("Retry-After") != strconv.Itoa(retryAfterSeconds) {
-		t.Errorf("Retry-After %q", hdr.Get("Retry-After"))
+	if want := strconv.Itoa(retryAfter(r.DropRatio, r.LimitRPS)); hdr.Get("Retry-After") != want {
+		t.Errorf("Retry-After %q, want %s", hdr.Get("Retry-After"), want)
+	}
+	if got := hdr.Values("X-Envoy-Ratelimited"); len(got) != 1 || got[0] != "true" {
+		t.Errorf("X-Envoy-Ratelimited %q, want true", got)
 	}
 	if n, err := strconv.Atoi(hdr.Get("Content-Length")); err != nil || n != rec.Body.Len() {
 		t.Errorf("Content-Length %q for a body of %d bytes", hdr.Get("Content-Length"), rec.Body.Len())

@@ -75,6 +75,11 @@ type Config struct {
 	MaxPeers int
 	// Strategy is "diffuse" (exact, deterministic) or "random".
 	Strategy string
+	// RateLimitHeaders is which rate-limit headers admitted responses
+	// carry: "none", "draft" (RateLimit-Policy and RateLimit, as on every
+	// 429) or "x-ratelimit" (Envoy's X-RateLimit-*, then on 429s too); see
+	// sidecar.RateLimitHeaders.
+	RateLimitHeaders string
 	// ReportDialOptions and XDSDialOptions dial the aggregators and the
 	// xDS servers; default plaintext. Under mutual TLS they carry
 	// credentials that check the server's identity (internal/identity).
@@ -88,15 +93,16 @@ func DefaultConfig() Config {
 		host = "sidecar"
 	}
 	return Config{
-		ID:             host + "-" + strconv.Itoa(os.Getpid()),
-		Upstream:       "http://127.0.0.1:8080",
-		Aggregators:    []string{"127.0.0.1:18100"},
-		Controllers:    []string{"127.0.0.1:18000"},
-		XDSProtocol:    "delta",
-		ReportInterval: time.Second,
-		CallerHeader:   "x-sluice-caller",
-		MaxPeers:       1024,
-		Strategy:       "diffuse",
+		ID:               host + "-" + strconv.Itoa(os.Getpid()),
+		Upstream:         "http://127.0.0.1:8080",
+		Aggregators:      []string{"127.0.0.1:18100"},
+		Controllers:      []string{"127.0.0.1:18000"},
+		XDSProtocol:      "delta",
+		ReportInterval:   time.Second,
+		CallerHeader:     "x-sluice-caller",
+		MaxPeers:         1024,
+		Strategy:         "diffuse",
+		RateLimitHeaders: sidecar.NoRateLimitHeaders.String(),
 	}
 }
 
@@ -151,6 +157,9 @@ func (c Config) Validate() error {
 	}
 	if c.Strategy != "diffuse" && c.Strategy != "random" {
 		add("strategy: %q is not diffuse or random", c.Strategy)
+	}
+	if _, err := sidecar.ParseRateLimitHeaders(c.RateLimitHeaders); err != nil {
+		add("ratelimit-headers: %v", err)
 	}
 	return errors.Join(errs...)
 }
@@ -215,7 +224,10 @@ func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Agent, er
 		return nil, err
 	}
 	a.proxy = p
-	a.handler = a.svc.Middleware(p, sidecar.HTTPOptions{CallerHeader: cfg.CallerHeader, IgnoreDecided: cfg.IgnoreDecided})
+	headers, _ := sidecar.ParseRateLimitHeaders(cfg.RateLimitHeaders) // checked by Validate
+	a.handler = a.svc.Middleware(p, sidecar.HTTPOptions{
+		CallerHeader: cfg.CallerHeader, IgnoreDecided: cfg.IgnoreDecided, RateLimitHeaders: headers,
+	})
 
 	protocol := xdsclient.Delta
 	if cfg.XDSProtocol == "sotw" {

@@ -75,6 +75,10 @@ func TestBadConfigNamesTheFlag(t *testing.T) {
 		{"max-peers", func(c *Config) { c.MaxPeers = MaxPeersLimit + 1 }},
 		{"", func(c *Config) { c.Strategy = "random" }},
 		{"strategy", func(c *Config) { c.Strategy = "fastest" }},
+		{"", func(c *Config) { c.RateLimitHeaders = "draft" }},
+		{"", func(c *Config) { c.RateLimitHeaders = "x-ratelimit" }},
+		{"ratelimit-headers", func(c *Config) { c.RateLimitHeaders = "" }},
+		{"ratelimit-headers", func(c *Config) { c.RateLimitHeaders = "ietf" }},
 	} {
 		t.Run(fmt.Sprintf("%d/%s", i, cmpOr(tc.flag, "valid")), func(t *testing.T) {
 			c := validConfig()
@@ -113,7 +117,7 @@ func TestBadConfigReportsEveryProblemAtOnce(t *testing.T) {
 	flags := Command().Flags()
 	c := Config{Zone: "zone a"} // every other field zero, and zero is wrong for each
 	want := []string{"service", "id", "zone", "upstream", "aggregators", "controllers",
-		"xds-protocol", "report-interval", "caller-header", "max-peers", "strategy"}
+		"xds-protocol", "report-interval", "caller-header", "max-peers", "strategy", "ratelimit-headers"}
 	var got []string
 	for _, p := range problems(c.Validate()) {
 		name := flagOf(p)

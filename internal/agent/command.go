@@ -30,7 +30,10 @@ func Command() *cobra.Command {
 		Long: `The sidecar listens in front of the local app (HTTP/1.1 and h2c, so gRPC works),
 drops each request with the probability its DropPolicy gives the request's caller,
 and proxies the rest to --upstream. A dropped HTTP request gets 429 with Retry-After
-and RateLimit headers; a dropped gRPC call gets RESOURCE_EXHAUSTED with RetryInfo.
+(the seconds the controller needs to release the caller's ratio, 1 to 60),
+x-envoy-ratelimited (so that Envoy does not retry it) and RateLimit headers; a
+dropped gRPC call gets RESOURCE_EXHAUSTED with a RetryInfo of the same delay.
+With --ratelimit-headers, admitted responses carry the caller's quota too.
 
 The caller is read from --caller-header (default x-sluice-caller), else "unknown".
 The policy comes over xDS from --controllers; every --report-interval the sidecar
@@ -99,6 +102,7 @@ flags win over the environment, the environment over the file.`,
 	f.BoolVar(&cfg.IgnoreDecided, "ignore-decided", cfg.IgnoreDecided, "decide every request, even those a caller marked x-sluice-decided after enforcing its own outbound limit (for callers not trusted to)")
 	f.IntVar(&cfg.MaxPeers, "max-peers", cfg.MaxPeers, "distinct callers tracked before the rest share the _overflow bucket")
 	f.StringVar(&cfg.Strategy, "strategy", cfg.Strategy, "drop decision: diffuse (exact error diffusion) or random")
+	f.StringVar(&cfg.RateLimitHeaders, "ratelimit-headers", cfg.RateLimitHeaders, "rate-limit headers on admitted responses: none, draft (RateLimit-Policy and RateLimit) or x-ratelimit (Envoy's X-RateLimit-*, on 429s too)")
 	tlsFlags.AddFlags(f)
 	logging.AddFlags(f)
 	return cmd

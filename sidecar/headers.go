@@ -1,0 +1,322 @@
+package sidecar
+
+import (
+	"fmt"
+	"math"
+	"net/http"
+	"strconv"
+
+	"google.golang.org/grpc/metadata"
+)
+
+// Rate-limit headers: what sluice tells a caller about its quota, on drops
+// (always) and on admitted responses (when asked to, see RateLimitHeaders).
+//
+// Every value is rendered once per rule when a policy is installed (compile),
+// never per request: the request path only assigns shared, pre-rendered
+// header slices to the response's header map. Policies change about once a
+// second, so the values are as fresh as the policy and cost nothing per
+// request. Each shared slice has cap == len, so a later Header().Add copies
+// instead of writing into it; nobody may write into its elements.
+
+// RateLimitHeaders says which rate-limit headers a response carries besides
+// the ones every drop gets. The zero value, NoRateLimitHeaders, leaves
+// admitted responses untouched.
+type RateLimitHeaders uint8
+
+const (
+	// NoRateLimitHeaders: admitted responses get no rate-limit headers;
+	// drops get Retry-After, x-envoy-ratelimited and the draft's
+	// RateLimit-Policy and RateLimit.
+	NoRateLimitHeaders RateLimitHeaders = iota
+	// DraftRateLimitHeaders: admitted responses get RateLimit-Policy and
+	// RateLimit as in draft-ietf-httpapi-ratelimit-headers, the form drops
+	// always get.
+	DraftRateLimitHeaders
+	// XRateLimitHeaders: admitted responses get X-RateLimit-Limit,
+	// X-RateLimit-Remaining and X-RateLimit-Reset, the form Envoy's
+	// ratelimit filter emits with enable_x_ratelimit_headers:
+	// DRAFT_VERSION_03; drops get them too, as Envoy's do.
+	XRateLimitHeaders
+)
+
+func (h RateLimitHeaders) String() string {
+	switch h {
+	case NoRateLimitHeaders:
+		return "none"
+	case DraftRateLimitHeaders:
+		return "draft"
+	case XRateLimitHeaders:
+		return "x-ratelimit"
+	}
+	return "RateLimitHeaders(" + strconv.Itoa(int(h)) + ")"
+}
+
+// ParseRateLimitHeaders is the inverse of RateLimitHeaders.String: "none",
+// "draft" or "x-ratelimit".
+func ParseRateLimitHeaders(s string) (RateLimitHeaders, error) {
+	for _, h := range []RateLimitHeaders{NoRateLimitHeaders, DraftRateLimitHeaders, XRateLimitHeaders} {
+		if s == h.String() {
+			return h, nil
+		}
+	}
+	return 0, fmt.Errorf("%q is not none, draft or x-ratelimit", s)
+}
+
+// Retry-After bounds, in whole seconds (Retry-After is delta-seconds).
+const (
+	// MinRetryAfter is one controller tick: no ratio changes sooner.
+	MinRetryAfter = 1
+	// MaxRetryAfter caps the advice. The rule below reaches it only for a
+	// blocked caller (limit 0), whose ratio no wait will lower.
+	MaxRetryAfter = 60
+)
+
+// assumedReleaseRate is the controller's default --release-rate: the factor
+// by which the law lets a caller's admitted share 1 − p grow per second
+// (pkg/dropratio Config.ReleaseRate). Policies do not carry it.
+const assumedReleaseRate = 2
+
+// retryAfter is the wait, in whole seconds within [MinRetryAfter,
+// MaxRetryAfter], that a request dropped at ratio p (clamped to [0, 1)) with
+// limit limitRPS is told to wait (Retry-After, RetryInfo.retry_delay, and the
+// t= of RateLimit).
+//
+// The rule: the number of controller ticks (one a second) that the control
+// law needs to release p to 0, if the caller's offered load fell to its
+// limit at once. The law releases slowly: the admitted share 1 − p may at
+// most double per second (the default --release-rate), so p = 0.5 is gone
+// after one tick, 0.9 after four (0.8, 0.6, 0.2, 0), 0.99 after seven. A
+// client that comes back sooner meets a ratio that is still above 0 however
+// fast the load fell: at p = 0.9 (ten times over the limit) a retry after
+// 1 s is dropped with a probability of at least 0.8. So this is the
+// earliest time at which a retry can expect to be admitted, not a promise:
+// it leaves out the report lag before the controller sees the load fall, and
+// while the load stays up the ratio stays up. The ratio alone is enough: it
+// is 1 − limit ÷ offered already (up to p_max, and above it while it is
+// being released), and it is what the law releases.
+//
+// A blocked caller (limit 0) is dropped at p_max until an operator changes
+// its limit: no wait helps, and it is told MaxRetryAfter. A controller run
+// with a slower release makes the advice short (the client is dropped again
+// and told again), a faster one makes it long.
+func retryAfter(p, limitRPS float64) int {
+	if limitRPS == 0 {
+		return MaxRetryAfter
+	}
+	// The law's own arithmetic: after n ticks the ratio is
+	// 1 − (1−p)·rate^n, and it is 0 once that is ≤ 0.
+	share, n := 1-clampRatio(p), MinRetryAfter
+	for share*assumedReleaseRate < 1 && n < MaxRetryAfter {
+		share *= assumedReleaseRate
+		n++
+	}
+	return n
+}
+
+// seconds[n] is strconv.Itoa(n) for every Retry-After and reset value, and
+// rateLimitZero[n] the RateLimit value of a caller with nothing left for n
+// seconds: shared by every rule with the same wait, so that installing a
+// policy does not render them again.
+var (
+	seconds       [MaxRetryAfter + 1][]string
+	rateLimitZero [MaxRetryAfter + 1][]string
+)
+
+func init() {
+	for n := range seconds {
+		seconds[n] = []string{strconv.Itoa(n)}
+		rateLimitZero[n] = []string{`"sluice";r=0;t=` + strconv.Itoa(n)}
+	}
+}
+
+// Header values shared by every response that carries them.
+var (
+	// envoyRateLimited marks a response as a rate limiter's, as Envoy's
+	// ratelimit filter does: Envoy's router does not retry a response that
+	// carries x-envoy-ratelimited (whatever its retry_on says: 5xx,
+	// retriable-status-codes 429, resource-exhausted) unless the route
+	// retries on envoy-ratelimited. The filter sets it on its gRPC
+	// trailers-only replies too: the header goes through sendLocalReply's
+	// modify_headers, which runs before the reply is turned into gRPC.
+	envoyRateLimited = []string{"true"}
+	// envoyRateLimitedMD is the same as gRPC trailer metadata.
+	envoyRateLimitedMD = metadata.MD{"x-envoy-ratelimited": envoyRateLimited}
+)
+
+// quotaHeaders are one rule's rate-limit headers in both forms, for one
+// kind of response (admitted, or dropped), rendered once.
+type quotaHeaders struct {
+	// draft-ietf-httpapi-ratelimit-headers.
+	policy    []string // RateLimit-Policy: "sluice";q=<quota>;w=1; nil when the rule has no quota
+	rateLimit []string // RateLimit: "sluice";r=<remaining>;t=<reset>
+
+	// Envoy's DRAFT_VERSION_03 form; all nil when the rule has no quota.
+	xLimit     []string // X-RateLimit-Limit: <quota>, <quota>;w=1
+	xRemaining []string // X-RateLimit-Remaining: <remaining>
+	xReset     []string // X-RateLimit-Reset: <reset>
+}
+
+// quota returns the whole requests per second a rule announces, and whether
+// it announces any: min(allowed, limit), what the bucket may send now. That
+// is the caller's limit unless the callee's capacity is being shared out, in
+// which case it is the caller's smaller share, which the ratio enforces; an
+// unbounded rule (or a hand-built NaN) announces nothing.
+func quota(r *Rule) (q int64, exact float64, ok bool) {
+	exact = min(r.AllowedRPS, r.LimitRPS)
+	if !(exact >= 0) || math.IsInf(exact, 0) {
+		return 0, 0, false
+	}
+	return int64(min(math.Floor(exact), maxSFInteger)), exact, true
+}
+
+// remaining is what an admitted response says is left of the quota, in whole
+// requests, for a rule with quota exact at ratio p. A drop ratio is not a
+// token bucket: the sidecar knows neither this second's count across the
+// fleet nor a window boundary, only the global offered rate R of the last
+// policy. So:
+//   - at p > 0 the bucket is over its quota: 0;
+//   - at p = 0 the fleet can send about quota − R more per second before
+//     the ratio rises: that, rounded down, clamped to [0, quota]. It is the
+//     whole fleet's headroom, shared by all the caller's instances, and it
+//     is as old as the policy: at ratio 0 the controller re-issues a policy
+//     only every half TTL or when something else changes, so R may be that
+//     old; a rise past the quota is pushed at once (the ratio leaves 0).
+func remaining(exact, p, offered float64) int64 {
+	if p > 0 {
+		return 0
+	}
+	left := math.Floor(exact - offered)
+	if !(left > 0) { // also NaN
+		return 0
+	}
+	return int64(min(left, math.Floor(exact), maxSFInteger))
+}
+
+// renderQuota renders r's quota headers for a response that says remaining
+// requests are left for reset seconds. ok is false when the rule has no
+// quota: then only the RateLimit field is set.
+func renderQuota(r *Rule, rem int64, reset int) (h quotaHeaders, ok bool) {
+	reset = min(max(reset, 0), MaxRetryAfter)
+	q, _, ok := quota(r)
+	if rem == 0 {
+		h.rateLimit = rateLimitZero[reset]
+	} else {
+		h.rateLimit = []string{`"sluice";r=` + strconv.FormatInt(rem, 10) + `;t=` + strconv.Itoa(reset)}
+	}
+	if !ok {
+		return h, false
+	}
+	qs := strconv.FormatInt(q, 10)
+	h.policy = []string{`"sluice";q=` + qs + `;w=1`}
+	h.xLimit = []string{qs + ", " + qs + ";w=1"}
+	if rem == 0 {
+		h.xRemaining = seconds[0]
+	} else {
+		h.xRemaining = []string{strconv.FormatInt(rem, 10)}
+	}
+	h.xReset = seconds[reset]
+	return h, true
+}
+
+// setHTTP puts the headers of form into hdr. Canonical keys are assigned
+// directly: no canonicalisation, no formatting, no allocation.
+func (h *quotaHeaders) setHTTP(hdr http.Header, form RateLimitHeaders) {
+	switch form {
+	case DraftRateLimitHeaders:
+		hdr["Ratelimit"] = h.rateLimit
+		if h.policy != nil {
+			hdr["Ratelimit-Policy"] = h.policy
+		}
+	case XRateLimitHeaders:
+		if h.xLimit != nil {
+			hdr["X-Ratelimit-Limit"] = h.xLimit
+			hdr["X-Ratelimit-Remaining"] = h.xRemaining
+			hdr["X-Ratelimit-Reset"] = h.xReset
+		}
+	}
+}
+
+// metadata returns the headers of form as gRPC metadata, plus extra (the
+// x-envoy-ratelimited of a drop), or nil when there is nothing to send.
+func (h *quotaHeaders) metadata(form RateLimitHeaders, extra metadata.MD) metadata.MD {
+	md := metadata.MD{}
+	for k, v := range extra {
+		md[k] = v
+	}
+	switch form {
+	case DraftRateLimitHeaders:
+		md["ratelimit"] = h.rateLimit
+		if h.policy != nil {
+			md["ratelimit-policy"] = h.policy
+		}
+	case XRateLimitHeaders:
+		if h.xLimit != nil {
+			md["x-ratelimit-limit"] = h.xLimit
+			md["x-ratelimit-remaining"] = h.xRemaining
+			md["x-ratelimit-reset"] = h.xReset
+		}
+	}
+	if len(md) == 0 {
+		return nil
+	}
+	return md
+}
+
+// admitHeaders is what an admitted response from a caller may carry, by
+// form, rendered once per rule (see RateLimitHeaders). Immutable.
+type admitHeaders struct {
+	quotaHeaders
+	// The same as gRPC header metadata, for the server interceptors.
+	grpcDraft, grpcX metadata.MD
+}
+
+// renderAdmit renders what an admitted request under r, at ratio p, is told;
+// nil when it is told nothing: a rule without a quota (see quota), and a
+// shadow rule, whose limit is not enforced: shadow mode must not change what
+// callers see, and a client that slowed down on remaining 0 would be
+// enforcing it.
+//
+// The limit is the quota; the window is 1 s (limits are per second);
+// remaining is the rule in remaining; reset is 1 s at ratio 0 (the window)
+// and the Retry-After of a drop above it, since the bucket has nothing left
+// until the ratio is released.
+func renderAdmit(r *Rule, p float64) *admitHeaders {
+	if r.Mode == Shadow {
+		return nil
+	}
+	_, exact, ok := quota(r)
+	if !ok {
+		return nil
+	}
+	reset := 1
+	if p > 0 {
+		reset = retryAfter(p, r.LimitRPS)
+	}
+	h := &admitHeaders{}
+	h.quotaHeaders, _ = renderQuota(r, remaining(exact, p, r.OfferedRPS), reset)
+	h.grpcDraft = h.metadata(DraftRateLimitHeaders, nil)
+	h.grpcX = h.metadata(XRateLimitHeaders, nil)
+	return h
+}
+
+// grpcHeader returns the header metadata of an admitted call in form; nil
+// for none.
+func (h *admitHeaders) grpcHeader(form RateLimitHeaders) metadata.MD {
+	switch form {
+	case DraftRateLimitHeaders:
+		return h.grpcDraft
+	case XRateLimitHeaders:
+		return h.grpcX
+	}
+	return nil
+}
+
+// admitHeader returns the header metadata of a call admitted under v in
+// form; nil for none, and for a nil v (no rule).
+func (v *verdict) admitHeader(form RateLimitHeaders) metadata.MD {
+	if v == nil || v.admit == nil {
+		return nil
+	}
+	return v.admit.grpcHeader(form)
+}
