@@ -63,27 +63,73 @@ type Process struct {
 // Run listens, serves, and shuts down in order when ctx is cancelled. It
 // returns nil after a clean shutdown and the first failure otherwise.
 func (p *Process) Run(ctx context.Context) error {
-	log := p.Logger
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
+	r := &run{p: p, log: p.Logger, timeout: p.ShutdownTimeout, failed: make(chan struct{})}
+	if r.log == nil {
+		r.log = slog.New(slog.DiscardHandler)
 	}
-	timeout := p.ShutdownTimeout
-	if timeout <= 0 {
-		timeout = 10 * time.Second
+	if r.timeout <= 0 {
+		r.timeout = 10 * time.Second
 	}
-
 	// Bind everything first: a port in use is a start-up error, before any
 	// worker has done anything.
-	type listener struct {
-		name string
-		ln   net.Listener
+	lns, err := r.listen()
+	if err != nil {
+		return err
 	}
+	r.serve(lns)
+	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelWork()
+	workers := r.startWorkers(workCtx)
+
+	select {
+	case <-ctx.Done():
+		r.log.Info("shutting down", "reason", context.Cause(ctx))
+	case <-r.failed:
+		r.log.Error("shutting down after a failure", "err", r.firstErr) // written before failed closed
+	}
+	r.stopAccepting()
+	// 4: workers.
+	cancelWork()
+	_ = workers.Wait()
+	r.flush(ctx)
+	r.closeAdmin()
+	r.servers.Wait()
+	// Every part that could fail has returned: firstErr is settled.
+	return r.firstErr
+}
+
+// run is one Run's state.
+type run struct {
+	p       *Process
+	log     *slog.Logger
+	timeout time.Duration
+
+	// failed is closed by the first part that fails, to start shutdown;
+	// firstErr, written once before, says why.
+	failed   chan struct{}
+	failOnce sync.Once
+	firstErr error
+
+	adminSrv *http.Server
+	servers  sync.WaitGroup
+}
+
+type listener struct {
+	name string
+	ln   net.Listener
+}
+
+func (r *run) fail(part string, err error) {
+	r.failOnce.Do(func() {
+		r.firstErr = fmt.Errorf("%s: %w", part, err)
+		close(r.failed)
+	})
+}
+
+// listen binds every listener the process has, or none.
+func (r *run) listen() ([]listener, error) {
+	p := r.p
 	var lns []listener
-	closeAll := func() {
-		for _, l := range lns {
-			l.ln.Close()
-		}
-	}
 	for _, want := range []struct {
 		name, addr string
 		on         bool
@@ -97,122 +143,111 @@ func (p *Process) Run(ctx context.Context) error {
 		}
 		ln, err := net.Listen("tcp", want.addr)
 		if err != nil {
-			closeAll()
-			return fmt.Errorf("listen %s on %q: %w", want.name, want.addr, err)
+			for _, l := range lns {
+				l.ln.Close()
+			}
+			return nil, fmt.Errorf("listen %s on %q: %w", want.name, want.addr, err)
 		}
 		lns = append(lns, listener{want.name, ln})
-		log.Info("listening", "listener", want.name, "addr", ln.Addr().String())
+		r.log.Info("listening", "listener", want.name, "addr", ln.Addr().String())
 		if p.OnListening != nil {
 			p.OnListening(want.name, ln.Addr())
 		}
 	}
+	return lns, nil
+}
 
-	// failed is closed by the first part that fails, to start shutdown.
-	failed := make(chan struct{})
-	var failOnce sync.Once
-	var firstErr error
-	fail := func(part string, err error) {
-		failOnce.Do(func() {
-			firstErr = fmt.Errorf("%s: %w", part, err)
-			close(failed)
-		})
-	}
-
-	var adminSrv *http.Server
-	var servers sync.WaitGroup
+// serve serves each listener on a goroutine that r.servers waits for.
+func (r *run) serve(lns []listener) {
 	for _, l := range lns {
 		var serve func() error
 		switch l.name {
 		case "admin":
-			adminSrv = &http.Server{Handler: p.Admin, ReadHeaderTimeout: 5 * time.Second}
-			serve = func() error { return adminSrv.Serve(l.ln) }
+			r.adminSrv = &http.Server{Handler: r.p.Admin, ReadHeaderTimeout: 5 * time.Second}
+			serve = func() error { return r.adminSrv.Serve(l.ln) }
 		case "grpc":
-			serve = func() error { return p.GRPC.Serve(l.ln) }
+			serve = func() error { return r.p.GRPC.Serve(l.ln) }
 		case "http":
-			serve = func() error { return p.HTTP.Serve(l.ln) }
+			serve = func() error { return r.p.HTTP.Serve(l.ln) }
 		}
-		servers.Add(1)
+		r.servers.Add(1)
 		go func() {
-			defer servers.Done()
+			defer r.servers.Done()
 			if err := serve(); err != nil && !errors.Is(err, http.ErrServerClosed) && !errors.Is(err, grpc.ErrServerStopped) {
-				fail("serve "+l.name, err)
+				r.fail("serve "+l.name, err)
 			}
 		}()
 	}
+}
 
-	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
-	defer cancelWork()
-	workers, _ := errgroup.WithContext(workCtx)
-	for i, w := range p.Workers {
+// startWorkers runs the workers until ctx ends; the group says when they
+// have.
+func (r *run) startWorkers(ctx context.Context) *errgroup.Group {
+	workers, _ := errgroup.WithContext(ctx)
+	for i, w := range r.p.Workers {
 		workers.Go(func() error {
-			if err := w(workCtx); err != nil && !errors.Is(err, context.Canceled) {
-				fail(fmt.Sprintf("worker %d", i), err)
+			if err := w(ctx); err != nil && !errors.Is(err, context.Canceled) {
+				r.fail(fmt.Sprintf("worker %d", i), err)
 				return err
 			}
 			return nil
 		})
 	}
+	return workers
+}
 
-	select {
-	case <-ctx.Done():
-		log.Info("shutting down", "reason", context.Cause(ctx))
-	case <-failed:
-		log.Error("shutting down after a failure", "err", firstErr) // written before failed closed
-	}
-
-	// 1–2: not ready, then give balancers time to notice, unless something
-	// already broke.
+// stopAccepting is steps 1–3: not ready, the drain delay (unless something
+// already broke), then the drain hooks and the servers' graceful stops.
+func (r *run) stopAccepting() {
+	p := r.p
 	if p.Admin != nil {
 		p.Admin.SetDraining()
 	}
-	if p.DrainDelay > 0 && !isClosed(failed) {
+	if p.DrainDelay > 0 && !isClosed(r.failed) {
 		t := time.NewTimer(p.DrainDelay)
 		select {
 		case <-t.C:
-		case <-failed:
+		case <-r.failed:
 			t.Stop()
 		}
 	}
-
-	// 3: stop accepting.
 	for _, d := range p.Drain {
 		d()
 	}
 	if p.GRPC != nil {
-		stopGRPC(p.GRPC, timeout)
+		stopGRPC(p.GRPC, r.timeout)
 	}
 	if p.HTTP != nil {
-		sctx, cancel := context.WithTimeout(context.Background(), timeout)
+		sctx, cancel := context.WithTimeout(context.Background(), r.timeout)
 		if err := p.HTTP.Shutdown(sctx); err != nil {
 			p.HTTP.Close()
 		}
 		cancel()
 	}
+}
 
-	// 4: workers.
-	cancelWork()
-	_ = workers.Wait()
-
-	// 5: flush what the workers left behind.
-	for _, f := range p.Flush {
-		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+// flush is step 5: what the workers left behind, each hook on a context of
+// its own.
+func (r *run) flush(ctx context.Context) {
+	for _, f := range r.p.Flush {
+		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.timeout)
 		if err := f(fctx); err != nil {
-			log.Error("flush failed", "err", err)
+			r.log.Error("flush failed", "err", err)
 		}
 		cancel()
 	}
+}
 
-	// 6: admin last, so /metrics is scrapable until the end.
-	if adminSrv != nil {
-		sctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		if err := adminSrv.Shutdown(sctx); err != nil {
-			adminSrv.Close()
-		}
-		cancel()
+// closeAdmin is step 6: admin last, so /metrics is scrapable until the end.
+func (r *run) closeAdmin() {
+	if r.adminSrv == nil {
+		return
 	}
-	servers.Wait()
-	// Every part that could fail has returned: firstErr is settled.
-	return firstErr
+	sctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	if err := r.adminSrv.Shutdown(sctx); err != nil {
+		r.adminSrv.Close()
+	}
+	cancel()
 }
 
 func isClosed(c <-chan struct{}) bool {
