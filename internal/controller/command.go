@@ -10,6 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"google.golang.org/grpc"
 
 	"github.com/sluicehq/sluice/internal/admin"
@@ -59,112 +60,136 @@ or in the --config file; flags win over the environment, the environment over th
 		SilenceUsage:  true,
 		SilenceErrors: false,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			validate := func() error {
-				err := cfg.Validate()
-				if fl.DatabaseURL != "" && fl.LimitsFile != "" {
-					err = errors.Join(err, errors.New("database-url, limits: they exclude each other: limits come from one place"))
-				}
-				err = errors.Join(err, tlsFlags.Validate())
-				return err
-			}
-			log, reg, err := cli.Start(cmd, "controller", &fl.Logging, validate)
-			if err != nil {
-				return err
-			}
-			if fl.ProxylessEndpoints != "" {
-				if cfg.Proxyless, err = xdsserver.LoadEndpoints(fl.ProxylessEndpoints); err != nil {
-					return fmt.Errorf("proxyless-endpoints: %w", err)
-				}
-			}
-
-			var src limits.Source = limits.Static{}
-			var workers []func(context.Context) error
-			var flush []func(context.Context) error
-			var recorder *Recorder
-			if fl.DatabaseURL != "" {
-				db, err := history.Open(cmd.Context(), fl.DatabaseURL, history.WithLogger(log))
-				if err != nil {
-					return fmt.Errorf("open the history database: %w", err)
-				}
-				defer db.Close()
-				store := limits.NewStore(db, fl.LimitsResync, log)
-				reloadErrors := prometheus.NewCounter(prometheus.CounterOpts{
-					Name: "sluice_controller_limits_reload_errors_total",
-					Help: "Reads of the limits that failed; the last limits read stay in force.",
-				})
-				reg.MustRegister(reloadErrors)
-				store.OnReload = func(err error) {
-					if err != nil {
-						reloadErrors.Inc()
-					}
-				}
-				src = store
-				recorder = NewRecorder(fl.Recorder, db, log, reg)
-				workers = append(workers, store.Run, recorder.Run)
-				flush = append(flush, recorder.Flush)
-			} else if fl.LimitsFile != "" {
-				f, err := limits.LoadFile(fl.LimitsFile, fl.LimitsReload, log)
-				if err != nil {
-					return err
-				}
-				reloadErrors := prometheus.NewCounter(prometheus.CounterOpts{
-					Name: "sluice_controller_limits_reload_errors_total",
-					Help: "Reloads of the limits file that failed; the last good limits stay in force.",
-				})
-				reg.MustRegister(reloadErrors)
-				f.OnReload = func(err error) {
-					if err != nil {
-						reloadErrors.Inc()
-					}
-				}
-				src = f
-				workers = append(workers, f.Run)
-			} else {
-				log.Warn("no --limits file: no limits are enforced, load is only observed")
-			}
-
-			serverOpts := []grpc.ServerOption{grpc.MaxRecvMsgSize(64 << 20)}
-			tlsSrc, err := tlsFlags.Setup(log, reg)
-			if err != nil {
-				return err
-			}
-			if tlsSrc != nil {
-				if err := tlsSrc.Require(identity.Controller, ""); err != nil {
-					return err
-				}
-				serverOpts = append(serverOpts, tlsSrc.ServerOption())
-				cfg.RequirePeerIdentity = true
-			}
-			svc, err := New(cfg, src, log, reg)
-			if err != nil {
-				return err
-			}
-			if recorder != nil {
-				svc.RecordTo(recorder)
-			}
-			g := grpc.NewServer(serverOpts...)
-			svc.Register(g)
-			adm := admin.New(reg, svc.Ready)
-			adm.Handle("GET /debug/sluice/policies", svc.PoliciesHandler())
-			p := &process.Process{
-				Logger: log,
-				Admin:  adm, AdminAddr: fl.AdminAddr,
-				GRPC: g, GRPCAddr: fl.GRPCAddr,
-				Workers:         append(workers, svc.Run),
-				Drain:           []func(){svc.Drain},
-				Flush:           flush,
-				DrainDelay:      fl.DrainDelay,
-				ShutdownTimeout: fl.ShutdownTimeout,
-			}
-			log.Info("controller starting", "id", cfg.ID, "tick", cfg.Tick, "warmup", cfg.Warmup, "limits", fl.LimitsFile)
-			if margin := cfg.RestartMargin(); margin <= 0 {
-				log.Warn("warmup is not below half of policy-ttl: if this controller restarts, sidecars' policies expire before it publishes again, and their fail modes take over meanwhile; raise --policy-ttl or run a second controller",
-					"warmup", cfg.Warmup, "policy-ttl", cfg.PolicyTTL)
-			}
-			return p.Run(cmd.Context())
+			return run(cmd, &cfg, &fl, &tlsFlags)
 		},
 	}
-	f := cmd.Flags()
+	addFlags(cmd.Flags(), &cfg, &fl)
+	tlsFlags.AddFlags(cmd.Flags())
+	fl.Logging.AddFlags(cmd.Flags())
+	cmd.AddCommand(MigrateCommand("controller"))
+	return cmd
+}
+
+// run is the controller command: settle the configuration, open the limits'
+// source, and run the service until ctx ends.
+func run(cmd *cobra.Command, cfg *Config, fl *Flags, tlsFlags *identity.Flags) error {
+	validate := func() error {
+		err := cfg.Validate()
+		if fl.DatabaseURL != "" && fl.LimitsFile != "" {
+			err = errors.Join(err, errors.New("database-url, limits: they exclude each other: limits come from one place"))
+		}
+		err = errors.Join(err, tlsFlags.Validate())
+		return err
+	}
+	log, reg, err := cli.Start(cmd, "controller", &fl.Logging, validate)
+	if err != nil {
+		return err
+	}
+	if fl.ProxylessEndpoints != "" {
+		if cfg.Proxyless, err = xdsserver.LoadEndpoints(fl.ProxylessEndpoints); err != nil {
+			return fmt.Errorf("proxyless-endpoints: %w", err)
+		}
+	}
+
+	ls, err := openLimits(cmd.Context(), fl, log, reg)
+	if err != nil {
+		return err
+	}
+	defer ls.close()
+	src, workers, flush, recorder := ls.src, ls.workers, ls.flush, ls.recorder
+	serverOpts := []grpc.ServerOption{grpc.MaxRecvMsgSize(64 << 20)}
+	tlsSrc, err := tlsFlags.Setup(log, reg)
+	if err != nil {
+		return err
+	}
+	if tlsSrc != nil {
+		if err := tlsSrc.Require(identity.Controller, ""); err != nil {
+			return err
+		}
+		serverOpts = append(serverOpts, tlsSrc.ServerOption())
+		cfg.RequirePeerIdentity = true
+	}
+	svc, err := New(*cfg, src, log, reg)
+	if err != nil {
+		return err
+	}
+	if recorder != nil {
+		svc.RecordTo(recorder)
+	}
+	g := grpc.NewServer(serverOpts...)
+	svc.Register(g)
+	adm := admin.New(reg, svc.Ready)
+	adm.Handle("GET /debug/sluice/policies", svc.PoliciesHandler())
+	p := &process.Process{
+		Logger: log,
+		Admin:  adm, AdminAddr: fl.AdminAddr,
+		GRPC: g, GRPCAddr: fl.GRPCAddr,
+		Workers:         append(workers, svc.Run),
+		Drain:           []func(){svc.Drain},
+		Flush:           flush,
+		DrainDelay:      fl.DrainDelay,
+		ShutdownTimeout: fl.ShutdownTimeout,
+	}
+	log.Info("controller starting", "id", cfg.ID, "tick", cfg.Tick, "warmup", cfg.Warmup, "limits", fl.LimitsFile)
+	if margin := cfg.RestartMargin(); margin <= 0 {
+		log.Warn("warmup is not below half of policy-ttl: if this controller restarts, sidecars' policies expire before it publishes again, and their fail modes take over meanwhile; raise --policy-ttl or run a second controller",
+			"warmup", cfg.Warmup, "policy-ttl", cfg.PolicyTTL)
+	}
+	return p.Run(cmd.Context())
+}
+
+// limitSource is where a controller's limits come from, with the workers
+// and flush hooks that keep it, and the history recorder when there is one.
+type limitSource struct {
+	src      limits.Source
+	workers  []func(context.Context) error
+	flush    []func(context.Context) error
+	recorder *Recorder
+	close    func()
+}
+
+// openLimits opens the Postgres store (--database-url), the limits file
+// (--limits), or neither: then the controller only observes.
+func openLimits(ctx context.Context, fl *Flags, log *slog.Logger, reg *prometheus.Registry) (*limitSource, error) {
+	ls := &limitSource{src: limits.Static{}, close: func() {}}
+	reloadErrors := func(help string) func(error) {
+		c := prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_controller_limits_reload_errors_total", Help: help})
+		reg.MustRegister(c)
+		return func(err error) {
+			if err != nil {
+				c.Inc()
+			}
+		}
+	}
+	switch {
+	case fl.DatabaseURL != "":
+		db, err := history.Open(ctx, fl.DatabaseURL, history.WithLogger(log))
+		if err != nil {
+			return nil, fmt.Errorf("open the history database: %w", err)
+		}
+		ls.close = db.Close
+		store := limits.NewStore(db, fl.LimitsResync, log)
+		store.OnReload = reloadErrors("Reads of the limits that failed; the last limits read stay in force.")
+		ls.src = store
+		ls.recorder = NewRecorder(fl.Recorder, db, log, reg)
+		ls.workers = append(ls.workers, store.Run, ls.recorder.Run)
+		ls.flush = append(ls.flush, ls.recorder.Flush)
+	case fl.LimitsFile != "":
+		f, err := limits.LoadFile(fl.LimitsFile, fl.LimitsReload, log)
+		if err != nil {
+			return nil, err
+		}
+		f.OnReload = reloadErrors("Reloads of the limits file that failed; the last good limits stay in force.")
+		ls.src = f
+		ls.workers = append(ls.workers, f.Run)
+	default:
+		log.Warn("no --limits file: no limits are enforced, load is only observed")
+	}
+	return ls, nil
+}
+
+// addFlags declares the controller's flags over cfg and fl.
+func addFlags(f *pflag.FlagSet, cfg *Config, fl *Flags) {
 	f.StringVar(&fl.GRPCAddr, "grpc-addr", ":18000", "address for zone-load streams from aggregators and xDS from sidecars")
 	f.StringVar(&fl.AdminAddr, "admin-addr", ":19000", "address for /metrics, /healthz, /readyz, /debug/sluice/policies")
 	f.StringVar(&fl.LimitsFile, "limits", "", "YAML file of limits per callee and caller (see README); re-read when it changes")
@@ -187,10 +212,6 @@ or in the --config file; flags win over the environment, the environment over th
 	f.Float64Var(&cfg.Law.PMax, "p-max", cfg.Law.PMax, "highest drop ratio ever pushed, in (0, 1)")
 	f.Float64Var(&cfg.Law.MinRate, "min-rate", cfg.Law.MinRate, "offered rps below which a caller is never dropped")
 	f.Float64Var(&cfg.Law.ReleaseRate, "release-rate", cfg.Law.ReleaseRate, "slow release: factor by which a caller's admitted share may grow per second, > 1")
-	tlsFlags.AddFlags(f)
-	fl.Logging.AddFlags(f)
-	cmd.AddCommand(MigrateCommand("controller"))
-	return cmd
 }
 
 // MigrateCommand applies the history store's embedded migrations: an

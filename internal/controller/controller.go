@@ -298,41 +298,48 @@ func (s *Service) StreamZoneLoads(stream grpc.BidiStreamingServer[sluicev1.Strea
 		if r.err != nil {
 			return nil // the aggregator went away; its load goes with it
 		}
-		load := r.req.GetLoad()
-		var err error
-		if s.cfg.RequirePeerIdentity {
-			err = authorizeZoneLoad(peer, peerErr, load)
-		}
-		s.mu.Lock()
-		if err == nil {
-			err = s.state.Apply(load, time.Now())
-		}
-		if err == nil {
-			s.streams[load.GetAggregatorId()] = streamID
-			owned[load.GetAggregatorId()] = true
-		}
-		urgent := s.state.TakeUrgent()
-		s.mu.Unlock()
-		if urgent {
-			// A surge: run the law now rather than at the next tick.
-			s.ticks.Poke()
-		}
-		resp := &sluicev1.StreamZoneLoadsResponse{Accepted: err == nil}
-		if err != nil {
-			var rej *RejectError
-			reason := "invalid"
-			if errors.As(err, &rej) {
-				reason = rej.Reason
-			}
-			s.m.rejected.WithLabelValues(reason).Inc()
-			resp.RejectReason = err.Error()
-		} else {
-			s.m.accepted.Inc()
-		}
+		resp := s.applyZoneLoad(r.req.GetLoad(), peer, peerErr, streamID, owned)
 		if err := stream.Send(resp); err != nil {
 			return nil
 		}
 	}
+}
+
+// applyZoneLoad takes one zone load of stream streamID, whose peer is peer
+// (or peerErr), and answers it; owned collects the aggregators the stream
+// has spoken for, which leave the sums when it ends.
+func (s *Service) applyZoneLoad(load *sluicev1.ZoneLoad, peer identity.ID, peerErr error, streamID int64, owned map[string]bool) *sluicev1.StreamZoneLoadsResponse {
+	var err error
+	if s.cfg.RequirePeerIdentity {
+		err = authorizeZoneLoad(peer, peerErr, load)
+	}
+	s.mu.Lock()
+	if err == nil {
+		err = s.state.Apply(load, time.Now())
+	}
+	if err == nil {
+		s.streams[load.GetAggregatorId()] = streamID
+		owned[load.GetAggregatorId()] = true
+	}
+	urgent := s.state.TakeUrgent()
+	s.mu.Unlock()
+	if urgent {
+		// A surge: run the law now rather than at the next tick.
+		s.ticks.Poke()
+	}
+	resp := &sluicev1.StreamZoneLoadsResponse{Accepted: err == nil}
+	if err != nil {
+		var rej *RejectError
+		reason := "invalid"
+		if errors.As(err, &rej) {
+			reason = rej.Reason
+		}
+		s.m.rejected.WithLabelValues(reason).Inc()
+		resp.RejectReason = err.Error()
+	} else {
+		s.m.accepted.Inc()
+	}
+	return resp
 }
 
 // authorizeZoneLoad takes a zone load only from an aggregator identity, and
