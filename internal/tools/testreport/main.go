@@ -99,7 +99,7 @@ func (r *report) handle(e event) {
 		} else {
 			r.passed++
 			if !strings.Contains(e.Test, "/") && e.Elapsed >= r.slow.Seconds() {
-				fmt.Fprintf(r.w, "      %-55s %6.1fs  %s\n", "", e.Elapsed, e.Test)
+				fmt.Fprintf(r.w, "      %-55s %6.1fs\n", e.Package+" "+e.Test, e.Elapsed)
 			}
 		}
 		delete(r.out, k)
