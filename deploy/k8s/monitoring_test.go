@@ -82,7 +82,8 @@ func codeMetrics(t *testing.T) map[string]bool {
 	a.Close()
 	certFile, keyFile := selfSigned(t)
 	if _, err := webhook.New(webhook.Config{
-		Inject:   inject.Config{Image: "sidecar:test", Aggregators: []string{"a:1"}, Controllers: []string{"c:1"}},
+		Inject: inject.Config{Image: "sidecar:test", Aggregators: []string{"a:1"}, Controllers: []string{"c:1"},
+			ProxyPort: inject.DefaultProxyPort, AdminPort: inject.DefaultAdminPort},
 		CertFile: certFile, KeyFile: keyFile, ShutdownTimeout: time.Second,
 	}, nil, d); err != nil {
 		t.Fatal(err)
