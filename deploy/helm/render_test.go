@@ -104,7 +104,7 @@ func render(t *testing.T, namespace string, overrides map[string]any) (map[key]o
 	if err != nil {
 		return nil, err
 	}
-	files, err := engine.Engine{Strict: true}.Render(c, vals)
+	files, err := engineStrict().Render(c, vals)
 	if err != nil {
 		return nil, err
 	}
@@ -132,6 +132,10 @@ func render(t *testing.T, namespace string, overrides map[string]any) (map[key]o
 	}
 	return objects, nil
 }
+
+// engineStrict is helm's template engine, failing on a template that names
+// a value values.yaml does not have.
+func engineStrict() engine.Engine { return engine.Engine{Strict: true} }
 
 // renderOverlay builds the overlay with kustomize's library, as
 // deploy/k8s's tests and kubectl kustomize do.
