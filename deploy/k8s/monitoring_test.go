@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -32,10 +33,20 @@ import (
 )
 
 // describer is a prometheus.Registerer that only records the names of the
-// metrics registered with it.
-type describer struct{ names map[string]bool }
+// metrics registered with it, and their labels.
+type describer struct {
+	names  map[string]bool
+	labels map[string]map[string]bool // by metric name
+}
 
-var fqName = regexp.MustCompile(`fqName: "([^"]+)"`)
+var (
+	fqName     = regexp.MustCompile(`fqName: "([^"]+)"`)
+	descLabels = regexp.MustCompile(`constLabels: \{(.*)\}, variableLabels: \{(.*)\}\}$`)
+	// constLabels are name="value" pairs (%q), variableLabels names, each
+	// c(name) when constrained.
+	constLabel    = regexp.MustCompile(`([a-zA-Z_][a-zA-Z0-9_]*)="(?:[^"\\]|\\.)*"`)
+	variableLabel = regexp.MustCompile(`(?:^|,)(?:c\()?([a-zA-Z_][a-zA-Z0-9_]*)`)
+)
 
 func (d *describer) Register(c prometheus.Collector) error {
 	ch := make(chan *prometheus.Desc)
@@ -43,8 +54,21 @@ func (d *describer) Register(c prometheus.Collector) error {
 	for desc := range ch {
 		// Desc has no accessor for its name; its String has had this form
 		// for as long as client_golang has had Desc.
-		if m := fqName.FindStringSubmatch(desc.String()); m != nil {
-			d.names[m[1]] = true
+		m := fqName.FindStringSubmatch(desc.String())
+		if m == nil {
+			continue
+		}
+		d.names[m[1]] = true
+		if d.labels[m[1]] == nil {
+			d.labels[m[1]] = map[string]bool{}
+		}
+		if l := descLabels.FindStringSubmatch(desc.String()); l != nil {
+			for _, n := range constLabel.FindAllStringSubmatch(l[1], -1) {
+				d.labels[m[1]][n[1]] = true
+			}
+			for _, n := range variableLabel.FindAllStringSubmatch(l[2], -1) {
+				d.labels[m[1]][n[1]] = true
+			}
 		}
 	}
 	return nil
@@ -61,9 +85,12 @@ func (d *describer) Unregister(prometheus.Collector) bool { return false }
 // codeMetrics is the list of metrics the binaries export, built by the
 // binaries' own constructors, so that alerts and dashboards can only name
 // metrics that exist.
-func codeMetrics(t *testing.T) map[string]bool {
+func codeMetrics(t *testing.T) map[string]bool { return codeDescriber(t).names }
+
+// codeDescriber registers every binary's metrics with a describer.
+func codeDescriber(t *testing.T) *describer {
 	t.Helper()
-	d := &describer{names: map[string]bool{}}
+	d := &describer{names: map[string]bool{}, labels: map[string]map[string]bool{}}
 	if _, err := controller.New(controller.DefaultConfig(), limits.Static{}, nil, d); err != nil {
 		t.Fatal(err)
 	}
@@ -82,7 +109,8 @@ func codeMetrics(t *testing.T) map[string]bool {
 	a.Close()
 	certFile, keyFile := selfSigned(t)
 	if _, err := webhook.New(webhook.Config{
-		Inject:   inject.Config{Image: "sidecar:test", Aggregators: []string{"a:1"}, Controllers: []string{"c:1"}},
+		Inject: inject.Config{Image: "sidecar:test", Aggregators: []string{"a:1"}, Controllers: []string{"c:1"},
+			ProxyPort: inject.DefaultProxyPort, AdminPort: inject.DefaultAdminPort},
 		CertFile: certFile, KeyFile: keyFile, ShutdownTimeout: time.Second,
 	}, nil, d); err != nil {
 		t.Fatal(err)
@@ -99,7 +127,7 @@ func codeMetrics(t *testing.T) map[string]bool {
 	if len(d.names) < 40 {
 		t.Fatalf("found only %d metrics: %v", len(d.names), d.names)
 	}
-	return d.names
+	return d
 }
 
 func selfSigned(t *testing.T) (certFile, keyFile string) {
@@ -131,24 +159,43 @@ func selfSigned(t *testing.T) (certFile, keyFile string) {
 
 // metricNames parses a PromQL expression and returns the metrics it selects.
 func metricNames(expr string) ([]string, error) {
+	sels, err := selectors(expr)
+	var names []string
+	for _, s := range sels {
+		names = append(names, s.name)
+	}
+	return names, err
+}
+
+// selector is one vector selector of an expression: the metric and its
+// other matchers, as "name=value", "name=~value" and so on.
+type selector struct {
+	name     string
+	matchers []string
+}
+
+// selectors parses a PromQL expression and returns its vector selectors.
+func selectors(expr string) ([]selector, error) {
 	e, err := parser.NewParser(parser.Options{}).ParseExpr(expr)
 	if err != nil {
 		return nil, err
 	}
-	var names []string
+	var out []selector
 	parser.Inspect(e, func(n parser.Node, _ []parser.Node) error {
 		if vs, ok := n.(*parser.VectorSelector); ok {
-			name := vs.Name
+			s := selector{name: vs.Name}
 			for _, m := range vs.LabelMatchers {
 				if m.Name == "__name__" {
-					name = m.Value
+					s.name = m.Value
+					continue
 				}
+				s.matchers = append(s.matchers, m.Name+m.Type.String()+m.Value)
 			}
-			names = append(names, name)
+			out = append(out, s)
 		}
 		return nil
 	})
-	return names, nil
+	return out, nil
 }
 
 // known reports whether name is an exported metric, or a series the
@@ -227,12 +274,22 @@ func TestAlertRules(t *testing.T) {
 	})
 }
 
-// TestMetricNamesParse keeps metricNames honest: a test that could not
-// find a name could not fail.
+// TestMetricNamesParse keeps metricNames, selectors and the describer
+// honest: a test that could not find a name or a label could not fail.
 func TestMetricNamesParse(t *testing.T) {
 	got, err := metricNames(`histogram_quantile(0.99, sum by (le) (rate(a_bucket[5m]))) > 0 and on() b{x="y"} or {__name__="c"}`)
 	if err != nil || !slices.Equal(got, []string{"a_bucket", "b", "c"}) {
 		t.Errorf("metricNames = %q, %v", got, err)
+	}
+	sels, err := selectors(`sum(rate(a{service=~"$service", x="y"}[5m]))`)
+	if err != nil || len(sels) != 1 || !slices.Equal(sels[0].matchers, []string{`service=~$service`, `x=y`}) {
+		t.Errorf("selectors = %+v, %v", sels, err)
+	}
+	d := &describer{names: map[string]bool{}, labels: map[string]map[string]bool{}}
+	d.MustRegister(prometheus.NewCounterVec(prometheus.CounterOpts{Name: "m_total", Help: "h",
+		ConstLabels: prometheus.Labels{"zone": "a,b", "tier": "x"}}, []string{"service", "peer"}))
+	if l := d.labels["m_total"]; len(l) != 4 || !l["zone"] || !l["tier"] || !l["service"] || !l["peer"] {
+		t.Errorf("describer labels %v, want zone, tier, service, peer", l)
 	}
 	if _, err := metricNames(`sum(rate(x[5m])`); err == nil {
 		t.Error("an unbalanced expression parsed")
@@ -265,10 +322,7 @@ func TestDashboard(t *testing.T) {
 			UID        string         `json:"uid"`
 			Panels     []grafanaPanel `json:"panels"`
 			Templating struct {
-				List []struct {
-					Name string `json:"name"`
-					Type string `json:"type"`
-				} `json:"list"`
+				List []grafanaVariable `json:"list"`
 			} `json:"templating"`
 		}
 		if err := json.Unmarshal([]byte(cm.Data["sluice.json"]), &dash); err != nil {
@@ -313,6 +367,135 @@ func TestDashboard(t *testing.T) {
 			t.Errorf("%d queries: the dashboard lost its panels", queries)
 		}
 	})
+}
+
+// grafanaVariable is the part of a Grafana template variable the test
+// reads.
+type grafanaVariable struct {
+	Name  string `json:"name"`
+	Type  string `json:"type"`
+	Query any    `json:"query"` // a string for the datasource variable
+	Multi bool   `json:"multi"`
+	All   bool   `json:"includeAll"`
+	// AllValue ".*" makes "All" every value, also those the variable's
+	// query does not list (services the controller knows but no sidecar
+	// in the chosen namespaces serves).
+	AllValue string `json:"allValue"`
+}
+
+// filters are the dashboard's variables and which metrics have the label
+// each filters on: service where the code gives the metric that label;
+// namespace on the sidecars' metrics, whose scrape target (the PodMonitor's
+// pods) is in the application's namespace. Every other metric is scraped
+// in sluice-system, where a namespace filter would only empty the panel.
+var filters = []struct {
+	variable string
+	has      func(d *describer, metric string) bool
+}{
+	{"namespace", func(_ *describer, m string) bool { return strings.HasPrefix(m, "sluice_sidecar_") }},
+	{"service", func(d *describer, m string) bool {
+		for _, suffix := range []string{"_bucket", "_sum", "_count"} {
+			if base, ok := strings.CutSuffix(m, suffix); ok && d.names[base] {
+				m = base
+			}
+		}
+		return d.labels[m]["service"]
+	}},
+}
+
+// checkFilters checks that every selector of expr filters on each
+// variable exactly when its metric has the label, with a regular
+// expression match (multi-value and All expand to alternatives).
+func checkFilters(t *testing.T, d *describer, where, expr string) {
+	t.Helper()
+	sels, err := selectors(expr)
+	if err != nil {
+		t.Errorf("%s: %q: %v", where, expr, err)
+		return
+	}
+	for _, s := range sels {
+		for _, f := range filters {
+			want := f.variable + "=~$" + f.variable
+			uses := slices.Contains(s.matchers, want)
+			mentions := false
+			for _, m := range s.matchers {
+				mentions = mentions || strings.Contains(m, "$"+f.variable)
+			}
+			switch has := f.has(d, s.name); {
+			case has && !uses:
+				t.Errorf("%s: %s has the label %s but is not filtered by it: want %s=~\"$%s\" in %q", where, s.name, f.variable, f.variable, f.variable, expr)
+			case !has && mentions:
+				t.Errorf("%s: %s has no %s to filter on: %q", where, s.name, f.variable, expr)
+			case mentions && !uses:
+				t.Errorf("%s: %s filters on $%s other than with %s=~: %q", where, s.name, f.variable, f.variable, expr)
+			}
+		}
+	}
+}
+
+// TestDashboardFilters checks the dashboard's namespace and service
+// variables: each is a label_values query of a sluice metric that has the
+// label (service within the chosen namespaces), and every panel query
+// filters on each variable whose label its metric has.
+func TestDashboardFilters(t *testing.T) {
+	d := codeDescriber(t)
+	data, err := os.ReadFile("base/dashboards/sluice.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dash struct {
+		Panels     []grafanaPanel `json:"panels"`
+		Templating struct {
+			List []grafanaVariable `json:"list"`
+		} `json:"templating"`
+	}
+	if err := json.Unmarshal(data, &dash); err != nil {
+		t.Fatal(err)
+	}
+	labelValues := regexp.MustCompile(`^label_values\((.+), *([a-z_]+)\)$`)
+	for _, f := range filters {
+		i := slices.IndexFunc(dash.Templating.List, func(v grafanaVariable) bool { return v.Name == f.variable })
+		if i < 0 {
+			t.Errorf("no variable %s", f.variable)
+			continue
+		}
+		v := dash.Templating.List[i]
+		q, _ := v.Query.(map[string]any)
+		query, _ := q["query"].(string)
+		m := labelValues.FindStringSubmatch(query)
+		if v.Type != "query" || m == nil || m[2] != f.variable {
+			t.Errorf("variable %s: %s %v: want a query label_values(<sluice metric>, %s)", f.variable, v.Type, v.Query, f.variable)
+			continue
+		}
+		if !v.Multi || !v.All || v.AllValue != ".*" {
+			t.Errorf("variable %s: multi %v, includeAll %v, allValue %q: want several values, All, and All as .*", f.variable, v.Multi, v.All, v.AllValue)
+		}
+		sels, err := selectors(m[1])
+		if err != nil || len(sels) != 1 || !strings.HasPrefix(sels[0].name, "sluice_") || !f.has(d, sels[0].name) {
+			t.Errorf("variable %s: %q is not a sluice metric with the label %s (%v)", f.variable, m[1], f.variable, err)
+			continue
+		}
+		// The services offered are those of the chosen namespaces.
+		if want := "namespace=~$namespace"; f.variable == "service" && !slices.Equal(sels[0].matchers, []string{want}) {
+			t.Errorf("variable service: %q: want it to select only %s", m[1], want)
+		}
+	}
+
+	var queries int
+	var walk func([]grafanaPanel)
+	walk = func(ps []grafanaPanel) {
+		for _, p := range ps {
+			walk(p.Panels)
+			for _, q := range p.Targets {
+				queries++
+				checkFilters(t, d, "panel "+strconv.Quote(p.Title), strings.ReplaceAll(q.Expr, "$__rate_interval", "5m"))
+			}
+		}
+	}
+	walk(dash.Panels)
+	if queries < 10 {
+		t.Errorf("%d queries: the dashboard lost its panels", queries)
+	}
 }
 
 // TestScrapeTargets checks that Prometheus is told to scrape every sluice

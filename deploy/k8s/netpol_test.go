@@ -140,7 +140,7 @@ func TestNetworkPolicies(t *testing.T) {
 			pod("derive", "sluice-derive"),
 			pod("migrate", "sluice-migrate"),
 			{name: "sidecar", namespace: "shop", labels: labels.Set{inject.SidecarLabel: inject.Injected, "app": "checkout"},
-				ports: []port{tcp(inject.ProxyPort), tcp(inject.AdminPort)}},
+				ports: []port{tcp(sidecarPorts(t, r).proxy), tcp(sidecarPorts(t, r).admin)}},
 			{name: "other-pod", namespace: "shop", labels: labels.Set{"app": "web"}},
 			{name: "prometheus", namespace: "monitoring", labels: labels.Set{"app.kubernetes.io/name": "prometheus"}},
 			{name: "dns", namespace: "kube-system", labels: labels.Set{"k8s-app": "kube-dns"},

@@ -1,6 +1,8 @@
 package k8s_test
 
 import (
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -87,8 +89,38 @@ func TestWebhookConfiguration(t *testing.T) {
 			t.Errorf("webhook paths %v, want %s and %s", paths, webhook.PathPod, webhook.PathNamespace)
 		}
 
-		checkOptInMatrix(t, mwc)
+		checkOptInMatrix(t, mwc, sidecarPorts(t, r))
 	})
+}
+
+// ports are the injected sidecar's, as the injector's flags set them.
+type ports struct{ proxy, admin int32 }
+
+// sidecarPorts reads the injector's --sidecar-proxy-port and
+// --sidecar-admin-port. They must be said explicitly, so that the chart and
+// the manifests can be compared, and be none of Istio's ports.
+func sidecarPorts(t *testing.T, r *rendered) ports {
+	t.Helper()
+	c := one[*appsv1.Deployment](t, r, "sluice-injector").Spec.Template.Spec.Containers[0]
+	var p ports
+	for _, f := range []struct {
+		name string
+		into *int32
+	}{{"sidecar-proxy-port", &p.proxy}, {"sidecar-admin-port", &p.admin}} {
+		v, ok := flag(c, f.name)
+		n, err := strconv.ParseInt(v, 10, 32)
+		if !ok || err != nil || n < 1 || n > 65535 {
+			t.Fatalf("injector: --%s=%q: want a port number, set explicitly", f.name, v)
+		}
+		if slices.Contains(inject.IstioPorts, int32(n)) {
+			t.Errorf("injector: --%s=%d is one of Istio's ports %v: a pod could not carry both sidecars", f.name, n, inject.IstioPorts)
+		}
+		*f.into = int32(n)
+	}
+	if p.proxy == p.admin {
+		t.Errorf("injector: the sidecar's proxy and admin ports are both %d", p.proxy)
+	}
+	return p
 }
 
 func contains(list []string, s string) bool {
@@ -116,9 +148,9 @@ func equal[T comparable](a, b []T) bool {
 // every which way, it finds which webhooks the configuration calls, sends
 // the pod to the injection logic on that webhook's path, and checks who
 // ends up with a sidecar.
-func checkOptInMatrix(t *testing.T, mwc *admissionregistrationv1.MutatingWebhookConfiguration) {
+func checkOptInMatrix(t *testing.T, mwc *admissionregistrationv1.MutatingWebhookConfiguration, p ports) {
 	t.Helper()
-	cfg := inject.Config{Image: "sidecar:test", Aggregators: []string{"a:1"}, Controllers: []string{"c:1"}}
+	cfg := inject.Config{Image: "sidecar:test", Aggregators: []string{"a:1"}, Controllers: []string{"c:1"}, ProxyPort: p.proxy, AdminPort: p.admin}
 	for _, tc := range []struct {
 		name        string
 		namespace   string

@@ -13,6 +13,7 @@ import (
 	"github.com/sluicehq/sluice/internal/cli"
 	"github.com/sluicehq/sluice/internal/duration"
 	"github.com/sluicehq/sluice/internal/process"
+	"github.com/sluicehq/sluice/sidecar/inject"
 )
 
 // Command is the injector binary.
@@ -104,6 +105,10 @@ flags win over the environment, the environment over the file.`,
 	f.StringVar(&cfg.Inject.MemoryRequest, "sidecar-memory-request", "64Mi", "the sidecar's memory request; pods override it with sluice.io/memory-request")
 	f.StringVar(&cfg.Inject.CPULimit, "sidecar-cpu-limit", "", "the sidecar's CPU limit, none by default (throttling would add latency to every request); pods set it with sluice.io/cpu-limit")
 	f.StringVar(&cfg.Inject.MemoryLimit, "sidecar-memory-limit", "256Mi", "the sidecar's memory limit; pods override it with sluice.io/memory-limit")
+	f.Int32Var(&cfg.Inject.ProxyPort, "sidecar-proxy-port", inject.DefaultProxyPort,
+		"the sidecar's proxy port (its --listen), outside Istio's ports so that both sidecars fit in a pod; pods override it with "+inject.ProxyPortAnnotation)
+	f.Int32Var(&cfg.Inject.AdminPort, "sidecar-admin-port", inject.DefaultAdminPort,
+		"the sidecar's port for /metrics, /healthz, /readyz (its --admin-addr); pods override it with "+inject.AdminPortAnnotation)
 	logging.AddFlags(f)
 	return cmd
 }

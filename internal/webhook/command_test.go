@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/sidecar/inject"
 )
 
 // TestCommandServesAndStops runs the injector binary's command in-process:
@@ -36,6 +38,7 @@ func TestCommandServesAndStops(t *testing.T) {
 		"--tls-cert-file", vol.path("tls.crt"), "--tls-key-file", vol.path("tls.key"),
 		"--sidecar-image", "ghcr.io/sluicehq/sluice-sidecar:v0.1.0",
 		"--aggregators", "sluice-aggregator.sluice-system.svc:18100",
+		"--sidecar-proxy-port", "4100", "--sidecar-admin-port", "4101",
 		"--log-level", "error",
 	})
 	cmd.SetErr(io.Discard)
@@ -73,7 +76,18 @@ func TestCommandServesAndStops(t *testing.T) {
 
 	r := &running{addr: webhookAddr, client: &http.Client{Timeout: waitTimeout, Transport: &http.Transport{
 		TLSClientConfig: &tls.Config{RootCAs: ca.pool, MinVersion: tls.VersionTLS12}}}}
-	patched(t, checkoutPod(), r.review(t, PathPod, checkoutPod()))
+	// The ports flags reach the sidecar: its container, probes and the
+	// binary's own flags.
+	got := patched(t, checkoutPod(), r.review(t, PathPod, checkoutPod()))
+	if n := len(got.Spec.InitContainers); n != 1 || got.Spec.InitContainers[0].Name != inject.ContainerName {
+		t.Fatalf("init containers %+v, want the sidecar", got.Spec.InitContainers)
+	}
+	for _, c := range got.Spec.InitContainers {
+		if len(c.Ports) != 2 || c.Ports[0].ContainerPort != 4100 || c.Ports[1].ContainerPort != 4101 {
+			t.Errorf("sidecar ports %+v, want 4100 and 4101 from the flags", c.Ports)
+		}
+		checkSidecarAcceptsEnv(t, &c, "checkout-1")
+	}
 
 	cancel()
 	select {
@@ -90,15 +104,27 @@ func TestCommandServesAndStops(t *testing.T) {
 }
 
 func TestCommandBadConfig(t *testing.T) {
-	cmd := Command()
-	cmd.SetArgs([]string{"--sidecar-image", "", "--aggregators", "nohost", "--sidecar-memory-request", "1Gi",
-		"--sidecar-memory-limit", "512Mi", "--sidecar-image-pull-policy", "Sometimes", "--tls-cert-file", ""})
-	cmd.SetErr(io.Discard)
-	cmd.SetOut(io.Discard)
-	err := cmd.ExecuteContext(context.Background())
-	for _, want := range []string{"sidecar-image:", "aggregators[0]:", "sidecar-memory-request:", "sidecar-image-pull-policy:", "tls-cert-file:"} {
-		if err == nil || !strings.Contains(err.Error(), want) {
-			t.Errorf("err = %v; want it to name %s", err, want)
+	for _, tc := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"--sidecar-image", "", "--aggregators", "nohost", "--sidecar-memory-request", "1Gi",
+			"--sidecar-memory-limit", "512Mi", "--sidecar-image-pull-policy", "Sometimes", "--tls-cert-file", "",
+			"--sidecar-proxy-port", "0", "--sidecar-admin-port", "65536"},
+			[]string{"sidecar-image:", "aggregators[0]:", "sidecar-memory-request:", "sidecar-image-pull-policy:", "tls-cert-file:",
+				"sidecar-proxy-port: 0 is not a port number (1-65535)", "sidecar-admin-port: 65536 is not a port number (1-65535)"}},
+		{[]string{"--sidecar-image", "sidecar:test", "--sidecar-proxy-port", "19300"},
+			[]string{"sidecar-admin-port: 19300 is also sidecar-proxy-port"}},
+	} {
+		cmd := Command()
+		cmd.SetArgs(tc.args)
+		cmd.SetErr(io.Discard)
+		cmd.SetOut(io.Discard)
+		err := cmd.ExecuteContext(context.Background())
+		for _, want := range tc.want {
+			if err == nil || !strings.Contains(err.Error(), want) {
+				t.Errorf("%q: err = %v; want it to say %s", tc.args, err, want)
+			}
 		}
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -38,6 +39,8 @@ var testInject = inject.Config{
 	CPURequest:    "50m",
 	MemoryRequest: "64Mi",
 	MemoryLimit:   "256Mi",
+	ProxyPort:     inject.DefaultProxyPort,
+	AdminPort:     inject.DefaultAdminPort,
 }
 
 // running is a webhook server on 127.0.0.1 with a test CA's certificate.
@@ -195,14 +198,14 @@ func TestAdmissionOverHTTPS(t *testing.T) {
 	}
 	// The Service's targetPort "http" now reaches the sidecar, which proxies
 	// to the app on 127.0.0.1:8080.
-	if sc.Ports[0].Name != "http" || sc.Ports[0].ContainerPort != inject.ProxyPort || got.Spec.Containers[0].Ports[0].Name != "" {
+	if sc.Ports[0].Name != "http" || sc.Ports[0].ContainerPort != inject.DefaultProxyPort || got.Spec.Containers[0].Ports[0].Name != "" {
 		t.Errorf("port takeover: sidecar %+v, app %+v", sc.Ports, got.Spec.Containers[0].Ports)
 	}
 	if p := got.Spec.Containers[0].ReadinessProbe.HTTPGet.Port; p != intstr.FromInt32(8080) {
 		t.Errorf("app readiness port %v, want 8080", p)
 	}
 	if sc.ReadinessProbe.HTTPGet.Path != "/readyz" || sc.LivenessProbe.HTTPGet.Path != "/healthz" ||
-		sc.ReadinessProbe.HTTPGet.Port != intstr.FromInt32(inject.AdminPort) {
+		sc.ReadinessProbe.HTTPGet.Port != intstr.FromInt32(inject.DefaultAdminPort) {
 		t.Errorf("sidecar probes %+v %+v", sc.ReadinessProbe, sc.LivenessProbe)
 	}
 	if s := sc.SecurityContext; s == nil || !*s.RunAsNonRoot || !*s.ReadOnlyRootFilesystem || s.Capabilities.Drop[0] != "ALL" {
@@ -227,7 +230,8 @@ func TestAdmissionOverHTTPS(t *testing.T) {
 // checkSidecarAcceptsEnv runs the sidecar binary's own configuration
 // layering (internal/cli) and validation (agent.Config) over the injected
 // environment, with the downward API resolved: what the sidecar would do at
-// start-up in the pod.
+// start-up in the pod. The binary must listen on the ports the container
+// declares and the probes use, whatever its own defaults are.
 func checkSidecarAcceptsEnv(t *testing.T, sc *corev1.Container, podName string) {
 	t.Helper()
 	env := map[string]string{}
@@ -266,11 +270,20 @@ func checkSidecarAcceptsEnv(t *testing.T, sc *corev1.Container, podName string) 
 	if cfg.ID != podName || cfg.Service != "checkout" || cfg.Upstream != "http://127.0.0.1:8080" {
 		t.Errorf("sidecar config %+v", cfg)
 	}
-	for _, flag := range []string{"listen", "admin-addr"} {
-		_, port, err := net.SplitHostPort(str(flag))
-		if err != nil || (flag == "listen" && port != "15001") || (flag == "admin-addr" && port != "15020") {
-			t.Errorf("--%s = %q", flag, str(flag))
+	if len(sc.Ports) != 2 {
+		t.Fatalf("sidecar ports %+v, want the proxy's and the admin's", sc.Ports)
+	}
+	for _, l := range []struct {
+		flag string
+		want int32
+	}{{"listen", sc.Ports[0].ContainerPort}, {"admin-addr", sc.Ports[1].ContainerPort}} {
+		_, port, err := net.SplitHostPort(str(l.flag))
+		if err != nil || port != strconv.Itoa(int(l.want)) {
+			t.Errorf("--%s = %q; the container declares %d", l.flag, str(l.flag), l.want)
 		}
+	}
+	if p := sc.ReadinessProbe.HTTPGet.Port; p.IntVal != sc.Ports[1].ContainerPort {
+		t.Errorf("readiness probe on %v, the admin port is %d", p, sc.Ports[1].ContainerPort)
 	}
 	if lf := str("log-format"); lf != "json" {
 		t.Errorf("--log-format = %q", lf)
@@ -326,6 +339,7 @@ func TestBadAnnotationsDenied(t *testing.T) {
 		{inject.Mode, "enforce", `"enforce" is not "takeover" or "explicit"`},
 		{inject.MemoryRequest, "64MB!", "not a quantity"},
 		{inject.Service, "check/out", "character '/'"},
+		{inject.ProxyPortAnnotation, "8080", "the sidecar listens on"},
 	} {
 		t.Run(tc.annotation+"="+tc.value, func(t *testing.T) {
 			pod := checkoutPod()
@@ -334,13 +348,13 @@ func TestBadAnnotationsDenied(t *testing.T) {
 			if resp.Allowed || resp.Patch != nil || resp.Result == nil || resp.Result.Code != http.StatusUnprocessableEntity {
 				t.Fatalf("response %+v: want a denial", resp)
 			}
-			if msg := resp.Result.Message; !strings.Contains(msg, tc.annotation+":") || !strings.Contains(msg, tc.says) {
+			if msg := resp.Result.Message; !strings.Contains(msg, tc.annotation) || !strings.Contains(msg, tc.says) {
 				t.Errorf("message %q: want it to name %s and say %q", msg, tc.annotation, tc.says)
 			}
 		})
 	}
-	if n := counter(t, r.reg, "sluice_injector_admissions_total", "denied"); n != 5 {
-		t.Errorf("denied = %v, want 5", n)
+	if n := counter(t, r.reg, "sluice_injector_admissions_total", "denied"); n != 6 {
+		t.Errorf("denied = %v, want 6", n)
 	}
 }
 

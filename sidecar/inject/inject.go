@@ -7,7 +7,8 @@
 // Always, Kubernetes 1.29 and later): it starts before the app's containers
 // and stops after them.
 //
-// How requests reach it, without iptables: the sidecar listens on ProxyPort
+// How requests reach it, without iptables: the sidecar listens on its proxy
+// port (DefaultProxyPort unless the injector or the pod says otherwise)
 // and, in the default mode "takeover", takes over the name of the app's
 // container port. A Service whose targetPort names that port ("http") then
 // sends its traffic to the sidecar, which proxies to the app on 127.0.0.1;
@@ -27,6 +28,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -69,6 +71,11 @@ const (
 	MemoryRequest = "sluice.io/memory-request"
 	CPULimit      = "sluice.io/cpu-limit"
 	MemoryLimit   = "sluice.io/memory-limit"
+	// ProxyPortAnnotation and AdminPortAnnotation move the sidecar's two
+	// ports for one pod, as the resource annotations override the
+	// injector's defaults: for an app that already uses a default port.
+	ProxyPortAnnotation = "sluice.io/proxy-port"
+	AdminPortAnnotation = "sluice.io/admin-port"
 
 	// Status is written by the injector on the pods it changed: what it did,
 	// as JSON.
@@ -89,12 +96,34 @@ const (
 // The injected container and its ports.
 const (
 	ContainerName = "sluice-sidecar"
-	ProxyPort     = 15001
-	AdminPort     = 15020
-	ProxyPortName = "sluice-proxy"
-	AdminPortName = "sluice-admin"
+	// DefaultProxyPort and DefaultAdminPort are the injector's default
+	// ports for the sidecar's proxy and its /metrics, /healthz, /readyz.
+	// They follow sluice's own numbering (18000 and 19000 the controller's,
+	// 18100 and 19100 the aggregators', 19200 the injector's admin) and are
+	// none of IstioPorts, so that a pod can carry both sidecars. The sidecar
+	// binary's own defaults (15001, 15020) are for running it outside
+	// Kubernetes; the injector always passes the ports it chose.
+	DefaultProxyPort = 18300
+	DefaultAdminPort = 19300
+	ProxyPortName    = "sluice-proxy"
+	AdminPortName    = "sluice-admin"
 	// UID is the sidecar's user and group: distroless's "nonroot".
 	UID = 65532
+)
+
+// IstioPorts are the ports Istio's sidecar (Envoy and pilot-agent) listens
+// on in every pod it joins, as its application requirements list them
+// (https://istio.io/latest/docs/ops/deployment/application-requirements/).
+// Istio does not declare them as container ports, so the injector can not
+// see them in the pod: it refuses them only in pods that show Istio's
+// sidecar, and the defaults avoid them.
+var IstioPorts = []int32{15000, 15001, 15004, 15006, 15008, 15009, 15020, 15021, 15053, 15090}
+
+// istioContainer and istioStatus mark a pod Istio's injector has already
+// changed.
+const (
+	istioContainer = "istio-proxy"
+	istioStatus    = "sidecar.istio.io/status"
 )
 
 // Env is the environment variable of the sidecar binary's flag, as
@@ -122,6 +151,11 @@ type Config struct {
 	// Default resources of the sidecar container, as quantities; an empty
 	// string sets none. Pods override each with an annotation.
 	CPURequest, MemoryRequest, CPULimit, MemoryLimit string
+	// ProxyPort and AdminPort are the sidecar's default ports (1-65535, two
+	// different ones; DefaultProxyPort and DefaultAdminPort unless the
+	// injector's flags say otherwise). Pods override each with an
+	// annotation.
+	ProxyPort, AdminPort int32
 }
 
 // Validate reports every bad field at once.
@@ -160,6 +194,17 @@ func (c Config) Validate() error {
 	}
 	for _, p := range r.check("sidecar-cpu-request", "sidecar-cpu-limit", "sidecar-memory-request", "sidecar-memory-limit") {
 		errs = append(errs, errors.New(p.String()))
+	}
+	for _, p := range []struct {
+		flag string
+		port int32
+	}{{"sidecar-proxy-port", c.ProxyPort}, {"sidecar-admin-port", c.AdminPort}} {
+		if p.port < 1 || p.port > 65535 {
+			errs = append(errs, fmt.Errorf("%s: %d is not a port number (1-65535)", p.flag, p.port))
+		}
+	}
+	if c.ProxyPort == c.AdminPort {
+		errs = append(errs, fmt.Errorf("sidecar-admin-port: %d is also sidecar-proxy-port; the sidecar needs two ports", c.AdminPort))
 	}
 	return errors.Join(errs...)
 }
@@ -288,6 +333,9 @@ type plan struct {
 	mode     string
 	strategy string
 	res      resources
+	// proxyPort and adminPort are the sidecar's: the injector's, or the
+	// pod's annotations.
+	proxyPort, adminPort int32
 
 	appPort int32
 	// appContainer and appPortIndex locate the declared app port, or -1.
@@ -356,7 +404,72 @@ func (p *plan) read() {
 	}
 	p.problems = append(p.problems, p.res.check(CPURequest, CPULimit, MemoryRequest, MemoryLimit)...)
 
+	p.readSidecarPorts()
 	p.readPorts()
+}
+
+// readSidecarPorts sets the sidecar's two ports: the injector's, or the
+// pod's annotations.
+func (p *plan) readSidecarPorts() {
+	ok := true
+	for _, sp := range []struct {
+		ann  string
+		def  int32
+		into *int32
+	}{{ProxyPortAnnotation, p.cfg.ProxyPort, &p.proxyPort}, {AdminPortAnnotation, p.cfg.AdminPort, &p.adminPort}} {
+		v, set := p.pod.Annotations[sp.ann]
+		if !set {
+			*sp.into = sp.def
+			continue
+		}
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 65535 {
+			p.deny(sp.ann, "%q is not a port number (1-65535)", v)
+			ok = false
+			continue
+		}
+		*sp.into = int32(n)
+	}
+	if ok && p.proxyPort == p.adminPort {
+		where := AdminPortAnnotation
+		if _, set := p.pod.Annotations[where]; !set {
+			where = ProxyPortAnnotation
+		}
+		p.deny(where, "the proxy and admin ports are both %d; the sidecar needs two ports", p.proxyPort)
+	}
+	if !ok || !p.hasIstio() {
+		return
+	}
+	// Istio's sidecar is in the pod already and listens on its ports
+	// without declaring them: the clash would only show as a sidecar that
+	// can not bind and restarts.
+	for _, sp := range []struct {
+		ann, flag string
+		port      int32
+	}{{ProxyPortAnnotation, "--sidecar-proxy-port", p.proxyPort}, {AdminPortAnnotation, "--sidecar-admin-port", p.adminPort}} {
+		if !slices.Contains(IstioPorts, sp.port) {
+			continue
+		}
+		from := "this annotation"
+		if _, set := p.pod.Annotations[sp.ann]; !set {
+			from = "the injector's " + sp.flag
+		}
+		p.deny(sp.ann, "port %d (from %s) is one Istio's sidecar, which this pod has, listens on; set %s to a port outside %v",
+			sp.port, from, sp.ann, IstioPorts)
+	}
+}
+
+// hasIstio says whether Istio's injector has already added its sidecar.
+func (p *plan) hasIstio() bool {
+	if _, ok := p.pod.Annotations[istioStatus]; ok {
+		return true
+	}
+	for _, c := range slices.Concat(p.pod.Spec.InitContainers, p.pod.Spec.Containers) {
+		if c.Name == istioContainer {
+			return true
+		}
+	}
+	return false
 }
 
 // readPorts finds the app port and checks that the sidecar's ports are free.
@@ -403,8 +516,9 @@ func (p *plan) readPorts() {
 	if p.appContainer >= 0 {
 		p.appPortName = spec.Containers[p.appContainer].Ports[p.appPortIndex].Name
 	}
-	if p.appPort == ProxyPort || p.appPort == AdminPort {
-		p.deny(AppPort, "the app's port %d is one the sidecar listens on (%d proxy, %d admin)", p.appPort, ProxyPort, AdminPort)
+	if p.appPort == p.proxyPort || p.appPort == p.adminPort {
+		p.deny(AppPort, "the app's port %d is one the sidecar listens on (%d proxy, %d admin; %s and %s move them)",
+			p.appPort, p.proxyPort, p.adminPort, ProxyPortAnnotation, AdminPortAnnotation)
 	}
 
 	// The sidecar shares the pod's network namespace: its ports and port
@@ -416,8 +530,9 @@ func (p *plan) readPorts() {
 		for i, c := range list.cs {
 			for j, port := range c.Ports {
 				field := fmt.Sprintf("%s[%d].ports[%d]", list.field, i, j)
-				if (port.ContainerPort == ProxyPort || port.ContainerPort == AdminPort) && port.ContainerPort != p.appPort {
-					p.deny(field, "container %q declares port %d, which the sluice sidecar listens on", c.Name, port.ContainerPort)
+				if (port.ContainerPort == p.proxyPort || port.ContainerPort == p.adminPort) && port.ContainerPort != p.appPort {
+					p.deny(field, "container %q declares port %d, which the sluice sidecar listens on (%s and %s move it)",
+						c.Name, port.ContainerPort, ProxyPortAnnotation, AdminPortAnnotation)
 				}
 				if port.Name == ProxyPortName || port.Name == AdminPortName {
 					p.deny(field, "container %q has a port named %q, a name the sluice sidecar uses", c.Name, port.Name)
@@ -450,13 +565,13 @@ func (p *plan) build() (Result, error) {
 	case p.appContainer < 0:
 		res.Warnings = append(res.Warnings, fmt.Sprintf(
 			"sluice: no container declares port %d, so there is no port name for the sidecar to take over: "+
-				"point the Service's targetPort at %q (%d), or requests bypass the sidecar", p.appPort, ProxyPortName, ProxyPort))
+				"point the Service's targetPort at %q (%d), or requests bypass the sidecar", p.appPort, ProxyPortName, p.proxyPort))
 	case p.appPortName == "":
 		res.Warnings = append(res.Warnings, fmt.Sprintf(
 			"sluice: port %d of container %q has no name, so there is none for the sidecar to take over: "+
 				"name it and target the name from the Service, or point the targetPort at %q (%d); "+
 				"a Service targeting %d bypasses the sidecar", p.appPort, p.pod.Spec.Containers[p.appContainer].Name,
-			ProxyPortName, ProxyPort, p.appPort))
+			ProxyPortName, p.proxyPort, p.appPort))
 	default:
 		takeover = p.appPortName
 		proxyName = takeover
@@ -471,11 +586,13 @@ func (p *plan) build() (Result, error) {
 	}
 
 	status, err := json.Marshal(struct {
-		Service  string `json:"service"`
-		AppPort  int32  `json:"appPort"`
-		Mode     string `json:"mode"`
-		Takeover string `json:"takeover,omitempty"`
-	}{p.service, p.appPort, p.mode, takeover})
+		Service   string `json:"service"`
+		AppPort   int32  `json:"appPort"`
+		ProxyPort int32  `json:"proxyPort"`
+		AdminPort int32  `json:"adminPort"`
+		Mode      string `json:"mode"`
+		Takeover  string `json:"takeover,omitempty"`
+	}{p.service, p.appPort, p.proxyPort, p.adminPort, p.mode, takeover})
 	if err != nil {
 		return Result{}, fmt.Errorf("encode status: %w", err)
 	}
@@ -549,8 +666,10 @@ func (p *plan) container(proxyName string) corev1.Container {
 		// name an operator looks for.
 		{Name: Env("id"), ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "metadata.name"}}},
 		{Name: Env("upstream"), Value: "http://127.0.0.1:" + strconv.Itoa(int(p.appPort))},
-		{Name: Env("listen"), Value: ":" + strconv.Itoa(ProxyPort)},
-		{Name: Env("admin-addr"), Value: ":" + strconv.Itoa(AdminPort)},
+		// Always passed: the sidecar binary's own defaults are not the
+		// injector's.
+		{Name: Env("listen"), Value: ":" + strconv.Itoa(int(p.proxyPort))},
+		{Name: Env("admin-addr"), Value: ":" + strconv.Itoa(int(p.adminPort))},
 		{Name: Env("aggregators"), Value: strings.Join(p.cfg.Aggregators, ",")},
 		{Name: Env("controllers"), Value: strings.Join(p.cfg.Controllers, ",")},
 		{Name: Env("log-format"), Value: "json"},
@@ -564,7 +683,7 @@ func (p *plan) container(proxyName string) corev1.Container {
 	probe := func(path string, period, failures int32) *corev1.Probe {
 		return &corev1.Probe{
 			ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{
-				Path: path, Port: intstr.FromInt32(AdminPort), Scheme: corev1.URISchemeHTTP,
+				Path: path, Port: intstr.FromInt32(p.adminPort), Scheme: corev1.URISchemeHTTP,
 			}},
 			PeriodSeconds: period, TimeoutSeconds: 1, FailureThreshold: failures, SuccessThreshold: 1,
 		}
@@ -576,8 +695,8 @@ func (p *plan) container(proxyName string) corev1.Container {
 		ImagePullPolicy: pull,
 		RestartPolicy:   &always,
 		Ports: []corev1.ContainerPort{
-			{Name: proxyName, ContainerPort: ProxyPort, Protocol: corev1.ProtocolTCP},
-			{Name: AdminPortName, ContainerPort: AdminPort, Protocol: corev1.ProtocolTCP},
+			{Name: proxyName, ContainerPort: p.proxyPort, Protocol: corev1.ProtocolTCP},
+			{Name: AdminPortName, ContainerPort: p.adminPort, Protocol: corev1.ProtocolTCP},
 		},
 		Env:            env,
 		Resources:      p.res.requirements(),

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -25,6 +26,8 @@ var cfg = inject.Config{
 	CPURequest:    "50m",
 	MemoryRequest: "64Mi",
 	MemoryLimit:   "256Mi",
+	ProxyPort:     inject.DefaultProxyPort,
+	AdminPort:     inject.DefaultAdminPort,
 }
 
 // appPod is a typical Deployment pod: the app's port is named, its probes
@@ -210,8 +213,8 @@ func TestTakeover(t *testing.T) {
 		t.Errorf("image %s %s", sc.Image, sc.ImagePullPolicy)
 	}
 	wantPorts := []corev1.ContainerPort{
-		{Name: "http", ContainerPort: inject.ProxyPort, Protocol: corev1.ProtocolTCP},
-		{Name: inject.AdminPortName, ContainerPort: inject.AdminPort, Protocol: corev1.ProtocolTCP},
+		{Name: "http", ContainerPort: 18300, Protocol: corev1.ProtocolTCP},
+		{Name: inject.AdminPortName, ContainerPort: 19300, Protocol: corev1.ProtocolTCP},
 	}
 	if !slices.Equal(sc.Ports, wantPorts) {
 		t.Errorf("sidecar ports %+v, want %+v", sc.Ports, wantPorts)
@@ -236,7 +239,7 @@ func TestTakeover(t *testing.T) {
 	}
 
 	for name, probe := range map[string]*corev1.Probe{"/readyz": sc.ReadinessProbe, "/healthz": sc.LivenessProbe} {
-		if probe == nil || probe.HTTPGet == nil || probe.HTTPGet.Path != name || probe.HTTPGet.Port != intstr.FromInt32(inject.AdminPort) {
+		if probe == nil || probe.HTTPGet == nil || probe.HTTPGet.Path != name || probe.HTTPGet.Port != intstr.FromInt32(19300) {
 			t.Errorf("probe %s: %+v", name, probe)
 		}
 	}
@@ -245,8 +248,8 @@ func TestTakeover(t *testing.T) {
 	for name, want := range map[string]string{
 		"SLUICE_SIDECAR_SERVICE":     "checkout",
 		"SLUICE_SIDECAR_UPSTREAM":    "http://127.0.0.1:8080",
-		"SLUICE_SIDECAR_LISTEN":      ":15001",
-		"SLUICE_SIDECAR_ADMIN_ADDR":  ":15020",
+		"SLUICE_SIDECAR_LISTEN":      ":18300",
+		"SLUICE_SIDECAR_ADMIN_ADDR":  ":19300",
 		"SLUICE_SIDECAR_AGGREGATORS": "sluice-aggregator.sluice-system.svc:18100",
 		"SLUICE_SIDECAR_CONTROLLERS": "sluice-controller.sluice-system.svc:18000",
 	} {
@@ -277,7 +280,8 @@ func TestTakeover(t *testing.T) {
 
 	var status map[string]any
 	if err := json.Unmarshal([]byte(got.Annotations[inject.Status]), &status); err != nil ||
-		status["service"] != "checkout" || status["takeover"] != "http" || status["appPort"] != 8080.0 {
+		status["service"] != "checkout" || status["takeover"] != "http" || status["appPort"] != 8080.0 ||
+		status["proxyPort"] != 18300.0 || status["adminPort"] != 19300.0 {
 		t.Errorf("status annotation %q (%v)", got.Annotations[inject.Status], err)
 	}
 	if got.Annotations[inject.Inject] != "true" {
@@ -428,7 +432,21 @@ func TestBadAnnotationsAreDenied(t *testing.T) {
 		{"port too big", ann(inject.AppPort, "70000"), []string{inject.AppPort}, "not a port number"},
 		{"port negative", ann(inject.AppPort, "-8080"), []string{inject.AppPort}, "not a port number"},
 		{"port name unknown", ann(inject.AppPort, "grpc"), []string{inject.AppPort}, `"grpc" is neither`},
-		{"port is the sidecar's", ann(inject.AppPort, "15001"), []string{inject.AppPort}, "the sidecar listens on"},
+		{"port is the sidecar's", ann(inject.AppPort, "18300"), []string{inject.AppPort}, "the sidecar listens on"},
+		{"proxy port moved onto the app's", ann(inject.ProxyPortAnnotation, "8080"), []string{inject.AppPort}, "8080 proxy"},
+		{"proxy port zero", ann(inject.ProxyPortAnnotation, "0"), []string{inject.ProxyPortAnnotation}, `"0" is not a port number`},
+		{"admin port too big", ann(inject.AdminPortAnnotation, "65536"), []string{inject.AdminPortAnnotation}, `"65536" is not a port number`},
+		{"admin port a name", ann(inject.AdminPortAnnotation, "admin"), []string{inject.AdminPortAnnotation}, `"admin" is not a port number`},
+		{"proxy port empty", ann(inject.ProxyPortAnnotation, ""), []string{inject.ProxyPortAnnotation}, `"" is not a port number`},
+		{"admin port onto the proxy's", ann(inject.AdminPortAnnotation, "18300"), []string{inject.AdminPortAnnotation}, "both 18300"},
+		{"proxy port onto the admin's", ann(inject.ProxyPortAnnotation, "19300"), []string{inject.ProxyPortAnnotation}, "both 19300"},
+		{"proxy port onto another container's", func(p *corev1.Pod) {
+			ann(inject.ProxyPortAnnotation, "9090")(p)
+		}, []string{"spec.containers[0].ports[1]"}, "declares port 9090"},
+		{"Istio's port in a pod with Istio", func(p *corev1.Pod) {
+			ann(inject.ProxyPortAnnotation, "15001")(p)
+			p.Spec.InitContainers = append(p.Spec.InitContainers, corev1.Container{Name: "istio-proxy", Image: "istio/proxyv2"})
+		}, []string{inject.ProxyPortAnnotation}, "Istio's sidecar"},
 		{"mode", ann(inject.Mode, "shadow"), []string{inject.Mode}, `"shadow" is not "takeover" or "explicit"`},
 		{"strategy", ann(inject.Strategy, "fast"), []string{inject.Strategy}, `"fast"`},
 		{"cpu quantity", ann(inject.CPURequest, "lots"), []string{inject.CPURequest}, `"lots" is not a quantity`},
@@ -445,8 +463,8 @@ func TestBadAnnotationsAreDenied(t *testing.T) {
 		{"service missing", func(p *corev1.Pod) { delete(p.Labels, inject.NameLabel) }, []string{inject.Service}, "required"},
 		{"no port at all", func(p *corev1.Pod) { p.Spec.Containers[0].Ports = nil }, []string{inject.AppPort}, "required"},
 		{"pod uses the admin port", func(p *corev1.Pod) {
-			p.Spec.Containers = append(p.Spec.Containers, corev1.Container{Name: "debug", Ports: []corev1.ContainerPort{{ContainerPort: inject.AdminPort}}})
-		}, []string{"spec.containers[1].ports[0]"}, "15020"},
+			p.Spec.Containers = append(p.Spec.Containers, corev1.Container{Name: "debug", Ports: []corev1.ContainerPort{{ContainerPort: 19300}}})
+		}, []string{"spec.containers[1].ports[0]"}, "19300"},
 		{"every problem at once", func(p *corev1.Pod) {
 			ann(inject.AppPort, "x")(p)
 			ann(inject.Mode, "y")(p)
@@ -489,12 +507,19 @@ func TestConfigValidate(t *testing.T) {
 	if err := cfg.Validate(); err != nil {
 		t.Fatalf("test config: %v", err)
 	}
-	bad := inject.Config{PullPolicy: "Sometimes", Aggregators: []string{"nohost"}, CPURequest: "x", MemoryRequest: "2Gi", MemoryLimit: "1Gi"}
+	bad := inject.Config{PullPolicy: "Sometimes", Aggregators: []string{"nohost"}, CPURequest: "x", MemoryRequest: "2Gi", MemoryLimit: "1Gi",
+		ProxyPort: 0, AdminPort: 70000}
 	err := bad.Validate()
-	for _, want := range []string{"sidecar-image", "sidecar-image-pull-policy", "aggregators[0]", "controllers", "sidecar-cpu-request", "sidecar-memory-request"} {
-		if err == nil || !strings.Contains(err.Error(), want+":") {
+	for _, want := range []string{"sidecar-image", "sidecar-image-pull-policy", "aggregators[0]", "controllers", "sidecar-cpu-request", "sidecar-memory-request",
+		"sidecar-proxy-port: 0 is not a port number", "sidecar-admin-port: 70000 is not a port number"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Validate() = %v; want it to name %s", err, want)
 		}
+	}
+	same := cfg
+	same.AdminPort = same.ProxyPort
+	if err := same.Validate(); err == nil || !strings.Contains(err.Error(), "sidecar-admin-port: 18300 is also sidecar-proxy-port") {
+		t.Errorf("Validate() with one port for both = %v; want it refused", err)
 	}
 }
 
@@ -521,3 +546,126 @@ func TestPodWithoutLabelsOrAnnotationsOfItsOwn(t *testing.T) {
 		t.Errorf("annotations %v", got.Annotations)
 	}
 }
+
+// TestDefaultPortsAvoidIstio holds the reason the defaults were chosen: a
+// pod may carry Istio's sidecar and sluice's side by side.
+func TestDefaultPortsAvoidIstio(t *testing.T) {
+	for _, p := range []int32{inject.DefaultProxyPort, inject.DefaultAdminPort} {
+		if slices.Contains(inject.IstioPorts, p) {
+			t.Errorf("default port %d is one of Istio's %v", p, inject.IstioPorts)
+		}
+	}
+	if inject.DefaultProxyPort == inject.DefaultAdminPort {
+		t.Error("the default proxy and admin ports are the same")
+	}
+}
+
+// TestSidecarPorts checks that the ports from the injector's config and
+// from a pod's annotations reach everything that depends on them: the
+// container's ports, its probes, the sidecar binary's --listen and
+// --admin-addr, the status annotation and the warnings.
+func TestSidecarPorts(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		proxy, admin int32 // the injector's
+		annotations  map[string]string
+		appPorts     []corev1.ContainerPort // nil: appPod's
+		wantProxy    int32
+		wantAdmin    int32
+	}{
+		{"the injector's defaults", inject.DefaultProxyPort, inject.DefaultAdminPort, nil, nil, 18300, 19300},
+		{"the injector's flags", 4000, 4001, nil, nil, 4000, 4001},
+		{"the pod's annotations win", 4000, 4001, map[string]string{inject.ProxyPortAnnotation: "7001", inject.AdminPortAnnotation: "7002"}, nil, 7001, 7002},
+		{"one annotation, one default", inject.DefaultProxyPort, inject.DefaultAdminPort, map[string]string{inject.AdminPortAnnotation: "7002"}, nil, 18300, 7002},
+		{"an app on the default port moves the sidecar", inject.DefaultProxyPort, inject.DefaultAdminPort,
+			map[string]string{inject.ProxyPortAnnotation: "18301", inject.AppPort: "18300"},
+			[]corev1.ContainerPort{{Name: "http", ContainerPort: 18300}}, 18301, 19300},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := cfg
+			c.ProxyPort, c.AdminPort = tc.proxy, tc.admin
+			if err := c.Validate(); err != nil {
+				t.Fatal(err)
+			}
+			pod := appPod(tc.annotations)
+			if tc.appPorts != nil {
+				pod.Spec.Containers[0].Ports = tc.appPorts
+				pod.Spec.Containers[0].StartupProbe = nil // it used the port named metrics
+			}
+			res, err := inject.Pod(pod, inject.ScopeNamespace, c)
+			if err != nil || res.Patch == nil {
+				t.Fatalf("Pod: %+v, %v", res, err)
+			}
+			got := apply(t, pod, res.Patch)
+			checkValid(t, got)
+			sc := sidecarOf(t, got)
+			if len(sc.Ports) != 2 || sc.Ports[0].ContainerPort != tc.wantProxy || sc.Ports[1].ContainerPort != tc.wantAdmin ||
+				sc.Ports[0].Name != "http" || sc.Ports[1].Name != inject.AdminPortName {
+				t.Errorf("sidecar ports %+v, want http %d and %s %d", sc.Ports, tc.wantProxy, inject.AdminPortName, tc.wantAdmin)
+			}
+			for _, probe := range []*corev1.Probe{sc.ReadinessProbe, sc.LivenessProbe} {
+				if probe.HTTPGet.Port != intstr.FromInt32(tc.wantAdmin) {
+					t.Errorf("probe on %v, want %d", probe.HTTPGet.Port, tc.wantAdmin)
+				}
+			}
+			e := env(sc)
+			if e[inject.Env("listen")].Value != ":"+itoa(tc.wantProxy) || e[inject.Env("admin-addr")].Value != ":"+itoa(tc.wantAdmin) {
+				t.Errorf("--listen %q, --admin-addr %q; want :%d, :%d", e[inject.Env("listen")].Value, e[inject.Env("admin-addr")].Value, tc.wantProxy, tc.wantAdmin)
+			}
+			var status struct{ ProxyPort, AdminPort int32 }
+			if err := json.Unmarshal([]byte(got.Annotations[inject.Status]), &status); err != nil ||
+				status.ProxyPort != tc.wantProxy || status.AdminPort != tc.wantAdmin {
+				t.Errorf("status %s: want ports %d, %d", got.Annotations[inject.Status], tc.wantProxy, tc.wantAdmin)
+			}
+			if again, err := inject.Pod(got, inject.ScopeNamespace, c); err != nil || again.Patch != nil {
+				t.Errorf("second pass: %+v, %v", again, err)
+			}
+		})
+	}
+}
+
+// TestIstioSidecarInThePod checks both orders of the two injectors: with
+// Istio's sidecar already in the pod, sluice's default ports fit beside it
+// and Istio's own ports are refused, naming where they came from.
+func TestIstioSidecarInThePod(t *testing.T) {
+	withIstio := map[string]func(*corev1.Pod){
+		"istio-proxy native sidecar": func(p *corev1.Pod) {
+			p.Spec.InitContainers = []corev1.Container{{Name: "istio-init", Image: "istio/proxyv2"}, {Name: "istio-proxy", Image: "istio/proxyv2"}}
+		},
+		"istio-proxy container": func(p *corev1.Pod) {
+			p.Spec.Containers = append(p.Spec.Containers, corev1.Container{Name: "istio-proxy", Image: "istio/proxyv2",
+				Ports: []corev1.ContainerPort{{Name: "http-envoy-prom", ContainerPort: 15090}}})
+		},
+		"Istio's status annotation": func(p *corev1.Pod) { p.Annotations["sidecar.istio.io/status"] = `{"containers":["istio-proxy"]}` },
+	}
+	for name, addIstio := range withIstio {
+		t.Run(name, func(t *testing.T) {
+			pod := appPod(map[string]string{})
+			addIstio(pod)
+			got, _ := mustInject(t, pod, inject.ScopeNamespace)
+			if sc := sidecarOf(t, got); sc.Ports[0].ContainerPort != inject.DefaultProxyPort {
+				t.Errorf("sidecar ports %+v", sc.Ports)
+			}
+
+			old := cfg
+			old.ProxyPort, old.AdminPort = 15001, 15020 // sluice's ports before they moved
+			pod = appPod(map[string]string{inject.AdminPortAnnotation: "15021"})
+			addIstio(pod)
+			_, err := inject.Pod(pod, inject.ScopeNamespace, old)
+			var deny *inject.DenyError
+			if !errors.As(err, &deny) || len(deny.Problems) != 2 ||
+				deny.Problems[0].Where != inject.ProxyPortAnnotation || !strings.Contains(deny.Problems[0].Message, "the injector's --sidecar-proxy-port") ||
+				deny.Problems[1].Where != inject.AdminPortAnnotation || !strings.Contains(deny.Problems[1].Message, "this annotation") {
+				t.Errorf("Istio's ports: %v; want both refused, the proxy's from the injector's flag and the admin's from the annotation", err)
+			}
+		})
+	}
+	// Without Istio in the pod its ports are the operator's choice.
+	old := cfg
+	old.ProxyPort, old.AdminPort = 15001, 15020
+	if res, err := inject.Pod(appPod(nil), inject.ScopeNamespace, old); err != nil || res.Patch == nil {
+		t.Errorf("no Istio, ports 15001 and 15020: %+v, %v; want injected", res, err)
+	}
+}
+
+func itoa(n int32) string { return strconv.Itoa(int(n)) }
