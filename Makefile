@@ -32,7 +32,7 @@ test-short: ## quick local loop: skips the long end-to-end tests
 bench: ## benchmarks recorded in docs/benchmarks.md (Postgres ones start a throwaway cluster)
 	@bash scripts/ensure-postgres.sh
 	$(GO) test -run '^$$' -bench 'Decide' -benchmem -cpu 1,2 ./sidecar
-	$(GO) test -run '^$$' -bench 'AddedLatency' -benchtime 20000x ./sidecar/proxy
+	$(GO) test -run '^$$' -bench 'AddedLatency' -benchtime 20000x ./internal/agent/proxy
 	$(GO) test -run '^$$' -bench 'Step' -benchmem ./pkg/dropratio
 	$(GO) test -run '^$$' -bench . -benchtime 10x ./pkg/history
 	$(GO) test -run '^$$' -bench . -benchtime 5x ./internal/configurator

@@ -29,9 +29,9 @@ import (
 
 	"github.com/sluicehq/sluice/internal/controller"
 	"github.com/sluicehq/sluice/internal/loadgen"
-	"github.com/sluicehq/sluice/internal/names"
 	"github.com/sluicehq/sluice/internal/pgtest"
 	"github.com/sluicehq/sluice/pkg/history"
+	"github.com/sluicehq/sluice/pkg/names"
 )
 
 // The load of every fault test: web surges to five times its limit for the

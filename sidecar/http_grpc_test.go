@@ -22,7 +22,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/sluicehq/sluice/sidecar/proxy"
+	"github.com/sluicehq/sluice/internal/agent/proxy"
 )
 
 // proxiedHealth is the sidecar binary's data path on loopback: a gRPC client

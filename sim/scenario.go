@@ -20,7 +20,7 @@ import (
 	"github.com/sluicehq/sluice/internal/controller"
 	"github.com/sluicehq/sluice/internal/duration"
 	"github.com/sluicehq/sluice/internal/limits"
-	"github.com/sluicehq/sluice/internal/names"
+	"github.com/sluicehq/sluice/pkg/names"
 	"github.com/sluicehq/sluice/sidecar/reporter"
 )
 

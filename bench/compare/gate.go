@@ -14,9 +14,9 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/internal/agent"
-	"github.com/sluicehq/sluice/internal/names"
+	"github.com/sluicehq/sluice/internal/agent/proxy"
+	"github.com/sluicehq/sluice/pkg/names"
 	"github.com/sluicehq/sluice/sidecar"
-	"github.com/sluicehq/sluice/sidecar/proxy"
 )
 
 // CallerHeader names the caller on every request, for both designs.
@@ -31,7 +31,7 @@ type Decider interface {
 // Gate is the Redis design's request path: a reverse proxy that asks Redis
 // about every request before forwarding it, answers 429 when Redis says no,
 // and fails open (forwards the request) when Redis can not be asked. The
-// proxy behind it is sluice's own (sidecar/proxy), so that a comparison of
+// proxy behind it is sluice's own (internal/agent/proxy), so that a comparison of
 // the two request paths measures the decisions and nothing else.
 type Gate struct {
 	Decider Decider

@@ -28,8 +28,8 @@ import (
 	"github.com/sluicehq/sluice/internal/controller"
 	"github.com/sluicehq/sluice/internal/limits"
 	"github.com/sluicehq/sluice/internal/webhook"
+	"github.com/sluicehq/sluice/internal/webhook/inject"
 	"github.com/sluicehq/sluice/pkg/history"
-	"github.com/sluicehq/sluice/sidecar/inject"
 )
 
 // describer is a prometheus.Registerer that only records the names of the

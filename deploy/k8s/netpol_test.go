@@ -11,7 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 
-	"github.com/sluicehq/sluice/sidecar/inject"
+	"github.com/sluicehq/sluice/internal/webhook/inject"
 )
 
 // peer is a party of a connection: a pod (namespace and labels) or an

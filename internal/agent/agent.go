@@ -27,9 +27,9 @@ import (
 	"google.golang.org/grpc"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
-	"github.com/sluicehq/sluice/internal/names"
+	"github.com/sluicehq/sluice/internal/agent/proxy"
+	"github.com/sluicehq/sluice/pkg/names"
 	"github.com/sluicehq/sluice/sidecar"
-	"github.com/sluicehq/sluice/sidecar/proxy"
 	"github.com/sluicehq/sluice/sidecar/reporter"
 	"github.com/sluicehq/sluice/sidecar/xdsclient"
 )

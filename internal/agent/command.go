@@ -8,11 +8,11 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/sluicehq/sluice/internal/admin"
+	"github.com/sluicehq/sluice/internal/agent/proxy"
 	"github.com/sluicehq/sluice/internal/cli"
 	"github.com/sluicehq/sluice/internal/duration"
 	"github.com/sluicehq/sluice/internal/identity"
 	"github.com/sluicehq/sluice/internal/process"
-	"github.com/sluicehq/sluice/sidecar/proxy"
 )
 
 // Command is the sidecar binary.

@@ -6,7 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/sluicehq/sluice/internal/uplink"
+	"github.com/sluicehq/sluice/pkg/uplink"
 )
 
 // metrics are resolved once at construction, so the report path does no

@@ -20,9 +20,9 @@ import (
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/identity"
-	"github.com/sluicehq/sluice/internal/names"
 	"github.com/sluicehq/sluice/internal/ticker"
-	"github.com/sluicehq/sluice/internal/uplink"
+	"github.com/sluicehq/sluice/pkg/names"
+	"github.com/sluicehq/sluice/pkg/uplink"
 )
 
 // Config configures a Service. Start from DefaultConfig; New fills zero

@@ -6,8 +6,8 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/sluicehq/sluice/internal/names"
 	"github.com/sluicehq/sluice/pkg/history"
+	"github.com/sluicehq/sluice/pkg/names"
 )
 
 // target is a command-line bucket, "callee/caller", or a callee alone.

@@ -9,8 +9,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/sluicehq/sluice/internal/names"
 	"github.com/sluicehq/sluice/pkg/history"
+	"github.com/sluicehq/sluice/pkg/names"
 )
 
 // proposalRow is a proposal as review, derive, approve and reject print it

@@ -10,8 +10,8 @@ import (
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/limits"
-	"github.com/sluicehq/sluice/internal/names"
 	"github.com/sluicehq/sluice/pkg/dropratio"
+	"github.com/sluicehq/sluice/pkg/names"
 )
 
 // Publishing: a verdict rendered as DropPolicy resources, pushed when they

@@ -5,7 +5,7 @@ import (
 	"slices"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
-	"github.com/sluicehq/sluice/internal/names"
+	"github.com/sluicehq/sluice/pkg/names"
 )
 
 // Summing: the latest zone load of every live aggregator, merged per

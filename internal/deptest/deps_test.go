@@ -215,7 +215,7 @@ func TestDependencyDirection(t *testing.T) {
 		// and only the image tool builds images.
 		name: "Kubernetes and image libraries only in the injector and the image tool",
 		applies: func(rel string) bool {
-			return !under(rel, "sidecar/inject") && !under(rel, "internal/webhook") &&
+			return !under(rel, "internal/webhook") &&
 				!under(rel, "cmd/injector") && !under(rel, "internal/tools/ocibuild")
 		},
 		forbidden: func(path string) bool {
@@ -225,9 +225,16 @@ func TestDependencyDirection(t *testing.T) {
 				under(path, "github.com/prometheus/prometheus")
 		},
 	}, {
-		name:      "controller and aggregator never import the sidecar proxy",
+		name:      "controller and aggregator never import the sidecar binary's packages",
 		applies:   func(rel string) bool { return under(rel, "internal/controller") || under(rel, "internal/aggregator") },
-		forbidden: func(path string) bool { return under(path, mod("sidecar/proxy")) },
+		forbidden: func(path string) bool { return under(path, mod("internal/agent")) },
+	}, {
+		// What an application may import, the sidecar library and pkg/,
+		// stands alone: a doc comment there never names a type its reader
+		// cannot import.
+		name:      "importable code (pkg/, sidecar/) never imports internal/",
+		applies:   func(rel string) bool { return under(rel, "pkg") || under(rel, "sidecar") },
+		forbidden: func(path string) bool { return under(path, mod("internal")) },
 	}}
 
 	for _, r := range rules {

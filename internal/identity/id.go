@@ -28,7 +28,7 @@ import (
 	"net/url"
 	"strings"
 
-	"github.com/sluicehq/sluice/internal/names"
+	"github.com/sluicehq/sluice/pkg/names"
 )
 
 // Kind is what a peer is.

@@ -11,8 +11,8 @@ import (
 	"math"
 	"sort"
 
-	"github.com/sluicehq/sluice/internal/names"
 	"github.com/sluicehq/sluice/pkg/dropratio"
+	"github.com/sluicehq/sluice/pkg/names"
 )
 
 // Source yields the limits in force. Limits must be cheap: the controller

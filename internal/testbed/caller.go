@@ -20,10 +20,10 @@ import (
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/admin"
-	"github.com/sluicehq/sluice/internal/names"
+	"github.com/sluicehq/sluice/internal/agent/proxy"
 	"github.com/sluicehq/sluice/internal/process"
+	"github.com/sluicehq/sluice/pkg/names"
 	"github.com/sluicehq/sluice/sidecar"
-	"github.com/sluicehq/sluice/sidecar/proxy"
 	"github.com/sluicehq/sluice/sidecar/reporter"
 	"github.com/sluicehq/sluice/sidecar/xdsclient"
 )

@@ -23,12 +23,12 @@ import (
 
 	"github.com/sluicehq/sluice/internal/admin"
 	"github.com/sluicehq/sluice/internal/agent"
+	"github.com/sluicehq/sluice/internal/agent/proxy"
 	"github.com/sluicehq/sluice/internal/aggregator"
 	"github.com/sluicehq/sluice/internal/controller"
 	"github.com/sluicehq/sluice/internal/limits"
 	"github.com/sluicehq/sluice/internal/process"
 	"github.com/sluicehq/sluice/sidecar"
-	"github.com/sluicehq/sluice/sidecar/proxy"
 )
 
 // Options shapes a cluster.

@@ -13,7 +13,7 @@ import (
 	"github.com/sluicehq/sluice/internal/cli"
 	"github.com/sluicehq/sluice/internal/duration"
 	"github.com/sluicehq/sluice/internal/process"
-	"github.com/sluicehq/sluice/sidecar/inject"
+	"github.com/sluicehq/sluice/internal/webhook/inject"
 )
 
 // Command is the injector binary.

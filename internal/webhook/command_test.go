@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/sidecar/inject"
+	"github.com/sluicehq/sluice/internal/webhook/inject"
 )
 
 // TestCommandServesAndStops runs the injector binary's command in-process:

@@ -8,7 +8,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/sluicehq/sluice/internal/identity"
-	"github.com/sluicehq/sluice/sidecar/inject"
+	"github.com/sluicehq/sluice/internal/webhook/inject"
 )
 
 // SidecarTLS gives every injected sidecar mutual TLS. Its certificate comes

@@ -1,5 +1,5 @@
 // Package webhook is the sluice injector: a mutating admission webhook that
-// adds the sidecar to pods (the injection itself is sidecar/inject), served
+// adds the sidecar to pods (the injection itself is internal/webhook/inject), served
 // over HTTPS with a certificate read from files and reloaded when they
 // change.
 //
@@ -28,7 +28,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/sluicehq/sluice/sidecar/inject"
+	"github.com/sluicehq/sluice/internal/webhook/inject"
 )
 
 // Paths the webhook serves.

@@ -26,7 +26,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/agent"
 	"github.com/sluicehq/sluice/internal/cli"
-	"github.com/sluicehq/sluice/sidecar/inject"
+	"github.com/sluicehq/sluice/internal/webhook/inject"
 )
 
 // waitTimeout bounds every wait of these tests.

@@ -14,7 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/sluicehq/sluice/internal/identity"
-	"github.com/sluicehq/sluice/internal/names"
+	"github.com/sluicehq/sluice/pkg/names"
 )
 
 // authz refuses, under mutual TLS, every subscription a stream's peer may
@@ -171,7 +171,7 @@ func (a *authz) check(p identity.ID, node *core.Node, typeURL string, resources 
 	}
 	var own []string
 	switch typeURL {
-	case TypeURL:
+	case names.DropPolicyType:
 		own = []string{names.Callee(p.Service), names.Caller(p.Service)}
 	case RuntimeTypeURL:
 		own = []string{RuntimeLayerName(p.Service)}

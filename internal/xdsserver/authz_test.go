@@ -17,6 +17,7 @@ import (
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/identity"
 	"github.com/sluicehq/sluice/internal/identity/devpki"
+	"github.com/sluicehq/sluice/pkg/names"
 )
 
 const trustDomain = "example.org"
@@ -115,7 +116,7 @@ func TestPolicyServedOnlyToItsService(t *testing.T) {
 
 	// deltaSubscribe opens a delta stream with one subscription and returns
 	// its responses and a way to read how it ended.
-	deltaSubscribe := func(c discovery.AggregatedDiscoveryServiceClient, n *core.Node, names ...string) (<-chan *discovery.DeltaDiscoveryResponse, func() error) {
+	deltaSubscribe := func(c discovery.AggregatedDiscoveryServiceClient, n *core.Node, resources ...string) (<-chan *discovery.DeltaDiscoveryResponse, func() error) {
 		t.Helper()
 		ctx, cancel := context.WithCancel(context.Background())
 		t.Cleanup(cancel)
@@ -129,7 +130,7 @@ func TestPolicyServedOnlyToItsService(t *testing.T) {
 			last = err
 			return r, err
 		})
-		if err := st.Send(&discovery.DeltaDiscoveryRequest{Node: n, TypeUrl: TypeURL, ResourceNamesSubscribe: names}); err != nil {
+		if err := st.Send(&discovery.DeltaDiscoveryRequest{Node: n, TypeUrl: names.DropPolicyType, ResourceNamesSubscribe: resources}); err != nil {
 			t.Fatal(err)
 		}
 		return ch, func() error { return last }
@@ -162,7 +163,7 @@ func TestPolicyServedOnlyToItsService(t *testing.T) {
 			last = err
 			return r, err
 		})
-		if err := st.Send(&discovery.DiscoveryRequest{Node: checkoutNode, TypeUrl: TypeURL, ResourceNames: []string{"callee/checkout", "callee/payments"}}); err != nil {
+		if err := st.Send(&discovery.DiscoveryRequest{Node: checkoutNode, TypeUrl: names.DropPolicyType, ResourceNames: []string{"callee/checkout", "callee/payments"}}); err != nil {
 			t.Fatal(err)
 		}
 		if err := ended(t, ch, func() error { return last }); grpcstatus.Code(err) != codes.PermissionDenied {

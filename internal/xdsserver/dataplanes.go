@@ -11,6 +11,7 @@ import (
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/pkg/names"
 )
 
 // dataplanes serves the controller's ratios to data planes that do not run
@@ -43,15 +44,15 @@ func (d *dataplanes) mux(policies cache.Cache) cache.Cache {
 		case RuntimeTypeURL:
 			return "rtds"
 		}
-		return typeURL // TypeURL, or unknown
+		return typeURL // names.DropPolicyType, or unknown
 	}
 	return &cache.MuxCache{
 		Classify:      func(r *cache.Request) string { return route(r.GetTypeUrl()) },
 		ClassifyDelta: func(r *cache.DeltaRequest) string { return route(r.GetTypeUrl()) },
 		Caches: map[string]cache.Cache{
-			TypeURL:     policies,
-			"proxyless": d.proxyless,
-			"rtds":      d.rtds.cache,
+			names.DropPolicyType: policies,
+			"proxyless":          d.proxyless,
+			"rtds":               d.rtds.cache,
 		},
 	}
 }
@@ -65,7 +66,7 @@ func (d *dataplanes) mux(policies cache.Cache) cache.Cache {
 func (d *dataplanes) update(changed map[string]*sluicev1.DropPolicy, deleted []string) error {
 	ratios := make(map[string]map[string]float64, len(changed))
 	for name, p := range changed {
-		if !strings.HasPrefix(name, calleePrefix) || p.GetDirection() == sluicev1.Direction_DIRECTION_OUTBOUND {
+		if !strings.HasPrefix(name, names.CalleePrefix) || p.GetDirection() == sluicev1.Direction_DIRECTION_OUTBOUND {
 			continue
 		}
 		m := make(map[string]float64, len(p.GetPeers()))
@@ -76,11 +77,11 @@ func (d *dataplanes) update(changed map[string]*sluicev1.DropPolicy, deleted []s
 			}
 			m[peer.GetPeer()] = r
 		}
-		ratios[strings.TrimPrefix(name, calleePrefix)] = m
+		ratios[strings.TrimPrefix(name, names.CalleePrefix)] = m
 	}
 	var gone []string
 	for _, name := range deleted {
-		if svc, ok := strings.CutPrefix(name, calleePrefix); ok {
+		if svc, ok := strings.CutPrefix(name, names.CalleePrefix); ok {
 			gone = append(gone, svc)
 		}
 	}
@@ -96,6 +97,3 @@ func (d *dataplanes) update(changed map[string]*sluicev1.DropPolicy, deleted []s
 	}
 	return errors.Join(errs...)
 }
-
-// calleePrefix is the name prefix of inbound policies (names.Callee).
-const calleePrefix = "callee/"

@@ -21,6 +21,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/pkg/names"
 )
 
 func TestPPM(t *testing.T) {
@@ -153,7 +154,7 @@ func newADSSub(t *testing.T, addr string, n *core.Node) *adsSub {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := st.Send(&discovery.DiscoveryRequest{Node: n, TypeUrl: TypeURL, ResourceNames: []string{"callee/none"}}); err != nil {
+	if err := st.Send(&discovery.DiscoveryRequest{Node: n, TypeUrl: names.DropPolicyType, ResourceNames: []string{"callee/none"}}); err != nil {
 		t.Fatal(err)
 	}
 	s := &adsSub{t: t, st: st, ch: responses(st.Recv), names: map[string][]string{}}

@@ -12,7 +12,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 
-	"github.com/sluicehq/sluice/internal/names"
+	"github.com/sluicehq/sluice/pkg/names"
 )
 
 // RuntimeTypeURL is the xDS type of an RTDS layer.

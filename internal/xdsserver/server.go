@@ -28,10 +28,8 @@ import (
 	"google.golang.org/grpc"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/pkg/names"
 )
-
-// TypeURL is the xDS type of a DropPolicy resource.
-const TypeURL = "type.googleapis.com/sluice.v1.DropPolicy"
 
 // Options configure a Server. The zero value is usable.
 type Options struct {
@@ -98,7 +96,7 @@ func New(ctx context.Context, opts Options) *Server {
 	// with a version from another controller replica or an earlier process
 	// then always gets an answer, even when none of its resources exist here.
 	prefix := instancePrefix()
-	s.cache = cache.NewLinearCache(TypeURL,
+	s.cache = cache.NewLinearCache(names.DropPolicyType,
 		cache.WithVersionPrefix(prefix),
 		cache.WithLogger(cpLog))
 	s.dp = newDataplanes(ctx, opts.Proxyless, prefix, cpLog)

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/pkg/names"
 )
 
 const waitFor = 5 * time.Second
@@ -196,7 +197,7 @@ func TestDeltaNamed(t *testing.T) {
 		t.Fatal(err)
 	}
 	ch := responses(st.Recv)
-	if err := st.Send(&discovery.DeltaDiscoveryRequest{Node: node, TypeUrl: TypeURL,
+	if err := st.Send(&discovery.DeltaDiscoveryRequest{Node: node, TypeUrl: names.DropPolicyType,
 		ResourceNamesSubscribe: []string{"callee/a", "callee/c"}}); err != nil {
 		t.Fatal(err)
 	}
@@ -212,7 +213,7 @@ func TestDeltaNamed(t *testing.T) {
 	}
 
 	// NACK it; the server counts it and does not resend.
-	if err := st.Send(&discovery.DeltaDiscoveryRequest{TypeUrl: TypeURL, ResponseNonce: r.GetNonce(),
+	if err := st.Send(&discovery.DeltaDiscoveryRequest{TypeUrl: names.DropPolicyType, ResponseNonce: r.GetNonce(),
 		ErrorDetail: &status.Status{Code: 3, Message: "bad"}}); err != nil {
 		t.Fatal(err)
 	}
@@ -234,7 +235,7 @@ func TestDeltaNamed(t *testing.T) {
 	if len(r.GetResources()) != 1 || r.GetResources()[0].GetName() != "callee/c" {
 		t.Fatalf("response %v, want callee/c only", r.GetResources())
 	}
-	if err := st.Send(&discovery.DeltaDiscoveryRequest{TypeUrl: TypeURL, ResponseNonce: r.GetNonce()}); err != nil {
+	if err := st.Send(&discovery.DeltaDiscoveryRequest{TypeUrl: names.DropPolicyType, ResponseNonce: r.GetNonce()}); err != nil {
 		t.Fatal(err)
 	}
 
@@ -269,18 +270,18 @@ func TestSotWNamed(t *testing.T) {
 		t.Fatal(err)
 	}
 	ch := responses(st.Recv)
-	names := []string{"callee/a", "callee/c"}
-	if err := st.Send(&discovery.DiscoveryRequest{Node: node, TypeUrl: TypeURL, ResourceNames: names}); err != nil {
+	resources := []string{"callee/a", "callee/c"}
+	if err := st.Send(&discovery.DiscoveryRequest{Node: node, TypeUrl: names.DropPolicyType, ResourceNames: resources}); err != nil {
 		t.Fatal(err)
 	}
 	r := next(t, ch)
 	if len(r.GetResources()) != 1 || decode(t, r.GetResources()[0].GetValue()).GetName() != "callee/a" {
 		t.Fatalf("first response %v, want callee/a only", r.GetResources())
 	}
-	if r.GetResources()[0].GetTypeUrl() != TypeURL {
+	if r.GetResources()[0].GetTypeUrl() != names.DropPolicyType {
 		t.Fatalf("Any type %q", r.GetResources()[0].GetTypeUrl())
 	}
-	ack := &discovery.DiscoveryRequest{TypeUrl: TypeURL, ResourceNames: names,
+	ack := &discovery.DiscoveryRequest{TypeUrl: names.DropPolicyType, ResourceNames: resources,
 		VersionInfo: r.GetVersionInfo(), ResponseNonce: r.GetNonce()}
 	if err := st.Send(ack); err != nil {
 		t.Fatal(err)
@@ -318,14 +319,14 @@ func TestSubscribeBeforeExists(t *testing.T) {
 		t.Fatal(err)
 	}
 	sotwCh := responses(sotw.Recv)
-	if err := sotw.Send(&discovery.DiscoveryRequest{Node: node, TypeUrl: TypeURL, ResourceNames: []string{"callee/x"}}); err != nil {
+	if err := sotw.Send(&discovery.DiscoveryRequest{Node: node, TypeUrl: names.DropPolicyType, ResourceNames: []string{"callee/x"}}); err != nil {
 		t.Fatal(err)
 	}
 	empty := next(t, sotwCh)
 	if len(empty.GetResources()) != 0 || empty.GetVersionInfo() == "" {
 		t.Fatalf("sotw: first response %v, want empty with a version", empty)
 	}
-	if err := sotw.Send(&discovery.DiscoveryRequest{TypeUrl: TypeURL, ResourceNames: []string{"callee/x"},
+	if err := sotw.Send(&discovery.DiscoveryRequest{TypeUrl: names.DropPolicyType, ResourceNames: []string{"callee/x"},
 		VersionInfo: empty.GetVersionInfo(), ResponseNonce: empty.GetNonce()}); err != nil {
 		t.Fatal(err)
 	}
@@ -335,7 +336,7 @@ func TestSubscribeBeforeExists(t *testing.T) {
 		t.Fatal(err)
 	}
 	deltaCh := responses(delta.Recv)
-	if err := delta.Send(&discovery.DeltaDiscoveryRequest{Node: node, TypeUrl: TypeURL,
+	if err := delta.Send(&discovery.DeltaDiscoveryRequest{Node: node, TypeUrl: names.DropPolicyType,
 		ResourceNamesSubscribe: []string{"callee/x"}}); err != nil {
 		t.Fatal(err)
 	}
@@ -367,7 +368,7 @@ func TestStreamsWaitForFirstUpdate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := st.Send(&discovery.DeltaDiscoveryRequest{Node: node, TypeUrl: TypeURL, ResourceNamesSubscribe: []string{"callee/a"}}); err != nil {
+	if err := st.Send(&discovery.DeltaDiscoveryRequest{Node: node, TypeUrl: names.DropPolicyType, ResourceNamesSubscribe: []string{"callee/a"}}); err != nil {
 		t.Fatal(err)
 	}
 	version := next(t, responses(st.Recv)).GetResources()[0].GetVersion()
@@ -378,7 +379,7 @@ func TestStreamsWaitForFirstUpdate(t *testing.T) {
 		t.Fatal(err)
 	}
 	ch := responses(st.Recv)
-	if err := st.Send(&discovery.DeltaDiscoveryRequest{Node: node, TypeUrl: TypeURL,
+	if err := st.Send(&discovery.DeltaDiscoveryRequest{Node: node, TypeUrl: names.DropPolicyType,
 		ResourceNamesSubscribe:  []string{"callee/a"},
 		InitialResourceVersions: map[string]string{"callee/a": version}}); err != nil {
 		t.Fatal(err)
@@ -445,4 +446,13 @@ func metric(t *testing.T, reg *prometheus.Registry, name string) float64 {
 		}
 	}
 	return sum
+}
+
+// TestDropPolicyTypeIsTheMessage: the type URL both ends use is the
+// message's own (pkg/names may not import api/, so it is spelt out there).
+func TestDropPolicyTypeIsTheMessage(t *testing.T) {
+	want := "type.googleapis.com/" + string((&sluicev1.DropPolicy{}).ProtoReflect().Descriptor().FullName())
+	if names.DropPolicyType != want {
+		t.Errorf("names.DropPolicyType = %q, want %q", names.DropPolicyType, want)
+	}
 }

@@ -18,6 +18,7 @@ import (
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/identity"
 	"github.com/sluicehq/sluice/internal/identity/devpki"
+	"github.com/sluicehq/sluice/pkg/names"
 )
 
 // A caller enforced upstream is MODE_SHADOW on the wire (for old sidecars)
@@ -140,7 +141,7 @@ func TestProxylessNodeWithoutClusterRefused(t *testing.T) {
 	}
 	// The node first, on a DropPolicy subscription; the listener request
 	// after it names none, as clients do.
-	policyReq := &discovery.DeltaDiscoveryRequest{Node: &core.Node{Id: "web-1", Cluster: "web"}, TypeUrl: TypeURL, ResourceNamesSubscribe: []string{"caller/web"}}
+	policyReq := &discovery.DeltaDiscoveryRequest{Node: &core.Node{Id: "web-1", Cluster: "web"}, TypeUrl: names.DropPolicyType, ResourceNamesSubscribe: []string{"caller/web"}}
 	if r, err := delta(policyReq, listenerReq); err != nil || len(r.GetResources()) != 1 {
 		t.Errorf("delta listener request after a node with cluster web: %v, %v; want the listener", r, err)
 	}

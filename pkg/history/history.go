@@ -10,7 +10,7 @@
 // which is what Postgres keeps. Invalid input is refused with an error that
 // wraps ErrInvalid and names the field, before anything is written.
 //
-// The package imports pgx, the standard library and internal/names only.
+// The package imports pgx, the standard library and pkg/names only.
 package history
 
 import (

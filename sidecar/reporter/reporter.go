@@ -25,8 +25,8 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
-	"github.com/sluicehq/sluice/internal/names"
-	"github.com/sluicehq/sluice/internal/uplink"
+	"github.com/sluicehq/sluice/pkg/names"
+	"github.com/sluicehq/sluice/pkg/uplink"
 	"github.com/sluicehq/sluice/sidecar"
 )
 

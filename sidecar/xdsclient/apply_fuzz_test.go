@@ -17,7 +17,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
-	"github.com/sluicehq/sluice/internal/names"
+	"github.com/sluicehq/sluice/pkg/names"
 	"github.com/sluicehq/sluice/sidecar"
 )
 
@@ -93,7 +93,7 @@ func policyAny(t testing.TB, edit func(*sluicev1.DropPolicy)) *anypb.Any {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &anypb.Any{TypeUrl: TypeURL, Value: b}
+	return &anypb.Any{TypeUrl: names.DropPolicyType, Value: b}
 }
 
 func orders(m *sluicev1.DropPolicy) { m.Name, m.Service = "callee/orders", "orders" }
@@ -117,13 +117,13 @@ func responseSeeds(t testing.TB) []seed {
 		return seed{name, [][]byte{d, s}}
 	}
 	both := func(name string, anys ...*anypb.Any) seed {
-		delta := &discovery.DeltaDiscoveryResponse{TypeUrl: TypeURL, Nonce: "1", SystemVersionInfo: "sv"}
+		delta := &discovery.DeltaDiscoveryResponse{TypeUrl: names.DropPolicyType, Nonce: "1", SystemVersionInfo: "sv"}
 		for _, a := range anys {
 			p := new(sluicev1.DropPolicy)
 			_ = proto.Unmarshal(a.GetValue(), p)
 			delta.Resources = append(delta.Resources, res(p.GetName(), a))
 		}
-		return mk(name, delta, &discovery.DiscoveryResponse{TypeUrl: TypeURL, Nonce: "1", VersionInfo: "7", Resources: anys})
+		return mk(name, delta, &discovery.DiscoveryResponse{TypeUrl: names.DropPolicyType, Nonce: "1", VersionInfo: "7", Resources: anys})
 	}
 	long := strings.Repeat("x", 5000)
 	return []seed{
@@ -135,7 +135,7 @@ func responseSeeds(t testing.TB) []seed {
 		both("bad-wrong-service", pa(func(m *sluicev1.DropPolicy) { m.Service = "orders" })),
 		both("bad-not-subscribed", pa(func(m *sluicev1.DropPolicy) { m.Name, m.Service = "callee/payments", "payments" })),
 		both("bad-wrong-type", &anypb.Any{TypeUrl: "type.googleapis.com/sluice.v1.LoadReport", Value: pa(nil).GetValue()}),
-		both("bad-undecodable", &anypb.Any{TypeUrl: TypeURL, Value: []byte{0x0a, 0xff}}),
+		both("bad-undecodable", &anypb.Any{TypeUrl: names.DropPolicyType, Value: []byte{0x0a, 0xff}}),
 		both("bad-long-errors", pa(func(m *sluicev1.DropPolicy) {
 			m.Peers = nil
 			for i := range 200 {
@@ -143,14 +143,14 @@ func responseSeeds(t testing.TB) []seed {
 			}
 		})),
 		mk("delta-envelope-mismatch",
-			&discovery.DeltaDiscoveryResponse{TypeUrl: TypeURL, Nonce: "2", Resources: []*discovery.Resource{res("callee/orders", pa(nil))}},
-			&discovery.DiscoveryResponse{TypeUrl: TypeURL, Nonce: "2", Resources: []*anypb.Any{nil}}),
+			&discovery.DeltaDiscoveryResponse{TypeUrl: names.DropPolicyType, Nonce: "2", Resources: []*discovery.Resource{res("callee/orders", pa(nil))}},
+			&discovery.DiscoveryResponse{TypeUrl: names.DropPolicyType, Nonce: "2", Resources: []*anypb.Any{nil}}),
 		mk("delta-remove",
-			&discovery.DeltaDiscoveryResponse{TypeUrl: TypeURL, Nonce: "3", RemovedResources: []string{"callee/checkout", "callee/nothing", ""}},
-			&discovery.DiscoveryResponse{TypeUrl: TypeURL, Nonce: "3"}),
+			&discovery.DeltaDiscoveryResponse{TypeUrl: names.DropPolicyType, Nonce: "3", RemovedResources: []string{"callee/checkout", "callee/nothing", ""}},
+			&discovery.DiscoveryResponse{TypeUrl: names.DropPolicyType, Nonce: "3"}),
 		mk("delta-no-body",
-			&discovery.DeltaDiscoveryResponse{TypeUrl: TypeURL, Nonce: "4", Resources: []*discovery.Resource{{Name: "callee/checkout", Version: "v"}}},
-			&discovery.DiscoveryResponse{TypeUrl: TypeURL, Nonce: "4", Resources: []*anypb.Any{{TypeUrl: TypeURL}}}),
+			&discovery.DeltaDiscoveryResponse{TypeUrl: names.DropPolicyType, Nonce: "4", Resources: []*discovery.Resource{{Name: "callee/checkout", Version: "v"}}},
+			&discovery.DiscoveryResponse{TypeUrl: names.DropPolicyType, Nonce: "4", Resources: []*anypb.Any{{TypeUrl: names.DropPolicyType}}}),
 		mk("other-type",
 			&discovery.DeltaDiscoveryResponse{TypeUrl: "type.googleapis.com/envoy.config.cluster.v3.Cluster", Nonce: "5"},
 			&discovery.DiscoveryResponse{TypeUrl: "", Nonce: "5"}),
@@ -208,13 +208,13 @@ func FuzzResponse(f *testing.F) {
 func checkDelta(t *testing.T, c *Client, resp *discovery.DeltaDiscoveryResponse) {
 	t.Helper()
 	req := c.applyDelta(resp)
-	if resp.GetTypeUrl() != TypeURL {
+	if resp.GetTypeUrl() != names.DropPolicyType {
 		if req != nil {
 			t.Fatalf("answered a response of type %q", resp.GetTypeUrl())
 		}
 		return
 	}
-	if req == nil || req.GetTypeUrl() != TypeURL || req.GetResponseNonce() != resp.GetNonce() {
+	if req == nil || req.GetTypeUrl() != names.DropPolicyType || req.GetResponseNonce() != resp.GetNonce() {
 		t.Fatalf("request %v does not answer nonce %q", req, resp.GetNonce())
 	}
 	checkDetail(t, req)
@@ -223,13 +223,13 @@ func checkDelta(t *testing.T, c *Client, resp *discovery.DeltaDiscoveryResponse)
 func checkSotW(t *testing.T, c *Client, resp *discovery.DiscoveryResponse, accepted string) string {
 	t.Helper()
 	req := c.applySotW(resp, accepted)
-	if resp.GetTypeUrl() != TypeURL {
+	if resp.GetTypeUrl() != names.DropPolicyType {
 		if req != nil {
 			t.Fatalf("answered a response of type %q", resp.GetTypeUrl())
 		}
 		return accepted
 	}
-	if req == nil || req.GetTypeUrl() != TypeURL || req.GetResponseNonce() != resp.GetNonce() {
+	if req == nil || req.GetTypeUrl() != names.DropPolicyType || req.GetResponseNonce() != resp.GetNonce() {
 		t.Fatalf("request %v does not answer nonce %q", req, resp.GetNonce())
 	}
 	checkDetail(t, req)

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/pkg/names"
 )
 
 // fakeHandler records calls and refuses policies of service "bad".
@@ -47,7 +48,7 @@ func anyOf(t *testing.T, name, service string) *anypb.Any {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &anypb.Any{TypeUrl: TypeURL, Value: b}
+	return &anypb.Any{TypeUrl: names.DropPolicyType, Value: b}
 }
 
 // TestSotWRejects: every bad resource makes the response a NACK with the
@@ -59,13 +60,13 @@ func TestSotWRejects(t *testing.T) {
 	}{
 		"not subscribed": {res: anyOf(t, "callee/z", "z"), want: `"callee/z": not subscribed`},
 		"wrong type":     {res: &anypb.Any{TypeUrl: "type.googleapis.com/x.Y"}, want: "type"},
-		"undecodable":    {res: &anypb.Any{TypeUrl: TypeURL, Value: []byte{0xff}}, want: "decode"},
+		"undecodable":    {res: &anypb.Any{TypeUrl: names.DropPolicyType, Value: []byte{0xff}}, want: "decode"},
 		"handler error":  {res: anyOf(t, "callee/b", "bad"), want: "refused"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
 			c, h := newTestClient(t, SotW)
-			req := c.applySotW(&discovery.DiscoveryResponse{TypeUrl: TypeURL, VersionInfo: "v2", Nonce: "7",
+			req := c.applySotW(&discovery.DiscoveryResponse{TypeUrl: names.DropPolicyType, VersionInfo: "v2", Nonce: "7",
 				Resources: []*anypb.Any{anyOf(t, "callee/a", "a"), tc.res}}, "v1")
 			if req.GetErrorDetail() == nil || !strings.Contains(req.GetErrorDetail().GetMessage(), tc.want) {
 				t.Fatalf("request %v, want a NACK mentioning %q", req, tc.want)
@@ -85,12 +86,12 @@ func TestSotWRejects(t *testing.T) {
 
 func TestDeltaRejectsAndRemoves(t *testing.T) {
 	c, h := newTestClient(t, Delta)
-	req := c.applyDelta(&discovery.DeltaDiscoveryResponse{TypeUrl: TypeURL, Nonce: "1", Resources: []*discovery.Resource{
+	req := c.applyDelta(&discovery.DeltaDiscoveryResponse{TypeUrl: names.DropPolicyType, Nonce: "1", Resources: []*discovery.Resource{
 		{Name: "callee/a", Version: "h1", Resource: anyOf(t, "callee/a", "a")},
 		{Name: "callee/b", Version: "h2", Resource: anyOf(t, "callee/a", "a")}, // envelope and body disagree
 		{Name: "callee/b", Version: "h3"},                                      // no body
 	}})
-	if req.GetErrorDetail() == nil || req.GetResponseNonce() != "1" || req.GetTypeUrl() != TypeURL {
+	if req.GetErrorDetail() == nil || req.GetResponseNonce() != "1" || req.GetTypeUrl() != names.DropPolicyType {
 		t.Fatalf("request %v, want a NACK of nonce 1", req)
 	}
 	for _, want := range []string{"is named", "no body"} {
@@ -103,7 +104,7 @@ func TestDeltaRejectsAndRemoves(t *testing.T) {
 	}
 
 	// A removal of something never held is ignored; of something held, applied.
-	req = c.applyDelta(&discovery.DeltaDiscoveryResponse{TypeUrl: TypeURL, Nonce: "2",
+	req = c.applyDelta(&discovery.DeltaDiscoveryResponse{TypeUrl: names.DropPolicyType, Nonce: "2",
 		RemovedResources: []string{"callee/b", "callee/a"}})
 	if req.GetErrorDetail() != nil || req.GetResponseNonce() != "2" {
 		t.Fatalf("request %v, want an ACK of nonce 2", req)

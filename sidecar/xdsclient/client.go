@@ -28,10 +28,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/pkg/names"
 )
-
-// TypeURL is the xDS type of a DropPolicy resource.
-const TypeURL = "type.googleapis.com/sluice.v1.DropPolicy"
 
 // maxRecvMsgSize bounds one xDS response. gRPC's 4 MiB default is too small
 // for a policy table of 100k buckets (about 6 MB).
@@ -186,11 +184,11 @@ func validate(cfg Config, h Handler) error {
 	}
 	seen := make(map[string]bool, len(cfg.Resources))
 	for i, n := range cfg.Resources {
-		// The names of DESIGN.md; "*" (wildcard) makes the server scan its
-		// whole table per update, so it is refused here.
-		svc, ok := strings.CutPrefix(n, "callee/")
+		// Named resources only: "*" (wildcard) makes the server scan
+		// its whole table per update, so it is refused here.
+		svc, ok := strings.CutPrefix(n, names.CalleePrefix)
 		if !ok {
-			svc, ok = strings.CutPrefix(n, "caller/")
+			svc, ok = strings.CutPrefix(n, names.CallerPrefix)
 		}
 		switch {
 		case !ok || svc == "":

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/pkg/names"
 )
 
 // maxErrorDetail bounds the NACK message: it is logged by the server, and a
@@ -39,7 +40,7 @@ func (s *stream) runDelta(ctx context.Context, ads discovery.AggregatedDiscovery
 	}
 	err = st.Send(&discovery.DeltaDiscoveryRequest{
 		Node:                    c.node,
-		TypeUrl:                 TypeURL,
+		TypeUrl:                 names.DropPolicyType,
 		ResourceNamesSubscribe:  c.cfg.Resources,
 		InitialResourceVersions: c.heldVersions(),
 	})
@@ -77,7 +78,7 @@ func (s *stream) runSotW(ctx context.Context, ads discovery.AggregatedDiscoveryS
 	}
 	err = st.Send(&discovery.DiscoveryRequest{
 		Node:          c.node,
-		TypeUrl:       TypeURL,
+		TypeUrl:       names.DropPolicyType,
 		ResourceNames: c.cfg.Resources,
 	})
 	if err != nil {
@@ -129,7 +130,7 @@ func sendErr[Req, Resp any](st grpc.BidiStreamingClient[Req, Resp], err error) e
 // applyDelta applies a delta response and returns its ACK or NACK, or nil
 // for a response of another type, which is not ours to answer.
 func (c *Client) applyDelta(resp *discovery.DeltaDiscoveryResponse) *discovery.DeltaDiscoveryRequest {
-	if resp.GetTypeUrl() != TypeURL {
+	if resp.GetTypeUrl() != names.DropPolicyType {
 		c.log.Warn("xds response of an unexpected type ignored", "type_url", resp.GetTypeUrl())
 		return nil
 	}
@@ -151,7 +152,7 @@ func (c *Client) applyDelta(resp *discovery.DeltaDiscoveryResponse) *discovery.D
 	for _, name := range removed {
 		c.remove(name)
 	}
-	req := &discovery.DeltaDiscoveryRequest{TypeUrl: TypeURL, ResponseNonce: resp.GetNonce()}
+	req := &discovery.DeltaDiscoveryRequest{TypeUrl: names.DropPolicyType, ResponseNonce: resp.GetNonce()}
 	if len(errs) > 0 {
 		req.ErrorDetail = c.nack(resp.GetNonce(), errs)
 	}
@@ -162,7 +163,7 @@ func (c *Client) applyDelta(resp *discovery.DeltaDiscoveryResponse) *discovery.D
 // a response of another type. A NACK carries the previously accepted
 // version: that is how SotW says which state the client is still in.
 func (c *Client) applySotW(resp *discovery.DiscoveryResponse, accepted string) *discovery.DiscoveryRequest {
-	if resp.GetTypeUrl() != TypeURL {
+	if resp.GetTypeUrl() != names.DropPolicyType {
 		c.log.Warn("xds response of an unexpected type ignored", "type_url", resp.GetTypeUrl())
 		return nil
 	}
@@ -180,7 +181,7 @@ func (c *Client) applySotW(resp *discovery.DiscoveryResponse, accepted string) *
 	req := &discovery.DiscoveryRequest{
 		VersionInfo:   resp.GetVersionInfo(),
 		ResourceNames: c.cfg.Resources,
-		TypeUrl:       TypeURL,
+		TypeUrl:       names.DropPolicyType,
 		ResponseNonce: resp.GetNonce(),
 	}
 	if len(errs) > 0 {
@@ -197,8 +198,8 @@ func (c *Client) decode(name string, a *anypb.Any) (*sluicev1.DropPolicy, error)
 	if a == nil {
 		return nil, fmt.Errorf("resource %q: no body", name)
 	}
-	if a.GetTypeUrl() != TypeURL {
-		return nil, fmt.Errorf("resource %q: type %q, want %q", name, a.GetTypeUrl(), TypeURL)
+	if a.GetTypeUrl() != names.DropPolicyType {
+		return nil, fmt.Errorf("resource %q: type %q, want %q", name, a.GetTypeUrl(), names.DropPolicyType)
 	}
 	p := new(sluicev1.DropPolicy)
 	if err := proto.Unmarshal(a.GetValue(), p); err != nil {

@@ -21,7 +21,7 @@ import (
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/aggregator"
 	"github.com/sluicehq/sluice/internal/controller"
-	"github.com/sluicehq/sluice/internal/xdsserver"
+	"github.com/sluicehq/sluice/pkg/names"
 	"github.com/sluicehq/sluice/sidecar"
 	"github.com/sluicehq/sluice/sidecar/reporter"
 )
@@ -174,7 +174,7 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Result, error) {
 	for i, a := range m.aggs {
 		ackSizes[i] = int64(proto.Size(&sluicev1.StreamLoadReportsResponse{Accepted: true, Zone: a.zone, AggregatorId: a.id}))
 	}
-	xdsAckSize := int64(proto.Size(&discovery.DeltaDiscoveryRequest{TypeUrl: xdsserver.TypeURL, ResponseNonce: sampleNonce}))
+	xdsAckSize := int64(proto.Size(&discovery.DeltaDiscoveryRequest{TypeUrl: names.DropPolicyType, ResponseNonce: sampleNonce}))
 
 	var (
 		counts   = make([]uint64, cfg.Callers) // one service's bucket counts for the second
@@ -475,7 +475,7 @@ func deltaResponseSize(p *sluicev1.DropPolicy) int {
 	}
 	r := &discovery.DeltaDiscoveryResponse{
 		SystemVersionInfo: sampleSystemVersion,
-		TypeUrl:           xdsserver.TypeURL,
+		TypeUrl:           names.DropPolicyType,
 		Nonce:             sampleNonce,
 		Resources:         []*discovery.Resource{{Name: p.GetName(), Version: sampleVersion, Resource: value}},
 	}

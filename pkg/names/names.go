@@ -64,9 +64,20 @@ func truncate(s string) string {
 	return strings.ToValidUTF8(s[:n], "?") + "…"
 }
 
-// Callee and Caller build the xDS resource names of DESIGN.md: "callee/<svc>"
-// for inbound enforcement, "caller/<svc>" for outbound.
-func Callee(service string) string { return "callee/" + service }
+// The xDS names of a DropPolicy, the one place the controller's server and
+// the sidecars' client take them from (docs/architecture.md, "Protocol").
+const (
+	// DropPolicyType is the xDS type URL of a DropPolicy resource.
+	DropPolicyType = "type.googleapis.com/sluice.v1.DropPolicy"
+	// CalleePrefix and CallerPrefix start the resource names of inbound
+	// and outbound enforcement: "callee/<svc>", "caller/<svc>".
+	CalleePrefix = "callee/"
+	CallerPrefix = "caller/"
+)
+
+// Callee is the resource name for inbound enforcement at service: its
+// sidecars drop what its callers send.
+func Callee(service string) string { return CalleePrefix + service }
 
 // Caller is the resource name for outbound enforcement by service.
-func Caller(service string) string { return "caller/" + service }
+func Caller(service string) string { return CallerPrefix + service }

@@ -8,7 +8,7 @@
 // Goal: the proxy adds at most 50 µs p99 to a round trip on loopback. BenchmarkAddedLatency
 // measures it; run
 //
-//	go test -run x -bench AddedLatency -benchtime 20000x ./sidecar/proxy
+//	go test -run x -bench AddedLatency -benchtime 20000x ./internal/agent/proxy
 package proxy
 
 import (

@@ -18,7 +18,7 @@ import (
 // percentiles as p50-added and p99-added (a difference of percentiles, not a percentile of
 // per-request differences, which would mix the noise of two independent samples).
 //
-//	go test -run x -bench AddedLatency -benchtime 20000x ./sidecar/proxy
+//	go test -run x -bench AddedLatency -benchtime 20000x ./internal/agent/proxy
 func BenchmarkAddedLatency(b *testing.B) {
 	b.Run("http1", func(b *testing.B) {
 		app := serve(b, &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
