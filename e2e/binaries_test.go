@@ -35,6 +35,7 @@ import (
 	"github.com/sluicehq/sluice/internal/controller"
 	"github.com/sluicehq/sluice/internal/loadgen"
 	"github.com/sluicehq/sluice/internal/pgtest"
+	"github.com/sluicehq/sluice/internal/testkit"
 )
 
 // Bounds on every wait of these tests. They are generous: a slow machine
@@ -425,7 +426,7 @@ func get(url string, header ...string) (int, http.Header, string) {
 // waitReady waits until p's /readyz answers 200.
 func waitReady(t *testing.T, p *proc, admin string) {
 	t.Helper()
-	waitFor(t, startTimeout, p.name+" is ready", func() bool {
+	testkit.WaitFor(t, startTimeout, p.name+" is ready", func() bool {
 		if p.exited() {
 			t.Fatalf("%s exited (%v) before it was ready", p.name, p.err)
 		}
@@ -578,7 +579,7 @@ func TestBinariesEnforceALimitAsProcesses(t *testing.T) {
 	// A policy that lists the configured limits reaches the sidecars over
 	// xDS before any load, as in the in-process test.
 	for _, s := range sidecars {
-		waitFor(t, startTimeout, s.name+" holds a policy for checkout", func() bool {
+		testkit.WaitFor(t, startTimeout, s.name+" holds a policy for checkout", func() bool {
 			_, ok := metric(t, s.admin, "sluice_sidecar_policy_peers", `service="checkout"`)
 			return ok
 		})

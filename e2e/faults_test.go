@@ -30,6 +30,7 @@ import (
 	"github.com/sluicehq/sluice/internal/controller"
 	"github.com/sluicehq/sluice/internal/loadgen"
 	"github.com/sluicehq/sluice/internal/pgtest"
+	"github.com/sluicehq/sluice/internal/testkit"
 	"github.com/sluicehq/sluice/pkg/history"
 	"github.com/sluicehq/sluice/pkg/names"
 )
@@ -314,7 +315,7 @@ func startFaultSidecars(t *testing.T, n int, zone, app, aggregators, controllers
 	}
 	for _, s := range ns {
 		waitReady(t, s.proc, s.admin)
-		waitFor(t, startTimeout, s.name+" holds a policy that lists web", func() bool {
+		testkit.WaitFor(t, startTimeout, s.name+" holds a policy that lists web", func() bool {
 			_, ok := metric(t, s.admin, "sluice_sidecar_drop_ratio", `peer="web"`)
 			return ok
 		})
@@ -558,7 +559,7 @@ func TestFaultAggregatorKilledMidSurge(t *testing.T) {
 	load.at(killAt)
 	kill9(t, a1)
 	killed := time.Now()
-	waitFor(t, 2*startTimeout, "a2 holds zone a's two sidecars", func() bool {
+	testkit.WaitFor(t, 2*startTimeout, "a2 holds zone a's two sidecars", func() bool {
 		n, _ := metric(t, a2.admin, "sluice_aggregator_sidecars")
 		return n == 2
 	})
@@ -689,7 +690,7 @@ func TestFaultControllerKilledAndRestarted(t *testing.T) {
 		return y
 	}
 	refresh := controller.RefreshAge(names.Callee("checkout"), controller.DefaultConfig().PolicyTTL).Seconds()
-	waitFor(t, 2*refreshWait, fmt.Sprintf("the sidecars' policies are %.1f s old, just before their refresh at %.1f s", refresh-1.5, refresh), func() bool {
+	testkit.WaitFor(t, 2*refreshWait, fmt.Sprintf("the sidecars' policies are %.1f s old, just before their refresh at %.1f s", refresh-1.5, refresh), func() bool {
 		return youngest() >= refresh-1.5
 	})
 	sidecarGoroutines := goroutines(t, sidecars[0])
@@ -699,7 +700,7 @@ func TestFaultControllerKilledAndRestarted(t *testing.T) {
 	time.Sleep(down)
 	ctl = startController(t, ctlArgs...)
 	restarted := time.Now()
-	waitFor(t, 2*startTimeout, "every sidecar and aggregator is connected to the new controller", func() bool {
+	testkit.WaitFor(t, 2*startTimeout, "every sidecar and aggregator is connected to the new controller", func() bool {
 		streams, _ := metric(t, ctl.admin, "sluice_controller_xds_streams")
 		aggregators, _ := metric(t, ctl.admin, "sluice_controller_aggregators")
 		warm, _ := metric(t, ctl.admin, "sluice_controller_warm")
@@ -707,7 +708,7 @@ func TestFaultControllerKilledAndRestarted(t *testing.T) {
 	})
 	t.Logf("FIGURE controller restart: down %v; every sidecar and aggregator connected and the new controller warm %v after its start",
 		restarted.Sub(killed).Round(10*time.Millisecond), time.Since(restarted).Round(10*time.Millisecond))
-	waitFor(t, startTimeout, "every sidecar holds a fresh policy from the new controller", func() bool {
+	testkit.WaitFor(t, startTimeout, "every sidecar holds a fresh policy from the new controller", func() bool {
 		for _, sc := range sidecars {
 			if n, _ := metric(t, sc.admin, "sluice_sidecar_policy_state", `state="fresh"`); n != 1 {
 				return false
@@ -1001,12 +1002,12 @@ func TestFaultZoneCut(t *testing.T) {
 	load.at(cutAt)
 	link.cut()
 	cutTime := time.Now()
-	waitFor(t, startTimeout, "the controller drops zone c's load", func() bool {
+	testkit.WaitFor(t, startTimeout, "the controller drops zone c's load", func() bool {
 		n, _ := metric(t, ctl.admin, "sluice_controller_aggregators")
 		return n == 2
 	})
 	t.Logf("FIGURE zone cut: the controller dropped zone c's load %v after the cut", time.Since(cutTime).Round(10*time.Millisecond))
-	waitFor(t, startTimeout, "zone c's sidecars' policies expire", func() bool {
+	testkit.WaitFor(t, startTimeout, "zone c's sidecars' policies expire", func() bool {
 		for _, sc := range cut {
 			if n, _ := metric(t, sc.admin, "sluice_sidecar_policy_state", `state="expired"`); n != 1 {
 				return false
@@ -1018,7 +1019,7 @@ func TestFaultZoneCut(t *testing.T) {
 	load.at(healAt)
 	link.heal()
 	healed := time.Now()
-	waitFor(t, startTimeout, "zone c's sidecars hold a fresh policy again", func() bool {
+	testkit.WaitFor(t, startTimeout, "zone c's sidecars hold a fresh policy again", func() bool {
 		for _, sc := range cut {
 			if n, _ := metric(t, sc.admin, "sluice_sidecar_policy_state", `state="fresh"`); n != 1 {
 				return false
@@ -1164,7 +1165,7 @@ func TestFaultPostgresDown(t *testing.T) {
 		stopped.Sub(load.begin).Seconds(), boundary.Add(-time.Minute).Format("15:04"), down.Round(time.Second))
 	downFrom := int(stopped.Sub(load.begin) / time.Second)
 	// While down: a minute closes into the buffer, and writing it fails.
-	waitFor(t, down, "minute rows buffered and a failed write while Postgres is away", func() bool {
+	testkit.WaitFor(t, down, "minute rows buffered and a failed write while Postgres is away", func() bool {
 		b, _ := metric(t, ctl.admin, "sluice_controller_history_rows_buffered")
 		e, _ := metric(t, ctl.admin, "sluice_controller_history_write_errors_total")
 		return b > 0 && e > 0
@@ -1174,7 +1175,7 @@ func TestFaultPostgresDown(t *testing.T) {
 	pgtest.StartServer(t)
 	back := time.Now()
 	backAt := int(back.Sub(load.begin)/time.Second) + 1
-	waitFor(t, drainBound, "the buffered rows are written after Postgres is back", func() bool {
+	testkit.WaitFor(t, drainBound, "the buffered rows are written after Postgres is back", func() bool {
 		b, _ := metric(t, ctl.admin, "sluice_controller_history_rows_buffered")
 		return b == 0
 	})

@@ -39,6 +39,7 @@ import (
 	"github.com/sluicehq/sluice/internal/controller"
 	"github.com/sluicehq/sluice/internal/loadgen"
 	"github.com/sluicehq/sluice/internal/testbed"
+	"github.com/sluicehq/sluice/internal/testkit"
 	"github.com/sluicehq/sluice/pkg/names"
 	"github.com/sluicehq/sluice/sidecar"
 )
@@ -173,7 +174,7 @@ func TestFloodOfDistinctCallers(t *testing.T) {
 		})
 	}
 	t.Cleanup(closeCluster)
-	waitFor(t, 15*time.Second, "the sidecar holds a policy", func() bool { return c.Policy() != nil })
+	testkit.WaitFor(t, 15*time.Second, "the sidecar holds a policy", func() bool { return c.Policy() != nil })
 
 	sc := c.Sidecars[0]
 	s := sc.Agent.Limiter().Service("checkout")
@@ -185,7 +186,7 @@ func TestFloodOfDistinctCallers(t *testing.T) {
 	// own. The flood must not take the limit away: after the flood, web is
 	// back within ±5 % of its limit within floodRecoveryBound.
 	web := startFloodWebLoad(t, c.SidecarURLs())
-	waitFor(t, 15*time.Second, "web is held at its limit before the flood", func() bool {
+	testkit.WaitFor(t, 15*time.Second, "web is held at its limit before the flood", func() bool {
 		p := c.Policy()
 		return web.second() >= 3 && p != nil && p.Rule("web") != nil && p.Rule("web").DropRatio > 0.5
 	})
@@ -629,7 +630,7 @@ func TestMessageSizeLimits(t *testing.T) {
 			// Both rejections are counted, each by its reason.
 			for _, reason := range []string{"bad_name", "too_large"} {
 				label := `reason="` + reason + `"`
-				waitFor(t, 5*time.Second, fmt.Sprintf("%s{%s} counts one", tc.metric, label), func() bool {
+				testkit.WaitFor(t, 5*time.Second, fmt.Sprintf("%s{%s} counts one", tc.metric, label), func() bool {
 					n, _ := metric(t, tc.admin, tc.metric, label)
 					return n == 1
 				})

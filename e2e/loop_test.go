@@ -17,6 +17,7 @@ import (
 	"github.com/sluicehq/sluice/internal/limits"
 	"github.com/sluicehq/sluice/internal/loadgen"
 	"github.com/sluicehq/sluice/internal/testbed"
+	"github.com/sluicehq/sluice/internal/testkit"
 	"github.com/sluicehq/sluice/pkg/dropratio"
 	"github.com/sluicehq/sluice/sidecar"
 )
@@ -63,7 +64,7 @@ func startCluster(t *testing.T) *testbed.Cluster {
 		}
 		logs.close()
 	})
-	waitFor(t, 15*time.Second, "every sidecar holds a policy", func() bool {
+	testkit.WaitFor(t, 15*time.Second, "every sidecar holds a policy", func() bool {
 		for _, s := range c.Sidecars {
 			if s.Agent.Limiter().Policy("checkout") == nil {
 				return false
@@ -96,17 +97,6 @@ func (l *testLog) close() {
 	l.mu.Lock()
 	l.closed = true
 	l.mu.Unlock()
-}
-
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting until %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 func rate(r float64) func(time.Duration) float64 { return func(time.Duration) float64 { return r } }
@@ -193,7 +183,7 @@ func TestLoopHoldsASurge(t *testing.T) {
 		t.Errorf("batch, under its limit, lost %.3f %% (%d of %d)", 100*loss, batch.Dropped, batch.Sent)
 	}
 
-	waitFor(t, 15*time.Second, "web's ratio returns to 0 after the surge", func() bool {
+	testkit.WaitFor(t, 15*time.Second, "web's ratio returns to 0 after the surge", func() bool {
 		for _, s := range c.Sidecars {
 			p := s.Agent.Limiter().Policy("checkout")
 			if r := p.Rule("web"); r != nil && r.DropRatio != 0 {

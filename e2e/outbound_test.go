@@ -10,6 +10,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/loadgen"
 	"github.com/sluicehq/sluice/internal/testbed"
+	"github.com/sluicehq/sluice/internal/testkit"
 )
 
 // startCallers starts one instance of service per zone, each enforcing
@@ -26,7 +27,7 @@ func startCallers(t *testing.T, c *testbed.Cluster, service string) []*testbed.C
 		}
 		callers = append(callers, cl)
 	}
-	waitFor(t, 15*time.Second, service+"'s instances hold caller/"+service, func() bool {
+	testkit.WaitFor(t, 15*time.Second, service+"'s instances hold caller/"+service, func() bool {
 		for _, cl := range callers {
 			if cl.Limiter.Policy(service) == nil {
 				return false
@@ -183,7 +184,7 @@ func TestOutboundLoopHoldsASurge(t *testing.T) {
 		t.Errorf("checkout's sidecars let %d calls through as decided upstream, want the %d admitted", upstream, want)
 	}
 
-	waitFor(t, 15*time.Second, "web's outbound ratio returns to 0 after the surge", func() bool {
+	testkit.WaitFor(t, 15*time.Second, "web's outbound ratio returns to 0 after the surge", func() bool {
 		for _, cl := range web {
 			if outboundRatio(cl) != 0 {
 				return false

@@ -32,6 +32,7 @@ import (
 	"github.com/sluicehq/sluice/internal/controller"
 	"github.com/sluicehq/sluice/internal/limits"
 	"github.com/sluicehq/sluice/internal/testbed"
+	"github.com/sluicehq/sluice/internal/testkit"
 	"github.com/sluicehq/sluice/internal/xdsserver"
 	"github.com/sluicehq/sluice/pkg/dropratio"
 	"github.com/sluicehq/sluice/sidecar"
@@ -316,7 +317,7 @@ func TestProxylessGRPCFollowsTheController(t *testing.T) {
 	})
 	bg.Go(func() { _ = svc.Run(ctx) })
 	fakeAggregator(ctx, t, ctrlAddr, &bg)
-	waitFor(t, 15*time.Second, "the controller publishes web at 0.3", func() bool {
+	testkit.WaitFor(t, 15*time.Second, "the controller publishes web at 0.3", func() bool {
 		return xdsserver.PPM(publishedRatio(svc, "web")) == 300000
 	})
 	rtds := subscribeRuntime(ctx, t, ctrlAddr)
@@ -338,7 +339,7 @@ func TestProxylessGRPCFollowsTheController(t *testing.T) {
 		calls.Wait()
 	})
 	webCalls := func() int { return web[0].count() + web[1].count() }
-	waitFor(t, callsTimeout, fmt.Sprintf("%d web calls at 0.3", callsAtFirstRatio), func() bool {
+	testkit.WaitFor(t, callsTimeout, fmt.Sprintf("%d web calls at 0.3", callsAtFirstRatio), func() bool {
 		return webCalls() >= callsAtFirstRatio || t.Failed()
 	})
 
@@ -346,7 +347,7 @@ func TestProxylessGRPCFollowsTheController(t *testing.T) {
 	changed := time.Now()
 	lim.set(900)
 	var published time.Time
-	waitFor(t, 5*time.Second, "the controller publishes web at 0.1", func() bool {
+	testkit.WaitFor(t, 5*time.Second, "the controller publishes web at 0.1", func() bool {
 		published = time.Now() // polled every 20ms: at most that late
 		return xdsserver.PPM(publishedRatio(svc, "web")) == 100000
 	})
@@ -355,7 +356,7 @@ func TestProxylessGRPCFollowsTheController(t *testing.T) {
 	// Workers hand their calls over 256 at a time, so the count lags by
 	// up to that much per worker.
 	target := webCalls() + callsAtSecondRatio + 2*webWorkers*256
-	waitFor(t, callsTimeout, fmt.Sprintf("%d web calls at 0.1", callsAtSecondRatio), func() bool {
+	testkit.WaitFor(t, callsTimeout, fmt.Sprintf("%d web calls at 0.1", callsAtSecondRatio), func() bool {
 		return webCalls() >= target || t.Failed()
 	})
 	stop()
@@ -429,7 +430,7 @@ func TestProxylessGRPCFollowsTheController(t *testing.T) {
 
 	// The RTDS layer followed the same ratios.
 	for _, want := range []float64{300000, 100000} {
-		waitFor(t, 5*time.Second, fmt.Sprintf("RTDS layer with web at %v ppm", want), func() bool {
+		testkit.WaitFor(t, 5*time.Second, fmt.Sprintf("RTDS layer with web at %v ppm", want), func() bool {
 			return rtds.has(want)
 		})
 	}
@@ -818,7 +819,7 @@ services:
 
 	// The callee holds its policy before the first call, so that every
 	// call of web is counted as enforced upstream.
-	waitFor(t, 15*time.Second, "the callee holds web as enforced upstream", func() bool {
+	testkit.WaitFor(t, 15*time.Second, "the callee holds web as enforced upstream", func() bool {
 		p := callee.Limiter.Policy("checkout")
 		return p != nil && p.Rule("web") != nil && p.Rule("web").Mode == sidecar.Upstream
 	})
@@ -834,7 +835,7 @@ services:
 	begin := time.Now()
 	web.run(ctx, t, offeredRPS, &wg)
 
-	waitFor(t, 30*time.Second, "the controller publishes web at ≥ 0.25", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the controller publishes web at ≥ 0.25", func() bool {
 		return ratios.last() >= 0.25 || t.Failed()
 	})
 	up := time.Now()

@@ -23,6 +23,7 @@ import (
 	"github.com/sluicehq/sluice/internal/identity"
 	"github.com/sluicehq/sluice/internal/identity/devpki"
 	"github.com/sluicehq/sluice/internal/limits"
+	"github.com/sluicehq/sluice/internal/testkit"
 )
 
 const e2eTrustDomain = "e2e.test"
@@ -79,14 +80,14 @@ func TestBinariesMutualTLS(t *testing.T) {
 		"--upstream="+app.URL, "--aggregators="+agg.addr, "--controllers="+ctl.addr,
 		"--listen=127.0.0.1:0", "--admin-addr=127.0.0.1:0", "--report-interval=200ms")...)
 	sc := &node{proc: scP, admin: scP.addr(t, "admin"), addr: scP.addr(t, "http")}
-	waitFor(t, startTimeout, "the sidecar holds checkout's policy over mutual TLS", func() bool {
+	testkit.WaitFor(t, startTimeout, "the sidecar holds checkout's policy over mutual TLS", func() bool {
 		_, ok := metric(t, sc.admin, "sluice_sidecar_policy_peers", `service="checkout"`)
 		return ok
 	})
 	if code, _, body := get("http://"+sc.addr+"/", "x-sluice-caller", "web"); code != http.StatusOK {
 		t.Fatalf("a request through the sidecar: %d %q", code, body)
 	}
-	waitFor(t, startTimeout, "the sidecar's reports are accepted by the aggregator", func() bool {
+	testkit.WaitFor(t, startTimeout, "the sidecar's reports are accepted by the aggregator", func() bool {
 		n, _ := metric(t, agg.admin, "sluice_aggregator_reports_total")
 		return n > 0
 	})
@@ -95,7 +96,7 @@ func TestBinariesMutualTLS(t *testing.T) {
 	}
 	// Traffic while waiting, so that the rate the controller sums is not
 	// one request's, gone by its next tick.
-	waitFor(t, startTimeout, "the controller sees checkout's load", func() bool {
+	testkit.WaitFor(t, startTimeout, "the controller sees checkout's load", func() bool {
 		get("http://"+sc.addr+"/", "x-sluice-caller", "web")
 		n, _ := metric(t, ctl.admin, "sluice_controller_offered_rps", `service="checkout"`)
 		return n > 0

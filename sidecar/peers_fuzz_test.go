@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/sluicehq/sluice/internal/testkit"
 	"github.com/sluicehq/sluice/pkg/names"
 )
 
@@ -56,7 +57,7 @@ func (m *peerModel) decide(peer string) {
 // peersSeeds are FuzzLimiterPeers' committed seeds.
 func peersSeeds() []seed {
 	s := func(name string, maxPeers uint64, listed, requests string) seed {
-		return seed{name, []any{maxPeers, listed, requests}}
+		return seed{Name: name, Args: []any{maxPeers, listed, requests}}
 	}
 	return []seed{
 		s("mixed", 2, "web,batch", "web\nmobile\nweb\nnew-1\nnew-2\nnew-3\n\n_overflow\nunknown\nbad name\n\xff\xfe"),
@@ -67,7 +68,9 @@ func peersSeeds() []seed {
 	}
 }
 
-func TestFuzzLimiterPeersCorpus(t *testing.T) { checkCorpus(t, "FuzzLimiterPeers", peersSeeds()) }
+func TestFuzzLimiterPeersCorpus(t *testing.T) {
+	testkit.CheckCorpus(t, "FuzzLimiterPeers", peersSeeds())
+}
 
 // FuzzLimiterPeers sends the lines of requests (any bytes: invalid UTF-8,
 // NULs, names past names.MaxLen, the reserved names) as caller names

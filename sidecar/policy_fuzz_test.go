@@ -1,13 +1,10 @@
 package sidecar
 
 import (
-	"flag"
 	"fmt"
 	"math"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -21,57 +18,12 @@ import (
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/pkg/names"
+
+	"github.com/sluicehq/sluice/internal/testkit"
 )
 
-var updateCorpus = flag.Bool("update-corpus", false, "rewrite the seed corpora under testdata/fuzz from the seeds in the fuzz tests")
-
-// seed is one named input of a fuzz target's committed seed corpus: the
-// arguments of its fuzz function, each a []byte, string, uint64 or float64.
-type seed struct {
-	name string
-	args []any
-}
-
-// checkCorpus keeps testdata/fuzz/<target>/<seed> in step with seeds, which
-// say in Go what the committed files say in the fuzzer's encoding: with
-// -update-corpus it writes them, otherwise a missing or stale file fails.
-// go test runs every file there as a seed of the target; files the fuzzer
-// adds (crashers) are left alone.
-func checkCorpus(t *testing.T, target string, seeds []seed) {
-	t.Helper()
-	dir := filepath.Join("testdata", "fuzz", target)
-	for _, s := range seeds {
-		var b strings.Builder
-		b.WriteString("go test fuzz v1\n")
-		for _, a := range s.args {
-			switch v := a.(type) {
-			case []byte:
-				fmt.Fprintf(&b, "[]byte(%q)\n", v)
-			case string:
-				fmt.Fprintf(&b, "string(%q)\n", v)
-			case uint64:
-				fmt.Fprintf(&b, "uint64(%d)\n", v)
-			case float64:
-				fmt.Fprintf(&b, "math.Float64frombits(0x%x)\n", math.Float64bits(v))
-			default:
-				t.Fatalf("seed %s: argument of type %T", s.name, a)
-			}
-		}
-		path := filepath.Join(dir, s.name)
-		if *updateCorpus {
-			if err := os.MkdirAll(dir, 0o755); err != nil {
-				t.Fatal(err)
-			}
-			if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
-				t.Fatal(err)
-			}
-			continue
-		}
-		if got, err := os.ReadFile(path); err != nil || string(got) != b.String() {
-			t.Errorf("%s is missing or stale; in this package's directory run: go test . -run '^%s$' -update-corpus", path, t.Name())
-		}
-	}
-}
+// seed is one named input of the committed seed corpus.
+type seed = testkit.Seed
 
 func marshal(t testing.TB, m proto.Message) []byte {
 	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(m)
@@ -120,71 +72,71 @@ func policySeeds(t testing.TB) []seed {
 	hugeLen := protowire.AppendVarint(protowire.AppendTag(nil, 4, protowire.BytesType), 1<<40)
 	b := func(v []byte) []any { return []any{v} }
 	return []seed{
-		{"good", b(good(nil))},
-		{"good-outbound", b(good(func(m *sluicev1.DropPolicy) {
+		{Name: "good", Args: b(good(nil))},
+		{Name: "good-outbound", Args: b(good(func(m *sluicev1.DropPolicy) {
 			m.Name, m.Direction = "caller/checkout", sluicev1.Direction_DIRECTION_OUTBOUND
 		}))},
-		{"good-minimal", b(marshal(t, &sluicev1.DropPolicy{Name: "callee/a", Service: "a", Direction: sluicev1.Direction_DIRECTION_INBOUND}))},
-		{"good-300-peers", b(good(many))},
-		{"good-overflow-peer", b(peer0(func(p *sluicev1.PeerPolicy) { p.Peer = names.Overflow }))},
-		{"good-ratio-below-one", b(peer0(func(p *sluicev1.PeerPolicy) { p.DropRatio = math.Nextafter(1, 0) }))},
-		{"good-ratio-negative-zero", b(peer0(func(p *sluicev1.PeerPolicy) { p.DropRatio = math.Copysign(0, -1) }))},
-		{"good-huge-rates", b(peer0(func(p *sluicev1.PeerPolicy) {
+		{Name: "good-minimal", Args: b(marshal(t, &sluicev1.DropPolicy{Name: "callee/a", Service: "a", Direction: sluicev1.Direction_DIRECTION_INBOUND}))},
+		{Name: "good-300-peers", Args: b(good(many))},
+		{Name: "good-overflow-peer", Args: b(peer0(func(p *sluicev1.PeerPolicy) { p.Peer = names.Overflow }))},
+		{Name: "good-ratio-below-one", Args: b(peer0(func(p *sluicev1.PeerPolicy) { p.DropRatio = math.Nextafter(1, 0) }))},
+		{Name: "good-ratio-negative-zero", Args: b(peer0(func(p *sluicev1.PeerPolicy) { p.DropRatio = math.Copysign(0, -1) }))},
+		{Name: "good-huge-rates", Args: b(peer0(func(p *sluicev1.PeerPolicy) {
 			p.LimitRps, p.AllowedRps, p.OfferedRps = f64(math.MaxFloat64), f64(1e300), math.MaxFloat64
 		}))},
-		{"good-max-live-instances", b(good(func(m *sluicev1.DropPolicy) { m.LiveInstances = math.MaxUint32 }))},
-		{"good-253-byte-names", b(good(func(m *sluicev1.DropPolicy) {
+		{Name: "good-max-live-instances", Args: b(good(func(m *sluicev1.DropPolicy) { m.LiveInstances = math.MaxUint32 }))},
+		{Name: "good-253-byte-names", Args: b(good(func(m *sluicev1.DropPolicy) {
 			m.Service = strings.Repeat("s", names.MaxLen)
 			m.Name = names.Callee(m.Service)
 			m.Peers[0].Peer = strings.Repeat("p", names.MaxLen)
 		}))},
-		{"good-unknown-reason", b(peer0(func(p *sluicev1.PeerPolicy) { p.Reason = 99 }))},
-		{"bad-empty", b(nil)},
-		{"bad-ratio-nan", b(peer0(func(p *sluicev1.PeerPolicy) { p.DropRatio = math.NaN() }))},
-		{"bad-ratio-one", b(peer0(func(p *sluicev1.PeerPolicy) { p.DropRatio = 1 }))},
-		{"bad-ratio-negative", b(peer0(func(p *sluicev1.PeerPolicy) { p.DropRatio = -1e-300 }))},
-		{"bad-ratio-inf", b(peer0(func(p *sluicev1.PeerPolicy) { p.DropRatio = math.Inf(1) }))},
-		{"bad-limit-inf", b(peer0(func(p *sluicev1.PeerPolicy) { p.LimitRps = f64(math.Inf(1)) }))},
-		{"bad-allowed-nan", b(peer0(func(p *sluicev1.PeerPolicy) { p.AllowedRps = f64(math.NaN()) }))},
-		{"bad-offered-negative", b(peer0(func(p *sluicev1.PeerPolicy) { p.OfferedRps = -1 }))},
-		{"bad-offered-neg-inf", b(peer0(func(p *sluicev1.PeerPolicy) { p.OfferedRps = math.Inf(-1) }))},
-		{"bad-duplicate-peers", b(good(func(m *sluicev1.DropPolicy) { m.Peers[2].Peer = m.Peers[0].Peer }))},
-		{"bad-empty-peer", b(peer0(func(p *sluicev1.PeerPolicy) { p.Peer = "" }))},
-		{"bad-254-byte-peer", b(peer0(func(p *sluicev1.PeerPolicy) { p.Peer = strings.Repeat("p", names.MaxLen+1) }))},
-		{"bad-peer-charset", b(peer0(func(p *sluicev1.PeerPolicy) { p.Peer = "web/../admin" }))},
-		{"bad-overflow-service", b(good(func(m *sluicev1.DropPolicy) { m.Service, m.Name = names.Overflow, names.Callee(names.Overflow) }))},
-		{"bad-name-mismatch", b(good(func(m *sluicev1.DropPolicy) { m.Name = "callee/orders" }))},
-		{"bad-direction-unspecified", b(good(func(m *sluicev1.DropPolicy) { m.Direction = 0 }))},
-		{"bad-unknown-enums", b(good(func(m *sluicev1.DropPolicy) {
+		{Name: "good-unknown-reason", Args: b(peer0(func(p *sluicev1.PeerPolicy) { p.Reason = 99 }))},
+		{Name: "bad-empty", Args: b(nil)},
+		{Name: "bad-ratio-nan", Args: b(peer0(func(p *sluicev1.PeerPolicy) { p.DropRatio = math.NaN() }))},
+		{Name: "bad-ratio-one", Args: b(peer0(func(p *sluicev1.PeerPolicy) { p.DropRatio = 1 }))},
+		{Name: "bad-ratio-negative", Args: b(peer0(func(p *sluicev1.PeerPolicy) { p.DropRatio = -1e-300 }))},
+		{Name: "bad-ratio-inf", Args: b(peer0(func(p *sluicev1.PeerPolicy) { p.DropRatio = math.Inf(1) }))},
+		{Name: "bad-limit-inf", Args: b(peer0(func(p *sluicev1.PeerPolicy) { p.LimitRps = f64(math.Inf(1)) }))},
+		{Name: "bad-allowed-nan", Args: b(peer0(func(p *sluicev1.PeerPolicy) { p.AllowedRps = f64(math.NaN()) }))},
+		{Name: "bad-offered-negative", Args: b(peer0(func(p *sluicev1.PeerPolicy) { p.OfferedRps = -1 }))},
+		{Name: "bad-offered-neg-inf", Args: b(peer0(func(p *sluicev1.PeerPolicy) { p.OfferedRps = math.Inf(-1) }))},
+		{Name: "bad-duplicate-peers", Args: b(good(func(m *sluicev1.DropPolicy) { m.Peers[2].Peer = m.Peers[0].Peer }))},
+		{Name: "bad-empty-peer", Args: b(peer0(func(p *sluicev1.PeerPolicy) { p.Peer = "" }))},
+		{Name: "bad-254-byte-peer", Args: b(peer0(func(p *sluicev1.PeerPolicy) { p.Peer = strings.Repeat("p", names.MaxLen+1) }))},
+		{Name: "bad-peer-charset", Args: b(peer0(func(p *sluicev1.PeerPolicy) { p.Peer = "web/../admin" }))},
+		{Name: "bad-overflow-service", Args: b(good(func(m *sluicev1.DropPolicy) { m.Service, m.Name = names.Overflow, names.Callee(names.Overflow) }))},
+		{Name: "bad-name-mismatch", Args: b(good(func(m *sluicev1.DropPolicy) { m.Name = "callee/orders" }))},
+		{Name: "bad-direction-unspecified", Args: b(good(func(m *sluicev1.DropPolicy) { m.Direction = 0 }))},
+		{Name: "bad-unknown-enums", Args: b(good(func(m *sluicev1.DropPolicy) {
 			m.Direction, m.FailMode, m.Peers[0].Mode = 5, 9, 7
 		}))},
-		{"bad-ttl-negative", b(good(func(m *sluicev1.DropPolicy) { m.Ttl = durationpb.New(-time.Second) }))},
-		{"bad-ttl-out-of-range", b(good(func(m *sluicev1.DropPolicy) { m.Ttl = &durationpb.Duration{Seconds: math.MaxInt64} }))},
-		{"bad-decay-mixed-signs", b(good(func(m *sluicev1.DropPolicy) { m.FailOpenDecay = &durationpb.Duration{Seconds: 1, Nanos: -1} }))},
-		{"bad-issued-at", b(good(func(m *sluicev1.DropPolicy) { m.IssuedAt = &timestamppb.Timestamp{Seconds: math.MinInt64} }))},
-		{"bad-every-field", b(marshal(t, &sluicev1.DropPolicy{Name: "x", Service: "-x", Direction: 9, FailMode: 9,
+		{Name: "bad-ttl-negative", Args: b(good(func(m *sluicev1.DropPolicy) { m.Ttl = durationpb.New(-time.Second) }))},
+		{Name: "bad-ttl-out-of-range", Args: b(good(func(m *sluicev1.DropPolicy) { m.Ttl = &durationpb.Duration{Seconds: math.MaxInt64} }))},
+		{Name: "bad-decay-mixed-signs", Args: b(good(func(m *sluicev1.DropPolicy) { m.FailOpenDecay = &durationpb.Duration{Seconds: 1, Nanos: -1} }))},
+		{Name: "bad-issued-at", Args: b(good(func(m *sluicev1.DropPolicy) { m.IssuedAt = &timestamppb.Timestamp{Seconds: math.MinInt64} }))},
+		{Name: "bad-every-field", Args: b(marshal(t, &sluicev1.DropPolicy{Name: "x", Service: "-x", Direction: 9, FailMode: 9,
 			Ttl: &durationpb.Duration{Nanos: 2e9}, Peers: []*sluicev1.PeerPolicy{
 				{Peer: "", DropRatio: math.NaN(), Mode: 9, LimitRps: f64(-1), AllowedRps: f64(math.Inf(-1)), OfferedRps: math.NaN()},
 				{Peer: "", DropRatio: 2}}}))},
-		{"wire-invalid-utf8", b(badUTF8)},
-		{"wire-wrong-type", b(wrongWire)},
-		{"wire-huge-length", b(hugeLen)},
-		{"wire-truncated", b(good(nil)[:40])},
+		{Name: "wire-invalid-utf8", Args: b(badUTF8)},
+		{Name: "wire-wrong-type", Args: b(wrongWire)},
+		{Name: "wire-huge-length", Args: b(hugeLen)},
+		{Name: "wire-truncated", Args: b(good(nil)[:40])},
 	}
 }
 
 func TestFuzzPolicyFromProtoCorpus(t *testing.T) {
 	seeds := policySeeds(t)
-	checkCorpus(t, "FuzzPolicyFromProto", seeds)
+	testkit.CheckCorpus(t, "FuzzPolicyFromProto", seeds)
 	// The seeds say what they are: good ones are accepted, the others not.
 	for _, s := range seeds {
 		m := new(sluicev1.DropPolicy)
-		err := proto.Unmarshal(s.args[0].([]byte), m)
+		err := proto.Unmarshal(s.Args[0].([]byte), m)
 		if err == nil {
 			_, err = PolicyFromProto(m)
 		}
-		if good := strings.HasPrefix(s.name, "good"); good != (err == nil) {
-			t.Errorf("seed %s: error %v", s.name, err)
+		if good := strings.HasPrefix(s.Name, "good"); good != (err == nil) {
+			t.Errorf("seed %s: error %v", s.Name, err)
 		}
 	}
 }

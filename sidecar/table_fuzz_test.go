@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"github.com/sluicehq/sluice/internal/testkit"
 	"github.com/sluicehq/sluice/pkg/names"
 )
 
@@ -50,7 +51,7 @@ func keys(key uint64) *rand.Rand {
 // runs hundreds of places long.
 func tableSeeds() []seed {
 	s := func(name string, key uint64, prefix, suffix string, width uint64) seed {
-		return seed{name, []any{key, prefix, suffix, width}}
+		return seed{Name: name, Args: []any{key, prefix, suffix, width}}
 	}
 	return []seed{
 		s("digits-8", 1, "", "", 8),
@@ -73,7 +74,7 @@ func tableSeeds() []seed {
 }
 
 func TestFuzzPeerTableProbesCorpus(t *testing.T) {
-	checkCorpus(t, "FuzzPeerTableProbes", tableSeeds())
+	testkit.CheckCorpus(t, "FuzzPeerTableProbes", tableSeeds())
 }
 
 // FuzzPeerTableProbes fills a table the way a flood of new callers does,

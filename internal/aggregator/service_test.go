@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/testkit"
 )
 
 // fakeController is a ZoneLoadService on loopback that hands over every
@@ -221,17 +222,6 @@ func metric(t *testing.T, reg *prometheus.Registry, name string, labels ...strin
 	return -1
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 func TestServiceSumsSidecars(t *testing.T) {
 	ctrl := newFakeController(t)
 	h := startService(t, Config{Controllers: []string{ctrl.addr}})
@@ -247,7 +237,7 @@ func TestServiceSumsSidecars(t *testing.T) {
 	if zl.Zone != "zone-a" || zl.AggregatorId != "agg-1" || zl.Interval.AsDuration() != 20*time.Millisecond {
 		t.Errorf("ZoneLoad header = %q %q %v", zl.Zone, zl.AggregatorId, zl.Interval.AsDuration())
 	}
-	waitFor(t, "Ready", h.svc.Ready)
+	testkit.WaitFor(t, 20*time.Second, "Ready", h.svc.Ready)
 	if v := metric(t, h.reg, "sluice_aggregator_controller_connected"); v != 1 {
 		t.Errorf("controller_connected = %v, want 1", v)
 	}
@@ -266,17 +256,17 @@ func TestServiceSumsSidecars(t *testing.T) {
 	if err := s1.CloseSend(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "s1 removed", func() bool { return h.svc.Sidecars() == 1 })
+	testkit.WaitFor(t, 20*time.Second, "s1 removed", func() bool { return h.svc.Sidecars() == 1 })
 	ctrl.await(t, serviceLoad("svc", in, 1, rate("a", 50, 0, 25)))
 	if v := metric(t, h.reg, "sluice_aggregator_streams"); v != 1 {
 		// The gauge drops when the handler returns, which is after
 		// Sidecars changed; wait rather than race it.
-		waitFor(t, "streams gauge 1", func() bool { return metric(t, h.reg, "sluice_aggregator_streams") == 1 })
+		testkit.WaitFor(t, 20*time.Second, "streams gauge 1", func() bool { return metric(t, h.reg, "sluice_aggregator_streams") == 1 })
 	}
 
 	// A cancelled stream (a sidecar that died) removes its sidecar too.
 	s2.cancel()
-	waitFor(t, "s2 removed", func() bool { return h.svc.Sidecars() == 0 })
+	testkit.WaitFor(t, 20*time.Second, "s2 removed", func() bool { return h.svc.Sidecars() == 0 })
 	ctrl.await(t)
 }
 
@@ -321,7 +311,7 @@ func TestServiceReconnectedSidecarSurvivesOldStream(t *testing.T) {
 	fresh := dialSidecar(t, h.addr)
 	fresh.mustAccept(t, report("s1", "svc", in, time.Second, pc("a", 2, 0, 0)))
 	old.cancel()
-	waitFor(t, "old stream ended", func() bool { return metric(t, h.reg, "sluice_aggregator_streams") == 1 })
+	testkit.WaitFor(t, 20*time.Second, "old stream ended", func() bool { return metric(t, h.reg, "sluice_aggregator_streams") == 1 })
 	if n := h.svc.Sidecars(); n != 1 {
 		t.Fatalf("Sidecars = %d after the old stream ended, want 1 (owned by the new stream)", n)
 	}
@@ -331,7 +321,7 @@ func TestServiceReconnectedSidecarSurvivesOldStream(t *testing.T) {
 	}
 
 	fresh.cancel()
-	waitFor(t, "s1 removed", func() bool { return h.svc.Sidecars() == 0 })
+	testkit.WaitFor(t, 20*time.Second, "s1 removed", func() bool { return h.svc.Sidecars() == 0 })
 }
 
 func TestServiceControllerFailover(t *testing.T) {
@@ -342,10 +332,10 @@ func TestServiceControllerFailover(t *testing.T) {
 	want := serviceLoad("svc", in, 1, rate("a", 5, 0, 0))
 
 	c1.await(t, want)
-	waitFor(t, "Ready", h.svc.Ready)
+	testkit.WaitFor(t, 20*time.Second, "Ready", h.svc.Ready)
 	c1.stop()
 	c2.await(t, want)
-	waitFor(t, "Ready again", h.svc.Ready)
+	testkit.WaitFor(t, 20*time.Second, "Ready again", h.svc.Ready)
 	if v := metric(t, h.reg, "sluice_aggregator_controller_failovers_total"); v < 1 {
 		t.Errorf("controller_failovers_total = %v, want >= 1", v)
 	}
@@ -361,7 +351,7 @@ func TestServiceControllerFanout(t *testing.T) {
 	want := serviceLoad("svc", in, 1, rate("a", 5, 0, 0))
 	c1.await(t, want)
 	c2.await(t, want)
-	waitFor(t, "both replicas connected", func() bool {
+	testkit.WaitFor(t, 20*time.Second, "both replicas connected", func() bool {
 		return metric(t, h.reg, "sluice_aggregator_controller_connected") == 2
 	})
 	c1.stop()
@@ -382,13 +372,13 @@ func TestServiceSkipsDeadController(t *testing.T) {
 	lis.Close()
 	h := startService(t, Config{Controllers: []string{dead, ctrl.addr}})
 	ctrl.await(t) // an empty zone is still reported: the aggregator is alive
-	waitFor(t, "Ready", h.svc.Ready)
+	testkit.WaitFor(t, 20*time.Second, "Ready", h.svc.Ready)
 }
 
 func TestServiceDrain(t *testing.T) {
 	ctrl := newFakeController(t)
 	h := startService(t, Config{Controllers: []string{ctrl.addr}})
-	waitFor(t, "Ready", h.svc.Ready)
+	testkit.WaitFor(t, 20*time.Second, "Ready", h.svc.Ready)
 	s := dialSidecar(t, h.addr)
 	s.mustAccept(t, report("s1", "svc", in, time.Second))
 
@@ -402,7 +392,7 @@ func TestServiceDrain(t *testing.T) {
 	if _, err := s.Recv(); status.Code(err) != codes.Unavailable {
 		t.Fatalf("Recv after Drain = %v, want UNAVAILABLE", err)
 	}
-	waitFor(t, "s1 removed", func() bool { return h.svc.Sidecars() == 0 })
+	testkit.WaitFor(t, 20*time.Second, "s1 removed", func() bool { return h.svc.Sidecars() == 0 })
 }
 
 func TestServiceConcurrentSidecars(t *testing.T) {

@@ -2,11 +2,8 @@ package aggregator_test
 
 import (
 	"errors"
-	"flag"
 	"fmt"
 	"math"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -21,44 +18,12 @@ import (
 	"github.com/sluicehq/sluice/internal/aggregator"
 	"github.com/sluicehq/sluice/internal/controller"
 	"github.com/sluicehq/sluice/pkg/names"
+
+	"github.com/sluicehq/sluice/internal/testkit"
 )
 
-var updateCorpus = flag.Bool("update-corpus", false, "rewrite the seed corpora under testdata/fuzz from the seeds in the fuzz tests")
-
-// seed is one named input of a fuzz target's committed seed corpus: the
-// arguments of its fuzz function, each a []byte.
-type seed struct {
-	name string
-	args [][]byte
-}
-
-// checkCorpus keeps testdata/fuzz/<target>/<seed> in step with seeds: with
-// -update-corpus it writes them, otherwise a missing or stale file fails.
-// go test runs every file there as a seed of the target.
-func checkCorpus(t *testing.T, target string, seeds []seed) {
-	t.Helper()
-	dir := filepath.Join("testdata", "fuzz", target)
-	for _, s := range seeds {
-		var b strings.Builder
-		b.WriteString("go test fuzz v1\n")
-		for _, a := range s.args {
-			fmt.Fprintf(&b, "[]byte(%q)\n", a)
-		}
-		path := filepath.Join(dir, s.name)
-		if *updateCorpus {
-			if err := os.MkdirAll(dir, 0o755); err != nil {
-				t.Fatal(err)
-			}
-			if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
-				t.Fatal(err)
-			}
-			continue
-		}
-		if got, err := os.ReadFile(path); err != nil || string(got) != b.String() {
-			t.Errorf("%s is missing or stale; in this package's directory run: go test . -run '^%s$' -update-corpus", path, t.Name())
-		}
-	}
-}
+// seed is one named input of the committed seed corpus.
+type seed = testkit.Seed
 
 var (
 	fuzzNow    = time.Date(2026, 11, 30, 3, 3, 0, 0, time.UTC)
@@ -109,7 +74,7 @@ func loadReportSeeds(t testing.TB) []seed {
 	rb := func(edit func(*sluicev1.LoadReport)) []byte { return reportBytes(t, edit) }
 	one := func(name string, edit func(*sluicev1.LoadReport)) seed { // sent twice, as a retry would
 		b := rb(edit)
-		return seed{name, [][]byte{b, b}}
+		return seed{Name: name, Args: []any{b, b}}
 	}
 	str := func(field protowire.Number, s string) []byte {
 		return protowire.AppendString(protowire.AppendTag(nil, field, protowire.BytesType), s)
@@ -129,9 +94,9 @@ func loadReportSeeds(t testing.TB) []seed {
 			r.SidecarId, r.Service = strings.Repeat("i", names.MaxLen), strings.Repeat("s", names.MaxLen)
 			r.Peers[0].Peer = strings.Repeat("p", names.MaxLen)
 		}),
-		{"good-replace-then-leave", [][]byte{rb(nil), rb(func(r *sluicev1.LoadReport) { r.Peers = nil })}},
-		{"good-same-sidecar-other-service", [][]byte{rb(nil), rb(func(r *sluicev1.LoadReport) { r.Service = "orders" })}},
-		{"bad-one-sidecar-too-many", [][]byte{rb(nil), rb(func(r *sluicev1.LoadReport) { r.SidecarId = "checkout-2" })}},
+		{Name: "good-replace-then-leave", Args: []any{rb(nil), rb(func(r *sluicev1.LoadReport) { r.Peers = nil })}},
+		{Name: "good-same-sidecar-other-service", Args: []any{rb(nil), rb(func(r *sluicev1.LoadReport) { r.Service = "orders" })}},
+		{Name: "bad-one-sidecar-too-many", Args: []any{rb(nil), rb(func(r *sluicev1.LoadReport) { r.SidecarId = "checkout-2" })}},
 		one("bad-overflow-service", func(r *sluicev1.LoadReport) { r.Service = names.Overflow }),
 		one("bad-empty", func(r *sluicev1.LoadReport) { proto.Reset(r) }),
 		one("bad-empty-sidecar-id", func(r *sluicev1.LoadReport) { r.SidecarId = "" }),
@@ -158,14 +123,14 @@ func loadReportSeeds(t testing.TB) []seed {
 		one("bad-window-invalid", func(r *sluicev1.LoadReport) { r.Window = &durationpb.Duration{Seconds: 1, Nanos: -5} }),
 		one("bad-direction", func(r *sluicev1.LoadReport) { r.Direction = 3 }),
 		one("bad-urgent", func(r *sluicev1.LoadReport) { r.Urgent, r.Service = true, "" }),
-		{"wire-invalid-utf8", [][]byte{append(str(1, "checkout-1"), str(2, "check\xc3out")...), {}}},
-		{"wire-truncated", [][]byte{rb(nil)[:30], rb(nil)}},
+		{Name: "wire-invalid-utf8", Args: []any{append(str(1, "checkout-1"), str(2, "check\xc3out")...), []byte{}}},
+		{Name: "wire-truncated", Args: []any{rb(nil)[:30], rb(nil)}},
 	}
 }
 
 func TestFuzzLoadReportCorpus(t *testing.T) {
 	seeds := loadReportSeeds(t)
-	checkCorpus(t, "FuzzLoadReport", seeds)
+	testkit.CheckCorpus(t, "FuzzLoadReport", seeds)
 	// The seeds say what they are: in good ones every report is taken.
 	for _, s := range seeds {
 		st := aggregator.NewState("zone-a", "agg-a", 3, fuzzLimits)
@@ -173,16 +138,16 @@ func TestFuzzLoadReportCorpus(t *testing.T) {
 			t.Fatal(err)
 		}
 		var errs []error
-		for _, b := range s.args {
+		for _, b := range s.Args {
 			r := new(sluicev1.LoadReport)
-			err := proto.Unmarshal(b, r)
+			err := proto.Unmarshal(b.([]byte), r)
 			if err == nil {
 				err = st.Apply(r, fuzzNow)
 			}
 			errs = append(errs, err)
 		}
-		if good := strings.HasPrefix(s.name, "good"); good != (errors.Join(errs...) == nil) {
-			t.Errorf("seed %s: %v", s.name, errs)
+		if good := strings.HasPrefix(s.Name, "good"); good != (errors.Join(errs...) == nil) {
+			t.Errorf("seed %s: %v", s.Name, errs)
 		}
 	}
 }

@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -11,33 +10,9 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+
+	"github.com/sluicehq/sluice/internal/testkit"
 )
-
-var updateCorpus = flag.Bool("update-corpus", false, "rewrite the seed corpora under testdata/fuzz from the seeds in the fuzz tests")
-
-// checkCorpus keeps testdata/fuzz/<target>/<name> in step with seeds, a
-// file each: with -update-corpus it writes them, otherwise a missing or
-// stale file fails. go test runs every file there as a seed of the target.
-func checkCorpus(t *testing.T, target string, seeds map[string]string) {
-	t.Helper()
-	dir := filepath.Join("testdata", "fuzz", target)
-	for name, doc := range seeds {
-		content := fmt.Sprintf("go test fuzz v1\n[]byte(%q)\n", doc)
-		path := filepath.Join(dir, name)
-		if *updateCorpus {
-			if err := os.MkdirAll(dir, 0o755); err != nil {
-				t.Fatal(err)
-			}
-			if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
-				t.Fatal(err)
-			}
-			continue
-		}
-		if got, err := os.ReadFile(path); err != nil || string(got) != content {
-			t.Errorf("%s is missing or stale; in this package's directory run: go test . -run '^%s$' -update-corpus", path, t.Name())
-		}
-	}
-}
 
 // laughs is the billion laughs alias bomb as a config file: 9^levels
 // strings once expanded, under a key that names a list flag.
@@ -79,7 +54,7 @@ func configSeeds() map[string]string {
 
 func TestFuzzConfigFileCorpus(t *testing.T) {
 	seeds := configSeeds()
-	checkCorpus(t, "FuzzConfigFile", seeds)
+	testkit.CheckCorpus(t, "FuzzConfigFile", testkit.FromMap(seeds, func(doc string) []any { return []any{[]byte(doc)} }))
 	dir := t.TempDir()
 	for name, doc := range seeds {
 		err := applyFile(t, dir, []byte(doc))

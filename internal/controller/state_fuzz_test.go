@@ -2,11 +2,7 @@ package controller_test
 
 import (
 	"errors"
-	"flag"
-	"fmt"
 	"math"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -22,44 +18,12 @@ import (
 	"github.com/sluicehq/sluice/pkg/dropratio"
 	"github.com/sluicehq/sluice/pkg/names"
 	"github.com/sluicehq/sluice/sidecar"
+
+	"github.com/sluicehq/sluice/internal/testkit"
 )
 
-var updateCorpus = flag.Bool("update-corpus", false, "rewrite the seed corpora under testdata/fuzz from the seeds in the fuzz tests")
-
-// seed is one named input of a fuzz target's committed seed corpus: the
-// arguments of its fuzz function, each a []byte.
-type seed struct {
-	name string
-	args [][]byte
-}
-
-// checkCorpus keeps testdata/fuzz/<target>/<seed> in step with seeds: with
-// -update-corpus it writes them, otherwise a missing or stale file fails.
-// go test runs every file there as a seed of the target.
-func checkCorpus(t *testing.T, target string, seeds []seed) {
-	t.Helper()
-	dir := filepath.Join("testdata", "fuzz", target)
-	for _, s := range seeds {
-		var b strings.Builder
-		b.WriteString("go test fuzz v1\n")
-		for _, a := range s.args {
-			fmt.Fprintf(&b, "[]byte(%q)\n", a)
-		}
-		path := filepath.Join(dir, s.name)
-		if *updateCorpus {
-			if err := os.MkdirAll(dir, 0o755); err != nil {
-				t.Fatal(err)
-			}
-			if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
-				t.Fatal(err)
-			}
-			continue
-		}
-		if got, err := os.ReadFile(path); err != nil || string(got) != b.String() {
-			t.Errorf("%s is missing or stale; in this package's directory run: go test . -run '^%s$' -update-corpus", path, t.Name())
-		}
-	}
-}
+// seed is one named input of the committed seed corpus.
+type seed = testkit.Seed
 
 var fuzzStart = time.Date(2026, 11, 30, 3, 3, 0, 0, time.UTC)
 
@@ -130,7 +94,7 @@ func zoneLoadSeeds(t testing.TB) []seed {
 	}
 	one := func(name string, edit func(*sluicev1.ZoneLoad)) seed { // sent twice, as the next flush would
 		b := zb(edit)
-		return seed{name, [][]byte{b, b}}
+		return seed{Name: name, Args: []any{b, b}}
 	}
 	peer0 := func(edit func(*sluicev1.PeerRate)) func(*sluicev1.ZoneLoad) {
 		return func(z *sluicev1.ZoneLoad) { edit(z.Services[0].Peers[0]) }
@@ -155,8 +119,8 @@ func zoneLoadSeeds(t testing.TB) []seed {
 			z.Services[1].Service, z.Services[1].Peers[0].Peer = strings.Repeat("s", names.MaxLen), strings.Repeat("p", names.MaxLen)
 		}),
 		one("good-interval-bounds", func(z *sluicev1.ZoneLoad) { z.Interval = durationpb.New(10 * time.Millisecond) }),
-		{"good-replace", [][]byte{zb(nil), zb(func(z *sluicev1.ZoneLoad) { z.Services = z.Services[1:] })}},
-		{"bad-one-aggregator-too-many", [][]byte{zb(nil), zb(func(z *sluicev1.ZoneLoad) { z.AggregatorId = "agg-c" })}},
+		{Name: "good-replace", Args: []any{zb(nil), zb(func(z *sluicev1.ZoneLoad) { z.Services = z.Services[1:] })}},
+		{Name: "bad-one-aggregator-too-many", Args: []any{zb(nil), zb(func(z *sluicev1.ZoneLoad) { z.AggregatorId = "agg-c" })}},
 		one("bad-rate-nan", peer0(func(p *sluicev1.PeerRate) { p.OfferedRps = math.NaN() })),
 		one("bad-rate-inf", peer0(func(p *sluicev1.PeerRate) { p.DroppedRps = math.Inf(1) })),
 		one("bad-rate-negative", peer0(func(p *sluicev1.PeerRate) { p.ShadowDroppedRps = -1e-300 })),
@@ -172,14 +136,14 @@ func zoneLoadSeeds(t testing.TB) []seed {
 		one("bad-interval-invalid", func(z *sluicev1.ZoneLoad) { z.Interval = &durationpb.Duration{Seconds: -1, Nanos: 5} }),
 		one("bad-interval-long", func(z *sluicev1.ZoneLoad) { z.Interval = durationpb.New(time.Minute + 1) }),
 		one("bad-urgent", func(z *sluicev1.ZoneLoad) { z.Urgent, z.Zone = true, "" }),
-		{"wire-invalid-utf8", [][]byte{append(str(1, "agg-b"), str(2, "zone-\xff")...), {}}},
-		{"wire-truncated", [][]byte{zb(nil)[:25], zb(nil)}},
+		{Name: "wire-invalid-utf8", Args: []any{append(str(1, "agg-b"), str(2, "zone-\xff")...), []byte{}}},
+		{Name: "wire-truncated", Args: []any{zb(nil)[:25], zb(nil)}},
 	}
 }
 
 func TestFuzzZoneLoadCorpus(t *testing.T) {
 	seeds := zoneLoadSeeds(t)
-	checkCorpus(t, "FuzzZoneLoad", seeds)
+	testkit.CheckCorpus(t, "FuzzZoneLoad", seeds)
 	// The seeds say what they are: in good ones every zone load is taken.
 	for _, s := range seeds {
 		st, err := controller.NewState(fuzzConfig(), fuzzStart)
@@ -190,16 +154,16 @@ func TestFuzzZoneLoadCorpus(t *testing.T) {
 			t.Fatal(err)
 		}
 		var errs []error
-		for _, b := range s.args {
+		for _, b := range s.Args {
 			z := new(sluicev1.ZoneLoad)
-			err := proto.Unmarshal(b, z)
+			err := proto.Unmarshal(b.([]byte), z)
 			if err == nil {
 				err = st.Apply(z, fuzzStart)
 			}
 			errs = append(errs, err)
 		}
-		if good := strings.HasPrefix(s.name, "good"); good != (errors.Join(errs...) == nil) {
-			t.Errorf("seed %s: %v", s.name, errs)
+		if good := strings.HasPrefix(s.Name, "good"); good != (errors.Join(errs...) == nil) {
+			t.Errorf("seed %s: %v", s.Name, errs)
 		}
 	}
 }

@@ -2,11 +2,8 @@ package limits
 
 import (
 	"bytes"
-	"flag"
 	"fmt"
 	"math"
-	"os"
-	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
@@ -16,33 +13,9 @@ import (
 
 	"github.com/sluicehq/sluice/pkg/dropratio"
 	"github.com/sluicehq/sluice/pkg/names"
+
+	"github.com/sluicehq/sluice/internal/testkit"
 )
-
-var updateCorpus = flag.Bool("update-corpus", false, "rewrite the seed corpora under testdata/fuzz from the seeds in the fuzz tests")
-
-// checkCorpus keeps testdata/fuzz/<target>/<name> in step with seeds, a
-// document each: with -update-corpus it writes them, otherwise a missing or
-// stale file fails. go test runs every file there as a seed of the target.
-func checkCorpus(t *testing.T, target string, seeds map[string]string) {
-	t.Helper()
-	dir := filepath.Join("testdata", "fuzz", target)
-	for name, doc := range seeds {
-		content := fmt.Sprintf("go test fuzz v1\n[]byte(%q)\n", doc)
-		path := filepath.Join(dir, name)
-		if *updateCorpus {
-			if err := os.MkdirAll(dir, 0o755); err != nil {
-				t.Fatal(err)
-			}
-			if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
-				t.Fatal(err)
-			}
-			continue
-		}
-		if got, err := os.ReadFile(path); err != nil || string(got) != content {
-			t.Errorf("%s is missing or stale; in this package's directory run: go test . -run '^%s$' -update-corpus", path, t.Name())
-		}
-	}
-}
 
 // billionLaughs is the classic alias bomb: levels anchors, each a list of
 // nine aliases of the one before, under the given key path; fully expanded
@@ -143,7 +116,7 @@ func parseSeeds() map[string]string {
 
 func TestFuzzParseCorpus(t *testing.T) {
 	seeds := parseSeeds()
-	checkCorpus(t, "FuzzParse", seeds)
+	testkit.CheckCorpus(t, "FuzzParse", testkit.FromMap(seeds, func(doc string) []any { return []any{[]byte(doc)} }))
 	for name, doc := range seeds {
 		_, err := Parse(strings.NewReader(doc))
 		if good := strings.HasPrefix(name, "good"); good != (err == nil) {

@@ -1,62 +1,12 @@
 package dropratio
 
 import (
-	"flag"
-	"fmt"
 	"math"
-	"os"
-	"path/filepath"
-	"strings"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/internal/testkit"
 )
-
-var updateCorpus = flag.Bool("update-corpus", false, "rewrite the seed corpora under testdata/fuzz from the seeds in the fuzz tests")
-
-// corpusSeed is one named input of a fuzz target's committed seed corpus:
-// the arguments of its fuzz function, each a float64, int64 or uint8.
-type corpusSeed struct {
-	name string
-	args []any
-}
-
-// checkCorpus keeps testdata/fuzz/<target>/<seed> in step with seeds: with
-// -update-corpus it writes them, otherwise a missing or stale file fails.
-// go test runs every file there as a seed of the target. Floats are written
-// as their bits, so NaN, infinities and -0 survive.
-func checkCorpus(t *testing.T, target string, seeds []corpusSeed) {
-	t.Helper()
-	dir := filepath.Join("testdata", "fuzz", target)
-	for _, s := range seeds {
-		var b strings.Builder
-		b.WriteString("go test fuzz v1\n")
-		for _, a := range s.args {
-			switch v := a.(type) {
-			case float64:
-				fmt.Fprintf(&b, "math.Float64frombits(0x%x)\n", math.Float64bits(v))
-			case int64:
-				fmt.Fprintf(&b, "int64(%d)\n", v)
-			case uint8:
-				fmt.Fprintf(&b, "byte(%d)\n", v)
-			default:
-				t.Fatalf("seed %s: argument of type %T", s.name, a)
-			}
-		}
-		path := filepath.Join(dir, s.name)
-		if *updateCorpus {
-			if err := os.MkdirAll(dir, 0o755); err != nil {
-				t.Fatal(err)
-			}
-			if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
-				t.Fatal(err)
-			}
-			continue
-		}
-		if got, err := os.ReadFile(path); err != nil || string(got) != b.String() {
-			t.Errorf("%s is missing or stale; in this package's directory run: go test . -run '^%s$' -update-corpus", path, t.Name())
-		}
-	}
-}
 
 var (
 	nan, negZero = math.NaN(), math.Copysign(0, -1)
@@ -66,10 +16,10 @@ var (
 // stepSeeds add to FuzzStep's own seeds the inputs a hostile or broken
 // tier could send: rates at the bounds the aggregator and controller
 // accept, and every float that is not a rate.
-func stepSeeds() []corpusSeed {
-	s := func(name string, args ...any) corpusSeed { return corpusSeed{name, args} }
+func stepSeeds() []testkit.Seed {
+	s := func(name string, args ...any) testkit.Seed { return testkit.Seed{Name: name, Args: args} }
 	// o1, l1, o2, l2, o3, l3, capacity, pmax, minRate, releaseRate, dt, modes
-	return []corpusSeed{
+	return []testkit.Seed{
 		s("controller-max-rates", 1e10, 0.0, 1e10, 1e10, 1e13, 1.0, 1e10, 0.99, 1.0, 2.0, int64(time.Second), uint8(0)),
 		s("negative-zero", negZero, negZero, negZero, 100.0, 5.0, negZero, negZero, 0.99, 0.0, 2.0, int64(0), uint8(3)),
 		s("nan-everything", nan, nan, nan, nan, nan, nan, nan, nan, nan, nan, int64(time.Second), uint8(1)),
@@ -80,13 +30,13 @@ func stepSeeds() []corpusSeed {
 	}
 }
 
-func TestFuzzStepCorpus(t *testing.T) { checkCorpus(t, "FuzzStep", stepSeeds()) }
+func TestFuzzStepCorpus(t *testing.T) { testkit.CheckCorpus(t, "FuzzStep", stepSeeds()) }
 
 // seedSeeds are FuzzSeed's committed seeds.
-func seedSeeds() []corpusSeed {
-	s := func(name string, args ...any) corpusSeed { return corpusSeed{name, args} }
+func seedSeeds() []testkit.Seed {
+	s := func(name string, args ...any) testkit.Seed { return testkit.Seed{Name: name, Args: args} }
 	// ra, rb, rq, offered a, offered b, limit a, dt
-	return []corpusSeed{
+	return []testkit.Seed{
 		s("measured", 0.9, 0.5, 0.3, 1000.0, 100.0, 100.0, int64(0)),
 		s("released", 0.9, 0.5, 0.3, 1000.0, 100.0, 100.0, int64(time.Second)),
 		s("above-one", 7.0, inf, 1.0, 50.0, 0.0, 100.0, int64(0)),
@@ -96,7 +46,7 @@ func seedSeeds() []corpusSeed {
 	}
 }
 
-func TestFuzzSeedCorpus(t *testing.T) { checkCorpus(t, "FuzzSeed", seedSeeds()) }
+func TestFuzzSeedCorpus(t *testing.T) { testkit.CheckCorpus(t, "FuzzSeed", seedSeeds()) }
 
 // FuzzSeed seeds a law as a restarted controller does, with ratios
 // measured from the sidecars (dropped ÷ offered: any float, including

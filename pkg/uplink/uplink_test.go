@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/testkit"
 )
 
 // The tests use the load report protocol as a stand-in for any
@@ -199,18 +200,6 @@ func newUplink(t *testing.T, cfg Config[req, resp]) *Uplink[req, resp] {
 	return u
 }
 
-// waitFor polls cond until it holds or a generous deadline passes.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 func TestFailover(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -242,7 +231,7 @@ func TestFailover(t *testing.T) {
 			if got := live.next(t); got != "m1" {
 				t.Fatalf("live server got %q, want m1", got)
 			}
-			waitFor(t, "Connected", u.Connected)
+			testkit.WaitFor(t, 20*time.Second, "Connected", u.Connected)
 			if s := u.Stats(); s.Failovers < 1 {
 				t.Errorf("Failovers = %d, want >= 1", s.Failovers)
 			}
@@ -273,12 +262,12 @@ func TestWrapsAroundAfterLastAddress(t *testing.T) {
 	if got := live.next(t); got != "m1" {
 		t.Fatalf("got %q, want m1", got)
 	}
-	waitFor(t, "Connected", u.Connected)
+	testkit.WaitFor(t, 20*time.Second, "Connected", u.Connected)
 
 	// Restart the server on the same port: close the old one, then listen
 	// again. Stop returns after the listener closed, so the port is free.
 	liveSrv.Stop()
-	waitFor(t, "disconnect", func() bool { return !u.Connected() })
+	testkit.WaitFor(t, 20*time.Second, "disconnect", func() bool { return !u.Connected() })
 	liveSrv2 := grpc.NewServer()
 	sluicev1.RegisterLoadReportServiceServer(liveSrv2, live)
 	lis2, err := net.Listen("tcp", lis.Addr().String())
@@ -328,7 +317,7 @@ func TestOfferNeverBlocks(t *testing.T) {
 	srv := newFakeServer(t, stall)
 	u := newUplink(t, Config[req, resp]{Addrs: []string{srv.addr}})
 	start(t, u)
-	waitFor(t, "a stream", func() bool { return u.Stats().Streams >= 1 })
+	testkit.WaitFor(t, 20*time.Second, "a stream", func() bool { return u.Stats().Streams >= 1 })
 
 	// Big messages fill the stream's flow-control window quickly, so Send
 	// blocks; Offer must go on returning. The test passes by completing.
@@ -359,7 +348,7 @@ func TestRunStopsWithoutLeaks(t *testing.T) {
 	go func() { done <- u.Run(ctx) }()
 	u.Offer(msg("m1"))
 	srv.next(t)
-	waitFor(t, "Connected", u.Connected)
+	testkit.WaitFor(t, 20*time.Second, "Connected", u.Connected)
 
 	if err := u.Run(ctx); err == nil {
 		t.Error("a second concurrent Run returned nil, want an error")

@@ -19,6 +19,7 @@ import (
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/aggregator"
+	"github.com/sluicehq/sluice/internal/testkit"
 	"github.com/sluicehq/sluice/sidecar"
 )
 
@@ -204,17 +205,6 @@ func startReporter(t *testing.T, cfg Config, src Source) *Reporter {
 	return r
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 func metric(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	t.Helper()
 	mfs, err := reg.Gather()
@@ -249,7 +239,7 @@ func TestReportsReachAggregator(t *testing.T) {
 	}, src)
 
 	var svc *sluicev1.ServiceLoad
-	waitFor(t, "the sidecar's rates in a flush", func() bool {
+	testkit.WaitFor(t, 20*time.Second, "the sidecar's rates in a flush", func() bool {
 		zl := agg.FlushNow()
 		if len(zl.GetServices()) != 1 {
 			return false
@@ -283,8 +273,8 @@ func TestReportsReachAggregator(t *testing.T) {
 		t.Errorf("a offered rate = %v", a.OfferedRps)
 	}
 
-	waitFor(t, "the aggregator's zone", func() bool { return r.Zone() == "zone-b" })
-	waitFor(t, "connected", r.Connected)
+	testkit.WaitFor(t, 20*time.Second, "the aggregator's zone", func() bool { return r.Zone() == "zone-b" })
+	testkit.WaitFor(t, 20*time.Second, "connected", r.Connected)
 	if v := metric(t, reg, "sluice_sidecar_report_connected"); v != 1 {
 		t.Errorf("connected = %v, want 1", v)
 	}
@@ -332,7 +322,7 @@ func TestRejectedReportsAreCounted(t *testing.T) {
 		Aggregators: []string{addr},
 		Registerer:  reg,
 	}, newFakeSource(c("a", 1000, 0, 0)))
-	waitFor(t, "a rejection", func() bool { return metric(t, reg, "sluice_sidecar_report_rejected_total") >= 1 })
+	testkit.WaitFor(t, 20*time.Second, "a rejection", func() bool { return metric(t, reg, "sluice_sidecar_report_rejected_total") >= 1 })
 	if r.Zone() != "zone-b" {
 		t.Errorf("Zone = %q, want zone-b from the rejecting aggregator's answer", r.Zone())
 	}

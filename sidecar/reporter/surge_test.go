@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/testkit"
 	"github.com/sluicehq/sluice/sidecar"
 )
 
@@ -169,14 +170,14 @@ func TestSurgeIsReportedBeforeTheInterval(t *testing.T) {
 	}, src)
 
 	// The first periodic report is the baseline (nothing offered yet).
-	waitFor(t, "the first periodic report", func() bool { return len(capt.all()) >= 1 })
+	testkit.WaitFor(t, 20*time.Second, "the first periodic report", func() bool { return len(capt.all()) >= 1 })
 	if w := capt.all()[0].GetWindow().AsDuration(); w < interval/2 {
 		t.Fatalf("first report's window is %v, want a periodic one", w)
 	}
 	// Right after it, the next periodic report is an interval away: the
 	// burst is seen by a check long before.
 	src.add("web", 1000)
-	waitFor(t, "a surge report", func() bool { return len(capt.all()) >= 2 })
+	testkit.WaitFor(t, 20*time.Second, "a surge report", func() bool { return len(capt.all()) >= 2 })
 	rep := capt.all()[1]
 	if w := rep.GetWindow().AsDuration(); w >= interval/2 {
 		t.Errorf("second report's window is %v: a periodic report, not a surge report", w)
@@ -221,7 +222,7 @@ func TestThinSurgeIsReportedBeforeTheInterval(t *testing.T) {
 		SidecarID: "s1", Service: "checkout", Interval: interval, SurgeCheck: check,
 		Aggregators: []string{lis.Addr().String()}, Registerer: prometheus.NewRegistry(),
 	}, src)
-	waitFor(t, "the first periodic report", func() bool { return len(capt.all()) >= 1 })
+	testkit.WaitFor(t, 20*time.Second, "the first periodic report", func() bool { return len(capt.all()) >= 1 })
 
 	// 6 requests every 60ms: at most 18 in a check window unless this
 	// goroutine stalls for three checks, below DefaultSurgeMinCount (20).

@@ -1,11 +1,8 @@
 package xdsclient
 
 import (
-	"flag"
 	"fmt"
 	"math"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -19,44 +16,12 @@ import (
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/pkg/names"
 	"github.com/sluicehq/sluice/sidecar"
+
+	"github.com/sluicehq/sluice/internal/testkit"
 )
 
-var updateCorpus = flag.Bool("update-corpus", false, "rewrite the seed corpora under testdata/fuzz from the seeds in the fuzz tests")
-
-// seed is one named input of a fuzz target's committed seed corpus: the
-// arguments of its fuzz function, each a []byte.
-type seed struct {
-	name string
-	args [][]byte
-}
-
-// checkCorpus keeps testdata/fuzz/<target>/<seed> in step with seeds: with
-// -update-corpus it writes them, otherwise a missing or stale file fails.
-// go test runs every file there as a seed of the target.
-func checkCorpus(t *testing.T, target string, seeds []seed) {
-	t.Helper()
-	dir := filepath.Join("testdata", "fuzz", target)
-	for _, s := range seeds {
-		var b strings.Builder
-		b.WriteString("go test fuzz v1\n")
-		for _, a := range s.args {
-			fmt.Fprintf(&b, "[]byte(%q)\n", a)
-		}
-		path := filepath.Join(dir, s.name)
-		if *updateCorpus {
-			if err := os.MkdirAll(dir, 0o755); err != nil {
-				t.Fatal(err)
-			}
-			if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
-				t.Fatal(err)
-			}
-			continue
-		}
-		if got, err := os.ReadFile(path); err != nil || string(got) != b.String() {
-			t.Errorf("%s is missing or stale; in this package's directory run: go test . -run '^%s$' -update-corpus", path, t.Name())
-		}
-	}
-}
+// seed is one named input of the committed seed corpus.
+type seed = testkit.Seed
 
 // subscribed are the resources of the fuzzed clients: two services, so
 // that a response can mix them up.
@@ -114,7 +79,7 @@ func responseSeeds(t testing.TB) []seed {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return seed{name, [][]byte{d, s}}
+		return seed{Name: name, Args: []any{d, s}}
 	}
 	both := func(name string, anys ...*anypb.Any) seed {
 		delta := &discovery.DeltaDiscoveryResponse{TypeUrl: names.DropPolicyType, Nonce: "1", SystemVersionInfo: "sv"}
@@ -154,11 +119,11 @@ func responseSeeds(t testing.TB) []seed {
 		mk("other-type",
 			&discovery.DeltaDiscoveryResponse{TypeUrl: "type.googleapis.com/envoy.config.cluster.v3.Cluster", Nonce: "5"},
 			&discovery.DiscoveryResponse{TypeUrl: "", Nonce: "5"}),
-		{"wire-garbage", [][]byte{{0x12, 0x05, 0xff, 0xfe}, {0x0a, 0x03, 'a', 0xc3}}},
+		{Name: "wire-garbage", Args: []any{[]byte{0x12, 0x05, 0xff, 0xfe}, []byte{0x0a, 0x03, 'a', 0xc3}}},
 	}
 }
 
-func TestFuzzResponseCorpus(t *testing.T) { checkCorpus(t, "FuzzResponse", responseSeeds(t)) }
+func TestFuzzResponseCorpus(t *testing.T) { testkit.CheckCorpus(t, "FuzzResponse", responseSeeds(t)) }
 
 // FuzzResponse decodes any bytes as a delta and as a state-of-the-world
 // response and applies each twice, then the other one, to a Client whose

@@ -3,42 +3,14 @@ package inject_test
 import (
 	"encoding/json"
 	"errors"
-	"flag"
-	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/sluicehq/sluice/internal/webhook/inject"
 	"github.com/sluicehq/sluice/pkg/names"
+
+	"github.com/sluicehq/sluice/internal/testkit"
 )
-
-var updateCorpus = flag.Bool("update-corpus", false, "rewrite the seed corpora under testdata/fuzz from the seeds in the fuzz tests")
-
-// checkCorpus keeps testdata/fuzz/<target>/<name> in step with seeds, two
-// strings each: with -update-corpus it writes them, otherwise a missing or
-// stale file fails. go test runs every file there as a seed of the target.
-func checkCorpus(t *testing.T, target string, seeds map[string][2]string) {
-	t.Helper()
-	dir := filepath.Join("testdata", "fuzz", target)
-	for name, args := range seeds {
-		content := fmt.Sprintf("go test fuzz v1\nstring(%q)\nstring(%q)\n", args[0], args[1])
-		path := filepath.Join(dir, name)
-		if *updateCorpus {
-			if err := os.MkdirAll(dir, 0o755); err != nil {
-				t.Fatal(err)
-			}
-			if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
-				t.Fatal(err)
-			}
-			continue
-		}
-		if got, err := os.ReadFile(path); err != nil || string(got) != content {
-			t.Errorf("%s is missing or stale; in this package's directory run: go test . -run '^%s$' -update-corpus", path, t.Name())
-		}
-	}
-}
 
 // keyValues parses lines of key=value; a line without '=' is a key with
 // an empty value.
@@ -94,7 +66,9 @@ func podSeeds() map[string][2]string {
 	}
 }
 
-func TestFuzzPodCorpus(t *testing.T) { checkCorpus(t, "FuzzPod", podSeeds()) }
+func TestFuzzPodCorpus(t *testing.T) {
+	testkit.CheckCorpus(t, "FuzzPod", testkit.FromMap(podSeeds(), func(a [2]string) []any { return []any{a[0], a[1]} }))
+}
 
 // FuzzPod runs the injector on the test's app pod with any annotations and
 // labels, in both scopes. It must never panic or change its argument; a
