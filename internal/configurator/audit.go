@@ -6,6 +6,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/sluicehq/sluice/internal/duration"
 	"github.com/sluicehq/sluice/pkg/history"
 )
 
@@ -67,7 +68,7 @@ A callee alone includes the changes to its own settings and to all its buckets.`
 			switch {
 			case len(entries) > 0:
 			case since > 0:
-				fmt.Fprintf(w, "no changes in the last %s\n", FormatDuration(since))
+				fmt.Fprintf(w, "no changes in the last %s\n", duration.Format(since))
 				return nil
 			default:
 				fmt.Fprintln(w, "no changes")
@@ -84,7 +85,7 @@ A callee alone includes the changes to its own settings and to all its buckets.`
 			return t.flush()
 		}),
 	}
-	cmd.Flags().Var((*durationValue)(&since), "since", "how far back to list (w, d, h, m, s); 0 lists everything")
+	cmd.Flags().Var((*duration.NonNegative)(&since), "since", "how far back to list (w, d, h, m, s); 0 lists everything")
 	cmd.Flags().IntVar(&limit, "limit", limit, "most entries to list; 0 lists all")
 	addOutput(cmd, &out)
 	return cmd

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/duration"
 	"github.com/sluicehq/sluice/pkg/history"
 )
 
@@ -54,13 +55,13 @@ func DefaultDeriveConfig() DeriveConfig {
 func (c DeriveConfig) Validate() error {
 	var errs []error
 	if c.Lookback < Day {
-		errs = append(errs, fmt.Errorf("--lookback %s is shorter than 1d", FormatDuration(c.Lookback)))
+		errs = append(errs, fmt.Errorf("--lookback %s is shorter than 1d", duration.Format(c.Lookback)))
 	}
 	if !(c.Headroom >= 0 && c.Headroom <= 100) {
 		errs = append(errs, fmt.Errorf("--headroom %v is outside [0, 100]", c.Headroom))
 	}
 	if c.Recent < Day {
-		errs = append(errs, fmt.Errorf("--recent %s is shorter than 1d", FormatDuration(c.Recent)))
+		errs = append(errs, fmt.Errorf("--recent %s is shorter than 1d", duration.Format(c.Recent)))
 	}
 	if !(c.MaxStepDown >= 0 && c.MaxStepDown <= 1) {
 		errs = append(errs, fmt.Errorf("--max-step-down %v is outside [0, 1]", c.MaxStepDown))
@@ -68,7 +69,7 @@ func (c DeriveConfig) Validate() error {
 	if c.MinDays < 1 {
 		errs = append(errs, fmt.Errorf("--min-days %d is below 1", c.MinDays))
 	} else if c.Lookback >= Day && c.MinDays > days(c.Lookback)+1 {
-		errs = append(errs, fmt.Errorf("--min-days %d is more than the %d days --lookback %s overlaps", c.MinDays, days(c.Lookback)+1, FormatDuration(c.Lookback)))
+		errs = append(errs, fmt.Errorf("--min-days %d is more than the %d days --lookback %s overlaps", c.MinDays, days(c.Lookback)+1, duration.Format(c.Lookback)))
 	}
 	if !(c.MinCoverage >= 0 && c.MinCoverage <= 1) {
 		errs = append(errs, fmt.Errorf("--min-coverage %v is outside [0, 1]", c.MinCoverage))

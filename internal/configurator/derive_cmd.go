@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/spf13/cobra"
 
+	"github.com/sluicehq/sluice/internal/duration"
 	"github.com/sluicehq/sluice/pkg/history"
 )
 
@@ -103,7 +104,7 @@ buckets); --dry-run only prints them. Durations take w, d, h, m, s: 28d, 4w,
 			written := d.Proposals
 			if !dryRun && len(d.Proposals) > 0 {
 				reason := fmt.Sprintf("derived: peak over %s × %v, at least the %s peak",
-					FormatDuration(cfg.Lookback), 1+cfg.Headroom, FormatDuration(cfg.Recent))
+					duration.Format(cfg.Lookback), 1+cfg.Headroom, duration.Format(cfg.Recent))
 				written, err = st.Propose(ctx, d.Proposals, a.change(reason))
 				if err != nil {
 					return fmt.Errorf("write proposals: %w", err)
@@ -142,9 +143,9 @@ buckets); --dry-run only prints them. Durations take w, d, h, m, s: 28d, 4w,
 		}),
 	}
 	fl := cmd.Flags()
-	fl.Var((*durationValue)(&cfg.Lookback), "lookback", "window whose peak the limit comes from (w, d, h, m, s: 28d, 4w, 672h)")
+	fl.Var((*duration.NonNegative)(&cfg.Lookback), "lookback", "window whose peak the limit comes from (w, d, h, m, s: 28d, 4w, 672h)")
 	fl.Float64Var(&cfg.Headroom, "headroom", cfg.Headroom, "share added to the peak: 0.25 proposes 125 % of it")
-	fl.Var((*durationValue)(&cfg.Recent), "recent", "window whose peak the limit is never below")
+	fl.Var((*duration.NonNegative)(&cfg.Recent), "recent", "window whose peak the limit is never below")
 	fl.Float64Var(&cfg.MaxStepDown, "max-step-down", cfg.MaxStepDown, "largest cut, as a share of the limit in force, that needs no explicit approval")
 	fl.IntVar(&cfg.MinDays, "min-days", cfg.MinDays, "days of history a bucket needs in the look-back")
 	fl.Float64Var(&cfg.MinCoverage, "min-coverage", cfg.MinCoverage, "share of a day's 1440 minutes it needs to count as a day of history")
@@ -200,12 +201,12 @@ func writeNoHistory(w io.Writer, db string, f history.Filter, cfg DeriveConfig, 
 		what = "the buckets " + cmp.Or(f.Callee, "*") + "/" + cmp.Or(f.Caller, "*")
 	}
 	if none {
-		fmt.Fprintf(w, "no history in %s for %s in the last %s.\n", db, what, FormatDuration(max(cfg.Lookback, cfg.Recent)))
+		fmt.Fprintf(w, "no history in %s for %s in the last %s.\n", db, what, duration.Format(max(cfg.Lookback, cfg.Recent)))
 	} else {
 		fmt.Fprintf(w, "too little history in %s for %s to propose any limit.\n", db, what)
 	}
 	fmt.Fprintf(w, "derive needs --min-days %d days, each with --min-coverage %s of its 1440 minutes, in the last --lookback %s.\n",
-		cfg.MinDays, formatPercent(cfg.MinCoverage), FormatDuration(cfg.Lookback))
+		cfg.MinDays, formatPercent(cfg.MinCoverage), duration.Format(cfg.Lookback))
 	fmt.Fprintln(w, "The controller writes a row per bucket per minute when run with --database-url.")
 	fmt.Fprintln(w, "For a demo: configurator history seed --synthetic 4w --reason \"try derive\" (made-up history; see its --help).")
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/sluicehq/sluice/internal/duration"
 	"github.com/sluicehq/sluice/pkg/history"
 )
 
@@ -72,7 +73,7 @@ per bucket, with --actor).`,
 			case !cmd.Flags().Changed("synthetic"):
 				errs = append(errs, errors.New("--synthetic DURATION is required (e.g. --synthetic 4w): seed writes made-up history only, and says so"))
 			case span < minSeedSpan || span > maxSeedSpan:
-				errs = append(errs, fmt.Errorf("--synthetic %s is outside [%s, %s]", FormatDuration(span), FormatDuration(minSeedSpan), FormatDuration(maxSeedSpan)))
+				errs = append(errs, fmt.Errorf("--synthetic %s is outside [%s, %s]", duration.Format(span), duration.Format(minSeedSpan), duration.Format(maxSeedSpan)))
 			}
 			spec := DefaultSeedSpec()
 			if specFile != "" {
@@ -158,7 +159,7 @@ per bucket, with --actor).`,
 		}),
 	}
 	fl := cmd.Flags()
-	fl.Var((*durationValue)(&span), "synthetic", "write this much made-up history, ending now (or at --now): 4w, 28d, 2w3d")
+	fl.Var((*duration.NonNegative)(&span), "synthetic", "write this much made-up history, ending now (or at --now): 4w, 28d, 2w3d")
 	fl.Uint64Var(&seed, "seed", seed, "seed of the noise: the same seed writes the same rows")
 	fl.StringArrayVar(&buckets, "bucket", nil, "callee/caller=PEAK[,growth=5%][,days=N][,peak-hour=H]: replace or add a bucket (repeatable)")
 	fl.StringVar(&specFile, "spec", "", "YAML file of buckets, instead of the default ones")

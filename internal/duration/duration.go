@@ -207,3 +207,25 @@ func (v *Value) UnmarshalText(b []byte) error { return v.Set(string(b)) }
 
 // MarshalText writes a Value as Format does.
 func (v Value) MarshalText() ([]byte, error) { return []byte(Format(time.Duration(v))), nil }
+
+// NonNegative is a Value that refuses negative durations: for windows and
+// spans, where "-1d" is a typo rather than a meaning.
+type NonNegative time.Duration
+
+// Set implements pflag.Value.
+func (v *NonNegative) Set(s string) error {
+	d, err := Parse(s)
+	if err != nil {
+		return err
+	}
+	if d < 0 {
+		return fmt.Errorf("duration %q is negative", s)
+	}
+	*v = NonNegative(d)
+	return nil
+}
+
+func (v *NonNegative) String() string { return Format(time.Duration(*v)) }
+
+// Type implements pflag.Value.
+func (v *NonNegative) Type() string { return "duration" }

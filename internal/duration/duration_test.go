@@ -144,3 +144,17 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+func TestNonNegative(t *testing.T) {
+	var d time.Duration
+	v := (*NonNegative)(&d)
+	if err := v.Set("4w"); err != nil || d != 4*Week || v.String() != "4w" {
+		t.Errorf("Set(4w): %v, %v, %q", err, d, v.String())
+	}
+	if err := v.Set("-1d"); err == nil || !strings.Contains(err.Error(), "negative") || d != 4*Week {
+		t.Errorf("Set(-1d): %v, %v; want an error and the value kept", err, d)
+	}
+	if err := v.Set("1x"); err == nil {
+		t.Error("Set(1x): no error")
+	}
+}
