@@ -40,7 +40,7 @@ func checkoutLimits() *limits.Set {
 	})
 }
 
-// startCluster runs the loop at the default intervals of DESIGN.md (1s
+// startCluster runs the loop at the binaries' default intervals (1s
 // report, flush and tick), with a shorter warm-up to keep the test short.
 func startCluster(t *testing.T) *testbed.Cluster {
 	t.Helper()

@@ -10,8 +10,8 @@ import (
 	"time"
 )
 
-// BenchmarkDecide measures the hot path. The goal (DESIGN: a sidecar adds
-// no noticeable latency) is ≤ 15 ns/op and 0 allocs/op; run with
+// BenchmarkDecide measures the hot path. The goal (a sidecar adds no
+// noticeable latency) is ≤ 15 ns/op and 0 allocs/op; run with
 // -cpu 1,2 to see contention on a shared peer.
 func BenchmarkDecide(b *testing.B) {
 	newLimiter := func() (*Limiter, *ServiceLimiter) {

@@ -117,7 +117,7 @@ func RunRedisLoop(ctx context.Context, srv *RedisServer, plan Plan, burst float6
 
 // RunSluiceLoop drives plan through a whole sluice loop on loopback
 // (internal/testbed: a controller, three zone aggregators, six sidecars, at
-// DESIGN.md's default intervals and policy TTL). With plan.Up > plan.Down,
+// the binaries' default intervals and policy TTL). With plan.Up > plan.Down,
 // the controller is stopped at Down and a fresh one started at Up.
 func RunSluiceLoop(ctx context.Context, plan Plan) (*LoopRun, error) {
 	set := limits.NewSet(map[string]*limits.Service{

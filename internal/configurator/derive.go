@@ -38,7 +38,7 @@ type DeriveConfig struct {
 	MinLimit    float64       // floor of any proposal, so an idle bucket is not blocked
 }
 
-// DefaultDeriveConfig returns the defaults of DESIGN.md: 4 weeks, 25 %.
+// DefaultDeriveConfig returns the defaults: 4 weeks, 25 % (docs/architecture.md).
 func DefaultDeriveConfig() DeriveConfig {
 	return DeriveConfig{
 		Lookback:    4 * Week,

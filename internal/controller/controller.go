@@ -47,7 +47,7 @@ type Config struct {
 	StateConfig
 }
 
-// DefaultConfig returns the defaults of DESIGN.md.
+// DefaultConfig returns the defaults README lists for the controller.
 func DefaultConfig() Config {
 	host, _ := os.Hostname()
 	return Config{
