@@ -33,6 +33,7 @@ import (
 	"github.com/sluicehq/sluice/internal/limits"
 	"github.com/sluicehq/sluice/internal/testbed"
 	"github.com/sluicehq/sluice/internal/xdsserver"
+	"github.com/sluicehq/sluice/pkg/dataplane"
 	"github.com/sluicehq/sluice/pkg/dropratio"
 	"github.com/sluicehq/sluice/sidecar"
 )
@@ -59,7 +60,7 @@ func (m *mutableLimits) Limits() *limits.Set { return m.p.Load() }
 func (m *mutableLimits) set(webLimit float64) {
 	m.p.Store(limits.NewSet(map[string]*limits.Service{
 		"checkout": {
-			Name: "checkout", Capacity: math.Inf(1), DefaultLimit: math.Inf(1), FailMode: limits.FailOpen,
+			Name: "checkout", Capacity: math.Inf(1), DefaultLimit: math.Inf(1), FailMode: dataplane.FailOpen,
 			Callers: map[string]limits.Bucket{
 				"web":    {Limit: webLimit, Mode: dropratio.Enforce},
 				"mobile": {Limit: 1000, Mode: dropratio.Enforce},

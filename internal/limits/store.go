@@ -9,24 +9,30 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sluicehq/sluice/pkg/dataplane"
 	"github.com/sluicehq/sluice/pkg/dropratio"
 	"github.com/sluicehq/sluice/pkg/history"
 )
 
-// FromHistory turns the store's limits into a Set.
-func FromHistory(l history.Limits) *Set {
+// FromHistory turns the store's limits into a Set. A setting the store left
+// empty is inherited: a bucket's from its callee, a callee's is the
+// default. A setting it does not know is an error naming the service or
+// bucket and the field, never a silent default: an unknown fail mode must
+// not become open.
+func FromHistory(l history.Limits) (*Set, error) {
 	services := map[string]*Service{}
 	get := func(callee string) *Service {
 		s := services[callee]
 		if s == nil {
 			s = &Service{
 				Name: callee, Capacity: math.Inf(1), DefaultLimit: math.Inf(1),
-				Mode: dropratio.Enforce, FailMode: FailOpen, Callers: map[string]Bucket{},
+				Mode: dropratio.Enforce, FailMode: dataplane.FailOpen, Callers: map[string]Bucket{},
 			}
 			services[callee] = s
 		}
 		return s
 	}
+	var errs []error
 	for _, sl := range l.Services {
 		s := get(sl.Callee)
 		if sl.Capacity != nil {
@@ -35,40 +41,24 @@ func FromHistory(l history.Limits) *Set {
 		if sl.DefaultLimit != nil {
 			s.DefaultLimit = *sl.DefaultLimit
 		}
-		s.Mode = modeOf(sl.Mode, dropratio.Enforce)
-		if sl.FailMode != "" {
-			s.FailMode = string(sl.FailMode)
-		}
-		s.Enforcement = enforcementOf(sl.Enforcement, EnforceSidecar)
+		path := "service " + sl.Callee
+		s.Mode = setting(path+": mode", string(sl.Mode), dropratio.ParseMode, dropratio.Enforce, &errs)
+		s.FailMode = setting(path+": fail_mode", string(sl.FailMode), dataplane.ParseFailMode, dataplane.FailOpen, &errs)
+		s.Enforcement = setting(path+": enforcement", string(sl.Enforcement), dataplane.ParseEnforcement, dataplane.EnforceSidecar, &errs)
 	}
 	for _, b := range l.Buckets {
 		s := get(b.Callee)
-		s.Callers[b.Caller] = Bucket{Limit: b.Limit, Mode: modeOf(b.Mode, s.Mode),
-			Enforcement: enforcementOf(b.Enforcement, s.callerEnforcement(b.Caller))}
+		path := "limit " + b.Callee + "/" + b.Caller
+		s.Callers[b.Caller] = Bucket{
+			Limit:       b.Limit,
+			Mode:        setting(path+": mode", string(b.Mode), dropratio.ParseMode, s.Mode, &errs),
+			Enforcement: setting(path+": enforcement", string(b.Enforcement), dataplane.ParseEnforcement, s.callerEnforcement(b.Caller), &errs),
+		}
 	}
-	return NewSet(services)
-}
-
-// enforcementOf reads a stored enforcement; empty (a store that predates
-// it) is def.
-func enforcementOf(e history.Enforcement, def Enforcement) Enforcement {
-	switch e {
-	case history.EnforceUpstream:
-		return EnforceUpstream
-	case history.EnforceSidecar:
-		return EnforceSidecar
+	if len(errs) > 0 {
+		return nil, fmt.Errorf("invalid limits: %w", errors.Join(errs...))
 	}
-	return def
-}
-
-func modeOf(m history.Mode, def dropratio.Mode) dropratio.Mode {
-	switch m {
-	case history.Enforce:
-		return dropratio.Enforce
-	case history.Shadow:
-		return dropratio.Shadow
-	}
-	return def
+	return NewSet(services), nil
 }
 
 // Store is a Source backed by the history store: it reloads every limit
@@ -163,6 +153,10 @@ func (s *Store) reload(ctx context.Context) {
 	if ctx.Err() != nil {
 		return
 	}
+	var set *Set
+	if err == nil {
+		set, err = FromHistory(l)
+	}
 	if s.OnReload != nil {
 		s.OnReload(err)
 	}
@@ -173,7 +167,6 @@ func (s *Store) reload(ctx context.Context) {
 	}
 	s.lastErr.Store(nil)
 	first := s.current.Load() == nil
-	set := FromHistory(l)
 	s.current.Store(set)
 	if first {
 		s.log.Info("limits loaded", "services", set.Len(), "buckets", len(l.Buckets))

@@ -10,6 +10,7 @@ import (
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/limits"
 	"github.com/sluicehq/sluice/internal/names"
+	"github.com/sluicehq/sluice/pkg/dataplane"
 	"github.com/sluicehq/sluice/pkg/dropratio"
 	"github.com/sluicehq/sluice/sidecar/reporter"
 )
@@ -114,7 +115,7 @@ func newMesh(cfg Config, rng *rand.Rand) *mesh {
 		s.callerIdx = make(map[string]int, n)
 		ls := &limits.Service{
 			Name: s.name, Capacity: math.Inf(1), DefaultLimit: math.Inf(1),
-			Mode: dropratio.Enforce, FailMode: limits.FailOpen,
+			Mode: dropratio.Enforce, FailMode: dataplane.FailOpen,
 			Callers: make(map[string]limits.Bucket, n),
 		}
 		for j, c := range cs {
