@@ -2,6 +2,7 @@ package limits
 
 import (
 	"context"
+	"encoding"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -15,9 +16,10 @@ import (
 )
 
 // FromHistory turns the store's limits into a Set. A setting the store left
-// empty is inherited: a bucket's from its callee, a callee's is the
-// default. A setting it does not know is an error naming the service or
-// bucket and the field, never a silent default: an unknown fail mode must
+// empty (nil) is inherited: a bucket's from its callee, a callee's is the
+// default. A value its type does not know (a LimitStore is an interface;
+// history's own stores refuse such values) is an error naming the service
+// or bucket and the field, never a silent default: an unknown fail mode must
 // not become open.
 func FromHistory(l history.Limits) (*Set, error) {
 	services := map[string]*Service{}
@@ -42,23 +44,36 @@ func FromHistory(l history.Limits) (*Set, error) {
 			s.DefaultLimit = *sl.DefaultLimit
 		}
 		path := "service " + sl.Callee
-		s.Mode = setting(path+": mode", string(sl.Mode), dropratio.ParseMode, dropratio.Enforce, &errs)
-		s.FailMode = setting(path+": fail_mode", string(sl.FailMode), dataplane.ParseFailMode, dataplane.FailOpen, &errs)
-		s.Enforcement = setting(path+": enforcement", string(sl.Enforcement), dataplane.ParseEnforcement, dataplane.EnforceSidecar, &errs)
+		s.Mode = stored(path+": mode", sl.Mode, dropratio.Enforce, &errs)
+		s.FailMode = stored(path+": fail_mode", sl.FailMode, dataplane.FailOpen, &errs)
+		s.Enforcement = stored(path+": enforcement", sl.Enforcement, dataplane.EnforceSidecar, &errs)
 	}
 	for _, b := range l.Buckets {
 		s := get(b.Callee)
 		path := "limit " + b.Callee + "/" + b.Caller
 		s.Callers[b.Caller] = Bucket{
 			Limit:       b.Limit,
-			Mode:        setting(path+": mode", string(b.Mode), dropratio.ParseMode, s.Mode, &errs),
-			Enforcement: setting(path+": enforcement", string(b.Enforcement), dataplane.ParseEnforcement, s.callerEnforcement(b.Caller), &errs),
+			Mode:        stored(path+": mode", b.Mode, s.Mode, &errs),
+			Enforcement: stored(path+": enforcement", b.Enforcement, s.callerEnforcement(b.Caller), &errs),
 		}
 	}
 	if len(errs) > 0 {
 		return nil, fmt.Errorf("invalid limits: %w", errors.Join(errs...))
 	}
 	return NewSet(services), nil
+}
+
+// stored reads a setting from the store: def when it is nil, else its
+// value, which must be one its type can spell (MarshalText refuses others).
+func stored[T encoding.TextMarshaler](path string, v *T, def T, errs *[]error) T {
+	if v == nil {
+		return def
+	}
+	if _, err := (*v).MarshalText(); err != nil {
+		*errs = append(*errs, fmt.Errorf("%s: %w", path, err))
+		return def
+	}
+	return *v
 }
 
 // Store is a Source backed by the history store: it reloads every limit

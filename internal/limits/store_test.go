@@ -19,9 +19,9 @@ var change = history.Change{Actor: "test", Reason: "test"}
 func TestFromHistory(t *testing.T) {
 	capacity, def := 1000.0, 200.0
 	set, err := FromHistory(history.Limits{
-		Services: []history.ServiceLimits{{Callee: "checkout", Capacity: &capacity, DefaultLimit: &def, Mode: history.Shadow, FailMode: history.FailHold}},
+		Services: []history.ServiceLimits{{Callee: "checkout", Capacity: &capacity, DefaultLimit: &def, Mode: new(dropratio.Shadow), FailMode: new(dataplane.FailHold)}},
 		Buckets: []history.BucketLimit{
-			{Bucket: history.Bucket{Callee: "checkout", Caller: "web"}, Limit: 100, Mode: history.Enforce},
+			{Bucket: history.Bucket{Callee: "checkout", Caller: "web"}, Limit: 100, Mode: new(dropratio.Enforce)},
 			{Bucket: history.Bucket{Callee: "orders", Caller: "web"}, Limit: 0},
 		},
 	})
@@ -48,18 +48,23 @@ func TestFromHistory(t *testing.T) {
 // it, never a default: an unknown fail mode must not become open.
 func TestFromHistoryRefusesUnknownSettings(t *testing.T) {
 	set, err := FromHistory(history.Limits{
-		Services: []history.ServiceLimits{{Callee: "checkout", FailMode: "closed"}, {Callee: "orders", Mode: "loud", Enforcement: "envoy"}},
-		Buckets:  []history.BucketLimit{{Bucket: history.Bucket{Callee: "checkout", Caller: "web"}, Limit: 1, Mode: "Shadow", Enforcement: "proxy"}},
+		Services: []history.ServiceLimits{
+			{Callee: "checkout", FailMode: new(dataplane.FailMode(3))},
+			{Callee: "orders", Mode: new(dropratio.Mode(2)), Enforcement: new(dataplane.Enforcement(2))},
+		},
+		Buckets: []history.BucketLimit{
+			{Bucket: history.Bucket{Callee: "checkout", Caller: "web"}, Limit: 1, Mode: new(dropratio.Mode(5)), Enforcement: new(dataplane.Enforcement(9))},
+		},
 	})
 	if set != nil || err == nil {
 		t.Fatalf("FromHistory = %v, %v; want an error", set, err)
 	}
 	for _, want := range []string{
-		`service checkout: fail_mode: "closed" is not open, hold or local`,
-		`service orders: mode: "loud" is not enforce or shadow`,
-		`service orders: enforcement: "envoy" is not sidecar or upstream`,
-		`limit checkout/web: mode: "Shadow" is not enforce or shadow`,
-		`limit checkout/web: enforcement: "proxy" is not sidecar or upstream`,
+		`service checkout: fail_mode: FailMode(3) is not open, hold or local`,
+		`service orders: mode: Mode(2) is not enforce or shadow`,
+		`service orders: enforcement: Enforcement(2) is not sidecar or upstream`,
+		`limit checkout/web: mode: Mode(5) is not enforce or shadow`,
+		`limit checkout/web: enforcement: Enforcement(9) is not sidecar or upstream`,
 	} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error does not say %s:\n%v", want, err)
@@ -79,7 +84,7 @@ func (f fixed) Limits(context.Context) (history.Limits, error) { return f.limits
 // that read good limits before keeps them.
 func TestStoreRefusesUnknownFailMode(t *testing.T) {
 	ctx := t.Context()
-	bad := history.Limits{Services: []history.ServiceLimits{{Callee: "checkout", FailMode: "closed"}}}
+	bad := history.Limits{Services: []history.ServiceLimits{{Callee: "checkout", FailMode: new(dataplane.FailMode(3))}}}
 	var reloads []error
 	s := NewStore(fixed{history.NewMemory(), bad}, time.Hour, nil)
 	s.OnReload = func(err error) { reloads = append(reloads, err) }
@@ -94,7 +99,7 @@ func TestStoreRefusesUnknownFailMode(t *testing.T) {
 		t.Errorf("limits %v, want none", s.Limits().Services())
 	}
 
-	good := history.Limits{Services: []history.ServiceLimits{{Callee: "checkout", FailMode: history.FailHold}}}
+	good := history.Limits{Services: []history.ServiceLimits{{Callee: "checkout", FailMode: new(dataplane.FailHold)}}}
 	s.store = fixed{history.NewMemory(), good}
 	s.reload(ctx)
 	s.store = fixed{history.NewMemory(), bad}
@@ -193,17 +198,17 @@ func TestFromHistoryEnforcement(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	must(mem.SetService(ctx, history.ServiceLimits{Callee: "checkout", Enforcement: history.EnforceUpstream}, change))
-	set := func(caller string, e history.Enforcement) {
+	must(mem.SetService(ctx, history.ServiceLimits{Callee: "checkout", Enforcement: new(dataplane.EnforceUpstream)}, change))
+	set := func(caller string, e *dataplane.Enforcement) {
 		t.Helper()
 		must(mem.SetLimit(ctx, history.BucketLimit{Bucket: history.Bucket{Callee: "checkout", Caller: caller}, Limit: 10, Enforcement: e}, change))
 	}
-	set("web", "")                        // takes the callee's
-	set("batch", history.EnforceSidecar)  // its own
-	set("unknown", "")                    // reserved: never the callee's
-	set("mobile", history.EnforceSidecar) // its own, then kept
-	set("mobile", "")                     // keeps sidecar
-	must(mem.SetLimit(ctx, history.BucketLimit{Bucket: history.Bucket{Callee: "orders", Caller: "app"}, Limit: 5, Enforcement: history.EnforceUpstream}, change))
+	set("web", nil)                              // takes the callee's
+	set("batch", new(dataplane.EnforceSidecar))  // its own
+	set("unknown", nil)                          // reserved: never the callee's
+	set("mobile", new(dataplane.EnforceSidecar)) // its own, then kept
+	set("mobile", nil)                           // keeps sidecar
+	must(mem.SetLimit(ctx, history.BucketLimit{Bucket: history.Bucket{Callee: "orders", Caller: "app"}, Limit: 5, Enforcement: new(dataplane.EnforceUpstream)}, change))
 	l, err := mem.Limits(ctx)
 	must(err)
 	s, err := FromHistory(l)
@@ -224,8 +229,8 @@ func TestFromHistoryEnforcement(t *testing.T) {
 			t.Errorf("%s/%s: %v, want %v", tc.callee, tc.caller, got, tc.want)
 		}
 	}
-	if err := mem.SetLimit(ctx, history.BucketLimit{Bucket: history.Bucket{Callee: "a", Caller: "b"}, Limit: 1, Enforcement: "envoy"}, change); err == nil ||
+	if err := mem.SetLimit(ctx, history.BucketLimit{Bucket: history.Bucket{Callee: "a", Caller: "b"}, Limit: 1, Enforcement: new(dataplane.Enforcement(2))}, change); err == nil ||
 		!strings.Contains(err.Error(), "limit.enforcement") {
-		t.Errorf("SetLimit with enforcement envoy: %v, want an error naming limit.enforcement", err)
+		t.Errorf("SetLimit with enforcement 2: %v, want an error naming limit.enforcement", err)
 	}
 }
