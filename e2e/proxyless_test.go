@@ -821,7 +821,7 @@ services:
 	// call of web is counted as enforced upstream.
 	waitFor(t, 15*time.Second, "the callee holds web as enforced upstream", func() bool {
 		p := callee.Limiter.Policy("checkout")
-		return p != nil && p.Rule("web") != nil && p.Rule("web").Mode == sidecar.Upstream
+		return p != nil && p.Rule("web") != nil && p.Rule("web").Enforcement == dataplane.EnforceUpstream
 	})
 	web := &pacedClient{proxylessClient: newProxylessClient(t, c.ControllerAddr, "web", "web-1")}
 	ctx, stop := context.WithCancel(context.Background())

@@ -15,6 +15,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/agent"
 	"github.com/sluicehq/sluice/internal/names"
+	"github.com/sluicehq/sluice/pkg/dataplane"
 	"github.com/sluicehq/sluice/sidecar"
 	"github.com/sluicehq/sluice/sidecar/proxy"
 )
@@ -159,7 +160,7 @@ func OpenPolicy(service string, callers []string) *sidecar.Policy {
 	}
 	slices.SortFunc(rules, func(a, b sidecar.Rule) int { return strings.Compare(a.Peer, b.Peer) })
 	return &sidecar.Policy{Name: names.Callee(service), Service: service, Direction: sidecar.Inbound,
-		Peers: rules, TTL: time.Hour, FailMode: sidecar.FailOpen, FailOpenDecay: time.Minute}
+		Peers: rules, TTL: time.Hour, FailMode: dataplane.FailOpen, FailOpenDecay: time.Minute}
 }
 
 // HTTPOp sends GET / to base with the key as the caller, over client. A 429

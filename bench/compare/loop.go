@@ -158,7 +158,7 @@ func RunSluiceLoop(ctx context.Context, plan Plan) (*LoopRun, error) {
 		st := lim.Status(service)
 		run.Expired[s] = st.State == sidecar.Expired
 		r := c.Ratio(web)
-		if st.State == sidecar.Expired && st.FailMode == sidecar.FailOpen {
+		if st.State == sidecar.Expired && st.FailMode == dataplane.FailOpen {
 			r *= 1 - st.Decay
 		}
 		run.InForce[s] = r

@@ -26,7 +26,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 
-	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/names"
 	"github.com/sluicehq/sluice/sidecar"
 	"github.com/sluicehq/sluice/sidecar/proxy"
@@ -254,7 +253,7 @@ func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Agent, er
 		SidecarID:   cfg.ID,
 		Service:     cfg.Service,
 		Zone:        cfg.Zone,
-		Direction:   sluicev1.Direction_DIRECTION_INBOUND,
+		Direction:   sidecar.Inbound,
 		Interval:    cfg.ReportInterval,
 		SurgeCheck:  cfg.SurgeCheck,
 		Aggregators: cfg.Aggregators,

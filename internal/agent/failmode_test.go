@@ -139,7 +139,7 @@ func TestFailModeWorker(t *testing.T) {
 			{time.Hour, sidecar.Expired, 0},
 		} {
 			st := at(c.at)
-			if st.State != c.state || st.FailMode != sidecar.FailOpen {
+			if st.State != c.state || st.FailMode != dataplane.FailOpen {
 				t.Fatalf("at %v: %+v, want %v", c.at, st, c.state)
 			}
 			if r := ratio(); math.Abs(r-c.ratio) > 1e-6 {

@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/aggregator"
 	"github.com/sluicehq/sluice/internal/names"
 	"github.com/sluicehq/sluice/sidecar"
@@ -43,7 +42,7 @@ func TestMaxPeersFitsTheAggregatorsReportBound(t *testing.T) {
 	peers = append(peers, sidecar.PeerCounts{Peer: names.Unknown, Offered: 1}, sidecar.PeerCounts{Peer: names.Overflow, Offered: 1})
 	now := time.Now()
 	st := aggregator.NewState("zone-a", "agg-a", 3, lim)
-	h := reporter.Header{SidecarID: "checkout-1", Service: "checkout", Zone: "zone-a", Direction: sluicev1.Direction_DIRECTION_INBOUND}
+	h := reporter.Header{SidecarID: "checkout-1", Service: "checkout", Zone: "zone-a", Direction: sidecar.Inbound}
 	if err := st.Apply(reporter.Build(h, nil, peers, now.Add(-time.Second), time.Second), now); err != nil {
 		t.Fatalf("the aggregator rejected a full report: %v", err)
 	}

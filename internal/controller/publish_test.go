@@ -43,7 +43,7 @@ func TestFailModeOnTheWire(t *testing.T) {
 			if err == nil || !strings.Contains(err.Error(), "fail_mode") {
 				t.Errorf("%v: sidecar accepted %v (%v); want a NACK naming fail_mode", tc.fm, p, err)
 			}
-		case err != nil || p.FailMode.String() != tc.fm.String():
+		case err != nil || p.FailMode != tc.fm:
 			t.Errorf("%v: sidecar read %v, %v", tc.fm, p, err)
 		}
 	}

@@ -91,7 +91,7 @@ func TestBuild(t *testing.T) {
 			[]*sluicev1.PeerCounts{wire("a", 5, 1, 0)}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			h := Header{SidecarID: "pod-1", Service: "svc", Zone: "z", Direction: sluicev1.Direction_DIRECTION_OUTBOUND}
+			h := Header{SidecarID: "pod-1", Service: "svc", Zone: "z", Direction: sidecar.Outbound}
 			start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 			got := Build(h, tc.prev, tc.cur, start, 1500*time.Millisecond)
 			want := &sluicev1.LoadReport{
@@ -327,7 +327,7 @@ func TestRejectedReportsAreCounted(t *testing.T) {
 	r := startReporter(t, Config{
 		SidecarID:   "pod-1",
 		Service:     "svc",
-		Direction:   sluicev1.Direction_DIRECTION_OUTBOUND,
+		Direction:   sidecar.Outbound,
 		Interval:    20 * time.Millisecond,
 		Aggregators: []string{addr},
 		Registerer:  reg,
@@ -387,7 +387,7 @@ func TestConfigValidate(t *testing.T) {
 
 func TestSeveralReportersOnOneRegistry(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	for _, d := range []sluicev1.Direction{sluicev1.Direction_DIRECTION_INBOUND, sluicev1.Direction_DIRECTION_OUTBOUND} {
+	for _, d := range []sidecar.Direction{sidecar.Inbound, sidecar.Outbound} {
 		if _, err := New(Config{SidecarID: "p", Service: "s", Direction: d, Aggregators: []string{"x:1"}, Registerer: reg}, newFakeSource()); err != nil {
 			t.Fatal(err)
 		}

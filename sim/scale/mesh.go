@@ -7,11 +7,11 @@ import (
 	"math/rand/v2"
 	"slices"
 
-	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/limits"
 	"github.com/sluicehq/sluice/internal/names"
 	"github.com/sluicehq/sluice/pkg/dataplane"
 	"github.com/sluicehq/sluice/pkg/dropratio"
+	"github.com/sluicehq/sluice/sidecar"
 	"github.com/sluicehq/sluice/sidecar/reporter"
 )
 
@@ -146,7 +146,7 @@ func newMesh(cfg Config, rng *rand.Rand) *mesh {
 					SidecarID: fmt.Sprintf("%s-%06d", s.name, k),
 					Service:   s.name,
 					Zone:      m.aggs[a].zone,
-					Direction: sluicev1.Direction_DIRECTION_INBOUND,
+					Direction: sidecar.Inbound,
 				},
 				agg: int32(a),
 			})
