@@ -428,7 +428,7 @@ func newEngine(sc *Scenario, seed uint64, opts Options) (*engine, error) {
 		a := &simAggregator{
 			zone:    z,
 			id:      "aggregator-" + zone,
-			state:   aggregator.NewState(zone, "aggregator-"+zone, sc.Loop.AggregatorStaleAfter, aggregator.Limits{}),
+			state:   aggregator.NewState(zone, "aggregator-"+zone, sc.Loop.AggregatorStaleAfter, aggregator.Bounds{}),
 			ctl:     make([]float64, len(e.buckets)),
 			flushes: newPokeTicker(sc.Loop.FlushInterval),
 		}

@@ -139,10 +139,10 @@ func NewSidecar(upstream, service string, callers []string) (*agent.Agent, error
 	cfg.Service = service
 	cfg.ID = "bench-sidecar"
 	cfg.Upstream = upstream
-	// The sidecar binary tracks at most agent.MaxPeersLimit callers (its
+	// The sidecar binary tracks at most agent.MaxPeersBound callers (its
 	// reports must fit the aggregator's bound); beyond, callers share the
 	// overflow bucket, as they would in production.
-	cfg.MaxPeers = min(max(len(callers)+16, sidecar.DefaultMaxPeers), agent.MaxPeersLimit)
+	cfg.MaxPeers = min(max(len(callers)+16, sidecar.DefaultMaxPeers), agent.MaxPeersBound)
 	a, err := agent.New(cfg, nil, nil)
 	if err != nil {
 		return nil, err

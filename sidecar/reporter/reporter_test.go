@@ -145,10 +145,10 @@ func (f *fakeSource) AppendCounts(service string, dst []sidecar.PeerCounts) []si
 
 // startAggregator runs a real aggregator Service on loopback. It is not
 // Run: the test flushes it by hand and it needs no controller.
-func startAggregator(t *testing.T, lim aggregator.Limits) (*aggregator.Service, string) {
+func startAggregator(t *testing.T, bounds aggregator.Bounds) (*aggregator.Service, string) {
 	t.Helper()
 	svc, err := aggregator.New(aggregator.Config{
-		ID: "agg-1", Zone: "zone-b", Controllers: []string{"127.0.0.1:1"}, Limits: lim,
+		ID: "agg-1", Zone: "zone-b", Controllers: []string{"127.0.0.1:1"}, Bounds: bounds,
 	}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -234,7 +234,7 @@ func metric(t *testing.T, reg *prometheus.Registry, name string) float64 {
 }
 
 func TestReportsReachAggregator(t *testing.T) {
-	agg, addr := startAggregator(t, aggregator.Limits{})
+	agg, addr := startAggregator(t, aggregator.Bounds{})
 	src := newFakeSource(c("a", 100, 10, 5), c("b", 50, 0, 0), c("idle", 0, 0, 0))
 	reg := prometheus.NewRegistry()
 	var logs lockedBuffer
@@ -322,7 +322,7 @@ func (b *lockedBuffer) String() string {
 
 func TestRejectedReportsAreCounted(t *testing.T) {
 	// Every report is absurd for an aggregator that allows 1 rps.
-	_, addr := startAggregator(t, aggregator.Limits{MaxRate: 1})
+	_, addr := startAggregator(t, aggregator.Bounds{MaxRate: 1})
 	reg := prometheus.NewRegistry()
 	r := startReporter(t, Config{
 		SidecarID:   "pod-1",
