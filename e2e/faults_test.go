@@ -31,6 +31,7 @@ import (
 	"github.com/sluicehq/sluice/internal/loadgen"
 	"github.com/sluicehq/sluice/internal/pgtest"
 	"github.com/sluicehq/sluice/internal/testkit"
+	"github.com/sluicehq/sluice/pkg/dropratio"
 	"github.com/sluicehq/sluice/pkg/history"
 	"github.com/sluicehq/sluice/pkg/names"
 )
@@ -1120,7 +1121,7 @@ func TestFaultPostgresDown(t *testing.T) {
 	}
 	for _, caller := range []string{"web", "batch"} {
 		l := history.BucketLimit{Bucket: history.Bucket{Callee: "checkout", Caller: caller}, Limit: faultLimit,
-			Mode: history.Enforce, Source: history.Manual}
+			Mode: new(dropratio.Enforce), Source: history.Manual}
 		if err := db.SetLimit(ctx, l, history.Change{Actor: "e2e", Reason: "fault test"}); err != nil {
 			t.Fatal(err)
 		}

@@ -323,7 +323,7 @@ func TestFloodOfDistinctCallers(t *testing.T) {
 	// The sidecar's report names every peer it tracks: MaxPeers and the
 	// two reserved ones, far below what one report may carry.
 	buckets := maxBuckets.Load()
-	if limit := aggregator.DefaultLimits().MaxPeersPerReport; buckets < int64(maxPeers) || buckets > int64(maxPeers+2) || buckets > int64(limit) {
+	if limit := aggregator.DefaultBounds().MaxPeersPerReport; buckets < int64(maxPeers) || buckets > int64(maxPeers+2) || buckets > int64(limit) {
 		t.Errorf("the aggregator flushed at most %d buckets during the flood, want %d to %d (MaxPeers + 2), below --max-peers-per-report %d",
 			buckets, maxPeers, maxPeers+2, limit)
 	}

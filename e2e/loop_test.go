@@ -18,6 +18,7 @@ import (
 	"github.com/sluicehq/sluice/internal/loadgen"
 	"github.com/sluicehq/sluice/internal/testbed"
 	"github.com/sluicehq/sluice/internal/testkit"
+	"github.com/sluicehq/sluice/pkg/dataplane"
 	"github.com/sluicehq/sluice/pkg/dropratio"
 	"github.com/sluicehq/sluice/sidecar"
 )
@@ -31,7 +32,7 @@ const (
 func checkoutLimits() *limits.Set {
 	return limits.NewSet(map[string]*limits.Service{
 		"checkout": {
-			Name: "checkout", Capacity: math.Inf(1), DefaultLimit: math.Inf(1), FailMode: limits.FailOpen,
+			Name: "checkout", Capacity: math.Inf(1), DefaultLimit: math.Inf(1), FailMode: dataplane.FailOpen,
 			Callers: map[string]limits.Bucket{
 				"web":   {Limit: limit, Mode: dropratio.Enforce},
 				"batch": {Limit: limit, Mode: dropratio.Enforce},

@@ -34,6 +34,7 @@ import (
 	"github.com/sluicehq/sluice/internal/testbed"
 	"github.com/sluicehq/sluice/internal/testkit"
 	"github.com/sluicehq/sluice/internal/xdsserver"
+	"github.com/sluicehq/sluice/pkg/dataplane"
 	"github.com/sluicehq/sluice/pkg/dropratio"
 	"github.com/sluicehq/sluice/sidecar"
 )
@@ -60,7 +61,7 @@ func (m *mutableLimits) Limits() *limits.Set { return m.p.Load() }
 func (m *mutableLimits) set(webLimit float64) {
 	m.p.Store(limits.NewSet(map[string]*limits.Service{
 		"checkout": {
-			Name: "checkout", Capacity: math.Inf(1), DefaultLimit: math.Inf(1), FailMode: limits.FailOpen,
+			Name: "checkout", Capacity: math.Inf(1), DefaultLimit: math.Inf(1), FailMode: dataplane.FailOpen,
 			Callers: map[string]limits.Bucket{
 				"web":    {Limit: webLimit, Mode: dropratio.Enforce},
 				"mobile": {Limit: 1000, Mode: dropratio.Enforce},
@@ -821,7 +822,7 @@ services:
 	// call of web is counted as enforced upstream.
 	testkit.WaitFor(t, 15*time.Second, "the callee holds web as enforced upstream", func() bool {
 		p := callee.Limiter.Policy("checkout")
-		return p != nil && p.Rule("web") != nil && p.Rule("web").Mode == sidecar.Upstream
+		return p != nil && p.Rule("web") != nil && p.Rule("web").Enforcement == dataplane.EnforceUpstream
 	})
 	web := &pacedClient{proxylessClient: newProxylessClient(t, c.ControllerAddr, "web", "web-1")}
 	ctx, stop := context.WithCancel(context.Background())

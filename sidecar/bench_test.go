@@ -8,6 +8,8 @@ import (
 	"net/http/httptest"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/pkg/dataplane"
 )
 
 // BenchmarkDecide measures the hot path. The goal (a sidecar adds no
@@ -70,7 +72,7 @@ func BenchmarkDecide(b *testing.B) {
 	})
 	// The fail modes of an expired policy (failmode.go). caller-a's
 	// bucket holds 10^10 tokens, so local-admit never runs dry.
-	expired := func(mode FailMode, rules ...Rule) *ServiceLimiter {
+	expired := func(mode dataplane.FailMode, rules ...Rule) *ServiceLimiter {
 		l := NewLimiter(LimiterOptions{})
 		p := policy("checkout", rules...)
 		p.FailMode, p.TTL, p.FailOpenDecay, p.LiveInstances = mode, time.Second, time.Second, 1
@@ -80,21 +82,21 @@ func BenchmarkDecide(b *testing.B) {
 		return l.Service("checkout")
 	}
 	b.Run("local-admit", func(b *testing.B) {
-		s := expired(FailLocal, Rule{Peer: "caller-a", DropRatio: 0.01, LimitRPS: 1e11})
+		s := expired(dataplane.FailLocal, Rule{Peer: "caller-a", DropRatio: 0.01, LimitRPS: 1e11})
 		b.ReportAllocs()
 		for b.Loop() {
 			s.Decide("caller-a")
 		}
 	})
 	b.Run("local-drop", func(b *testing.B) {
-		s := expired(FailLocal, Rule{Peer: "caller-a", DropRatio: 0.5, LimitRPS: 0})
+		s := expired(dataplane.FailLocal, Rule{Peer: "caller-a", DropRatio: 0.5, LimitRPS: 0})
 		b.ReportAllocs()
 		for b.Loop() {
 			s.Decide("caller-a")
 		}
 	})
 	b.Run("local-parallel-same-peer", func(b *testing.B) {
-		s := expired(FailLocal, Rule{Peer: "caller-a", DropRatio: 0.01, LimitRPS: 1e11})
+		s := expired(dataplane.FailLocal, Rule{Peer: "caller-a", DropRatio: 0.01, LimitRPS: 1e11})
 		b.ReportAllocs()
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
@@ -103,7 +105,7 @@ func BenchmarkDecide(b *testing.B) {
 		})
 	})
 	b.Run("open-p0.5-half-decayed", func(b *testing.B) {
-		s := expired(FailOpen, Rule{Peer: "caller-drop", DropRatio: 0.5})
+		s := expired(dataplane.FailOpen, Rule{Peer: "caller-drop", DropRatio: 0.5})
 		b.ReportAllocs()
 		for b.Loop() {
 			s.Decide("caller-drop")

@@ -8,6 +8,6 @@ package sidecar
 type PeerCounts struct {
 	Peer          string
 	Offered       uint64 // every request seen, dropped ones included, and for a peer enforced upstream the inferred upstream drops
-	Dropped       uint64 // dropped by an enforced ratio, or inferred dropped upstream (Mode Upstream); a subset of Offered
+	Dropped       uint64 // dropped by an enforced ratio, or inferred dropped upstream (rules enforced upstream); a subset of Offered
 	ShadowDropped uint64 // a shadow ratio would have dropped; admitted
 }

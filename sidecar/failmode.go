@@ -5,6 +5,8 @@ import (
 	"strconv"
 	"sync/atomic"
 	"time"
+
+	"github.com/sluicehq/sluice/pkg/dataplane"
 )
 
 // Fail modes: what a sidecar does once the controller has been silent for a
@@ -23,24 +25,26 @@ import (
 // the clock calls Limiter.Expire periodically; Expire works out each
 // service's state and moves the fail mode along:
 //
-//   - FailOpen: every ratio falls linearly from the policy's to 0 over the
-//     policy's FailOpenDecay (default 30s), starting at the TTL; afterwards
-//     every request is admitted. Each derived verdict keeps the policy's own
-//     ratio to pick requests, by the same error diffusion as ever; of the
-//     picked ones it drops the share keep = 1 − decay, diffused over the
-//     stripe's picked requests, which Expire lowers. A picked request that is
-//     admitted is a fail-open decision (sluice_sidecar_fail_open_total): a
-//     request the last policy would have dropped. A decision costs nothing
-//     more unless it is picked; then one more atomic add.
-//   - FailHold: the verdicts stay as they are; only the state says expired.
-//   - FailLocal: each peer with a limit gets a token bucket of
-//     LimitRPS / LiveInstances tokens per second (LiveInstances < 1 counts as
-//     1), holding at most LocalBurst's worth (at least one token, and at
-//     least one refill), full at the start; Expire refills it. Every request
-//     of such a peer goes to its bucket: one atomic compare-and-swap takes a
-//     token, and a request that finds none is dropped (shadow rules: counted
-//     as shadow dropped) without writing to the bucket. Peers without a limit
-//     are admitted.
+//   - open (dataplane.FailOpen): every ratio falls linearly from the
+//     policy's to 0 over the policy's FailOpenDecay (default 30s), starting
+//     at the TTL; afterwards every request is admitted. Each derived
+//     verdict keeps the policy's own ratio to pick requests, by the same
+//     error diffusion as ever; of the picked ones it drops the share
+//     keep = 1 − decay, diffused over the stripe's picked requests, which
+//     Expire lowers. A picked request that is admitted is a fail-open
+//     decision (sluice_sidecar_fail_open_total): a request the last policy
+//     would have dropped. A decision costs nothing more unless it is
+//     picked; then one more atomic add.
+//   - hold (dataplane.FailHold): the verdicts stay as they are; only the
+//     state says expired.
+//   - local (dataplane.FailLocal): each peer with a limit gets a token
+//     bucket of LimitRPS / LiveInstances tokens per second (LiveInstances < 1
+//     counts as 1), holding at most LocalBurst's worth (at least one token,
+//     and at least one refill), full at the start; Expire refills it. Every
+//     request of such a peer goes to its bucket: one atomic compare-and-swap
+//     takes a token, and a request that finds none is dropped (shadow rules:
+//     counted as shadow dropped) without writing to the bucket. Peers
+//     without a limit are admitted.
 //
 // Linear in the ratio is linear in the admitted share 1 − p: the admitted
 // rate climbs at a constant pace from what the last policy let through to
@@ -83,7 +87,7 @@ const (
 	// DefaultFailOpenDecay applies to a policy whose FailOpenDecay is not
 	// set (DESIGN.md).
 	DefaultFailOpenDecay = 30 * time.Second
-	// LocalBurst is how much of its rate a FailLocal token bucket holds:
+	// LocalBurst is how much of its rate a fail-local token bucket holds:
 	// a peer idle for a while may send this much at once. Short, so that
 	// the admitted rate per second stays close to the local share.
 	LocalBurst = 100 * time.Millisecond
@@ -92,13 +96,13 @@ const (
 // PolicyStatus is the state of a service's policy as of the last Expire.
 type PolicyStatus struct {
 	State    PolicyState
-	FailMode FailMode // the policy's
+	FailMode dataplane.FailMode // the policy's
 	// Received is when the policy was received, on the holder's clock;
 	// zero after SetPolicy until the next Expire.
 	Received time.Time
 	// Age is the time from Received to the last Expire.
 	Age time.Duration
-	// Decay is, under FailOpen, how far the decay has gone: 0 at the TTL,
+	// Decay is, under fail mode open, how far the decay has gone: 0 at the TTL,
 	// 1 at the end of the window. The ratios in force are the policy's
 	// times (1 − Decay). 0 otherwise.
 	Decay float64
@@ -111,10 +115,10 @@ type failState struct {
 	last     time.Time     // the last Expire's now; zero before the first since the policy
 	state    PolicyState   // as of last
 	age      time.Duration // as of last
-	decay    float64       // FailOpen: see PolicyStatus.Decay
+	decay    float64       // fail open: see PolicyStatus.Decay
 	derived  bool          // the table holds verdicts derived for the fail mode
 	keep     *atomic.Uint64
-	buckets  []*tokenBucket // FailLocal: refilled by Expire
+	buckets  []*tokenBucket // fail local: refilled by Expire
 }
 
 // reset starts the record of a new policy p (nil: none) received at
@@ -160,8 +164,8 @@ func (s *ServiceLimiter) expire(now time.Time) {
 	}
 
 	switch p.FailMode {
-	case FailHold:
-	case FailLocal:
+	case dataplane.FailHold:
+	case dataplane.FailLocal:
 		if !f.derived {
 			s.deriveLocked(p) // buckets start full
 			return
@@ -169,7 +173,7 @@ func (s *ServiceLimiter) expire(now time.Time) {
 		for _, b := range f.buckets {
 			b.refill(dt)
 		}
-	default: // FailOpen, and unknown modes of hand-built policies
+	default: // dataplane.FailOpen, and unknown modes of hand-built policies
 		decay := p.FailOpenDecay
 		if decay <= 0 {
 			decay = DefaultFailOpenDecay
@@ -197,13 +201,13 @@ func (s *ServiceLimiter) deriveLocked(p *Policy) {
 	s.fail.derived = true
 }
 
-// failVerdict derives v's verdict under p's fail mode, FailOpen or
-// FailLocal. s.mu must be held.
+// failVerdict derives v's verdict under p's fail mode, open or local. s.mu
+// must be held.
 //
 // What requests are told (rejections, admitted headers) stays what was
 // rendered from the policy as received: the quota is still the quota, and
 // the ratio the controller last saw is the best measure left of how far
-// over it the caller is. Under FailOpen the ratio in force only falls from
+// over it the caller is. Under fail mode open the ratio in force only falls from
 // there, so Retry-After and the reset may err long, never short; remaining
 // is as old as the policy.
 func (s *ServiceLimiter) failVerdict(p *Policy, v *verdict) *verdict {
@@ -215,7 +219,7 @@ func (s *ServiceLimiter) failVerdict(p *Policy, v *verdict) *verdict {
 		// ratio stay right.
 		return v
 	}
-	if p.FailMode == FailLocal {
+	if p.FailMode == dataplane.FailLocal {
 		if !(r.LimitRPS >= 0) || math.IsInf(r.LimitRPS, 1) { // no limit (NaN: a hand-built policy)
 			if v.admitsAll() {
 				return v
@@ -267,8 +271,8 @@ func (s *ServiceLimiter) Status() PolicyStatus {
 }
 
 // Ratio returns the drop ratio in force for peer: the policy's (clamped to
-// [0, 1)), decayed under FailOpen; 0 for a peer the policy does not list or
-// without a policy. Under FailLocal a peer with a limit has no ratio, a
+// [0, 1)), decayed under fail mode open; 0 for a peer the policy does not list or
+// without a policy. Under fail mode local a peer with a limit has no ratio, a
 // token bucket decides: ok is false.
 func (s *ServiceLimiter) Ratio(peer string) (ratio float64, ok bool) {
 	return s.table.Load().ratio(peer)
@@ -316,7 +320,7 @@ const tokenUnit = 1 << 20
 // never overflows.
 const maxTokens = 1 << 61
 
-// tokenBucket is a FailLocal peer's token bucket: Decide takes tokens
+// tokenBucket is a fail-local peer's token bucket: Decide takes tokens
 // without a lock (a compare-and-swap loop, which a request that finds the
 // bucket empty leaves without writing), Expire refills it.
 type tokenBucket struct {

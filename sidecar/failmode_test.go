@@ -11,6 +11,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/sluicehq/sluice/pkg/dataplane"
+	"github.com/sluicehq/sluice/pkg/dropratio"
 )
 
 // metricValues gathers g and returns the values of the series of the
@@ -52,7 +54,7 @@ const (
 
 // failPolicy is a policy for checkout with a 10s TTL, a 30s decay and four
 // live instances.
-func failPolicy(mode FailMode, rules ...Rule) *Policy {
+func failPolicy(mode dataplane.FailMode, rules ...Rule) *Policy {
 	p := policy("checkout", rules...)
 	p.TTL = testTTL
 	p.FailOpenDecay = testDecay
@@ -86,7 +88,7 @@ func TestStripeIsOneCacheLine(t *testing.T) {
 // expired, and back to fresh when a new one arrives, in Status and in the
 // gauges.
 func TestPolicyStateTransitions(t *testing.T) {
-	for _, mode := range []FailMode{FailOpen, FailHold, FailLocal} {
+	for _, mode := range []dataplane.FailMode{dataplane.FailOpen, dataplane.FailHold, dataplane.FailLocal} {
 		t.Run(mode.String(), func(t *testing.T) {
 			l := NewLimiter(LimiterOptions{})
 			reg := prometheus.NewPedanticRegistry()
@@ -151,7 +153,7 @@ func TestPolicyStateTransitions(t *testing.T) {
 // receipt to the next Expire.
 func TestSetPolicyWithoutTimeStartsAtNextExpire(t *testing.T) {
 	l := NewLimiter(LimiterOptions{})
-	l.SetPolicy(failPolicy(FailOpen, Rule{Peer: "web", DropRatio: 0.5}))
+	l.SetPolicy(failPolicy(dataplane.FailOpen, Rule{Peer: "web", DropRatio: 0.5}))
 	if st := l.Status("checkout"); st.State != Fresh || !st.Received.IsZero() {
 		t.Fatalf("after SetPolicy: %+v", st)
 	}
@@ -171,9 +173,9 @@ func TestFailOpenDecays(t *testing.T) {
 		t.Run(strategy.String(), func(t *testing.T) {
 			l := NewLimiter(LimiterOptions{Strategy: strategy, OneStripe: true})
 			const p0, shadowP0 = 0.8, 0.5
-			l.SetPolicyAt(failPolicy(FailOpen,
+			l.SetPolicyAt(failPolicy(dataplane.FailOpen,
 				Rule{Peer: "web", DropRatio: p0},
-				Rule{Peer: "batch", DropRatio: shadowP0, Mode: Shadow},
+				Rule{Peer: "batch", DropRatio: shadowP0, Mode: dropratio.Shadow},
 				Rule{Peer: "calm"},
 			), t0)
 			s := l.Service("checkout")
@@ -287,12 +289,12 @@ func TestFailOpenDefaults(t *testing.T) {
 // TestFailHoldKeeps: an expired hold policy keeps every ratio, for ever.
 func TestFailHoldKeeps(t *testing.T) {
 	l := NewLimiter(LimiterOptions{})
-	p := failPolicy(FailHold, Rule{Peer: "web", DropRatio: 0.8}, Rule{Peer: "batch", DropRatio: 0.5, Mode: Shadow})
+	p := failPolicy(dataplane.FailHold, Rule{Peer: "web", DropRatio: 0.8}, Rule{Peer: "batch", DropRatio: 0.5, Mode: dropratio.Shadow})
 	l.SetPolicyAt(p, t0)
 	s := l.Service("checkout")
 	for _, at := range []time.Duration{testTTL, testTTL + testDecay, 24 * time.Hour} {
 		l.Expire(t0.Add(at))
-		if st := s.Status(); st.State != Expired || st.FailMode != FailHold || st.Decay != 0 {
+		if st := s.Status(); st.State != Expired || st.FailMode != dataplane.FailHold || st.Decay != 0 {
 			t.Fatalf("at %v: %+v", at, st)
 		}
 		if r, ok := s.Ratio("web"); r != 0.8 || !ok {
@@ -318,12 +320,12 @@ func TestFailLocalTokenBucket(t *testing.T) {
 		t.Run(strategy.String(), func(t *testing.T) {
 			l := NewLimiter(LimiterOptions{Strategy: strategy})
 			inf := math.Inf(1)
-			l.SetPolicyAt(failPolicy(FailLocal, // 4 live instances
+			l.SetPolicyAt(failPolicy(dataplane.FailLocal, // 4 live instances
 				Rule{Peer: "web", DropRatio: 0.9, LimitRPS: 1000, AllowedRPS: 1000},   // 250/s here
 				Rule{Peer: "mobile", LimitRPS: 10, AllowedRPS: 10},                    // 2.5/s: fractions
 				Rule{Peer: "capacity", DropRatio: 0.3, LimitRPS: inf, AllowedRPS: 50}, // no limit of its own
 				Rule{Peer: "blocked", DropRatio: 0.99, LimitRPS: 0, AllowedRPS: 0},
-				Rule{Peer: "batch", DropRatio: 0.2, LimitRPS: 400, AllowedRPS: 400, Mode: Shadow}, // 100/s
+				Rule{Peer: "batch", DropRatio: 0.2, LimitRPS: 400, AllowedRPS: 400, Mode: dropratio.Shadow}, // 100/s
 			), t0)
 			s := l.Service("checkout")
 			start := t0.Add(testTTL)
@@ -350,7 +352,7 @@ func TestFailLocalTokenBucket(t *testing.T) {
 					}
 				}
 			}
-			if st := s.Status(); st.State != Expired || st.FailMode != FailLocal {
+			if st := s.Status(); st.State != Expired || st.FailMode != dataplane.FailLocal {
 				t.Fatalf("status %+v", st)
 			}
 			for sec := range 4 {
@@ -409,7 +411,7 @@ func TestFailLocalTokenBucket(t *testing.T) {
 // the local rate.
 func TestFailLocalLateRefill(t *testing.T) {
 	l := NewLimiter(LimiterOptions{})
-	l.SetPolicyAt(failPolicy(FailLocal, Rule{Peer: "web", LimitRPS: 400}), t0) // 100/s
+	l.SetPolicyAt(failPolicy(dataplane.FailLocal, Rule{Peer: "web", LimitRPS: 400}), t0) // 100/s
 	s := l.Service("checkout")
 	start := t0.Add(testTTL)
 	l.Expire(start) // full: 10 tokens
@@ -437,7 +439,7 @@ func TestFailLocalLateRefill(t *testing.T) {
 // block.
 func TestLocalWithoutLiveInstances(t *testing.T) {
 	l := NewLimiter(LimiterOptions{})
-	p := failPolicy(FailLocal, Rule{Peer: "web", LimitRPS: 100})
+	p := failPolicy(dataplane.FailLocal, Rule{Peer: "web", LimitRPS: 100})
 	p.LiveInstances = 0
 	l.SetPolicyAt(p, t0)
 	l.Expire(t0.Add(testTTL))
@@ -449,14 +451,14 @@ func TestLocalWithoutLiveInstances(t *testing.T) {
 // TestRefreshEndsFailMode: a new policy ends an open or local fail mode at
 // once: the next decision follows it.
 func TestRefreshEndsFailMode(t *testing.T) {
-	for _, mode := range []FailMode{FailOpen, FailLocal} {
+	for _, mode := range []dataplane.FailMode{dataplane.FailOpen, dataplane.FailLocal} {
 		t.Run(mode.String(), func(t *testing.T) {
 			l := NewLimiter(LimiterOptions{})
 			rules := []Rule{{Peer: "web", DropRatio: 0.5, LimitRPS: 4, AllowedRPS: 4}}
 			l.SetPolicyAt(failPolicy(mode, rules...), t0)
 			s := l.Service("checkout")
 			l.Expire(t0.Add(testTTL + testDecay)) // open: ratio 0 now; local: 1 rps
-			if drops, _ := decideN(s, "web", 1000); (mode == FailOpen) != (drops == 0) {
+			if drops, _ := decideN(s, "web", 1000); (mode == dataplane.FailOpen) != (drops == 0) {
 				t.Fatalf("expired: %d of 1000 dropped", drops)
 			}
 			// The same content again: still a refresh.
@@ -478,7 +480,7 @@ func TestRefreshEndsFailMode(t *testing.T) {
 // fail mode is in force keeps the fail mode's verdicts.
 func TestNewPeerUnderFailMode(t *testing.T) {
 	l := NewLimiter(LimiterOptions{})
-	p := failPolicy(FailLocal, Rule{Peer: "web", LimitRPS: 0})
+	p := failPolicy(dataplane.FailLocal, Rule{Peer: "web", LimitRPS: 0})
 	l.SetPolicyAt(p, t0)
 	l.Expire(t0.Add(testTTL))
 	s := l.Service("checkout")
@@ -495,13 +497,13 @@ func TestNewPeerUnderFailMode(t *testing.T) {
 // allocation free, admitted and dropped.
 func TestDecideAllocatesNothingInFailModes(t *testing.T) {
 	for _, strategy := range []Strategy{Diffuse, Random} {
-		for _, mode := range []FailMode{FailOpen, FailHold, FailLocal} {
+		for _, mode := range []dataplane.FailMode{dataplane.FailOpen, dataplane.FailHold, dataplane.FailLocal} {
 			t.Run(strategy.String()+"/"+mode.String(), func(t *testing.T) {
 				l := NewLimiter(LimiterOptions{Strategy: strategy})
 				l.SetPolicyAt(failPolicy(mode,
 					Rule{Peer: "admitted", LimitRPS: 1e12},
 					Rule{Peer: "dropped", DropRatio: math.Nextafter(1, 0), LimitRPS: 0},
-					Rule{Peer: "shadow", DropRatio: math.Nextafter(1, 0), LimitRPS: 0, Mode: Shadow},
+					Rule{Peer: "shadow", DropRatio: math.Nextafter(1, 0), LimitRPS: 0, Mode: dropratio.Shadow},
 					Rule{Peer: "unlimited", DropRatio: 0.5, LimitRPS: math.Inf(1)},
 				), t0)
 				s := l.Service("checkout")
@@ -539,9 +541,9 @@ func TestDecideAllocatesNothingInFailModes(t *testing.T) {
 func TestFailModesConcurrently(t *testing.T) {
 	l := NewLimiter(LimiterOptions{MaxPeers: 8})
 	policies := []*Policy{
-		failPolicy(FailOpen, Rule{Peer: "a", DropRatio: 0.5}, Rule{Peer: "b", DropRatio: 0.3, Mode: Shadow, LimitRPS: 1}),
-		failPolicy(FailLocal, Rule{Peer: "a", DropRatio: 0.5, LimitRPS: 40}, Rule{Peer: "b", LimitRPS: 0, Mode: Shadow}),
-		failPolicy(FailHold, Rule{Peer: "a", DropRatio: 0.2}),
+		failPolicy(dataplane.FailOpen, Rule{Peer: "a", DropRatio: 0.5}, Rule{Peer: "b", DropRatio: 0.3, Mode: dropratio.Shadow, LimitRPS: 1}),
+		failPolicy(dataplane.FailLocal, Rule{Peer: "a", DropRatio: 0.5, LimitRPS: 40}, Rule{Peer: "b", LimitRPS: 0, Mode: dropratio.Shadow}),
+		failPolicy(dataplane.FailHold, Rule{Peer: "a", DropRatio: 0.2}),
 	}
 	l.SetPolicyAt(policies[0], t0)
 	s := l.Service("checkout")
@@ -561,14 +563,14 @@ func TestFailModesConcurrently(t *testing.T) {
 				calls.Add(1)
 				if d.Drop {
 					drops.Add(1)
-					if r := d.Rule(); r == nil || r.Mode != Enforce {
+					if r := d.Rule(); r == nil || r.Mode != dropratio.Enforce || r.upstream() {
 						t.Errorf("drop under rule %+v", r)
 						return
 					}
 				}
 				if d.Shadow {
 					shadows.Add(1)
-					if r := d.Rule(); r == nil || r.Mode != Shadow {
+					if r := d.Rule(); r == nil || r.Mode != dropratio.Shadow {
 						t.Errorf("shadow drop under rule %+v", r)
 						return
 					}
@@ -615,7 +617,7 @@ func TestFailModeMetrics(t *testing.T) {
 	l := NewLimiter(LimiterOptions{OneStripe: true})
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(l.Collector())
-	l.SetPolicyAt(failPolicy(FailOpen, Rule{Peer: "web", DropRatio: 0.8}, Rule{Peer: "batch", DropRatio: 0.4, Mode: Shadow}), t0)
+	l.SetPolicyAt(failPolicy(dataplane.FailOpen, Rule{Peer: "web", DropRatio: 0.8}, Rule{Peer: "batch", DropRatio: 0.4, Mode: dropratio.Shadow}), t0)
 	s := l.Service("checkout")
 	l.Expire(t0.Add(testTTL + testDecay*3/4))
 	drops, _ := decideN(s, "web", 1000) // 800 picked, a quarter of them dropped
@@ -630,7 +632,7 @@ func TestFailModeMetrics(t *testing.T) {
 		t.Errorf("fail_open_total = %v with %d drops, want 600 and 200", got, drops)
 	}
 
-	l.SetPolicyAt(failPolicy(FailLocal, Rule{Peer: "web", DropRatio: 0.8, LimitRPS: 400}, Rule{Peer: "batch", LimitRPS: 0, Mode: Shadow}), t0)
+	l.SetPolicyAt(failPolicy(dataplane.FailLocal, Rule{Peer: "web", DropRatio: 0.8, LimitRPS: 400}, Rule{Peer: "batch", LimitRPS: 0, Mode: dropratio.Shadow}), t0)
 	l.Expire(t0.Add(testTTL)) // web: 10 tokens
 	decideN(s, "web", 30)
 	decideN(s, "batch", 5)

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/pkg/dropratio"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -49,7 +50,7 @@ func TestGRPCInterceptors(t *testing.T) {
 	l := NewLimiter(LimiterOptions{})
 	l.SetPolicy(policy("checkout",
 		Rule{Peer: "greedy", DropRatio: 0.99, LimitRPS: 50, AllowedRPS: 50},
-		Rule{Peer: "shadowed", DropRatio: 0.99, Mode: Shadow, LimitRPS: 50, AllowedRPS: 50},
+		Rule{Peer: "shadowed", DropRatio: 0.99, Mode: dropratio.Shadow, LimitRPS: 50, AllowedRPS: 50},
 	))
 	s := l.Service("checkout")
 	defaultClient := startHealthServer(t, s, GRPCOptions{})

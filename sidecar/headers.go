@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strconv"
 
+	"github.com/sluicehq/sluice/pkg/dropratio"
 	"google.golang.org/grpc/metadata"
 )
 
@@ -282,7 +283,7 @@ type admitHeaders struct {
 // and the Retry-After of a drop above it, since the bucket has nothing left
 // until the ratio is released.
 func renderAdmit(r *Rule, p float64) *admitHeaders {
-	if r.Mode == Shadow {
+	if r.Mode == dropratio.Shadow {
 		return nil
 	}
 	_, exact, ok := quota(r)

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/sluicehq/sluice/pkg/dataplane"
 	"github.com/sluicehq/sluice/pkg/dropratio"
 )
 
@@ -160,7 +161,7 @@ func headerCases() []headerCase {
 			rule:  &Rule{Peer: "shared", DropRatio: 0.5, LimitRPS: 100, AllowedRPS: 30.7, OfferedRPS: 61.4, Reason: ReasonCapacity},
 			admit: admit("30", "0", "1"), drop: drop("1", `"sluice";q=30;w=1`, "30, 30;w=1")},
 		{name: "shadow mode", caller: "shadowed",
-			rule:  &Rule{Peer: "shadowed", DropRatio: 0.95, Mode: Shadow, LimitRPS: 100, AllowedRPS: 100, OfferedRPS: 2000},
+			rule:  &Rule{Peer: "shadowed", DropRatio: 0.95, Mode: dropratio.Shadow, LimitRPS: 100, AllowedRPS: 100, OfferedRPS: 2000},
 			admit: same(none)},
 		{name: "no limit", caller: "free",
 			rule:  &Rule{Peer: "free", LimitRPS: inf, AllowedRPS: inf, OfferedRPS: 5000},
@@ -534,13 +535,13 @@ func TestGRPCInterceptorRateLimitHeadersAllocs(t *testing.T) {
 }
 
 // An expired policy's fail mode keeps what requests are told: under
-// FailLocal a limited caller's bucket admits with the policy's headers and
+// dataplane.FailLocal a limited caller's bucket admits with the policy's headers and
 // drops with a rejection rendered for its ratio of 0 (Retry-After 1) and
 // x-envoy-ratelimited.
 func TestRateLimitHeadersUnderFailLocal(t *testing.T) {
 	l := NewLimiter(LimiterOptions{})
 	p := policy("checkout", Rule{Peer: "steady", LimitRPS: 1, AllowedRPS: 1, OfferedRPS: 0.4})
-	p.FailMode, p.TTL, p.LiveInstances = FailLocal, time.Second, 1
+	p.FailMode, p.TTL, p.LiveInstances = dataplane.FailLocal, time.Second, 1
 	now := time.Now()
 	l.SetPolicyAt(p, now)
 	l.Expire(now.Add(2 * time.Second))

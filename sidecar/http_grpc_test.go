@@ -23,6 +23,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/sluicehq/sluice/internal/agent/proxy"
+	"github.com/sluicehq/sluice/pkg/dropratio"
 )
 
 // proxiedHealth is the sidecar binary's data path on loopback: a gRPC client
@@ -109,7 +110,7 @@ func TestMiddlewareGRPCEndToEnd(t *testing.T) {
 	l := NewLimiter(LimiterOptions{Strategy: Diffuse})
 	l.SetPolicy(policy("checkout",
 		Rule{Peer: "greedy", DropRatio: 0.99, LimitRPS: 50, AllowedRPS: 42.9},
-		Rule{Peer: "shadowed", DropRatio: 0.99, Mode: Shadow, LimitRPS: 5, AllowedRPS: 5},
+		Rule{Peer: "shadowed", DropRatio: 0.99, Mode: dropratio.Shadow, LimitRPS: 5, AllowedRPS: 5},
 	))
 	s := l.Service("checkout")
 	ph := startProxiedHealth(t, s)

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/sluicehq/sluice/pkg/dropratio"
 	"github.com/sluicehq/sluice/pkg/names"
 )
 
@@ -25,8 +26,8 @@ func TestMiddleware(t *testing.T) {
 	l := NewLimiter(LimiterOptions{})
 	l.SetPolicy(policy("checkout",
 		Rule{Peer: "greedy", DropRatio: 0.99, LimitRPS: 50, AllowedRPS: 42.9},
-		Rule{Peer: "nolimit", DropRatio: 0.99, LimitRPS: inf, AllowedRPS: inf},            // no quota to announce
-		Rule{Peer: "shadowed", DropRatio: 0.99, Mode: Shadow, LimitRPS: 5, AllowedRPS: 5}, // counted, never enforced
+		Rule{Peer: "nolimit", DropRatio: 0.99, LimitRPS: inf, AllowedRPS: inf},                      // no quota to announce
+		Rule{Peer: "shadowed", DropRatio: 0.99, Mode: dropratio.Shadow, LimitRPS: 5, AllowedRPS: 5}, // counted, never enforced
 		Rule{Peer: names.Unknown, DropRatio: 0.99, LimitRPS: 0.5, AllowedRPS: 0.5},
 	))
 	s := l.Service("checkout")

@@ -12,6 +12,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/sluicehq/sluice/pkg/dropratio"
 	"github.com/sluicehq/sluice/pkg/names"
 )
 
@@ -165,10 +166,10 @@ func (l *Limiter) SetPolicyAt(p *Policy, now time.Time) {
 
 // Expire brings every service's policy state up to date at now (see
 // PolicyState) and puts the policy's fail mode in force once its TTL has run
-// out without a new policy: FailOpen lowers the ratios in force towards 0
-// over the decay window, FailHold keeps them, FailLocal has a token bucket
-// per limited peer decide instead (see FailMode). It also refills those
-// token buckets. Decide never reads a clock: a holder that wants fail modes
+// out without a new policy: open lowers the ratios in force towards 0 over
+// the decay window, hold keeps them, local has a token bucket per limited
+// peer decide instead (see dataplane.FailMode). It also refills those token
+// buckets. Decide never reads a clock: a holder that wants fail modes
 // calls Expire periodically (the sidecar agent every 100ms), and the decay
 // and refills move in steps of that period. Without Expire a policy is kept
 // for ever, as it was before fail modes.
@@ -328,7 +329,7 @@ func compile(service string, dir Direction, r *Rule) *verdict {
 	if dir == Inbound {
 		admit = renderAdmit(r, p)
 	}
-	if r.Mode == Upstream {
+	if r.upstream() {
 		// Picked, every request (as kindLocal), so that the fresh
 		// path of the other verdicts pays nothing for this one: its
 		// work is in hitOther. Never dropped, so no rejection is
@@ -344,7 +345,7 @@ func compile(service string, dir Direction, r *Rule) *verdict {
 		rule:   r,
 		step:   uint64(p * (1 << 32)),
 		thresh: uint64(p * (1 << (64 - stripeBits))),
-		shadow: r.Mode == Shadow,
+		shadow: r.Mode == dropratio.Shadow,
 		ratio:  p,
 		admit:  admit,
 	}
@@ -781,9 +782,9 @@ func (s *ServiceLimiter) installLocked(p *Policy, verdicts map[string]*verdict) 
 // Offered - Dropped may shrink by the number of decisions in flight,
 // counted offered by one call and dropped by the next.
 //
-// A peer enforced upstream (Mode Upstream) has its inferred upstream drops
-// in Offered and Dropped, in whole requests, the fraction carried to the
-// next call: what its caller offered, not only what arrived.
+// A peer enforced upstream (dataplane.EnforceUpstream) has its inferred
+// upstream drops in Offered and Dropped, in whole requests, the fraction
+// carried to the next call: what its caller offered, not only what arrived.
 func (s *ServiceLimiter) AppendCounts(dst []PeerCounts) []PeerCounts {
 	t := s.table.Load()
 	start := len(dst)

@@ -13,6 +13,7 @@ import (
 	"testing/quick"
 	"time"
 
+	"github.com/sluicehq/sluice/pkg/dropratio"
 	"github.com/sluicehq/sluice/pkg/names"
 )
 
@@ -205,7 +206,7 @@ func TestRandomWithinBinomialBound(t *testing.T) {
 func TestShadowCountsAndAdmits(t *testing.T) {
 	for _, strategy := range []Strategy{Diffuse, Random} {
 		l := NewLimiter(LimiterOptions{Strategy: strategy})
-		l.SetPolicy(policy("checkout", Rule{Peer: "greedy", DropRatio: 0.5, Mode: Shadow}))
+		l.SetPolicy(policy("checkout", Rule{Peer: "greedy", DropRatio: 0.5, Mode: dropratio.Shadow}))
 		const n = 10_000
 		shadows := 0
 		for range n {
@@ -272,8 +273,8 @@ func TestPolicySwapConcurrentWithDecide(t *testing.T) {
 	)
 	peers := []string{"a", "b", "c", "", "new-1", "new-2", "new-3"}
 	policies := []*Policy{
-		policy("checkout", Rule{Peer: "a", DropRatio: 0.5}, Rule{Peer: "b", DropRatio: 0.2, Mode: Shadow}),
-		policy("checkout", Rule{Peer: "a", DropRatio: 0.1, Mode: Shadow}, Rule{Peer: "c", DropRatio: 0.7}, Rule{Peer: names.Unknown, DropRatio: 0.3}),
+		policy("checkout", Rule{Peer: "a", DropRatio: 0.5}, Rule{Peer: "b", DropRatio: 0.2, Mode: dropratio.Shadow}),
+		policy("checkout", Rule{Peer: "a", DropRatio: 0.1, Mode: dropratio.Shadow}, Rule{Peer: "c", DropRatio: 0.7}, Rule{Peer: names.Unknown, DropRatio: 0.3}),
 		nil, // RemovePolicy
 	}
 	l := NewLimiter(LimiterOptions{MaxPeers: 4})
@@ -301,14 +302,14 @@ func TestPolicySwapConcurrentWithDecide(t *testing.T) {
 				calls.Add(1)
 				if d.Drop {
 					drops.Add(1)
-					if r := d.Rule(); r == nil || r.Mode != Enforce || r.DropRatio == 0 {
+					if r := d.Rule(); r == nil || r.Mode != dropratio.Enforce || r.upstream() || r.DropRatio == 0 {
 						t.Errorf("drop under rule %+v", r)
 						return
 					}
 				}
 				if d.Shadow {
 					shadows.Add(1)
-					if r := d.Rule(); r == nil || r.Mode != Shadow {
+					if r := d.Rule(); r == nil || r.Mode != dropratio.Shadow {
 						t.Errorf("shadow drop under rule %+v", r)
 						return
 					}
@@ -351,7 +352,7 @@ func TestCountsConsistentWhileDeciding(t *testing.T) {
 	// A reporter reads while requests are decided: every counter grows and
 	// drops never exceed offered.
 	l := NewLimiter(LimiterOptions{})
-	l.SetPolicy(policy("checkout", Rule{Peer: "a", DropRatio: 0.5}, Rule{Peer: "b", DropRatio: 0.5, Mode: Shadow}))
+	l.SetPolicy(policy("checkout", Rule{Peer: "a", DropRatio: 0.5}, Rule{Peer: "b", DropRatio: 0.5, Mode: dropratio.Shadow}))
 	s := l.Service("checkout")
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
@@ -390,7 +391,7 @@ func TestMaxPeersOverflow(t *testing.T) {
 	// once, in name order: p0, p1, zz. zzz finds no room.
 	l.SetPolicy(policy("checkout",
 		Rule{Peer: "p0"}, Rule{Peer: "p1"}, Rule{Peer: "zz", DropRatio: 0.99}, Rule{Peer: "zzz", DropRatio: 0.99},
-		Rule{Peer: names.Overflow, DropRatio: 0.99, Mode: Shadow},
+		Rule{Peer: names.Overflow, DropRatio: 0.99, Mode: dropratio.Shadow},
 	))
 	s := l.Service("checkout")
 	for i := range 10 {
@@ -486,7 +487,7 @@ func TestDecideAllocatesNothing(t *testing.T) {
 	l.SetPolicy(policy("checkout",
 		Rule{Peer: "admitted"},
 		Rule{Peer: "dropped", DropRatio: almostOne},
-		Rule{Peer: "shadow", DropRatio: almostOne, Mode: Shadow},
+		Rule{Peer: "shadow", DropRatio: almostOne, Mode: dropratio.Shadow},
 	))
 	s := l.Service("checkout")
 	// The table is full now; every new name is overflow.

@@ -130,7 +130,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 				if !ok { // a token bucket decides
 					continue
 				}
-				ch <- prometheus.MustNewConstMetric(dropRatioDesc, prometheus.GaugeValue, ratio, name, r.Peer, r.Mode.String())
+				ch <- prometheus.MustNewConstMetric(dropRatioDesc, prometheus.GaugeValue, ratio, name, r.Peer, r.modeLabel())
 			}
 		}
 

@@ -7,6 +7,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/sluicehq/sluice/pkg/dataplane"
+	"github.com/sluicehq/sluice/pkg/dropratio"
 )
 
 func TestCollector(t *testing.T) {
@@ -14,8 +16,8 @@ func TestCollector(t *testing.T) {
 	l.SetPolicy(policy("checkout",
 		Rule{Peer: "a"},
 		Rule{Peer: "b", DropRatio: 0.5},
-		Rule{Peer: "c", DropRatio: 0.25, Mode: Shadow},
-		Rule{Peer: "e", DropRatio: 0.75, Mode: Upstream},
+		Rule{Peer: "c", DropRatio: 0.25, Mode: dropratio.Shadow},
+		Rule{Peer: "e", DropRatio: 0.75, Enforcement: dataplane.EnforceUpstream},
 	))
 	// Outcomes as the callers saw them, to check the collector against.
 	seen := map[string]*[3]int{} // admitted, dropped, shadow_dropped

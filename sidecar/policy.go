@@ -13,6 +13,8 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/pkg/dataplane"
+	"github.com/sluicehq/sluice/pkg/dropratio"
 	"github.com/sluicehq/sluice/pkg/names"
 )
 
@@ -37,57 +39,6 @@ func (d Direction) String() string {
 		return "outbound"
 	}
 	return "Direction(" + strconv.Itoa(int(d)) + ")"
-}
-
-// Mode says whether a rule's drop ratio is carried out or only counted. The
-// zero value is Enforce.
-type Mode uint8
-
-const (
-	Enforce Mode = iota // requests are dropped with the rule's ratio
-	Shadow              // would-be drops are counted as shadow drops; every request is admitted
-	// Upstream: the ratio was carried out before the requests arrived, by
-	// the caller's proxyless gRPC client or the callee's Envoy
-	// (PeerPolicy.enforced_upstream). Every request is admitted, and each
-	// one counts as 1/(1−p) offered, p/(1−p) of it dropped upstream, so
-	// that the reports carry the load offered before those drops. See
-	// docs/dataplanes.md.
-	Upstream
-)
-
-func (m Mode) String() string {
-	switch m {
-	case Enforce:
-		return "enforce"
-	case Shadow:
-		return "shadow"
-	case Upstream:
-		return "upstream"
-	}
-	return "Mode(" + strconv.Itoa(int(m)) + ")"
-}
-
-// FailMode says what a sidecar does once a policy has outlived its TTL. The
-// zero value is FailOpen, DESIGN.md's default. Limiter.Expire puts it in
-// force; see failmode.go.
-type FailMode uint8
-
-const (
-	FailOpen  FailMode = iota // ratios decay to zero over FailOpenDecay
-	FailHold                  // the last ratios stay in force
-	FailLocal                 // each sidecar enforces limit / live instances locally
-)
-
-func (f FailMode) String() string {
-	switch f {
-	case FailOpen:
-		return "open"
-	case FailHold:
-		return "hold"
-	case FailLocal:
-		return "local"
-	}
-	return "FailMode(" + strconv.Itoa(int(f)) + ")"
 }
 
 // Reason mirrors sluicev1.DropReason: which rule of the control law produced
@@ -125,20 +76,46 @@ type Policy struct {
 	Peers         []Rule        // sorted by Peer, each peer at most once; an unlisted peer is not dropped
 	TTL           time.Duration // 0: not set, the holder applies its default (DESIGN.md: 10s)
 	LiveInstances int
-	FailMode      FailMode
+	// FailMode is what the Limiter does once the policy has outlived its
+	// TTL; Limiter.Expire puts it in force (see failmode.go).
+	FailMode      dataplane.FailMode
 	FailOpenDecay time.Duration // 0: not set
 	IssuedAt      time.Time     // zero: not set
 }
 
 // Rule is the verdict for one bucket (Service, Peer).
+//
+// Mode Enforce drops requests with the rule's ratio; Mode Shadow counts
+// would-be drops as shadow drops and admits every request. Enforcement
+// EnforceUpstream, whatever the mode, says the ratio was carried out before
+// the requests arrived, by the caller's proxyless gRPC client or the
+// callee's Envoy (PeerPolicy.enforced_upstream): every request is admitted,
+// and each one counts as 1/(1−p) offered, p/(1−p) of it dropped upstream, so
+// that the reports carry the load offered before those drops (see
+// docs/dataplanes.md). PolicyFromProto gives such rules Mode Enforce: the
+// controller marks only enforced buckets.
 type Rule struct {
-	Peer       string
-	DropRatio  float64 // in [0, 1)
-	Mode       Mode
-	LimitRPS   float64 // the bucket's configured limit; +Inf: none, 0: blocked
-	AllowedRPS float64 // what the bucket may send now; +Inf: unbounded
-	OfferedRPS float64 // the global offered rate the ratio was computed from
-	Reason     Reason
+	Peer        string
+	DropRatio   float64 // in [0, 1)
+	Mode        dropratio.Mode
+	Enforcement dataplane.Enforcement
+	LimitRPS    float64 // the bucket's configured limit; +Inf: none, 0: blocked
+	AllowedRPS  float64 // what the bucket may send now; +Inf: unbounded
+	OfferedRPS  float64 // the global offered rate the ratio was computed from
+	Reason      Reason
+}
+
+// upstream reports whether r's ratio was carried out upstream, so that the
+// sidecar only counts its requests.
+func (r *Rule) upstream() bool { return r.Enforcement == dataplane.EnforceUpstream }
+
+// modeLabel is r's mode as the drop ratio metric labels it: "enforce",
+// "shadow", or "upstream" for a rule enforced upstream.
+func (r *Rule) modeLabel() string {
+	if r.upstream() {
+		return dataplane.EnforceUpstream.String()
+	}
+	return r.Mode.String()
 }
 
 // Rule returns the rule for peer, or nil when the policy does not list it.
@@ -159,8 +136,9 @@ func (p *Policy) Rule(peer string) *Rule {
 // Lenient where being strict would only cause outages: peers need not arrive
 // sorted (they are sorted here), MODE_UNSPECIFIED means enforce (proto3 drops
 // zero values on the wire, and shadow is an explicit opt-in),
-// enforced_upstream makes a peer Upstream whatever its mode (the controller
-// sends MODE_SHADOW with it, for sidecars that do not know the field),
+// enforced_upstream makes a peer's Enforcement EnforceUpstream and its Mode
+// Enforce whatever the wire's mode (the controller sends MODE_SHADOW with it,
+// for sidecars that do not know the field),
 // FAIL_MODE_UNSPECIFIED means open (DESIGN.md's default), an unknown drop
 // reason is carried through, and unset durations and timestamps become zero.
 func PolicyFromProto(m *sluicev1.DropPolicy) (*Policy, error) {
@@ -214,11 +192,11 @@ func PolicyFromProto(m *sluicev1.DropPolicy) (*Policy, error) {
 	}
 	switch m.GetFailMode() {
 	case sluicev1.FailMode_FAIL_MODE_UNSPECIFIED, sluicev1.FailMode_FAIL_MODE_OPEN:
-		p.FailMode = FailOpen
+		p.FailMode = dataplane.FailOpen
 	case sluicev1.FailMode_FAIL_MODE_HOLD:
-		p.FailMode = FailHold
+		p.FailMode = dataplane.FailHold
 	case sluicev1.FailMode_FAIL_MODE_LOCAL:
-		p.FailMode = FailLocal
+		p.FailMode = dataplane.FailLocal
 	default:
 		bad("fail_mode", "unknown value %d", int32(m.GetFailMode()))
 	}
@@ -247,14 +225,14 @@ func PolicyFromProto(m *sluicev1.DropPolicy) (*Policy, error) {
 		}
 		switch pp.GetMode() {
 		case sluicev1.Mode_MODE_UNSPECIFIED, sluicev1.Mode_MODE_ENFORCE:
-			r.Mode = Enforce
+			r.Mode = dropratio.Enforce
 		case sluicev1.Mode_MODE_SHADOW:
-			r.Mode = Shadow
+			r.Mode = dropratio.Shadow
 		default:
 			bad(f("mode"), "unknown value %d", int32(pp.GetMode()))
 		}
 		if pp.GetEnforcedUpstream() {
-			r.Mode = Upstream
+			r.Mode, r.Enforcement = dropratio.Enforce, dataplane.EnforceUpstream
 			if p.Direction == Outbound {
 				// Upstream of an outbound sidecar is the caller's app:
 				// nobody would drop the bucket.
@@ -302,7 +280,8 @@ func duration(d *durationpb.Duration, field string, bad func(field, format strin
 
 // Proto converts p back to its wire form, for tests and debug endpoints. Zero
 // durations and a zero IssuedAt are left unset; enums are always explicit, so
-// PolicyFromProto(p.Proto()) equals p for any valid p.
+// PolicyFromProto(p.Proto()) equals p for any valid p (one whose rules
+// enforced upstream have Mode Enforce, as PolicyFromProto makes them).
 func (p *Policy) Proto() *sluicev1.DropPolicy {
 	m := &sluicev1.DropPolicy{
 		Name:          p.Name,
@@ -316,11 +295,11 @@ func (p *Policy) Proto() *sluicev1.DropPolicy {
 		m.Direction = sluicev1.Direction_DIRECTION_OUTBOUND
 	}
 	switch p.FailMode {
-	case FailOpen:
+	case dataplane.FailOpen:
 		m.FailMode = sluicev1.FailMode_FAIL_MODE_OPEN
-	case FailHold:
+	case dataplane.FailHold:
 		m.FailMode = sluicev1.FailMode_FAIL_MODE_HOLD
-	case FailLocal:
+	case dataplane.FailLocal:
 		m.FailMode = sluicev1.FailMode_FAIL_MODE_LOCAL
 	}
 	if p.TTL != 0 {
@@ -342,14 +321,14 @@ func (p *Policy) Proto() *sluicev1.DropPolicy {
 			OfferedRps: r.OfferedRPS,
 			Reason:     sluicev1.DropReason(r.Reason),
 		}
-		switch r.Mode {
-		case Enforce:
-			pp.Mode = sluicev1.Mode_MODE_ENFORCE
-		case Shadow:
-			pp.Mode = sluicev1.Mode_MODE_SHADOW
-		case Upstream:
+		switch {
+		case r.upstream():
 			pp.Mode = sluicev1.Mode_MODE_SHADOW // as the controller sends it
 			pp.EnforcedUpstream = true
+		case r.Mode == dropratio.Enforce:
+			pp.Mode = sluicev1.Mode_MODE_ENFORCE
+		case r.Mode == dropratio.Shadow:
+			pp.Mode = sluicev1.Mode_MODE_SHADOW
 		}
 		m.Peers = append(m.Peers, pp)
 	}

@@ -17,9 +17,10 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
-	"github.com/sluicehq/sluice/pkg/names"
-
 	"github.com/sluicehq/sluice/internal/testkit"
+	"github.com/sluicehq/sluice/pkg/dataplane"
+	"github.com/sluicehq/sluice/pkg/dropratio"
+	"github.com/sluicehq/sluice/pkg/names"
 )
 
 // seed is one named input of the committed seed corpus.
@@ -196,7 +197,7 @@ func checkPolicy(t *testing.T, m *sluicev1.DropPolicy, p *Policy) {
 	default:
 		t.Errorf("accepted name %q for %v service %q", p.Name, p.Direction, p.Service)
 	}
-	if p.FailMode > FailLocal || p.TTL < 0 || p.FailOpenDecay < 0 || p.LiveInstances < 0 {
+	if p.FailMode > dataplane.FailLocal || p.TTL < 0 || p.FailOpenDecay < 0 || p.LiveInstances < 0 {
 		t.Errorf("accepted fail mode %v, TTL %v, decay %v, live instances %d", p.FailMode, p.TTL, p.FailOpenDecay, p.LiveInstances)
 	}
 	if len(p.Peers) != len(m.GetPeers()) {
@@ -212,8 +213,9 @@ func checkPolicy(t *testing.T, m *sluicev1.DropPolicy, p *Policy) {
 		if !(r.DropRatio >= 0 && r.DropRatio < 1) {
 			t.Errorf("peers[%d]: accepted ratio %v", i, r.DropRatio)
 		}
-		if r.Mode > Shadow {
-			t.Errorf("peers[%d]: accepted mode %v", i, r.Mode)
+		if r.Mode > dropratio.Shadow || r.Enforcement > dataplane.EnforceUpstream ||
+			r.upstream() && (r.Mode != dropratio.Enforce || p.Direction != Inbound) {
+			t.Errorf("peers[%d]: accepted mode %v, enforcement %v in a %v policy", i, r.Mode, r.Enforcement, p.Direction)
 		}
 		for _, v := range []float64{r.LimitRPS, r.AllowedRPS} {
 			if !(v >= 0) {
@@ -238,7 +240,7 @@ func equalPolicies(t *testing.T, via string, want, got *Policy) {
 	for i := 0; same && i < len(want.Peers); i++ {
 		a, b := want.Peers[i], got.Peers[i]
 		// Bits, not ==: -0 must stay -0.
-		same = a.Peer == b.Peer && a.Mode == b.Mode && a.Reason == b.Reason &&
+		same = a.Peer == b.Peer && a.Mode == b.Mode && a.Enforcement == b.Enforcement && a.Reason == b.Reason &&
 			math.Float64bits(a.DropRatio) == math.Float64bits(b.DropRatio) &&
 			math.Float64bits(a.LimitRPS) == math.Float64bits(b.LimitRPS) &&
 			math.Float64bits(a.AllowedRPS) == math.Float64bits(b.AllowedRPS) &&
@@ -274,7 +276,7 @@ func enforce(t *testing.T, p *Policy) {
 		case http.StatusNoContent:
 		case http.StatusTooManyRequests:
 			r := p.Rule(peer)
-			if r == nil || r.Mode != Enforce || r.DropRatio == 0 {
+			if r == nil || r.Mode != dropratio.Enforce || r.upstream() || r.DropRatio == 0 {
 				t.Fatalf("peer %q dropped under rule %+v", peer, r)
 			}
 			checkRejection(t, rec, r)

@@ -11,6 +11,8 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/pkg/dataplane"
+	"github.com/sluicehq/sluice/pkg/dropratio"
 	"github.com/sluicehq/sluice/pkg/names"
 )
 
@@ -59,14 +61,14 @@ func TestPolicyFromProtoRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := Rule{Peer: "search", DropRatio: 0.25, Mode: Shadow, LimitRPS: 300, AllowedRPS: 250, OfferedRPS: 400, Reason: ReasonCapacity}
+	want := Rule{Peer: "search", DropRatio: 0.25, Mode: dropratio.Shadow, LimitRPS: 300, AllowedRPS: 250, OfferedRPS: 400, Reason: ReasonCapacity}
 	if got := p.Rule("search"); got == nil || *got != want {
 		t.Errorf("Rule(search) = %+v, want %+v", got, want)
 	}
 	if p.Rule("nobody") != nil {
 		t.Error("Rule(nobody) is not nil")
 	}
-	if p.TTL != 10*time.Second || p.FailOpenDecay != 30*time.Second || p.FailMode != FailLocal ||
+	if p.TTL != 10*time.Second || p.FailOpenDecay != 30*time.Second || p.FailMode != dataplane.FailLocal ||
 		p.LiveInstances != 12 || p.Direction != Inbound || !p.IssuedAt.Equal(time.Date(2026, 3, 1, 12, 0, 0, 5, time.UTC)) {
 		t.Errorf("policy fields: %+v", p)
 	}
@@ -86,13 +88,13 @@ func TestPolicyFromProtoDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p.FailMode != FailOpen || p.TTL != 0 || p.FailOpenDecay != 0 || !p.IssuedAt.IsZero() {
+	if p.FailMode != dataplane.FailOpen || p.TTL != 0 || p.FailOpenDecay != 0 || !p.IssuedAt.IsZero() {
 		t.Errorf("defaults: %+v", p)
 	}
 	if len(p.Peers) != 2 || p.Peers[0].Peer != "api" || p.Peers[1].Peer != "web" {
 		t.Fatalf("peers not sorted: %+v", p.Peers)
 	}
-	if p.Peers[1].Mode != Enforce {
+	if p.Peers[1].Mode != dropratio.Enforce || p.Peers[1].Enforcement != dataplane.EnforceSidecar {
 		t.Errorf("MODE_UNSPECIFIED became %v, want enforce", p.Peers[1].Mode)
 	}
 	if p.Peers[1].Reason != 42 || p.Proto().Peers[1].Reason != 42 {

@@ -10,6 +10,8 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/pkg/dataplane"
+	"github.com/sluicehq/sluice/pkg/dropratio"
 )
 
 // The callee side of a bucket enforced upstream: it never drops, and counts
@@ -27,11 +29,11 @@ func TestUpstreamCountsOfferedBeforeUpstreamDrops(t *testing.T) {
 	for _, strategy := range []Strategy{Diffuse, Random} {
 		for _, p := range []float64{0, 0.1, 0.3, 1.0 / 3, 0.5, 0.75, 0.9, 0.99, 0.9999, math.Nextafter(1, 0)} {
 			l := NewLimiter(LimiterOptions{Strategy: strategy})
-			l.SetPolicy(policy("checkout", Rule{Peer: "web", DropRatio: p, Mode: Upstream}))
+			l.SetPolicy(policy("checkout", Rule{Peer: "web", DropRatio: p, Enforcement: dataplane.EnforceUpstream}))
 			s := l.Service("checkout")
 			const n = 100_000
 			for range n {
-				if d := s.Decide("web"); d.Drop || d.Shadow || d.Rule() == nil || d.Rule().Mode != Upstream {
+				if d := s.Decide("web"); d.Drop || d.Shadow || d.Rule() == nil || !d.Rule().upstream() {
 					t.Fatalf("%v p=%v: Decide = %+v, want an admit under the upstream rule", strategy, p, d)
 				}
 			}
@@ -55,7 +57,7 @@ func TestUpstreamCountsOfferedBeforeUpstreamDrops(t *testing.T) {
 // carries over, so snapshots taken after every request sum to the same.
 func TestUpstreamFractionCarriesOver(t *testing.T) {
 	l := NewLimiter(LimiterOptions{})
-	l.SetPolicy(policy("checkout", Rule{Peer: "web", DropRatio: 0.1, Mode: Upstream})) // 1/9 of a request per arrival
+	l.SetPolicy(policy("checkout", Rule{Peer: "web", DropRatio: 0.1, Enforcement: dataplane.EnforceUpstream})) // 1/9 of a request per arrival
 	s := l.Service("checkout")
 	var prev PeerCounts
 	var sumDropped uint64
@@ -77,9 +79,9 @@ func TestUpstreamFractionCarriesOver(t *testing.T) {
 func TestUpstreamWeightFollowsThePolicy(t *testing.T) {
 	l := NewLimiter(LimiterOptions{})
 	s := l.Service("checkout")
-	l.SetPolicy(policy("checkout", Rule{Peer: "web", DropRatio: 0.5, Mode: Upstream}))
+	l.SetPolicy(policy("checkout", Rule{Peer: "web", DropRatio: 0.5, Enforcement: dataplane.EnforceUpstream}))
 	decideN(s, "web", 1000) // 1,000 dropped upstream
-	l.SetPolicy(policy("checkout", Rule{Peer: "web", DropRatio: 0.2, Mode: Upstream}))
+	l.SetPolicy(policy("checkout", Rule{Peer: "web", DropRatio: 0.2, Enforcement: dataplane.EnforceUpstream}))
 	decideN(s, "web", 1000) // 250 more
 	l.SetPolicy(policy("checkout", Rule{Peer: "web", DropRatio: 0.2}))
 	drops, _ := decideN(s, "web", 1000) // enforced here again: 200 dropped by this side
@@ -94,9 +96,9 @@ func TestUpstreamWeightFollowsThePolicy(t *testing.T) {
 // An expired policy does not make this side drop an upstream peer, in any
 // fail mode: the upstream data planes hold their last ratio.
 func TestUpstreamUnderFailModes(t *testing.T) {
-	for _, fm := range []FailMode{FailOpen, FailHold, FailLocal} {
+	for _, fm := range []dataplane.FailMode{dataplane.FailOpen, dataplane.FailHold, dataplane.FailLocal} {
 		l := NewLimiter(LimiterOptions{})
-		r := Rule{Peer: "web", DropRatio: 0.5, Mode: Upstream, LimitRPS: 1, AllowedRPS: 1}
+		r := Rule{Peer: "web", DropRatio: 0.5, Enforcement: dataplane.EnforceUpstream, LimitRPS: 1, AllowedRPS: 1}
 		t0 := time.Unix(1000, 0)
 		l.SetPolicyAt(failPolicy(fm, r), t0)
 		l.Expire(t0.Add(testTTL + testDecay/2))
@@ -118,7 +120,7 @@ func TestUpstreamUnderFailModes(t *testing.T) {
 
 func TestUpstreamCountsConcurrently(t *testing.T) {
 	l := NewLimiter(LimiterOptions{})
-	l.SetPolicy(policy("checkout", Rule{Peer: "web", DropRatio: 0.3, Mode: Upstream}))
+	l.SetPolicy(policy("checkout", Rule{Peer: "web", DropRatio: 0.3, Enforcement: dataplane.EnforceUpstream}))
 	s := l.Service("checkout")
 	const workers, each = 8, 20_000
 	var wg sync.WaitGroup
@@ -146,7 +148,7 @@ func TestUpstreamCountsConcurrently(t *testing.T) {
 func TestUpstreamDecideAllocatesNothing(t *testing.T) {
 	for _, strategy := range []Strategy{Diffuse, Random} {
 		l := NewLimiter(LimiterOptions{Strategy: strategy})
-		l.SetPolicy(policy("checkout", Rule{Peer: "web", DropRatio: 0.3, Mode: Upstream}))
+		l.SetPolicy(policy("checkout", Rule{Peer: "web", DropRatio: 0.3, Enforcement: dataplane.EnforceUpstream}))
 		s := l.Service("checkout")
 		if got := testing.AllocsPerRun(1000, func() { s.Decide("web") }); got != 0 {
 			t.Errorf("%v: %v allocations per Decide of an upstream peer", strategy, got)
@@ -162,18 +164,18 @@ func TestPolicyFromProtoEnforcedUpstream(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r := p.Rule("cart"); r == nil || r.Mode != Upstream || r.DropRatio != 0.3 {
+	if r := p.Rule("cart"); r == nil || r.Enforcement != dataplane.EnforceUpstream || r.Mode != dropratio.Enforce || r.DropRatio != 0.3 {
 		t.Fatalf("Rule(cart) = %+v, want upstream at 0.3", r)
 	}
-	if r := p.Rule("search"); r.Mode != Shadow {
-		t.Errorf("a plain shadow peer became %v", r.Mode)
+	if r := p.Rule("search"); r.Mode != dropratio.Shadow || r.Enforcement != dataplane.EnforceSidecar {
+		t.Errorf("a plain shadow peer became %v, %v", r.Mode, r.Enforcement)
 	}
 	if got := p.Proto(); !proto.Equal(got, m) {
 		t.Errorf("round trip:\n got %v\nwant %v", got, m)
 	}
 	// The mark wins over an enforcing mode too: this side must not drop.
 	m.Peers[1].Mode = sluicev1.Mode_MODE_ENFORCE
-	if p, err := PolicyFromProto(m); err != nil || p.Rule("cart").Mode != Upstream {
+	if p, err := PolicyFromProto(m); err != nil || p.Rule("cart").Enforcement != dataplane.EnforceUpstream {
 		t.Errorf("MODE_ENFORCE with the mark: %v, %v; want upstream", p, err)
 	}
 	// Outbound, nobody upstream of the caller's own limiter would drop.

@@ -382,7 +382,7 @@ func newEngine(sc *Scenario, seed uint64, opts Options) (*engine, error) {
 					held:   make([]float64, len(c.buckets)),
 				}
 				s.svc = s.lim.Service(c.svc.Name)
-				s.hdr = reporter.Header{SidecarID: s.id, Service: c.svc.Name, Zone: sc.Zones[z], Direction: sluicev1.Direction_DIRECTION_INBOUND, Interval: sc.Loop.ReportInterval}
+				s.hdr = reporter.Header{SidecarID: s.id, Service: c.svc.Name, Zone: sc.Zones[z], Direction: sidecar.Inbound, Interval: sc.Loop.ReportInterval}
 				for fi, f := range sc.Flows {
 					if f.Callee != c.svc.Name || f.Weights[z] == 0 {
 						continue
@@ -428,7 +428,7 @@ func newEngine(sc *Scenario, seed uint64, opts Options) (*engine, error) {
 		a := &simAggregator{
 			zone:    z,
 			id:      "aggregator-" + zone,
-			state:   aggregator.NewState(zone, "aggregator-"+zone, sc.Loop.AggregatorStaleAfter, aggregator.Limits{}),
+			state:   aggregator.NewState(zone, "aggregator-"+zone, sc.Loop.AggregatorStaleAfter, aggregator.Bounds{}),
 			ctl:     make([]float64, len(e.buckets)),
 			flushes: newPokeTicker(sc.Loop.FlushInterval),
 		}

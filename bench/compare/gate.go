@@ -15,6 +15,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/agent"
 	"github.com/sluicehq/sluice/internal/agent/proxy"
+	"github.com/sluicehq/sluice/pkg/dataplane"
 	"github.com/sluicehq/sluice/pkg/names"
 	"github.com/sluicehq/sluice/sidecar"
 )
@@ -138,10 +139,10 @@ func NewSidecar(upstream, service string, callers []string) (*agent.Agent, error
 	cfg.Service = service
 	cfg.ID = "bench-sidecar"
 	cfg.Upstream = upstream
-	// The sidecar binary tracks at most agent.MaxPeersLimit callers (its
+	// The sidecar binary tracks at most agent.MaxPeersBound callers (its
 	// reports must fit the aggregator's bound); beyond, callers share the
 	// overflow bucket, as they would in production.
-	cfg.MaxPeers = min(max(len(callers)+16, sidecar.DefaultMaxPeers), agent.MaxPeersLimit)
+	cfg.MaxPeers = min(max(len(callers)+16, sidecar.DefaultMaxPeers), agent.MaxPeersBound)
 	a, err := agent.New(cfg, nil, nil)
 	if err != nil {
 		return nil, err
@@ -159,7 +160,7 @@ func OpenPolicy(service string, callers []string) *sidecar.Policy {
 	}
 	slices.SortFunc(rules, func(a, b sidecar.Rule) int { return strings.Compare(a.Peer, b.Peer) })
 	return &sidecar.Policy{Name: names.Callee(service), Service: service, Direction: sidecar.Inbound,
-		Peers: rules, TTL: time.Hour, FailMode: sidecar.FailOpen, FailOpenDecay: time.Minute}
+		Peers: rules, TTL: time.Hour, FailMode: dataplane.FailOpen, FailOpenDecay: time.Minute}
 }
 
 // HTTPOp sends GET / to base with the key as the caller, over client. A 429

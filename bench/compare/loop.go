@@ -13,6 +13,7 @@ import (
 	"github.com/sluicehq/sluice/internal/limits"
 	"github.com/sluicehq/sluice/internal/loadgen"
 	"github.com/sluicehq/sluice/internal/testbed"
+	"github.com/sluicehq/sluice/pkg/dataplane"
 	"github.com/sluicehq/sluice/pkg/dropratio"
 	"github.com/sluicehq/sluice/sidecar"
 )
@@ -122,7 +123,7 @@ func RunRedisLoop(ctx context.Context, srv *RedisServer, plan Plan, burst float6
 func RunSluiceLoop(ctx context.Context, plan Plan) (*LoopRun, error) {
 	set := limits.NewSet(map[string]*limits.Service{
 		service: {
-			Name: service, Capacity: math.Inf(1), DefaultLimit: math.Inf(1), FailMode: limits.FailOpen,
+			Name: service, Capacity: math.Inf(1), DefaultLimit: math.Inf(1), FailMode: dataplane.FailOpen,
 			Callers: map[string]limits.Bucket{
 				web:    {Limit: plan.Limit, Mode: dropratio.Enforce},
 				mobile: {Limit: plan.Limit, Mode: dropratio.Enforce},
@@ -157,7 +158,7 @@ func RunSluiceLoop(ctx context.Context, plan Plan) (*LoopRun, error) {
 		st := lim.Status(service)
 		run.Expired[s] = st.State == sidecar.Expired
 		r := c.Ratio(web)
-		if st.State == sidecar.Expired && st.FailMode == sidecar.FailOpen {
+		if st.State == sidecar.Expired && st.FailMode == dataplane.FailOpen {
 			r *= 1 - st.Decay
 		}
 		run.InForce[s] = r

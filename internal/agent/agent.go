@@ -26,7 +26,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 
-	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/agent/proxy"
 	"github.com/sluicehq/sluice/pkg/names"
 	"github.com/sluicehq/sluice/sidecar"
@@ -34,11 +33,11 @@ import (
 	"github.com/sluicehq/sluice/sidecar/xdsclient"
 )
 
-// MaxPeersLimit is the most callers a sidecar may track: its reports name
+// MaxPeersBound is the most callers a sidecar may track: its reports name
 // each of them plus the reserved unknown and _overflow peers, and an
 // aggregator rejects a report naming more than its --max-peers-per-report,
 // 10,000 by default. A larger table would have every full report refused.
-const MaxPeersLimit = 10000 - 2
+const MaxPeersBound = 10000 - 2
 
 // Config is the sidecar's configuration.
 type Config struct {
@@ -71,7 +70,7 @@ type Config struct {
 	// are not trusted to enforce their own outbound limits.
 	IgnoreDecided bool
 	// MaxPeers bounds the distinct callers tracked before the rest share
-	// one overflow bucket; at most MaxPeersLimit.
+	// one overflow bucket; at most MaxPeersBound.
 	MaxPeers int
 	// Strategy is "diffuse" (exact, deterministic) or "random".
 	Strategy string
@@ -151,9 +150,9 @@ func (c Config) Validate() error {
 	if !validHeaderName(c.CallerHeader) {
 		add("caller-header: %q is not a valid header name", c.CallerHeader)
 	}
-	if c.MaxPeers < 1 || c.MaxPeers > MaxPeersLimit {
+	if c.MaxPeers < 1 || c.MaxPeers > MaxPeersBound {
 		add("max-peers: %d is outside [1, %d]: a report names every tracked caller plus unknown and _overflow, "+
-			"and aggregators reject reports naming more than their --max-peers-per-report (default 10000)", c.MaxPeers, MaxPeersLimit)
+			"and aggregators reject reports naming more than their --max-peers-per-report (default 10000)", c.MaxPeers, MaxPeersBound)
 	}
 	if c.Strategy != "diffuse" && c.Strategy != "random" {
 		add("strategy: %q is not diffuse or random", c.Strategy)
@@ -254,7 +253,7 @@ func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Agent, er
 		SidecarID:   cfg.ID,
 		Service:     cfg.Service,
 		Zone:        cfg.Zone,
-		Direction:   sluicev1.Direction_DIRECTION_INBOUND,
+		Direction:   sidecar.Inbound,
 		Interval:    cfg.ReportInterval,
 		SurgeCheck:  cfg.SurgeCheck,
 		Aggregators: cfg.Aggregators,

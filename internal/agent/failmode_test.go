@@ -23,6 +23,7 @@ import (
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/controller"
 	"github.com/sluicehq/sluice/internal/limits"
+	"github.com/sluicehq/sluice/pkg/dataplane"
 	"github.com/sluicehq/sluice/pkg/dropratio"
 	"github.com/sluicehq/sluice/sidecar"
 )
@@ -138,7 +139,7 @@ func TestFailModeWorker(t *testing.T) {
 			{time.Hour, sidecar.Expired, 0},
 		} {
 			st := at(c.at)
-			if st.State != c.state || st.FailMode != sidecar.FailOpen {
+			if st.State != c.state || st.FailMode != dataplane.FailOpen {
 				t.Fatalf("at %v: %+v, want %v", c.at, st, c.state)
 			}
 			if r := ratio(); math.Abs(r-c.ratio) > 1e-6 {
@@ -177,7 +178,7 @@ func testController(t *testing.T, addr string) (string, func()) {
 	cfg.FailOpenDecay = 2 * time.Second
 	cfg.Warmup = 0
 	set := limits.NewSet(map[string]*limits.Service{"checkout": {
-		Name: "checkout", Capacity: math.Inf(1), DefaultLimit: math.Inf(1), FailMode: limits.FailOpen,
+		Name: "checkout", Capacity: math.Inf(1), DefaultLimit: math.Inf(1), FailMode: dataplane.FailOpen,
 		Callers: map[string]limits.Bucket{"web": {Limit: 100, Mode: dropratio.Enforce}},
 	}})
 	svc, err := controller.New(cfg, limits.Static{Set: set}, nil, prometheus.NewRegistry())

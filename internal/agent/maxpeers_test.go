@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/aggregator"
 	"github.com/sluicehq/sluice/pkg/names"
 	"github.com/sluicehq/sluice/sidecar"
@@ -17,18 +16,18 @@ import (
 // and one more tracked caller is refused at start-up rather than having
 // every full report rejected later.
 func TestMaxPeersFitsTheAggregatorsReportBound(t *testing.T) {
-	lim := aggregator.DefaultLimits()
-	if MaxPeersLimit+2 > lim.MaxPeersPerReport {
-		t.Fatalf("MaxPeersLimit %d + unknown + _overflow > the aggregator's default max-peers-per-report %d", MaxPeersLimit, lim.MaxPeersPerReport)
+	bounds := aggregator.DefaultBounds()
+	if MaxPeersBound+2 > bounds.MaxPeersPerReport {
+		t.Fatalf("MaxPeersBound %d + unknown + _overflow > the aggregator's default max-peers-per-report %d", MaxPeersBound, bounds.MaxPeersPerReport)
 	}
 
 	cfg := DefaultConfig()
 	cfg.Service = "checkout"
-	cfg.MaxPeers = MaxPeersLimit + 1
+	cfg.MaxPeers = MaxPeersBound + 1
 	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "max-peers") {
 		t.Fatalf("max-peers %d: Validate() = %v, want an error naming max-peers", cfg.MaxPeers, err)
 	}
-	cfg.MaxPeers = MaxPeersLimit
+	cfg.MaxPeers = MaxPeersBound
 	if err := cfg.Validate(); err != nil {
 		t.Fatalf("max-peers %d: Validate() = %v, want nil", cfg.MaxPeers, err)
 	}
@@ -36,14 +35,14 @@ func TestMaxPeersFitsTheAggregatorsReportBound(t *testing.T) {
 	// The largest report such a sidecar sends — every tracked caller, the
 	// unknown and the _overflow peer (the sidecar's own tests hold it to
 	// that) — is one a default aggregator takes.
-	peers := make([]sidecar.PeerCounts, 0, MaxPeersLimit+2)
-	for i := range MaxPeersLimit {
+	peers := make([]sidecar.PeerCounts, 0, MaxPeersBound+2)
+	for i := range MaxPeersBound {
 		peers = append(peers, sidecar.PeerCounts{Peer: fmt.Sprintf("caller-%05d", i), Offered: 1})
 	}
 	peers = append(peers, sidecar.PeerCounts{Peer: names.Unknown, Offered: 1}, sidecar.PeerCounts{Peer: names.Overflow, Offered: 1})
 	now := time.Now()
-	st := aggregator.NewState("zone-a", "agg-a", 3, lim)
-	h := reporter.Header{SidecarID: "checkout-1", Service: "checkout", Zone: "zone-a", Direction: sluicev1.Direction_DIRECTION_INBOUND}
+	st := aggregator.NewState("zone-a", "agg-a", 3, bounds)
+	h := reporter.Header{SidecarID: "checkout-1", Service: "checkout", Zone: "zone-a", Direction: sidecar.Inbound}
 	if err := st.Apply(reporter.Build(h, nil, peers, now.Add(-time.Second), time.Second), now); err != nil {
 		t.Fatalf("the aggregator rejected a full report: %v", err)
 	}

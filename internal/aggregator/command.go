@@ -91,9 +91,9 @@ flags win over the environment, the environment over the file.`,
 	f.BoolVar(&cfg.ControllerFanout, "controller-fanout", false, "send every flush to every --controllers address, each a controller replica, so that all replicas publish the same ratios")
 	duration.Var(f, &cfg.FlushInterval, "flush-interval", cfg.FlushInterval, "how often the zone's rates go to the controller")
 	f.IntVar(&cfg.StaleAfter, "stale-after", cfg.StaleAfter, "report windows a sidecar may miss before it leaves the sums")
-	f.IntVar(&cfg.Limits.MaxPeersPerReport, "max-peers-per-report", cfg.Limits.MaxPeersPerReport, "reports naming more callers are rejected")
-	f.Float64Var(&cfg.Limits.MaxRate, "max-rate", cfg.Limits.MaxRate, "reports claiming a higher rate (rps) for one caller are rejected")
-	f.IntVar(&cfg.Limits.MaxSidecars, "max-sidecars", cfg.Limits.MaxSidecars, "most sidecars held; reports from more are rejected")
+	f.IntVar(&cfg.Bounds.MaxPeersPerReport, "max-peers-per-report", cfg.Bounds.MaxPeersPerReport, "reports naming more callers are rejected")
+	f.Float64Var(&cfg.Bounds.MaxRate, "max-rate", cfg.Bounds.MaxRate, "reports claiming a higher rate (rps) for one caller are rejected")
+	f.IntVar(&cfg.Bounds.MaxSidecars, "max-sidecars", cfg.Bounds.MaxSidecars, "most sidecars held; reports from more are rejected")
 	tlsFlags.AddFlags(f)
 	logging.AddFlags(f)
 	return cmd

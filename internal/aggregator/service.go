@@ -50,8 +50,8 @@ type Config struct {
 	// its policy from any of them. Off, the addresses are one controller's
 	// in failover order.
 	ControllerFanout bool
-	// Limits bound what a report may claim; zero fields take defaults.
-	Limits Limits
+	// Bounds bound what a report may claim; zero fields take defaults.
+	Bounds Bounds
 	// DialOptions for the controller connection; default plaintext.
 	DialOptions []grpc.DialOption
 	// RequirePeerIdentity, set under mutual TLS, accepts a report only from
@@ -68,7 +68,7 @@ func DefaultConfig() Config {
 		ID:            defaultID(),
 		FlushInterval: time.Second,
 		StaleAfter:    3,
-		Limits:        DefaultLimits(),
+		Bounds:        DefaultBounds(),
 	}
 }
 
@@ -91,7 +91,7 @@ func (c Config) withDefaults() Config {
 	if c.StaleAfter == 0 {
 		c.StaleAfter = d.StaleAfter
 	}
-	c.Limits = c.Limits.withDefaults()
+	c.Bounds = c.Bounds.withDefaults()
 	return c
 }
 
@@ -128,7 +128,7 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("controllers[%d]: empty address", i))
 		}
 	}
-	if err := c.Limits.Validate(); err != nil {
+	if err := c.Bounds.Validate(); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
@@ -201,7 +201,7 @@ func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Service, 
 		cfg:     cfg,
 		log:     logger,
 		flushes: ticker.New(cfg.FlushInterval, ticker.MinGap(cfg.FlushInterval)),
-		state:   NewState(cfg.Zone, cfg.ID, cfg.StaleAfter, cfg.Limits),
+		state:   NewState(cfg.Zone, cfg.ID, cfg.StaleAfter, cfg.Bounds),
 		owners:  make(map[string]*stream),
 	}
 	targets := [][]string{cfg.Controllers}

@@ -446,7 +446,7 @@ func TestConfigValidate(t *testing.T) {
 		FlushInterval: time.Millisecond,
 		StaleAfter:    -1,
 		Controllers:   []string{""},
-		Limits:        Limits{MaxRate: -1},
+		Bounds:        Bounds{MaxRate: -1},
 	}
 	err := bad.Validate()
 	if err == nil {

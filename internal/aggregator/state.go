@@ -16,10 +16,11 @@ import (
 	"github.com/sluicehq/sluice/pkg/names"
 )
 
-// Limits bound what one report may claim, so that a broken or hostile
+// Bounds bound what one report may claim, so that a broken or hostile
 // sidecar can neither grow the aggregator's memory without bound nor poison
-// the zone's sums. Zero fields take their defaults.
-type Limits struct {
+// the zone's sums. Zero fields take their defaults. (They are not rate
+// limits, which the aggregator knows nothing of: it only adds up rates.)
+type Bounds struct {
 	// MaxPeersPerReport bounds the peers in one report. Default 10000.
 	MaxPeersPerReport int
 	// MaxRate bounds a peer's offered rate in one report, in requests per
@@ -32,9 +33,9 @@ type Limits struct {
 	MaxSidecars int
 }
 
-// DefaultLimits returns the limits that zero fields take.
-func DefaultLimits() Limits {
-	return Limits{
+// DefaultBounds returns the bounds that zero fields take.
+func DefaultBounds() Bounds {
+	return Bounds{
 		MaxPeersPerReport: 10000,
 		MaxRate:           1e7,
 		MinWindow:         10 * time.Millisecond,
@@ -43,47 +44,47 @@ func DefaultLimits() Limits {
 	}
 }
 
-func (l Limits) withDefaults() Limits {
-	d := DefaultLimits()
-	if l.MaxPeersPerReport == 0 {
-		l.MaxPeersPerReport = d.MaxPeersPerReport
+func (b Bounds) withDefaults() Bounds {
+	d := DefaultBounds()
+	if b.MaxPeersPerReport == 0 {
+		b.MaxPeersPerReport = d.MaxPeersPerReport
 	}
-	if l.MaxRate == 0 {
-		l.MaxRate = d.MaxRate
+	if b.MaxRate == 0 {
+		b.MaxRate = d.MaxRate
 	}
-	if l.MinWindow == 0 {
-		l.MinWindow = d.MinWindow
+	if b.MinWindow == 0 {
+		b.MinWindow = d.MinWindow
 	}
-	if l.MaxWindow == 0 {
-		l.MaxWindow = d.MaxWindow
+	if b.MaxWindow == 0 {
+		b.MaxWindow = d.MaxWindow
 	}
-	if l.MaxSidecars == 0 {
-		l.MaxSidecars = d.MaxSidecars
+	if b.MaxSidecars == 0 {
+		b.MaxSidecars = d.MaxSidecars
 	}
-	return l
+	return b
 }
 
-// Validate reports every limit that is out of range, naming the field. Zero
+// Validate reports every bound that is out of range, naming the field. Zero
 // fields are fine: they take their defaults.
-func (l Limits) Validate() error {
+func (b Bounds) Validate() error {
 	var errs []error
-	if l.MaxPeersPerReport < 0 {
-		errs = append(errs, fmt.Errorf("max-peers-per-report: must be >= 0 (0 for the default), got %d", l.MaxPeersPerReport))
+	if b.MaxPeersPerReport < 0 {
+		errs = append(errs, fmt.Errorf("max-peers-per-report: must be >= 0 (0 for the default), got %d", b.MaxPeersPerReport))
 	}
-	if l.MaxRate < 0 || math.IsNaN(l.MaxRate) || math.IsInf(l.MaxRate, 0) {
-		errs = append(errs, fmt.Errorf("max-rate: must be finite and >= 0 (0 for the default), got %v", l.MaxRate))
+	if b.MaxRate < 0 || math.IsNaN(b.MaxRate) || math.IsInf(b.MaxRate, 0) {
+		errs = append(errs, fmt.Errorf("max-rate: must be finite and >= 0 (0 for the default), got %v", b.MaxRate))
 	}
-	if l.MinWindow < 0 {
-		errs = append(errs, fmt.Errorf("Limits.MinWindow: must be >= 0 (0 for the default), got %v", l.MinWindow))
+	if b.MinWindow < 0 {
+		errs = append(errs, fmt.Errorf("Bounds.MinWindow: must be >= 0 (0 for the default), got %v", b.MinWindow))
 	}
-	if l.MaxWindow < 0 {
-		errs = append(errs, fmt.Errorf("Limits.MaxWindow: must be >= 0 (0 for the default), got %v", l.MaxWindow))
+	if b.MaxWindow < 0 {
+		errs = append(errs, fmt.Errorf("Bounds.MaxWindow: must be >= 0 (0 for the default), got %v", b.MaxWindow))
 	}
-	if d := l.withDefaults(); l.MinWindow >= 0 && l.MaxWindow >= 0 && d.MinWindow > d.MaxWindow {
-		errs = append(errs, fmt.Errorf("Limits.MinWindow: %v is above Limits.MaxWindow %v", d.MinWindow, d.MaxWindow))
+	if d := b.withDefaults(); b.MinWindow >= 0 && b.MaxWindow >= 0 && d.MinWindow > d.MaxWindow {
+		errs = append(errs, fmt.Errorf("Bounds.MinWindow: %v is above Bounds.MaxWindow %v", d.MinWindow, d.MaxWindow))
 	}
-	if l.MaxSidecars < 0 {
-		errs = append(errs, fmt.Errorf("max-sidecars: must be >= 0 (0 for the default), got %d", l.MaxSidecars))
+	if b.MaxSidecars < 0 {
+		errs = append(errs, fmt.Errorf("max-sidecars: must be >= 0 (0 for the default), got %d", b.MaxSidecars))
 	}
 	return errors.Join(errs...)
 }
@@ -129,9 +130,9 @@ func reject(reason, format string, args ...any) *RejectError {
 type State struct {
 	zone, id   string
 	staleAfter int
-	lim        Limits
+	bounds     Bounds
 
-	sidecars map[string]*sidecar
+	sidecars map[string]*sidecarLoad // by sidecar id
 	// order is the ids of sidecars, sorted, or nil after a sidecar came or
 	// went. Flush adds up floating-point rates in this order, so that the
 	// same sidecars give bit-identical sums whatever order they came in.
@@ -144,8 +145,8 @@ type State struct {
 	urgent, urgentFlush bool
 }
 
-// sidecar is the latest accepted report of one sidecar, as rates.
-type sidecar struct {
+// sidecarLoad is the latest accepted report of one sidecar, as rates.
+type sidecarLoad struct {
 	service   string
 	direction sluicev1.Direction
 	interval  time.Duration // the sidecar's report interval (else its window), for staleness
@@ -166,8 +167,8 @@ type bucketKey struct {
 
 // NewState returns the state of aggregator id of zone. A sidecar is dropped
 // from the sums when it has not reported for more than staleAfter of its own
-// windows (0 or less means 3). Zero fields of lim take their defaults.
-func NewState(zone, id string, staleAfter int, lim Limits) *State {
+// windows (0 or less means 3). Zero fields of bounds take their defaults.
+func NewState(zone, id string, staleAfter int, bounds Bounds) *State {
 	if staleAfter <= 0 {
 		staleAfter = 3
 	}
@@ -175,8 +176,8 @@ func NewState(zone, id string, staleAfter int, lim Limits) *State {
 		zone:       zone,
 		id:         id,
 		staleAfter: staleAfter,
-		lim:        lim.withDefaults(),
-		sidecars:   make(map[string]*sidecar),
+		bounds:     bounds.withDefaults(),
+		sidecars:   make(map[string]*sidecarLoad),
 	}
 }
 
@@ -215,15 +216,15 @@ func (s *State) Apply(r *sluicev1.LoadReport, now time.Time) error {
 		return reject(ReasonBadWindow, "window: %v", err)
 	}
 	window := r.GetWindow().AsDuration()
-	if window < s.lim.MinWindow || window > s.lim.MaxWindow {
-		return reject(ReasonBadWindow, "window %v is outside [%v, %v]", window, s.lim.MinWindow, s.lim.MaxWindow)
+	if window < s.bounds.MinWindow || window > s.bounds.MaxWindow {
+		return reject(ReasonBadWindow, "window %v is outside [%v, %v]", window, s.bounds.MinWindow, s.bounds.MaxWindow)
 	}
-	if n := len(r.GetPeers()); n > s.lim.MaxPeersPerReport {
-		return reject(ReasonTooManyPeers, "%d peers, at most %d", n, s.lim.MaxPeersPerReport)
+	if n := len(r.GetPeers()); n > s.bounds.MaxPeersPerReport {
+		return reject(ReasonTooManyPeers, "%d peers, at most %d", n, s.bounds.MaxPeersPerReport)
 	}
 	old, known := s.sidecars[id]
-	if !known && len(s.sidecars) >= s.lim.MaxSidecars {
-		return reject(ReasonTooManySidecars, "already %d sidecars, at most %d", len(s.sidecars), s.lim.MaxSidecars)
+	if !known && len(s.sidecars) >= s.bounds.MaxSidecars {
+		return reject(ReasonTooManySidecars, "already %d sidecars, at most %d", len(s.sidecars), s.bounds.MaxSidecars)
 	}
 
 	secs := window.Seconds()
@@ -240,8 +241,8 @@ func (s *State) Apply(r *sluicev1.LoadReport, now time.Time) error {
 			return reject(ReasonBadCounts, "peer %q: dropped %d + shadow_dropped %d above offered %d", p.GetPeer(), d, sh, o)
 		}
 		rate := float64(o) / secs
-		if rate > s.lim.MaxRate {
-			return reject(ReasonAbsurdRate, "peer %q: offered rate %.0f/s above %.0f/s", p.GetPeer(), rate, s.lim.MaxRate)
+		if rate > s.bounds.MaxRate {
+			return reject(ReasonAbsurdRate, "peer %q: offered rate %.0f/s above %.0f/s", p.GetPeer(), rate, s.bounds.MaxRate)
 		}
 		peers = append(peers, peerRate{
 			peer:    p.GetPeer(),
@@ -258,7 +259,7 @@ func (s *State) Apply(r *sluicev1.LoadReport, now time.Time) error {
 	}
 
 	if !known {
-		old = new(sidecar)
+		old = new(sidecarLoad)
 		s.sidecars[id] = old
 		s.order = nil
 	}
@@ -266,12 +267,12 @@ func (s *State) Apply(r *sluicev1.LoadReport, now time.Time) error {
 	// surge report's window is a fraction of the interval.
 	interval := window
 	if iv := r.GetInterval(); iv != nil && iv.IsValid() {
-		interval = max(window, min(iv.AsDuration(), s.lim.MaxWindow))
+		interval = max(window, min(iv.AsDuration(), s.bounds.MaxWindow))
 	}
 	if r.GetUrgent() {
 		s.urgent, s.urgentFlush = true, true
 	}
-	*old = sidecar{service: r.GetService(), direction: dir, interval: interval, seen: now, peers: peers}
+	*old = sidecarLoad{service: r.GetService(), direction: dir, interval: interval, seen: now, peers: peers}
 	return nil
 }
 
@@ -302,12 +303,6 @@ func (s *State) Remove(sidecarID string) {
 // next Flush will drop included.
 func (s *State) Sidecars() int { return len(s.sidecars) }
 
-// Flush first drops every sidecar that has been silent for more than
-// staleAfter of its own windows at now, then returns the zone's complete
-// picture: per (service, direction), sorted, the number of live sidecars
-// and per peer, sorted, the sum of their rates. interval is the flush
-// interval the controller is told. The same sidecars with the same reports
-// give an identical ZoneLoad whatever order they arrived in.
 // TakeStale returns the sidecars that Flush dropped for silence since the
 // last call, for the service to log, and forgets them.
 func (s *State) TakeStale() []string {
@@ -316,6 +311,12 @@ func (s *State) TakeStale() []string {
 	return stale
 }
 
+// Flush first drops every sidecar that has been silent for more than
+// staleAfter of its own windows at now, then returns the zone's complete
+// picture: per (service, direction), sorted, the number of live sidecars
+// and per peer, sorted, the sum of their rates. interval is the flush
+// interval the controller is told. The same sidecars with the same reports
+// give an identical ZoneLoad whatever order they arrived in.
 func (s *State) Flush(now time.Time, interval time.Duration) *sluicev1.ZoneLoad {
 	for id, sc := range s.sidecars {
 		if now.Sub(sc.seen) > time.Duration(s.staleAfter)*sc.interval {

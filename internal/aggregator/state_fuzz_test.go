@@ -27,7 +27,7 @@ type seed = testkit.Seed
 
 var (
 	fuzzNow    = time.Date(2026, 11, 30, 3, 3, 0, 0, time.UTC)
-	fuzzLimits = aggregator.Limits{MaxPeersPerReport: 8, MaxSidecars: 2}
+	fuzzBounds = aggregator.Bounds{MaxPeersPerReport: 8, MaxSidecars: 2}
 )
 
 const (
@@ -133,7 +133,7 @@ func TestFuzzLoadReportCorpus(t *testing.T) {
 	testkit.CheckCorpus(t, "FuzzLoadReport", seeds)
 	// The seeds say what they are: in good ones every report is taken.
 	for _, s := range seeds {
-		st := aggregator.NewState("zone-a", "agg-a", 3, fuzzLimits)
+		st := aggregator.NewState("zone-a", "agg-a", 3, fuzzBounds)
 		if err := st.Apply(baseReport(), fuzzNow); err != nil {
 			t.Fatal(err)
 		}
@@ -161,8 +161,8 @@ func TestFuzzLoadReportCorpus(t *testing.T) {
 // a zone load the controller refuses hides the whole zone from it.
 func FuzzLoadReport(f *testing.F) {
 	f.Fuzz(func(t *testing.T, report1, report2 []byte) {
-		got := aggregator.NewState("zone-a", "agg-a", 3, fuzzLimits)
-		twin := aggregator.NewState("zone-a", "agg-a", 3, fuzzLimits)
+		got := aggregator.NewState("zone-a", "agg-a", 3, fuzzBounds)
+		twin := aggregator.NewState("zone-a", "agg-a", 3, fuzzBounds)
 		for _, s := range []*aggregator.State{got, twin} {
 			if err := s.Apply(baseReport(), fuzzNow); err != nil {
 				t.Fatal(err)
@@ -194,8 +194,8 @@ func FuzzLoadReport(f *testing.F) {
 				t.Fatalf("report %d: surge mark differs", i)
 			}
 		}
-		if got.Sidecars() > fuzzLimits.MaxSidecars {
-			t.Errorf("%d sidecars kept, at most %d", got.Sidecars(), fuzzLimits.MaxSidecars)
+		if got.Sidecars() > fuzzBounds.MaxSidecars {
+			t.Errorf("%d sidecars kept, at most %d", got.Sidecars(), fuzzBounds.MaxSidecars)
 		}
 		flushAt := fuzzNow.Add(time.Second)
 		zl := got.Flush(flushAt, time.Second)

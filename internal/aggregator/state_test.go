@@ -40,7 +40,7 @@ func pc(peer string, offered, dropped, shadow uint64) *sluicev1.PeerCounts {
 }
 
 func TestApplyRejects(t *testing.T) {
-	lim := Limits{MaxPeersPerReport: 3, MaxRate: 1000, MinWindow: 100 * time.Millisecond, MaxWindow: 10 * time.Second, MaxSidecars: 2}
+	bounds := Bounds{MaxPeersPerReport: 3, MaxRate: 1000, MinWindow: 100 * time.Millisecond, MaxWindow: 10 * time.Second, MaxSidecars: 2}
 	ok := func(mod func(r *sluicev1.LoadReport)) *sluicev1.LoadReport {
 		r := report("s1", "svc", in, time.Second, pc("a", 10, 1, 1))
 		mod(r)
@@ -86,7 +86,7 @@ func TestApplyRejects(t *testing.T) {
 		{"too many sidecars", ok(func(r *sluicev1.LoadReport) { r.SidecarId = "s3" }), ReasonTooManySidecars},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s := NewState("zone-a", "agg-1", 3, lim)
+			s := NewState("zone-a", "agg-1", 3, bounds)
 			// Two sidecars are kept already: one is s1, so s1 may
 			// report again, a third may not.
 			for _, id := range []string{"s1", "s2"} {
@@ -129,7 +129,7 @@ func TestReasonsAreListed(t *testing.T) {
 }
 
 func TestLatestRateReplaces(t *testing.T) {
-	s := NewState("zone-a", "agg-1", 3, Limits{})
+	s := NewState("zone-a", "agg-1", 3, Bounds{})
 	r := report("s1", "svc", in, 2*time.Second, pc("a", 200, 20, 10))
 	for range 3 { // a duplicated report
 		if err := s.Apply(r, t0); err != nil {
@@ -153,7 +153,7 @@ func TestLatestRateReplaces(t *testing.T) {
 }
 
 func TestSumsAcrossSidecars(t *testing.T) {
-	s := NewState("zone-a", "agg-1", 3, Limits{})
+	s := NewState("zone-a", "agg-1", 3, Bounds{})
 	apply(t, s, t0,
 		report("s1", "svc", in, time.Second, pc("a", 100, 10, 0), pc("b", 50, 0, 5)),
 		report("s2", "svc", in, 500*time.Millisecond, pc("a", 100, 0, 20)),
@@ -175,7 +175,7 @@ func TestSumsAcrossSidecars(t *testing.T) {
 }
 
 func TestStaleness(t *testing.T) {
-	s := NewState("zone-a", "agg-1", 3, Limits{})
+	s := NewState("zone-a", "agg-1", 3, Bounds{})
 	apply(t, s, t0,
 		report("fast", "svc", in, time.Second, pc("a", 10, 0, 0)),
 		report("slow", "svc", in, 10*time.Second, pc("a", 100, 0, 0)),
@@ -215,7 +215,7 @@ func TestStaleness(t *testing.T) {
 }
 
 func TestRemove(t *testing.T) {
-	s := NewState("zone-a", "agg-1", 3, Limits{})
+	s := NewState("zone-a", "agg-1", 3, Bounds{})
 	apply(t, s, t0,
 		report("s1", "svc", in, time.Second, pc("a", 10, 0, 0)),
 		report("s2", "svc", in, time.Second, pc("a", 5, 0, 0)),
@@ -253,7 +253,7 @@ func TestFlushIsDeterministic(t *testing.T) {
 	}
 	var first *sluicev1.ZoneLoad
 	for trial := range 10 {
-		s := NewState("zone-a", "agg-1", 3, Limits{})
+		s := NewState("zone-a", "agg-1", 3, Bounds{})
 		rng.Shuffle(len(reports), func(i, j int) { reports[i], reports[j] = reports[j], reports[i] })
 		apply(t, s, t0, reports...)
 		got := s.Flush(t0, time.Second)
@@ -271,7 +271,7 @@ func TestFlushIsDeterministic(t *testing.T) {
 }
 
 func TestZoneIsTheAggregators(t *testing.T) {
-	s := NewState("zone-a", "agg-1", 3, Limits{})
+	s := NewState("zone-a", "agg-1", 3, Bounds{})
 	apply(t, s, t0, report("s1", "svc", in, time.Second))
 	got := s.Flush(t0, 2*time.Second)
 	if got.Zone != "zone-a" || got.AggregatorId != "agg-1" || got.Interval.AsDuration() != 2*time.Second {
@@ -279,14 +279,14 @@ func TestZoneIsTheAggregators(t *testing.T) {
 	}
 }
 
-func TestLimitsValidate(t *testing.T) {
-	if err := (Limits{}).Validate(); err != nil {
-		t.Errorf("zero Limits: %v", err)
+func TestBoundsValidate(t *testing.T) {
+	if err := (Bounds{}).Validate(); err != nil {
+		t.Errorf("zero Bounds: %v", err)
 	}
-	if err := DefaultLimits().Validate(); err != nil {
-		t.Errorf("DefaultLimits: %v", err)
+	if err := DefaultBounds().Validate(); err != nil {
+		t.Errorf("DefaultBounds: %v", err)
 	}
-	err := Limits{MaxPeersPerReport: -1, MaxRate: -1, MinWindow: 2 * time.Minute, MaxSidecars: -1}.Validate()
+	err := Bounds{MaxPeersPerReport: -1, MaxRate: -1, MinWindow: 2 * time.Minute, MaxSidecars: -1}.Validate()
 	for _, field := range []string{"max-peers-per-report", "max-rate", "MinWindow", "max-sidecars"} {
 		if err == nil || !strings.Contains(err.Error(), field) {
 			t.Errorf("error %v does not name %s", err, field)
@@ -319,7 +319,7 @@ func rate(peer string, offered, dropped, shadow float64) *sluicev1.PeerRate {
 // sidecar's intervals, so the sidecar is not dropped while it waits for its
 // next regular report.
 func TestStalenessCountsIntervalsNotSurgeWindows(t *testing.T) {
-	s := NewState("zone-a", "agg-1", 3, Limits{})
+	s := NewState("zone-a", "agg-1", 3, Bounds{})
 	r := report("s1", "svc", in, 250*time.Millisecond, pc("web", 100, 0, 0))
 	r.Interval = durationpb.New(time.Second)
 	r.Urgent = true
@@ -333,7 +333,7 @@ func TestStalenessCountsIntervalsNotSurgeWindows(t *testing.T) {
 }
 
 func TestSurgeReportMakesTheNextFlushUrgent(t *testing.T) {
-	s := NewState("zone-a", "agg-1", 3, Limits{})
+	s := NewState("zone-a", "agg-1", 3, Bounds{})
 	apply(t, s, t0, report("s1", "svc", in, time.Second, pc("web", 100, 0, 0)))
 	if s.TakeUrgent() || s.Flush(t0, time.Second).GetUrgent() {
 		t.Fatal("a calm report made the flush urgent")

@@ -21,7 +21,7 @@ func benchPeaks(n, days int) ([]history.DailyPeak, history.Limits) {
 			peaks = append(peaks, history.DailyPeak{Bucket: b, Day: daysAgo(d), PeakOffered: peak, MeanOffered: peak / 3, Minutes: 1440})
 		}
 		if i%2 == 0 {
-			lim.Buckets = append(lim.Buckets, history.BucketLimit{Bucket: b, Limit: 800, Mode: history.Enforce, Source: history.Derived})
+			lim.Buckets = append(lim.Buckets, history.BucketLimit{Bucket: b, Limit: 800, Mode: new(dropratio.Enforce), Source: history.Derived})
 		}
 	}
 	return peaks, lim

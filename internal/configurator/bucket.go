@@ -66,26 +66,13 @@ func parseRate(flag, s string, noneOK bool) (v float64, ok bool, err error) {
 	return v, true, nil
 }
 
-func parseMode(flag, s string) (history.Mode, error) {
-	switch m := history.Mode(s); m {
-	case history.Enforce, history.Shadow:
-		return m, nil
+// parseFlag parses a flag's value with the parser of its type (ParseMode,
+// ParseFailMode, ParseEnforcement), so that the configurator spells them
+// as limits files and the store do; the error names the flag.
+func parseFlag[T any](flag, s string, parse func(string) (T, error)) (*T, error) {
+	v, err := parse(s)
+	if err != nil {
+		return nil, fmt.Errorf("--%s %w", flag, err)
 	}
-	return "", fmt.Errorf("--%s %q is not enforce or shadow", flag, s)
-}
-
-func parseEnforcement(s string) (history.Enforcement, error) {
-	switch e := history.Enforcement(s); e {
-	case history.EnforceSidecar, history.EnforceUpstream:
-		return e, nil
-	}
-	return "", fmt.Errorf("--enforcement %q is not sidecar or upstream", s)
-}
-
-func parseFailMode(s string) (history.FailMode, error) {
-	switch m := history.FailMode(s); m {
-	case history.FailOpen, history.FailHold, history.FailLocal:
-		return m, nil
-	}
-	return "", fmt.Errorf("--fail-mode %q is not open, hold or local", s)
+	return &v, nil
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/sluicehq/sluice/internal/cli"
+	"github.com/sluicehq/sluice/pkg/dropratio"
 	"github.com/sluicehq/sluice/pkg/history"
 )
 
@@ -117,8 +118,8 @@ environment, the environment over the file.`,
 		a.decideCommand("approve"),
 		a.decideCommand("reject"),
 		a.setCommand(),
-		a.modeCommand(history.Shadow),
-		a.modeCommand(history.Enforce),
+		a.modeCommand(dropratio.Shadow),
+		a.modeCommand(dropratio.Enforce),
 		a.auditCommand(),
 		a.historyCommand(),
 		a.backtestCommand(),

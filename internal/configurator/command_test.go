@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/pkg/dataplane"
+	"github.com/sluicehq/sluice/pkg/dropratio"
 	"github.com/sluicehq/sluice/pkg/history"
 )
 
@@ -291,7 +293,7 @@ func TestSetModeAudit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s := lim.Services[0]; *s.Capacity != 5000 || *s.DefaultLimit != 100 || s.FailMode != history.FailHold {
+	if s := lim.Services[0]; *s.Capacity != 5000 || *s.DefaultLimit != 100 || *s.FailMode != dataplane.FailHold {
 		t.Errorf("service after two sets: %+v", s)
 	}
 	h.must("set", "checkout", "--capacity", "none", "--reason", "gone")
@@ -302,12 +304,12 @@ func TestSetModeAudit(t *testing.T) {
 	if out := h.must("enforce", "checkout/web", "--reason", "looks right"); out != "checkout/web: enforce (1 limit)\n" {
 		t.Errorf("enforce: %q", out)
 	}
-	if l := limitsOf(t, h.store)[web]; l.Mode != history.Enforce {
-		t.Errorf("mode after enforce: %v", l.Mode)
+	if l := limitsOf(t, h.store)[web]; *l.Mode != dropratio.Enforce {
+		t.Errorf("mode after enforce: %v", *l.Mode)
 	}
 	h.must("shadow", "checkout", "--reason", "incident")
-	if l := limitsOf(t, h.store)[web]; l.Mode != history.Shadow {
-		t.Errorf("mode after shadow checkout: %v", l.Mode)
+	if l := limitsOf(t, h.store)[web]; *l.Mode != dropratio.Shadow {
+		t.Errorf("mode after shadow checkout: %v", *l.Mode)
 	}
 	h.must("set", "checkout/web", "--limit", "none", "--reason", "remove")
 	if _, ok := limitsOf(t, h.store)[web]; ok {

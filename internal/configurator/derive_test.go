@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/pkg/dataplane"
+	"github.com/sluicehq/sluice/pkg/dropratio"
 	"github.com/sluicehq/sluice/pkg/history"
 )
 
@@ -43,7 +45,7 @@ func with(ps []history.DailyPeak, n int, peak float64) []history.DailyPeak {
 func ptr(v float64) *float64 { return &v }
 
 func own(b history.Bucket, limit float64, src history.Source) history.Limits {
-	return history.Limits{Buckets: []history.BucketLimit{{Bucket: b, Limit: limit, Mode: history.Enforce, Source: src}}}
+	return history.Limits{Buckets: []history.BucketLimit{{Bucket: b, Limit: limit, Mode: new(dropratio.Enforce), Source: src}}}
 }
 
 func TestDerive(t *testing.T) {
@@ -129,7 +131,7 @@ func TestDerive(t *testing.T) {
 		name:  "callee default is the current limit",
 		peaks: full(web, 10, 1000),
 		limits: history.Limits{Services: []history.ServiceLimits{
-			{Callee: "checkout", DefaultLimit: ptr(100), Mode: history.Enforce, FailMode: history.FailOpen},
+			{Callee: "checkout", DefaultLimit: ptr(100), Mode: new(dropratio.Enforce), FailMode: new(dataplane.FailOpen)},
 		}},
 		want: Derivation{Proposals: []history.Proposal{{
 			Bucket: web, Current: ptr(100), Proposed: 1300, PeakLookback: 1000, PeakRecent: 1000, Flags: []string{FlagNewLimit, FlagCurrentHit},

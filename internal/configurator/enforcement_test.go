@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sluicehq/sluice/pkg/history"
+	"github.com/sluicehq/sluice/pkg/dataplane"
 )
 
 // --enforcement sets a bucket's or a callee's; the output and the store
@@ -27,11 +27,11 @@ func TestSetEnforcement(t *testing.T) {
 		t.Errorf("set bucket back to sidecar: %q", out)
 	}
 	h.must("set", "checkout/web", "--limit", "200", "--reason", "kept")
-	if l := limitsOf(t, h.store)[web]; l.Enforcement != history.EnforceSidecar || l.Limit != 200 {
+	if l := limitsOf(t, h.store)[web]; *l.Enforcement != dataplane.EnforceSidecar || l.Limit != 200 {
 		t.Errorf("checkout/web after a set without --enforcement: %+v, want sidecar kept", l)
 	}
 	h.must("set", "checkout", "--capacity", "1000", "--reason", "kept")
-	if lim, _ := h.store.Limits(t.Context()); lim.Services[0].Enforcement != history.EnforceUpstream {
+	if lim, _ := h.store.Limits(t.Context()); *lim.Services[0].Enforcement != dataplane.EnforceUpstream {
 		t.Errorf("callee after a set without --enforcement: %+v, want upstream kept", lim.Services[0])
 	}
 	if out := h.must("audit", "--since", "1h"); !strings.Contains(out, "enforced upstream") {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/internal/pgtest"
+	"github.com/sluicehq/sluice/pkg/dropratio"
 	"github.com/sluicehq/sluice/pkg/history"
 )
 
@@ -253,7 +254,7 @@ func TestReadmeLifecycle(t *testing.T) {
 
 	lim := limitsOf(t, st)
 	for b, want := range map[history.Bucket]float64{web: proposed[web].Proposed, mobile: proposed[mobile].Proposed, orders: proposed[orders].Proposed} {
-		if l := lim[b]; l.Limit != want || l.Source != history.Derived || l.Mode != history.Enforce || l.UpdatedBy != "carol" {
+		if l := lim[b]; l.Limit != want || l.Source != history.Derived || *l.Mode != dropratio.Enforce || l.UpdatedBy != "carol" {
 			t.Errorf("%s limit %+v; want %v, derived, enforced, by carol", bucketString(b), l, want)
 		}
 	}

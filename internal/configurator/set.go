@@ -6,6 +6,8 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/sluicehq/sluice/pkg/dataplane"
+	"github.com/sluicehq/sluice/pkg/dropratio"
 	"github.com/sluicehq/sluice/pkg/history"
 )
 
@@ -44,15 +46,15 @@ Every change needs a --reason and is audited.`,
 			}
 			changed := func(name string) bool { return cmd.Flags().Changed(name) }
 			var errs []error
-			var m history.Mode
+			var m *dropratio.Mode // nil: keep, or inherit
 			if changed("mode") {
-				if m, err = parseMode("mode", mode); err != nil {
+				if m, err = parseFlag("mode", mode, dropratio.ParseMode); err != nil {
 					errs = append(errs, err)
 				}
 			}
-			var e history.Enforcement
+			var e *dataplane.Enforcement // nil: keep, or inherit
 			if changed("enforcement") {
-				if e, err = parseEnforcement(enforcement); err != nil {
+				if e, err = parseFlag("enforcement", enforcement, dataplane.ParseEnforcement); err != nil {
 					errs = append(errs, err)
 				}
 			}
@@ -85,9 +87,9 @@ Every change needs a --reason and is audited.`,
 				errs = append(errs, fmt.Errorf("nothing to set for %s: give --default-limit, --capacity, --fail-mode, --mode or --enforcement", t))
 			}
 			var s history.ServiceLimits
-			var fm history.FailMode
+			var fm *dataplane.FailMode
 			if changed("fail-mode") {
-				if fm, err = parseFailMode(failMode); err != nil {
+				if fm, err = parseFlag("fail-mode", failMode, dataplane.ParseFailMode); err != nil {
 					errs = append(errs, err)
 				}
 			}
@@ -121,7 +123,7 @@ Every change needs a --reason and is audited.`,
 			if exists {
 				s = old
 			} else {
-				s = history.ServiceLimits{Callee: t.Callee, Mode: history.Enforce, FailMode: history.FailOpen}
+				s = history.ServiceLimits{Callee: t.Callee, Mode: new(dropratio.Enforce), FailMode: new(dataplane.FailOpen)}
 			}
 			if changed("default-limit") {
 				s.DefaultLimit = def
@@ -168,7 +170,7 @@ Every change needs a --reason and is audited.`,
 	return cmd
 }
 
-func (a *app) setBucket(cmd *cobra.Command, st history.Store, b history.Bucket, limit float64, hasLimit bool, m history.Mode, e history.Enforcement, reason string) error {
+func (a *app) setBucket(cmd *cobra.Command, st history.Store, b history.Bucket, limit float64, hasLimit bool, m *dropratio.Mode, e *dataplane.Enforcement, reason string) error {
 	ctx := cmd.Context()
 	lim, err := st.Limits(ctx)
 	if err != nil {
@@ -189,8 +191,8 @@ func (a *app) setBucket(cmd *cobra.Command, st history.Store, b history.Bucket, 
 	if err := st.SetLimit(ctx, l, a.change(reason)); err != nil {
 		return fmt.Errorf("set limit of %s: %w", bucketString(b), err)
 	}
-	// Print what the store holds: an empty mode or enforcement is resolved
-	// there.
+	// Print what the store holds: a mode or enforcement not given is
+	// resolved there.
 	if lim, err = st.Limits(ctx); err != nil {
 		return fmt.Errorf("read limits: %w", err)
 	}
@@ -204,13 +206,21 @@ func (a *app) setBucket(cmd *cobra.Command, st history.Store, b history.Bucket, 
 }
 
 func renderBucket(l history.BucketLimit) string {
-	return fmt.Sprintf("limit %s rps, %s, %s%s", formatRate(l.Limit), l.Mode, l.Source, renderUpstream(l.Enforcement))
+	return fmt.Sprintf("limit %s rps, %s, %s%s", formatRate(l.Limit), renderSetting(l.Mode), l.Source, renderUpstream(l.Enforcement))
+}
+
+// renderSetting: the setting's name; what the store returns is never nil.
+func renderSetting[T fmt.Stringer](v *T) string {
+	if v == nil {
+		return ""
+	}
+	return (*v).String()
 }
 
 // renderUpstream says so when limits are enforced upstream; sidecar, the
 // default, goes unsaid.
-func renderUpstream(e history.Enforcement) string {
-	if e == history.EnforceUpstream {
+func renderUpstream(e *dataplane.Enforcement) string {
+	if e != nil && *e == dataplane.EnforceUpstream {
 		return ", enforced upstream"
 	}
 	return ""
@@ -223,19 +233,19 @@ func renderService(s history.ServiceLimits) string {
 		}
 		return formatRate(*v) + " rps"
 	}
-	return fmt.Sprintf("default limit %s, capacity %s, %s, fail mode %s%s", opt(s.DefaultLimit), opt(s.Capacity), s.Mode, s.FailMode, renderUpstream(s.Enforcement))
+	return fmt.Sprintf("default limit %s, capacity %s, %s, fail mode %s%s", opt(s.DefaultLimit), opt(s.Capacity), renderSetting(s.Mode), renderSetting(s.FailMode), renderUpstream(s.Enforcement))
 }
 
 // modeCommand builds shadow or enforce.
-func (a *app) modeCommand(m history.Mode) *cobra.Command {
+func (a *app) modeCommand(m dropratio.Mode) *cobra.Command {
 	var reason string
-	what := map[history.Mode]string{
-		history.Shadow:  "compute and report drops, but carry none out",
-		history.Enforce: "carry drops out",
+	what := map[dropratio.Mode]string{
+		dropratio.Shadow:  "compute and report drops, but carry none out",
+		dropratio.Enforce: "carry drops out",
 	}[m]
 	cmd := &cobra.Command{
-		Use:   string(m) + " callee[/caller] --reason TEXT",
-		Short: "switch limits to " + string(m) + " mode: " + what,
+		Use:   m.String() + " callee[/caller] --reason TEXT",
+		Short: "switch limits to " + m.String() + " mode: " + what,
 		Long: fmt.Sprintf(`Switches a bucket, or a callee and every bucket of it, to %s mode: %s.
 The limits themselves do not change.`, m, what),
 		Example: fmt.Sprintf(`  configurator %[1]s checkout/web --reason "new limit, watch it first"

@@ -11,6 +11,7 @@ import (
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/limits"
+	"github.com/sluicehq/sluice/pkg/dataplane"
 	"github.com/sluicehq/sluice/pkg/dropratio"
 	"github.com/sluicehq/sluice/sidecar"
 )
@@ -189,10 +190,10 @@ func TestOutboundIgnoresUnnamedCallees(t *testing.T) {
 // before it sends them anything, so that a blocked bucket is blocked from
 // the first call; its fail mode is its callees' when they agree.
 func TestOutboundPolicyListsLimitedCallees(t *testing.T) {
-	limitsWith := func(ordersFailMode string) *limits.Set {
+	limitsWith := func(ordersFailMode dataplane.FailMode) *limits.Set {
 		return limits.NewSet(map[string]*limits.Service{
 			"checkout": {
-				Name: "checkout", Capacity: math.Inf(1), DefaultLimit: math.Inf(1), FailMode: limits.FailHold,
+				Name: "checkout", Capacity: math.Inf(1), DefaultLimit: math.Inf(1), FailMode: dataplane.FailHold,
 				Callers: map[string]limits.Bucket{"web": {Limit: 100, Mode: dropratio.Enforce}},
 			},
 			"orders": {
@@ -201,7 +202,7 @@ func TestOutboundPolicyListsLimitedCallees(t *testing.T) {
 			},
 		})
 	}
-	set := limitsWith(limits.FailHold)
+	set := limitsWith(dataplane.FailHold)
 	s := warmState(t)
 	now := t0.Add(2 * time.Second)
 	if err := s.Apply(mixedLoad("a", 4, nil, map[string]float64{"web/checkout": 50}, nil), now); err != nil {
@@ -224,7 +225,7 @@ func TestOutboundPolicyListsLimitedCallees(t *testing.T) {
 	if err := s.Apply(mixedLoad("a", 4, nil, map[string]float64{"web/checkout": 50}, nil), now); err != nil {
 		t.Fatal(err)
 	}
-	res = s.Tick(now, limitsWith(limits.FailLocal))
+	res = s.Tick(now, limitsWith(dataplane.FailLocal))
 	if m := res.Changed["caller/web"]; m == nil || m.GetFailMode() != sluicev1.FailMode_FAIL_MODE_OPEN {
 		t.Errorf("caller/web with callees in hold and local: %v, want fail mode open", m)
 	}

@@ -11,6 +11,7 @@ import (
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/limits"
 	"github.com/sluicehq/sluice/internal/pgtest"
+	"github.com/sluicehq/sluice/pkg/dropratio"
 	"github.com/sluicehq/sluice/pkg/history"
 )
 
@@ -105,7 +106,7 @@ var change = history.Change{Actor: "test", Reason: "test"}
 func TestLimitChangeReachesARunningController(t *testing.T) {
 	c := startPGController(t)
 	ctx := context.Background()
-	if err := c.db.SetLimit(ctx, history.BucketLimit{Bucket: history.Bucket{Callee: "checkout", Caller: "web"}, Limit: 100, Mode: history.Enforce, Source: history.Manual}, change); err != nil {
+	if err := c.db.SetLimit(ctx, history.BucketLimit{Bucket: history.Bucket{Callee: "checkout", Caller: "web"}, Limit: 100, Mode: new(dropratio.Enforce), Source: history.Manual}, change); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, 10*time.Second, "web is limited to 100", c.feed, func() bool {
@@ -113,7 +114,7 @@ func TestLimitChangeReachesARunningController(t *testing.T) {
 		return p != nil && p.LimitRps != nil && *p.LimitRps == 100
 	})
 	// The change travels by NOTIFY: resync is an hour away.
-	if err := c.db.SetLimit(ctx, history.BucketLimit{Bucket: history.Bucket{Callee: "checkout", Caller: "web"}, Limit: 250, Mode: history.Enforce, Source: history.Manual}, change); err != nil {
+	if err := c.db.SetLimit(ctx, history.BucketLimit{Bucket: history.Bucket{Callee: "checkout", Caller: "web"}, Limit: 250, Mode: new(dropratio.Enforce), Source: history.Manual}, change); err != nil {
 		t.Fatal(err)
 	}
 	took := eventually(t, 10*time.Second, "web's new limit of 250 is in the policy", c.feed, func() bool {
@@ -131,7 +132,7 @@ func TestLimitChangeReachesARunningController(t *testing.T) {
 func TestControllerSurvivesPostgresRestart(t *testing.T) {
 	c := startPGController(t)
 	ctx := context.Background()
-	if err := c.db.SetLimit(ctx, history.BucketLimit{Bucket: history.Bucket{Callee: "checkout", Caller: "web"}, Limit: 100, Mode: history.Enforce, Source: history.Manual}, change); err != nil {
+	if err := c.db.SetLimit(ctx, history.BucketLimit{Bucket: history.Bucket{Callee: "checkout", Caller: "web"}, Limit: 100, Mode: new(dropratio.Enforce), Source: history.Manual}, change); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, 10*time.Second, "web is limited to 100", c.feed, func() bool {
@@ -167,7 +168,7 @@ func TestControllerSurvivesPostgresRestart(t *testing.T) {
 	if err != nil || len(rows) == 0 {
 		t.Fatalf("minute rows after the restart: %v, %v", rows, err)
 	}
-	if err := c.db.SetLimit(ctx, history.BucketLimit{Bucket: history.Bucket{Callee: "checkout", Caller: "web"}, Limit: 250, Mode: history.Enforce, Source: history.Manual}, change); err != nil {
+	if err := c.db.SetLimit(ctx, history.BucketLimit{Bucket: history.Bucket{Callee: "checkout", Caller: "web"}, Limit: 250, Mode: new(dropratio.Enforce), Source: history.Manual}, change); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, 30*time.Second, "a limit changed after the restart reaches the controller", c.feed, func() bool {

@@ -10,6 +10,7 @@ import (
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/limits"
+	"github.com/sluicehq/sluice/pkg/dataplane"
 	"github.com/sluicehq/sluice/pkg/dropratio"
 	"github.com/sluicehq/sluice/pkg/names"
 )
@@ -66,7 +67,7 @@ func (s *State) policy(sv dropratio.ServiceVerdict, live uint32, lim *limits.Ser
 // its callee sees all of it. Only the limits decide, never which clients
 // are connected, so that replicas agree.
 func markUpstream(pp *sluicev1.PeerPolicy, mode dropratio.Mode, b limits.Bucket) {
-	if mode == dropratio.Enforce && b.Enforcement == limits.EnforceUpstream {
+	if mode == dropratio.Enforce && b.Enforcement == dataplane.EnforceUpstream {
 		pp.Mode = sluicev1.Mode_MODE_SHADOW
 		pp.EnforcedUpstream = true
 	}
@@ -86,7 +87,13 @@ func (s *State) callerPolicies(verdicts []dropratio.ServiceVerdict, outLive map[
 		return nil
 	}
 	policies := make(map[string]*sluicev1.DropPolicy, len(outLive))
-	failModes := make(map[string]string, len(outLive)) // "" before the first callee, "mixed" once they differ
+	// The callees' fail mode, per caller: absent before the first callee,
+	// mixed once they differ.
+	type callees struct {
+		failMode dataplane.FailMode
+		mixed    bool
+	}
+	failModes := make(map[string]callees, len(outLive))
 	for _, caller := range sortedKeys(outLive) {
 		policies[caller] = &sluicev1.DropPolicy{
 			Name:          names.Caller(caller),
@@ -100,7 +107,7 @@ func (s *State) callerPolicies(verdicts []dropratio.ServiceVerdict, outLive map[
 		}
 	}
 	for _, sv := range verdicts {
-		fm := limits.FailOpen
+		fm := dataplane.FailOpen
 		if lim := set.Service(sv.Service); lim != nil {
 			fm = lim.FailMode
 		}
@@ -118,20 +125,18 @@ func (s *State) callerPolicies(verdicts []dropratio.ServiceVerdict, outLive map[
 				OfferedRps: v.Offered,
 				Reason:     reasonProto(v.Reason, v.Ratio),
 			})
-			switch failModes[v.Caller] {
-			case "":
-				failModes[v.Caller] = fm
-			case fm, "mixed":
-			default:
-				failModes[v.Caller] = "mixed"
+			if c, seen := failModes[v.Caller]; !seen {
+				failModes[v.Caller] = callees{failMode: fm}
+			} else if c.failMode != fm {
+				failModes[v.Caller] = callees{mixed: true}
 			}
 		}
 	}
 	out := make([]*sluicev1.DropPolicy, 0, len(policies))
 	for _, caller := range sortedKeys(policies) {
 		p := policies[caller]
-		if fm := failModes[caller]; fm != "" && fm != "mixed" {
-			p.FailMode = failModeProto(fm)
+		if c, seen := failModes[caller]; seen && !c.mixed {
+			p.FailMode = failModeProto(c.failMode)
 		}
 		out = append(out, p)
 	}
@@ -219,6 +224,8 @@ func finiteOrAbsent(v float64) *float64 {
 	return &v
 }
 
+// modeProto puts a mode on the wire. Limits hold only the two modes (their
+// sources parse every mode and refuse others); the law's verdicts echo them.
 func modeProto(m dropratio.Mode) sluicev1.Mode {
 	if m == dropratio.Shadow {
 		return sluicev1.Mode_MODE_SHADOW
@@ -239,12 +246,19 @@ func reasonProto(r dropratio.Reason, ratio float64) sluicev1.DropReason {
 	return sluicev1.DropReason_DROP_REASON_UNSPECIFIED
 }
 
-func failModeProto(m string) sluicev1.FailMode {
-	switch m {
-	case limits.FailHold:
+// failModeProto puts a fail mode on the wire. Limits hold only the three
+// fail modes: limits.Parse and limits.FromHistory refuse any other, naming
+// the field. A value beyond them can only come from a hand-built Set; it
+// goes out as a value no sidecar knows, which sidecars NACK, keeping the
+// policy they have, rather than as UNSPECIFIED, which they read as open.
+func failModeProto(f dataplane.FailMode) sluicev1.FailMode {
+	switch f {
+	case dataplane.FailOpen:
+		return sluicev1.FailMode_FAIL_MODE_OPEN
+	case dataplane.FailHold:
 		return sluicev1.FailMode_FAIL_MODE_HOLD
-	case limits.FailLocal:
+	case dataplane.FailLocal:
 		return sluicev1.FailMode_FAIL_MODE_LOCAL
 	}
-	return sluicev1.FailMode_FAIL_MODE_OPEN
+	return -1
 }

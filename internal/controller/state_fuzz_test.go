@@ -15,6 +15,7 @@ import (
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/controller"
 	"github.com/sluicehq/sluice/internal/limits"
+	"github.com/sluicehq/sluice/pkg/dataplane"
 	"github.com/sluicehq/sluice/pkg/dropratio"
 	"github.com/sluicehq/sluice/pkg/names"
 	"github.com/sluicehq/sluice/sidecar"
@@ -47,10 +48,10 @@ func fuzzConfig() controller.StateConfig {
 func fuzzLimits() *limits.Set {
 	inf := math.Inf(1)
 	return limits.NewSet(map[string]*limits.Service{
-		"checkout": {Name: "checkout", Capacity: 1000, DefaultLimit: 200, FailMode: limits.FailHold, Callers: map[string]limits.Bucket{
+		"checkout": {Name: "checkout", Capacity: 1000, DefaultLimit: 200, FailMode: dataplane.FailHold, Callers: map[string]limits.Bucket{
 			"web": {Limit: 100}, "batch": {Limit: 50, Mode: dropratio.Shadow},
 		}},
-		"orders": {Name: "orders", Capacity: inf, DefaultLimit: inf, FailMode: limits.FailLocal, Callers: map[string]limits.Bucket{
+		"orders": {Name: "orders", Capacity: inf, DefaultLimit: inf, FailMode: dataplane.FailLocal, Callers: map[string]limits.Bucket{
 			"abuser": {Limit: 0},
 		}},
 	})

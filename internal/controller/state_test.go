@@ -12,6 +12,7 @@ import (
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/limits"
+	"github.com/sluicehq/sluice/pkg/dataplane"
 	"github.com/sluicehq/sluice/pkg/dropratio"
 )
 
@@ -64,7 +65,7 @@ func zoneLoad(agg, zone string, live uint32, rates map[string]float64) *sluicev1
 func checkoutLimits() *limits.Set {
 	return limits.NewSet(map[string]*limits.Service{
 		"checkout": {
-			Name: "checkout", Capacity: math.Inf(1), DefaultLimit: math.Inf(1), FailMode: limits.FailOpen,
+			Name: "checkout", Capacity: math.Inf(1), DefaultLimit: math.Inf(1), FailMode: dataplane.FailOpen,
 			Callers: map[string]limits.Bucket{"web": {Limit: 100, Mode: dropratio.Enforce}},
 		},
 	})

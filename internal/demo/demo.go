@@ -21,6 +21,7 @@ import (
 	"github.com/sluicehq/sluice/internal/limits"
 	"github.com/sluicehq/sluice/internal/loadgen"
 	"github.com/sluicehq/sluice/internal/testbed"
+	"github.com/sluicehq/sluice/pkg/dataplane"
 	"github.com/sluicehq/sluice/pkg/dropratio"
 )
 
@@ -112,7 +113,7 @@ func Run(ctx context.Context, out, errOut io.Writer, o Options) error {
 	}
 	set := limits.NewSet(map[string]*limits.Service{
 		"checkout": {
-			Name: "checkout", Capacity: math.Inf(1), DefaultLimit: math.Inf(1), FailMode: limits.FailOpen,
+			Name: "checkout", Capacity: math.Inf(1), DefaultLimit: math.Inf(1), FailMode: dataplane.FailOpen,
 			Callers: map[string]limits.Bucket{
 				"web":    {Limit: o.Limit, Mode: dropratio.Enforce},
 				"mobile": {Limit: o.Limit, Mode: dropratio.Enforce},

@@ -183,6 +183,14 @@ func TestDependencyDirection(t *testing.T) {
 			return !g.standard(path) && !under(path, mod("pkg/dropratio"))
 		},
 	}, {
+		// Every tier, the data plane and pkg/history included, uses its
+		// types.
+		name:    "pkg/dataplane imports only the standard library",
+		applies: func(rel string) bool { return under(rel, "pkg/dataplane") },
+		forbidden: func(path string) bool {
+			return !g.standard(path) && !under(path, mod("pkg/dataplane"))
+		},
+	}, {
 		name:    "api imports only the standard library, protobuf and gRPC",
 		applies: func(rel string) bool { return under(rel, "api") },
 		forbidden: func(path string) bool {

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/pkg/dataplane"
 	"github.com/sluicehq/sluice/pkg/dropratio"
 )
 
@@ -24,15 +25,15 @@ func TestExampleLimitsFile(t *testing.T) {
 		t.Fatalf("services %s, want checkout", got)
 	}
 	co := set.Service("checkout")
-	if co.Capacity != 1000 || co.DefaultLimit != 200 || co.Mode != dropratio.Enforce || co.FailMode != FailOpen {
+	if co.Capacity != 1000 || co.DefaultLimit != 200 || co.Mode != dropratio.Enforce || co.FailMode != dataplane.FailOpen {
 		t.Errorf("checkout = %+v", co)
 	}
 	for caller, want := range map[string]Bucket{
-		"web":    {100, dropratio.Enforce, EnforceSidecar},
-		"batch":  {50, dropratio.Shadow, EnforceSidecar},
-		"abuser": {0, dropratio.Enforce, EnforceSidecar},
-		"app":    {80, dropratio.Enforce, EnforceUpstream},
-		"other":  {200, dropratio.Enforce, EnforceSidecar}, // the default limit
+		"web":    {100, dropratio.Enforce, dataplane.EnforceSidecar},
+		"batch":  {50, dropratio.Shadow, dataplane.EnforceSidecar},
+		"abuser": {0, dropratio.Enforce, dataplane.EnforceSidecar},
+		"app":    {80, dropratio.Enforce, dataplane.EnforceUpstream},
+		"other":  {200, dropratio.Enforce, dataplane.EnforceSidecar}, // the default limit
 	} {
 		if got := co.Bucket(caller); got != want {
 			t.Errorf("checkout/%s = %+v, want %+v", caller, got, want)

@@ -16,6 +16,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/sluicehq/sluice/pkg/dataplane"
 	"github.com/sluicehq/sluice/pkg/dropratio"
 	"github.com/sluicehq/sluice/pkg/names"
 )
@@ -42,6 +43,9 @@ type fileDoc struct {
 	Services map[string]fileService `yaml:"services"`
 }
 
+// Settings are read as strings and parsed by their types' own parsers
+// (see setting), not by the YAML decoder, so that every bad value is reported,
+// with its path, at once.
 type fileService struct {
 	Capacity     *float64              `yaml:"capacity"`
 	DefaultLimit *float64              `yaml:"default_limit"`
@@ -86,9 +90,9 @@ func Parse(r io.Reader) (*Set, error) {
 			Name:         name,
 			Capacity:     rate(path+".capacity", fs.Capacity, &errs),
 			DefaultLimit: rate(path+".default_limit", fs.DefaultLimit, &errs),
-			Mode:         mode(path+".mode", fs.Mode, dropratio.Enforce, &errs),
-			FailMode:     failMode(path+".fail_mode", fs.FailMode, &errs),
-			Enforcement:  enforcement(path+".enforcement", fs.Enforcement, EnforceSidecar, &errs),
+			Mode:         setting(path+".mode", fs.Mode, dropratio.ParseMode, dropratio.Enforce, &errs),
+			FailMode:     setting(path+".fail_mode", fs.FailMode, dataplane.ParseFailMode, dataplane.FailOpen, &errs),
+			Enforcement:  setting(path+".enforcement", fs.Enforcement, dataplane.ParseEnforcement, dataplane.EnforceSidecar, &errs),
 			Callers:      make(map[string]Bucket, len(fs.Callers)),
 		}
 		for _, caller := range sortedKeys(fs.Callers) {
@@ -102,8 +106,8 @@ func Parse(r io.Reader) (*Set, error) {
 			}
 			svc.Callers[caller] = Bucket{
 				Limit:       rate(cpath+".limit", fb.Limit, &errs),
-				Mode:        mode(cpath+".mode", fb.Mode, svc.Mode, &errs),
-				Enforcement: enforcement(cpath+".enforcement", fb.Enforcement, svc.callerEnforcement(caller), &errs),
+				Mode:        setting(cpath+".mode", fb.Mode, dropratio.ParseMode, svc.Mode, &errs),
+				Enforcement: setting(cpath+".enforcement", fb.Enforcement, dataplane.ParseEnforcement, svc.callerEnforcement(caller), &errs),
 			}
 		}
 		services[name] = svc
@@ -160,41 +164,19 @@ func rate(path string, v *float64, errs *[]error) float64 {
 	return *v
 }
 
-func mode(path, s string, def dropratio.Mode, errs *[]error) dropratio.Mode {
-	switch s {
-	case "":
+// setting reads an optional setting with the parser of its type: def when
+// it is absent (the empty string), else its value, and an error naming its
+// path for anything the type does not spell, never a silent default.
+func setting[T any](path, s string, parse func(string) (T, error), def T, errs *[]error) T {
+	if s == "" {
 		return def
-	case "enforce":
-		return dropratio.Enforce
-	case "shadow":
-		return dropratio.Shadow
 	}
-	*errs = append(*errs, fmt.Errorf("%s: %q is not enforce or shadow", path, s))
-	return def
-}
-
-func enforcement(path, s string, def Enforcement, errs *[]error) Enforcement {
-	switch s {
-	case "":
+	v, err := parse(s)
+	if err != nil {
+		*errs = append(*errs, fmt.Errorf("%s: %w", path, err))
 		return def
-	case "sidecar":
-		return EnforceSidecar
-	case "upstream":
-		return EnforceUpstream
 	}
-	*errs = append(*errs, fmt.Errorf("%s: %q is not sidecar or upstream", path, s))
-	return def
-}
-
-func failMode(path, s string, errs *[]error) string {
-	switch s {
-	case "":
-		return FailOpen
-	case FailOpen, FailHold, FailLocal:
-		return s
-	}
-	*errs = append(*errs, fmt.Errorf("%s: %q is not open, hold or local", path, s))
-	return FailOpen
+	return v
 }
 
 func sortedKeys[V any](m map[string]V) []string {

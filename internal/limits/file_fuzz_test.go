@@ -11,6 +11,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/sluicehq/sluice/pkg/dataplane"
 	"github.com/sluicehq/sluice/pkg/dropratio"
 	"github.com/sluicehq/sluice/pkg/names"
 
@@ -194,8 +195,8 @@ func checkSet(t *testing.T, set *Set) {
 			t.Errorf("%s: capacity %v, default limit %v", name, svc.Capacity, svc.DefaultLimit)
 		}
 		if svc.Mode != dropratio.Enforce && svc.Mode != dropratio.Shadow ||
-			svc.FailMode != FailOpen && svc.FailMode != FailHold && svc.FailMode != FailLocal {
-			t.Errorf("%s: mode %v, fail mode %q", name, svc.Mode, svc.FailMode)
+			svc.FailMode != dataplane.FailOpen && svc.FailMode != dataplane.FailHold && svc.FailMode != dataplane.FailLocal {
+			t.Errorf("%s: mode %v, fail mode %v", name, svc.Mode, svc.FailMode)
 		}
 		for caller, b := range svc.Callers {
 			if err := names.Check(caller); err != nil {
@@ -223,7 +224,7 @@ func render(set *Set) fileDoc {
 	for _, name := range set.Services() {
 		svc := set.Service(name)
 		fs := fileService{Capacity: rate(svc.Capacity), DefaultLimit: rate(svc.DefaultLimit),
-			Mode: svc.Mode.String(), FailMode: svc.FailMode, Enforcement: svc.Enforcement.String(), Callers: map[string]fileBucket{}}
+			Mode: svc.Mode.String(), FailMode: svc.FailMode.String(), Enforcement: svc.Enforcement.String(), Callers: map[string]fileBucket{}}
 		for caller, b := range svc.Callers {
 			fs.Callers[caller] = fileBucket{Limit: rate(b.Limit), Mode: b.Mode.String(), Enforcement: b.Enforcement.String()}
 		}

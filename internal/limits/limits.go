@@ -11,6 +11,7 @@ import (
 	"math"
 	"sort"
 
+	"github.com/sluicehq/sluice/pkg/dataplane"
 	"github.com/sluicehq/sluice/pkg/dropratio"
 	"github.com/sluicehq/sluice/pkg/names"
 )
@@ -44,14 +45,13 @@ type Service struct {
 	DefaultLimit float64
 	// Mode applies to callers without a mode of their own.
 	Mode dropratio.Mode
-	// FailMode is what the service's sidecars do when their policy expires:
-	// "open", "hold" or "local".
-	FailMode string
+	// FailMode is what the service's sidecars do when their policy expires.
+	FailMode dataplane.FailMode
 	// Enforcement applies to callers without an enforcement of their own,
 	// except the reserved callers names.Unknown and names.Overflow, which
 	// always name theirs: no Envoy header names them, so the default of a
 	// callee fronted by Envoy would leave them unenforced.
-	Enforcement Enforcement
+	Enforcement dataplane.Enforcement
 	// Callers holds the per-bucket limits, keyed by caller.
 	Callers map[string]Bucket
 }
@@ -60,39 +60,8 @@ type Service struct {
 type Bucket struct {
 	Limit       float64 // requests per second; +Inf means none
 	Mode        dropratio.Mode
-	Enforcement Enforcement
+	Enforcement dataplane.Enforcement
 }
-
-// Enforcement says which data plane carries out a bucket's ratio. It is
-// declared, never inferred from the clients that happen to be connected, so
-// that every controller replica computes the same policies from the same
-// limits.
-type Enforcement uint8
-
-const (
-	// EnforceSidecar: sluice's own sidecar or interceptors decide, on the
-	// callee's side or, enforcing outbound, on the caller's. The default.
-	EnforceSidecar Enforcement = iota
-	// EnforceUpstream: the caller's proxyless gRPC client or the callee's
-	// Envoy drops before a request reaches the callee's sidecar, which then
-	// only counts: each arrival as 1/(1−p) offered, p/(1−p) of it dropped
-	// upstream (docs/dataplanes.md).
-	EnforceUpstream
-)
-
-func (e Enforcement) String() string {
-	if e == EnforceUpstream {
-		return "upstream"
-	}
-	return "sidecar"
-}
-
-// Fail modes a service may name.
-const (
-	FailOpen  = "open"
-	FailHold  = "hold"
-	FailLocal = "local"
-)
 
 // NewSet builds a Set from services; the map must not be changed afterwards.
 func NewSet(services map[string]*Service) *Set {
@@ -130,9 +99,9 @@ func (svc *Service) Bucket(caller string) Bucket {
 
 // callerEnforcement is the enforcement a caller without one of its own
 // gets: the service's, but for the reserved callers.
-func (svc *Service) callerEnforcement(caller string) Enforcement {
+func (svc *Service) callerEnforcement(caller string) dataplane.Enforcement {
 	if caller == names.Unknown || caller == names.Overflow {
-		return EnforceSidecar
+		return dataplane.EnforceSidecar
 	}
 	return svc.Enforcement
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/pkg/dataplane"
 	"github.com/sluicehq/sluice/pkg/dropratio"
 )
 
@@ -36,25 +37,25 @@ func TestParse(t *testing.T) {
 		t.Errorf("services = %v", got)
 	}
 	co := set.Service("checkout")
-	if co.Capacity != 1000 || co.DefaultLimit != 200 || co.Mode != dropratio.Enforce || co.FailMode != FailHold {
+	if co.Capacity != 1000 || co.DefaultLimit != 200 || co.Mode != dropratio.Enforce || co.FailMode != dataplane.FailHold {
 		t.Errorf("checkout = %+v", co)
 	}
 	for _, tc := range []struct {
 		svc, caller string
 		want        Bucket
 	}{
-		{"checkout", "web", Bucket{100, dropratio.Enforce, EnforceSidecar}},
-		{"checkout", "batch", Bucket{50, dropratio.Shadow, EnforceSidecar}},
-		{"checkout", "other", Bucket{200, dropratio.Enforce, EnforceSidecar}},           // the default limit
-		{"orders", "web", Bucket{0, dropratio.Shadow, EnforceSidecar}},                  // inherits the service's mode
-		{"orders", "other", Bucket{math.Inf(1), dropratio.Shadow, EnforceSidecar}},      // no default: unlimited
-		{"unconfigured", "web", Bucket{math.Inf(1), dropratio.Enforce, EnforceSidecar}}, // no limits at all
+		{"checkout", "web", Bucket{100, dropratio.Enforce, dataplane.EnforceSidecar}},
+		{"checkout", "batch", Bucket{50, dropratio.Shadow, dataplane.EnforceSidecar}},
+		{"checkout", "other", Bucket{200, dropratio.Enforce, dataplane.EnforceSidecar}},           // the default limit
+		{"orders", "web", Bucket{0, dropratio.Shadow, dataplane.EnforceSidecar}},                  // inherits the service's mode
+		{"orders", "other", Bucket{math.Inf(1), dropratio.Shadow, dataplane.EnforceSidecar}},      // no default: unlimited
+		{"unconfigured", "web", Bucket{math.Inf(1), dropratio.Enforce, dataplane.EnforceSidecar}}, // no limits at all
 	} {
 		if got := set.Service(tc.svc).Bucket(tc.caller); got != tc.want {
 			t.Errorf("%s/%s = %+v, want %+v", tc.svc, tc.caller, got, tc.want)
 		}
 	}
-	if o := set.Service("orders"); !math.IsInf(o.Capacity, 1) || o.FailMode != FailOpen {
+	if o := set.Service("orders"); !math.IsInf(o.Capacity, 1) || o.FailMode != dataplane.FailOpen {
 		t.Errorf("orders defaults = %+v", o)
 	}
 }
@@ -216,23 +217,23 @@ services:
 	}
 	for _, tc := range []struct {
 		svc, caller string
-		want        Enforcement
+		want        dataplane.Enforcement
 	}{
-		{"checkout", "web", EnforceSidecar},       // its own overrides the service's
-		{"checkout", "app", EnforceUpstream},      // inherits the service's
-		{"checkout", "other", EnforceUpstream},    // no entry: the service's
-		{"checkout", "unknown", EnforceSidecar},   // reserved: never inherits
-		{"checkout", "_overflow", EnforceSidecar}, // reserved: never inherits
-		{"orders", "mobile", EnforceUpstream},
-		{"orders", "web", EnforceSidecar},
-		{"orders", "other", EnforceSidecar},
-		{"unconfigured", "web", EnforceSidecar},
+		{"checkout", "web", dataplane.EnforceSidecar},       // its own overrides the service's
+		{"checkout", "app", dataplane.EnforceUpstream},      // inherits the service's
+		{"checkout", "other", dataplane.EnforceUpstream},    // no entry: the service's
+		{"checkout", "unknown", dataplane.EnforceSidecar},   // reserved: never inherits
+		{"checkout", "_overflow", dataplane.EnforceSidecar}, // reserved: never inherits
+		{"orders", "mobile", dataplane.EnforceUpstream},
+		{"orders", "web", dataplane.EnforceSidecar},
+		{"orders", "other", dataplane.EnforceSidecar},
+		{"unconfigured", "web", dataplane.EnforceSidecar},
 	} {
 		if got := set.Service(tc.svc).Bucket(tc.caller).Enforcement; got != tc.want {
 			t.Errorf("%s/%s: enforcement %v, want %v", tc.svc, tc.caller, got, tc.want)
 		}
 	}
-	if got := set.Service("checkout").Enforcement; got != EnforceUpstream {
+	if got := set.Service("checkout").Enforcement; got != dataplane.EnforceUpstream {
 		t.Errorf("checkout's default enforcement = %v, want upstream", got)
 	}
 

@@ -2,6 +2,7 @@ package limits
 
 import (
 	"context"
+	"encoding"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -9,24 +10,31 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sluicehq/sluice/pkg/dataplane"
 	"github.com/sluicehq/sluice/pkg/dropratio"
 	"github.com/sluicehq/sluice/pkg/history"
 )
 
-// FromHistory turns the store's limits into a Set.
-func FromHistory(l history.Limits) *Set {
+// FromHistory turns the store's limits into a Set. A setting the store left
+// empty (nil) is inherited: a bucket's from its callee, a callee's is the
+// default. A value its type does not know (a LimitStore is an interface;
+// history's own stores refuse such values) is an error naming the service
+// or bucket and the field, never a silent default: an unknown fail mode must
+// not become open.
+func FromHistory(l history.Limits) (*Set, error) {
 	services := map[string]*Service{}
 	get := func(callee string) *Service {
 		s := services[callee]
 		if s == nil {
 			s = &Service{
 				Name: callee, Capacity: math.Inf(1), DefaultLimit: math.Inf(1),
-				Mode: dropratio.Enforce, FailMode: FailOpen, Callers: map[string]Bucket{},
+				Mode: dropratio.Enforce, FailMode: dataplane.FailOpen, Callers: map[string]Bucket{},
 			}
 			services[callee] = s
 		}
 		return s
 	}
+	var errs []error
 	for _, sl := range l.Services {
 		s := get(sl.Callee)
 		if sl.Capacity != nil {
@@ -35,40 +43,37 @@ func FromHistory(l history.Limits) *Set {
 		if sl.DefaultLimit != nil {
 			s.DefaultLimit = *sl.DefaultLimit
 		}
-		s.Mode = modeOf(sl.Mode, dropratio.Enforce)
-		if sl.FailMode != "" {
-			s.FailMode = string(sl.FailMode)
-		}
-		s.Enforcement = enforcementOf(sl.Enforcement, EnforceSidecar)
+		path := "service " + sl.Callee
+		s.Mode = stored(path+": mode", sl.Mode, dropratio.Enforce, &errs)
+		s.FailMode = stored(path+": fail_mode", sl.FailMode, dataplane.FailOpen, &errs)
+		s.Enforcement = stored(path+": enforcement", sl.Enforcement, dataplane.EnforceSidecar, &errs)
 	}
 	for _, b := range l.Buckets {
 		s := get(b.Callee)
-		s.Callers[b.Caller] = Bucket{Limit: b.Limit, Mode: modeOf(b.Mode, s.Mode),
-			Enforcement: enforcementOf(b.Enforcement, s.callerEnforcement(b.Caller))}
+		path := "limit " + b.Callee + "/" + b.Caller
+		s.Callers[b.Caller] = Bucket{
+			Limit:       b.Limit,
+			Mode:        stored(path+": mode", b.Mode, s.Mode, &errs),
+			Enforcement: stored(path+": enforcement", b.Enforcement, s.callerEnforcement(b.Caller), &errs),
+		}
 	}
-	return NewSet(services)
+	if len(errs) > 0 {
+		return nil, fmt.Errorf("invalid limits: %w", errors.Join(errs...))
+	}
+	return NewSet(services), nil
 }
 
-// enforcementOf reads a stored enforcement; empty (a store that predates
-// it) is def.
-func enforcementOf(e history.Enforcement, def Enforcement) Enforcement {
-	switch e {
-	case history.EnforceUpstream:
-		return EnforceUpstream
-	case history.EnforceSidecar:
-		return EnforceSidecar
+// stored reads a setting from the store: def when it is nil, else its
+// value, which must be one its type can spell (MarshalText refuses others).
+func stored[T encoding.TextMarshaler](path string, v *T, def T, errs *[]error) T {
+	if v == nil {
+		return def
 	}
-	return def
-}
-
-func modeOf(m history.Mode, def dropratio.Mode) dropratio.Mode {
-	switch m {
-	case history.Enforce:
-		return dropratio.Enforce
-	case history.Shadow:
-		return dropratio.Shadow
+	if _, err := (*v).MarshalText(); err != nil {
+		*errs = append(*errs, fmt.Errorf("%s: %w", path, err))
+		return def
 	}
-	return def
+	return *v
 }
 
 // Store is a Source backed by the history store: it reloads every limit
@@ -163,6 +168,10 @@ func (s *Store) reload(ctx context.Context) {
 	if ctx.Err() != nil {
 		return
 	}
+	var set *Set
+	if err == nil {
+		set, err = FromHistory(l)
+	}
 	if s.OnReload != nil {
 		s.OnReload(err)
 	}
@@ -173,7 +182,6 @@ func (s *Store) reload(ctx context.Context) {
 	}
 	s.lastErr.Store(nil)
 	first := s.current.Load() == nil
-	set := FromHistory(l)
 	s.current.Store(set)
 	if first {
 		s.log.Info("limits loaded", "services", set.Len(), "buckets", len(l.Buckets))

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/pkg/dataplane"
 	"github.com/sluicehq/sluice/pkg/dropratio"
 	"github.com/sluicehq/sluice/pkg/history"
 )
@@ -17,15 +18,18 @@ var change = history.Change{Actor: "test", Reason: "test"}
 
 func TestFromHistory(t *testing.T) {
 	capacity, def := 1000.0, 200.0
-	set := FromHistory(history.Limits{
-		Services: []history.ServiceLimits{{Callee: "checkout", Capacity: &capacity, DefaultLimit: &def, Mode: history.Shadow, FailMode: history.FailHold}},
+	set, err := FromHistory(history.Limits{
+		Services: []history.ServiceLimits{{Callee: "checkout", Capacity: &capacity, DefaultLimit: &def, Mode: new(dropratio.Shadow), FailMode: new(dataplane.FailHold)}},
 		Buckets: []history.BucketLimit{
-			{Bucket: history.Bucket{Callee: "checkout", Caller: "web"}, Limit: 100, Mode: history.Enforce},
+			{Bucket: history.Bucket{Callee: "checkout", Caller: "web"}, Limit: 100, Mode: new(dropratio.Enforce)},
 			{Bucket: history.Bucket{Callee: "orders", Caller: "web"}, Limit: 0},
 		},
 	})
+	if err != nil {
+		t.Fatal(err)
+	}
 	co := set.Service("checkout")
-	if co.Capacity != 1000 || co.DefaultLimit != 200 || co.Mode != dropratio.Shadow || co.FailMode != FailHold {
+	if co.Capacity != 1000 || co.DefaultLimit != 200 || co.Mode != dropratio.Shadow || co.FailMode != dataplane.FailHold {
 		t.Errorf("checkout = %+v", co)
 	}
 	if b := co.Bucket("web"); b != (Bucket{Limit: 100, Mode: dropratio.Enforce}) {
@@ -35,8 +39,73 @@ func TestFromHistory(t *testing.T) {
 		t.Errorf("checkout/other = %+v, want the service default in its mode", b)
 	}
 	or := set.Service("orders")
-	if !math.IsInf(or.Capacity, 1) || or.Bucket("web") != (Bucket{Limit: 0, Mode: dropratio.Enforce}) || or.FailMode != FailOpen {
+	if !math.IsInf(or.Capacity, 1) || or.Bucket("web") != (Bucket{Limit: 0, Mode: dropratio.Enforce}) || or.FailMode != dataplane.FailOpen {
 		t.Errorf("orders = %+v, want no capacity, web blocked, fail open", or)
+	}
+}
+
+// A setting the store holds but sluice does not know is an error that names
+// it, never a default: an unknown fail mode must not become open.
+func TestFromHistoryRefusesUnknownSettings(t *testing.T) {
+	set, err := FromHistory(history.Limits{
+		Services: []history.ServiceLimits{
+			{Callee: "checkout", FailMode: new(dataplane.FailMode(3))},
+			{Callee: "orders", Mode: new(dropratio.Mode(2)), Enforcement: new(dataplane.Enforcement(2))},
+		},
+		Buckets: []history.BucketLimit{
+			{Bucket: history.Bucket{Callee: "checkout", Caller: "web"}, Limit: 1, Mode: new(dropratio.Mode(5)), Enforcement: new(dataplane.Enforcement(9))},
+		},
+	})
+	if set != nil || err == nil {
+		t.Fatalf("FromHistory = %v, %v; want an error", set, err)
+	}
+	for _, want := range []string{
+		`service checkout: fail_mode: FailMode(3) is not open, hold or local`,
+		`service orders: mode: Mode(2) is not enforce or shadow`,
+		`service orders: enforcement: Enforcement(2) is not sidecar or upstream`,
+		`limit checkout/web: mode: Mode(5) is not enforce or shadow`,
+		`limit checkout/web: enforcement: Enforcement(9) is not sidecar or upstream`,
+	} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error does not say %s:\n%v", want, err)
+		}
+	}
+}
+
+// fixed is the in-memory store, its Limits replaced by fixed ones.
+type fixed struct {
+	*history.Memory
+	limits history.Limits
+}
+
+func (f fixed) Limits(context.Context) (history.Limits, error) { return f.limits, nil }
+
+// A store whose limits name an unknown fail mode is not ready, and a Store
+// that read good limits before keeps them.
+func TestStoreRefusesUnknownFailMode(t *testing.T) {
+	ctx := t.Context()
+	bad := history.Limits{Services: []history.ServiceLimits{{Callee: "checkout", FailMode: new(dataplane.FailMode(3))}}}
+	var reloads []error
+	s := NewStore(fixed{history.NewMemory(), bad}, time.Hour, nil)
+	s.OnReload = func(err error) { reloads = append(reloads, err) }
+	s.reload(ctx)
+	if err := s.Ready(); err == nil || !strings.Contains(err.Error(), "fail_mode") {
+		t.Errorf("Ready() = %v, want an error naming fail_mode", err)
+	}
+	if len(reloads) != 1 || reloads[0] == nil {
+		t.Errorf("OnReload got %v, want one error", reloads)
+	}
+	if s.Limits().Len() != 0 {
+		t.Errorf("limits %v, want none", s.Limits().Services())
+	}
+
+	good := history.Limits{Services: []history.ServiceLimits{{Callee: "checkout", FailMode: new(dataplane.FailHold)}}}
+	s.store = fixed{history.NewMemory(), good}
+	s.reload(ctx)
+	s.store = fixed{history.NewMemory(), bad}
+	s.reload(ctx)
+	if got := s.Limits().Service("checkout"); got == nil || got.FailMode != dataplane.FailHold {
+		t.Errorf("checkout after a bad read: %+v, want the last good limits, fail mode hold", got)
 	}
 }
 
@@ -129,38 +198,39 @@ func TestFromHistoryEnforcement(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	must(mem.SetService(ctx, history.ServiceLimits{Callee: "checkout", Enforcement: history.EnforceUpstream}, change))
-	set := func(caller string, e history.Enforcement) {
+	must(mem.SetService(ctx, history.ServiceLimits{Callee: "checkout", Enforcement: new(dataplane.EnforceUpstream)}, change))
+	set := func(caller string, e *dataplane.Enforcement) {
 		t.Helper()
 		must(mem.SetLimit(ctx, history.BucketLimit{Bucket: history.Bucket{Callee: "checkout", Caller: caller}, Limit: 10, Enforcement: e}, change))
 	}
-	set("web", "")                        // takes the callee's
-	set("batch", history.EnforceSidecar)  // its own
-	set("unknown", "")                    // reserved: never the callee's
-	set("mobile", history.EnforceSidecar) // its own, then kept
-	set("mobile", "")                     // keeps sidecar
-	must(mem.SetLimit(ctx, history.BucketLimit{Bucket: history.Bucket{Callee: "orders", Caller: "app"}, Limit: 5, Enforcement: history.EnforceUpstream}, change))
+	set("web", nil)                              // takes the callee's
+	set("batch", new(dataplane.EnforceSidecar))  // its own
+	set("unknown", nil)                          // reserved: never the callee's
+	set("mobile", new(dataplane.EnforceSidecar)) // its own, then kept
+	set("mobile", nil)                           // keeps sidecar
+	must(mem.SetLimit(ctx, history.BucketLimit{Bucket: history.Bucket{Callee: "orders", Caller: "app"}, Limit: 5, Enforcement: new(dataplane.EnforceUpstream)}, change))
 	l, err := mem.Limits(ctx)
 	must(err)
-	s := FromHistory(l)
+	s, err := FromHistory(l)
+	must(err)
 	for _, tc := range []struct {
 		callee, caller string
-		want           Enforcement
+		want           dataplane.Enforcement
 	}{
-		{"checkout", "web", EnforceUpstream},
-		{"checkout", "batch", EnforceSidecar},
-		{"checkout", "unknown", EnforceSidecar},
-		{"checkout", "mobile", EnforceSidecar},
-		{"checkout", "other", EnforceUpstream}, // no limit of its own: the service's default
-		{"orders", "app", EnforceUpstream},
-		{"orders", "other", EnforceSidecar},
+		{"checkout", "web", dataplane.EnforceUpstream},
+		{"checkout", "batch", dataplane.EnforceSidecar},
+		{"checkout", "unknown", dataplane.EnforceSidecar},
+		{"checkout", "mobile", dataplane.EnforceSidecar},
+		{"checkout", "other", dataplane.EnforceUpstream}, // no limit of its own: the service's default
+		{"orders", "app", dataplane.EnforceUpstream},
+		{"orders", "other", dataplane.EnforceSidecar},
 	} {
 		if got := s.Service(tc.callee).Bucket(tc.caller).Enforcement; got != tc.want {
 			t.Errorf("%s/%s: %v, want %v", tc.callee, tc.caller, got, tc.want)
 		}
 	}
-	if err := mem.SetLimit(ctx, history.BucketLimit{Bucket: history.Bucket{Callee: "a", Caller: "b"}, Limit: 1, Enforcement: "envoy"}, change); err == nil ||
+	if err := mem.SetLimit(ctx, history.BucketLimit{Bucket: history.Bucket{Callee: "a", Caller: "b"}, Limit: 1, Enforcement: new(dataplane.Enforcement(2))}, change); err == nil ||
 		!strings.Contains(err.Error(), "limit.enforcement") {
-		t.Errorf("SetLimit with enforcement envoy: %v, want an error naming limit.enforcement", err)
+		t.Errorf("SetLimit with enforcement 2: %v, want an error naming limit.enforcement", err)
 	}
 }

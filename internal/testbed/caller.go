@@ -18,7 +18,6 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
-	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/admin"
 	"github.com/sluicehq/sluice/internal/agent/proxy"
 	"github.com/sluicehq/sluice/internal/process"
@@ -96,7 +95,7 @@ func (c *Cluster) StartCaller(service, id, zone string) (*Caller, error) {
 		SidecarID:   id + ".outbound",
 		Service:     service,
 		Zone:        zone,
-		Direction:   sluicev1.Direction_DIRECTION_OUTBOUND,
+		Direction:   sidecar.Outbound,
 		Interval:    c.opts.ReportInterval,
 		Aggregators: []string{c.Aggregators[zi].Addr, c.Aggregators[(zi+1)%len(c.Aggregators)].Addr},
 		Logger:      log,

@@ -15,7 +15,6 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
 
-	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/admin"
 	"github.com/sluicehq/sluice/internal/process"
 	"github.com/sluicehq/sluice/pkg/names"
@@ -89,7 +88,7 @@ func (c *Cluster) StartGRPCCallee(ln net.Listener, id, zone string, opts sidecar
 		SidecarID:   id,
 		Service:     service,
 		Zone:        zone,
-		Direction:   sluicev1.Direction_DIRECTION_INBOUND,
+		Direction:   sidecar.Inbound,
 		Interval:    c.opts.ReportInterval,
 		Aggregators: []string{c.Aggregators[zi].Addr, c.Aggregators[(zi+1)%len(c.Aggregators)].Addr},
 		Logger:      log,

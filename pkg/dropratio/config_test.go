@@ -2,6 +2,7 @@ package dropratio
 
 import (
 	"math"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -73,6 +74,34 @@ func TestStrings(t *testing.T) {
 	} {
 		if tt.got != tt.want {
 			t.Errorf("String() = %q, want %q", tt.got, tt.want)
+		}
+	}
+}
+
+// Every text form of a mode is the one ParseMode reads back; nothing else
+// is a mode.
+func TestModeText(t *testing.T) {
+	for _, m := range []Mode{Enforce, Shadow} {
+		text, err := m.MarshalText()
+		if err != nil || string(text) != m.String() {
+			t.Errorf("%v.MarshalText() = %q, %v; want %q", m, text, err, m.String())
+		}
+		var back Mode = 7
+		if err := back.UnmarshalText(text); err != nil || back != m {
+			t.Errorf("UnmarshalText(%q) = %v, %v; want %v", text, back, err, m)
+		}
+		if got, err := ParseMode(m.String()); err != nil || got != m {
+			t.Errorf("ParseMode(%q) = %v, %v", m, got, err)
+		}
+	}
+	if text, err := Mode(2).MarshalText(); err == nil || !strings.Contains(err.Error(), "Mode(2)") {
+		t.Errorf("Mode(2).MarshalText() = %q, %v; want an error naming it", text, err)
+	}
+	for _, s := range []string{"", "Shadow", "enforce ", "upstream"} {
+		m := Shadow
+		if err := m.UnmarshalText([]byte(s)); err == nil || m != Shadow ||
+			err.Error() != strconv.Quote(s)+" is not enforce or shadow" {
+			t.Errorf("UnmarshalText(%q) = %v, left %v; want an error naming it, m unchanged", s, err, m)
 		}
 	}
 }

@@ -17,7 +17,14 @@ import (
 	"strconv"
 )
 
-// Mode says whether a bucket's drops are carried out.
+// Mode says whether a bucket's drops are carried out. The zero value is
+// Enforce.
+//
+// It is sluice's one mode type: the limits, the store, the controller and
+// the sidecars all use it, and every text form of it (limits files, the
+// store's rows, flags, metric labels) is the one String, MarshalText and
+// ParseMode spell: "enforce" or "shadow". The wire form, sluicev1.Mode, is
+// converted at the edges that speak protobuf.
 type Mode uint8
 
 const (
@@ -25,14 +32,46 @@ const (
 	Shadow              // drops are computed and reported, never carried out
 )
 
+var modeNames = [...]string{Enforce: "enforce", Shadow: "shadow"}
+
+// String returns the mode's name, or "Mode(n)" for a value that is not a
+// mode.
 func (m Mode) String() string {
-	switch m {
-	case Enforce:
-		return "enforce"
-	case Shadow:
-		return "shadow"
+	if int(m) < len(modeNames) {
+		return modeNames[m]
 	}
 	return "Mode(" + strconv.Itoa(int(m)) + ")"
+}
+
+// MarshalText returns the mode's name; a value that is not a mode is an
+// error.
+func (m Mode) MarshalText() ([]byte, error) {
+	if int(m) < len(modeNames) {
+		return []byte(modeNames[m]), nil
+	}
+	return nil, fmt.Errorf("%v is not enforce or shadow", m)
+}
+
+// UnmarshalText sets m to the mode text names; see ParseMode.
+func (m *Mode) UnmarshalText(text []byte) error {
+	v, err := ParseMode(string(text))
+	if err != nil {
+		return err
+	}
+	*m = v
+	return nil
+}
+
+// ParseMode returns the mode named s, "enforce" or "shadow", exactly.
+// Anything else, the empty string included, is an error: where a mode may
+// be left out, the caller decides what that means before parsing.
+func ParseMode(s string) (Mode, error) {
+	for m, name := range modeNames {
+		if s == name {
+			return Mode(m), nil
+		}
+	}
+	return 0, fmt.Errorf("%q is not enforce or shadow", s)
 }
 
 // Reason says why a bucket's target ratio is above zero.

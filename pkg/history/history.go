@@ -10,13 +10,22 @@
 // which is what Postgres keeps. Invalid input is refused with an error that
 // wraps ErrInvalid and names the field, before anything is written.
 //
-// The package imports pgx, the standard library and pkg/names only.
+// Modes, fail modes and enforcements are sluice's domain types
+// (dropratio.Mode, dataplane.FailMode, dataplane.Enforcement); the store
+// spells them in its rows as their text forms, and refuses a row it can not
+// read back, naming the column.
+//
+// The package imports pgx, the standard library, pkg/names and those
+// types only.
 package history
 
 import (
 	"context"
 	"errors"
 	"time"
+
+	"github.com/sluicehq/sluice/pkg/dataplane"
+	"github.com/sluicehq/sluice/pkg/dropratio"
 )
 
 // Bucket is one (callee, caller) pair.
@@ -46,15 +55,6 @@ type DailyPeak struct {
 	Minutes     int       // minute rows the day has: coverage, at most 1440
 }
 
-// Mode says whether a limit is enforced or only observed.
-type Mode string
-
-// Modes.
-const (
-	Enforce Mode = "enforce"
-	Shadow  Mode = "shadow"
-)
-
 // Source says where a limit came from.
 type Source string
 
@@ -64,34 +64,19 @@ const (
 	Derived Source = "derived" // an approved proposal from history
 )
 
-// FailMode is what a service's sidecars do when their policy expires.
-type FailMode string
-
-// Fail modes.
-const (
-	FailOpen  FailMode = "open"
-	FailHold  FailMode = "hold"
-	FailLocal FailMode = "local"
-)
-
-// Enforcement says which data plane carries out a bucket's ratio: sluice's
-// sidecar, or one upstream of it (the caller's proxyless gRPC client, the
-// callee's Envoy), which the callee's sidecar then only counts
-// (docs/dataplanes.md).
-type Enforcement string
-
-// Enforcements.
-const (
-	EnforceSidecar  Enforcement = "sidecar"
-	EnforceUpstream Enforcement = "upstream"
-)
-
 // BucketLimit is the limit of one bucket.
+//
+// Mode says whether it is enforced or only observed; Enforcement, which data
+// plane carries out its ratio: sluice's sidecar, or one upstream of it (the
+// caller's proxyless gRPC client, the callee's Envoy), which the callee's
+// sidecar then only counts (docs/dataplanes.md). Both are set in every
+// limit the store returns. In a limit given to SetLimit, nil keeps the
+// bucket's own, or inherits (see SetLimit).
 type BucketLimit struct {
 	Bucket
 	Limit       float64 // rps, >= 0; 0 blocks
-	Mode        Mode
-	Enforcement Enforcement
+	Mode        *dropratio.Mode
+	Enforcement *dataplane.Enforcement
 	Source      Source
 	UpdatedBy   string
 	Reason      string
@@ -99,15 +84,18 @@ type BucketLimit struct {
 }
 
 // ServiceLimits are a callee's own settings: a default limit for callers
-// without one, a capacity all callers share, and the mode, fail mode and
-// enforcement its callers inherit. Nil rates mean none.
+// without one, a capacity all callers share, the mode and enforcement its
+// callers inherit, and what its sidecars do when their policy expires.
+// Nil rates mean none. Mode, FailMode and Enforcement are set in every
+// ServiceLimits the store returns; in one given to SetService, nil keeps
+// the callee's own, or takes the default (see SetService).
 type ServiceLimits struct {
 	Callee       string
 	DefaultLimit *float64
 	Capacity     *float64
-	Mode         Mode
-	FailMode     FailMode
-	Enforcement  Enforcement
+	Mode         *dropratio.Mode
+	FailMode     *dataplane.FailMode
+	Enforcement  *dataplane.Enforcement
 	UpdatedBy    string
 	Reason       string
 	UpdatedAt    time.Time
@@ -219,10 +207,10 @@ type LoadStore interface {
 type LimitStore interface {
 	Limits(ctx context.Context) (Limits, error)
 	// SetLimit creates or replaces a bucket's limit, audited as
-	// "set_limit". An empty Source means Manual. An empty Mode keeps the
+	// "set_limit". An empty Source means Manual. A nil Mode keeps the
 	// bucket's current mode; a bucket without a limit takes its callee's
 	// mode (ServiceLimits.Mode), or enforce when the callee has none.
-	// Enforcement likewise: empty keeps the bucket's, else takes its
+	// Enforcement likewise: nil keeps the bucket's, else takes its
 	// callee's (but for the reserved callers unknown and _overflow),
 	// else sidecar.
 	SetLimit(ctx context.Context, l BucketLimit, c Change) error
@@ -230,7 +218,7 @@ type LimitStore interface {
 	// when it has none.
 	DeleteLimit(ctx context.Context, b Bucket, c Change) error
 	// SetService creates or replaces a callee's own settings
-	// ("set_service", with Caller ""). An empty Mode, FailMode or
+	// ("set_service", with Caller ""). A nil Mode, FailMode or
 	// Enforcement keeps the current one, or enforce, open and sidecar for a
 	// new callee.
 	SetService(ctx context.Context, s ServiceLimits, c Change) error
@@ -240,7 +228,7 @@ type LimitStore interface {
 	// it). It returns how many limits it selected, those already in mode m
 	// included, and audits ("set_mode") the ones it changed. ErrNotFound
 	// when f selects nothing.
-	SetMode(ctx context.Context, f Filter, m Mode, c Change) (int, error)
+	SetMode(ctx context.Context, f Filter, m dropratio.Mode, c Change) (int, error)
 
 	// Propose stores proposals as pending, superseding pending proposals
 	// for the same buckets (status Superseded, decided by c), audits each

@@ -9,6 +9,9 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/sluicehq/sluice/pkg/dataplane"
+	"github.com/sluicehq/sluice/pkg/dropratio"
 )
 
 // Memory is the in-memory Store: the same rules as Postgres, for the demo,
@@ -189,7 +192,9 @@ func (m *Memory) Limits(ctx context.Context) (Limits, error) {
 	for _, s := range m.services {
 		l.Services = append(l.Services, copyService(s))
 	}
-	l.Buckets = slices.Collect(maps.Values(m.buckets))
+	for _, b := range m.buckets {
+		l.Buckets = append(l.Buckets, copyLimit(b))
+	}
 	slices.SortFunc(l.Services, func(a, b ServiceLimits) int { return cmp.Compare(a.Callee, b.Callee) })
 	slices.SortFunc(l.Buckets, func(a, b BucketLimit) int { return compareBuckets(a.Bucket, b.Bucket) })
 	return l, nil
@@ -197,22 +202,22 @@ func (m *Memory) Limits(ctx context.Context) (Limits, error) {
 
 // modeFor is the mode a bucket's limit gets when none is given: its own,
 // else its callee's, else enforce. Caller holds mu.
-func (m *Memory) modeFor(b Bucket) Mode {
+func (m *Memory) modeFor(b Bucket) dropratio.Mode {
 	if old, ok := m.buckets[b]; ok {
-		return old.Mode
+		return *old.Mode
 	}
 	if s, ok := m.services[b.Callee]; ok {
-		return s.Mode
+		return *s.Mode
 	}
-	return Enforce
+	return dropratio.Enforce
 }
 
 // enforcementFor is the enforcement a bucket's limit gets when none is
 // given: its own, else its callee's (but for the reserved callers), else
 // sidecar. Caller holds mu.
-func (m *Memory) enforcementFor(b Bucket) Enforcement {
+func (m *Memory) enforcementFor(b Bucket) dataplane.Enforcement {
 	if old, ok := m.buckets[b]; ok {
-		return old.Enforcement
+		return *old.Enforcement
 	}
 	return inheritedEnforcement(b, m.services[b.Callee].Enforcement)
 }
@@ -228,12 +233,8 @@ func (m *Memory) SetLimit(ctx context.Context, l BucketLimit, c Change) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	now := m.opts.clock()
-	if l.Mode == "" {
-		l.Mode = m.modeFor(l.Bucket)
-	}
-	if l.Enforcement == "" {
-		l.Enforcement = m.enforcementFor(l.Bucket)
-	}
+	l.Mode = setting(l.Mode, nil, m.modeFor(l.Bucket))
+	l.Enforcement = setting(l.Enforcement, nil, m.enforcementFor(l.Bucket))
 	if l.Source == "" {
 		l.Source = Manual
 	}
@@ -285,9 +286,9 @@ func (m *Memory) SetService(ctx context.Context, s ServiceLimits, c Change) erro
 	if had {
 		old = renderService(o)
 	}
-	s.Mode = cmp.Or(s.Mode, o.Mode, Enforce)
-	s.FailMode = cmp.Or(s.FailMode, o.FailMode, FailOpen)
-	s.Enforcement = cmp.Or(s.Enforcement, o.Enforcement, EnforceSidecar)
+	s.Mode = setting(s.Mode, o.Mode, dropratio.Enforce)
+	s.FailMode = setting(s.FailMode, o.FailMode, dataplane.FailOpen)
+	s.Enforcement = setting(s.Enforcement, o.Enforcement, dataplane.EnforceSidecar)
 	s.UpdatedBy, s.Reason, s.UpdatedAt = c.Actor, c.Reason, now
 	m.services[s.Callee] = s
 	m.appendAudit(now, c, "set_service", Bucket{Callee: s.Callee}, old, renderService(s))
@@ -296,14 +297,14 @@ func (m *Memory) SetService(ctx context.Context, s ServiceLimits, c Change) erro
 }
 
 // SetMode implements LimitStore.
-func (m *Memory) SetMode(ctx context.Context, f Filter, mode Mode, c Change) (int, error) {
+func (m *Memory) SetMode(ctx context.Context, f Filter, mode dropratio.Mode, c Change) (int, error) {
 	if err := checkChange(c); err != nil {
 		return 0, err
 	}
 	if err := checkFilter(f); err != nil {
 		return 0, err
 	}
-	if err := checkMode("mode", mode, false); err != nil {
+	if err := checkSetting("mode", mode); err != nil {
 		return 0, err
 	}
 	m.mu.Lock()
@@ -319,12 +320,12 @@ func (m *Memory) SetMode(ctx context.Context, f Filter, mode Mode, c Change) (in
 				continue
 			}
 			selected++
-			if s.Mode == mode {
+			if *s.Mode == mode {
 				continue
 			}
 			changed++
-			m.appendAudit(now, c, "set_mode", Bucket{Callee: callee}, string(s.Mode), string(mode))
-			s.Mode, s.UpdatedBy, s.Reason, s.UpdatedAt = mode, c.Actor, c.Reason, now
+			m.appendAudit(now, c, "set_mode", Bucket{Callee: callee}, s.Mode.String(), mode.String())
+			s.Mode, s.UpdatedBy, s.Reason, s.UpdatedAt = new(mode), c.Actor, c.Reason, now
 			m.services[callee] = s
 		}
 	}
@@ -334,12 +335,12 @@ func (m *Memory) SetMode(ctx context.Context, f Filter, mode Mode, c Change) (in
 			continue
 		}
 		selected++
-		if l.Mode == mode {
+		if *l.Mode == mode {
 			continue
 		}
 		changed++
-		m.appendAudit(now, c, "set_mode", b, string(l.Mode), string(mode))
-		l.Mode, l.UpdatedBy, l.Reason, l.UpdatedAt = mode, c.Actor, c.Reason, now
+		m.appendAudit(now, c, "set_mode", b, l.Mode.String(), mode.String())
+		l.Mode, l.UpdatedBy, l.Reason, l.UpdatedAt = new(mode), c.Actor, c.Reason, now
 		m.buckets[b] = l
 	}
 	if selected == 0 {
@@ -379,7 +380,7 @@ func (m *Memory) Propose(ctx context.Context, ps []Proposal, c Change) ([]Propos
 		p = Proposal{
 			ID:           int64(len(m.proposals) + 1),
 			Bucket:       p.Bucket,
-			Current:      copyRate(p.Current),
+			Current:      copyOpt(p.Current),
 			Proposed:     p.Proposed,
 			PeakLookback: p.PeakLookback,
 			PeakRecent:   p.PeakRecent,
@@ -466,7 +467,7 @@ func (m *Memory) decide(ids []int64, c Change, to ProposalStatus) ([]Proposal, e
 			continue
 		}
 		l := BucketLimit{
-			Bucket: p.Bucket, Limit: p.Proposed, Mode: m.modeFor(p.Bucket), Enforcement: m.enforcementFor(p.Bucket), Source: Derived,
+			Bucket: p.Bucket, Limit: p.Proposed, Mode: new(m.modeFor(p.Bucket)), Enforcement: new(m.enforcementFor(p.Bucket)), Source: Derived,
 			UpdatedBy: c.Actor, Reason: c.Reason, UpdatedAt: now,
 		}
 		var old string
@@ -574,12 +575,12 @@ func (f Filter) String() string {
 	return cmp.Or(f.Callee, "*") + "/" + cmp.Or(f.Caller, "*")
 }
 
-func copyRate(v *float64) *float64 {
+// copyOpt copies an optional value: a rate, a setting.
+func copyOpt[T any](v *T) *T {
 	if v == nil {
 		return nil
 	}
-	c := *v
-	return &c
+	return new(*v)
 }
 
 // copyFlags copies flags; none is nil, as Postgres returns it.
@@ -591,11 +592,17 @@ func copyFlags(f []string) []string {
 }
 
 func copyService(s ServiceLimits) ServiceLimits {
-	s.DefaultLimit, s.Capacity = copyRate(s.DefaultLimit), copyRate(s.Capacity)
+	s.DefaultLimit, s.Capacity = copyOpt(s.DefaultLimit), copyOpt(s.Capacity)
+	s.Mode, s.FailMode, s.Enforcement = copyOpt(s.Mode), copyOpt(s.FailMode), copyOpt(s.Enforcement)
 	return s
 }
 
+func copyLimit(l BucketLimit) BucketLimit {
+	l.Mode, l.Enforcement = copyOpt(l.Mode), copyOpt(l.Enforcement)
+	return l
+}
+
 func copyProposal(p Proposal) Proposal {
-	p.Current, p.Flags = copyRate(p.Current), copyFlags(p.Flags)
+	p.Current, p.Flags = copyOpt(p.Current), copyFlags(p.Flags)
 	return p
 }

@@ -6,9 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/sluicehq/sluice/pkg/dataplane"
+	"github.com/sluicehq/sluice/pkg/dropratio"
 )
 
 // notifyChannel is the channel limit changes are announced on.
@@ -22,6 +26,80 @@ const (
 	selectAudit = `SELECT id, at, actor, action, callee, caller, old_value AS old, new_value AS new, reason FROM audit_log`
 )
 
+// bucketRow and serviceRow are rows of bucket_limits and service_limits as
+// pgx scans them: settings as the text the tables keep, which rowToLimit and
+// rowToService read back with their types' parsers.
+type bucketRow struct {
+	Bucket
+	Limit             float64
+	Mode, Enforcement string
+	Source            Source
+	UpdatedBy, Reason string
+	UpdatedAt         time.Time
+}
+
+type serviceRow struct {
+	Callee                      string
+	DefaultLimit, Capacity      *float64
+	Mode, FailMode, Enforcement string
+	UpdatedBy, Reason           string
+	UpdatedAt                   time.Time
+}
+
+// rowToLimit scans a bucket_limits row (selectBucketLimit's columns). A
+// setting it can not read is an error naming the row and the column,
+// never a default: a fail mode or mode this binary does not know (written
+// by a newer one, say) must not silently become another.
+func rowToLimit(row pgx.CollectableRow) (BucketLimit, error) {
+	r, err := pgx.RowToStructByName[bucketRow](row)
+	if err != nil {
+		return BucketLimit{}, err
+	}
+	var errs []error
+	l := BucketLimit{
+		Bucket: r.Bucket, Limit: r.Limit,
+		Mode:        column("mode", r.Mode, dropratio.ParseMode, &errs),
+		Enforcement: column("enforcement", r.Enforcement, dataplane.ParseEnforcement, &errs),
+		Source:      r.Source, UpdatedBy: r.UpdatedBy, Reason: r.Reason, UpdatedAt: r.UpdatedAt,
+	}
+	if err := errors.Join(errs...); err != nil {
+		return BucketLimit{}, fmt.Errorf("bucket_limits row %s/%s: %w", r.Callee, r.Caller, err)
+	}
+	return l, nil
+}
+
+// rowToService scans a service_limits row (selectService's columns), as
+// rowToLimit does.
+func rowToService(row pgx.CollectableRow) (ServiceLimits, error) {
+	r, err := pgx.RowToStructByName[serviceRow](row)
+	if err != nil {
+		return ServiceLimits{}, err
+	}
+	var errs []error
+	s := ServiceLimits{
+		Callee: r.Callee, DefaultLimit: r.DefaultLimit, Capacity: r.Capacity,
+		Mode:        column("mode", r.Mode, dropratio.ParseMode, &errs),
+		FailMode:    column("fail_mode", r.FailMode, dataplane.ParseFailMode, &errs),
+		Enforcement: column("enforcement", r.Enforcement, dataplane.ParseEnforcement, &errs),
+		UpdatedBy:   r.UpdatedBy, Reason: r.Reason, UpdatedAt: r.UpdatedAt,
+	}
+	if err := errors.Join(errs...); err != nil {
+		return ServiceLimits{}, fmt.Errorf("service_limits row %s: %w", r.Callee, err)
+	}
+	return s, nil
+}
+
+// column reads a setting kept as text with its type's parser; an error
+// names the column.
+func column[T any](name, text string, parse func(string) (T, error), errs *[]error) *T {
+	v, err := parse(text)
+	if err != nil {
+		*errs = append(*errs, fmt.Errorf("%s: %w", name, err))
+		return nil
+	}
+	return &v
+}
+
 // Limits implements LimitStore: both tables are read in one snapshot.
 func (p *Postgres) Limits(ctx context.Context) (Limits, error) {
 	var l Limits
@@ -30,14 +108,14 @@ func (p *Postgres) Limits(ctx context.Context) (Limits, error) {
 		if err != nil {
 			return err
 		}
-		if l.Services, err = pgx.CollectRows(rows, pgx.RowToStructByName[ServiceLimits]); err != nil {
+		if l.Services, err = pgx.CollectRows(rows, rowToService); err != nil {
 			return err
 		}
 		rows, err = tx.Query(ctx, selectBucketLimit+` ORDER BY callee, caller`)
 		if err != nil {
 			return err
 		}
-		l.Buckets, err = pgx.CollectRows(rows, pgx.RowToStructByName[BucketLimit])
+		l.Buckets, err = pgx.CollectRows(rows, rowToLimit)
 		return err
 	})
 	if err != nil {
@@ -88,7 +166,7 @@ func bucketLimits(ctx context.Context, tx pgx.Tx, bs []Bucket) (map[Bucket]Bucke
 	if err != nil {
 		return nil, err
 	}
-	ls, err := pgx.CollectRows(rows, pgx.RowToStructByName[BucketLimit])
+	ls, err := pgx.CollectRows(rows, rowToLimit)
 	if err != nil {
 		return nil, err
 	}
@@ -99,29 +177,28 @@ func bucketLimits(ctx context.Context, tx pgx.Tx, bs []Bucket) (map[Bucket]Bucke
 	return out, nil
 }
 
-// serviceModes reads the modes and enforcements of callees that have
-// settings.
-func serviceModes(ctx context.Context, tx pgx.Tx, callees []string) (map[string]Mode, map[string]Enforcement, error) {
-	rows, err := tx.Query(ctx, `SELECT callee, mode, enforcement FROM service_limits WHERE callee = ANY($1)`, callees)
+// serviceSettings reads the settings of callees that have them.
+func serviceSettings(ctx context.Context, tx pgx.Tx, callees []string) (map[string]ServiceLimits, error) {
+	rows, err := tx.Query(ctx, selectService+` WHERE callee = ANY($1)`, callees)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	modes, enfs := map[string]Mode{}, map[string]Enforcement{}
-	var callee string
-	var mode Mode
-	var enf Enforcement
-	_, err = pgx.ForEachRow(rows, []any{&callee, &mode, &enf}, func() error {
-		modes[callee], enfs[callee] = mode, enf
-		return nil
-	})
-	return modes, enfs, err
+	ss, err := pgx.CollectRows(rows, rowToService)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]ServiceLimits, len(ss))
+	for _, s := range ss {
+		out[s.Callee] = s
+	}
+	return out, nil
 }
 
 // bucketDefaults are what a bucket's limit gets when it names no mode or
 // enforcement.
 type bucketDefaults struct {
-	mode        Mode
-	enforcement Enforcement
+	mode        dropratio.Mode
+	enforcement dataplane.Enforcement
 }
 
 // modesFor is the mode each bucket's limit gets when none is given: its
@@ -132,19 +209,18 @@ func modesFor(ctx context.Context, tx pgx.Tx, bs []Bucket, current map[Bucket]Bu
 	for _, b := range bs {
 		callees = append(callees, b.Callee)
 	}
-	svc, svcEnf, err := serviceModes(ctx, tx, callees)
+	svc, err := serviceSettings(ctx, tx, callees)
 	if err != nil {
 		return nil, err
 	}
 	out := make(map[Bucket]bucketDefaults, len(bs))
 	for _, b := range bs {
-		switch l, ok := current[b]; {
-		case ok:
-			out[b] = bucketDefaults{l.Mode, l.Enforcement}
-		case svc[b.Callee] != "":
-			out[b] = bucketDefaults{svc[b.Callee], inheritedEnforcement(b, svcEnf[b.Callee])}
-		default:
-			out[b] = bucketDefaults{Enforce, EnforceSidecar}
+		if l, ok := current[b]; ok {
+			out[b] = bucketDefaults{*l.Mode, *l.Enforcement}
+		} else if s, ok := svc[b.Callee]; ok {
+			out[b] = bucketDefaults{*s.Mode, inheritedEnforcement(b, s.Enforcement)}
+		} else {
+			out[b] = bucketDefaults{dropratio.Enforce, dataplane.EnforceSidecar}
 		}
 	}
 	return out, nil
@@ -165,9 +241,9 @@ func upsertLimits(ctx context.Context, tx pgx.Tx, ls []BucketLimit) error {
 	limits, by, reasons, at := make([]float64, n), make([]string, n), make([]string, n), make([]time.Time, n)
 	enfs := make([]string, n)
 	for i, l := range ls {
-		callees[i], callers[i], limits[i], modes[i], sources[i] = l.Callee, l.Caller, l.Limit, string(l.Mode), string(l.Source)
+		callees[i], callers[i], limits[i], modes[i], sources[i] = l.Callee, l.Caller, l.Limit, l.Mode.String(), string(l.Source)
 		by[i], reasons[i], at[i] = l.UpdatedBy, l.Reason, l.UpdatedAt
-		enfs[i] = string(cmp.Or(l.Enforcement, EnforceSidecar))
+		enfs[i] = l.Enforcement.String()
 	}
 	_, err := tx.Exec(ctx, `
 		INSERT INTO bucket_limits (callee, caller, limit_rps, mode, source, updated_by, reason, updated_at, enforcement)
@@ -220,13 +296,13 @@ func (p *Postgres) SetLimit(ctx context.Context, l BucketLimit, c Change) error 
 		if err != nil {
 			return false, err
 		}
-		if l.Mode == "" || l.Enforcement == "" {
+		if l.Mode == nil || l.Enforcement == nil {
 			defs, err := modesFor(ctx, tx, bs, current)
 			if err != nil {
 				return false, err
 			}
-			l.Mode = cmp.Or(l.Mode, defs[l.Bucket].mode)
-			l.Enforcement = cmp.Or(l.Enforcement, defs[l.Bucket].enforcement)
+			l.Mode = setting(l.Mode, nil, defs[l.Bucket].mode)
+			l.Enforcement = setting(l.Enforcement, nil, defs[l.Bucket].enforcement)
 		}
 		l.UpdatedBy, l.Reason, l.UpdatedAt = c.Actor, c.Reason, now
 		if err := upsertLimits(ctx, tx, []BucketLimit{l}); err != nil {
@@ -254,7 +330,7 @@ func (p *Postgres) DeleteLimit(ctx context.Context, b Bucket, c Change) error {
 		if err != nil {
 			return false, err
 		}
-		old, err := pgx.CollectOneRow(rows, pgx.RowToStructByName[BucketLimit])
+		old, err := pgx.CollectOneRow(rows, rowToLimit)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return false, fmt.Errorf("%s/%s: %w", b.Callee, b.Caller, ErrNotFound)
 		}
@@ -279,7 +355,7 @@ func (p *Postgres) SetService(ctx context.Context, s ServiceLimits, c Change) er
 		if err != nil {
 			return false, err
 		}
-		o, err := pgx.CollectOneRow(rows, pgx.RowToStructByName[ServiceLimits])
+		o, err := pgx.CollectOneRow(rows, rowToService)
 		had := err == nil
 		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 			return false, err
@@ -288,9 +364,9 @@ func (p *Postgres) SetService(ctx context.Context, s ServiceLimits, c Change) er
 		if had {
 			old = renderService(o)
 		}
-		s.Mode = cmp.Or(s.Mode, o.Mode, Enforce)
-		s.FailMode = cmp.Or(s.FailMode, o.FailMode, FailOpen)
-		s.Enforcement = cmp.Or(s.Enforcement, o.Enforcement, EnforceSidecar)
+		s.Mode = setting(s.Mode, o.Mode, dropratio.Enforce)
+		s.FailMode = setting(s.FailMode, o.FailMode, dataplane.FailOpen)
+		s.Enforcement = setting(s.Enforcement, o.Enforcement, dataplane.EnforceSidecar)
 		s.UpdatedBy, s.Reason, s.UpdatedAt = c.Actor, c.Reason, now
 		_, err = tx.Exec(ctx, `
 			INSERT INTO service_limits (callee, default_limit, capacity, mode, fail_mode, updated_by, reason, updated_at, enforcement)
@@ -299,7 +375,7 @@ func (p *Postgres) SetService(ctx context.Context, s ServiceLimits, c Change) er
 				default_limit = excluded.default_limit, capacity = excluded.capacity, mode = excluded.mode,
 				fail_mode = excluded.fail_mode, updated_by = excluded.updated_by, reason = excluded.reason,
 				updated_at = excluded.updated_at, enforcement = excluded.enforcement`,
-			s.Callee, s.DefaultLimit, s.Capacity, string(s.Mode), string(s.FailMode), s.UpdatedBy, s.Reason, s.UpdatedAt, string(s.Enforcement))
+			s.Callee, s.DefaultLimit, s.Capacity, s.Mode.String(), s.FailMode.String(), s.UpdatedBy, s.Reason, s.UpdatedAt, s.Enforcement.String())
 		if err != nil {
 			return false, err
 		}
@@ -308,23 +384,36 @@ func (p *Postgres) SetService(ctx context.Context, s ServiceLimits, c Change) er
 }
 
 // SetMode implements LimitStore.
-func (p *Postgres) SetMode(ctx context.Context, f Filter, m Mode, c Change) (int, error) {
+func (p *Postgres) SetMode(ctx context.Context, f Filter, m dropratio.Mode, c Change) (int, error) {
 	if err := checkChange(c); err != nil {
 		return 0, err
 	}
 	if err := checkFilter(f); err != nil {
 		return 0, err
 	}
-	if err := checkMode("mode", m, false); err != nil {
+	if err := checkSetting("mode", m); err != nil {
 		return 0, err
 	}
 	var selected int
 	err := p.change(ctx, "set_mode", func(tx pgx.Tx, now time.Time) (bool, error) {
 		selected = 0
 		var audit []AuditEntry
-		type row struct {
-			Callee, Caller string
-			Mode           Mode
+		// modeRow scans the key and mode of a row of table.
+		modeRow := func(table string) pgx.RowToFunc[BucketLimit] {
+			return func(row pgx.CollectableRow) (BucketLimit, error) {
+				var r struct {
+					Callee, Caller, Mode string
+				}
+				if err := row.Scan(&r.Callee, &r.Caller, &r.Mode); err != nil {
+					return BucketLimit{}, err
+				}
+				var errs []error
+				l := BucketLimit{Bucket: Bucket{r.Callee, r.Caller}, Mode: column("mode", r.Mode, dropratio.ParseMode, &errs)}
+				if err := errors.Join(errs...); err != nil {
+					return BucketLimit{}, fmt.Errorf("%s row %s: %w", table, strings.TrimSuffix(r.Callee+"/"+r.Caller, "/"), err)
+				}
+				return l, nil
+			}
 		}
 		// Services first, then buckets, each in key order: Memory audits in
 		// the same order.
@@ -334,20 +423,20 @@ func (p *Postgres) SetMode(ctx context.Context, f Filter, m Mode, c Change) (int
 			if err != nil {
 				return false, err
 			}
-			svcs, err := pgx.CollectRows(rows, pgx.RowToStructByName[row])
+			svcs, err := pgx.CollectRows(rows, modeRow("service_limits"))
 			if err != nil {
 				return false, err
 			}
 			selected += len(svcs)
 			var changed []string
 			for _, s := range svcs {
-				if s.Mode != m {
+				if *s.Mode != m {
 					changed = append(changed, s.Callee)
-					audit = append(audit, auditEntry(now, c, "set_mode", Bucket{Callee: s.Callee}, string(s.Mode), string(m)))
+					audit = append(audit, auditEntry(now, c, "set_mode", Bucket{Callee: s.Callee}, s.Mode.String(), m.String()))
 				}
 			}
 			if _, err := tx.Exec(ctx, `UPDATE service_limits SET mode = $1, updated_by = $2, reason = $3, updated_at = $4
-				WHERE callee = ANY($5)`, string(m), c.Actor, c.Reason, now, changed); err != nil {
+				WHERE callee = ANY($5)`, m.String(), c.Actor, c.Reason, now, changed); err != nil {
 				return false, err
 			}
 		}
@@ -356,7 +445,7 @@ func (p *Postgres) SetMode(ctx context.Context, f Filter, m Mode, c Change) (int
 		if err != nil {
 			return false, err
 		}
-		bs, err := pgx.CollectRows(rows, pgx.RowToStructByName[row])
+		bs, err := pgx.CollectRows(rows, modeRow("bucket_limits"))
 		if err != nil {
 			return false, err
 		}
@@ -366,16 +455,15 @@ func (p *Postgres) SetMode(ctx context.Context, f Filter, m Mode, c Change) (int
 		}
 		var changed []Bucket
 		for _, b := range bs {
-			if b.Mode != m {
-				bk := Bucket{b.Callee, b.Caller}
-				changed = append(changed, bk)
-				audit = append(audit, auditEntry(now, c, "set_mode", bk, string(b.Mode), string(m)))
+			if *b.Mode != m {
+				changed = append(changed, b.Bucket)
+				audit = append(audit, auditEntry(now, c, "set_mode", b.Bucket, b.Mode.String(), m.String()))
 			}
 		}
 		callees, callers := splitBuckets(changed)
 		if _, err := tx.Exec(ctx, `UPDATE bucket_limits SET mode = $1, updated_by = $2, reason = $3, updated_at = $4
 			WHERE (callee, caller) IN (SELECT * FROM unnest($5::text[], $6::text[]))`,
-			string(m), c.Actor, c.Reason, now, callees, callers); err != nil {
+			m.String(), c.Actor, c.Reason, now, callees, callers); err != nil {
 			return false, err
 		}
 		return len(audit) > 0, insertAudit(ctx, tx, audit)
@@ -575,7 +663,7 @@ func (p *Postgres) decide(ctx context.Context, ids []int64, c Change, to Proposa
 		ls := make([]BucketLimit, len(ps))
 		for i, p := range ps {
 			ls[i] = BucketLimit{
-				Bucket: p.Bucket, Limit: p.Proposed, Mode: defs[p.Bucket].mode, Enforcement: defs[p.Bucket].enforcement, Source: Derived,
+				Bucket: p.Bucket, Limit: p.Proposed, Mode: new(defs[p.Bucket].mode), Enforcement: new(defs[p.Bucket].enforcement), Source: Derived,
 				UpdatedBy: c.Actor, Reason: c.Reason, UpdatedAt: now,
 			}
 			var old string

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/sluicehq/sluice/internal/pgtest"
+	"github.com/sluicehq/sluice/pkg/dropratio"
 	"github.com/sluicehq/sluice/pkg/history"
 	"github.com/sluicehq/sluice/pkg/history/historytest"
 )
@@ -357,5 +358,48 @@ func waitSignal(t *testing.T, ch <-chan struct{}, after string) {
 		}
 	case <-timer.C:
 		t.Fatalf("after %s: no Changes signal within 30s", after)
+	}
+}
+
+// A row holding a setting this binary can not read (a newer binary's fail
+// mode, say, once its migration widened the column's check) is an error
+// naming the row and the column, never a default: an unknown fail mode must
+// not be read as open.
+func TestUnknownStoredSettingIsAnError(t *testing.T) {
+	ctx := t.Context()
+	s := open(t, migrated(t))
+	c := history.Change{Actor: "test", Reason: "test"}
+	if err := s.SetService(ctx, history.ServiceLimits{Callee: "checkout"}, c); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetLimit(ctx, history.BucketLimit{Bucket: history.Bucket{Callee: "checkout", Caller: "web"}, Limit: 1}, c); err != nil {
+		t.Fatal(err)
+	}
+	for _, sql := range []string{
+		`ALTER TABLE service_limits DROP CONSTRAINT service_limits_fail_mode_check`,
+		`UPDATE service_limits SET fail_mode = 'closed'`,
+		`ALTER TABLE bucket_limits DROP CONSTRAINT bucket_limits_mode_check`,
+		`UPDATE bucket_limits SET mode = 'loud'`,
+	} {
+		if _, err := s.Pool().Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	l, err := s.Limits(ctx)
+	if err == nil {
+		t.Fatalf("Limits() = %+v, want an error", l)
+	}
+	if want := `service_limits row checkout: fail_mode: "closed" is not open, hold or local`; !strings.Contains(err.Error(), want) {
+		t.Errorf("Limits(): %v\nwant it to say %s", err, want)
+	}
+	if _, err := s.Pool().Exec(ctx, `UPDATE service_limits SET fail_mode = 'hold'`); err != nil {
+		t.Fatal(err)
+	}
+	if l, err = s.Limits(ctx); err == nil || !strings.Contains(err.Error(), `bucket_limits row checkout/web: mode: "loud" is not enforce or shadow`) {
+		t.Errorf("Limits() = %+v, %v; want an error naming bucket_limits row checkout/web and its mode", l, err)
+	}
+	_, err = s.SetMode(ctx, history.Filter{Callee: "checkout"}, dropratio.Shadow, c)
+	if err == nil || !strings.Contains(err.Error(), `bucket_limits row checkout/web: mode: "loud"`) {
+		t.Errorf("SetMode over the unreadable row: %v, want an error naming it", err)
 	}
 }

@@ -3,6 +3,8 @@ package history
 import (
 	"fmt"
 	"strconv"
+
+	"github.com/sluicehq/sluice/pkg/dataplane"
 )
 
 // The audit log keeps values as text for people. Both stores render them
@@ -20,18 +22,27 @@ func renderOptRate(v *float64) string {
 // renderLimit: "120 rps, enforce, manual", and ", enforced upstream" when
 // it is (sidecar, the default, is left out, as before the field existed).
 func renderLimit(l BucketLimit) string {
-	return fmt.Sprintf("%s, %s, %s%s", renderRate(l.Limit), l.Mode, l.Source, renderUpstream(l.Enforcement))
+	return fmt.Sprintf("%s, %s, %s%s", renderRate(l.Limit), renderSetting(l.Mode), l.Source, renderUpstream(l.Enforcement))
 }
 
 // renderService: "default 100 rps, capacity none, mode enforce, fail open",
 // and ", enforced upstream" when it is.
 func renderService(s ServiceLimits) string {
 	return fmt.Sprintf("default %s, capacity %s, mode %s, fail %s%s",
-		renderOptRate(s.DefaultLimit), renderOptRate(s.Capacity), s.Mode, s.FailMode, renderUpstream(s.Enforcement))
+		renderOptRate(s.DefaultLimit), renderOptRate(s.Capacity), renderSetting(s.Mode), renderSetting(s.FailMode), renderUpstream(s.Enforcement))
 }
 
-func renderUpstream(e Enforcement) string {
-	if e == EnforceUpstream {
+// renderSetting: the setting's name; the stores render only settings in
+// force, which are never nil.
+func renderSetting[T fmt.Stringer](v *T) string {
+	if v == nil {
+		return ""
+	}
+	return (*v).String()
+}
+
+func renderUpstream(e *dataplane.Enforcement) string {
+	if e != nil && *e == dataplane.EnforceUpstream {
 		return ", enforced upstream"
 	}
 	return ""

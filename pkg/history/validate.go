@@ -1,6 +1,7 @@
 package history
 
 import (
+	"encoding"
 	"fmt"
 	"math"
 	"slices"
@@ -8,6 +9,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/sluicehq/sluice/pkg/dataplane"
 	"github.com/sluicehq/sluice/pkg/names"
 )
 
@@ -114,38 +116,45 @@ func checkChange(c Change) error {
 	return checkText("change.reason", c.Reason, MaxReasonLen, true)
 }
 
-func checkMode(field string, m Mode, emptyOK bool) error {
-	if m == Enforce || m == Shadow || (emptyOK && m == "") {
-		return nil
+// checkSetting: a mode, fail mode or enforcement must be one its type can
+// spell (MarshalText, the text form the rows keep, refuses the others).
+func checkSetting[T encoding.TextMarshaler](field string, v T) error {
+	if _, err := v.MarshalText(); err != nil {
+		return invalid(field, "%v", err)
 	}
-	return invalid(field, "mode %q is neither %q nor %q", m, Enforce, Shadow)
+	return nil
 }
 
-func checkFailMode(field string, m FailMode) error {
-	switch m {
-	case "", FailOpen, FailHold, FailLocal:
+// checkOptSetting: nil (keep or inherit) is fine too.
+func checkOptSetting[T encoding.TextMarshaler](field string, v *T) error {
+	if v == nil {
 		return nil
 	}
-	return invalid(field, "fail mode %q is not one of %q, %q, %q", m, FailOpen, FailHold, FailLocal)
+	return checkSetting(field, *v)
+}
+
+// setting is what a change to a setting leaves in force: v when given,
+// else old when there is one, else def. It is a fresh pointer, so that the
+// store shares none with its callers.
+func setting[T any](v, old *T, def T) *T {
+	switch {
+	case v != nil:
+		return new(*v)
+	case old != nil:
+		return new(*old)
+	}
+	return new(def)
 }
 
 // inheritedEnforcement is what a new bucket limit of b takes from its
-// callee's enforcement (empty: the callee has no settings): the callee's,
+// callee's enforcement (nil: the callee has no settings): the callee's,
 // but never for the reserved callers, which no Envoy header names, so that
 // a callee fronted by Envoy does not leave them unenforced.
-func inheritedEnforcement(b Bucket, callee Enforcement) Enforcement {
-	if callee == "" || b.Caller == names.Unknown || b.Caller == names.Overflow {
-		return EnforceSidecar
+func inheritedEnforcement(b Bucket, callee *dataplane.Enforcement) dataplane.Enforcement {
+	if callee == nil || b.Caller == names.Unknown || b.Caller == names.Overflow {
+		return dataplane.EnforceSidecar
 	}
-	return callee
-}
-
-func checkEnforcement(field string, e Enforcement) error {
-	switch e {
-	case "", EnforceSidecar, EnforceUpstream:
-		return nil
-	}
-	return invalid(field, "enforcement %q is neither %q nor %q", e, EnforceSidecar, EnforceUpstream)
+	return *callee
 }
 
 func checkSource(field string, s Source) error {
@@ -206,10 +215,10 @@ func checkBucketLimit(l BucketLimit) error {
 	if err := checkRate("limit.limit", l.Limit); err != nil {
 		return err
 	}
-	if err := checkMode("limit.mode", l.Mode, true); err != nil {
+	if err := checkOptSetting("limit.mode", l.Mode); err != nil {
 		return err
 	}
-	if err := checkEnforcement("limit.enforcement", l.Enforcement); err != nil {
+	if err := checkOptSetting("limit.enforcement", l.Enforcement); err != nil {
 		return err
 	}
 	return checkSource("limit.source", l.Source)
@@ -225,13 +234,13 @@ func checkServiceLimits(s ServiceLimits) error {
 	if err := checkOptRate("service.capacity", s.Capacity); err != nil {
 		return err
 	}
-	if err := checkMode("service.mode", s.Mode, true); err != nil {
+	if err := checkOptSetting("service.mode", s.Mode); err != nil {
 		return err
 	}
-	if err := checkEnforcement("service.enforcement", s.Enforcement); err != nil {
+	if err := checkOptSetting("service.enforcement", s.Enforcement); err != nil {
 		return err
 	}
-	return checkFailMode("service.fail_mode", s.FailMode)
+	return checkOptSetting("service.fail_mode", s.FailMode)
 }
 
 // checkProposals validates what Propose's caller sets, and that no bucket

@@ -57,9 +57,9 @@ type Config struct {
 	// Zone is the sidecar's zone as it knows it; informational, may be
 	// empty. The aggregator decides the zone (see Reporter.Zone).
 	Zone string
-	// Direction is the side of the calls the sidecar counts. Default
-	// DIRECTION_INBOUND.
-	Direction sluicev1.Direction
+	// Direction is the side of the calls the sidecar counts, as the
+	// Limiter it reports for enforces them. The zero value is Inbound.
+	Direction sidecar.Direction
 	// Interval between reports. Default 1s.
 	Interval time.Duration
 	// SurgeCheck is how often the counters are checked for a surge between
@@ -78,9 +78,6 @@ type Config struct {
 }
 
 func (c Config) withDefaults() Config {
-	if c.Direction == sluicev1.Direction_DIRECTION_UNSPECIFIED {
-		c.Direction = sluicev1.Direction_DIRECTION_INBOUND
-	}
 	if c.Interval == 0 {
 		c.Interval = time.Second
 	}
@@ -107,9 +104,7 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("Zone: %w", err))
 		}
 	}
-	switch c.Direction {
-	case sluicev1.Direction_DIRECTION_UNSPECIFIED, sluicev1.Direction_DIRECTION_INBOUND, sluicev1.Direction_DIRECTION_OUTBOUND:
-	default:
+	if c.Direction != sidecar.Inbound && c.Direction != sidecar.Outbound {
 		errs = append(errs, fmt.Errorf("Direction: must be inbound or outbound, got %v", c.Direction))
 	}
 	if c.Interval != 0 && (c.Interval < MinInterval || c.Interval > MaxInterval) {
@@ -132,7 +127,7 @@ func (c Config) Validate() error {
 // Header is what every report of one sidecar repeats.
 type Header struct {
 	SidecarID, Service, Zone string
-	Direction                sluicev1.Direction
+	Direction                sidecar.Direction
 	// Interval is the sidecar's report interval, for the aggregator's
 	// staleness check; 0 leaves it out.
 	Interval time.Duration
@@ -183,7 +178,7 @@ func Build(h Header, prev, cur []sidecar.PeerCounts, windowStart time.Time, wind
 	r := &sluicev1.LoadReport{
 		SidecarId:   h.SidecarID,
 		Service:     h.Service,
-		Direction:   h.Direction,
+		Direction:   directionProto(h.Direction),
 		Zone:        h.Zone,
 		WindowStart: timestamppb.New(windowStart),
 		Window:      durationpb.New(window),
@@ -395,7 +390,7 @@ func registerMetrics(cfg Config, up *uplink.Uplink[loadReq, loadResp]) (rejected
 	const ns, sub = "sluice", "sidecar_report"
 	// A sidecar may report both directions; the label keeps their
 	// reporters' metrics apart on one registry.
-	labels := prometheus.Labels{"direction": directionLabel(cfg.Direction)}
+	labels := prometheus.Labels{"direction": cfg.Direction.String()}
 	rejected = prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: ns, Subsystem: sub, Name: "rejected_total", ConstLabels: labels,
 		Help: "Load reports the aggregator answered with accepted=false.",
@@ -440,9 +435,10 @@ func registerMetrics(cfg Config, up *uplink.Uplink[loadReq, loadResp]) (rejected
 	return rejected, surges
 }
 
-func directionLabel(d sluicev1.Direction) string {
-	if d == sluicev1.Direction_DIRECTION_OUTBOUND {
-		return "outbound"
+// directionProto puts a validated direction on the wire.
+func directionProto(d sidecar.Direction) sluicev1.Direction {
+	if d == sidecar.Outbound {
+		return sluicev1.Direction_DIRECTION_OUTBOUND
 	}
-	return "inbound"
+	return sluicev1.Direction_DIRECTION_INBOUND
 }

@@ -92,7 +92,7 @@ func TestBuild(t *testing.T) {
 			[]*sluicev1.PeerCounts{wire("a", 5, 1, 0)}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			h := Header{SidecarID: "pod-1", Service: "svc", Zone: "z", Direction: sluicev1.Direction_DIRECTION_OUTBOUND}
+			h := Header{SidecarID: "pod-1", Service: "svc", Zone: "z", Direction: sidecar.Outbound}
 			start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 			got := Build(h, tc.prev, tc.cur, start, 1500*time.Millisecond)
 			want := &sluicev1.LoadReport{
@@ -146,10 +146,10 @@ func (f *fakeSource) AppendCounts(service string, dst []sidecar.PeerCounts) []si
 
 // startAggregator runs a real aggregator Service on loopback. It is not
 // Run: the test flushes it by hand and it needs no controller.
-func startAggregator(t *testing.T, lim aggregator.Limits) (*aggregator.Service, string) {
+func startAggregator(t *testing.T, bounds aggregator.Bounds) (*aggregator.Service, string) {
 	t.Helper()
 	svc, err := aggregator.New(aggregator.Config{
-		ID: "agg-1", Zone: "zone-b", Controllers: []string{"127.0.0.1:1"}, Limits: lim,
+		ID: "agg-1", Zone: "zone-b", Controllers: []string{"127.0.0.1:1"}, Bounds: bounds,
 	}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -224,7 +224,7 @@ func metric(t *testing.T, reg *prometheus.Registry, name string) float64 {
 }
 
 func TestReportsReachAggregator(t *testing.T) {
-	agg, addr := startAggregator(t, aggregator.Limits{})
+	agg, addr := startAggregator(t, aggregator.Bounds{})
 	src := newFakeSource(c("a", 100, 10, 5), c("b", 50, 0, 0), c("idle", 0, 0, 0))
 	reg := prometheus.NewRegistry()
 	var logs lockedBuffer
@@ -312,12 +312,12 @@ func (b *lockedBuffer) String() string {
 
 func TestRejectedReportsAreCounted(t *testing.T) {
 	// Every report is absurd for an aggregator that allows 1 rps.
-	_, addr := startAggregator(t, aggregator.Limits{MaxRate: 1})
+	_, addr := startAggregator(t, aggregator.Bounds{MaxRate: 1})
 	reg := prometheus.NewRegistry()
 	r := startReporter(t, Config{
 		SidecarID:   "pod-1",
 		Service:     "svc",
-		Direction:   sluicev1.Direction_DIRECTION_OUTBOUND,
+		Direction:   sidecar.Outbound,
 		Interval:    20 * time.Millisecond,
 		Aggregators: []string{addr},
 		Registerer:  reg,
@@ -377,7 +377,7 @@ func TestConfigValidate(t *testing.T) {
 
 func TestSeveralReportersOnOneRegistry(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	for _, d := range []sluicev1.Direction{sluicev1.Direction_DIRECTION_INBOUND, sluicev1.Direction_DIRECTION_OUTBOUND} {
+	for _, d := range []sidecar.Direction{sidecar.Inbound, sidecar.Outbound} {
 		if _, err := New(Config{SidecarID: "p", Service: "s", Direction: d, Aggregators: []string{"x:1"}, Registerer: reg}, newFakeSource()); err != nil {
 			t.Fatal(err)
 		}

@@ -176,7 +176,7 @@ func LimitsFile(set *limits.Set) ([]byte, error) {
 			Capacity:     finite(svc.Capacity),
 			DefaultLimit: finite(svc.DefaultLimit),
 			Mode:         svc.Mode.String(),
-			FailMode:     svc.FailMode,
+			FailMode:     svc.FailMode.String(),
 			Callers:      map[string]bucket{},
 		}
 		for caller, b := range svc.Callers {

@@ -115,7 +115,7 @@ func aggregatorAtScale(b *testing.B) (*aggregator.State, []*sluicev1.LoadReport)
 	b.Helper()
 	cfg := Default()
 	m := newMesh(cfg, newRNG(cfg))
-	st := aggregator.NewState(m.aggs[0].zone, m.aggs[0].id, 3, aggregator.Limits{})
+	st := aggregator.NewState(m.aggs[0].zone, m.aggs[0].id, 3, aggregator.Bounds{})
 	var reports []*sluicev1.LoadReport
 	var cur []sidecar.PeerCounts
 	for i := range m.services {

@@ -7,10 +7,11 @@ import (
 	"math/rand/v2"
 	"slices"
 
-	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/limits"
+	"github.com/sluicehq/sluice/pkg/dataplane"
 	"github.com/sluicehq/sluice/pkg/dropratio"
 	"github.com/sluicehq/sluice/pkg/names"
+	"github.com/sluicehq/sluice/sidecar"
 	"github.com/sluicehq/sluice/sidecar/reporter"
 )
 
@@ -114,7 +115,7 @@ func newMesh(cfg Config, rng *rand.Rand) *mesh {
 		s.callerIdx = make(map[string]int, n)
 		ls := &limits.Service{
 			Name: s.name, Capacity: math.Inf(1), DefaultLimit: math.Inf(1),
-			Mode: dropratio.Enforce, FailMode: limits.FailOpen,
+			Mode: dropratio.Enforce, FailMode: dataplane.FailOpen,
 			Callers: make(map[string]limits.Bucket, n),
 		}
 		for j, c := range cs {
@@ -145,7 +146,7 @@ func newMesh(cfg Config, rng *rand.Rand) *mesh {
 					SidecarID: fmt.Sprintf("%s-%06d", s.name, k),
 					Service:   s.name,
 					Zone:      m.aggs[a].zone,
-					Direction: sluicev1.Direction_DIRECTION_INBOUND,
+					Direction: sidecar.Inbound,
 				},
 				agg: int32(a),
 			})

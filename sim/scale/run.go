@@ -147,7 +147,7 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Result, error) {
 	}
 	aggs := make([]*aggregator.State, len(m.aggs))
 	for i, a := range m.aggs {
-		aggs[i] = aggregator.NewState(a.zone, a.id, cfg.Controller.StaleAfter, aggregator.Limits{})
+		aggs[i] = aggregator.NewState(a.zone, a.id, cfg.Controller.StaleAfter, aggregator.Bounds{})
 	}
 
 	var xds *xdsProbe

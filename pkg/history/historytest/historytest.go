@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/pkg/dataplane"
+	"github.com/sluicehq/sluice/pkg/dropratio"
 	"github.com/sluicehq/sluice/pkg/history"
 )
 
@@ -457,7 +459,7 @@ func testSetLimit(t *testing.T, s history.Store) {
 	ctx := t.Context()
 	win := begin()
 	must(t, s.SetLimit(ctx, history.BucketLimit{Bucket: ac, Limit: 100}, alice))
-	must(t, s.SetLimit(ctx, history.BucketLimit{Bucket: ab, Limit: 50, Mode: history.Shadow, Source: history.Derived,
+	must(t, s.SetLimit(ctx, history.BucketLimit{Bucket: ab, Limit: 50, Mode: new(dropratio.Shadow), Source: history.Derived,
 		UpdatedBy: "ignored", Reason: "ignored"}, alice))
 	win = win.end()
 
@@ -479,15 +481,15 @@ func testSetLimit(t *testing.T, s history.Store) {
 		return out
 	}
 	eq(t, "buckets, sorted", strip(l.Buckets), []history.BucketLimit{
-		{Bucket: ab, Limit: 50, Mode: history.Shadow, Enforcement: history.EnforceSidecar, Source: history.Derived, UpdatedBy: "alice", Reason: "first reason"},
-		{Bucket: ac, Limit: 100, Mode: history.Enforce, Enforcement: history.EnforceSidecar, Source: history.Manual, UpdatedBy: "alice", Reason: "first reason"},
+		{Bucket: ab, Limit: 50, Mode: new(dropratio.Shadow), Enforcement: new(dataplane.EnforceSidecar), Source: history.Derived, UpdatedBy: "alice", Reason: "first reason"},
+		{Bucket: ac, Limit: 100, Mode: new(dropratio.Enforce), Enforcement: new(dataplane.EnforceSidecar), Source: history.Manual, UpdatedBy: "alice", Reason: "first reason"},
 	})
 
 	// Replace: an empty Mode keeps the bucket's.
 	must(t, s.SetLimit(ctx, history.BucketLimit{Bucket: ab, Limit: 0}, bob))
 	got, _ := bucketLimit(t, s, ab)
-	eq(t, "replaced", []any{got.Limit, got.Mode, got.Source, got.UpdatedBy, got.Reason},
-		[]any{0.0, history.Shadow, history.Manual, "bob", "second reason"})
+	eq(t, "replaced", []any{got.Limit, *got.Mode, got.Source, got.UpdatedBy, got.Reason},
+		[]any{0.0, dropratio.Shadow, history.Manual, "bob", "second reason"})
 
 	eq(t, "audit", entries(audit(t, s, history.Filter{})), []entry{
 		{"bob", "set_limit", "a", "b", "50 rps, shadow, derived", "0 rps, shadow, manual", "second reason"},
@@ -498,14 +500,14 @@ func testSetLimit(t *testing.T, s history.Store) {
 
 func testSetLimitModeDefaults(t *testing.T, s history.Store) {
 	ctx := t.Context()
-	must(t, s.SetService(ctx, history.ServiceLimits{Callee: "a", Mode: history.Shadow}, alice))
+	must(t, s.SetService(ctx, history.ServiceLimits{Callee: "a", Mode: new(dropratio.Shadow)}, alice))
 	must(t, s.SetLimit(ctx, history.BucketLimit{Bucket: ab, Limit: 1}, alice)) // new: the callee's mode
 	must(t, s.SetLimit(ctx, history.BucketLimit{Bucket: bb, Limit: 1}, alice)) // new, callee without settings: enforce
-	must(t, s.SetLimit(ctx, history.BucketLimit{Bucket: ac, Limit: 1, Mode: history.Enforce}, alice))
+	must(t, s.SetLimit(ctx, history.BucketLimit{Bucket: ac, Limit: 1, Mode: new(dropratio.Enforce)}, alice))
 	must(t, s.SetLimit(ctx, history.BucketLimit{Bucket: ac, Limit: 2}, alice)) // existing: its own mode
-	for b, want := range map[history.Bucket]history.Mode{ab: history.Shadow, bb: history.Enforce, ac: history.Enforce} {
+	for b, want := range map[history.Bucket]dropratio.Mode{ab: dropratio.Shadow, bb: dropratio.Enforce, ac: dropratio.Enforce} {
 		got, _ := bucketLimit(t, s, b)
-		eq(t, fmt.Sprintf("mode of %v", b), got.Mode, want)
+		eq(t, fmt.Sprintf("mode of %v", b), *got.Mode, want)
 	}
 }
 
@@ -515,31 +517,31 @@ func testSetLimitModeDefaults(t *testing.T, s history.Store) {
 // keeps it; the audit shows it.
 func testEnforcement(t *testing.T, s history.Store) {
 	ctx := t.Context()
-	up := history.EnforceUpstream
-	must(t, s.SetService(ctx, history.ServiceLimits{Callee: "a", Enforcement: up}, alice))
+	up := dataplane.EnforceUpstream
+	must(t, s.SetService(ctx, history.ServiceLimits{Callee: "a", Enforcement: new(up)}, alice))
 	must(t, s.SetService(ctx, history.ServiceLimits{Callee: "a", Capacity: f64(10)}, alice)) // kept
 	au := history.Bucket{Callee: "a", Caller: "unknown"}
-	must(t, s.SetLimit(ctx, history.BucketLimit{Bucket: ab, Limit: 1}, alice))                                      // the callee's
-	must(t, s.SetLimit(ctx, history.BucketLimit{Bucket: au, Limit: 1}, alice))                                      // reserved: sidecar
-	must(t, s.SetLimit(ctx, history.BucketLimit{Bucket: bb, Limit: 1}, alice))                                      // no settings: sidecar
-	must(t, s.SetLimit(ctx, history.BucketLimit{Bucket: ac, Limit: 1, Enforcement: history.EnforceSidecar}, alice)) // its own
-	must(t, s.SetLimit(ctx, history.BucketLimit{Bucket: ac, Limit: 2}, alice))                                      // kept
-	must(t, s.SetLimit(ctx, history.BucketLimit{Bucket: bb, Limit: 2, Enforcement: up}, alice))                     // changed
+	must(t, s.SetLimit(ctx, history.BucketLimit{Bucket: ab, Limit: 1}, alice))                                             // the callee's
+	must(t, s.SetLimit(ctx, history.BucketLimit{Bucket: au, Limit: 1}, alice))                                             // reserved: sidecar
+	must(t, s.SetLimit(ctx, history.BucketLimit{Bucket: bb, Limit: 1}, alice))                                             // no settings: sidecar
+	must(t, s.SetLimit(ctx, history.BucketLimit{Bucket: ac, Limit: 1, Enforcement: new(dataplane.EnforceSidecar)}, alice)) // its own
+	must(t, s.SetLimit(ctx, history.BucketLimit{Bucket: ac, Limit: 2}, alice))                                             // kept
+	must(t, s.SetLimit(ctx, history.BucketLimit{Bucket: bb, Limit: 2, Enforcement: new(up)}, alice))                       // changed
 	propose(t, s, alice, proposal(bb, 300))
 	ps, err := s.Proposals(ctx, history.Filter{})
 	must(t, err)
 	_, err = s.Approve(ctx, ids(ps), bob) // keeps bb's
 	must(t, err)
-	for b, want := range map[history.Bucket]history.Enforcement{ab: up, au: history.EnforceSidecar, ac: history.EnforceSidecar, bb: up} {
+	for b, want := range map[history.Bucket]dataplane.Enforcement{ab: up, au: dataplane.EnforceSidecar, ac: dataplane.EnforceSidecar, bb: up} {
 		got, _ := bucketLimit(t, s, b)
-		eq(t, fmt.Sprintf("enforcement of %v", b), got.Enforcement, want)
+		eq(t, fmt.Sprintf("enforcement of %v", b), *got.Enforcement, want)
 	}
-	eq(t, "callee a's enforcement", limits(t, s).Services[0].Enforcement, up)
+	eq(t, "callee a's enforcement", *limits(t, s).Services[0].Enforcement, up)
 	eq(t, "audit of the approval", entries(audit(t, s, history.Filter{Callee: "b"}))[0],
 		entry{"bob", "approve", "b", "b", "2 rps, enforce, manual, enforced upstream", "300 rps, enforce, derived, enforced upstream", "second reason"})
-	wantErr(t, "a bad enforcement", s.SetLimit(ctx, history.BucketLimit{Bucket: ab, Limit: 1, Enforcement: "envoy"}, alice),
+	wantErr(t, "a bad enforcement", s.SetLimit(ctx, history.BucketLimit{Bucket: ab, Limit: 1, Enforcement: new(dataplane.Enforcement(2))}, alice),
 		history.ErrInvalid, "limit.enforcement")
-	wantErr(t, "a bad service enforcement", s.SetService(ctx, history.ServiceLimits{Callee: "a", Enforcement: "envoy"}, alice),
+	wantErr(t, "a bad service enforcement", s.SetService(ctx, history.ServiceLimits{Callee: "a", Enforcement: new(dataplane.Enforcement(2))}, alice),
 		history.ErrInvalid, "service.enforcement")
 }
 
@@ -567,7 +569,7 @@ func testSetService(t *testing.T, s history.Store) {
 	win := begin()
 	must(t, s.SetService(ctx, history.ServiceLimits{Callee: "b"}, alice))
 	must(t, s.SetService(ctx, history.ServiceLimits{Callee: "a", DefaultLimit: f64(100), Capacity: f64(500),
-		Mode: history.Shadow, FailMode: history.FailLocal}, alice))
+		Mode: new(dropratio.Shadow), FailMode: new(dataplane.FailLocal)}, alice))
 	win = win.end()
 	l := limits(t, s)
 	for _, svc := range l.Services {
@@ -581,16 +583,16 @@ func testSetService(t *testing.T, s history.Store) {
 		return out
 	}
 	eq(t, "services, sorted", strip(l.Services), []history.ServiceLimits{
-		{Callee: "a", DefaultLimit: f64(100), Capacity: f64(500), Mode: history.Shadow, FailMode: history.FailLocal,
-			Enforcement: history.EnforceSidecar, UpdatedBy: "alice", Reason: "first reason"},
-		{Callee: "b", Mode: history.Enforce, FailMode: history.FailOpen, Enforcement: history.EnforceSidecar, UpdatedBy: "alice", Reason: "first reason"},
+		{Callee: "a", DefaultLimit: f64(100), Capacity: f64(500), Mode: new(dropratio.Shadow), FailMode: new(dataplane.FailLocal),
+			Enforcement: new(dataplane.EnforceSidecar), UpdatedBy: "alice", Reason: "first reason"},
+		{Callee: "b", Mode: new(dropratio.Enforce), FailMode: new(dataplane.FailOpen), Enforcement: new(dataplane.EnforceSidecar), UpdatedBy: "alice", Reason: "first reason"},
 	})
 
 	// Replace: rates as given (nil: none), empty modes kept.
 	must(t, s.SetService(ctx, history.ServiceLimits{Callee: "a", Capacity: f64(250)}, bob))
 	eq(t, "replaced", strip(limits(t, s).Services)[0], history.ServiceLimits{
-		Callee: "a", Capacity: f64(250), Mode: history.Shadow, FailMode: history.FailLocal,
-		Enforcement: history.EnforceSidecar, UpdatedBy: "bob", Reason: "second reason"})
+		Callee: "a", Capacity: f64(250), Mode: new(dropratio.Shadow), FailMode: new(dataplane.FailLocal),
+		Enforcement: new(dataplane.EnforceSidecar), UpdatedBy: "bob", Reason: "second reason"})
 
 	eq(t, "audit", entries(audit(t, s, history.Filter{Callee: "a"})), []entry{
 		{"bob", "set_service", "a", "",
@@ -607,25 +609,25 @@ func testSetMode(t *testing.T, s history.Store) {
 	for _, b := range []history.Bucket{ab, ac, bb} {
 		must(t, s.SetLimit(ctx, history.BucketLimit{Bucket: b, Limit: 10}, alice))
 	}
-	modes := func() map[string]history.Mode {
+	modes := func() map[string]dropratio.Mode {
 		l := limits(t, s)
-		out := map[string]history.Mode{}
+		out := map[string]dropratio.Mode{}
 		for _, svc := range l.Services {
-			out[svc.Callee] = svc.Mode
+			out[svc.Callee] = *svc.Mode
 		}
 		for _, b := range l.Buckets {
-			out[b.Callee+"/"+b.Caller] = b.Mode
+			out[b.Callee+"/"+b.Caller] = *b.Mode
 		}
 		return out
 	}
 	before := len(audit(t, s, history.Filter{}))
 
 	// A callee: its own mode and all its buckets.
-	n, err := s.SetMode(ctx, history.Filter{Callee: "a"}, history.Shadow, bob)
+	n, err := s.SetMode(ctx, history.Filter{Callee: "a"}, dropratio.Shadow, bob)
 	must(t, err)
 	eq(t, "selected by callee a", n, 3)
-	eq(t, "modes", modes(), map[string]history.Mode{
-		"a": history.Shadow, "a/b": history.Shadow, "a/c": history.Shadow, "b": history.Enforce, "b/b": history.Enforce})
+	eq(t, "modes", modes(), map[string]dropratio.Mode{
+		"a": dropratio.Shadow, "a/b": dropratio.Shadow, "a/c": dropratio.Shadow, "b": dropratio.Enforce, "b/b": dropratio.Enforce})
 	es := audit(t, s, history.Filter{})
 	eq(t, "audit", entries(es[:len(es)-before]), []entry{
 		{"bob", "set_mode", "a", "c", "enforce", "shadow", "second reason"},
@@ -637,25 +639,25 @@ func testSetMode(t *testing.T, s history.Store) {
 
 	// Again: the same selection, nothing to change, nothing audited.
 	before = len(audit(t, s, history.Filter{}))
-	n, err = s.SetMode(ctx, history.Filter{Callee: "a"}, history.Shadow, bob)
+	n, err = s.SetMode(ctx, history.Filter{Callee: "a"}, dropratio.Shadow, bob)
 	must(t, err)
 	eq(t, "selected again", n, 3)
 	eq(t, "audit entries after a no-op", len(audit(t, s, history.Filter{})), before)
 
 	// A caller across callees: buckets only, never a callee's settings.
-	n, err = s.SetMode(ctx, history.Filter{Caller: "b"}, history.Enforce, alice)
+	n, err = s.SetMode(ctx, history.Filter{Caller: "b"}, dropratio.Enforce, alice)
 	must(t, err)
 	eq(t, "selected by caller b", n, 2)
-	eq(t, "modes", modes(), map[string]history.Mode{
-		"a": history.Shadow, "a/b": history.Enforce, "a/c": history.Shadow, "b": history.Enforce, "b/b": history.Enforce})
+	eq(t, "modes", modes(), map[string]dropratio.Mode{
+		"a": dropratio.Shadow, "a/b": dropratio.Enforce, "a/c": dropratio.Shadow, "b": dropratio.Enforce, "b/b": dropratio.Enforce})
 
 	// One bucket.
-	n, err = s.SetMode(ctx, history.Filter{Callee: "a", Caller: "c"}, history.Enforce, alice)
+	n, err = s.SetMode(ctx, history.Filter{Callee: "a", Caller: "c"}, dropratio.Enforce, alice)
 	must(t, err)
 	eq(t, "selected one bucket", n, 1)
-	eq(t, "mode of a/c", modes()["a/c"], history.Enforce)
+	eq(t, "mode of a/c", modes()["a/c"], dropratio.Enforce)
 
-	_, err = s.SetMode(ctx, history.Filter{Callee: "nobody"}, history.Shadow, alice)
+	_, err = s.SetMode(ctx, history.Filter{Callee: "nobody"}, dropratio.Shadow, alice)
 	wantErr(t, "SetMode selecting nothing", err, history.ErrNotFound, "")
 }
 
@@ -758,8 +760,8 @@ func testApprove(t *testing.T, s history.Store) {
 	ctx := t.Context()
 	// ab has a shadow limit; ac has none but its callee is in shadow; bb
 	// has nothing at all.
-	must(t, s.SetLimit(ctx, history.BucketLimit{Bucket: ab, Limit: 5, Mode: history.Shadow}, alice))
-	must(t, s.SetService(ctx, history.ServiceLimits{Callee: "a", Mode: history.Shadow}, alice))
+	must(t, s.SetLimit(ctx, history.BucketLimit{Bucket: ab, Limit: 5, Mode: new(dropratio.Shadow)}, alice))
+	must(t, s.SetService(ctx, history.ServiceLimits{Callee: "a", Mode: new(dropratio.Shadow)}, alice))
 	ps := propose(t, s, alice, proposal(ab, 100), proposal(ac, 200), proposal(bb, 300))
 	before := len(audit(t, s, history.Filter{}))
 
@@ -780,11 +782,11 @@ func testApprove(t *testing.T, s history.Store) {
 		win.check(t, "UpdatedAt", l.Buckets[i].UpdatedAt)
 		l.Buckets[i].UpdatedAt = time.Time{}
 	}
-	derived := func(b history.Bucket, limit float64, m history.Mode) history.BucketLimit {
-		return history.BucketLimit{Bucket: b, Limit: limit, Mode: m, Enforcement: history.EnforceSidecar, Source: history.Derived, UpdatedBy: "bob", Reason: "second reason"}
+	derived := func(b history.Bucket, limit float64, m dropratio.Mode) history.BucketLimit {
+		return history.BucketLimit{Bucket: b, Limit: limit, Mode: new(m), Enforcement: new(dataplane.EnforceSidecar), Source: history.Derived, UpdatedBy: "bob", Reason: "second reason"}
 	}
 	eq(t, "limits", l.Buckets, []history.BucketLimit{
-		derived(ab, 100, history.Shadow), derived(ac, 200, history.Shadow), derived(bb, 300, history.Enforce),
+		derived(ab, 100, dropratio.Shadow), derived(ac, 200, dropratio.Shadow), derived(bb, 300, dropratio.Enforce),
 	})
 	es := audit(t, s, history.Filter{})
 	eq(t, "audit", entries(es[:len(es)-before]), []entry{
@@ -929,19 +931,29 @@ func testAuditHistory(t *testing.T, s history.Store) {
 // testReturnsCopies: changing what a store returned changes nothing in it.
 func testReturnsCopies(t *testing.T, s history.Store) {
 	ctx := t.Context()
-	must(t, s.SetService(ctx, history.ServiceLimits{Callee: "a", Capacity: f64(10)}, alice))
+	svc := history.ServiceLimits{Callee: "a", Capacity: f64(10), Mode: new(dropratio.Shadow), FailMode: new(dataplane.FailHold)}
+	must(t, s.SetService(ctx, svc, alice))
+	lim := history.BucketLimit{Bucket: ab, Limit: 5, Enforcement: new(dataplane.EnforceUpstream)}
+	must(t, s.SetLimit(ctx, lim, alice))
+	*svc.Mode, *svc.FailMode, *lim.Enforcement = dropratio.Enforce, dataplane.FailLocal, dataplane.EnforceSidecar
 	in := []history.Proposal{{Bucket: ab, Proposed: 1, Flags: []string{"x"}, Current: f64(3)}}
 	got := propose(t, s, alice, in...)
 	got[0].Flags[0], *got[0].Current = "changed", 99
 	in[0].Flags[0], *in[0].Current = "changed", 99
 	l := limits(t, s)
 	*l.Services[0].Capacity = 99
+	*l.Services[0].Mode, *l.Services[0].FailMode, *l.Services[0].Enforcement = dropratio.Enforce, dataplane.FailLocal, dataplane.EnforceUpstream
+	*l.Buckets[0].Mode, *l.Buckets[0].Enforcement = dropratio.Enforce, dataplane.EnforceSidecar
 
 	ps, err := s.Proposals(ctx, history.Filter{})
 	must(t, err)
 	eq(t, "stored flags", ps[0].Flags, []string{"x"})
 	eq(t, "stored current", *ps[0].Current, 3.0)
-	eq(t, "stored capacity", *limits(t, s).Services[0].Capacity, 10.0)
+	l = limits(t, s)
+	eq(t, "stored capacity", *l.Services[0].Capacity, 10.0)
+	eq(t, "stored service settings", []any{*l.Services[0].Mode, *l.Services[0].FailMode, *l.Services[0].Enforcement},
+		[]any{dropratio.Shadow, dataplane.FailHold, dataplane.EnforceSidecar})
+	eq(t, "stored bucket settings", []any{*l.Buckets[0].Mode, *l.Buckets[0].Enforcement}, []any{dropratio.Shadow, dataplane.EnforceUpstream})
 }
 
 // ---- changes ----
@@ -954,7 +966,7 @@ func testChanges(t *testing.T, s history.Store) {
 	waitSignal(t, ch, "SetLimit")
 	must(t, s.SetService(ctx, history.ServiceLimits{Callee: "a"}, alice))
 	waitSignal(t, ch, "SetService")
-	_, err = s.SetMode(ctx, history.Filter{Callee: "a"}, history.Shadow, alice)
+	_, err = s.SetMode(ctx, history.Filter{Callee: "a"}, dropratio.Shadow, alice)
 	must(t, err)
 	waitSignal(t, ch, "SetMode")
 	ps := propose(t, s, alice, proposal(ac, 10))
@@ -1046,7 +1058,9 @@ func testInvalid(t *testing.T, s history.Store) {
 		{"limit NaN", "limit.limit", func() error { return s.SetLimit(ctx, history.BucketLimit{Bucket: ab, Limit: math.NaN()}, alice) }},
 		{"limit Inf", "limit.limit", func() error { return s.SetLimit(ctx, history.BucketLimit{Bucket: ab, Limit: math.Inf(1)}, alice) }},
 		{"limit negative", "limit.limit", func() error { return s.SetLimit(ctx, history.BucketLimit{Bucket: ab, Limit: -1}, alice) }},
-		{"limit mode", "limit.mode", func() error { return s.SetLimit(ctx, history.BucketLimit{Bucket: ab, Limit: 1, Mode: "loud"}, alice) }},
+		{"limit mode", "limit.mode", func() error {
+			return s.SetLimit(ctx, history.BucketLimit{Bucket: ab, Limit: 1, Mode: new(dropratio.Mode(2))}, alice)
+		}},
 		{"limit source", "limit.source", func() error {
 			return s.SetLimit(ctx, history.BucketLimit{Bucket: ab, Limit: 1, Source: "guess"}, alice)
 		}},
@@ -1070,20 +1084,25 @@ func testInvalid(t *testing.T, s history.Store) {
 			return s.SetService(ctx, history.ServiceLimits{Callee: "a", DefaultLimit: f64(math.NaN())}, alice)
 		}},
 		{"service fail mode", "service.fail_mode", func() error {
-			return s.SetService(ctx, history.ServiceLimits{Callee: "a", FailMode: "closed"}, alice)
+			return s.SetService(ctx, history.ServiceLimits{Callee: "a", FailMode: new(dataplane.FailMode(3))}, alice)
 		}},
-		{"service mode", "service.mode", func() error { return s.SetService(ctx, history.ServiceLimits{Callee: "a", Mode: "x"}, alice) }},
+		{"service mode", "service.mode", func() error {
+			return s.SetService(ctx, history.ServiceLimits{Callee: "a", Mode: new(dropratio.Mode(9))}, alice)
+		}},
 		{"service callee", "service.callee", func() error { return s.SetService(ctx, history.ServiceLimits{}, alice) }},
 		{"service no actor", "change.actor", func() error {
 			return s.SetService(ctx, history.ServiceLimits{Callee: "a"}, history.Change{Reason: "r"})
 		}},
-		{"mode empty", "mode", func() error { _, err := s.SetMode(ctx, history.Filter{Callee: "a"}, "", alice); return err }},
+		{"mode unknown", "mode", func() error {
+			_, err := s.SetMode(ctx, history.Filter{Callee: "a"}, dropratio.Mode(2), alice)
+			return err
+		}},
 		{"mode filter", "filter.caller", func() error {
-			_, err := s.SetMode(ctx, history.Filter{Caller: "a/b"}, history.Shadow, alice)
+			_, err := s.SetMode(ctx, history.Filter{Caller: "a/b"}, dropratio.Shadow, alice)
 			return err
 		}},
 		{"mode no reason", "change.reason", func() error {
-			_, err := s.SetMode(ctx, history.Filter{Callee: "a"}, history.Shadow, history.Change{Actor: "a"})
+			_, err := s.SetMode(ctx, history.Filter{Callee: "a"}, dropratio.Shadow, history.Change{Actor: "a"})
 			return err
 		}},
 		{"propose NaN", "proposals[0].proposed", func() error {
@@ -1146,11 +1165,11 @@ func testNotFound(t *testing.T, s history.Store) {
 	}{
 		{"DeleteLimit of a bucket without a limit", func() error { return s.DeleteLimit(ctx, ac, alice) }},
 		{"SetMode of an unknown callee", func() error {
-			_, err := s.SetMode(ctx, history.Filter{Callee: "zz"}, history.Shadow, alice)
+			_, err := s.SetMode(ctx, history.Filter{Callee: "zz"}, dropratio.Shadow, alice)
 			return err
 		}},
 		{"SetMode of an unknown bucket", func() error {
-			_, err := s.SetMode(ctx, history.Filter{Callee: "a", Caller: "zz"}, history.Shadow, alice)
+			_, err := s.SetMode(ctx, history.Filter{Callee: "a", Caller: "zz"}, dropratio.Shadow, alice)
 			return err
 		}},
 		{"Approve of an unknown ID", func() error { _, err := s.Approve(ctx, []int64{42}, alice); return err }},
