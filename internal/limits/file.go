@@ -199,7 +199,8 @@ type File struct {
 	last     []byte // contents of the last load attempt; owned by Run
 
 	// OnReload, when set before Run, is told the outcome of every reload
-	// attempt (nil error for success), for metrics.
+	// attempt (nil error for success), for metrics; after a success, once
+	// the new limits are in force.
 	OnReload func(error)
 }
 
@@ -260,9 +261,6 @@ func (f *File) reload() {
 	if err == nil {
 		set, err = Parse(bytes.NewReader(data))
 	}
-	if f.OnReload != nil {
-		f.OnReload(err)
-	}
 	if data != nil {
 		// Remember bad contents too, so that one bad edit is reported once,
 		// not on every poll until someone fixes it.
@@ -270,8 +268,12 @@ func (f *File) reload() {
 	}
 	if err != nil {
 		f.logger.Error("limits file invalid; keeping the last good limits", "path", f.path, "err", err)
-		return
+	} else {
+		f.current.Store(set)
+		f.logger.Info("limits reloaded", "path", f.path, "services", set.Len())
 	}
-	f.current.Store(set)
-	f.logger.Info("limits reloaded", "path", f.path, "services", set.Len())
+	// Told last, so that whoever hears of a good reload reads its limits.
+	if f.OnReload != nil {
+		f.OnReload(err)
+	}
 }

@@ -172,9 +172,13 @@ func (s *Store) reload(ctx context.Context) {
 	if err == nil {
 		set, err = FromHistory(l)
 	}
-	if s.OnReload != nil {
-		s.OnReload(err)
-	}
+	// OnReload is told last, so that whoever hears of a good read reads
+	// its limits.
+	defer func() {
+		if s.OnReload != nil {
+			s.OnReload(err)
+		}
+	}()
 	if err != nil {
 		s.lastErr.Store(&err)
 		s.log.Error("reading limits failed; keeping the last limits read", "err", err)

@@ -655,3 +655,24 @@ func TestHealthy(t *testing.T) {
 		}
 	}
 }
+
+// TestLoadErrorIsTheMachines: the load generator's own error in a caller's
+// over-limit seconds is measured from what it sent, and only there.
+func TestLoadErrorIsTheMachines(t *testing.T) {
+	b := sim.BucketSeries{
+		Nominal: []float64{50, 500, 500, 500, 500, 50},
+		Allowed: []float64{100, 100, 100, 100, 100, 100},
+	}
+	// A stall moved 35 requests from second 2 into second 3; second 0's
+	// shortfall is under the limit and does not count.
+	sent := []float64{40, 500, 465, 535, 500, 50}
+	if got, want := loadError(&b, sent), (0+0.07+0.07+0)/4; math.Abs(got-want) > 1e-12 {
+		t.Errorf("loadError = %v, want %v", got, want)
+	}
+	if got := loadError(&b, []float64{50, 500, 500, 500, 500, 50}); got != 0 {
+		t.Errorf("on schedule: loadError = %v, want 0", got)
+	}
+	if got := loadError(&b, nil); got != 0 {
+		t.Errorf("no sent counts: loadError = %v, want 0", got)
+	}
+}

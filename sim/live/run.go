@@ -62,6 +62,17 @@ type Result struct {
 	Reports, SurgeReports, Failovers float64
 	// Wall is how long the run took, start-up and shut-down included.
 	Wall time.Duration
+	// Sent holds, per bucket and second, the requests the load generators
+	// sent (retries not included); nil for a Result not from Run.
+	Sent [][]float64
+}
+
+// sentOf is bucket bi's Sent series, nil without one.
+func (r *Result) sentOf(bi int) []float64 {
+	if bi < len(r.Sent) {
+		return r.Sent[bi]
+	}
+	return nil
 }
 
 // LoadStats counts the load generators' requests over the run.
@@ -417,6 +428,7 @@ func drive(ctx context.Context, c *cluster, r *Result, progress func(string, ...
 	if n > 0 {
 		r.Load.Late = lateSeconds(r.Buckets, sent)
 	}
+	r.Sent = sent
 	r.Load.Stalls, r.Load.StallThreshold, r.Load.MaxStall, r.Load.Seconds = pr.stalls, pr.threshold, pr.maxStall, n
 	return nil
 }
