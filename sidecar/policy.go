@@ -161,17 +161,8 @@ func PolicyFromProto(m *sluicev1.DropPolicy) (*Policy, error) {
 	} else if p.Service == names.Overflow {
 		bad("service", "%q is reserved", p.Service)
 	}
-	dirOK := true
-	switch m.GetDirection() {
-	case sluicev1.Direction_DIRECTION_INBOUND:
-		p.Direction = Inbound
-	case sluicev1.Direction_DIRECTION_OUTBOUND:
-		p.Direction = Outbound
-	default:
-		dirOK = false
-		bad("direction", "%v is neither inbound nor outbound", m.GetDirection())
-	}
-	if dirOK {
+	var dirOK bool
+	if p.Direction, dirOK = directionFromProto(m.GetDirection(), bad); dirOK {
 		want := names.Callee(p.Service)
 		if p.Direction == Outbound {
 			want = names.Caller(p.Service)
@@ -183,82 +174,112 @@ func PolicyFromProto(m *sluicev1.DropPolicy) (*Policy, error) {
 
 	p.TTL = duration(m.GetTtl(), "ttl", bad)
 	p.FailOpenDecay = duration(m.GetFailOpenDecay(), "fail_open_decay", bad)
-	if ts := m.GetIssuedAt(); ts != nil {
-		if err := ts.CheckValid(); err != nil {
-			bad("issued_at", "%v", err)
-		} else {
-			p.IssuedAt = ts.AsTime()
-		}
-	}
-	switch m.GetFailMode() {
-	case sluicev1.FailMode_FAIL_MODE_UNSPECIFIED, sluicev1.FailMode_FAIL_MODE_OPEN:
-		p.FailMode = dataplane.FailOpen
-	case sluicev1.FailMode_FAIL_MODE_HOLD:
-		p.FailMode = dataplane.FailHold
-	case sluicev1.FailMode_FAIL_MODE_LOCAL:
-		p.FailMode = dataplane.FailLocal
-	default:
-		bad("fail_mode", "unknown value %d", int32(m.GetFailMode()))
-	}
+	p.IssuedAt = timestamp(m.GetIssuedAt(), "issued_at", bad)
+	p.FailMode = failModeFromProto(m.GetFailMode(), bad)
 
 	p.Peers = make([]Rule, 0, len(m.GetPeers()))
 	seen := make(map[string]int, len(m.GetPeers()))
 	for i, pp := range m.GetPeers() {
-		f := func(name string) string { return "peers[" + strconv.Itoa(i) + "]." + name }
-		r := Rule{
-			Peer:       pp.GetPeer(),
-			DropRatio:  pp.GetDropRatio(),
-			LimitRPS:   rateOrInf(pp.LimitRps),
-			AllowedRPS: rateOrInf(pp.AllowedRps),
-			OfferedRPS: pp.GetOfferedRps(),
-			Reason:     Reason(pp.GetReason()),
-		}
-		if err := names.Check(r.Peer); err != nil {
-			bad(f("peer"), "%v", err)
-		} else if j, dup := seen[r.Peer]; dup {
-			bad(f("peer"), "%q is listed again, first at peers[%d]", r.Peer, j)
-		} else {
-			seen[r.Peer] = i
-		}
-		if !(r.DropRatio >= 0 && r.DropRatio < 1) { // also catches NaN
-			bad(f("drop_ratio"), "%v is outside [0, 1)", r.DropRatio)
-		}
-		switch pp.GetMode() {
-		case sluicev1.Mode_MODE_UNSPECIFIED, sluicev1.Mode_MODE_ENFORCE:
-			r.Mode = dropratio.Enforce
-		case sluicev1.Mode_MODE_SHADOW:
-			r.Mode = dropratio.Shadow
-		default:
-			bad(f("mode"), "unknown value %d", int32(pp.GetMode()))
-		}
-		if pp.GetEnforcedUpstream() {
-			r.Mode, r.Enforcement = dropratio.Enforce, dataplane.EnforceUpstream
-			if p.Direction == Outbound {
-				// Upstream of an outbound sidecar is the caller's app:
-				// nobody would drop the bucket.
-				bad(f("enforced_upstream"), "set in an outbound policy")
-			}
-		}
-		// Absent limits mean none, so the wire never needs an infinity.
-		for _, rate := range []struct {
-			name string
-			v    *float64
-		}{{"limit_rps", pp.LimitRps}, {"allowed_rps", pp.AllowedRps}, {"offered_rps", &pp.OfferedRps}} {
-			switch {
-			case rate.v == nil:
-			case math.IsNaN(*rate.v) || math.IsInf(*rate.v, 0):
-				bad(f(rate.name), "%v is not a finite number", *rate.v)
-			case *rate.v < 0:
-				bad(f(rate.name), "%v is negative", *rate.v)
-			}
-		}
-		p.Peers = append(p.Peers, r)
+		p.Peers = append(p.Peers, ruleFromProto(i, pp, p.Direction, seen, bad))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("invalid drop policy %q: %w", m.GetName(), err)
 	}
 	slices.SortFunc(p.Peers, func(a, b Rule) int { return cmp.Compare(a.Peer, b.Peer) })
 	return p, nil
+}
+
+// directionFromProto converts a policy's direction; ok is false (and the
+// direction Inbound) when it is neither.
+func directionFromProto(d sluicev1.Direction, bad func(field, format string, args ...any)) (dir Direction, ok bool) {
+	switch d {
+	case sluicev1.Direction_DIRECTION_INBOUND:
+		return Inbound, true
+	case sluicev1.Direction_DIRECTION_OUTBOUND:
+		return Outbound, true
+	}
+	bad("direction", "%v is neither inbound nor outbound", d)
+	return Inbound, false
+}
+
+// failModeFromProto converts a policy's fail mode; unspecified is open.
+func failModeFromProto(fm sluicev1.FailMode, bad func(field, format string, args ...any)) dataplane.FailMode {
+	switch fm {
+	case sluicev1.FailMode_FAIL_MODE_UNSPECIFIED, sluicev1.FailMode_FAIL_MODE_OPEN:
+		return dataplane.FailOpen
+	case sluicev1.FailMode_FAIL_MODE_HOLD:
+		return dataplane.FailHold
+	case sluicev1.FailMode_FAIL_MODE_LOCAL:
+		return dataplane.FailLocal
+	}
+	bad("fail_mode", "unknown value %d", int32(fm))
+	return dataplane.FailOpen
+}
+
+// ruleFromProto converts and checks peers[i] of a policy of direction dir.
+// seen maps the peers before it to their index, for duplicates; it adds pp's.
+func ruleFromProto(i int, pp *sluicev1.PeerPolicy, dir Direction, seen map[string]int, bad func(field, format string, args ...any)) Rule {
+	f := func(name string) string { return "peers[" + strconv.Itoa(i) + "]." + name }
+	r := Rule{
+		Peer:       pp.GetPeer(),
+		DropRatio:  pp.GetDropRatio(),
+		LimitRPS:   rateOrInf(pp.LimitRps),
+		AllowedRPS: rateOrInf(pp.AllowedRps),
+		OfferedRPS: pp.GetOfferedRps(),
+		Reason:     Reason(pp.GetReason()),
+	}
+	if err := names.Check(r.Peer); err != nil {
+		bad(f("peer"), "%v", err)
+	} else if j, dup := seen[r.Peer]; dup {
+		bad(f("peer"), "%q is listed again, first at peers[%d]", r.Peer, j)
+	} else {
+		seen[r.Peer] = i
+	}
+	if !(r.DropRatio >= 0 && r.DropRatio < 1) { // also catches NaN
+		bad(f("drop_ratio"), "%v is outside [0, 1)", r.DropRatio)
+	}
+	switch pp.GetMode() {
+	case sluicev1.Mode_MODE_UNSPECIFIED, sluicev1.Mode_MODE_ENFORCE:
+		r.Mode = dropratio.Enforce
+	case sluicev1.Mode_MODE_SHADOW:
+		r.Mode = dropratio.Shadow
+	default:
+		bad(f("mode"), "unknown value %d", int32(pp.GetMode()))
+	}
+	if pp.GetEnforcedUpstream() {
+		r.Mode, r.Enforcement = dropratio.Enforce, dataplane.EnforceUpstream
+		if dir == Outbound {
+			// Upstream of an outbound sidecar is the caller's app:
+			// nobody would drop the bucket.
+			bad(f("enforced_upstream"), "set in an outbound policy")
+		}
+	}
+	// Absent limits mean none, so the wire never needs an infinity.
+	for _, rate := range []struct {
+		name string
+		v    *float64
+	}{{"limit_rps", pp.LimitRps}, {"allowed_rps", pp.AllowedRps}, {"offered_rps", &pp.OfferedRps}} {
+		switch {
+		case rate.v == nil:
+		case math.IsNaN(*rate.v) || math.IsInf(*rate.v, 0):
+			bad(f(rate.name), "%v is not a finite number", *rate.v)
+		case *rate.v < 0:
+			bad(f(rate.name), "%v is negative", *rate.v)
+		}
+	}
+	return r
+}
+
+// timestamp converts an optional proto timestamp; nil is zero.
+func timestamp(ts *timestamppb.Timestamp, field string, bad func(field, format string, args ...any)) time.Time {
+	if ts == nil {
+		return time.Time{}
+	}
+	if err := ts.CheckValid(); err != nil {
+		bad(field, "%v", err)
+		return time.Time{}
+	}
+	return ts.AsTime()
 }
 
 // duration converts an optional proto duration; nil is zero.

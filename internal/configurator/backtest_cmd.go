@@ -3,6 +3,7 @@ package configurator
 import (
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"slices"
 	"time"
@@ -39,14 +40,17 @@ type backtestRow struct {
 	LastDrop    *time.Time `json:"last_drop" yaml:"last_drop"`
 }
 
+// backtestOptions are backtest's flags.
+type backtestOptions struct {
+	proposed, current bool
+	from, to          string
+	days              int
+	law               dropratio.Config
+	out               format
+}
+
 func (a *app) backtestCommand() *cobra.Command {
-	var (
-		proposed, current bool
-		fromS, toS        string
-		ndays             = 28
-		law               = dropratio.DefaultConfig()
-		out               format
-	)
+	o := backtestOptions{days: 28, law: dropratio.DefaultConfig()}
 	cmd := &cobra.Command{
 		Use:   "backtest [callee[/caller]]",
 		Short: "replay stored history through the control law: what would a limit have dropped?",
@@ -67,132 +71,159 @@ and --release-rate as the controller has them.`,
   configurator backtest --from 2026-03-01 --to 2026-03-08T12:00 -o json`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: a.withStore(func(cmd *cobra.Command, args []string, st history.Store) error {
-			var t target
-			if len(args) == 1 {
-				var err error
-				if t, err = parseTarget(args[0], true); err != nil {
-					return err
-				}
-			}
-			if proposed && current {
-				return errors.New("--proposed and --current exclude each other")
-			}
-			if err := law.Validate(); err != nil {
-				return fmt.Errorf("invalid law settings (--p-max, --min-rate, --release-rate): %w", err)
-			}
-			from, to, err := window(a.clock(), fromS, toS, ndays, cmd.Flags().Changed("days"))
-			if err != nil {
-				return err
-			}
-			ctx := cmd.Context()
-			lim, err := st.Limits(ctx)
-			if err != nil {
-				return fmt.Errorf("read limits: %w", err)
-			}
-			idx := newLimitIndex(lim)
-			proposals := map[history.Bucket]float64{}
-			if !current {
-				ps, err := st.Proposals(ctx, history.Filter{Callee: t.Callee})
-				if err != nil {
-					return fmt.Errorf("read proposals: %w", err)
-				}
-				for _, p := range ps {
-					proposals[p.Bucket] = p.Proposed
-				}
-			}
-			limitOf := func(b history.Bucket) (float64, string) {
-				if v, ok := proposals[b]; ok {
-					return v, fromProposal
-				}
-				if v, ok := idx.inForce(b); ok {
-					return v, fromCurrent
-				}
-				return math.Inf(1), fromNone
-			}
-
-			// Which buckets have history: the daily rollup says, cheaply.
-			// A callee with a capacity is replayed with all its callers,
-			// whose demands share it.
-			peaks, err := st.DailyPeaks(ctx, history.Filter{Callee: t.Callee}, startOfDay(from), to)
-			if err != nil {
-				return fmt.Errorf("read daily peaks: %w", err)
-			}
-			var buckets []history.Bucket
-			for _, p := range peaks {
-				wanted := t.Caller == "" || p.Caller == t.Caller || !math.IsInf(idx.capacity(p.Callee), 1)
-				if wanted && (len(buckets) == 0 || buckets[len(buckets)-1] != p.Bucket) {
-					buckets = append(buckets, p.Bucket)
-				}
-			}
-			var rows []history.MinuteRow
-			for _, b := range buckets {
-				rs, err := st.Minutes(ctx, b, from, to)
-				if err != nil {
-					return fmt.Errorf("read minutes of %s: %w", bucketString(b), err)
-				}
-				rows = append(rows, rs...)
-			}
-			results, err := Replay(rows, ReplayLimits{
-				Limit:    func(b history.Bucket) float64 { v, _ := limitOf(b); return v },
-				Capacity: idx.capacity,
-			}, law)
-			if err != nil {
-				return err
-			}
-			results = slices.DeleteFunc(results, func(r BacktestResult) bool { return t.Caller != "" && r.Caller != t.Caller })
-			if len(results) == 0 {
-				what := "any bucket"
-				if t.Callee != "" {
-					what = t.String()
-				}
-				return fmt.Errorf("unknown bucket %s: no minute history between %s and %s", what, formatTime(from), formatTime(to))
-			}
-
-			w := cmd.OutOrStdout()
-			if out != formatTable {
-				rs := make([]backtestRow, len(results))
-				for i, r := range results {
-					l, src := limitOf(r.Bucket)
-					rs[i] = backtestRow{
-						Callee: r.Callee, Caller: r.Caller, LimitFrom: src,
-						Minutes: r.Minutes, Offered: math.Round(r.Offered), Dropped: math.Round(r.Dropped), Share: roundShare(r.Share()),
-						DropMinutes: r.DropMinutes, WorstRatio: roundShare(r.WorstRatio),
-						WorstMinute: optTime(r.WorstMinute), FirstDrop: optTime(r.FirstDrop), LastDrop: optTime(r.LastDrop),
-					}
-					if !math.IsInf(l, 1) {
-						rs[i].Limit = &l
-					}
-				}
-				return encode(w, out, rs)
-			}
-			fmt.Fprintf(w, "replayed %s … %s, one step per minute\n\n", formatTime(from), formatTime(to))
-			tb := newTable(w, "CALLEE", "CALLER", "LIMIT", "FROM", "DROPPED", "DROP MINUTES", "WORST MINUTE", "FIRST DROP", "LAST DROP")
-			for _, r := range results {
-				l, src := limitOf(r.Bucket)
-				worst := ""
-				if r.DropMinutes > 0 {
-					worst = fmt.Sprintf("%s at %s", formatShare(r.WorstRatio), formatTime(r.WorstMinute))
-				}
-				tb.row(r.Callee, r.Caller, formatRate(l), src,
-					fmt.Sprintf("%s of %s req", formatShare(r.Share()), formatCount(r.Offered)),
-					fmt.Sprintf("%s of %s", formatCount(float64(r.DropMinutes)), formatCount(float64(r.Minutes))),
-					worst, formatTime(r.FirstDrop), formatTime(r.LastDrop))
-			}
-			return tb.flush()
+			return a.runBacktest(cmd, st, args, o)
 		}),
 	}
-	fl := cmd.Flags()
-	fl.BoolVar(&proposed, "proposed", false, "replay the pending proposals (the default); buckets without one keep the limit in force")
-	fl.BoolVar(&current, "current", false, "replay the limits in force")
-	fl.StringVar(&fromS, "from", "", "start of the replay, UTC: 2026-03-01 or 2026-03-01T12:00 or RFC 3339 (default: --days before --to)")
-	fl.StringVar(&toS, "to", "", "end of the replay, exclusive, same forms (default: now)")
-	fl.IntVar(&ndays, "days", ndays, "days to replay, ending at --to, when --from is not given")
-	fl.Float64Var(&law.PMax, "p-max", law.PMax, "the law's highest drop ratio, as the controller's --p-max")
-	fl.Float64Var(&law.MinRate, "min-rate", law.MinRate, "offered rps below which nothing is dropped, as the controller's --min-rate")
-	fl.Float64Var(&law.ReleaseRate, "release-rate", law.ReleaseRate, "slow release per second, as the controller's --release-rate")
-	setting(fl, "p-max", "min-rate", "release-rate")
-	addOutput(cmd, &out)
+	addBacktestFlags(cmd, &o)
 	return cmd
+}
+
+func addBacktestFlags(cmd *cobra.Command, o *backtestOptions) {
+	fl := cmd.Flags()
+	fl.BoolVar(&o.proposed, "proposed", false, "replay the pending proposals (the default); buckets without one keep the limit in force")
+	fl.BoolVar(&o.current, "current", false, "replay the limits in force")
+	fl.StringVar(&o.from, "from", "", "start of the replay, UTC: 2026-03-01 or 2026-03-01T12:00 or RFC 3339 (default: --days before --to)")
+	fl.StringVar(&o.to, "to", "", "end of the replay, exclusive, same forms (default: now)")
+	fl.IntVar(&o.days, "days", o.days, "days to replay, ending at --to, when --from is not given")
+	fl.Float64Var(&o.law.PMax, "p-max", o.law.PMax, "the law's highest drop ratio, as the controller's --p-max")
+	fl.Float64Var(&o.law.MinRate, "min-rate", o.law.MinRate, "offered rps below which nothing is dropped, as the controller's --min-rate")
+	fl.Float64Var(&o.law.ReleaseRate, "release-rate", o.law.ReleaseRate, "slow release per second, as the controller's --release-rate")
+	setting(fl, "p-max", "min-rate", "release-rate")
+	addOutput(cmd, &o.out)
+}
+
+func (a *app) runBacktest(cmd *cobra.Command, st history.Store, args []string, o backtestOptions) error {
+	var t target
+	if len(args) == 1 {
+		var err error
+		if t, err = parseTarget(args[0], true); err != nil {
+			return err
+		}
+	}
+	if o.proposed && o.current {
+		return errors.New("--proposed and --current exclude each other")
+	}
+	if err := o.law.Validate(); err != nil {
+		return fmt.Errorf("invalid law settings (--p-max, --min-rate, --release-rate): %w", err)
+	}
+	from, to, err := window(a.clock(), o.from, o.to, o.days, cmd.Flags().Changed("days"))
+	if err != nil {
+		return err
+	}
+	ctx := cmd.Context()
+	lim, err := st.Limits(ctx)
+	if err != nil {
+		return fmt.Errorf("read limits: %w", err)
+	}
+	limits := backtestLimits{idx: newLimitIndex(lim), proposals: map[history.Bucket]float64{}}
+	if !o.current {
+		ps, err := st.Proposals(ctx, history.Filter{Callee: t.Callee})
+		if err != nil {
+			return fmt.Errorf("read proposals: %w", err)
+		}
+		for _, p := range ps {
+			limits.proposals[p.Bucket] = p.Proposed
+		}
+	}
+	rows, err := replayRows(cmd, st, t, limits.idx, from, to)
+	if err != nil {
+		return err
+	}
+	results, err := Replay(rows, ReplayLimits{
+		Limit:    func(b history.Bucket) float64 { v, _ := limits.of(b); return v },
+		Capacity: limits.idx.capacity,
+	}, o.law)
+	if err != nil {
+		return err
+	}
+	results = slices.DeleteFunc(results, func(r BacktestResult) bool { return t.Caller != "" && r.Caller != t.Caller })
+	if len(results) == 0 {
+		what := "any bucket"
+		if t.Callee != "" {
+			what = t.String()
+		}
+		return fmt.Errorf("unknown bucket %s: no minute history between %s and %s", what, formatTime(from), formatTime(to))
+	}
+	return writeBacktest(cmd.OutOrStdout(), o.out, results, limits, from, to)
+}
+
+// backtestLimits are the limits a backtest replays.
+type backtestLimits struct {
+	proposals map[history.Bucket]float64 // pending; empty with --current
+	idx       limitIndex
+}
+
+// of is b's limit and where it comes from: its proposal, else the limit in
+// force, else none (+Inf).
+func (l backtestLimits) of(b history.Bucket) (float64, string) {
+	if v, ok := l.proposals[b]; ok {
+		return v, fromProposal
+	}
+	if v, ok := l.idx.inForce(b); ok {
+		return v, fromCurrent
+	}
+	return math.Inf(1), fromNone
+}
+
+// replayRows reads the minutes in [from, to) of the buckets t selects.
+func replayRows(cmd *cobra.Command, st history.Store, t target, idx limitIndex, from, to time.Time) ([]history.MinuteRow, error) {
+	// Which buckets have history: the daily rollup says, cheaply.
+	// A callee with a capacity is replayed with all its callers,
+	// whose demands share it.
+	ctx := cmd.Context()
+	peaks, err := st.DailyPeaks(ctx, history.Filter{Callee: t.Callee}, startOfDay(from), to)
+	if err != nil {
+		return nil, fmt.Errorf("read daily peaks: %w", err)
+	}
+	var buckets []history.Bucket
+	for _, p := range peaks {
+		wanted := t.Caller == "" || p.Caller == t.Caller || !math.IsInf(idx.capacity(p.Callee), 1)
+		if wanted && (len(buckets) == 0 || buckets[len(buckets)-1] != p.Bucket) {
+			buckets = append(buckets, p.Bucket)
+		}
+	}
+	var rows []history.MinuteRow
+	for _, b := range buckets {
+		rs, err := st.Minutes(ctx, b, from, to)
+		if err != nil {
+			return nil, fmt.Errorf("read minutes of %s: %w", bucketString(b), err)
+		}
+		rows = append(rows, rs...)
+	}
+	return rows, nil
+}
+
+func writeBacktest(w io.Writer, out format, results []BacktestResult, limits backtestLimits, from, to time.Time) error {
+	if out != formatTable {
+		rs := make([]backtestRow, len(results))
+		for i, r := range results {
+			l, src := limits.of(r.Bucket)
+			rs[i] = backtestRow{
+				Callee: r.Callee, Caller: r.Caller, LimitFrom: src,
+				Minutes: r.Minutes, Offered: math.Round(r.Offered), Dropped: math.Round(r.Dropped), Share: roundShare(r.Share()),
+				DropMinutes: r.DropMinutes, WorstRatio: roundShare(r.WorstRatio),
+				WorstMinute: optTime(r.WorstMinute), FirstDrop: optTime(r.FirstDrop), LastDrop: optTime(r.LastDrop),
+			}
+			if !math.IsInf(l, 1) {
+				rs[i].Limit = &l
+			}
+		}
+		return encode(w, out, rs)
+	}
+	fmt.Fprintf(w, "replayed %s … %s, one step per minute\n\n", formatTime(from), formatTime(to))
+	tb := newTable(w, "CALLEE", "CALLER", "LIMIT", "FROM", "DROPPED", "DROP MINUTES", "WORST MINUTE", "FIRST DROP", "LAST DROP")
+	for _, r := range results {
+		l, src := limits.of(r.Bucket)
+		worst := ""
+		if r.DropMinutes > 0 {
+			worst = fmt.Sprintf("%s at %s", formatShare(r.WorstRatio), formatTime(r.WorstMinute))
+		}
+		tb.row(r.Callee, r.Caller, formatRate(l), src,
+			fmt.Sprintf("%s of %s req", formatShare(r.Share()), formatCount(r.Offered)),
+			fmt.Sprintf("%s of %s", formatCount(float64(r.DropMinutes)), formatCount(float64(r.Minutes))),
+			worst, formatTime(r.FirstDrop), formatTime(r.LastDrop))
+	}
+	return tb.flush()
 }
 
 // window resolves --from, --to and --days to [from, to), whole minutes.

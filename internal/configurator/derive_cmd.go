@@ -36,13 +36,16 @@ type bucketRow struct {
 	Caller string `json:"caller" yaml:"caller"`
 }
 
+// deriveOptions are derive's flags.
+type deriveOptions struct {
+	cfg            DeriveConfig
+	callee, caller string
+	dryRun         bool
+	out            format
+}
+
 func (a *app) deriveCommand() *cobra.Command {
-	cfg := DefaultDeriveConfig()
-	var (
-		callee, caller string
-		dryRun         bool
-		out            format
-	)
+	o := deriveOptions{cfg: DefaultDeriveConfig()}
 	cmd := &cobra.Command{
 		Use:   "derive",
 		Short: "propose limits from the history of every bucket",
@@ -72,76 +75,15 @@ buckets); --dry-run only prints them. Durations take w, d, h, m, s: 28d, 4w,
   configurator derive --callee checkout --lookback 2w --headroom 0.5`,
 		Args: cobra.NoArgs,
 		RunE: a.withStore(func(cmd *cobra.Command, _ []string, st history.Store) error {
-			if err := cfg.Validate(); err != nil {
-				return err
-			}
-			if !dryRun {
-				if err := a.requireActor(); err != nil {
-					return err
-				}
-			}
-			f, err := filterFlags(callee, caller)
-			if err != nil {
-				return err
-			}
-			ctx := cmd.Context()
-			now := a.clock()
-			start := time.Now()
-			lim, err := st.Limits(ctx)
-			if err != nil {
-				return fmt.Errorf("read limits: %w", err)
-			}
-			from, to := cfg.Window(now)
-			peaks, err := st.DailyPeaks(ctx, f, from, to)
-			if err != nil {
-				return fmt.Errorf("read daily peaks: %w", err)
-			}
-			read := time.Since(start)
-			d := Derive(peaks, lim, cfg, now)
-			a.log.Debug("derived", "daily_rows", len(peaks), "read", read, "derive", time.Since(start)-read,
-				"proposals", len(d.Proposals), "refusals", len(d.Refusals), "unchanged", len(d.Unchanged))
-
-			written := d.Proposals
-			if !dryRun && len(d.Proposals) > 0 {
-				reason := fmt.Sprintf("derived: peak over %s × %v, at least the %s peak",
-					duration.Format(cfg.Lookback), 1+cfg.Headroom, duration.Format(cfg.Recent))
-				written, err = st.Propose(ctx, d.Proposals, a.change(reason))
-				if err != nil {
-					return fmt.Errorf("write proposals: %w", err)
-				}
-			}
-			w := cmd.OutOrStdout()
-			if out != formatTable {
-				o := derivationOutput{DryRun: dryRun, Proposals: proposalRows(written), Refusals: []refusalRow{}, Unchanged: []bucketRow{}}
-				for _, r := range d.Refusals {
-					o.Refusals = append(o.Refusals, refusalRow{Callee: r.Callee, Caller: r.Caller, Days: r.Days, Reason: r.Reason})
-				}
-				for _, b := range d.Unchanged {
-					o.Unchanged = append(o.Unchanged, bucketRow{Callee: b.Callee, Caller: b.Caller})
-				}
-				if err := encode(w, out, o); err != nil {
-					return err
-				}
-				// Stdout stays one document; people still get the hint.
-				if len(peaks) == 0 || len(d.Proposals)+len(d.Unchanged) == 0 {
-					writeNoHistory(cmd.ErrOrStderr(), describeDB(a.databaseURL), f, cfg, len(peaks) == 0)
-				}
-				return nil
-			}
-			if len(peaks) == 0 {
-				writeNoHistory(w, describeDB(a.databaseURL), f, cfg, true)
-				return nil
-			}
-			if err := writeDerivation(w, d, written, dryRun); err != nil {
-				return err
-			}
-			if len(d.Proposals)+len(d.Unchanged) == 0 {
-				fmt.Fprintln(w)
-				writeNoHistory(w, describeDB(a.databaseURL), f, cfg, false)
-			}
-			return nil
+			return a.runDerive(cmd, st, o)
 		}),
 	}
+	addDeriveFlags(cmd, &o)
+	return cmd
+}
+
+func addDeriveFlags(cmd *cobra.Command, o *deriveOptions) {
+	cfg := &o.cfg
 	fl := cmd.Flags()
 	fl.Var((*duration.NonNegative)(&cfg.Lookback), "lookback", "window whose peak the limit comes from (w, d, h, m, s: 28d, 4w, 672h)")
 	fl.Float64Var(&cfg.Headroom, "headroom", cfg.Headroom, "share added to the peak: 0.25 proposes 125 % of it")
@@ -151,10 +93,87 @@ buckets); --dry-run only prints them. Durations take w, d, h, m, s: 28d, 4w,
 	fl.Float64Var(&cfg.MinCoverage, "min-coverage", cfg.MinCoverage, "share of a day's 1440 minutes it needs to count as a day of history")
 	fl.Float64Var(&cfg.MinLimit, "min-limit", cfg.MinLimit, "lowest limit ever proposed, rps, so that an idle bucket is not blocked")
 	setting(fl, "lookback", "headroom", "recent", "max-step-down", "min-days", "min-coverage", "min-limit")
-	fl.BoolVar(&dryRun, "dry-run", false, "print the proposals, write nothing")
-	addFilterFlags(cmd, &callee, &caller)
-	addOutput(cmd, &out)
-	return cmd
+	fl.BoolVar(&o.dryRun, "dry-run", false, "print the proposals, write nothing")
+	addFilterFlags(cmd, &o.callee, &o.caller)
+	addOutput(cmd, &o.out)
+}
+
+func (a *app) runDerive(cmd *cobra.Command, st history.Store, o deriveOptions) error {
+	cfg := o.cfg
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	if !o.dryRun {
+		if err := a.requireActor(); err != nil {
+			return err
+		}
+	}
+	f, err := filterFlags(o.callee, o.caller)
+	if err != nil {
+		return err
+	}
+	ctx := cmd.Context()
+	now := a.clock()
+	start := time.Now()
+	lim, err := st.Limits(ctx)
+	if err != nil {
+		return fmt.Errorf("read limits: %w", err)
+	}
+	from, to := cfg.Window(now)
+	peaks, err := st.DailyPeaks(ctx, f, from, to)
+	if err != nil {
+		return fmt.Errorf("read daily peaks: %w", err)
+	}
+	read := time.Since(start)
+	d := Derive(peaks, lim, cfg, now)
+	a.log.Debug("derived", "daily_rows", len(peaks), "read", read, "derive", time.Since(start)-read,
+		"proposals", len(d.Proposals), "refusals", len(d.Refusals), "unchanged", len(d.Unchanged))
+
+	written := d.Proposals
+	if !o.dryRun && len(d.Proposals) > 0 {
+		reason := fmt.Sprintf("derived: peak over %s × %v, at least the %s peak",
+			duration.Format(cfg.Lookback), 1+cfg.Headroom, duration.Format(cfg.Recent))
+		written, err = st.Propose(ctx, d.Proposals, a.change(reason))
+		if err != nil {
+			return fmt.Errorf("write proposals: %w", err)
+		}
+	}
+	return a.writeDerive(cmd, o, f, d, written, len(peaks))
+}
+
+// writeDerive reports d, of which written were written (or would be, with
+// --dry-run), derived from npeaks daily rows of the buckets f selects.
+func (a *app) writeDerive(cmd *cobra.Command, o deriveOptions, f history.Filter, d Derivation, written []history.Proposal, npeaks int) error {
+	w := cmd.OutOrStdout()
+	if o.out != formatTable {
+		out := derivationOutput{DryRun: o.dryRun, Proposals: proposalRows(written), Refusals: []refusalRow{}, Unchanged: []bucketRow{}}
+		for _, r := range d.Refusals {
+			out.Refusals = append(out.Refusals, refusalRow{Callee: r.Callee, Caller: r.Caller, Days: r.Days, Reason: r.Reason})
+		}
+		for _, b := range d.Unchanged {
+			out.Unchanged = append(out.Unchanged, bucketRow{Callee: b.Callee, Caller: b.Caller})
+		}
+		if err := encode(w, o.out, out); err != nil {
+			return err
+		}
+		// Stdout stays one document; people still get the hint.
+		if npeaks == 0 || len(d.Proposals)+len(d.Unchanged) == 0 {
+			writeNoHistory(cmd.ErrOrStderr(), describeDB(a.databaseURL), f, o.cfg, npeaks == 0)
+		}
+		return nil
+	}
+	if npeaks == 0 {
+		writeNoHistory(w, describeDB(a.databaseURL), f, o.cfg, true)
+		return nil
+	}
+	if err := writeDerivation(w, d, written, o.dryRun); err != nil {
+		return err
+	}
+	if len(d.Proposals)+len(d.Unchanged) == 0 {
+		fmt.Fprintln(w)
+		writeNoHistory(w, describeDB(a.databaseURL), f, o.cfg, false)
+	}
+	return nil
 }
 
 func writeDerivation(w io.Writer, d Derivation, written []history.Proposal, dryRun bool) error {

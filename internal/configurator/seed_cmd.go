@@ -3,6 +3,7 @@ package configurator
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"slices"
 	"strings"
@@ -14,15 +15,18 @@ import (
 	"github.com/sluicehq/sluice/pkg/history"
 )
 
+// seedOptions are history seed's flags.
+type seedOptions struct {
+	span     time.Duration
+	seed     uint64
+	buckets  []string
+	specFile string
+	force    bool
+	reason   string
+}
+
 func (a *app) seedCommand() *cobra.Command {
-	var (
-		span     time.Duration
-		seed     uint64 = 1
-		buckets  []string
-		specFile string
-		force    bool
-		reason   string
-	)
+	o := seedOptions{seed: 1}
 	cmd := &cobra.Command{
 		Use:   "seed --synthetic DURATION --reason TEXT [--bucket callee/caller=PEAK]... [--spec FILE]",
 		Short: "write made-up minute history, to try derive, backtest and the rest without a controller",
@@ -65,107 +69,127 @@ per bucket, with --actor).`,
   configurator history seed --synthetic 4w --bucket checkout/web=1000,growth=5% --reason "demo"`,
 		Args: cobra.NoArgs,
 		RunE: a.withStore(func(cmd *cobra.Command, _ []string, st history.Store) error {
-			var errs []error
-			if err := a.requireChange(reason); err != nil {
-				errs = append(errs, err)
-			}
-			switch {
-			case !cmd.Flags().Changed("synthetic"):
-				errs = append(errs, errors.New("--synthetic DURATION is required (e.g. --synthetic 4w): seed writes made-up history only, and says so"))
-			case span < minSeedSpan || span > maxSeedSpan:
-				errs = append(errs, fmt.Errorf("--synthetic %s is outside [%s, %s]", duration.Format(span), duration.Format(minSeedSpan), duration.Format(maxSeedSpan)))
-			}
-			spec := DefaultSeedSpec()
-			if specFile != "" {
-				f, err := os.Open(specFile)
-				if err != nil {
-					errs = append(errs, fmt.Errorf("--spec: %w", err))
-				} else {
-					spec, err = parseSeedFile(f)
-					f.Close()
-					if err != nil {
-						errs = append(errs, fmt.Errorf("--spec %s: %w", specFile, err))
-					}
-				}
-			}
-			var over []SeedBucket
-			for _, s := range buckets {
-				b, err := parseSeedBucket(s)
-				if err != nil {
-					errs = append(errs, err)
-					continue
-				}
-				over = append(over, b)
-			}
-			if err := errors.Join(errs...); err != nil {
-				return err
-			}
-			spec = mergeSeedBuckets(spec, over)
-			end := a.clock().UTC().Truncate(time.Minute)
-			var total int64
-			for _, b := range spec {
-				from, to := seedRange(b, end, span)
-				total += int64(to.Sub(from) / time.Minute)
-			}
-			if total > maxSeedRows {
-				return fmt.Errorf("%s rows is more than %s: seed fewer buckets or a shorter --synthetic", formatCount(float64(total)), formatCount(maxSeedRows))
-			}
-
-			ctx := cmd.Context()
-			start := end.Add(-span)
-			if !force {
-				if err := refuseExisting(cmd, st, spec, start, end); err != nil {
-					return err
-				}
-			}
-			rows := Synthetic(spec, end, span, seed)
-			began := time.Now()
-			if err := st.WriteMinutes(ctx, rows); err != nil {
-				return fmt.Errorf("write synthetic history: %w", err)
-			}
-			a.log.Debug("seeded", "rows", len(rows), "took", time.Since(began))
-
-			notes := make([]history.HistoryNote, len(spec))
-			for i, b := range spec {
-				from, to := seedRange(b, end, span)
-				notes[i] = history.HistoryNote{Bucket: b.Bucket, What: fmt.Sprintf("synthetic: %s minutes from %s, seed %d",
-					formatCount(to.Sub(from).Minutes()), from.Format("2006-01-02 15:04Z"), seed)}
-			}
-			if err := st.AuditHistory(ctx, notes, a.change(reason)); err != nil {
-				return fmt.Errorf("the history is written, but its audit entries are not: %w", err)
-			}
-
-			w := cmd.OutOrStdout()
-			fmt.Fprintf(w, "wrote %s minute rows of SYNTHETIC history (seed %d), %s … %s:\n",
-				formatCount(float64(len(rows))), seed, formatTime(start), formatTime(end))
-			t := newTable(w, "BUCKET", "DAILY PEAK", "GROWTH", "PEAK HOUR", "FROM", "MINUTES")
-			for _, b := range spec {
-				from, to := seedRange(b, end, span)
-				growth := "none"
-				if b.Growth != 0 {
-					growth = fmt.Sprintf("%+g%%/week", b.Growth*100)
-				}
-				t.row(bucketString(b.Bucket), formatRate(b.Peak)+" rps", growth, fmt.Sprintf("%02d:00Z", b.PeakHour),
-					formatTime(from), formatCount(to.Sub(from).Minutes()))
-			}
-			if err := t.flush(); err != nil {
-				return err
-			}
-			if force {
-				fmt.Fprintln(w, "--force: minutes that had a row already kept it")
-			}
-			fmt.Fprintf(w, "audited as write_history by %s\n", a.actor)
-			return nil
+			return a.runSeed(cmd, st, o)
 		}),
 	}
-	fl := cmd.Flags()
-	fl.Var((*duration.NonNegative)(&span), "synthetic", "write this much made-up history, ending now (or at --now): 4w, 28d, 2w3d")
-	fl.Uint64Var(&seed, "seed", seed, "seed of the noise: the same seed writes the same rows")
-	fl.StringArrayVar(&buckets, "bucket", nil, "callee/caller=PEAK[,growth=5%][,days=N][,peak-hour=H]: replace or add a bucket (repeatable)")
-	fl.StringVar(&specFile, "spec", "", "YAML file of buckets, instead of the default ones")
-	fl.BoolVar(&force, "force", false, "write into buckets that have history in the span already (existing minutes are kept)")
-	fl.StringVar(&reason, "reason", "", "why, for the audit log (required)")
+	addSeedFlags(cmd, &o)
 	return cmd
+}
+
+func addSeedFlags(cmd *cobra.Command, o *seedOptions) {
+	fl := cmd.Flags()
+	fl.Var((*duration.NonNegative)(&o.span), "synthetic", "write this much made-up history, ending now (or at --now): 4w, 28d, 2w3d")
+	fl.Uint64Var(&o.seed, "seed", o.seed, "seed of the noise: the same seed writes the same rows")
+	fl.StringArrayVar(&o.buckets, "bucket", nil, "callee/caller=PEAK[,growth=5%][,days=N][,peak-hour=H]: replace or add a bucket (repeatable)")
+	fl.StringVar(&o.specFile, "spec", "", "YAML file of buckets, instead of the default ones")
+	fl.BoolVar(&o.force, "force", false, "write into buckets that have history in the span already (existing minutes are kept)")
+	fl.StringVar(&o.reason, "reason", "", "why, for the audit log (required)")
+}
+
+func (a *app) runSeed(cmd *cobra.Command, st history.Store, o seedOptions) error {
+	spec, err := a.seedSpec(cmd, o)
+	if err != nil {
+		return err
+	}
+	end := a.clock().UTC().Truncate(time.Minute)
+	var total int64
+	for _, b := range spec {
+		from, to := seedRange(b, end, o.span)
+		total += int64(to.Sub(from) / time.Minute)
+	}
+	if total > maxSeedRows {
+		return fmt.Errorf("%s rows is more than %s: seed fewer buckets or a shorter --synthetic", formatCount(float64(total)), formatCount(maxSeedRows))
+	}
+
+	ctx := cmd.Context()
+	start := end.Add(-o.span)
+	if !o.force {
+		if err := refuseExisting(cmd, st, spec, start, end); err != nil {
+			return err
+		}
+	}
+	rows := Synthetic(spec, end, o.span, o.seed)
+	began := time.Now()
+	if err := st.WriteMinutes(ctx, rows); err != nil {
+		return fmt.Errorf("write synthetic history: %w", err)
+	}
+	a.log.Debug("seeded", "rows", len(rows), "took", time.Since(began))
+
+	notes := make([]history.HistoryNote, len(spec))
+	for i, b := range spec {
+		from, to := seedRange(b, end, o.span)
+		notes[i] = history.HistoryNote{Bucket: b.Bucket, What: fmt.Sprintf("synthetic: %s minutes from %s, seed %d",
+			formatCount(to.Sub(from).Minutes()), from.Format("2006-01-02 15:04Z"), o.seed)}
+	}
+	if err := st.AuditHistory(ctx, notes, a.change(o.reason)); err != nil {
+		return fmt.Errorf("the history is written, but its audit entries are not: %w", err)
+	}
+	return a.writeSeeded(cmd.OutOrStdout(), o, spec, len(rows), end)
+}
+
+// seedSpec checks seed's flags, reporting every problem at once, and
+// returns the buckets to seed.
+func (a *app) seedSpec(cmd *cobra.Command, o seedOptions) ([]SeedBucket, error) {
+	var errs []error
+	if err := a.requireChange(o.reason); err != nil {
+		errs = append(errs, err)
+	}
+	switch {
+	case !cmd.Flags().Changed("synthetic"):
+		errs = append(errs, errors.New("--synthetic DURATION is required (e.g. --synthetic 4w): seed writes made-up history only, and says so"))
+	case o.span < minSeedSpan || o.span > maxSeedSpan:
+		errs = append(errs, fmt.Errorf("--synthetic %s is outside [%s, %s]", duration.Format(o.span), duration.Format(minSeedSpan), duration.Format(maxSeedSpan)))
+	}
+	spec := DefaultSeedSpec()
+	if o.specFile != "" {
+		f, err := os.Open(o.specFile)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("--spec: %w", err))
+		} else {
+			spec, err = parseSeedFile(f)
+			f.Close()
+			if err != nil {
+				errs = append(errs, fmt.Errorf("--spec %s: %w", o.specFile, err))
+			}
+		}
+	}
+	var over []SeedBucket
+	for _, s := range o.buckets {
+		b, err := parseSeedBucket(s)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		over = append(over, b)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return mergeSeedBuckets(spec, over), nil
+}
+
+// writeSeeded reports the rows of spec written, ending at end.
+func (a *app) writeSeeded(w io.Writer, o seedOptions, spec []SeedBucket, rows int, end time.Time) error {
+	fmt.Fprintf(w, "wrote %s minute rows of SYNTHETIC history (seed %d), %s … %s:\n",
+		formatCount(float64(rows)), o.seed, formatTime(end.Add(-o.span)), formatTime(end))
+	t := newTable(w, "BUCKET", "DAILY PEAK", "GROWTH", "PEAK HOUR", "FROM", "MINUTES")
+	for _, b := range spec {
+		from, to := seedRange(b, end, o.span)
+		growth := "none"
+		if b.Growth != 0 {
+			growth = fmt.Sprintf("%+g%%/week", b.Growth*100)
+		}
+		t.row(bucketString(b.Bucket), formatRate(b.Peak)+" rps", growth, fmt.Sprintf("%02d:00Z", b.PeakHour),
+			formatTime(from), formatCount(to.Sub(from).Minutes()))
+	}
+	if err := t.flush(); err != nil {
+		return err
+	}
+	if o.force {
+		fmt.Fprintln(w, "--force: minutes that had a row already kept it")
+	}
+	fmt.Fprintf(w, "audited as write_history by %s\n", a.actor)
+	return nil
 }
 
 // refuseExisting refuses to mix synthetic rows into buckets of spec that

@@ -11,8 +11,13 @@ import (
 	"github.com/sluicehq/sluice/pkg/history"
 )
 
+// setOptions are set's flags, as given.
+type setOptions struct {
+	limit, mode, defaultLimit, capacity, failMode, enforcement, reason string
+}
+
 func (a *app) setCommand() *cobra.Command {
-	var limit, mode, defaultLimit, capacity, failMode, enforcement, reason string
+	var o setOptions
 	cmd := &cobra.Command{
 		Use:   "set callee/caller --limit N | callee [--default-limit N] [--capacity N] [--fail-mode M] [--enforcement E]",
 		Short: "set a limit by hand (a manual override), or a callee's own settings",
@@ -40,134 +45,162 @@ Every change needs a --reason and is audited.`,
   configurator set checkout/app --limit 300 --enforcement upstream --reason "proxyless gRPC client"`,
 		Args: cobra.ExactArgs(1),
 		RunE: a.withStore(func(cmd *cobra.Command, args []string, st history.Store) error {
-			t, err := parseTarget(args[0], true)
-			if err != nil {
-				return err
-			}
-			changed := func(name string) bool { return cmd.Flags().Changed(name) }
-			var errs []error
-			var m *dropratio.Mode // nil: keep, or inherit
-			if changed("mode") {
-				if m, err = parseFlag("mode", mode, dropratio.ParseMode); err != nil {
-					errs = append(errs, err)
-				}
-			}
-			var e *dataplane.Enforcement // nil: keep, or inherit
-			if changed("enforcement") {
-				if e, err = parseFlag("enforcement", enforcement, dataplane.ParseEnforcement); err != nil {
-					errs = append(errs, err)
-				}
-			}
-			if err := a.requireChange(reason); err != nil {
-				errs = append(errs, err)
-			}
-			if t.Caller != "" {
-				for _, name := range []string{"default-limit", "capacity", "fail-mode"} {
-					if changed(name) {
-						errs = append(errs, fmt.Errorf("--%s is a callee's setting: give %s alone, not %s", name, t.Callee, t))
-					}
-				}
-				if !changed("limit") {
-					errs = append(errs, fmt.Errorf("--limit is required for a bucket (e.g. set %s --limit 1000)", t))
-				}
-				l, ok, err := parseRate("limit", limit, true)
-				if changed("limit") && err != nil {
-					errs = append(errs, err)
-				}
-				if err := errors.Join(errs...); err != nil {
-					return err
-				}
-				return a.setBucket(cmd, st, t.Bucket, l, ok, m, e, reason)
-			}
-
-			if changed("limit") {
-				errs = append(errs, fmt.Errorf("--limit needs callee/caller; for all callers of %s without a limit of their own use --default-limit", t))
-			}
-			if !changed("default-limit") && !changed("capacity") && !changed("fail-mode") && !changed("mode") && !changed("enforcement") {
-				errs = append(errs, fmt.Errorf("nothing to set for %s: give --default-limit, --capacity, --fail-mode, --mode or --enforcement", t))
-			}
-			var s history.ServiceLimits
-			var fm *dataplane.FailMode
-			if changed("fail-mode") {
-				if fm, err = parseFlag("fail-mode", failMode, dataplane.ParseFailMode); err != nil {
-					errs = append(errs, err)
-				}
-			}
-			rate := func(flag, v string) *float64 {
-				r, ok, err := parseRate(flag, v, true)
-				if err != nil {
-					errs = append(errs, err)
-				}
-				if !ok {
-					return nil
-				}
-				return &r
-			}
-			var def, capa *float64
-			if changed("default-limit") {
-				def = rate("default-limit", defaultLimit)
-			}
-			if changed("capacity") {
-				capa = rate("capacity", capacity)
-			}
-			if err := errors.Join(errs...); err != nil {
-				return err
-			}
-
-			ctx := cmd.Context()
-			lim, err := st.Limits(ctx)
-			if err != nil {
-				return fmt.Errorf("read limits: %w", err)
-			}
-			old, exists := newLimitIndex(lim).services[t.Callee]
-			if exists {
-				s = old
-			} else {
-				s = history.ServiceLimits{Callee: t.Callee, Mode: new(dropratio.Enforce), FailMode: new(dataplane.FailOpen)}
-			}
-			if changed("default-limit") {
-				s.DefaultLimit = def
-			}
-			if changed("capacity") {
-				s.Capacity = capa
-			}
-			if changed("fail-mode") {
-				s.FailMode = fm
-			}
-			if changed("mode") {
-				s.Mode = m
-			}
-			if changed("enforcement") {
-				s.Enforcement = e
-			}
-			if err := st.SetService(ctx, s, a.change(reason)); err != nil {
-				return fmt.Errorf("set %s: %w", t, err)
-			}
-			if lim, err = st.Limits(ctx); err != nil {
-				return fmt.Errorf("read limits: %w", err)
-			}
-			s = newLimitIndex(lim).services[t.Callee]
-			w := cmd.OutOrStdout()
-			if !exists {
-				fmt.Fprintf(w, "%s: %s\n", t, renderService(s))
-			} else {
-				fmt.Fprintf(w, "%s: %s\n  was %s\n", t, renderService(s), renderService(old))
-			}
-			return nil
+			return a.runSet(cmd, st, args[0], o)
 		}),
 	}
+	addSetFlags(cmd, &o)
+	return cmd
+}
+
+func addSetFlags(cmd *cobra.Command, o *setOptions) {
 	fl := cmd.Flags()
-	fl.StringVar(&limit, "limit", "", `the bucket's limit in rps; 0 blocks, "none" removes it`)
-	fl.StringVar(&mode, "mode", "", "enforce or shadow")
-	fl.StringVar(&defaultLimit, "default-limit", "", `callee: limit of callers without one of their own, rps, or "none"`)
-	fl.StringVar(&capacity, "capacity", "", `callee: rps all its callers share, or "none"`)
-	fl.StringVar(&failMode, "fail-mode", "", "callee: what its sidecars do when their policy expires: open, hold or local")
-	fl.StringVar(&enforcement, "enforcement", "", "sidecar, or upstream: a proxyless gRPC client or the callee's Envoy drops before the callee's sidecar (for a callee: its callers' default)")
-	fl.StringVar(&reason, "reason", "", "why, for the audit log (required)")
+	fl.StringVar(&o.limit, "limit", "", `the bucket's limit in rps; 0 blocks, "none" removes it`)
+	fl.StringVar(&o.mode, "mode", "", "enforce or shadow")
+	fl.StringVar(&o.defaultLimit, "default-limit", "", `callee: limit of callers without one of their own, rps, or "none"`)
+	fl.StringVar(&o.capacity, "capacity", "", `callee: rps all its callers share, or "none"`)
+	fl.StringVar(&o.failMode, "fail-mode", "", "callee: what its sidecars do when their policy expires: open, hold or local")
+	fl.StringVar(&o.enforcement, "enforcement", "", "sidecar, or upstream: a proxyless gRPC client or the callee's Envoy drops before the callee's sidecar (for a callee: its callers' default)")
+	fl.StringVar(&o.reason, "reason", "", "why, for the audit log (required)")
 	_ = cmd.RegisterFlagCompletionFunc("mode", cobra.FixedCompletions([]string{"enforce", "shadow"}, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("fail-mode", cobra.FixedCompletions([]string{"open", "hold", "local"}, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("enforcement", cobra.FixedCompletions([]string{"sidecar", "upstream"}, cobra.ShellCompDirectiveNoFileComp))
-	return cmd
+}
+
+// runSet checks the flags both forms of set share, then the form's own:
+// every problem of the command line is reported at once.
+func (a *app) runSet(cmd *cobra.Command, st history.Store, arg string, o setOptions) error {
+	t, err := parseTarget(arg, true)
+	if err != nil {
+		return err
+	}
+	changed := cmd.Flags().Changed
+	var errs []error
+	var m *dropratio.Mode // nil: keep, or inherit
+	if changed("mode") {
+		if m, err = parseFlag("mode", o.mode, dropratio.ParseMode); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	var e *dataplane.Enforcement // nil: keep, or inherit
+	if changed("enforcement") {
+		if e, err = parseFlag("enforcement", o.enforcement, dataplane.ParseEnforcement); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := a.requireChange(o.reason); err != nil {
+		errs = append(errs, err)
+	}
+	if t.Caller != "" {
+		return a.runSetBucket(cmd, st, t, o, m, e, errs)
+	}
+	return a.runSetService(cmd, st, t, o, m, e, errs)
+}
+
+// runSetBucket is set callee/caller: errs are the problems found so far.
+func (a *app) runSetBucket(cmd *cobra.Command, st history.Store, t target, o setOptions, m *dropratio.Mode, e *dataplane.Enforcement, errs []error) error {
+	changed := cmd.Flags().Changed
+	for _, name := range []string{"default-limit", "capacity", "fail-mode"} {
+		if changed(name) {
+			errs = append(errs, fmt.Errorf("--%s is a callee's setting: give %s alone, not %s", name, t.Callee, t))
+		}
+	}
+	if !changed("limit") {
+		errs = append(errs, fmt.Errorf("--limit is required for a bucket (e.g. set %s --limit 1000)", t))
+	}
+	l, ok, err := parseRate("limit", o.limit, true)
+	if changed("limit") && err != nil {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	return a.setBucket(cmd, st, t.Bucket, l, ok, m, e, o.reason)
+}
+
+// runSetService is set callee: errs are the problems found so far.
+func (a *app) runSetService(cmd *cobra.Command, st history.Store, t target, o setOptions, m *dropratio.Mode, e *dataplane.Enforcement, errs []error) error {
+	changed := cmd.Flags().Changed
+	if changed("limit") {
+		errs = append(errs, fmt.Errorf("--limit needs callee/caller; for all callers of %s without a limit of their own use --default-limit", t))
+	}
+	if !changed("default-limit") && !changed("capacity") && !changed("fail-mode") && !changed("mode") && !changed("enforcement") {
+		errs = append(errs, fmt.Errorf("nothing to set for %s: give --default-limit, --capacity, --fail-mode, --mode or --enforcement", t))
+	}
+	var fm *dataplane.FailMode
+	if changed("fail-mode") {
+		var err error
+		if fm, err = parseFlag("fail-mode", o.failMode, dataplane.ParseFailMode); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	rate := func(flag, v string) *float64 {
+		r, ok, err := parseRate(flag, v, true)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		if !ok {
+			return nil
+		}
+		return &r
+	}
+	var def, capa *float64
+	if changed("default-limit") {
+		def = rate("default-limit", o.defaultLimit)
+	}
+	if changed("capacity") {
+		capa = rate("capacity", o.capacity)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	// Settings not given keep their value.
+	return a.setService(cmd, st, t, o.reason, func(s *history.ServiceLimits) {
+		if changed("default-limit") {
+			s.DefaultLimit = def
+		}
+		if changed("capacity") {
+			s.Capacity = capa
+		}
+		if changed("fail-mode") {
+			s.FailMode = fm
+		}
+		if changed("mode") {
+			s.Mode = m
+		}
+		if changed("enforcement") {
+			s.Enforcement = e
+		}
+	})
+}
+
+// setService applies update to t's settings (to the defaults when the
+// callee has none yet) and prints what the store then holds.
+func (a *app) setService(cmd *cobra.Command, st history.Store, t target, reason string, update func(*history.ServiceLimits)) error {
+	ctx := cmd.Context()
+	lim, err := st.Limits(ctx)
+	if err != nil {
+		return fmt.Errorf("read limits: %w", err)
+	}
+	old, exists := newLimitIndex(lim).services[t.Callee]
+	s := old
+	if !exists {
+		s = history.ServiceLimits{Callee: t.Callee, Mode: new(dropratio.Enforce), FailMode: new(dataplane.FailOpen)}
+	}
+	update(&s)
+	if err := st.SetService(ctx, s, a.change(reason)); err != nil {
+		return fmt.Errorf("set %s: %w", t, err)
+	}
+	if lim, err = st.Limits(ctx); err != nil {
+		return fmt.Errorf("read limits: %w", err)
+	}
+	s = newLimitIndex(lim).services[t.Callee]
+	w := cmd.OutOrStdout()
+	if !exists {
+		fmt.Fprintf(w, "%s: %s\n", t, renderService(s))
+	} else {
+		fmt.Fprintf(w, "%s: %s\n  was %s\n", t, renderService(s), renderService(old))
+	}
+	return nil
 }
 
 func (a *app) setBucket(cmd *cobra.Command, st history.Store, b history.Bucket, limit float64, hasLimit bool, m *dropratio.Mode, e *dataplane.Enforcement, reason string) error {

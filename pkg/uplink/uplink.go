@@ -287,15 +287,7 @@ func (u *Uplink[Req, Resp]) session(ctx context.Context, addr string) (healthy b
 	sctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 
-	// NewClient connects lazily, so Open is where a dead address shows:
-	// gRPC fails the call once the connection attempt fails. A server that
-	// accepts TCP but never speaks HTTP/2 would keep it waiting for the
-	// connect timeout (20s), hence the shorter guard.
-	guard := time.AfterFunc(u.cfg.OpenTimeout, func() { cancel(errOpenTimeout) })
-	stream, err := u.cfg.Open(sctx, cc)
-	if !guard.Stop() {
-		err = errOpenTimeout
-	}
+	stream, err := u.open(sctx, cancel, cc)
 	if err != nil {
 		return false, fmt.Errorf("open stream to %s: %w", addr, err)
 	}
@@ -312,62 +304,10 @@ func (u *Uplink[Req, Resp]) session(ctx context.Context, addr string) (healthy b
 		gotResponse atomic.Bool
 		last        *Req // the last message handed to Send; the sender's, read after wg.Wait
 	)
-	wg.Go(func() { // receive
-		for {
-			resp, err := stream.Recv()
-			if err != nil {
-				cancel(fmt.Errorf("receive: %w", err))
-				return
-			}
-			u.responses.Add(1)
-			if gotResponse.CompareAndSwap(false, true) {
-				u.connected.Store(true)
-				u.log.Info("uplink connected", "addr", addr)
-			}
-			acks.answered(time.Now())
-			if u.cfg.OnResponse != nil {
-				u.cfg.OnResponse(resp)
-			}
-		}
-	})
-	wg.Go(func() { // send
-		for {
-			if m := u.take(); m != nil {
-				acks.sending(time.Now())
-				last = m
-				// Send may block on flow control while the server does
-				// not read; Offer is unaffected, and cancelling sctx
-				// unblocks it.
-				if err := stream.Send(m); err != nil {
-					cancel(fmt.Errorf("send: %w", err)) // m is put back below
-					return
-				}
-				u.sent.Add(1)
-				continue // look again before waiting: Offer may have raced
-			}
-			select {
-			case <-sctx.Done():
-				return
-			case <-u.wake:
-			}
-		}
-	})
+	wg.Go(func() { u.receive(stream, cancel, &acks, &gotResponse, addr) })
+	wg.Go(func() { last = u.send(sctx, stream, cancel, &acks) })
 	if rt := u.cfg.ResponseTimeout; rt > 0 {
-		wg.Go(func() { // watchdog
-			t := time.NewTicker(max(rt/4, time.Millisecond))
-			defer t.Stop()
-			for {
-				select {
-				case <-sctx.Done():
-					return
-				case now := <-t.C:
-					if acks.overdue(now, rt) {
-						cancel(errResponseTimeout)
-						return
-					}
-				}
-			}
-		})
+		wg.Go(func() { watchdog(sctx, cancel, &acks, rt) })
 	}
 
 	<-sctx.Done()
@@ -379,6 +319,86 @@ func (u *Uplink[Req, Resp]) session(ctx context.Context, addr string) (healthy b
 		u.putBack(last)
 	}
 	return gotResponse.Load(), context.Cause(sctx)
+}
+
+// open opens the stream on cc; cancel ends sctx, the stream's context.
+//
+// NewClient connects lazily, so Open is where a dead address shows:
+// gRPC fails the call once the connection attempt fails. A server that
+// accepts TCP but never speaks HTTP/2 would keep it waiting for the
+// connect timeout (20s), hence the shorter guard.
+func (u *Uplink[Req, Resp]) open(sctx context.Context, cancel context.CancelCauseFunc, cc *grpc.ClientConn) (grpc.BidiStreamingClient[Req, Resp], error) {
+	guard := time.AfterFunc(u.cfg.OpenTimeout, func() { cancel(errOpenTimeout) })
+	stream, err := u.cfg.Open(sctx, cc)
+	if !guard.Stop() {
+		err = errOpenTimeout
+	}
+	return stream, err
+}
+
+// receive is a session's receiving goroutine: it reads responses until
+// the stream fails, and then cancels the session.
+func (u *Uplink[Req, Resp]) receive(stream grpc.BidiStreamingClient[Req, Resp], cancel context.CancelCauseFunc, acks *acks, gotResponse *atomic.Bool, addr string) {
+	for {
+		resp, err := stream.Recv()
+		if err != nil {
+			cancel(fmt.Errorf("receive: %w", err))
+			return
+		}
+		u.responses.Add(1)
+		if gotResponse.CompareAndSwap(false, true) {
+			u.connected.Store(true)
+			u.log.Info("uplink connected", "addr", addr)
+		}
+		acks.answered(time.Now())
+		if u.cfg.OnResponse != nil {
+			u.cfg.OnResponse(resp)
+		}
+	}
+}
+
+// send is a session's sending goroutine: it sends every pending message
+// until sctx ends, or until Send fails and it cancels the session. It
+// returns the last message it handed to Send, or nil.
+func (u *Uplink[Req, Resp]) send(sctx context.Context, stream grpc.BidiStreamingClient[Req, Resp], cancel context.CancelCauseFunc, acks *acks) (last *Req) {
+	for {
+		if m := u.take(); m != nil {
+			acks.sending(time.Now())
+			last = m
+			// Send may block on flow control while the server does
+			// not read; Offer is unaffected, and cancelling sctx
+			// unblocks it.
+			if err := stream.Send(m); err != nil {
+				cancel(fmt.Errorf("send: %w", err)) // m is put back by session
+				return last
+			}
+			u.sent.Add(1)
+			continue // look again before waiting: Offer may have raced
+		}
+		select {
+		case <-sctx.Done():
+			return last
+		case <-u.wake:
+		}
+	}
+}
+
+// watchdog is a session's ResponseTimeout goroutine: it cancels the
+// session once a sent message has gone unanswered for rt.
+func watchdog(sctx context.Context, cancel context.CancelCauseFunc, acks *acks, rt time.Duration) {
+	t := time.NewTicker(max(rt/4, time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-sctx.Done():
+			return
+		case now := <-t.C:
+			if acks.overdue(now, rt) {
+				cancel(errResponseTimeout)
+				return
+			}
+		}
+	}
 }
 
 // acks tracks whether sent messages are being answered, for

@@ -1018,8 +1018,31 @@ func testChangesEnd(t *testing.T, s history.Store) {
 
 // ---- refused input ----
 
+// invalidCase is a call a store must refuse with history.ErrInvalid,
+// naming field.
+type invalidCase struct {
+	name  string
+	field string
+	call  func() error
+}
+
 func testInvalid(t *testing.T, s history.Store) {
 	ctx := t.Context()
+	cases := slices.Concat(invalidLoadCases(ctx, s), invalidLimitCases(ctx, s), invalidProposalCases(ctx, s))
+	for _, tc := range cases {
+		wantErr(t, tc.name, tc.call(), history.ErrInvalid, tc.field)
+	}
+	// Nothing above changed anything.
+	eq(t, "minutes", len(minutes(t, s, ab, day(0), day(1))), 0)
+	eq(t, "limits", limits(t, s), history.Limits{})
+	eq(t, "audit", len(audit(t, s, history.Filter{})), 0)
+	ps, err := s.Proposals(ctx, history.Filter{}, history.Pending, history.Approved, history.Rejected, history.Superseded)
+	must(t, err)
+	eq(t, "proposals", len(ps), 0)
+}
+
+// invalidLoadCases write and read minute history.
+func invalidLoadCases(ctx context.Context, s history.Store) []invalidCase {
 	long := strings.Repeat("x", 300)
 	good := row(ab, minute(0, 0), 2, 1, 0)
 	bad := func(mut func(r *history.MinuteRow)) []history.MinuteRow {
@@ -1027,12 +1050,7 @@ func testInvalid(t *testing.T, s history.Store) {
 		mut(&r)
 		return []history.MinuteRow{good, r}
 	}
-	lim := history.BucketLimit{Bucket: ab, Limit: 1}
-	for _, tc := range []struct {
-		name  string
-		field string
-		call  func() error
-	}{
+	return []invalidCase{
 		{"row callee", "rows[1].callee", func() error { return s.WriteMinutes(ctx, bad(func(r *history.MinuteRow) { r.Callee = "" })) }},
 		{"row caller", "rows[1].caller", func() error { return s.WriteMinutes(ctx, bad(func(r *history.MinuteRow) { r.Caller = "bad name" })) }},
 		{"row long name", "rows[1].callee", func() error { return s.WriteMinutes(ctx, bad(func(r *history.MinuteRow) { r.Callee = long })) }},
@@ -1054,7 +1072,13 @@ func testInvalid(t *testing.T, s history.Store) {
 		{"row zero minute", "rows[1].minute", func() error { return s.WriteMinutes(ctx, bad(func(r *history.MinuteRow) { r.Minute = time.Time{} })) }},
 		{"minutes bucket", "bucket.caller", func() error { _, err := s.Minutes(ctx, history.Bucket{Callee: "a"}, day(0), day(1)); return err }},
 		{"daily filter", "filter.callee", func() error { _, err := s.DailyPeaks(ctx, history.Filter{Callee: "-x"}, day(0), day(1)); return err }},
+	}
+}
 
+// invalidLimitCases set and delete limits, and set services and modes.
+func invalidLimitCases(ctx context.Context, s history.Store) []invalidCase {
+	lim := history.BucketLimit{Bucket: ab, Limit: 1}
+	return []invalidCase{
 		{"limit NaN", "limit.limit", func() error { return s.SetLimit(ctx, history.BucketLimit{Bucket: ab, Limit: math.NaN()}, alice) }},
 		{"limit Inf", "limit.limit", func() error { return s.SetLimit(ctx, history.BucketLimit{Bucket: ab, Limit: math.Inf(1)}, alice) }},
 		{"limit negative", "limit.limit", func() error { return s.SetLimit(ctx, history.BucketLimit{Bucket: ab, Limit: -1}, alice) }},
@@ -1105,6 +1129,12 @@ func testInvalid(t *testing.T, s history.Store) {
 			_, err := s.SetMode(ctx, history.Filter{Callee: "a"}, dropratio.Shadow, history.Change{Actor: "a"})
 			return err
 		}},
+	}
+}
+
+// invalidProposalCases propose, decide, and read proposals and the audit log.
+func invalidProposalCases(ctx context.Context, s history.Store) []invalidCase {
+	return []invalidCase{
 		{"propose NaN", "proposals[0].proposed", func() error {
 			_, err := s.Propose(ctx, []history.Proposal{{Bucket: ab, Proposed: math.NaN()}}, alice)
 			return err
@@ -1144,16 +1174,7 @@ func testInvalid(t *testing.T, s history.Store) {
 		}},
 		{"audit limit", "limit", func() error { _, err := s.Audit(ctx, history.Filter{}, time.Time{}, -1); return err }},
 		{"audit filter", "filter.caller", func() error { _, err := s.Audit(ctx, history.Filter{Caller: "x y"}, time.Time{}, 0); return err }},
-	} {
-		wantErr(t, tc.name, tc.call(), history.ErrInvalid, tc.field)
 	}
-	// Nothing above changed anything.
-	eq(t, "minutes", len(minutes(t, s, ab, day(0), day(1))), 0)
-	eq(t, "limits", limits(t, s), history.Limits{})
-	eq(t, "audit", len(audit(t, s, history.Filter{})), 0)
-	ps, err := s.Proposals(ctx, history.Filter{}, history.Pending, history.Approved, history.Rejected, history.Superseded)
-	must(t, err)
-	eq(t, "proposals", len(ps), 0)
 }
 
 func testNotFound(t *testing.T, s history.Store) {
