@@ -308,6 +308,9 @@ func TestLatestWins(t *testing.T) {
 	if got := srv.next(t); got != "after" {
 		t.Fatalf("second message sent = %q, want %q", got, "after")
 	}
+	// A message counts as sent once its Send has returned, which may be
+	// just after the server read it.
+	testkit.WaitFor(t, 20*time.Second, "the second message counted as sent", func() bool { return u.Stats().Sent >= 2 })
 	if s := u.Stats(); s.Sent != 2 || s.Superseded != n-1 {
 		t.Errorf("Stats = %+v, want Sent 2, Superseded %d", s, n-1)
 	}
