@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -61,49 +63,12 @@ type Caller struct {
 // cluster's zones: it reports to that zone's aggregator, the next as
 // failover). Close stops it with the rest of the cluster.
 func (c *Cluster) StartCaller(service, id, zone string) (*Caller, error) {
-	zi := -1
-	for i, z := range c.opts.Zones {
-		if z == zone {
-			zi = i
-		}
+	e, err := c.embed(id, zone, service, sidecar.Outbound)
+	if err != nil {
+		return nil, fmt.Errorf("start caller %s: %w", id, err)
 	}
-	if zi < 0 {
-		return nil, fmt.Errorf("start caller %s: zone %q is not one of %v", id, zone, c.opts.Zones)
-	}
-	log := c.log.With("node", id)
-	reg := prometheus.NewRegistry()
-	lim := sidecar.NewLimiter(sidecar.LimiterOptions{})
+	log, reg, lim := e.log, e.reg, e.lim
 	out := lim.Service(service)
-	reg.MustRegister(lim.Collector())
-
-	xds, err := xdsclient.New(xdsclient.Config{
-		Servers:    []string{c.ControllerAddr},
-		NodeID:     id,
-		Cluster:    service,
-		Zone:       zone,
-		Resources:  []string{names.Caller(service)},
-		Protocol:   xdsclient.Delta,
-		Logger:     log,
-		Registerer: reg,
-	}, sidecar.Installer{Limiter: lim, Service: service, Direction: sidecar.Outbound})
-	if err != nil {
-		return nil, err
-	}
-	rep, err := reporter.New(reporter.Config{
-		// One process may run an inbound sidecar too; the aggregator keys
-		// reports by sidecar id, so each direction needs its own.
-		SidecarID:   id + ".outbound",
-		Service:     service,
-		Zone:        zone,
-		Direction:   sidecar.Outbound,
-		Interval:    c.opts.ReportInterval,
-		Aggregators: []string{c.Aggregators[zi].Addr, c.Aggregators[(zi+1)%len(c.Aggregators)].Addr},
-		Logger:      log,
-		Registerer:  reg,
-	}, lim)
-	if err != nil {
-		return nil, err
-	}
 
 	transport := &http.Transport{MaxIdleConnsPerHost: 256, IdleConnTimeout: 30 * time.Second, DisableCompression: true}
 	client := &http.Client{Transport: out.RoundTripper(transport, sidecar.ClientOptions{}), Timeout: 5 * time.Second}
@@ -167,19 +132,7 @@ func (c *Cluster) StartCaller(service, id, zone string) (*Caller, error) {
 		Logger: log,
 		Admin:  admin.New(reg, nil), AdminAddr: "127.0.0.1:0",
 		HTTP: proxy.NewServer("", front), HTTPAddr: "127.0.0.1:0",
-		Workers: []func(context.Context) error{xds.Run, rep.Run, func(ctx context.Context) error {
-			// The policy's TTL clock, as the sidecar agent keeps it.
-			tick := time.NewTicker(100 * time.Millisecond)
-			defer tick.Stop()
-			for {
-				select {
-				case <-ctx.Done():
-					return nil
-				case now := <-tick.C:
-					lim.Expire(now)
-				}
-			}
-		}},
+		Workers:         e.workers,
 		ShutdownTimeout: 2 * time.Second,
 	}, 2)
 	if err != nil {
@@ -205,4 +158,73 @@ func (cl *Caller) Stop() error {
 		}
 	})
 	return cl.stopErr
+}
+
+// embedded is the sidecar library as an app embeds it for one direction
+// of one service: a Limiter fed by an xDS client subscribed to the
+// service's policy, counted by a reporter to the zone's aggregator (the
+// next zone's as failover), and the policy's TTL clock, as the sidecar
+// agent keeps it. Its workers run it.
+type embedded struct {
+	log     *slog.Logger
+	reg     *prometheus.Registry
+	lim     *sidecar.Limiter
+	workers []func(context.Context) error
+}
+
+// embed wires instance id of service in zone (one of the cluster's zones)
+// for direction dir.
+func (c *Cluster) embed(id, zone, service string, dir sidecar.Direction) (*embedded, error) {
+	zi := slices.Index(c.opts.Zones, zone)
+	if zi < 0 {
+		return nil, fmt.Errorf("zone %q is not one of %v", zone, c.opts.Zones)
+	}
+	e := &embedded{log: c.log.With("node", id), reg: prometheus.NewRegistry(), lim: sidecar.NewLimiter(sidecar.LimiterOptions{})}
+	e.reg.MustRegister(e.lim.Collector())
+	resource, sidecarID := names.Callee(service), id
+	if dir == sidecar.Outbound {
+		// One process may run an inbound sidecar too; the aggregator keys
+		// reports by sidecar id, so each direction needs its own.
+		resource, sidecarID = names.Caller(service), id+".outbound"
+	}
+	xds, err := xdsclient.New(xdsclient.Config{
+		Servers:    []string{c.ControllerAddr},
+		NodeID:     id,
+		Cluster:    service,
+		Zone:       zone,
+		Resources:  []string{resource},
+		Protocol:   xdsclient.Delta,
+		Logger:     e.log,
+		Registerer: e.reg,
+	}, sidecar.Installer{Limiter: e.lim, Service: service, Direction: dir})
+	if err != nil {
+		return nil, err
+	}
+	rep, err := reporter.New(reporter.Config{
+		SidecarID:   sidecarID,
+		Service:     service,
+		Zone:        zone,
+		Direction:   dir,
+		Interval:    c.opts.ReportInterval,
+		Aggregators: []string{c.Aggregators[zi].Addr, c.Aggregators[(zi+1)%len(c.Aggregators)].Addr},
+		Logger:      e.log,
+		Registerer:  e.reg,
+	}, e.lim)
+	if err != nil {
+		return nil, err
+	}
+	expire := func(ctx context.Context) error {
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return nil
+			case now := <-tick.C:
+				e.lim.Expire(now)
+			}
+		}
+	}
+	e.workers = []func(context.Context) error{xds.Run, rep.Run, expire}
+	return e, nil
 }

@@ -9,7 +9,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -17,10 +16,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/admin"
 	"github.com/sluicehq/sluice/internal/process"
-	"github.com/sluicehq/sluice/pkg/names"
 	"github.com/sluicehq/sluice/sidecar"
-	"github.com/sluicehq/sluice/sidecar/reporter"
-	"github.com/sluicehq/sluice/sidecar/xdsclient"
 )
 
 // GRPCCallee is one instance of the cluster's service as a gRPC server that
@@ -53,51 +49,14 @@ func (g *GRPCCallee) Received(caller string) int {
 // the cluster starts; the callee closes it when it stops. Close stops the
 // callee with the rest of the cluster.
 func (c *Cluster) StartGRPCCallee(ln net.Listener, id, zone string, opts sidecar.GRPCOptions) (*GRPCCallee, error) {
-	zi := -1
-	for i, z := range c.opts.Zones {
-		if z == zone {
-			zi = i
-		}
-	}
-	if zi < 0 {
-		ln.Close()
-		return nil, fmt.Errorf("start gRPC callee %s: zone %q is not one of %v", id, zone, c.opts.Zones)
-	}
 	service := c.opts.Service
-	log := c.log.With("node", id)
-	reg := prometheus.NewRegistry()
-	lim := sidecar.NewLimiter(sidecar.LimiterOptions{})
+	e, err := c.embed(id, zone, service, sidecar.Inbound)
+	if err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("start gRPC callee %s: %w", id, err)
+	}
+	log, reg, lim := e.log, e.reg, e.lim
 	in := lim.Service(service)
-	reg.MustRegister(lim.Collector())
-
-	xds, err := xdsclient.New(xdsclient.Config{
-		Servers:    []string{c.ControllerAddr},
-		NodeID:     id,
-		Cluster:    service,
-		Zone:       zone,
-		Resources:  []string{names.Callee(service)},
-		Protocol:   xdsclient.Delta,
-		Logger:     log,
-		Registerer: reg,
-	}, sidecar.Installer{Limiter: lim, Service: service, Direction: sidecar.Inbound})
-	if err != nil {
-		ln.Close()
-		return nil, err
-	}
-	rep, err := reporter.New(reporter.Config{
-		SidecarID:   id,
-		Service:     service,
-		Zone:        zone,
-		Direction:   sidecar.Inbound,
-		Interval:    c.opts.ReportInterval,
-		Aggregators: []string{c.Aggregators[zi].Addr, c.Aggregators[(zi+1)%len(c.Aggregators)].Addr},
-		Logger:      log,
-		Registerer:  reg,
-	}, lim)
-	if err != nil {
-		ln.Close()
-		return nil, err
-	}
 
 	gc := &GRPCCallee{Limiter: lim, received: map[string]int{}}
 	key := strings.ToLower(cmp.Or(opts.CallerHeader, sidecar.DefaultCallerHeader)) // as the interceptors read it
@@ -130,19 +89,7 @@ func (c *Cluster) StartGRPCCallee(ln net.Listener, id, zone string, opts sidecar
 	n, err := run(id, &process.Process{
 		Logger: log,
 		Admin:  admin.New(reg, nil), AdminAddr: "127.0.0.1:0",
-		Workers: []func(context.Context) error{serve, xds.Run, rep.Run, func(ctx context.Context) error {
-			// The policy's TTL clock, as the sidecar agent keeps it.
-			tick := time.NewTicker(100 * time.Millisecond)
-			defer tick.Stop()
-			for {
-				select {
-				case <-ctx.Done():
-					return nil
-				case now := <-tick.C:
-					lim.Expire(now)
-				}
-			}
-		}},
+		Workers:         append([]func(context.Context) error{serve}, e.workers...),
 		ShutdownTimeout: 2 * time.Second,
 	}, 1)
 	if err != nil {
