@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -107,6 +108,25 @@ func admittedRate(g *loadgen.Generator, caller string, from, to int) float64 {
 	return float64(g.Sum(caller, from, to).Admitted) / float64(to-from)
 }
 
+// requireOnSchedule ends a test whose load generator could not keep its
+// schedule over seconds [from, to), the ones the test judges: the rates it
+// measured are the machine's (a burst after a stall is a surge the loop
+// answers, rightly, by dropping more), not the loop's. It skips, saying
+// which seconds; with CI=true it fails instead, since CI must not pass by
+// testing nothing.
+func requireOnSchedule(t *testing.T, g *loadgen.Generator, from, to int) {
+	t.Helper()
+	late := g.OffSchedule(from, to)
+	if len(late) == 0 {
+		return
+	}
+	msg := fmt.Sprintf("the load went out more than 10 %% off its schedule in seconds %v of [%d, %d): the machine is too busy for this run to say anything about the loop", late, from, to)
+	if os.Getenv("CI") == "true" {
+		t.Fatal(msg)
+	}
+	t.Skip(msg)
+}
+
 // logSeconds prints the run, one line a second, for whoever reads a failure.
 func logSeconds(t *testing.T, g *loadgen.Generator, seconds int, ratio func(int) float64) {
 	t.Helper()
@@ -170,6 +190,7 @@ func TestLoopHoldsASurge(t *testing.T) {
 		}
 	}
 	t.Logf("time to enforce: %d s", enforced)
+	requireOnSchedule(t, g, 0, runFor)
 
 	// Steady state: from 5 s after the surge began to its end.
 	steady := admittedRate(g, "web", surgeStart+5, surgeEnd)
@@ -282,6 +303,7 @@ func TestControllerRestart(t *testing.T) {
 	}
 
 	// Before the stop and after the restart, web is at its limit.
+	requireOnSchedule(t, g, 0, runFor)
 	before := admittedRate(g, "web", 6, stopAt)
 	after := admittedRate(g, "web", startAt+6, runFor)
 	t.Logf("web admitted: %.1f rps before, %.1f while the controller was away (ratio held %.3f), %.1f after", before, admittedRate(g, "web", stopAt+1, startAt), heldRatio, after)

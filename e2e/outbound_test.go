@@ -141,6 +141,7 @@ func TestOutboundLoopHoldsASurge(t *testing.T) {
 	}
 	t.Logf("time to enforce: %d s", enforced)
 
+	requireOnSchedule(t, gw, 0, runFor)
 	steady := admittedRate(gw, "web", surgeStart+5, surgeEnd)
 	if math.Abs(steady-limit) > 0.05*limit {
 		t.Errorf("web admitted %.1f rps over the steady state, want %v ± 5 %%", steady, limit)
@@ -281,6 +282,8 @@ func TestOutboundMixedFleet(t *testing.T) {
 	}
 	slices.Sort(totals)
 	median := (totals[(len(totals)-1)/2] + totals[len(totals)/2]) / 2
+	requireOnSchedule(t, gOut, 0, runFor)
+	requireOnSchedule(t, gIn, 0, runFor)
 	mean := admittedRate(gOut, "web", steadyFrom, runFor) + admittedRate(gIn, "web", steadyFrom, runFor)
 	if math.Abs(median-bucketLimit) > 0.05*bucketLimit {
 		t.Errorf("web admitted %.1f rps in total in the median second of the steady state (mean %.1f), want %v ± 5 %%", median, mean, bucketLimit)

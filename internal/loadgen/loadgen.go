@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -267,3 +268,33 @@ func (g *Generator) Sum(caller string, from, to int) Second {
 
 // Elapsed is the time since Run started.
 func (g *Generator) Elapsed() time.Duration { return time.Since(g.start) }
+
+// OffSchedule lists the seconds in [from, to) in which some caller sent
+// more than 10 % and 5 requests off what its Rate asked for: a machine too
+// busy to run the generator on time, which then catches up in a burst. A
+// rate measured over such seconds measured the machine, not what it was
+// sent to; the simulator's live mode judges its runs the same way.
+func (g *Generator) OffSchedule(from, to int) []int {
+	var late []int
+	for sec := max(from, 0); sec < to && sec < len(g.counts[0]); sec++ {
+		for i, c := range g.opts.Callers {
+			want := nominal(c.Rate, sec)
+			sent := float64(g.counts[i][sec].sent.Load())
+			if d := math.Abs(sent - want); d > 5 && d > 0.1*want {
+				late = append(late, sec)
+				break
+			}
+		}
+	}
+	return late
+}
+
+// nominal is the mean of rate over second sec, from 100 samples.
+func nominal(rate func(time.Duration) float64, sec int) float64 {
+	const n = 100
+	sum := 0.0
+	for k := range n {
+		sum += rate(time.Duration(sec)*time.Second + time.Duration(k)*time.Second/n)
+	}
+	return sum / n
+}

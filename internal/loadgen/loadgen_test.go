@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -93,5 +94,37 @@ func TestSkipsWhenSaturated(t *testing.T) {
 func TestValidate(t *testing.T) {
 	if _, err := New(Options{}); err == nil {
 		t.Error("empty options accepted")
+	}
+}
+
+func TestOffSchedule(t *testing.T) {
+	g, err := New(Options{
+		Targets: []string{"http://127.0.0.1:1"},
+		Callers: []Caller{
+			{Name: "web", Rate: func(t time.Duration) float64 {
+				if t >= 2*time.Second {
+					return 500
+				}
+				return 50
+			}},
+			{Name: "batch", Rate: func(time.Duration) float64 { return 20 }},
+		},
+		Duration: 5 * time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	set := func(caller, sec int, sent int64) { g.counts[caller][sec].sent.Store(sent) }
+	for sec, web := range []int64{50, 44, 465, 535, 500} {
+		set(0, sec, web)
+		set(1, sec, 20)
+	}
+	set(1, 4, 14) // 6 off 20: more than 5 and 10 %
+	// 44 of 50 is 6 off but 12 %: late; 465 and 535 of 500 are 7 %: on time.
+	if got := g.OffSchedule(0, 5); !slices.Equal(got, []int{1, 4}) {
+		t.Errorf("OffSchedule(0, 5) = %v, want [1 4]", got)
+	}
+	if got := g.OffSchedule(2, 4); len(got) != 0 {
+		t.Errorf("OffSchedule(2, 4) = %v, want none", got)
 	}
 }
