@@ -259,17 +259,13 @@ type simSidecar struct {
 	zone   int
 	lim    *sidecar.Limiter
 	svc    *sidecar.ServiceLimiter
-	hdr    reporter.Header
-	// The reporter's loop state, as in sidecar/reporter: prev is the
-	// snapshot at the start of the report window, checked the one at the
-	// last surge check, cur scratch.
-	prev, checked, cur []sidecar.PeerCounts
-	prevAt, checkedAt  time.Duration
-	surge              reporter.SurgeDetector
-	trail              reporter.Trail[time.Duration]
-	agg                int // the aggregator it reports to; -1 while failing over
+	// win is the reporter's step, its ticks and surge checks: the
+	// sidecar's production timing logic, driven on the virtual clock.
+	win *reporter.Window
+	agg int // the aggregator it reports to; -1 while failing over
 	// pending is the newest report made while failing over, sent on
-	// reconnecting (the reporter's uplink keeps at most one).
+	// reconnecting: the uplink between reporter and aggregator
+	// (internal/uplink) keeps at most one.
 	pending *sluicev1.LoadReport
 	flows   []sidecarFlow
 	held    []float64 // per bucket of the callee (calleeState.buckets order): rate its aggregator holds
@@ -382,7 +378,6 @@ func newEngine(sc *Scenario, seed uint64, opts Options) (*engine, error) {
 					held:   make([]float64, len(c.buckets)),
 				}
 				s.svc = s.lim.Service(c.svc.Name)
-				s.hdr = reporter.Header{SidecarID: s.id, Service: c.svc.Name, Zone: sc.Zones[z], Direction: sluicev1.Direction_DIRECTION_INBOUND, Interval: sc.Loop.ReportInterval}
 				for fi, f := range sc.Flows {
 					if f.Callee != c.svc.Name || f.Weights[z] == 0 {
 						continue
@@ -405,21 +400,16 @@ func newEngine(sc *Scenario, seed uint64, opts Options) (*engine, error) {
 	}
 	for _, s := range e.sidecars {
 		phase := time.Duration(e.rng.Int64N(int64(sc.Loop.ReportInterval)))
-		start := phase - sc.Loop.ReportInterval // the reporter started one interval before its first report
-		s.prevAt, s.checkedAt = start, start
-		s.prev = s.lim.AppendCounts(e.callees[s.callee].svc.Name, nil)
-		s.checked = slices.Clone(s.prev)
-		s.trail.Reset(s.prev, s.prevAt)
-		// Both of the reporter's tickers started with it. At an instant
-		// where both fire, the report goes first (the surge check then
-		// sees an empty window).
+		start := phase - sc.Loop.ReportInterval // the sidecar started one interval before its first report
+		name := e.callees[s.callee].svc.Name
+		hdr := reporter.Header{SidecarID: s.id, Service: name, Zone: sc.Zones[s.zone], Direction: sluicev1.Direction_DIRECTION_INBOUND, Interval: sc.Loop.ReportInterval}
+		s.win = reporter.NewWindow(reporter.WindowConfig{Header: hdr, Interval: sc.Loop.ReportInterval, SurgeChecks: sc.Loop.SurgeCheck > 0}, Epoch.Add(start), s.lim)
+		// The reporter's tickers started with the sidecar. At an instant
+		// where a report and a surge check fall together, the report goes
+		// first and the check sees too short a window.
 		e.at(phase, func() { e.report(s) })
 		if c := sc.Loop.SurgeCheck; c > 0 {
-			first := start + c
-			for first < 0 {
-				first += c
-			}
-			e.at(first, func() { e.check(s) })
+			e.at(firstAfter(start, c), func() { e.check(s) })
 		}
 	}
 
@@ -460,6 +450,17 @@ func newEngine(sc *Scenario, seed uint64, opts Options) (*engine, error) {
 	}
 	e.at(0, e.step)
 	return e, nil
+}
+
+// firstAfter is the first instant at or after 0 of a ticker started at
+// start with the given period: the simulation begins at 0, and what a
+// sidecar that started earlier did before then is not simulated.
+func firstAfter(start, period time.Duration) time.Duration {
+	first := start + period
+	for first < 0 {
+		first += period
+	}
+	return first
 }
 
 func newRetryRing(r *Retry, step time.Duration) *retryRing {
@@ -633,61 +634,33 @@ func (e *engine) meanRatio(bs *bucketState) float64 {
 	return sum / float64(len(c.sidecars))
 }
 
-// report is one sidecar's report tick, as the reporter's loop does it: a
-// window shorter than half an interval (the rest of one a surge report cut
-// short) folds into the next; otherwise the window's report, built by the
-// production builder, goes out.
+// report is one sidecar's report tick: the reporter's Window says what goes
+// out.
 func (e *engine) report(s *simSidecar) {
 	e.after(e.sc.Loop.ReportInterval, func() { e.report(s) })
-	if e.now-s.prevAt < max(e.sc.Loop.ReportInterval/2, reporter.MinInterval) {
-		return
+	if rep := s.win.Tick(Epoch.Add(e.now), s.lim); rep != nil {
+		e.send(s, rep)
 	}
-	s.cur = s.lim.AppendCounts(e.callees[s.callee].svc.Name, s.cur[:0])
-	e.send(s, s.prev, s.prevAt, false)
 }
 
-// check is one sidecar's surge check: when the production SurgeDetector
-// sees a caller's rate jump in the check window, that window alone is
-// reported at once; else when it sees one since the last report, that
-// window is.
+// check is one sidecar's surge check: a surge report the Window finds goes
+// out at once.
 func (e *engine) check(s *simSidecar) {
 	e.after(e.sc.Loop.SurgeCheck, func() { e.check(s) })
-	s.cur = s.lim.AppendCounts(e.callees[s.callee].svc.Name, s.cur[:0])
-	if s.surge.Surging(s.checked, s.cur, e.now-s.checkedAt) {
+	if rep := s.win.Check(Epoch.Add(e.now), s.lim); rep != nil {
 		e.fast.SurgeReports++
-		e.send(s, s.checked, s.checkedAt, true)
-		return
+		e.send(s, rep)
 	}
-	// As the reporter: too few requests per check window, the window since
-	// the last report.
-	if s.checkedAt != s.prevAt && s.surge.SurgingSinceReport(s.prev, s.cur, e.now-s.prevAt) {
-		e.fast.SurgeReports++
-		from, fromAt := s.trail.Since(s.cur, reporter.DefaultSurgeMinCount)
-		e.send(s, from, fromAt, true)
-		return
-	}
-	s.checked = append(s.checked[:0], s.cur...)
-	s.trail.Add(s.cur, e.now)
-	s.checkedAt = e.now
 }
 
-// send reports the window from the snapshot from, taken at fromAt, to s.cur,
-// taken now, and starts the next window, as the reporter's send does; surge
-// marks a surge report.
-func (e *engine) send(s *simSidecar, from []sidecar.PeerCounts, fromAt time.Duration, surge bool) {
-	rep := reporter.Build(s.hdr, from, s.cur, Epoch.Add(fromAt), e.now-fromAt)
-	rep.Urgent = surge
+// send hands a report to the sidecar's uplink: to its aggregator, or kept,
+// the newest only, while it fails over.
+func (e *engine) send(s *simSidecar, rep *sluicev1.LoadReport) {
 	if s.agg < 0 {
-		s.pending = rep // the uplink keeps the newest while it fails over
-	} else {
-		e.sendReport(s, rep)
+		s.pending = rep
+		return
 	}
-	s.surge.Reported(rep)
-	s.prev, s.cur = s.cur, s.prev
-	s.prevAt = e.now
-	s.checked = append(s.checked[:0], s.prev...)
-	s.checkedAt = e.now
-	s.trail.Reset(s.prev, s.prevAt)
+	e.sendReport(s, rep)
 }
 
 func (e *engine) sendReport(s *simSidecar, rep *sluicev1.LoadReport) {
