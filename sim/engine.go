@@ -295,34 +295,22 @@ type simAggregator struct {
 	// orphans counts its sidecars still failing over after it died.
 	orphans int
 	ctl     []float64 // per engine bucket: the rate the controller holds from this aggregator
-	flushes pokeTicker
+	flushes ticker.Schedule
 }
 
 type simController struct {
 	state *controller.State
 	down  bool
 	warm  bool // has published since it last started
-	ticks pokeTicker
+	// ticks is the ticker's rule for urgent ticks; a restarted controller
+	// has a new one, and a poked tick of the old one finds its own.
+	ticks *ticker.Schedule
 	gen   int // the ticker's generation: a restarted controller has a new one
 	// phase is where the regular ticks fall: at phase + k·tick. The
 	// production ticker is aligned to the wall clock (ticker.Aligned), so
 	// a restarted controller ticks on the same grid as before, not a tick
 	// after it started.
 	phase time.Duration
-}
-
-// pokeTicker is internal/ticker's rule for the aggregator's flushes and the
-// controller's ticks, on the virtual clock: a run every period, and one soon
-// after a poke (a surge), but never within gap of the last run; pokes
-// before that run coalesce. gap is what the services use, ticker.MinGap.
-type pokeTicker struct {
-	gap     time.Duration
-	last    time.Duration // the last run; -1 before the first
-	pending bool          // a poked run is scheduled
-}
-
-func newPokeTicker(period time.Duration) pokeTicker {
-	return pokeTicker{gap: ticker.MinGap(period), last: -1}
 }
 
 func newEngine(sc *Scenario, seed uint64, opts Options) (*engine, error) {
@@ -420,7 +408,7 @@ func newEngine(sc *Scenario, seed uint64, opts Options) (*engine, error) {
 			id:      "aggregator-" + zone,
 			state:   aggregator.NewState(zone, "aggregator-"+zone, sc.Loop.AggregatorStaleAfter, aggregator.Limits{}),
 			ctl:     make([]float64, len(e.buckets)),
-			flushes: newPokeTicker(sc.Loop.FlushInterval),
+			flushes: ticker.NewSchedule(ticker.MinGap(sc.Loop.FlushInterval)),
 		}
 		e.aggs = append(e.aggs, a)
 		phase := time.Duration(e.rng.Int64N(int64(sc.Loop.FlushInterval)))
@@ -435,7 +423,7 @@ func newEngine(sc *Scenario, seed uint64, opts Options) (*engine, error) {
 		return nil, fmt.Errorf("controller: %w", err)
 	}
 	phase := time.Duration(e.rng.Int64N(int64(sc.Loop.Controller.Tick)))
-	e.ctl = simController{state: st, ticks: newPokeTicker(sc.Loop.Controller.Tick), phase: phase}
+	e.ctl = simController{state: st, ticks: newTickSchedule(sc.Loop.Controller.Tick), phase: phase}
 	gen := e.ctl.gen
 	e.at(phase, func() { e.tick(gen) })
 
@@ -450,6 +438,13 @@ func newEngine(sc *Scenario, seed uint64, opts Options) (*engine, error) {
 	}
 	e.at(0, e.step)
 	return e, nil
+}
+
+// newTickSchedule is the controller's rule for urgent ticks, as its
+// Service's ticker has it.
+func newTickSchedule(tick time.Duration) *ticker.Schedule {
+	s := ticker.NewSchedule(ticker.MinGap(tick))
+	return &s
 }
 
 // firstAfter is the first instant at or after 0 of a ticker started at
@@ -717,23 +712,25 @@ func (e *engine) flush(a *simAggregator) {
 		return
 	}
 	e.after(e.sc.Loop.FlushInterval, func() { e.flush(a) })
+	a.flushes.Ran(Epoch.Add(e.now))
 	e.flushNow(a)
 }
 
-// poke is internal/ticker's Poke on the virtual clock: run now, or as soon
-// as the gap since the last run allows, unless a poked run is scheduled.
-func (e *engine) poke(t *pokeTicker, run func()) {
-	if t.pending {
+// poke is internal/ticker's Poke on the virtual clock: the Schedule says
+// when the run it asks for is due, if it asks for one.
+func (e *engine) poke(t *ticker.Schedule, run func()) {
+	if !t.Poke(Epoch.Add(e.now)) {
 		return
 	}
-	if t.last < 0 || e.now-t.last >= t.gap {
+	if t.Fire(Epoch.Add(e.now)) {
 		run()
 		return
 	}
-	t.pending = true
-	e.at(t.last+t.gap, func() {
-		t.pending = false
-		run()
+	next, _ := t.Next()
+	e.at(next.Sub(Epoch), func() {
+		if t.Fire(Epoch.Add(e.now)) {
+			run()
+		}
 	})
 }
 
@@ -743,7 +740,6 @@ func (e *engine) flushNow(a *simAggregator) {
 	if a.dead {
 		return
 	}
-	a.flushes.last = e.now
 	zl := a.state.Flush(Epoch.Add(e.now), e.sc.Loop.FlushInterval)
 	// The service logs these. Every sidecar here is alive (a dead
 	// aggregator's sidecars went elsewhere and it flushes no more), so
@@ -766,7 +762,7 @@ func (e *engine) flushNow(a *simAggregator) {
 		if e.ctl.state.TakeUrgent() {
 			// A surge: the controller's tick ticker is poked.
 			gen := e.ctl.gen
-			e.poke(&e.ctl.ticks, func() { e.fast.UrgentTicks++; e.tickNow(gen) })
+			e.poke(e.ctl.ticks, func() { e.fast.UrgentTicks++; e.tickNow(gen) })
 		}
 	})
 }
@@ -806,6 +802,9 @@ func (e *engine) tick(gen int) {
 		return // the ticker of a controller that has since restarted
 	}
 	e.after(e.sc.Loop.Controller.Tick, func() { e.tick(gen) })
+	if !e.ctl.down {
+		e.ctl.ticks.Ran(Epoch.Add(e.now))
+	}
 	e.tickNow(gen)
 }
 
@@ -814,7 +813,6 @@ func (e *engine) tickNow(gen int) {
 	if e.ctl.down || gen != e.ctl.gen {
 		return
 	}
-	e.ctl.ticks.last = e.now
 	res := e.ctl.state.Tick(Epoch.Add(e.now), e.sc.Limits)
 	if res.Warm && !e.ctl.warm {
 		e.ctl.warm = true
@@ -958,7 +956,7 @@ func (e *engine) restartController(down time.Duration) {
 		// is the next one on the wall-clock grid, as ticker.Aligned's.
 		tick := e.sc.Loop.Controller.Tick
 		gen, phase := e.ctl.gen+1, e.ctl.phase
-		e.ctl = simController{state: st, ticks: newPokeTicker(tick), gen: gen, phase: phase}
+		e.ctl = simController{state: st, ticks: newTickSchedule(tick), gen: gen, phase: phase}
 		next := phase
 		if e.now >= phase {
 			next = phase + ((e.now-phase)/tick+1)*tick
