@@ -89,6 +89,34 @@ const (
 	LocalBurst = 100 * time.Millisecond
 )
 
+// ExpiryPeriod is how often the owner of a Limiter's clock calls Expire (the
+// sidecar agent, the simulator's sidecars): the step of a fail-open decay
+// and of local token-bucket refills. Ten steps a second keep both smooth (a
+// 30s decay moves the ratio by 1/300 of its start per step) at the cost of a
+// lock and a few loads each.
+const ExpiryPeriod = 100 * time.Millisecond
+
+// Expiry is the step of the worker that owns a Limiter's policy clock,
+// without its timer: every ExpiryPeriod it calls Expire and looks at one
+// service's policy state. The sidecar agent runs it on a real ticker and
+// logs the changes; the simulator runs it on its virtual clock and notes
+// them. Not safe for concurrent use.
+type Expiry struct {
+	Limiter *Limiter
+	Service string
+	last    PolicyState
+}
+
+// Step calls Expire at now and returns the service's policy status after
+// it; changed says that its state differs from the previous Step's, prev
+// (NoPolicy before the first).
+func (x *Expiry) Step(now time.Time) (st PolicyStatus, prev PolicyState, changed bool) {
+	x.Limiter.Expire(now)
+	st = x.Limiter.Status(x.Service)
+	prev, x.last = x.last, st.State
+	return st, prev, st.State != prev
+}
+
 // PolicyStatus is the state of a service's policy as of the last Expire.
 type PolicyStatus struct {
 	State    PolicyState

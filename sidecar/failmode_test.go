@@ -655,3 +655,39 @@ func TestFailModeMetrics(t *testing.T) {
 		t.Errorf("lint: %v %v", n, err)
 	}
 }
+
+// TestExpiryStep drives the policy clock's step as the agent and the
+// simulator do: each Step expires at its instant and says when the state
+// changed, from what.
+func TestExpiryStep(t *testing.T) {
+	l := NewLimiter(LimiterOptions{})
+	x := Expiry{Limiter: l, Service: "checkout"}
+	type step struct {
+		at      time.Duration
+		set     bool // SetPolicyAt(failPolicy(FailHold), t0+at) before the step
+		state   PolicyState
+		prev    PolicyState
+		changed bool
+	}
+	for i, s := range []step{
+		{at: 0, state: NoPolicy, prev: NoPolicy, changed: false},
+		{at: 100 * time.Millisecond, set: true, state: Fresh, prev: NoPolicy, changed: true},
+		{at: 200 * time.Millisecond, state: Fresh, prev: Fresh},
+		{at: testTTL/2 + 100*time.Millisecond, state: Stale, prev: Fresh, changed: true},
+		{at: testTTL + 100*time.Millisecond, state: Expired, prev: Stale, changed: true},
+		{at: testTTL + 200*time.Millisecond, state: Expired, prev: Expired},
+		{at: testTTL + 250*time.Millisecond, set: true, state: Fresh, prev: Expired, changed: true},
+	} {
+		if s.set {
+			l.SetPolicyAt(failPolicy(FailHold, Rule{Peer: "web", DropRatio: 0.5}), t0.Add(s.at))
+		}
+		st, prev, changed := x.Step(t0.Add(s.at))
+		if st.State != s.state || prev != s.prev || changed != s.changed {
+			t.Fatalf("step %d at %v: state %v, previous %v, changed %v; want %v, %v, %v",
+				i, s.at, st.State, prev, changed, s.state, s.prev, s.changed)
+		}
+		if s.state == Expired && st.FailMode != FailHold {
+			t.Fatalf("step %d: fail mode %v, want hold", i, st.FailMode)
+		}
+	}
+}

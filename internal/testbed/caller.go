@@ -170,7 +170,7 @@ func (c *Cluster) StartCaller(service, id, zone string) (*Caller, error) {
 		HTTP: proxy.NewServer("", front), HTTPAddr: "127.0.0.1:0",
 		Workers: []func(context.Context) error{xds.Run, rep.Run, func(ctx context.Context) error {
 			// The policy's TTL clock, as the sidecar agent keeps it.
-			tick := time.NewTicker(100 * time.Millisecond)
+			tick := time.NewTicker(sidecar.ExpiryPeriod)
 			defer tick.Stop()
 			for {
 				select {

@@ -133,7 +133,7 @@ func (c *Cluster) StartGRPCCallee(ln net.Listener, id, zone string, opts sidecar
 		Admin:  admin.New(reg, nil), AdminAddr: "127.0.0.1:0",
 		Workers: []func(context.Context) error{serve, xds.Run, rep.Run, func(ctx context.Context) error {
 			// The policy's TTL clock, as the sidecar agent keeps it.
-			tick := time.NewTicker(100 * time.Millisecond)
+			tick := time.NewTicker(sidecar.ExpiryPeriod)
 			defer tick.Stop()
 			for {
 				select {
