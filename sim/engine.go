@@ -52,16 +52,37 @@ type Result struct {
 	ControlPlane ControlPlane
 	FastPath     FastPath
 	// Timeline lists what happened to the loop: failures, failovers,
-	// warm-ups. Times are since the start.
+	// warm-ups, policies expiring. Times are since the start.
 	Timeline []Happening
+	// Expiries lists every stretch in which a callee's sidecars held an
+	// expired policy, in order: its fail mode was in force.
+	Expiries []Expiry
 	// Decisions is the number of Decide calls the run made.
 	Decisions int64
+}
+
+// Expiry is a stretch of time in which a callee's sidecars held an expired
+// policy: the controller had been silent for its TTL, and its fail mode was
+// in force.
+type Expiry struct {
+	Callee   string
+	FailMode string        // open, hold or local
+	TTL      time.Duration // the expired policy's
+	// LiveInstances is the expired policy's: local's token buckets divide
+	// a caller's limit by it.
+	LiveInstances int
+	// From is when the first sidecar's policy expired; To when every one
+	// held a fresh policy again, or the run's duration if they did not.
+	From, To time.Duration
 }
 
 // Happening is one line of a Result's timeline.
 type Happening struct {
 	At   time.Duration
 	What string
+	// Callee is the callee it concerns, whose panel of the plot labels it;
+	// empty for the whole loop.
+	Callee string
 }
 
 // BucketSeries is one bucket's time series, one entry per Bin. Rates are in
@@ -227,6 +248,7 @@ type engine struct {
 	cp        ControlPlane
 	fast      FastPath
 	timeline  []Happening
+	expiries  []Expiry
 	decisions int64
 }
 
@@ -236,6 +258,9 @@ type calleeState struct {
 	buckets  []int // indexes into engine.buckets, sorted by caller
 	callers  []string
 	sidecars []*simSidecar
+	// expired counts its sidecars whose policy is expired; expiry is the
+	// index in engine.expiries of the stretch under way while it is above 0.
+	expired, expiry int
 }
 
 type bucketState struct {
@@ -259,10 +284,12 @@ type simSidecar struct {
 	zone   int
 	lim    *sidecar.Limiter
 	svc    *sidecar.ServiceLimiter
-	// win is the reporter's step, its ticks and surge checks: the
-	// sidecar's production timing logic, driven on the virtual clock.
-	win *reporter.Window
-	agg int // the aggregator it reports to; -1 while failing over
+	// win is the reporter's step (its ticks and surge checks), expiry the
+	// step of the agent's policy clock: the sidecar's production timing
+	// logic, driven on the virtual clock.
+	win    *reporter.Window
+	expiry sidecar.Expiry
+	agg    int // the aggregator it reports to; -1 while failing over
 	// pending is the newest report made while failing over, sent on
 	// reconnecting: the uplink between reporter and aggregator
 	// (internal/uplink) keeps at most one.
@@ -366,6 +393,7 @@ func newEngine(sc *Scenario, seed uint64, opts Options) (*engine, error) {
 					held:   make([]float64, len(c.buckets)),
 				}
 				s.svc = s.lim.Service(c.svc.Name)
+				s.expiry = sidecar.Expiry{Limiter: s.lim, Service: c.svc.Name}
 				for fi, f := range sc.Flows {
 					if f.Callee != c.svc.Name || f.Weights[z] == 0 {
 						continue
@@ -392,13 +420,15 @@ func newEngine(sc *Scenario, seed uint64, opts Options) (*engine, error) {
 		name := e.callees[s.callee].svc.Name
 		hdr := reporter.Header{SidecarID: s.id, Service: name, Zone: sc.Zones[s.zone], Direction: sluicev1.Direction_DIRECTION_INBOUND, Interval: sc.Loop.ReportInterval}
 		s.win = reporter.NewWindow(reporter.WindowConfig{Header: hdr, Interval: sc.Loop.ReportInterval, SurgeChecks: sc.Loop.SurgeCheck > 0}, Epoch.Add(start), s.lim)
-		// The reporter's tickers started with the sidecar. At an instant
-		// where a report and a surge check fall together, the report goes
-		// first and the check sees too short a window.
+		// The reporter's tickers and the agent's policy clock started
+		// with the sidecar. At an instant where a report and a surge
+		// check fall together, the report goes first and the check sees
+		// too short a window.
 		e.at(phase, func() { e.report(s) })
 		if c := sc.Loop.SurgeCheck; c > 0 {
 			e.at(firstAfter(start, c), func() { e.check(s) })
 		}
+		e.at(firstAfter(start, sidecar.ExpiryPeriod), func() { e.expire(s) })
 	}
 
 	// Aggregators, one per zone, each flushing at its own phase.
@@ -489,8 +519,10 @@ func (e *engine) fail(err error) {
 	}
 }
 
-func (e *engine) note(format string, args ...any) {
-	e.timeline = append(e.timeline, Happening{At: e.now, What: fmt.Sprintf(format, args...)})
+func (e *engine) note(format string, args ...any) { e.noteCallee("", format, args...) }
+
+func (e *engine) noteCallee(callee, format string, args ...any) {
+	e.timeline = append(e.timeline, Happening{At: e.now, What: fmt.Sprintf(format, args...), Callee: callee})
 }
 
 func (e *engine) run() {
@@ -615,15 +647,15 @@ func (e *engine) sampleRatios(bin int) {
 }
 
 // meanRatio is the mean drop ratio the bucket's callee's sidecars hold for
-// its caller.
+// its caller: the ratio in force (a fresh policy's, decayed in fail mode
+// open), 0 where a token bucket decides instead (fail mode local), as the
+// sidecars' sluice_sidecar_drop_ratio says and live mode samples it.
 func (e *engine) meanRatio(bs *bucketState) float64 {
 	c := e.callees[bs.callee]
 	sum := 0.0
 	for _, s := range c.sidecars {
-		if p := s.lim.Policy(c.svc.Name); p != nil {
-			if r := p.Rule(bs.b.Caller); r != nil {
-				sum += r.DropRatio
-			}
+		if r, ok := s.svc.Ratio(bs.b.Caller); ok {
+			sum += r
 		}
 	}
 	return sum / float64(len(c.sidecars))
@@ -635,6 +667,39 @@ func (e *engine) report(s *simSidecar) {
 	e.after(e.sc.Loop.ReportInterval, func() { e.report(s) })
 	if rep := s.win.Tick(Epoch.Add(e.now), s.lim); rep != nil {
 		e.send(s, rep)
+	}
+}
+
+// expire is one step of a sidecar's policy clock, as the agent's fail-mode
+// worker takes it: Expire puts the policy's fail mode in force once it has
+// outlived its TTL. The timeline notes when a callee's first sidecar's
+// policy expires and when its last one's is fresh again.
+func (e *engine) expire(s *simSidecar) {
+	e.after(sidecar.ExpiryPeriod, func() { e.expire(s) })
+	st, prev, changed := s.expiry.Step(Epoch.Add(e.now))
+	if !changed {
+		return
+	}
+	c := e.callees[s.callee]
+	switch {
+	case st.State == sidecar.Expired:
+		if c.expired++; c.expired > 1 {
+			return
+		}
+		p := s.lim.Policy(c.svc.Name)
+		ttl := p.TTL
+		if ttl <= 0 {
+			ttl = sidecar.DefaultPolicyTTL
+		}
+		c.expiry = len(e.expiries)
+		e.expiries = append(e.expiries, Expiry{Callee: c.svc.Name, FailMode: st.FailMode.String(), TTL: ttl, LiveInstances: p.LiveInstances, From: e.now, To: -1})
+		e.noteCallee(c.svc.Name, "%s: policy expired (%v TTL), fail mode %s", c.svc.Name, ttl, st.FailMode)
+	case prev == sidecar.Expired:
+		if c.expired--; c.expired > 0 {
+			return
+		}
+		e.expiries[c.expiry].To = e.now
+		e.noteCallee(c.svc.Name, "%s: fresh policy at every sidecar, fail mode over", c.svc.Name)
 	}
 }
 
@@ -833,8 +898,10 @@ func (e *engine) tickNow(gen int) {
 		e.cp.Policies.Messages += int64(len(c.sidecars))
 		e.cp.Policies.Bytes += int64(proto.Size(m)) * int64(len(c.sidecars))
 		e.after(e.sc.Loop.PushDelay, func() {
+			// As sidecar.Installer installs a policy the xDS client
+			// received: fresh, its TTL running from now.
 			for _, s := range c.sidecars {
-				s.lim.SetPolicy(p)
+				s.lim.SetPolicyAt(p, Epoch.Add(e.now))
 			}
 		})
 		e.checkPublished(c, p)
@@ -1038,7 +1105,12 @@ func (e *engine) nominalOffered(bs *bucketState, t time.Duration) float64 {
 }
 
 func (e *engine) result() *Result {
-	r := &Result{Scenario: e.sc, Seed: e.seed, ControlPlane: e.cp, FastPath: e.fast, Timeline: e.timeline, Decisions: e.decisions}
+	r := &Result{Scenario: e.sc, Seed: e.seed, ControlPlane: e.cp, FastPath: e.fast, Timeline: e.timeline, Expiries: e.expiries, Decisions: e.decisions}
+	for i := range r.Expiries {
+		if r.Expiries[i].To < 0 {
+			r.Expiries[i].To = e.sc.Duration
+		}
+	}
 	for _, bs := range e.buckets {
 		r.Buckets = append(r.Buckets, BucketSeries{
 			Callee: bs.b.Callee, Caller: bs.b.Caller,
