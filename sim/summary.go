@@ -106,8 +106,9 @@ func WriteSummary(w io.Writer, r *Result) error {
 
 // writeExpiries says what each callee's sidecars did while their policy was
 // expired: per caller, the ratio in force and the admitted rate in the first
-// and the last whole second of the stretch, and the mean admitted rate over
-// it, against the caller's limit. Under local a token bucket decides and
+// and the last whole second of the stretch, the mean admitted rate over it,
+// against the caller's limit, and the admitted rate once a fresh policy
+// ended it. Under local a token bucket decides and
 // there is no ratio: the bucket's rate is the limit over the live
 // instances the policy named.
 func writeExpiries(b *strings.Builder, r *Result) {
@@ -136,8 +137,12 @@ func writeExpiries(b *strings.Builder, r *Result) {
 				n := max(x.LiveInstances, 1)
 				how = fmt.Sprintf("token buckets of %s ÷ %d instances = %s rps", rate(bs.Limit), n, rate(bs.Limit/float64(n)))
 			}
-			fmt.Fprintf(tw, "%s\t%s: %s, admitted %s → %s rps (mean %s, limit %s)\n", head, bs.Caller, how,
-				rate(bs.Admitted[first]), rate(bs.Admitted[last]), rate(mean), rate(bs.Limit))
+			after := ""
+			if next := int((x.To + Bin - 1) / Bin); next < len(bs.Admitted) {
+				after = fmt.Sprintf("; %s rps in the first whole second after", rate(bs.Admitted[next]))
+			}
+			fmt.Fprintf(tw, "%s\t%s: %s, admitted %s → %s rps (mean %s, limit %s)%s\n", head, bs.Caller, how,
+				rate(bs.Admitted[first]), rate(bs.Admitted[last]), rate(mean), rate(bs.Limit), after)
 			head = "\t\t"
 		}
 	}
