@@ -963,8 +963,10 @@ func (e *engine) killAggregator(z int) {
 		return
 	}
 	a.dead = true
-	// Its stream to the controller ends: the controller forgets its load
-	// at once, as the Service does when a stream ends.
+	// Its stream to the controller ends, and the controller's Service
+	// removes the load of a zone whose stream ended at once
+	// (controller.State.Remove), so that sidecars reconnecting elsewhere
+	// are not counted twice.
 	if !e.ctl.down {
 		e.ctl.state.Remove(a.id)
 	}
