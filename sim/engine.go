@@ -287,9 +287,10 @@ type simSidecar struct {
 	// win is the reporter's step (its ticks and surge checks), expiry the
 	// step of the agent's policy clock: the sidecar's production timing
 	// logic, driven on the virtual clock.
-	win    *reporter.Window
-	expiry sidecar.Expiry
-	agg    int // the aggregator it reports to; -1 while failing over
+	win     *reporter.Window
+	expiry  sidecar.Expiry
+	expired bool // its policy has expired, and no other came since
+	agg     int  // the aggregator it reports to; -1 while failing over
 	// pending is the newest report made while failing over, sent on
 	// reconnecting: the uplink between reporter and aggregator
 	// (internal/uplink) keeps at most one.
@@ -673,34 +674,42 @@ func (e *engine) report(s *simSidecar) {
 // expire is one step of a sidecar's policy clock, as the agent's fail-mode
 // worker takes it: Expire puts the policy's fail mode in force once it has
 // outlived its TTL. The timeline notes when a callee's first sidecar's
-// policy expires and when its last one's is fresh again.
+// policy expires.
 func (e *engine) expire(s *simSidecar) {
 	e.after(sidecar.ExpiryPeriod, func() { e.expire(s) })
-	st, prev, changed := s.expiry.Step(Epoch.Add(e.now))
-	if !changed {
+	st, _, changed := s.expiry.Step(Epoch.Add(e.now))
+	if !changed || st.State != sidecar.Expired || s.expired {
 		return
 	}
+	s.expired = true
 	c := e.callees[s.callee]
-	switch {
-	case st.State == sidecar.Expired:
-		if c.expired++; c.expired > 1 {
-			return
-		}
-		p := s.lim.Policy(c.svc.Name)
-		ttl := p.TTL
-		if ttl <= 0 {
-			ttl = sidecar.DefaultPolicyTTL
-		}
-		c.expiry = len(e.expiries)
-		e.expiries = append(e.expiries, Expiry{Callee: c.svc.Name, FailMode: st.FailMode.String(), TTL: ttl, LiveInstances: p.LiveInstances, From: e.now, To: -1})
-		e.noteCallee(c.svc.Name, "%s: policy expired (%v TTL), fail mode %s", c.svc.Name, ttl, st.FailMode)
-	case prev == sidecar.Expired:
-		if c.expired--; c.expired > 0 {
-			return
-		}
-		e.expiries[c.expiry].To = e.now
-		e.noteCallee(c.svc.Name, "%s: fresh policy at every sidecar, fail mode over", c.svc.Name)
+	if c.expired++; c.expired > 1 {
+		return
 	}
+	p := s.lim.Policy(c.svc.Name)
+	ttl := p.TTL
+	if ttl <= 0 {
+		ttl = sidecar.DefaultPolicyTTL
+	}
+	c.expiry = len(e.expiries)
+	e.expiries = append(e.expiries, Expiry{Callee: c.svc.Name, FailMode: st.FailMode.String(), TTL: ttl, LiveInstances: p.LiveInstances, From: e.now, To: -1})
+	e.noteCallee(c.svc.Name, "%s: policy expired (%v TTL), fail mode %s", c.svc.Name, ttl, st.FailMode)
+}
+
+// replaced notes that s's policy was just replaced or removed, which ends
+// its fail mode at once (the agent's worker sees it at its next step). The
+// timeline notes when the last of a callee's expired sidecars is so.
+func (e *engine) replaced(s *simSidecar) {
+	if !s.expired {
+		return
+	}
+	s.expired = false
+	c := e.callees[s.callee]
+	if c.expired--; c.expired > 0 {
+		return
+	}
+	e.expiries[c.expiry].To = e.now
+	e.noteCallee(c.svc.Name, "%s: fresh policy at every sidecar, fail mode over", c.svc.Name)
 }
 
 // check is one sidecar's surge check: a surge report the Window finds goes
@@ -902,6 +911,7 @@ func (e *engine) tickNow(gen int) {
 			// received: fresh, its TTL running from now.
 			for _, s := range c.sidecars {
 				s.lim.SetPolicyAt(p, Epoch.Add(e.now))
+				e.replaced(s)
 			}
 		})
 		e.checkPublished(c, p)
@@ -913,6 +923,7 @@ func (e *engine) tickNow(gen int) {
 				e.after(e.sc.Loop.PushDelay, func() {
 					for _, s := range c.sidecars {
 						s.lim.RemovePolicy(c.svc.Name)
+						e.replaced(s)
 					}
 				})
 			}
