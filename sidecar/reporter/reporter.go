@@ -284,15 +284,15 @@ func (r *Reporter) Run(ctx context.Context) error {
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return r.up.Run(ctx) })
 	g.Go(func() error {
-		r.loop(ctx)
+		r.loop(ctx, func(rep *sluicev1.LoadReport) { r.up.Offer(&loadReq{Report: rep}) })
 		return nil
 	})
 	return g.Wait()
 }
 
-// loop owns the timers and the uplink; what a tick or a check sends is the
-// Window's to say.
-func (r *Reporter) loop(ctx context.Context) {
+// loop owns the timers and hands what they send to send (the uplink); what
+// a tick or a check sends is the Window's to say.
+func (r *Reporter) loop(ctx context.Context, send func(*sluicev1.LoadReport)) {
 	t := time.NewTicker(r.cfg.Interval)
 	defer t.Stop()
 	// A nil channel never fires: no surge checks when they are off.
@@ -319,7 +319,7 @@ func (r *Reporter) loop(ctx context.Context) {
 			rep = w.Tick(time.Now(), r.src)
 		}
 		if rep != nil {
-			r.up.Offer(&loadReq{Report: rep})
+			send(rep)
 		}
 	}
 }

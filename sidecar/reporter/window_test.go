@@ -1,10 +1,15 @@
 package reporter
 
 import (
+	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/sidecar"
@@ -158,4 +163,62 @@ func TestWindow(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestLoopTimers runs the Reporter's loop on synctest's clock: a report every
+// interval from the start, a surge check every SurgeCheck that sends a jump
+// at once, and the rest of a window a surge report cut short folded into the
+// next.
+func TestLoopTimers(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		src := &manualSource{total: map[string]sidecar.PeerCounts{}}
+		r, err := New(Config{SidecarID: "pod-1", Service: "svc", Interval: time.Second, Aggregators: []string{"127.0.0.1:1"}}, src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		ctx, cancel := context.WithCancel(context.Background())
+		var mu sync.Mutex
+		var got []string
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			r.loop(ctx, func(rep *sluicev1.LoadReport) {
+				mu.Lock()
+				defer mu.Unlock()
+				got = append(got, describe(rep, start))
+			})
+		}()
+		// web: 2 requests every 10ms (200 rps), 5 times that from 2.5s.
+		// They arrive 5ms off the timers' instants, so that no count
+		// races a tick.
+		time.Sleep(5 * time.Millisecond)
+		for at := 5 * time.Millisecond; at < 4500*time.Millisecond; at += 10 * time.Millisecond {
+			n := uint64(2)
+			if at >= 2500*time.Millisecond {
+				n = 10
+			}
+			src.add("web", n)
+			time.Sleep(10 * time.Millisecond)
+		}
+		synctest.Wait()
+		cancel()
+		<-done
+		want := []string{
+			"0–1000 web=200",
+			"1000–2000 web=200",
+			"2500–2600 urgent web=100", // the first check that sees the jump, over its window alone
+			// 2.7s: the confirming check sees the rate the surge report
+			// had; 3s: 400ms since the last report, folded.
+			"2600–4000 web=1400",
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if strings.Join(got, "\n") != strings.Join(want, "\n") {
+			t.Errorf("reports\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+		}
+		if v := testutil.ToFloat64(r.surges); v != 1 {
+			t.Errorf("surges_total %v, want 1", v)
+		}
+	})
 }
