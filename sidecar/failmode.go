@@ -25,26 +25,25 @@ import (
 // the clock calls Limiter.Expire periodically; Expire works out each
 // service's state and moves the fail mode along:
 //
-//   - open (dataplane.FailOpen): every ratio falls linearly from the
-//     policy's to 0 over the policy's FailOpenDecay (default 30s), starting
-//     at the TTL; afterwards every request is admitted. Each derived
-//     verdict keeps the policy's own ratio to pick requests, by the same
-//     error diffusion as ever; of the picked ones it drops the share
-//     keep = 1 − decay, diffused over the stripe's picked requests, which
-//     Expire lowers. A picked request that is admitted is a fail-open
-//     decision (sluice_sidecar_fail_open_total): a request the last policy
-//     would have dropped. A decision costs nothing more unless it is
-//     picked; then one more atomic add.
-//   - hold (dataplane.FailHold): the verdicts stay as they are; only the
-//     state says expired.
-//   - local (dataplane.FailLocal): each peer with a limit gets a token
-//     bucket of LimitRPS / LiveInstances tokens per second (LiveInstances < 1
-//     counts as 1), holding at most LocalBurst's worth (at least one token,
-//     and at least one refill), full at the start; Expire refills it. Every
-//     request of such a peer goes to its bucket: one atomic compare-and-swap
-//     takes a token, and a request that finds none is dropped (shadow rules:
-//     counted as shadow dropped) without writing to the bucket. Peers
-//     without a limit are admitted.
+//   - open (dataplane.FailOpen): every ratio falls linearly from the policy's to 0 over the
+//     policy's FailOpenDecay (default 30s), starting at the TTL; afterwards
+//     every request is admitted. Each derived verdict keeps the policy's own
+//     ratio to pick requests, by the same error diffusion as ever; of the
+//     picked ones it drops the share keep = 1 − decay, diffused over the
+//     stripe's picked requests, which Expire lowers. A picked request that is
+//     admitted is a fail-open decision (sluice_sidecar_fail_open_total): a
+//     request the last policy would have dropped. A decision costs nothing
+//     more unless it is picked; then one more atomic add.
+//   - hold (dataplane.FailHold): the verdicts stay as they are; only the state says expired.
+//   - local (dataplane.FailLocal): each peer with a limit gets a token bucket of
+//     LimitRPS / LiveInstances tokens per second (LiveInstances < 1 counts as
+//     1), holding at most LocalBurst's worth (at least one token, and at
+//     least one refill) and the fraction of a token it carries over, full at
+//     the start; Expire refills it. Every request
+//     of such a peer goes to its bucket: one atomic compare-and-swap takes a
+//     token, and a request that finds none is dropped (shadow rules: counted
+//     as shadow dropped) without writing to the bucket. Peers without a limit
+//     are admitted.
 //
 // Linear in the ratio is linear in the admitted share 1 − p: the admitted
 // rate climbs at a constant pace from what the last policy let through to
@@ -92,6 +91,34 @@ const (
 	// the admitted rate per second stays close to the local share.
 	LocalBurst = 100 * time.Millisecond
 )
+
+// ExpiryPeriod is how often the owner of a Limiter's clock calls Expire (the
+// sidecar agent, the simulator's sidecars): the step of a fail-open decay
+// and of local token-bucket refills. Ten steps a second keep both smooth (a
+// 30s decay moves the ratio by 1/300 of its start per step) at the cost of a
+// lock and a few loads each.
+const ExpiryPeriod = 100 * time.Millisecond
+
+// Expiry is the step of the worker that owns a Limiter's policy clock,
+// without its timer: every ExpiryPeriod it calls Expire and looks at one
+// service's policy state. The sidecar agent runs it on a real ticker and
+// logs the changes; the simulator runs it on its virtual clock and notes
+// them. Not safe for concurrent use.
+type Expiry struct {
+	Limiter *Limiter
+	Service string
+	last    PolicyState
+}
+
+// Step calls Expire at now and returns the service's policy status after
+// it; changed says that its state differs from the previous Step's, prev
+// (NoPolicy before the first).
+func (x *Expiry) Step(now time.Time) (st PolicyStatus, prev PolicyState, changed bool) {
+	x.Limiter.Expire(now)
+	st = x.Limiter.Status(x.Service)
+	prev, x.last = x.last, st.State
+	return st, prev, st.State != prev
+}
 
 // PolicyStatus is the state of a service's policy as of the last Expire.
 type PolicyStatus struct {
@@ -357,12 +384,18 @@ func (b *tokenBucket) take() bool {
 	}
 }
 
-// refill adds dt's worth of tokens, up to the burst; a refill larger than
-// the burst (Expire ran late) is kept whole, so that a late refill does not
-// lose rate.
+// refill adds dt's worth of tokens, up to the burst and a fraction of a
+// token; a refill larger than the burst (Expire ran late) is kept whole, so
+// that a late refill does not lose rate.
+//
+// The fraction is the part of a token a drained bucket carries over. A
+// bucket that a steady excess drains at every refill holds only that part
+// when the next refill brings a burst's worth; capped at the burst, it lost
+// the part each time and admitted whole tokens only: 2 of 2.5 a refill, 20
+// of a 25 rps share (the controller-outage scenario's live run at 1 %).
 func (b *tokenBucket) refill(dt time.Duration) {
 	add := int64(min(math.Round(b.perSec*dt.Seconds()), maxTokens))
-	limit := max(b.burst, add)
+	limit := max(b.burst, add) + tokenUnit - 1
 	for {
 		t := b.tokens.Load()
 		n := min(t+add, limit)

@@ -406,6 +406,48 @@ func TestFailLocalTokenBucket(t *testing.T) {
 	}
 }
 
+// TestFailLocalSteadyExcess: a bucket drained at every refill by a steady
+// excess admits its rate, fractions of a token included: it used to lose
+// the fraction a drained bucket carries to the burst's cap at each refill,
+// and admit 20 of a 25 rps share.
+func TestFailLocalSteadyExcess(t *testing.T) {
+	for _, tc := range []struct {
+		limit float64 // over failPolicy's 4 live instances
+		want  int     // admitted over 10 s
+	}{
+		{limit: 1000, want: 2500},   // 25 tokens a refill
+		{limit: 100, want: 250},     // 2.5 a refill: was 200
+		{limit: 133.2, want: 333},   // 3.33: was 300
+		{limit: 1332, want: 3330},   // 33.3: was 3300
+		{limit: 10, want: 25},       // 0.25, with the least burst of one token
+		{limit: 2000.4, want: 5001}, // 50.01
+	} {
+		l := NewLimiter(LimiterOptions{})
+		l.SetPolicyAt(failPolicy(dataplane.FailLocal, Rule{Peer: "web", LimitRPS: tc.limit}), t0)
+		s := l.Service("checkout")
+		start := t0.Add(testTTL)
+		admitted := 0
+		// 5 requests a millisecond, far more than any share here, and an
+		// Expire every 100ms as the sidecar does.
+		for ms := range 10000 {
+			if ms%100 == 0 {
+				l.Expire(start.Add(time.Duration(ms) * time.Millisecond))
+			}
+			for range 5 {
+				if !s.Decide("web").Drop {
+					admitted++
+				}
+			}
+		}
+		// A full bucket at the first Expire, a refill at each of the 99
+		// others: the rate's worth, the burst being one refill's, give or
+		// take the fraction of a token left at the end.
+		if d := admitted - tc.want; d < -1 || d > 1 {
+			t.Errorf("limit %v over 4 instances: admitted %d in 10s, want %d", tc.limit, admitted, tc.want)
+		}
+	}
+}
+
 // TestFailLocalLateRefill: an Expire that comes late refills for the whole
 // time it missed, even beyond the burst, so a busy machine does not lower
 // the local rate.
@@ -655,5 +697,41 @@ func TestFailModeMetrics(t *testing.T) {
 	}
 	if n, err := testutil.GatherAndLint(reg); err != nil || len(n) != 0 {
 		t.Errorf("lint: %v %v", n, err)
+	}
+}
+
+// TestExpiryStep drives the policy clock's step as the agent and the
+// simulator do: each Step expires at its instant and says when the state
+// changed, from what.
+func TestExpiryStep(t *testing.T) {
+	l := NewLimiter(LimiterOptions{})
+	x := Expiry{Limiter: l, Service: "checkout"}
+	type step struct {
+		at      time.Duration
+		set     bool // SetPolicyAt(failPolicy(FailHold), t0+at) before the step
+		state   PolicyState
+		prev    PolicyState
+		changed bool
+	}
+	for i, s := range []step{
+		{at: 0, state: NoPolicy, prev: NoPolicy, changed: false},
+		{at: 100 * time.Millisecond, set: true, state: Fresh, prev: NoPolicy, changed: true},
+		{at: 200 * time.Millisecond, state: Fresh, prev: Fresh},
+		{at: testTTL/2 + 100*time.Millisecond, state: Stale, prev: Fresh, changed: true},
+		{at: testTTL + 100*time.Millisecond, state: Expired, prev: Stale, changed: true},
+		{at: testTTL + 200*time.Millisecond, state: Expired, prev: Expired},
+		{at: testTTL + 250*time.Millisecond, set: true, state: Fresh, prev: Expired, changed: true},
+	} {
+		if s.set {
+			l.SetPolicyAt(failPolicy(dataplane.FailHold, Rule{Peer: "web", DropRatio: 0.5}), t0.Add(s.at))
+		}
+		st, prev, changed := x.Step(t0.Add(s.at))
+		if st.State != s.state || prev != s.prev || changed != s.changed {
+			t.Fatalf("step %d at %v: state %v, previous %v, changed %v; want %v, %v, %v",
+				i, s.at, st.State, prev, changed, s.state, s.prev, s.changed)
+		}
+		if s.state == Expired && st.FailMode != dataplane.FailHold {
+			t.Fatalf("step %d: fail mode %v, want hold", i, st.FailMode)
+		}
 	}
 }

@@ -52,16 +52,37 @@ type Result struct {
 	ControlPlane ControlPlane
 	FastPath     FastPath
 	// Timeline lists what happened to the loop: failures, failovers,
-	// warm-ups. Times are since the start.
+	// warm-ups, policies expiring. Times are since the start.
 	Timeline []Happening
+	// Expiries lists every stretch in which a callee's sidecars held an
+	// expired policy, in order: its fail mode was in force.
+	Expiries []Expiry
 	// Decisions is the number of Decide calls the run made.
 	Decisions int64
+}
+
+// Expiry is a stretch of time in which a callee's sidecars held an expired
+// policy: the controller had been silent for its TTL, and its fail mode was
+// in force.
+type Expiry struct {
+	Callee   string
+	FailMode string        // open, hold or local
+	TTL      time.Duration // the expired policy's
+	// LiveInstances is the expired policy's: local's token buckets divide
+	// a caller's limit by it.
+	LiveInstances int
+	// From is when the first sidecar's policy expired; To when every one
+	// held a fresh policy again, or the run's duration if they did not.
+	From, To time.Duration
 }
 
 // Happening is one line of a Result's timeline.
 type Happening struct {
 	At   time.Duration
 	What string
+	// Callee is the callee it concerns, whose panel of the plot labels it;
+	// empty for the whole loop.
+	Callee string
 }
 
 // BucketSeries is one bucket's time series, one entry per Bin. Rates are in
@@ -227,6 +248,7 @@ type engine struct {
 	cp        ControlPlane
 	fast      FastPath
 	timeline  []Happening
+	expiries  []Expiry
 	decisions int64
 }
 
@@ -236,6 +258,9 @@ type calleeState struct {
 	buckets  []int // indexes into engine.buckets, sorted by caller
 	callers  []string
 	sidecars []*simSidecar
+	// expired counts its sidecars whose policy is expired; expiry is the
+	// index in engine.expiries of the stretch under way while it is above 0.
+	expired, expiry int
 }
 
 type bucketState struct {
@@ -259,17 +284,16 @@ type simSidecar struct {
 	zone   int
 	lim    *sidecar.Limiter
 	svc    *sidecar.ServiceLimiter
-	hdr    reporter.Header
-	// The reporter's loop state, as in sidecar/reporter: prev is the
-	// snapshot at the start of the report window, checked the one at the
-	// last surge check, cur scratch.
-	prev, checked, cur []sidecar.PeerCounts
-	prevAt, checkedAt  time.Duration
-	surge              reporter.SurgeDetector
-	trail              reporter.Trail[time.Duration]
-	agg                int // the aggregator it reports to; -1 while failing over
+	// win is the reporter's step (its ticks and surge checks), expiry the
+	// step of the agent's policy clock: the sidecar's production timing
+	// logic, driven on the virtual clock.
+	win     *reporter.Window
+	expiry  sidecar.Expiry
+	expired bool // its policy has expired, and no other came since
+	agg     int  // the aggregator it reports to; -1 while failing over
 	// pending is the newest report made while failing over, sent on
-	// reconnecting (the reporter's uplink keeps at most one).
+	// reconnecting: the uplink between reporter and aggregator
+	// (internal/uplink) keeps at most one.
 	pending *sluicev1.LoadReport
 	flows   []sidecarFlow
 	held    []float64 // per bucket of the callee (calleeState.buckets order): rate its aggregator holds
@@ -299,34 +323,22 @@ type simAggregator struct {
 	// orphans counts its sidecars still failing over after it died.
 	orphans int
 	ctl     []float64 // per engine bucket: the rate the controller holds from this aggregator
-	flushes pokeTicker
+	flushes ticker.Schedule
 }
 
 type simController struct {
 	state *controller.State
 	down  bool
 	warm  bool // has published since it last started
-	ticks pokeTicker
+	// ticks is the ticker's rule for urgent ticks; a restarted controller
+	// has a new one, and a poked tick of the old one finds its own.
+	ticks *ticker.Schedule
 	gen   int // the ticker's generation: a restarted controller has a new one
 	// phase is where the regular ticks fall: at phase + k·tick. The
 	// production ticker is aligned to the wall clock (ticker.Aligned), so
 	// a restarted controller ticks on the same grid as before, not a tick
 	// after it started.
 	phase time.Duration
-}
-
-// pokeTicker is internal/ticker's rule for the aggregator's flushes and the
-// controller's ticks, on the virtual clock: a run every period, and one soon
-// after a poke (a surge), but never within gap of the last run; pokes
-// before that run coalesce. gap is what the services use, ticker.MinGap.
-type pokeTicker struct {
-	gap     time.Duration
-	last    time.Duration // the last run; -1 before the first
-	pending bool          // a poked run is scheduled
-}
-
-func newPokeTicker(period time.Duration) pokeTicker {
-	return pokeTicker{gap: ticker.MinGap(period), last: -1}
 }
 
 func newEngine(sc *Scenario, seed uint64, opts Options) (*engine, error) {
@@ -382,7 +394,7 @@ func newEngine(sc *Scenario, seed uint64, opts Options) (*engine, error) {
 					held:   make([]float64, len(c.buckets)),
 				}
 				s.svc = s.lim.Service(c.svc.Name)
-				s.hdr = reporter.Header{SidecarID: s.id, Service: c.svc.Name, Zone: sc.Zones[z], Direction: sidecar.Inbound, Interval: sc.Loop.ReportInterval}
+				s.expiry = sidecar.Expiry{Limiter: s.lim, Service: c.svc.Name}
 				for fi, f := range sc.Flows {
 					if f.Callee != c.svc.Name || f.Weights[z] == 0 {
 						continue
@@ -405,22 +417,19 @@ func newEngine(sc *Scenario, seed uint64, opts Options) (*engine, error) {
 	}
 	for _, s := range e.sidecars {
 		phase := time.Duration(e.rng.Int64N(int64(sc.Loop.ReportInterval)))
-		start := phase - sc.Loop.ReportInterval // the reporter started one interval before its first report
-		s.prevAt, s.checkedAt = start, start
-		s.prev = s.lim.AppendCounts(e.callees[s.callee].svc.Name, nil)
-		s.checked = slices.Clone(s.prev)
-		s.trail.Reset(s.prev, s.prevAt)
-		// Both of the reporter's tickers started with it. At an instant
-		// where both fire, the report goes first (the surge check then
-		// sees an empty window).
+		start := phase - sc.Loop.ReportInterval // the sidecar started one interval before its first report
+		name := e.callees[s.callee].svc.Name
+		hdr := reporter.Header{SidecarID: s.id, Service: name, Zone: sc.Zones[s.zone], Direction: sidecar.Inbound, Interval: sc.Loop.ReportInterval}
+		s.win = reporter.NewWindow(reporter.WindowConfig{Header: hdr, Interval: sc.Loop.ReportInterval, SurgeChecks: sc.Loop.SurgeCheck > 0}, Epoch.Add(start), s.lim)
+		// The reporter's tickers and the agent's policy clock started
+		// with the sidecar. At an instant where a report and a surge
+		// check fall together, the report goes first and the check sees
+		// too short a window.
 		e.at(phase, func() { e.report(s) })
 		if c := sc.Loop.SurgeCheck; c > 0 {
-			first := start + c
-			for first < 0 {
-				first += c
-			}
-			e.at(first, func() { e.check(s) })
+			e.at(firstAfter(start, c), func() { e.check(s) })
 		}
+		e.at(firstAfter(start, sidecar.ExpiryPeriod), func() { e.expire(s) })
 	}
 
 	// Aggregators, one per zone, each flushing at its own phase.
@@ -430,7 +439,7 @@ func newEngine(sc *Scenario, seed uint64, opts Options) (*engine, error) {
 			id:      "aggregator-" + zone,
 			state:   aggregator.NewState(zone, "aggregator-"+zone, sc.Loop.AggregatorStaleAfter, aggregator.Bounds{}),
 			ctl:     make([]float64, len(e.buckets)),
-			flushes: newPokeTicker(sc.Loop.FlushInterval),
+			flushes: ticker.NewSchedule(ticker.MinGap(sc.Loop.FlushInterval)),
 		}
 		e.aggs = append(e.aggs, a)
 		phase := time.Duration(e.rng.Int64N(int64(sc.Loop.FlushInterval)))
@@ -445,7 +454,7 @@ func newEngine(sc *Scenario, seed uint64, opts Options) (*engine, error) {
 		return nil, fmt.Errorf("controller: %w", err)
 	}
 	phase := time.Duration(e.rng.Int64N(int64(sc.Loop.Controller.Tick)))
-	e.ctl = simController{state: st, ticks: newPokeTicker(sc.Loop.Controller.Tick), phase: phase}
+	e.ctl = simController{state: st, ticks: newTickSchedule(sc.Loop.Controller.Tick), phase: phase}
 	gen := e.ctl.gen
 	e.at(phase, func() { e.tick(gen) })
 
@@ -460,6 +469,24 @@ func newEngine(sc *Scenario, seed uint64, opts Options) (*engine, error) {
 	}
 	e.at(0, e.step)
 	return e, nil
+}
+
+// newTickSchedule is the controller's rule for urgent ticks, as its
+// Service's ticker has it.
+func newTickSchedule(tick time.Duration) *ticker.Schedule {
+	s := ticker.NewSchedule(ticker.MinGap(tick))
+	return &s
+}
+
+// firstAfter is the first instant at or after 0 of a ticker started at
+// start with the given period: the simulation begins at 0, and what a
+// sidecar that started earlier did before then is not simulated.
+func firstAfter(start, period time.Duration) time.Duration {
+	first := start + period
+	for first < 0 {
+		first += period
+	}
+	return first
 }
 
 func newRetryRing(r *Retry, step time.Duration) *retryRing {
@@ -493,8 +520,10 @@ func (e *engine) fail(err error) {
 	}
 }
 
-func (e *engine) note(format string, args ...any) {
-	e.timeline = append(e.timeline, Happening{At: e.now, What: fmt.Sprintf(format, args...)})
+func (e *engine) note(format string, args ...any) { e.noteCallee("", format, args...) }
+
+func (e *engine) noteCallee(callee, format string, args ...any) {
+	e.timeline = append(e.timeline, Happening{At: e.now, What: fmt.Sprintf(format, args...), Callee: callee})
 }
 
 func (e *engine) run() {
@@ -619,75 +648,88 @@ func (e *engine) sampleRatios(bin int) {
 }
 
 // meanRatio is the mean drop ratio the bucket's callee's sidecars hold for
-// its caller.
+// its caller: the ratio in force (a fresh policy's, decayed in fail mode
+// open), 0 where a token bucket decides instead (fail mode local), as the
+// sidecars' sluice_sidecar_drop_ratio says and live mode samples it.
 func (e *engine) meanRatio(bs *bucketState) float64 {
 	c := e.callees[bs.callee]
 	sum := 0.0
 	for _, s := range c.sidecars {
-		if p := s.lim.Policy(c.svc.Name); p != nil {
-			if r := p.Rule(bs.b.Caller); r != nil {
-				sum += r.DropRatio
-			}
+		if r, ok := s.svc.Ratio(bs.b.Caller); ok {
+			sum += r
 		}
 	}
 	return sum / float64(len(c.sidecars))
 }
 
-// report is one sidecar's report tick, as the reporter's loop does it: a
-// window shorter than half an interval (the rest of one a surge report cut
-// short) folds into the next; otherwise the window's report, built by the
-// production builder, goes out.
+// report is one sidecar's report tick: the reporter's Window says what goes
+// out.
 func (e *engine) report(s *simSidecar) {
 	e.after(e.sc.Loop.ReportInterval, func() { e.report(s) })
-	if e.now-s.prevAt < max(e.sc.Loop.ReportInterval/2, reporter.MinInterval) {
-		return
+	if rep := s.win.Tick(Epoch.Add(e.now), s.lim); rep != nil {
+		e.send(s, rep)
 	}
-	s.cur = s.lim.AppendCounts(e.callees[s.callee].svc.Name, s.cur[:0])
-	e.send(s, s.prev, s.prevAt, false)
 }
 
-// check is one sidecar's surge check: when the production SurgeDetector
-// sees a caller's rate jump in the check window, that window alone is
-// reported at once; else when it sees one since the last report, that
-// window is.
+// expire is one step of a sidecar's policy clock, as the agent's fail-mode
+// worker takes it: Expire puts the policy's fail mode in force once it has
+// outlived its TTL. The timeline notes when a callee's first sidecar's
+// policy expires.
+func (e *engine) expire(s *simSidecar) {
+	e.after(sidecar.ExpiryPeriod, func() { e.expire(s) })
+	st, _, changed := s.expiry.Step(Epoch.Add(e.now))
+	if !changed || st.State != sidecar.Expired || s.expired {
+		return
+	}
+	s.expired = true
+	c := e.callees[s.callee]
+	if c.expired++; c.expired > 1 {
+		return
+	}
+	p := s.lim.Policy(c.svc.Name)
+	ttl := p.TTL
+	if ttl <= 0 {
+		ttl = sidecar.DefaultPolicyTTL
+	}
+	c.expiry = len(e.expiries)
+	e.expiries = append(e.expiries, Expiry{Callee: c.svc.Name, FailMode: st.FailMode.String(), TTL: ttl, LiveInstances: p.LiveInstances, From: e.now, To: -1})
+	e.noteCallee(c.svc.Name, "%s: policy expired (%v TTL), fail mode %s", c.svc.Name, ttl, st.FailMode)
+}
+
+// replaced notes that s's policy was just replaced or removed, which ends
+// its fail mode at once (the agent's worker sees it at its next step). The
+// timeline notes when the last of a callee's expired sidecars is so.
+func (e *engine) replaced(s *simSidecar) {
+	if !s.expired {
+		return
+	}
+	s.expired = false
+	c := e.callees[s.callee]
+	if c.expired--; c.expired > 0 {
+		return
+	}
+	e.expiries[c.expiry].To = e.now
+	e.noteCallee(c.svc.Name, "%s: fresh policy at every sidecar, fail mode over", c.svc.Name)
+}
+
+// check is one sidecar's surge check: a surge report the Window finds goes
+// out at once.
 func (e *engine) check(s *simSidecar) {
 	e.after(e.sc.Loop.SurgeCheck, func() { e.check(s) })
-	s.cur = s.lim.AppendCounts(e.callees[s.callee].svc.Name, s.cur[:0])
-	if s.surge.Surging(s.checked, s.cur, e.now-s.checkedAt) {
+	if rep := s.win.Check(Epoch.Add(e.now), s.lim); rep != nil {
 		e.fast.SurgeReports++
-		e.send(s, s.checked, s.checkedAt, true)
-		return
+		e.send(s, rep)
 	}
-	// As the reporter: too few requests per check window, the window since
-	// the last report.
-	if s.checkedAt != s.prevAt && s.surge.SurgingSinceReport(s.prev, s.cur, e.now-s.prevAt) {
-		e.fast.SurgeReports++
-		from, fromAt := s.trail.Since(s.cur, reporter.DefaultSurgeMinCount)
-		e.send(s, from, fromAt, true)
-		return
-	}
-	s.checked = append(s.checked[:0], s.cur...)
-	s.trail.Add(s.cur, e.now)
-	s.checkedAt = e.now
 }
 
-// send reports the window from the snapshot from, taken at fromAt, to s.cur,
-// taken now, and starts the next window, as the reporter's send does; surge
-// marks a surge report.
-func (e *engine) send(s *simSidecar, from []sidecar.PeerCounts, fromAt time.Duration, surge bool) {
-	rep := reporter.Build(s.hdr, from, s.cur, Epoch.Add(fromAt), e.now-fromAt)
-	rep.Urgent = surge
+// send hands a report to the sidecar's uplink: to its aggregator, or kept,
+// the newest only, while it fails over.
+func (e *engine) send(s *simSidecar, rep *sluicev1.LoadReport) {
 	if s.agg < 0 {
-		s.pending = rep // the uplink keeps the newest while it fails over
-	} else {
-		e.sendReport(s, rep)
+		s.pending = rep
+		return
 	}
-	s.surge.Reported(rep)
-	s.prev, s.cur = s.cur, s.prev
-	s.prevAt = e.now
-	s.checked = append(s.checked[:0], s.prev...)
-	s.checkedAt = e.now
-	s.trail.Reset(s.prev, s.prevAt)
+	e.sendReport(s, rep)
 }
 
 func (e *engine) sendReport(s *simSidecar, rep *sluicev1.LoadReport) {
@@ -744,23 +786,25 @@ func (e *engine) flush(a *simAggregator) {
 		return
 	}
 	e.after(e.sc.Loop.FlushInterval, func() { e.flush(a) })
+	a.flushes.Ran(Epoch.Add(e.now))
 	e.flushNow(a)
 }
 
-// poke is internal/ticker's Poke on the virtual clock: run now, or as soon
-// as the gap since the last run allows, unless a poked run is scheduled.
-func (e *engine) poke(t *pokeTicker, run func()) {
-	if t.pending {
+// poke is internal/ticker's Poke on the virtual clock: the Schedule says
+// when the run it asks for is due, if it asks for one.
+func (e *engine) poke(t *ticker.Schedule, run func()) {
+	if !t.Poke(Epoch.Add(e.now)) {
 		return
 	}
-	if t.last < 0 || e.now-t.last >= t.gap {
+	if t.Fire(Epoch.Add(e.now)) {
 		run()
 		return
 	}
-	t.pending = true
-	e.at(t.last+t.gap, func() {
-		t.pending = false
-		run()
+	next, _ := t.Next()
+	e.at(next.Sub(Epoch), func() {
+		if t.Fire(Epoch.Add(e.now)) {
+			run()
+		}
 	})
 }
 
@@ -770,7 +814,6 @@ func (e *engine) flushNow(a *simAggregator) {
 	if a.dead {
 		return
 	}
-	a.flushes.last = e.now
 	zl := a.state.Flush(Epoch.Add(e.now), e.sc.Loop.FlushInterval)
 	// The service logs these. Every sidecar here is alive (a dead
 	// aggregator's sidecars went elsewhere and it flushes no more), so
@@ -793,7 +836,7 @@ func (e *engine) flushNow(a *simAggregator) {
 		if e.ctl.state.TakeUrgent() {
 			// A surge: the controller's tick ticker is poked.
 			gen := e.ctl.gen
-			e.poke(&e.ctl.ticks, func() { e.fast.UrgentTicks++; e.tickNow(gen) })
+			e.poke(e.ctl.ticks, func() { e.fast.UrgentTicks++; e.tickNow(gen) })
 		}
 	})
 }
@@ -833,6 +876,9 @@ func (e *engine) tick(gen int) {
 		return // the ticker of a controller that has since restarted
 	}
 	e.after(e.sc.Loop.Controller.Tick, func() { e.tick(gen) })
+	if !e.ctl.down {
+		e.ctl.ticks.Ran(Epoch.Add(e.now))
+	}
 	e.tickNow(gen)
 }
 
@@ -841,7 +887,6 @@ func (e *engine) tickNow(gen int) {
 	if e.ctl.down || gen != e.ctl.gen {
 		return
 	}
-	e.ctl.ticks.last = e.now
 	res := e.ctl.state.Tick(Epoch.Add(e.now), e.sc.Limits)
 	if res.Warm && !e.ctl.warm {
 		e.ctl.warm = true
@@ -862,8 +907,11 @@ func (e *engine) tickNow(gen int) {
 		e.cp.Policies.Messages += int64(len(c.sidecars))
 		e.cp.Policies.Bytes += int64(proto.Size(m)) * int64(len(c.sidecars))
 		e.after(e.sc.Loop.PushDelay, func() {
+			// As sidecar.Installer installs a policy the xDS client
+			// received: fresh, its TTL running from now.
 			for _, s := range c.sidecars {
-				s.lim.SetPolicy(p)
+				s.lim.SetPolicyAt(p, Epoch.Add(e.now))
+				e.replaced(s)
 			}
 		})
 		e.checkPublished(c, p)
@@ -875,6 +923,7 @@ func (e *engine) tickNow(gen int) {
 				e.after(e.sc.Loop.PushDelay, func() {
 					for _, s := range c.sidecars {
 						s.lim.RemovePolicy(c.svc.Name)
+						e.replaced(s)
 					}
 				})
 			}
@@ -925,8 +974,10 @@ func (e *engine) killAggregator(z int) {
 		return
 	}
 	a.dead = true
-	// Its stream to the controller ends: the controller forgets its load
-	// at once, as the Service does when a stream ends.
+	// Its stream to the controller ends, and the controller's Service
+	// removes the load of a zone whose stream ended at once
+	// (controller.State.Remove), so that sidecars reconnecting elsewhere
+	// are not counted twice.
 	if !e.ctl.down {
 		e.ctl.state.Remove(a.id)
 	}
@@ -985,7 +1036,7 @@ func (e *engine) restartController(down time.Duration) {
 		// is the next one on the wall-clock grid, as ticker.Aligned's.
 		tick := e.sc.Loop.Controller.Tick
 		gen, phase := e.ctl.gen+1, e.ctl.phase
-		e.ctl = simController{state: st, ticks: newPokeTicker(tick), gen: gen, phase: phase}
+		e.ctl = simController{state: st, ticks: newTickSchedule(tick), gen: gen, phase: phase}
 		next := phase
 		if e.now >= phase {
 			next = phase + ((e.now-phase)/tick+1)*tick
@@ -1067,7 +1118,12 @@ func (e *engine) nominalOffered(bs *bucketState, t time.Duration) float64 {
 }
 
 func (e *engine) result() *Result {
-	r := &Result{Scenario: e.sc, Seed: e.seed, ControlPlane: e.cp, FastPath: e.fast, Timeline: e.timeline, Decisions: e.decisions}
+	r := &Result{Scenario: e.sc, Seed: e.seed, ControlPlane: e.cp, FastPath: e.fast, Timeline: e.timeline, Expiries: e.expiries, Decisions: e.decisions}
+	for i := range r.Expiries {
+		if r.Expiries[i].To < 0 {
+			r.Expiries[i].To = e.sc.Duration
+		}
+	}
 	for _, bs := range e.buckets {
 		r.Buckets = append(r.Buckets, BucketSeries{
 			Callee: bs.b.Callee, Caller: bs.b.Caller,

@@ -10,6 +10,7 @@ import (
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/text"
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
 	"gonum.org/v1/plot/vg/vgimg"
@@ -79,7 +80,15 @@ func WritePNG(w io.Writer, r *Result) error {
 		if err := addSeries(p, "allowed", binXYs(b.Allowed, unit), colAllowed, 1, dashed); err != nil {
 			return err
 		}
-		if err := addEvents(p, r.Timeline, unit, p.Y.Max, i == 0); err != nil {
+		// The loop's happenings are labelled on the first panel, a
+		// callee's on its own first one.
+		label := func(h Happening) bool {
+			if h.Callee == "" {
+				return i == 0
+			}
+			return h.Callee == b.Callee && (i == 0 || r.Buckets[i-1].Callee != b.Callee)
+		}
+		if err := addEvents(p, r.Timeline, unit, p.Y.Max, label); err != nil {
 			return err
 		}
 		p.Legend.Top = true
@@ -89,6 +98,17 @@ func WritePNG(w io.Writer, r *Result) error {
 	// Drop ratios.
 	p := plot.New()
 	p.Title.Text = "drop ratio held by the sidecars (mean over the callee's sidecars, end of each second)"
+	for _, x := range r.Expiries {
+		if x.FailMode == "local" {
+			p.Title.Text += "; 0 where a token bucket decides (an expired policy, fail mode local)"
+			break
+		}
+	}
+	// A caller of several callees is named with its callee, else by itself.
+	seen := map[string]int{}
+	for _, b := range r.Buckets {
+		seen[b.Caller]++
+	}
 	p.Y.Label.Text = "drop ratio"
 	p.X.Label.Text = xlabel
 	p.Y.Tick.Marker, p.X.Tick.Marker = compactTicks, timeTicks
@@ -97,11 +117,15 @@ func WritePNG(w io.Writer, r *Result) error {
 	p.X.Min, p.X.Max = 0, sc.Duration.Seconds()/unit
 	for i := range r.Buckets {
 		b := &r.Buckets[i]
-		if err := addSeries(p, b.Caller, binXYs(b.Ratio, unit), palette[i%len(palette)], 1.5, nil); err != nil {
+		name := b.Caller
+		if seen[b.Caller] > 1 {
+			name = b.Bucket().String()
+		}
+		if err := addSeries(p, name, binXYs(b.Ratio, unit), palette[i%len(palette)], 1.5, nil); err != nil {
 			return err
 		}
 	}
-	if err := addEvents(p, r.Timeline, unit, p.Y.Max, false); err != nil {
+	if err := addEvents(p, r.Timeline, unit, p.Y.Max, func(Happening) bool { return false }); err != nil {
 		return err
 	}
 	p.Legend.Top = true
@@ -274,11 +298,14 @@ func addSeries(p *plot.Plot, name string, xys plotter.XYs, c color.Color, width 
 	return nil
 }
 
-// addEvents marks the timeline's happenings as vertical lines, labelled
-// when labels is set.
-func addEvents(p *plot.Plot, tl []Happening, unit, top float64, labels bool) error {
+// addEvents marks the timeline's happenings as vertical lines, and labels
+// those label says. Labels stagger over four heights, so that close instants
+// do not print over each other, and those in the last third of the plot end
+// at their line rather than start there, so that they stay within it.
+func addEvents(p *plot.Plot, tl []Happening, unit, top float64, label func(Happening) bool) error {
 	var lx plotter.XYs
 	var ls []string
+	var right []bool
 	for _, h := range tl {
 		x := h.At.Seconds() / unit
 		l, err := plotter.NewLine(plotter.XYs{{X: x, Y: 0}, {X: x, Y: top}})
@@ -288,10 +315,19 @@ func addEvents(p *plot.Plot, tl []Happening, unit, top float64, labels bool) err
 		l.Color = colEvent
 		l.Dashes = dotted
 		p.Add(l)
-		lx = append(lx, plotter.XY{X: x, Y: top * (0.93 - 0.08*float64(len(lx)%3))})
-		ls = append(ls, " "+h.What)
+		if !label(h) {
+			continue
+		}
+		lx = append(lx, plotter.XY{X: x, Y: top * (0.93 - 0.08*float64(len(lx)%4))})
+		late := x > p.X.Min+(p.X.Max-p.X.Min)*2/3
+		right = append(right, late)
+		if late {
+			ls = append(ls, h.What+" ")
+		} else {
+			ls = append(ls, " "+h.What)
+		}
 	}
-	if len(lx) == 0 || !labels {
+	if len(lx) == 0 {
 		return nil
 	}
 	l, err := plotter.NewLabels(plotter.XYLabels{XYs: lx, Labels: ls})
@@ -301,6 +337,9 @@ func addEvents(p *plot.Plot, tl []Happening, unit, top float64, labels bool) err
 	for i := range l.TextStyle {
 		l.TextStyle[i].Color = colEvent
 		l.TextStyle[i].Font.Size = vg.Points(8)
+		if right[i] {
+			l.TextStyle[i].XAlign = text.XRight
+		}
 	}
 	p.Add(l)
 	return nil

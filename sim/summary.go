@@ -87,6 +87,9 @@ func WriteSummary(w io.Writer, r *Result) error {
 			fmt.Fprintf(&b, "  %8s  %s\n", at(h.At), h.What)
 		}
 	}
+	if len(r.Expiries) > 0 {
+		writeExpiries(&b, r)
+	}
 	if len(s.Targets) > 0 {
 		b.WriteString("targets:\n")
 		for _, t := range s.Targets {
@@ -99,6 +102,51 @@ func WriteSummary(w io.Writer, r *Result) error {
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// writeExpiries says what each callee's sidecars did while their policy was
+// expired: per caller, the ratio in force and the admitted rate in the first
+// and the last whole second of the stretch, the mean admitted rate over it,
+// against the caller's limit, and the admitted rate once a fresh policy
+// ended it. Under local a token bucket decides and
+// there is no ratio: the bucket's rate is the limit over the live
+// instances the policy named.
+func writeExpiries(b *strings.Builder, r *Result) {
+	b.WriteString("policies expired: the fail mode in force, and each caller in the first → last whole second of it\n")
+	tw := tabwriter.NewWriter(b, 0, 0, 2, ' ', 0)
+	for _, x := range r.Expiries {
+		first := int((x.From + Bin - 1) / Bin) // the first whole second in the stretch
+		last := int(x.To/Bin) - 1              // the last
+		head := fmt.Sprintf("  %s\t%s\t%s–%s", x.Callee, x.FailMode, at(x.From), at(x.To))
+		for _, bs := range r.Buckets {
+			if bs.Callee != x.Callee {
+				continue
+			}
+			if last < first {
+				fmt.Fprintf(tw, "%s\t%s: no whole second\n", head, bs.Caller)
+				head = "\t\t"
+				continue
+			}
+			mean := 0.0
+			for i := first; i <= last; i++ {
+				mean += bs.Admitted[i]
+			}
+			mean /= float64(last - first + 1)
+			how := fmt.Sprintf("ratio %.3f → %.3f", bs.Ratio[first], bs.Ratio[last])
+			if x.FailMode == "local" && !math.IsInf(bs.Limit, 1) {
+				n := max(x.LiveInstances, 1)
+				how = fmt.Sprintf("token buckets of %s ÷ %d instances = %s rps", rate(bs.Limit), n, rate(bs.Limit/float64(n)))
+			}
+			after := ""
+			if next := int((x.To + Bin - 1) / Bin); next < len(bs.Admitted) {
+				after = fmt.Sprintf("; %s rps in the first whole second after", rate(bs.Admitted[next]))
+			}
+			fmt.Fprintf(tw, "%s\t%s: %s, admitted %s → %s rps (mean %s, limit %s)%s\n", head, bs.Caller, how,
+				rate(bs.Admitted[first]), rate(bs.Admitted[last]), rate(mean), rate(bs.Limit), after)
+			head = "\t\t"
+		}
+	}
+	tw.Flush()
 }
 
 func writePipeline(b *strings.Builder, r *Result, p *Pipeline) {

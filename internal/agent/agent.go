@@ -278,28 +278,22 @@ func (a *Agent) Workers() []func(ctx context.Context) error {
 	return []func(context.Context) error{a.xds.Run, a.reporter.Run, a.runFailModes}
 }
 
-// failModeTick is how often runFailModes brings the policy's state up to
-// date: the steps of a fail-open decay and of local token-bucket refills.
-// Ten steps a second keep both smooth (a 30s decay moves the ratio by 1/300
-// of its start per step) at the cost of a lock and a few loads each.
-const failModeTick = 100 * time.Millisecond
-
-// runFailModes calls Limiter.Expire every failModeTick until ctx is done,
-// and logs each change of the policy's state. Decide reads no clock: this is
-// the clock of the TTL, the fail-open decay and the local token buckets.
+// runFailModes steps the policy's clock (sidecar.Expiry) every
+// sidecar.ExpiryPeriod until ctx is done, and logs each change of the
+// policy's state. Decide reads no clock: this is the clock of the TTL, the
+// fail-open decay and the local token buckets.
 func (a *Agent) runFailModes(ctx context.Context) error {
-	tick := time.NewTicker(failModeTick)
+	tick := time.NewTicker(sidecar.ExpiryPeriod)
 	defer tick.Stop()
-	last := sidecar.NoPolicy
+	x := sidecar.Expiry{Limiter: a.limiter, Service: a.cfg.Service}
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-tick.C:
 		}
-		a.limiter.Expire(time.Now())
-		st := a.svc.Status()
-		if st.State == last {
+		st, last, changed := x.Step(time.Now())
+		if !changed {
 			continue
 		}
 		attrs := []any{"service", a.cfg.Service, "state", st.State.String(), "previous", last.String(),
@@ -312,7 +306,6 @@ func (a *Agent) runFailModes(ctx context.Context) error {
 		case st.State == sidecar.Stale:
 			a.log.Info("policy stale: no word from the controller for half its TTL", attrs...)
 		}
-		last = st.State
 	}
 }
 

@@ -214,14 +214,15 @@ func (c *Cluster) embed(id, zone, service string, dir sidecar.Direction) (*embed
 		return nil, err
 	}
 	expire := func(ctx context.Context) error {
-		tick := time.NewTicker(100 * time.Millisecond)
+		tick := time.NewTicker(sidecar.ExpiryPeriod)
 		defer tick.Stop()
+		x := sidecar.Expiry{Limiter: e.lim, Service: service}
 		for {
 			select {
 			case <-ctx.Done():
 				return nil
 			case now := <-tick.C:
-				e.lim.Expire(now)
+				x.Step(now)
 			}
 		}
 	}

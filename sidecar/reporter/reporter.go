@@ -279,13 +279,15 @@ func (r *Reporter) Run(ctx context.Context) error {
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return r.up.Run(ctx) })
 	g.Go(func() error {
-		r.loop(ctx)
+		r.loop(ctx, func(rep *sluicev1.LoadReport) { r.up.Offer(&loadReq{Report: rep}) })
 		return nil
 	})
 	return g.Wait()
 }
 
-func (r *Reporter) loop(ctx context.Context) {
+// loop owns the timers and hands what they send to send (the uplink); what
+// a tick or a check sends is the Window's to say.
+func (r *Reporter) loop(ctx context.Context, send func(*sluicev1.LoadReport)) {
 	t := time.NewTicker(r.cfg.Interval)
 	defer t.Stop()
 	// A nil channel never fires: no surge checks when they are off.
@@ -295,75 +297,24 @@ func (r *Reporter) loop(ctx context.Context) {
 		defer ct.Stop()
 		check = ct.C
 	}
-	minWindow := max(r.cfg.Interval/2, MinInterval)
-	var surge SurgeDetector
-	var trail Trail[time.Time]
-	// prev is the snapshot at the start of the report window, checked the
-	// one at the last surge check; cur is scratch.
-	prevAt := time.Now()
-	prev := r.src.AppendCounts(r.cfg.Service, nil)
-	checkedAt, checked := prevAt, slices.Clone(prev)
-	var cur []sidecar.PeerCounts
-	send := func(from []sidecar.PeerCounts, fromAt, now time.Time, surging bool) {
-		rep := Build(r.hdr, from, cur, fromAt, now.Sub(fromAt))
-		rep.Urgent = surging
-		r.up.Offer(&loadReq{Report: rep})
-		surge.Reported(rep)
-		prev, cur = cur, prev
-		prevAt = now
-		checked, checkedAt = append(checked[:0], prev...), now
-		trail.Reset(prev, prevAt)
-	}
-	trail.Reset(prev, prevAt)
+	w := NewWindow(WindowConfig{Header: r.hdr, Interval: r.cfg.Interval, SurgeChecks: r.cfg.SurgeCheck > 0}, time.Now(), r.src)
 	for {
+		var rep *sluicev1.LoadReport
 		select {
 		case <-ctx.Done():
 			return
 		case now := <-check:
-			if now.Sub(checkedAt) < MinInterval {
-				// A late tick's successor: too short a window for a
-				// rate the aggregator accepts; let it grow.
-				continue
-			}
-			cur = r.src.AppendCounts(r.cfg.Service, cur[:0])
-			if surge.Surging(checked, cur, now.Sub(checkedAt)) {
-				// Report the check window alone: its rate is the
-				// surge's, not diluted by the calm before it. The
-				// aggregator keeps rates, so the earlier part of the
-				// window is not missed.
+			if rep = w.Check(now, r.src); rep != nil {
 				r.surges.Inc()
-				send(checked, checkedAt, now, true)
-				continue
 			}
-			if checkedAt != prevAt && surge.SurgingSinceReport(prev, cur, now.Sub(prevAt)) {
-				// A sidecar with a few requests per check window never
-				// sees MinCount in one (a 10× surge to 170 rps is 17
-				// per 100ms): the window since the last report adds
-				// up to it, a check or two later. Reported over the
-				// last checks that hold MinCount requests, not the
-				// whole window: its rate is then the surge's.
-				r.surges.Inc()
-				from, fromAt := trail.Since(cur, surgeMinCount(surge))
-				send(from, fromAt, now, true)
-				continue
-			}
-			checked, checkedAt = append(checked[:0], cur...), now
-			trail.Add(cur, now)
 		case <-t.C:
-			// The window is measured, not assumed: a late tick makes a
-			// longer window, and the rate stays right. time.Now's
+			// time.Now rather than the tick's time: a tick read late
+			// then makes a longer window, which Tick measures, and the
 			// monotonic reading keeps it immune to wall-clock steps.
-			now := time.Now()
-			if now.Sub(prevAt) < minWindow {
-				// A tick read late is followed by one on schedule, and
-				// the window between them can be too short for a
-				// meaningful rate (the aggregator rejects windows under
-				// 10ms), as can the rest of a window a surge report cut
-				// short. Fold it into the next window instead.
-				continue
-			}
-			cur = r.src.AppendCounts(r.cfg.Service, cur[:0])
-			send(prev, prevAt, now, false)
+			rep = w.Tick(time.Now(), r.src)
+		}
+		if rep != nil {
+			send(rep)
 		}
 	}
 }

@@ -55,9 +55,8 @@ func DefaultSurgeCheck(interval time.Duration) time.Duration {
 }
 
 // SurgeDetector tells, from successive snapshots of a sidecar's counters,
-// when a peer's rate has jumped since the last report. It is pure: the
-// reporter's loop and the simulator both drive it. Not safe for concurrent
-// use.
+// when a peer's rate has jumped since the last report. It is pure; Window
+// drives it. Not safe for concurrent use.
 type SurgeDetector struct {
 	Factor   float64 // 0 means DefaultSurgeFactor
 	MinCount uint64  // 0 means DefaultSurgeMinCount
@@ -192,23 +191,22 @@ func surgeMinCount(d SurgeDetector) uint64 {
 
 // Trail keeps the snapshots of the surge checks since the last report, so
 // that a surge SurgingSinceReport finds is reported over the recent part of
-// that window, not diluted by the calm before it. T is the clock's type: a
-// time.Time in the reporter, a virtual offset in the simulator. Not safe for
-// concurrent use; its buffers are reused from report to report.
-type Trail[T any] struct {
+// that window, not diluted by the calm before it. Window keeps one. Not safe
+// for concurrent use; its buffers are reused from report to report.
+type Trail struct {
 	snaps [][]sidecar.PeerCounts
-	at    []T
+	at    []time.Time
 	n     int
 }
 
 // Reset starts a new report window whose start is the snapshot from, at at.
-func (t *Trail[T]) Reset(from []sidecar.PeerCounts, at T) {
+func (t *Trail) Reset(from []sidecar.PeerCounts, at time.Time) {
 	t.n = 0
 	t.Add(from, at)
 }
 
 // Add records the snapshot of a check (copied).
-func (t *Trail[T]) Add(snap []sidecar.PeerCounts, at T) {
+func (t *Trail) Add(snap []sidecar.PeerCounts, at time.Time) {
 	if t.n == len(t.snaps) {
 		t.snaps = append(t.snaps, nil)
 		t.at = append(t.at, at)
@@ -221,7 +219,7 @@ func (t *Trail[T]) Add(snap []sidecar.PeerCounts, at T) {
 // Since returns the newest recorded snapshot from which cur has counted at
 // least minCount requests in all (or the oldest, the report's start), and
 // its time: the shortest recent window whose rate means something.
-func (t *Trail[T]) Since(cur []sidecar.PeerCounts, minCount uint64) ([]sidecar.PeerCounts, T) {
+func (t *Trail) Since(cur []sidecar.PeerCounts, minCount uint64) ([]sidecar.PeerCounts, time.Time) {
 	total := func(s []sidecar.PeerCounts) (n uint64) {
 		for _, c := range s {
 			n += c.Offered

@@ -248,10 +248,12 @@ func TestTrailSince(t *testing.T) {
 	snap := func(n uint64) []sidecar.PeerCounts {
 		return []sidecar.PeerCounts{{Peer: "web", Offered: n}, {Peer: "mobile", Offered: 1}}
 	}
-	var tr Trail[int]
-	tr.Reset(snap(100), 0)
+	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	check := func(i int) time.Time { return start.Add(time.Duration(i) * 100 * time.Millisecond) }
+	var tr Trail
+	tr.Reset(snap(100), check(0))
 	for i, n := range []uint64{101, 102, 103, 110, 127} {
-		tr.Add(snap(n), i+1)
+		tr.Add(snap(n), check(i+1))
 	}
 	cases := []struct {
 		cur  uint64
@@ -262,13 +264,13 @@ func TestTrailSince(t *testing.T) {
 		{115, 0}, // never 20 since a check: the report's start
 	}
 	for _, c := range cases {
-		if _, at := tr.Since(snap(c.cur), 20); at != c.want {
-			t.Errorf("Since(%d) from check %d, want %d", c.cur, at, c.want)
+		if _, at := tr.Since(snap(c.cur), 20); !at.Equal(check(c.want)) {
+			t.Errorf("Since(%d) from %v, want check %d", c.cur, at.Sub(start), c.want)
 		}
 	}
-	tr.Reset(snap(200), 9)
-	if s, at := tr.Since(snap(300), 20); at != 9 || s[0].Offered != 200 {
-		t.Errorf("after Reset: Since = %v at %d, want the new start", s, at)
+	tr.Reset(snap(200), check(9))
+	if s, at := tr.Since(snap(300), 20); !at.Equal(check(9)) || s[0].Offered != 200 {
+		t.Errorf("after Reset: Since = %v at %v, want the new start", s, at.Sub(start))
 	}
 }
 

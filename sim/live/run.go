@@ -1,12 +1,15 @@
 package live
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -14,6 +17,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/sluicehq/sluice/internal/loadgen"
+	"github.com/sluicehq/sluice/pkg/dataplane"
 	"github.com/sluicehq/sluice/sim"
 )
 
@@ -320,10 +324,12 @@ func drive(ctx context.Context, c *cluster, r *Result, progress func(string, ...
 	// each callee's sidecars hold for each caller, from their /metrics.
 	// It scrapes on ctx, not loadCtx: the last seconds are sampled as the
 	// load ends.
+	ew := newExpiryWatch(c)
 	var bg sync.WaitGroup
 	bg.Go(func() {
 		for s := range ended {
-			sampleRatios(ctx, c, buckets, ratios, s)
+			expired := sampleRatios(ctx, c, buckets, ratios, s)
+			ew.observe(expired, time.Since(start), tl.noteAt)
 			if s > 0 {
 				progress("%s", secondLine(buckets, gens, fr, ratios, s-1))
 			}
@@ -384,7 +390,10 @@ func drive(ctx context.Context, c *cluster, r *Result, progress func(string, ...
 	// The series.
 	live := *sc
 	live.Name = sc.Name + "-live"
-	r.Result = sim.Result{Scenario: &live, Timeline: tl.list}
+	// The events and the sampler note as they go: in time order, but for
+	// two notes a goroutine apart.
+	slices.SortStableFunc(tl.list, func(a, b sim.Happening) int { return cmp.Compare(a.At, b.At) })
+	r.Result = sim.Result{Scenario: &live, Timeline: tl.list, Expiries: ew.result(sc.Duration)}
 	for bi, b := range buckets {
 		bs := sim.BucketSeries{
 			Callee: b.Callee, Caller: b.Caller,
@@ -457,12 +466,14 @@ func seconds(b sim.Bucket, bi int, gens []generator, fr *front, s int) (offered,
 // sampleRatios stores, for second s, the mean drop ratio each bucket's
 // callee's sidecars hold for its caller (0 at a sidecar without one), as
 // the simulator's Ratio is. A sidecar that does not answer keeps the
-// previous second's value.
-func sampleRatios(ctx context.Context, c *cluster, buckets []sim.Bucket, ratios [][]float64, s int) {
+// previous second's value. It returns, per sidecar, whether its policy was
+// expired (sluice_sidecar_policy_state), or nil where it did not answer.
+func sampleRatios(ctx context.Context, c *cluster, buckets []sim.Bucket, ratios [][]float64, s int) []*bool {
 	if s < 0 || s >= len(ratios[0]) {
-		return
+		return nil
 	}
 	held := make([]map[string]float64, len(c.sidecars)) // per sidecar: peer → ratio
+	expired := make([]*bool, len(c.sidecars))
 	var wg sync.WaitGroup
 	for i, sd := range c.sidecars {
 		wg.Go(func() {
@@ -477,6 +488,9 @@ func sampleRatios(ctx context.Context, c *cluster, buckets []sim.Bucket, ratios 
 				}
 			})
 			held[i] = h
+			v, _ := m.sum("sluice_sidecar_policy_state", `service="`+sd.callee+`"`, `state="expired"`)
+			x := v == 1
+			expired[i] = &x
 		})
 	}
 	wg.Wait()
@@ -501,6 +515,82 @@ func sampleRatios(ctx context.Context, c *cluster, buckets []sim.Bucket, ratios 
 			ratios[bi][s] = sum / float64(count)
 		}
 	}
+	return expired
+}
+
+// expiryWatch follows, from the sidecars' policy states sampled every
+// second, the stretches in which a callee's sidecars held an expired policy,
+// as the simulator's Result.Expiries holds them. A change happened between
+// two samples, a second apart: it is placed halfway, so that the whole
+// seconds the summary reads as expired, or as after the fresh policy, are
+// those the samples bracket. Used by the sampler's goroutine only, then
+// read once it is done.
+type expiryWatch struct {
+	c       *cluster
+	expired []bool         // per sidecar, as last seen
+	prev    time.Duration  // the previous sample
+	open    map[string]int // callee → index in list of its stretch under way
+	list    []sim.Expiry
+}
+
+func newExpiryWatch(c *cluster) *expiryWatch {
+	return &expiryWatch{c: c, expired: make([]bool, len(c.sidecars)), open: map[string]int{}}
+}
+
+// observe takes a sample made at, since the load started; note adds to the
+// timeline.
+func (w *expiryWatch) observe(sample []*bool, at time.Duration, note func(at time.Duration, callee, format string, args ...any)) {
+	if sample == nil {
+		return
+	}
+	prev := w.prev
+	w.prev = at
+	mid := prev + (at-prev)/2
+	for i, x := range sample {
+		if x != nil {
+			w.expired[i] = *x
+		}
+	}
+	sc := w.c.sc
+	for _, svc := range sc.Services {
+		n, expired := 0, 0
+		for i, sd := range w.c.sidecars {
+			if sd.callee == svc.Name {
+				n++
+				if w.expired[i] {
+					expired++
+				}
+			}
+		}
+		k, under := w.open[svc.Name]
+		switch {
+		case expired > 0 && !under:
+			mode := dataplane.FailOpen.String()
+			if l := sc.Limits.Service(svc.Name); l != nil {
+				mode = l.FailMode.String()
+			}
+			ttl := sc.Loop.Controller.PolicyTTL
+			w.open[svc.Name] = len(w.list)
+			// The controller counts every sidecar that reports: all of
+			// them, here, before the outage.
+			w.list = append(w.list, sim.Expiry{Callee: svc.Name, FailMode: mode, TTL: ttl, LiveInstances: n, From: mid, To: -1})
+			note(mid, svc.Name, "%s: policy expired (%v TTL), fail mode %s: at %d of %d sidecars by %s", svc.Name, ttl, mode, expired, n, sinceStart(at))
+		case expired == 0 && under:
+			delete(w.open, svc.Name)
+			w.list[k].To = mid
+			note(mid, svc.Name, "%s: fresh policy at every sidecar by %s, fail mode over", svc.Name, sinceStart(at))
+		}
+	}
+}
+
+// result is the stretches seen, those under way at the end ending at end.
+func (w *expiryWatch) result(end time.Duration) []sim.Expiry {
+	for i := range w.list {
+		if w.list[i].To < 0 {
+			w.list[i].To = end
+		}
+	}
+	return w.list
 }
 
 // labelValue returns the value of label name in a Prometheus label set.
@@ -531,10 +621,19 @@ type timeline struct {
 }
 
 func (t *timeline) note(start time.Time, format string, args ...any) {
+	t.noteAt(time.Since(start), "", format, args...)
+}
+
+// noteAt notes a happening of one callee's (or of the loop's: ""), at a
+// time since start worked out by the caller.
+func (t *timeline) noteAt(at time.Duration, callee, format string, args ...any) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.list = append(t.list, sim.Happening{At: time.Since(start), What: fmt.Sprintf(format, args...)})
+	t.list = append(t.list, sim.Happening{At: at, What: fmt.Sprintf(format, args...), Callee: callee})
 }
+
+// sinceStart formats a time since the start to the hundredth: 50.01s.
+func sinceStart(d time.Duration) string { return strconv.FormatFloat(d.Seconds(), 'f', 2, 64) + "s" }
 
 // playEvents runs the scenario's events at their times since start.
 func playEvents(ctx context.Context, c *cluster, start time.Time, tl *timeline) error {

@@ -155,7 +155,7 @@ func Print(w io.Writer, r *Result) {
 	samples("aggregator: encode a zone load", tm.ZoneLoadEncode)
 	hist("aggregator Apply, per report", &tm.Apply)
 	hist("aggregator: decode a report", &tm.ReportDecode)
-	hist("sidecar: reporter.Build, per report", &tm.Build)
+	hist("sidecar: reporter.Window.Tick, per report", &tm.Report)
 	tw.Flush()
 	n := float64(cfg.Seconds)
 	perAgg := float64(c.Aggregators)

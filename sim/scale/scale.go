@@ -5,10 +5,11 @@
 // scale — by default 1,100 services × 100 callers (110,000 buckets), 100,000
 // sidecars and 80M rps — without generating a single request. Traffic is
 // counted: every virtual second each sidecar's counts are derived from the
-// per-bucket rates, built into a real LoadReport with reporter.Build, sent
-// through protobuf encoding (for its size and the aggregator's decoding cost)
-// and applied; aggregators flush, the controller ticks, and the policies it
-// publishes set the ratios the sidecars drop with in the next second.
+// per-bucket rates, built into a real LoadReport by the reporter's own step
+// (reporter.Window.Tick), sent through protobuf encoding (for its size and
+// the aggregator's decoding cost) and applied; aggregators flush, the
+// controller ticks, and the policies it publishes set the ratios the
+// sidecars drop with in the next second.
 //
 // Time is virtual (the states take now as an argument); CPU cost is real wall
 // time measured around each call, on one goroutine, so the figures are what

@@ -1,0 +1,126 @@
+package reporter
+
+import (
+	"slices"
+	"time"
+
+	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/sidecar"
+)
+
+// WindowConfig configures a Window.
+type WindowConfig struct {
+	// Header is what every report repeats; its Service is the one whose
+	// counters the Source is asked for.
+	Header Header
+	// Interval is the report interval: a window shorter than half of it
+	// (at least MinInterval) folds into the next (see Tick).
+	Interval time.Duration
+	// SurgeChecks says that Check is called between reports. Without it
+	// the Window keeps nothing for them (a snapshot and a detector per
+	// sidecar, which scale mode would hold for 100,000 sidecars) and Check
+	// reports nothing.
+	SurgeChecks bool
+}
+
+// Window is the timing logic of a sidecar's reports without the timers: the
+// snapshots of the counters that bound the report window and the last surge
+// check's, the SurgeDetector that judges them and the Trail of checks since
+// the last report. Tick is the step of the report interval and Check the
+// step of a surge check; each returns the report to send at once, or nil,
+// and a report it returns starts the next window.
+//
+// It is pure: time arrives as an argument and the counters are read through
+// the Source handed to each step, so the Reporter's loop drives it with real
+// tickers and the simulator with its virtual clock, and both run the same
+// rules. Not safe for concurrent use.
+type Window struct {
+	hdr       Header
+	minWindow time.Duration
+	checks    bool
+
+	surge SurgeDetector
+	trail Trail
+	// prev is the snapshot at the start of the report window, checked the
+	// one at the last surge check (or prev's, since the report); cur is
+	// scratch, swapped with prev when a report goes out.
+	prev, checked, cur []sidecar.PeerCounts
+	prevAt, checkedAt  time.Time
+}
+
+// NewWindow starts the first report window at now: src's counters as they
+// are then are the baseline, not reported.
+func NewWindow(cfg WindowConfig, now time.Time, src Source) *Window {
+	w := &Window{
+		hdr:       cfg.Header,
+		minWindow: max(cfg.Interval/2, MinInterval),
+		checks:    cfg.SurgeChecks,
+		prev:      src.AppendCounts(cfg.Header.Service, nil),
+		prevAt:    now,
+	}
+	if w.checks {
+		w.checked, w.checkedAt = slices.Clone(w.prev), now
+		w.trail.Reset(w.prev, now)
+	}
+	return w
+}
+
+// Tick is the report interval's step at now: the report of the window since
+// the last report, or nil when that window is shorter than half an interval.
+// Such a short window is the rest of one a surge report cut short, or the
+// gap between a tick read late and the next one on schedule; its rate would
+// mean little (the aggregator rejects windows under MinInterval), so it
+// folds into the next window instead. The window is measured, not assumed:
+// a late tick makes a longer window and the rate stays right.
+func (w *Window) Tick(now time.Time, src Source) *sluicev1.LoadReport {
+	if now.Sub(w.prevAt) < w.minWindow {
+		return nil
+	}
+	w.cur = src.AppendCounts(w.hdr.Service, w.cur[:0])
+	return w.send(w.prev, w.prevAt, now, false)
+}
+
+// Check is a surge check's step at now: an urgent report when a peer's rate
+// jumped (see SurgeDetector), to be sent at once, or nil. It is nil too for a
+// check less than MinInterval after the last one or after a report (a late
+// tick's successor, or a check that coincides with a report): too short a
+// window for a rate the aggregator accepts, so it is left to grow.
+func (w *Window) Check(now time.Time, src Source) *sluicev1.LoadReport {
+	if !w.checks || now.Sub(w.checkedAt) < MinInterval {
+		return nil
+	}
+	w.cur = src.AppendCounts(w.hdr.Service, w.cur[:0])
+	if w.surge.Surging(w.checked, w.cur, now.Sub(w.checkedAt)) {
+		// Report the check window alone: its rate is the surge's, not
+		// diluted by the calm before it. The aggregator keeps rates, so
+		// the earlier part of the window is not missed.
+		return w.send(w.checked, w.checkedAt, now, true)
+	}
+	if !w.checkedAt.Equal(w.prevAt) && w.surge.SurgingSinceReport(w.prev, w.cur, now.Sub(w.prevAt)) {
+		// A sidecar with a few requests per check window never sees
+		// MinCount in one (a 10× surge to 170 rps is 17 per 100ms): the
+		// window since the last report adds up to it, a check or two
+		// later. Reported over the last checks that hold MinCount
+		// requests, not the whole window: its rate is then the surge's.
+		from, fromAt := w.trail.Since(w.cur, surgeMinCount(w.surge))
+		return w.send(from, fromAt, now, true)
+	}
+	w.checked, w.checkedAt = append(w.checked[:0], w.cur...), now
+	w.trail.Add(w.cur, now)
+	return nil
+}
+
+// send builds the report of the window from the snapshot from, taken at
+// fromAt, to w.cur, taken at now, and starts the next window at now.
+func (w *Window) send(from []sidecar.PeerCounts, fromAt, now time.Time, urgent bool) *sluicev1.LoadReport {
+	rep := Build(w.hdr, from, w.cur, fromAt, now.Sub(fromAt))
+	rep.Urgent = urgent
+	w.prev, w.cur = w.cur, w.prev
+	w.prevAt = now
+	if w.checks {
+		w.surge.Reported(rep)
+		w.checked, w.checkedAt = append(w.checked[:0], w.prev...), now
+		w.trail.Reset(w.prev, now)
+	}
+	return rep
+}
