@@ -18,12 +18,13 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/sluicehq/sluice/internal/child"
 	"github.com/sluicehq/sluice/sim"
 )
 
 // node is a running binary and its listeners.
 type node struct {
-	*proc
+	*child.Proc
 	admin string // admin address: /metrics, /readyz
 	addr  string // gRPC for the controller and an aggregator, the proxy for a sidecar
 }
@@ -48,14 +49,14 @@ type cluster struct {
 
 	mu       sync.Mutex // protects ctl and procs: events replace the controller
 	ctl      *node
-	procs    []*proc // every process started, for Close
-	aggs     []*node // per zone, in scenario order
+	procs    []*child.Proc // every process started, for Close
+	aggs     []*node       // per zone, in scenario order
 	sidecars []*sidecarNode
 	// ctlGRPC and ctlAdmin are the controller's first addresses; a
 	// restarted controller takes them again so that its clients find it.
 	ctlGRPC, ctlAdmin string
 	// dead are processes a scenario event stopped on purpose.
-	dead map[*proc]bool
+	dead map[*child.Proc]bool
 }
 
 // startCluster writes the limits file into dir, starts the upstream app, the
@@ -65,7 +66,7 @@ type cluster struct {
 // instants the aggregators and sidecars start at. On error everything
 // started is stopped again.
 func startCluster(ctx context.Context, sc *sim.Scenario, bin, dir string, seed uint64) (c *cluster, err error) {
-	c = &cluster{sc: sc, bin: bin, dead: map[*proc]bool{}}
+	c = &cluster{sc: sc, bin: bin, dead: map[*child.Proc]bool{}}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, c.Close())
@@ -94,7 +95,7 @@ func startCluster(ctx context.Context, sc *sim.Scenario, bin, dir string, seed u
 	// sidecars over a report interval (which spreads their surge checks
 	// too).
 	rng := rand.New(rand.NewPCG(seed, 0x6c697665)) // "live"
-	aggProcs := make([]*proc, len(sc.Zones))
+	aggProcs := make([]*child.Proc, len(sc.Zones))
 	err = staggered(ctx, rng, sc.Loop.FlushInterval, len(sc.Zones), func(z int) error {
 		zone := sc.Zones[z]
 		p, err := c.start("aggregator-"+zone, "aggregator", "--id=aggregator-"+zone, "--zone="+zone,
@@ -140,7 +141,7 @@ func startCluster(ctx context.Context, sc *sim.Scenario, bin, dir string, seed u
 			}
 		}
 	}
-	sidecarProcs := make([]*proc, len(specs))
+	sidecarProcs := make([]*child.Proc, len(specs))
 	err = staggered(ctx, rng, sc.Loop.ReportInterval, len(specs), func(i int) error {
 		p, err := c.start(strings.TrimPrefix(specs[i].args[0], "--id="), "sidecar", specs[i].args...)
 		sidecarProcs[i] = p
@@ -204,8 +205,8 @@ func (c *cluster) startApp() error {
 	return nil
 }
 
-func (c *cluster) start(name, binary string, args ...string) (*proc, error) {
-	p, err := startProc(name, filepath.Join(c.bin, binary), args...)
+func (c *cluster) start(name, binary string, args ...string) (*child.Proc, error) {
+	p, err := child.Start(name, filepath.Join(c.bin, binary), args...)
 	if err != nil {
 		return nil, err
 	}
@@ -216,16 +217,18 @@ func (c *cluster) start(name, binary string, args ...string) (*proc, error) {
 }
 
 // listen waits for p's admin address and its other listener's.
-func listen(ctx context.Context, p *proc, listener string) (*node, error) {
-	admin, err := p.addr(ctx, "admin")
+func listen(ctx context.Context, p *child.Proc, listener string) (*node, error) {
+	ctx, cancel := context.WithTimeout(ctx, startTimeout)
+	defer cancel()
+	admin, err := p.Addr(ctx, "admin")
 	if err != nil {
 		return nil, err
 	}
-	addr, err := p.addr(ctx, listener)
+	addr, err := p.Addr(ctx, listener)
 	if err != nil {
 		return nil, err
 	}
-	return &node{proc: p, admin: admin, addr: addr}, nil
+	return &node{Proc: p, admin: admin, addr: addr}, nil
 }
 
 // startController starts a controller on the given addresses. A restarted
@@ -258,12 +261,11 @@ func (c *cluster) startController(ctx context.Context, grpcAddr, adminAddr strin
 			c.mu.Unlock()
 			return nil
 		}
-		p.kill() // if it still runs, it is stuck
+		p.Kill(stopTimeout) // if it still runs, it is stuck
 		c.mu.Lock()
 		c.dead[p] = true // a failed attempt, not a crash
 		c.mu.Unlock()
-		text, _ := p.out.snapshot()
-		if !strings.Contains(text, "address already in use") || time.Now().After(deadline) {
+		if !strings.Contains(p.Output(), "address already in use") || time.Now().After(deadline) {
 			return err
 		}
 		if err := sleep(ctx, 100*time.Millisecond); err != nil {
@@ -327,19 +329,19 @@ func (c *cluster) notReady(ctx context.Context, want []int) string {
 	if err != nil {
 		return "controller: " + err.Error()
 	}
-	if warm, _ := m.sum("sluice_controller_warm"); warm != 1 {
+	if warm, _ := m.Sum("sluice_controller_warm"); warm != 1 {
 		return "the controller is warming up"
 	}
 	for z, a := range c.aggs {
 		m, err := scrape(ctx, a.admin)
 		if err != nil {
-			return a.name + ": " + err.Error()
+			return a.Name() + ": " + err.Error()
 		}
-		if n, _ := m.sum("sluice_aggregator_sidecars"); int(n) != want[z] {
-			return fmt.Sprintf("%s holds %v sidecars of %d", a.name, n, want[z])
+		if n, _ := m.Sum("sluice_aggregator_sidecars"); int(n) != want[z] {
+			return fmt.Sprintf("%s holds %v sidecars of %d", a.Name(), n, want[z])
 		}
-		if up, _ := m.sum("sluice_aggregator_controller_connected"); up != 1 {
-			return a.name + " has no controller"
+		if up, _ := m.Sum("sluice_aggregator_controller_connected"); up != 1 {
+			return a.Name() + " has no controller"
 		}
 	}
 	for _, s := range c.sidecars {
@@ -348,10 +350,10 @@ func (c *cluster) notReady(ctx context.Context, want []int) string {
 		}
 		m, err := scrape(ctx, s.admin)
 		if err != nil {
-			return s.name + ": " + err.Error()
+			return s.Name() + ": " + err.Error()
 		}
-		if _, ok := m.sum("sluice_sidecar_policy_peers", `service="`+s.callee+`"`); !ok {
-			return s.name + " holds no policy for " + s.callee
+		if _, ok := m.Sum("sluice_sidecar_policy_peers", `service="`+s.callee+`"`); !ok {
+			return s.Name() + " holds no policy for " + s.callee
 		}
 	}
 	return ""
@@ -362,8 +364,8 @@ func (c *cluster) checkAlive() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, p := range c.procs {
-		if p.exited() && !c.dead[p] {
-			return p.failure("exited")
+		if p.Exited() && !c.dead[p] {
+			return p.Failure("exited")
 		}
 	}
 	return nil
@@ -374,18 +376,18 @@ func (c *cluster) checkAlive() error {
 func (c *cluster) killAggregator(z int) error {
 	a := c.aggs[z]
 	c.mu.Lock()
-	c.dead[a.proc] = true
+	c.dead[a.Proc] = true
 	c.mu.Unlock()
-	return a.kill()
+	return a.Kill(stopTimeout)
 }
 
 // stopController sends the controller SIGTERM and waits for it to exit.
 func (c *cluster) stopController() error {
 	ctl := c.controller()
 	c.mu.Lock()
-	c.dead[ctl.proc] = true
+	c.dead[ctl.Proc] = true
 	c.mu.Unlock()
-	return ctl.term()
+	return ctl.Term(stopTimeout)
 }
 
 // restartController starts a new controller on the first one's ports.
@@ -406,11 +408,11 @@ func (c *cluster) Close() error {
 		var g errgroup.Group
 		var mu sync.Mutex
 		for _, p := range procs {
-			if p.binary != prefix {
+			if p.Binary() != prefix {
 				continue
 			}
 			g.Go(func() error {
-				if err := p.term(); err != nil {
+				if err := p.Term(stopTimeout); err != nil {
 					mu.Lock()
 					errs = append(errs, err)
 					mu.Unlock()

@@ -12,6 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/sluicehq/sluice/internal/child"
 	"github.com/sluicehq/sluice/sim"
 )
 
@@ -79,7 +80,7 @@ is refused before anything starts, with the reason. Ctrl-C stops every process.`
 				errs = append(errs, fmt.Errorf("--max-rps: %v; must be positive", maxRPS))
 			}
 			if bin != "" {
-				if err := checkBinaries(bin); err != nil {
+				if err := child.Check(bin, child.Binaries...); err != nil {
 					errs = append(errs, fmt.Errorf("--bin %s: %w", bin, err))
 				}
 			}

@@ -10,43 +10,32 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/child"
 	"github.com/sluicehq/sluice/internal/limits"
 	"github.com/sluicehq/sluice/sim"
 )
 
-// The binaries are built once per test run, on first use, into binDir;
-// TestMain removes it.
-var (
-	binOnce sync.Once
-	binDir  string
-	binErr  error
-)
+// bins are the binaries, built once per test run on first use, without
+// -race even under go test -race (see Build); TestMain removes them.
+var bins = child.Built{Timeout: buildTimeout}
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if binDir != "" {
-		os.RemoveAll(binDir)
-	}
+	bins.Remove()
 	os.Exit(code)
 }
 
-// binaries returns a directory with freshly built binaries: without -race,
-// even under go test -race (see Build).
+// binaries returns the directory of the binaries.
 func binaries(t *testing.T) string {
 	t.Helper()
-	binOnce.Do(func() {
-		if binDir, binErr = os.MkdirTemp("", "sluice-live-bin-"); binErr == nil {
-			binErr = Build(context.Background(), binDir)
-		}
-	})
-	if binErr != nil {
-		t.Fatalf("build the binaries: %v", binErr)
+	dir, err := bins.Dir()
+	if err != nil {
+		t.Fatalf("build the binaries: %v", err)
 	}
-	return binDir
+	return dir
 }
 
 func loadTestScenario(t *testing.T) *sim.Scenario {
@@ -411,33 +400,6 @@ func TestSurgeExcess(t *testing.T) {
 	}
 }
 
-func TestMetrics(t *testing.T) {
-	m := metrics(`# HELP sluice_sidecar_drop_ratio x
-# TYPE sluice_sidecar_drop_ratio gauge
-sluice_sidecar_drop_ratio{mode="enforce",peer="web",service="api"} 0.8
-sluice_sidecar_drop_ratio{mode="enforce",peer="web2",service="api"} 0.5
-sluice_sidecar_report_sent_total{direction="inbound"} 12
-sluice_controller_warm 1
-`)
-	if v, ok := m.sum("sluice_sidecar_drop_ratio", `peer="web"`); !ok || v != 0.8 {
-		t.Errorf("web's ratio %v %v, want 0.8", v, ok)
-	}
-	if v, _ := m.sum("sluice_sidecar_drop_ratio"); v != 1.3 {
-		t.Errorf("sum of ratios %v, want 1.3", v)
-	}
-	if v, ok := m.sum("sluice_controller_warm"); !ok || v != 1 {
-		t.Errorf("warm %v %v", v, ok)
-	}
-	if _, ok := m.sum("sluice_absent"); ok {
-		t.Error("an absent metric was found")
-	}
-	var peers []string
-	m.each("sluice_sidecar_drop_ratio", func(labels string, _ float64) { peers = append(peers, labelValue(labels, "peer")) })
-	if strings.Join(peers, ",") != "web,web2" {
-		t.Errorf("peers %v", peers)
-	}
-}
-
 // TestWriteSummary renders a live Result: the simulator's table, under live
 // mode's header, without the lines only the simulator can count.
 func TestWriteSummary(t *testing.T) {
@@ -490,7 +452,7 @@ func TestCommandRefusesUnsupported(t *testing.T) {
 func execute(t *testing.T, args ...string) error {
 	t.Helper()
 	bin := t.TempDir()
-	for _, b := range Binaries {
+	for _, b := range child.Binaries {
 		if err := os.WriteFile(filepath.Join(bin, b), []byte("#!/bin/sh\nexit 3\n"), 0o755); err != nil {
 			t.Fatal(err)
 		}

@@ -16,6 +16,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/sluicehq/sluice/internal/child"
 	"github.com/sluicehq/sluice/internal/loadgen"
 	"github.com/sluicehq/sluice/pkg/dataplane"
 	"github.com/sluicehq/sluice/sim"
@@ -164,7 +165,7 @@ func Run(ctx context.Context, sc *sim.Scenario, s Scaling, opts Options) (_ *Res
 		if err := Build(ctx, bin); err != nil {
 			return nil, err
 		}
-	} else if err := checkBinaries(bin); err != nil {
+	} else if err := child.Check(bin, child.Binaries...); err != nil {
 		return nil, fmt.Errorf("--bin %s: %w", bin, err)
 	}
 
@@ -377,13 +378,13 @@ func drive(ctx context.Context, c *cluster, r *Result, progress func(string, ...
 	for _, s := range c.sidecars {
 		m, err := scrape(ctx, s.admin)
 		if err != nil {
-			return fmt.Errorf("%s: %w", s.name, err)
+			return fmt.Errorf("%s: %w", s.Name(), err)
 		}
-		v, _ := m.sum("sluice_sidecar_report_sent_total")
+		v, _ := m.Sum("sluice_sidecar_report_sent_total")
 		r.Reports += v
-		v, _ = m.sum("sluice_sidecar_report_surges_total")
+		v, _ = m.Sum("sluice_sidecar_report_surges_total")
 		r.SurgeReports += v
-		v, _ = m.sum("sluice_sidecar_report_failovers_total")
+		v, _ = m.Sum("sluice_sidecar_report_failovers_total")
 		r.Failovers += v
 	}
 
@@ -482,13 +483,13 @@ func sampleRatios(ctx context.Context, c *cluster, buckets []sim.Bucket, ratios 
 				return
 			}
 			h := map[string]float64{}
-			m.each("sluice_sidecar_drop_ratio", func(labels string, v float64) {
+			m.Each("sluice_sidecar_drop_ratio", func(labels string, v float64) {
 				if strings.Contains(labels, `service="`+sd.callee+`"`) {
-					h[labelValue(labels, "peer")] = v
+					h[child.LabelValue(labels, "peer")] = v
 				}
 			})
 			held[i] = h
-			v, _ := m.sum("sluice_sidecar_policy_state", `service="`+sd.callee+`"`, `state="expired"`)
+			v, _ := m.Sum("sluice_sidecar_policy_state", `service="`+sd.callee+`"`, `state="expired"`)
 			x := v == 1
 			expired[i] = &x
 		})
@@ -593,16 +594,6 @@ func (w *expiryWatch) result(end time.Duration) []sim.Expiry {
 	return w.list
 }
 
-// labelValue returns the value of label name in a Prometheus label set.
-func labelValue(labels, name string) string {
-	_, rest, ok := strings.Cut(labels, name+`="`)
-	if !ok {
-		return ""
-	}
-	v, _, _ := strings.Cut(rest, `"`)
-	return v
-}
-
 // secondLine is the progress line of second s.
 func secondLine(buckets []sim.Bucket, gens []generator, fr *front, ratios [][]float64, s int) string {
 	var b strings.Builder
@@ -686,7 +677,7 @@ func watchWarm(ctx context.Context, ctl *node, start time.Time, tl *timeline) {
 		case <-poll.C:
 		}
 		if m, err := scrape(ctx, ctl.admin); err == nil {
-			if warm, _ := m.sum("sluice_controller_warm"); warm == 1 {
+			if warm, _ := m.Sum("sluice_controller_warm"); warm == 1 {
 				tl.note(start, "controller warm: publishing")
 				return
 			}
