@@ -16,10 +16,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime/debug"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -32,6 +30,7 @@ import (
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/agent"
 	"github.com/sluicehq/sluice/internal/aggregator"
+	"github.com/sluicehq/sluice/internal/child"
 	"github.com/sluicehq/sluice/internal/controller"
 	"github.com/sluicehq/sluice/internal/loadgen"
 	"github.com/sluicehq/sluice/internal/pgtest"
@@ -45,21 +44,17 @@ const (
 	runTimeout   = 20 * time.Second // a process that must exit by itself (--help, bad config)
 	startTimeout = 30 * time.Second // until a process listens, is ready, holds a policy
 	stopTimeout  = 15 * time.Second // from SIGTERM to exit
+	getTimeout   = 5 * time.Second  // one HTTP request to a process
 )
 
-// The binaries are built once per test run, on first use, into binDir;
-// TestMain removes it.
-var (
-	binOnce sync.Once
-	binDir  string
-	binErr  error
-)
+// bins are the binaries, built once per test run on first use; TestMain
+// removes them. Under go test -race they are built with -race too, so that
+// a data race in a real process fails the test that ran it.
+var bins = child.Built{Race: child.Race, Timeout: buildTimeout}
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if binDir != "" {
-		os.RemoveAll(binDir)
-	}
+	bins.Remove()
 	// The fault tests' throwaway Postgres (faults_test.go), if one ran.
 	if err := pgtest.Close(); err != nil {
 		fmt.Fprintf(os.Stderr, "pgtest: %v\n", err)
@@ -74,60 +69,11 @@ func TestMain(m *testing.M) {
 // aggregator or sidecar.
 func binary(t *testing.T, name string) string {
 	t.Helper()
-	binOnce.Do(func() { binDir, binErr = buildBinaries() })
-	if binErr != nil {
-		t.Fatalf("build the binaries: %v", binErr)
-	}
-	return filepath.Join(binDir, name)
-}
-
-// buildBinaries runs go build for the three mains. Under go test -race the
-// binaries are built with -race too, so that a data race in a real process
-// fails the test that ran it.
-func buildBinaries() (string, error) {
-	dir, err := os.MkdirTemp("", "sluice-e2e-bin-")
+	dir, err := bins.Dir()
 	if err != nil {
-		return "", err
+		t.Fatalf("build the binaries: %v", err)
 	}
-	args := []string{"build", "-o", dir + string(filepath.Separator)}
-	if raceEnabled() {
-		args = append(args, "-race")
-	}
-	args = append(args, "./cmd/controller", "./cmd/aggregator", "./cmd/sidecar")
-	ctx, cancel := context.WithTimeout(context.Background(), buildTimeout)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "go", args...) // go test puts its own go first on PATH
-	cmd.Dir = ".."                                 // the module root: go test runs in e2e/
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return dir, fmt.Errorf("go %s: %w\n%s", strings.Join(args, " "), err, out)
-	}
-	return dir, nil
-}
-
-func raceEnabled() bool {
-	bi, ok := debug.ReadBuildInfo()
-	if !ok {
-		return false
-	}
-	for _, s := range bi.Settings {
-		if s.Key == "-race" {
-			return s.Value == "true"
-		}
-	}
-	return false
-}
-
-// childEnv is the test's environment without SLUICE_* variables, so that
-// nothing set on the machine running the tests configures the processes,
-// plus extra.
-func childEnv(extra ...string) []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "SLUICE_") {
-			env = append(env, kv)
-		}
-	}
-	return append(env, extra...)
+	return filepath.Join(dir, name)
 }
 
 // quietAddrs keeps a binary that wrongly starts off the well-known ports.
@@ -144,7 +90,7 @@ func runToExit(t *testing.T, name string, env []string, args ...string) (string,
 	ctx, cancel := context.WithTimeout(context.Background(), runTimeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, binary(t, name), args...)
-	cmd.Env = childEnv(env...)
+	cmd.Env = child.Env(env...)
 	cmd.WaitDelay = 5 * time.Second
 	out, err := cmd.CombinedOutput()
 	if ctx.Err() != nil {
@@ -263,72 +209,23 @@ func TestBinariesBadConfigFailsAtStartup(t *testing.T) {
 	}
 }
 
-// output collects a process's stdout and stderr and tells waiters about
-// every write.
-type output struct {
-	mu      sync.Mutex // protects buf and changed
-	buf     strings.Builder
-	changed chan struct{} // closed and replaced on every write
-}
-
-func (o *output) Write(p []byte) (int, error) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	o.buf.Write(p)
-	close(o.changed)
-	o.changed = make(chan struct{})
-	return len(p), nil
-}
-
-// snapshot returns what was written so far and a channel closed at the next
-// write.
-func (o *output) snapshot() (string, <-chan struct{}) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return o.buf.String(), o.changed
-}
-
-func (o *output) String() string {
-	s, _ := o.snapshot()
-	return s
-}
-
-// proc is one running binary. Its listeners bind port 0; the addresses are
-// read from its "listening" log lines, so there is no race for free ports.
-type proc struct {
-	name string
-	cmd  *exec.Cmd
-	out  *output
-	done chan struct{} // closed once the process has exited
-	err  error         // from Wait; read only after done is closed
-}
+// proc is one running binary, with the methods of a test.
+type proc struct{ *child.Proc }
 
 // start runs a binary with JSON logs. When the test ends the process is
 // killed if still running, its output is logged if the test failed, and a
 // data race it reported fails the test.
 func start(t *testing.T, name, bin string, args ...string) *proc {
 	t.Helper()
-	cmd := exec.Command(binary(t, bin), append([]string{"--log-format=json"}, args...)...)
-	cmd.Env = childEnv()
-	p := &proc{name: name, cmd: cmd, out: &output{changed: make(chan struct{})}, done: make(chan struct{})}
-	cmd.Stdout, cmd.Stderr = p.out, p.out
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start %s: %v", name, err)
+	p, err := child.Start(name, binary(t, bin), args...)
+	if err != nil {
+		t.Fatal(err)
 	}
-	go func() {
-		p.err = cmd.Wait()
-		close(p.done)
-	}()
 	t.Cleanup(func() {
-		if !p.exited() {
-			cmd.Process.Kill()
-			select {
-			case <-p.done:
-			case <-time.After(stopTimeout):
-				t.Errorf("%s: still not gone %v after SIGKILL", name, stopTimeout)
-			}
+		if err := p.Kill(stopTimeout); err != nil {
+			t.Error(err)
 		}
-		out := p.out.String()
+		out := p.Output()
 		if strings.Contains(out, "WARNING: DATA RACE") {
 			t.Errorf("%s: the race detector found a data race", name)
 		}
@@ -336,103 +233,65 @@ func start(t *testing.T, name, bin string, args ...string) *proc {
 			t.Logf("%s output:\n%s", name, out)
 		}
 	})
-	return p
-}
-
-func (p *proc) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
+	return &proc{p}
 }
 
 // addr waits until p logs the address of its listener ("admin", "grpc" or
 // "http").
 func (p *proc) addr(t *testing.T, listener string) string {
 	t.Helper()
-	deadline := time.NewTimer(startTimeout)
-	defer deadline.Stop()
-	for {
-		text, changed := p.out.snapshot()
-		if a := listeningAddr(text, listener); a != "" {
-			return a
-		}
-		select {
-		case <-changed:
-		case <-p.done: // Wait has copied all output: one last look
-			if a := listeningAddr(p.out.String(), listener); a != "" {
-				return a
-			}
-			t.Fatalf("%s exited (%v) before listening on %s", p.name, p.err, listener)
-		case <-deadline.C:
-			t.Fatalf("%s did not log its %s address within %v", p.name, listener, startTimeout)
-		}
+	ctx, cancel := context.WithTimeout(t.Context(), startTimeout)
+	defer cancel()
+	a, err := p.Addr(ctx, listener)
+	if err != nil {
+		t.Fatal(err)
 	}
-}
-
-// listeningAddr finds internal/process's "listening" log line of listener.
-func listeningAddr(logs, listener string) string {
-	for line := range strings.Lines(logs) {
-		var rec struct{ Msg, Listener, Addr string }
-		if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "listening" && rec.Listener == listener {
-			return rec.Addr
-		}
-	}
-	return ""
+	return a
 }
 
 // stop sends SIGTERM and checks that p exits with status 0 within
 // stopTimeout.
 func (p *proc) stop(t *testing.T) {
 	t.Helper()
-	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatalf("SIGTERM %s: %v", p.name, err)
+	if p.Exited() {
+		t.Fatal(p.Failure("exited before SIGTERM"))
 	}
-	select {
-	case <-p.done:
-		if p.err != nil {
-			t.Errorf("%s exited with %v after SIGTERM, want status 0", p.name, p.err)
-		}
-	case <-time.After(stopTimeout):
-		t.Errorf("%s did not exit within %v of SIGTERM", p.name, stopTimeout)
+	if err := p.Term(stopTimeout); err != nil {
+		t.Error(err)
+	} else if err := p.Err(); err != nil {
+		t.Errorf("%s exited with %v after SIGTERM, want status 0", p.Name(), err)
 	}
 }
 
-var client = &http.Client{Timeout: 5 * time.Second}
-
-// get fetches url; a transport error is status 0.
+// get fetches url, bounded by getTimeout; a transport error is status 0,
+// with the error as the body.
 func get(url string, header ...string) (int, http.Header, string) {
-	req, err := http.NewRequest(http.MethodGet, url, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), getTimeout)
+	defer cancel()
+	code, hdr, body, err := child.Get(ctx, url, header...)
 	if err != nil {
 		return 0, nil, err.Error()
 	}
-	for i := 0; i+1 < len(header); i += 2 {
-		req.Header.Set(header[i], header[i+1])
-	}
-	resp, err := client.Do(req)
-	if err != nil {
-		return 0, nil, err.Error()
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return 0, nil, err.Error()
-	}
-	return resp.StatusCode, resp.Header, string(body)
+	return code, hdr, body
 }
 
 // waitReady waits until p's /readyz answers 200.
 func waitReady(t *testing.T, p *proc, admin string) {
 	t.Helper()
-	testkit.WaitFor(t, startTimeout, p.name+" is ready", func() bool {
-		if p.exited() {
-			t.Fatalf("%s exited (%v) before it was ready", p.name, p.err)
+	testkit.WaitFor(t, startTimeout, p.Name()+" is ready", func() bool {
+		if p.Exited() {
+			t.Fatal(p.Failure("exited before it was ready"))
 		}
 		code, _, _ := get("http://" + admin + "/readyz")
 		return code == http.StatusOK
 	})
+}
+
+// metrics scrapes an admin port's /metrics, bounded by getTimeout.
+func metrics(admin string) (child.Metrics, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), getTimeout)
+	defer cancel()
+	return child.Scrape(ctx, admin)
 }
 
 // metric sums the samples of name on an admin port's /metrics whose labels
@@ -440,35 +299,11 @@ func waitReady(t *testing.T, p *proc, admin string) {
 // there is none.
 func metric(t *testing.T, admin, name string, labels ...string) (sum float64, ok bool) {
 	t.Helper()
-	code, _, body := get("http://" + admin + "/metrics")
-	if code != http.StatusOK {
-		t.Fatalf("GET %s/metrics: %d %s", admin, code, body)
+	m, err := metrics(admin)
+	if err != nil {
+		t.Fatal(err)
 	}
-	for line := range strings.Lines(body) {
-		line = strings.TrimSpace(line)
-		if line == "" || line[0] == '#' {
-			continue
-		}
-		sp := strings.LastIndexByte(line, ' ')
-		series, value := line[:sp], line[sp+1:]
-		metricName, labelSet, _ := strings.Cut(series, "{")
-		if metricName != name {
-			continue
-		}
-		match := true
-		for _, l := range labels {
-			match = match && strings.Contains(labelSet, l)
-		}
-		if !match {
-			continue
-		}
-		v, err := strconv.ParseFloat(value, 64)
-		if err != nil {
-			t.Fatalf("%s/metrics: bad sample %q", admin, line)
-		}
-		sum, ok = sum+v, true
-	}
-	return sum, ok
+	return m.Sum(name, labels...)
 }
 
 // policy fetches the controller's published policy for resource name from
@@ -579,7 +414,7 @@ func TestBinariesEnforceALimitAsProcesses(t *testing.T) {
 	// A policy that lists the configured limits reaches the sidecars over
 	// xDS before any load, as in the in-process test.
 	for _, s := range sidecars {
-		testkit.WaitFor(t, startTimeout, s.name+" holds a policy for checkout", func() bool {
+		testkit.WaitFor(t, startTimeout, s.Name()+" holds a policy for checkout", func() bool {
 			_, ok := metric(t, s.admin, "sluice_sidecar_policy_peers", `service="checkout"`)
 			return ok
 		})
@@ -661,7 +496,7 @@ func TestBinariesEnforceALimitAsProcesses(t *testing.T) {
 
 	for _, s := range sidecars {
 		if n, _ := metric(t, s.admin, "sluice_sidecar_requests_total", `peer="web"`, `outcome="dropped"`); !(n > 0) {
-			t.Errorf("%s: sluice_sidecar_requests_total{peer=\"web\",outcome=\"dropped\"} = %v, want > 0", s.name, n)
+			t.Errorf("%s: sluice_sidecar_requests_total{peer=\"web\",outcome=\"dropped\"} = %v, want > 0", s.Name(), n)
 		}
 	}
 	if n, _ := metric(t, agg.admin, "sluice_aggregator_reports_total"); !(n > 0) {
@@ -700,8 +535,8 @@ func TestBinariesShutdownGracefully(t *testing.T) {
 	agg.stop(t)
 
 	sent := time.Now()
-	if err := ctl.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatalf("SIGTERM controller: %v", err)
+	if err := ctl.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
 	}
 	saw503 := false
 	deadline := time.NewTimer(stopTimeout)
@@ -711,7 +546,7 @@ func TestBinariesShutdownGracefully(t *testing.T) {
 wait:
 	for {
 		select {
-		case <-ctl.done:
+		case <-ctl.Done():
 			break wait
 		case <-deadline.C:
 			t.Fatalf("controller did not exit within %v of SIGTERM", stopTimeout)
@@ -722,8 +557,8 @@ wait:
 		}
 	}
 	took := time.Since(sent)
-	if ctl.err != nil {
-		t.Errorf("controller exited with %v after SIGTERM, want status 0", ctl.err)
+	if err := ctl.Err(); err != nil {
+		t.Errorf("controller exited with %v after SIGTERM, want status 0", err)
 	}
 	if !saw503 {
 		t.Error("/readyz never answered 503 during the drain delay")

@@ -19,11 +19,9 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -316,7 +314,7 @@ func startFaultSidecars(t *testing.T, n int, zone, app, aggregators, controllers
 	}
 	for _, s := range ns {
 		waitReady(t, s.proc, s.admin)
-		testkit.WaitFor(t, startTimeout, s.name+" holds a policy that lists web", func() bool {
+		testkit.WaitFor(t, startTimeout, s.Name()+" holds a policy that lists web", func() bool {
 			_, ok := metric(t, s.admin, "sluice_sidecar_drop_ratio", `peer="web"`)
 			return ok
 		})
@@ -345,41 +343,16 @@ func freeAddr(t *testing.T) string {
 }
 
 // scrape is metric for goroutines other than the test's: the sum of name's
-// samples whose labels include every one of labels.
+// samples whose labels include every one of labels; NaN when there is none.
 func scrape(admin, name string, labels ...string) (float64, error) {
-	code, _, body := get("http://" + admin + "/metrics")
-	if code != http.StatusOK {
-		return 0, fmt.Errorf("GET %s/metrics: %d %.100s", admin, code, body)
+	m, err := metrics(admin)
+	if err != nil {
+		return 0, err
 	}
-	sum, found := 0.0, false
-	for line := range strings.Lines(body) {
-		line = strings.TrimSpace(line)
-		if line == "" || line[0] == '#' {
-			continue
-		}
-		sp := strings.LastIndexByte(line, ' ')
-		series, value := line[:sp], line[sp+1:]
-		metricName, labelSet, _ := strings.Cut(series, "{")
-		if metricName != name {
-			continue
-		}
-		match := true
-		for _, l := range labels {
-			match = match && strings.Contains(labelSet, l)
-		}
-		if !match {
-			continue
-		}
-		v, err := strconv.ParseFloat(value, 64)
-		if err != nil {
-			return 0, fmt.Errorf("%s/metrics: bad sample %q", admin, line)
-		}
-		sum, found = sum+v, true
+	if sum, ok := m.Sum(name, labels...); ok {
+		return sum, nil
 	}
-	if !found {
-		return math.NaN(), nil
-	}
-	return sum, nil
+	return math.NaN(), nil
 }
 
 // sampler reads metrics once per second of a run, at its end, from its own
@@ -454,8 +427,7 @@ func takeBaseline(t *testing.T) baseline {
 // live heap.
 func (b baseline) check(t *testing.T) {
 	t.Helper()
-	client.CloseIdleConnections()
-	http.DefaultClient.CloseIdleConnections()
+	http.DefaultClient.CloseIdleConnections() // child.Get keeps no idle connections
 	deadline := time.Now().Add(15 * time.Second)
 	for runtime.NumGoroutine() > b.goroutines && time.Now().Before(deadline) {
 		time.Sleep(50 * time.Millisecond)
@@ -478,7 +450,7 @@ func goroutines(t *testing.T, n *node) float64 {
 	t.Helper()
 	v, ok := metric(t, n.admin, "go_goroutines")
 	if !ok {
-		t.Fatalf("%s exports no go_goroutines", n.name)
+		t.Fatalf("%s exports no go_goroutines", n.Name())
 	}
 	return v
 }
@@ -488,9 +460,9 @@ func goroutines(t *testing.T, n *node) float64 {
 func checkGoroutines(t *testing.T, n *node, before float64) {
 	t.Helper()
 	after := goroutines(t, n)
-	t.Logf("%s: %v goroutines before the fault, %v after recovery", n.name, before, after)
+	t.Logf("%s: %v goroutines before the fault, %v after recovery", n.Name(), before, after)
 	if after > before+processGoroutineSlack {
-		t.Errorf("%s: %v goroutines after recovery, %v before the fault: a leak per fault", n.name, after, before)
+		t.Errorf("%s: %v goroutines after recovery, %v before the fault: a leak per fault", n.Name(), after, before)
 	}
 }
 
@@ -499,7 +471,7 @@ func checkGoroutines(t *testing.T, n *node, before float64) {
 func stopAll(t *testing.T, nodes ...*node) {
 	t.Helper()
 	for _, n := range nodes {
-		if !n.exited() {
+		if !n.Exited() {
 			n.stop(t)
 		}
 	}
@@ -508,13 +480,8 @@ func stopAll(t *testing.T, nodes ...*node) {
 // kill9 kills a process with SIGKILL and waits until it is gone.
 func kill9(t *testing.T, n *node) {
 	t.Helper()
-	if err := n.cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatalf("SIGKILL %s: %v", n.name, err)
-	}
-	select {
-	case <-n.done:
-	case <-time.After(stopTimeout):
-		t.Fatalf("%s still running %v after SIGKILL", n.name, stopTimeout)
+	if err := n.Kill(stopTimeout); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -578,7 +545,7 @@ func TestFaultAggregatorKilledMidSurge(t *testing.T) {
 	load.checkBatch(t)
 	for _, s := range sidecars[:2] {
 		if n, _ := metric(t, s.admin, "sluice_sidecar_report_failovers_total"); !(n > 0) {
-			t.Errorf("%s: sluice_sidecar_report_failovers_total = %v, want > 0", s.name, n)
+			t.Errorf("%s: sluice_sidecar_report_failovers_total = %v, want > 0", s.Name(), n)
 		}
 	}
 	if n, _ := metric(t, ctl.admin, "sluice_controller_aggregators"); n != 3 {
@@ -1063,7 +1030,7 @@ func TestFaultZoneCut(t *testing.T) {
 	}
 	for _, sc := range cut {
 		if n, _ := metric(t, sc.admin, "sluice_sidecar_fail_open_total"); !(n > 0) {
-			t.Errorf("%s: sluice_sidecar_fail_open_total = %v, want > 0", sc.name, n)
+			t.Errorf("%s: sluice_sidecar_fail_open_total = %v, want > 0", sc.Name(), n)
 		}
 	}
 	took := load.recovered(healAt)

@@ -83,19 +83,11 @@ func mb(n uint64) float64 { return float64(n) / (1 << 20) }
 // metricValue is metric without a test: the sum of name's samples on an
 // admin port, for a goroutine that samples.
 func metricValue(admin, name string) (float64, bool) {
-	code, _, body := get("http://" + admin + "/metrics")
-	if code != http.StatusOK {
+	m, err := metrics(admin)
+	if err != nil {
 		return 0, false
 	}
-	for line := range strings.Lines(body) {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+" "); ok {
-			var f float64
-			if _, err := fmt.Sscan(v, &f); err == nil {
-				return f, true
-			}
-		}
-	}
-	return 0, false
+	return m.Sum(name)
 }
 
 // randomName returns a valid service name of 8 to 40 bytes.

@@ -106,7 +106,7 @@ func TestBinariesMutualTLS(t *testing.T) {
 	}
 	for _, n := range []*node{ctl, agg, sc} {
 		if v, ok := metric(t, n.admin, "sluice_tls_enabled"); !ok || v != 1 {
-			t.Errorf("%s: sluice_tls_enabled = %v (present %v), want 1", n.name, v, ok)
+			t.Errorf("%s: sluice_tls_enabled = %v (present %v), want 1", n.Name(), v, ok)
 		}
 	}
 
@@ -161,7 +161,7 @@ func TestBinariesPlaintextSaysSo(t *testing.T) {
 	if v, ok := metric(t, ctl.admin, "sluice_tls_enabled"); !ok || v != 0 {
 		t.Errorf("sluice_tls_enabled = %v (present %v), want 0", v, ok)
 	}
-	if out := ctl.out.String(); !strings.Contains(out, `"level":"WARN","msg":"PLAINTEXT MODE`) {
+	if out := ctl.Output(); !strings.Contains(out, `"level":"WARN","msg":"PLAINTEXT MODE`) {
 		t.Errorf("no plaintext warning in:\n%s", out)
 	}
 	ctl.stop(t)
