@@ -191,6 +191,15 @@ func TestDependencyDirection(t *testing.T) {
 			return !g.standard(path) && !under(path, mod("pkg/dataplane"))
 		},
 	}, {
+		// Test support: pkg/dropratio's tests, held to the standard
+		// library, may use internal/testkit; e2e's and live mode's child
+		// processes are only os/exec and HTTP.
+		name:    "internal/testkit and internal/child import only the standard library",
+		applies: func(rel string) bool { return under(rel, "internal/testkit") || under(rel, "internal/child") },
+		forbidden: func(path string) bool {
+			return !g.standard(path) && !under(path, mod("internal/testkit")) && !under(path, mod("internal/child"))
+		},
+	}, {
 		name:    "api imports only the standard library, protobuf and gRPC",
 		applies: func(rel string) bool { return under(rel, "api") },
 		forbidden: func(path string) bool {
