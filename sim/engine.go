@@ -3,6 +3,7 @@ package sim
 import (
 	"container/heap"
 	"fmt"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -892,7 +893,7 @@ func (e *engine) tickNow(gen int) {
 		e.ctl.warm = true
 		e.note("controller warm: publishing (%d aggregators)", res.Aggregators)
 	}
-	for _, name := range sortedKeys(res.Changed) {
+	for _, name := range slices.Sorted(maps.Keys(res.Changed)) {
 		m := res.Changed[name]
 		p, err := sidecar.PolicyFromProto(m)
 		if err != nil {
@@ -1136,13 +1137,4 @@ func (e *engine) result() *Result {
 	}
 	Expect(e.sc, r.Buckets)
 	return r
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return keys
 }

@@ -14,8 +14,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
-	"sort"
+	"slices"
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -71,7 +72,7 @@ func Apply(fs *pflag.FlagSet, binary string, lookupEnv func(string) (string, boo
 	if err != nil {
 		return fmt.Errorf("%s: %w", path, err)
 	}
-	for _, name := range sortedKeys(values) {
+	for _, name := range slices.Sorted(maps.Keys(values)) {
 		f := fs.Lookup(name)
 		switch {
 		case f == nil || name == ConfigFlag:
@@ -143,15 +144,6 @@ func set(f *pflag.Flag, v string) error {
 		return sv.Replace(items)
 	}
 	return f.Value.Set(v)
-}
-
-func sortedKeys(m map[string]any) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }
 
 // Logging holds the logging flags every binary has.

@@ -1,7 +1,9 @@
 package controller
 
 import (
+	"maps"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -28,7 +30,7 @@ func mixedLoad(agg string, live uint32, in, out, dropped map[string]float64) *sl
 		rates map[string]float64
 	}{{sluicev1.Direction_DIRECTION_INBOUND, in}, {sluicev1.Direction_DIRECTION_OUTBOUND, out}} {
 		bySvc := map[string]*sluicev1.ServiceLoad{}
-		for _, key := range sortedKeys(side.rates) {
+		for _, key := range slices.Sorted(maps.Keys(side.rates)) {
 			svc, peer, _ := strings.Cut(key, "/")
 			sl := bySvc[svc]
 			if sl == nil {
@@ -66,10 +68,10 @@ func TestOutboundPublishesCallerPolicies(t *testing.T) {
 
 	in, out := res.Changed["callee/checkout"], res.Changed["caller/web"]
 	if in == nil || out == nil {
-		t.Fatalf("published %v, want callee/checkout and caller/web", sortedKeys(res.Changed))
+		t.Fatalf("published %v, want callee/checkout and caller/web", slices.Sorted(maps.Keys(res.Changed)))
 	}
 	if len(res.Changed) != 2 {
-		t.Errorf("published %v, want only callee/checkout and caller/web", sortedKeys(res.Changed))
+		t.Errorf("published %v, want only callee/checkout and caller/web", slices.Sorted(maps.Keys(res.Changed)))
 	}
 	if out.GetService() != "web" || out.GetDirection() != sluicev1.Direction_DIRECTION_OUTBOUND || out.GetLiveInstances() != 5 {
 		t.Errorf("caller/web: service %q, direction %v, live %d; want web, OUTBOUND, 5", out.GetService(), out.GetDirection(), out.GetLiveInstances())
@@ -314,6 +316,6 @@ func TestOutboundDeterministic(t *testing.T) {
 		}
 	}
 	if want.Changed["caller/mobile"] == nil || want.Changed["caller/web"] == nil {
-		t.Errorf("published %v, want caller/mobile and caller/web among them", sortedKeys(want.Changed))
+		t.Errorf("published %v, want caller/mobile and caller/web among them", slices.Sorted(maps.Keys(want.Changed)))
 	}
 }

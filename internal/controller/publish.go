@@ -2,7 +2,9 @@ package controller
 
 import (
 	"hash/fnv"
+	"maps"
 	"math"
+	"slices"
 	"time"
 
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -94,7 +96,7 @@ func (s *State) callerPolicies(verdicts []dropratio.ServiceVerdict, outLive map[
 		mixed    bool
 	}
 	failModes := make(map[string]callees, len(outLive))
-	for _, caller := range sortedKeys(outLive) {
+	for _, caller := range slices.Sorted(maps.Keys(outLive)) {
 		policies[caller] = &sluicev1.DropPolicy{
 			Name:          names.Caller(caller),
 			Service:       caller,
@@ -133,7 +135,7 @@ func (s *State) callerPolicies(verdicts []dropratio.ServiceVerdict, outLive map[
 		}
 	}
 	out := make([]*sluicev1.DropPolicy, 0, len(policies))
-	for _, caller := range sortedKeys(policies) {
+	for _, caller := range slices.Sorted(maps.Keys(policies)) {
 		p := policies[caller]
 		if c, seen := failModes[caller]; seen && !c.mixed {
 			p.FailMode = failModeProto(c.failMode)
@@ -210,7 +212,7 @@ func relChanged(a, b, th float64) bool {
 // Policies returns the policies last published, sorted by name.
 func (s *State) Policies() []*sluicev1.DropPolicy {
 	out := make([]*sluicev1.DropPolicy, 0, len(s.published))
-	for _, name := range sortedKeys(s.published) {
+	for _, name := range slices.Sorted(maps.Keys(s.published)) {
 		out = append(out, s.published[name].policy)
 	}
 	return out

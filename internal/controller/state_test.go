@@ -2,7 +2,9 @@ package controller
 
 import (
 	"fmt"
+	"maps"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -49,7 +51,7 @@ func warmState(t *testing.T) *State {
 func zoneLoad(agg, zone string, live uint32, rates map[string]float64) *sluicev1.ZoneLoad {
 	z := &sluicev1.ZoneLoad{AggregatorId: agg, Zone: zone, Interval: durationpb.New(time.Second)}
 	bySvc := map[string]*sluicev1.ServiceLoad{}
-	for _, key := range sortedKeys(rates) {
+	for _, key := range slices.Sorted(maps.Keys(rates)) {
 		svc, peer, _ := strings.Cut(key, "/")
 		sl := bySvc[svc]
 		if sl == nil {

@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"maps"
 	"math"
 	"slices"
 
@@ -43,7 +44,7 @@ func (s *State) sum() tickLoads {
 	for d := range perService {
 		perService[d], live[d] = map[string][]*sluicev1.ServiceLoad{}, map[string]uint32{}
 	}
-	for _, id := range sortedKeys(s.aggs) {
+	for _, id := range slices.Sorted(maps.Keys(s.aggs)) {
 		for _, svc := range s.aggs[id].load.GetServices() {
 			d := 0
 			if svc.GetDirection() == sluicev1.Direction_DIRECTION_OUTBOUND {
@@ -120,7 +121,7 @@ func combine(inbound, outbound map[string][]peerTotals) map[string][]peerTotals 
 		return inbound
 	}
 	byCallee := map[string][]peerTotals{} // sorted by caller: callers are visited sorted
-	for _, caller := range sortedKeys(outbound) {
+	for _, caller := range slices.Sorted(maps.Keys(outbound)) {
 		for _, p := range outbound[caller] {
 			if p.peer == names.Unknown || p.peer == names.Overflow {
 				continue
@@ -156,13 +157,4 @@ func combine(inbound, outbound map[string][]peerTotals) map[string][]peerTotals 
 		out[callee] = merged
 	}
 	return out
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return keys
 }

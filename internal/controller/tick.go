@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"maps"
 	"math"
 	"slices"
 	"time"
@@ -104,7 +105,7 @@ func (s *State) Tick(now time.Time, set *limits.Set) TickResult {
 	// Services that vanished (no traffic, no limits, ratios released): an
 	// empty policy first, so state-of-the-world clients, which never hear
 	// of deletions, stop dropping; the resource itself goes a TTL later.
-	for _, name := range sortedKeys(s.published) {
+	for _, name := range slices.Sorted(maps.Keys(s.published)) {
 		p := s.published[name]
 		if current[name] {
 			continue
@@ -151,7 +152,7 @@ func lawInput(inbound map[string][]peerTotals, set *limits.Set) []dropratio.Serv
 		callees[svc] = true
 	}
 	out := make([]dropratio.Service, 0, len(callees))
-	for _, name := range sortedKeys(callees) {
+	for _, name := range slices.Sorted(maps.Keys(callees)) {
 		lim := set.Service(name)
 		svc := dropratio.Service{Name: name, Capacity: math.Inf(1)}
 		if lim != nil {
@@ -164,7 +165,7 @@ func lawInput(inbound map[string][]peerTotals, set *limits.Set) []dropratio.Serv
 			seen[p.peer] = true
 		}
 		if lim != nil {
-			for _, caller := range sortedKeys(lim.Callers) {
+			for _, caller := range slices.Sorted(maps.Keys(lim.Callers)) {
 				if !seen[caller] {
 					b := lim.Callers[caller]
 					svc.Callers = append(svc.Callers, dropratio.Caller{Name: caller, Limit: b.Limit, Mode: b.Mode})

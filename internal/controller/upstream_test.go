@@ -1,7 +1,9 @@
 package controller
 
 import (
+	"maps"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -62,7 +64,7 @@ services:
 	} {
 		p := res.Changed[tc.policy]
 		if p == nil {
-			t.Fatalf("%s not published: %v", tc.policy, sortedKeys(res.Changed))
+			t.Fatalf("%s not published: %v", tc.policy, slices.Sorted(maps.Keys(res.Changed)))
 		}
 		pp := peer(p, tc.peer)
 		if pp == nil {
@@ -104,7 +106,7 @@ services:
 `))
 	p := res.Changed["callee/orders"]
 	if p == nil {
-		t.Fatalf("callee/orders not republished after mobile's enforcement changed: %v", sortedKeys(res.Changed))
+		t.Fatalf("callee/orders not republished after mobile's enforcement changed: %v", slices.Sorted(maps.Keys(res.Changed)))
 	}
 	if pp := peer(p, "mobile"); pp.GetEnforcedUpstream() || pp.GetMode() != sluicev1.Mode_MODE_ENFORCE {
 		t.Errorf("orders/mobile back to sidecar: mode %v, enforced_upstream %v", pp.GetMode(), pp.GetEnforcedUpstream())

@@ -8,9 +8,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math"
 	"os"
-	"sort"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -80,7 +81,7 @@ func Parse(r io.Reader) (*Set, error) {
 		nullKeys(&root, "", &errs)
 	}
 	services := make(map[string]*Service, len(doc.Services))
-	for _, name := range sortedKeys(doc.Services) {
+	for _, name := range slices.Sorted(maps.Keys(doc.Services)) {
 		fs := doc.Services[name]
 		path := "services." + name
 		if err := names.Check(name); err != nil || name == names.Overflow {
@@ -95,7 +96,7 @@ func Parse(r io.Reader) (*Set, error) {
 			Enforcement:  setting(path+".enforcement", fs.Enforcement, dataplane.ParseEnforcement, dataplane.EnforceSidecar, &errs),
 			Callers:      make(map[string]Bucket, len(fs.Callers)),
 		}
-		for _, caller := range sortedKeys(fs.Callers) {
+		for _, caller := range slices.Sorted(maps.Keys(fs.Callers)) {
 			fb := fs.Callers[caller]
 			cpath := path + ".callers." + caller
 			if err := names.Check(caller); err != nil {
@@ -177,15 +178,6 @@ func setting[T any](path, s string, parse func(string) (T, error), def T, errs *
 		return def
 	}
 	return v
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }
 
 // File is a Source backed by a YAML file that it re-reads when the file
