@@ -26,6 +26,20 @@ type published struct {
 	tombstone time.Time // when the policy was emptied because its service vanished; zero while live
 }
 
+// peerPolicy renders one verdict of the law for peer: the caller of an
+// inbound policy, the callee of an outbound one.
+func peerPolicy(peer string, v dropratio.Verdict) *sluicev1.PeerPolicy {
+	return &sluicev1.PeerPolicy{
+		Peer:       peer,
+		DropRatio:  v.Ratio,
+		Mode:       modeProto(v.Mode),
+		LimitRps:   finiteOrAbsent(v.Limit),
+		AllowedRps: finiteOrAbsent(v.Allowed),
+		OfferedRps: v.Offered,
+		Reason:     reasonProto(v.Reason, v.Ratio),
+	}
+}
+
 // policy renders a callee's verdict as its inbound DropPolicy.
 func (s *State) policy(sv dropratio.ServiceVerdict, live uint32, lim *limits.Service, now time.Time) *sluicev1.DropPolicy {
 	p := &sluicev1.DropPolicy{
@@ -43,15 +57,7 @@ func (s *State) policy(sv dropratio.ServiceVerdict, live uint32, lim *limits.Ser
 		p.FailMode = failModeProto(lim.FailMode)
 	}
 	for _, v := range sv.Verdicts {
-		pp := &sluicev1.PeerPolicy{
-			Peer:       v.Caller,
-			DropRatio:  v.Ratio,
-			Mode:       modeProto(v.Mode),
-			LimitRps:   finiteOrAbsent(v.Limit),
-			AllowedRps: finiteOrAbsent(v.Allowed),
-			OfferedRps: v.Offered,
-			Reason:     reasonProto(v.Reason, v.Ratio),
-		}
+		pp := peerPolicy(v.Caller, v)
 		markUpstream(pp, v.Mode, lim.Bucket(v.Caller))
 		p.Peers = append(p.Peers, pp)
 	}
@@ -118,15 +124,7 @@ func (s *State) callerPolicies(verdicts []dropratio.ServiceVerdict, outLive map[
 			if p == nil {
 				continue
 			}
-			p.Peers = append(p.Peers, &sluicev1.PeerPolicy{
-				Peer:       sv.Service,
-				DropRatio:  v.Ratio,
-				Mode:       modeProto(v.Mode),
-				LimitRps:   finiteOrAbsent(v.Limit),
-				AllowedRps: finiteOrAbsent(v.Allowed),
-				OfferedRps: v.Offered,
-				Reason:     reasonProto(v.Reason, v.Ratio),
-			})
+			p.Peers = append(p.Peers, peerPolicy(sv.Service, v))
 			if c, seen := failModes[v.Caller]; !seen {
 				failModes[v.Caller] = callees{failMode: fm}
 			} else if c.failMode != fm {
