@@ -117,8 +117,7 @@ func lateSeconds(buckets []sim.BucketSeries, sent [][]float64) int {
 	late := 0
 	for s := range sent[0] {
 		for bi := range buckets {
-			nom := buckets[bi].Nominal[s]
-			if d := math.Abs(sent[bi][s] - nom); d > 5 && d > 0.1*nom {
+			if loadgen.OffRate(sent[bi][s], buckets[bi].Nominal[s]) {
 				late++
 				break
 			}
