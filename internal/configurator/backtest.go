@@ -3,7 +3,6 @@ package configurator
 import (
 	"cmp"
 	"fmt"
-	"math"
 	"slices"
 	"time"
 
@@ -136,6 +135,3 @@ func Replay(rows []history.MinuteRow, lim ReplayLimits, cfg dropratio.Config) ([
 func compareMinuteRows(a, b history.MinuteRow) int {
 	return cmp.Or(a.Minute.Compare(b.Minute), compareBuckets(a.Bucket, b.Bucket))
 }
-
-// noLimit is ReplayLimits' answer for a bucket or callee without a limit.
-var noLimit = math.Inf(1)
