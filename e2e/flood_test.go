@@ -575,11 +575,13 @@ func TestMessageSizeLimits(t *testing.T) {
 			Window: durationpb.New(time.Second), Peers: []*sluicev1.PeerCounts{{Peer: name, Offered: 1}},
 		}}
 	}
+	// The name is the zone's: the controller refuses a zone load whole only
+	// for its envelope, and leaves out a service entry with a bad peer.
 	zoneLoad := func(name string) *sluicev1.StreamZoneLoadsRequest {
 		return &sluicev1.StreamZoneLoadsRequest{Load: &sluicev1.ZoneLoad{
-			AggregatorId: "flood-agg", Zone: "zone-z", Interval: durationpb.New(time.Second),
+			AggregatorId: "flood-agg", Zone: name, Interval: durationpb.New(time.Second),
 			Services: []*sluicev1.ServiceLoad{{Service: "checkout", Direction: sluicev1.Direction_DIRECTION_INBOUND,
-				LiveSidecars: 1, Peers: []*sluicev1.PeerRate{{Peer: name, OfferedRps: 1}}}},
+				LiveSidecars: 1, Peers: []*sluicev1.PeerRate{{Peer: "web", OfferedRps: 1}}}},
 		}}
 	}
 	for _, tc := range []struct {
@@ -595,7 +597,7 @@ func TestMessageSizeLimits(t *testing.T) {
 		{"aggregator", agg.addr, aggregatorMaxRecv, func(n string) proto.Message { return report(n) }, sendReport,
 			"sluice_aggregator_reports_rejected_total", agg.admin, report("web")},
 		{"controller", ctl.addr, controllerMaxRecv, func(n string) proto.Message { return zoneLoad(n) }, sendZoneLoad,
-			"sluice_controller_zone_loads_rejected_total", ctl.admin, zoneLoad("web")},
+			"sluice_controller_zone_loads_rejected_total", ctl.admin, zoneLoad("zone-z")},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			conn, err := grpc.NewClient(tc.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))

@@ -216,6 +216,7 @@ func (s *Service) tick(now time.Time) {
 	for _, id := range res.Stale {
 		s.log.Warn("aggregator went silent; its zone load left the sums", "aggregator_id", id)
 	}
+	s.m.noteRefused(s.log, res.RefusedClaims, now)
 	if s.recorder != nil && res.Warm {
 		s.recorder.Observe(now, res.Loads)
 	}
@@ -322,7 +323,9 @@ func (s *Service) applyZoneLoad(load *sluicev1.ZoneLoad, peer identity.ID, peerE
 		owned[load.GetAggregatorId()] = true
 	}
 	urgent := s.state.TakeUrgent()
+	dropped := s.state.TakeDropped()
 	s.mu.Unlock()
+	s.m.noteDropped(s.log, dropped, time.Now())
 	if urgent {
 		// A surge: run the law now rather than at the next tick.
 		s.ticks.Poke()

@@ -1,6 +1,8 @@
 package controller
 
 import (
+	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -18,10 +20,15 @@ type metrics struct {
 	publishErrors prometheus.Counter
 	accepted      prometheus.Counter
 	rejected      *prometheus.CounterVec
+	svcRejected   *prometheus.CounterVec
+	claimsRefused prometheus.Counter
 	streams       prometheus.Gauge
 	limitServices prometheus.Gauge
 	offered       *prometheus.GaugeVec
 	dropped       *prometheus.GaugeVec
+
+	dropLog  logEvery // service entries dropped; logged from every stream
+	claimLog logEvery // outbound claims refused; logged by the tick
 
 	// services with a per-service series, so that vanished ones are deleted;
 	// touched only by the tick goroutine.
@@ -45,6 +52,14 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_controller_zone_loads_rejected_total", Help: "Zone loads rejected, by reason.",
 		}, []string{"reason"}),
+		svcRejected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_controller_service_loads_rejected_total",
+			Help: "Service entries left out of zone loads, by reason; the rest of each zone load was applied.",
+		}, []string{"reason"}),
+		claimsRefused: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sluice_controller_outbound_claims_refused_total",
+			Help: "Outbound claims left out of the law, once per tick and bucket: the callee has a capacity and the bucket no finite limit.",
+		}),
 		streams:       prometheus.NewGauge(prometheus.GaugeOpts{Name: "sluice_controller_zone_streams", Help: "Open zone-load streams from aggregators."}),
 		limitServices: prometheus.NewGauge(prometheus.GaugeOpts{Name: "sluice_controller_limit_services", Help: "Services with configured limits."}),
 		offered: prometheus.NewGaugeVec(prometheus.GaugeOpts{
@@ -57,7 +72,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.tickSeconds, m.aggregators, m.buckets, m.warm, m.published, m.deleted, m.publishErrors,
-			m.accepted, m.rejected, m.streams, m.limitServices, m.offered, m.dropped)
+			m.accepted, m.rejected, m.svcRejected, m.claimsRefused, m.streams, m.limitServices, m.offered, m.dropped)
 	}
 	return m
 }
@@ -84,5 +99,62 @@ func (m *metrics) observeTick(res TickResult, set *limits.Set, took time.Duratio
 			m.dropped.DeleteLabelValues(svc)
 			delete(m.seen, svc)
 		}
+	}
+}
+
+// noteDropped counts the service entries dropped from a zone load and logs
+// the first of them, at most once per dropLogEvery with how many went
+// unlogged: a hostile or broken aggregator sends one per flush.
+func (m *metrics) noteDropped(log *slog.Logger, d Dropped, now time.Time) {
+	n := 0
+	for reason, c := range d.ByReason {
+		m.svcRejected.WithLabelValues(reason).Add(float64(c))
+		n += c
+	}
+	if n == 0 {
+		return
+	}
+	if ok, unlogged := m.dropLog.allow(now, n); ok {
+		log.Warn("service entries left out of a zone load; the rest of the zone was applied",
+			"aggregator_id", d.AggregatorID, "first", d.First.Error(), "dropped", n, "dropped_unlogged_before", unlogged)
+	}
+}
+
+// dropLogEvery is how often noteDropped logs at most.
+const dropLogEvery = 10 * time.Second
+
+// logEvery lets a log line through at most once per dropLogEvery and counts
+// what it held back meanwhile. Safe for concurrent use.
+type logEvery struct {
+	mu   sync.Mutex // protects last and held
+	last time.Time
+	held int
+}
+
+// allow reports whether to log now an event that stands for n, and how many
+// were held back since the last line.
+func (l *logEvery) allow(now time.Time, n int) (bool, int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.last.IsZero() && now.Sub(l.last) < dropLogEvery {
+		l.held += n
+		return false, 0
+	}
+	held := l.held
+	l.last, l.held = now, 0
+	return true, held
+}
+
+// noteRefused counts the outbound claims a tick refused and logs the first,
+// at most once per dropLogEvery.
+func (m *metrics) noteRefused(log *slog.Logger, refused []BucketLoad, now time.Time) {
+	if len(refused) == 0 {
+		return
+	}
+	m.claimsRefused.Add(float64(len(refused)))
+	if ok, unlogged := m.claimLog.allow(now, len(refused)); ok {
+		c := refused[0]
+		log.Warn("outbound claims left out of the law: the callee has a capacity and the bucket no limit",
+			"callee", c.Callee, "caller", c.Caller, "claimed_offered_rps", c.Offered, "refused", len(refused), "refused_unlogged_before", unlogged)
 	}
 }

@@ -319,3 +319,86 @@ func TestOutboundDeterministic(t *testing.T) {
 		t.Errorf("published %v, want caller/mobile and caller/web among them", slices.Sorted(maps.Keys(want.Changed)))
 	}
 }
+
+// Outbound claims toward a callee with a capacity count only for buckets
+// with a finite limit: abuser, with no limit at checkout, claims 10^9 rps
+// of outbound calls to it, and before this the claim entered checkout's
+// capacity split and cut victim, under its limit, from 100 to 75 rps.
+// With a limit of its own, or checkout's default limit, the claim counts
+// (it takes at most that limit from the split); toward a callee without a
+// capacity it counts too, cutting no one.
+func TestOutboundClaimsNeedALimitUnderCapacity(t *testing.T) {
+	const claim = 1e9
+	in := map[string]float64{"checkout/victim": 100, "checkout/web": 50}
+	out := map[string]float64{"abuser/checkout": claim}
+	for _, tc := range []struct {
+		name    string
+		limits  string
+		trusted bool
+	}{
+		{"capacity, no limit", `
+services:
+  checkout:
+    capacity: 200
+    callers: {victim: {limit: 100}, web: {limit: 50}}
+`, false},
+		{"capacity, own limit", `
+services:
+  checkout:
+    capacity: 200
+    callers: {victim: {limit: 100}, web: {limit: 50}, abuser: {limit: 10}}
+`, true},
+		{"capacity, default limit", `
+services:
+  checkout:
+    capacity: 200
+    default_limit: 10
+    callers: {victim: {limit: 100}, web: {limit: 50}}
+`, true},
+		{"no capacity", `
+services:
+  checkout:
+    callers: {victim: {limit: 100}, web: {limit: 50}}
+`, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			set := parseLimits(t, tc.limits)
+			s := warmState(t)
+			now := t0.Add(2 * time.Second)
+			if err := s.Apply(mixedLoad("a", 1, in, out, nil), now); err != nil {
+				t.Fatal(err)
+			}
+			// The law's input: the claim is in abuser's bucket or nowhere.
+			loads := s.sum(set)
+			var offered float64
+			for _, p := range loads.buckets["checkout"] {
+				if p.peer == "abuser" {
+					offered = p.Offered
+				}
+			}
+			wantRefused := []BucketLoad{{Callee: "checkout", Caller: "abuser", Totals: Totals{Offered: claim}}}
+			if tc.trusted {
+				wantRefused = nil
+				if offered != claim {
+					t.Errorf("checkout/abuser offered %v in the law's input, want the claim %v", offered, claim)
+				}
+			} else if offered != 0 {
+				t.Errorf("checkout/abuser offered %v in the law's input, want none: the claim is refused", offered)
+			}
+			if !slices.Equal(loads.refused, wantRefused) {
+				t.Errorf("refused %v, want %v", loads.refused, wantRefused)
+			}
+
+			res := s.Tick(now, set)
+			if !slices.Equal(res.RefusedClaims, wantRefused) {
+				t.Errorf("TickResult.RefusedClaims %v, want %v", res.RefusedClaims, wantRefused)
+			}
+			p := res.Changed["callee/checkout"]
+			for _, caller := range []string{"victim", "web"} {
+				if r := peerRatio(p, caller); r != 0 {
+					t.Errorf("%s, under its limit, got ratio %v: the claim cut it", caller, r)
+				}
+			}
+		})
+	}
+}

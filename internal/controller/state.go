@@ -49,6 +49,7 @@ type State struct {
 	lastJoin  time.Time // when an aggregator last appeared
 	warm      bool
 	urgent    bool // set by Apply on a surge; see TakeUrgent
+	dropped   Dropped
 	published map[string]*published
 }
 
@@ -76,16 +77,20 @@ func NewState(cfg StateConfig, now time.Time) (*State, error) {
 
 // Apply validates a zone load and makes it its aggregator's current load,
 // replacing the previous one: a duplicated or late flush never adds up.
+// A load whose envelope is bad is refused with a *RejectError and changes
+// nothing; bad service entries are removed from load (Apply owns it) and
+// counted in TakeDropped, and the rest of the load is applied.
 func (s *State) Apply(load *sluicev1.ZoneLoad, now time.Time) error {
-	if err := validateZoneLoad(load); err != nil {
+	if err := validateEnvelope(load); err != nil {
 		return err
 	}
 	id := load.GetAggregatorId()
 	prev, ok := s.aggs[id]
+	if !ok && len(s.aggs) >= s.cfg.MaxAggregators {
+		return reject("too_many_aggregators", "already holding %d aggregators", len(s.aggs))
+	}
+	s.dropped.add(id, keepValidServices(load))
 	if !ok {
-		if len(s.aggs) >= s.cfg.MaxAggregators {
-			return reject("too_many_aggregators", "already holding %d aggregators", len(s.aggs))
-		}
 		s.lastJoin = now
 		s.urgent = s.urgent || load.GetUrgent()
 	} else if !s.urgent {
@@ -110,6 +115,37 @@ func (s *State) TakeUrgent() bool {
 	u := s.urgent
 	s.urgent = false
 	return u
+}
+
+// Dropped counts the service entries Apply left out of zone loads.
+type Dropped struct {
+	// ByReason counts them by reason, a metric label.
+	ByReason map[string]int
+	// First is the first one, with its aggregator, for a log line.
+	First        *RejectError
+	AggregatorID string
+}
+
+func (d *Dropped) add(aggregatorID string, errs []*RejectError) {
+	if len(errs) == 0 {
+		return
+	}
+	if d.ByReason == nil {
+		d.ByReason = map[string]int{}
+		d.First, d.AggregatorID = errs[0], aggregatorID
+	}
+	for _, e := range errs {
+		d.ByReason[e.Reason]++
+	}
+}
+
+// TakeDropped returns the service entries dropped since the last call and
+// forgets them. Held as counts by reason, so a caller that never takes
+// them (the simulator) holds a few counters, not every bad entry.
+func (s *State) TakeDropped() Dropped {
+	d := s.dropped
+	s.dropped = Dropped{}
+	return d
 }
 
 // sortPeers sorts every service's peers by name, which sum relies on. The

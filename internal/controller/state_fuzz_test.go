@@ -33,8 +33,12 @@ const (
 	outbound = sluicev1.Direction_DIRECTION_OUTBOUND
 )
 
-// rejectReasons are the reasons Apply may give.
-var rejectReasons = []string{"bad_name", "bad_interval", "bad_direction", "duplicate_service", "duplicate_peer", "bad_rate", "too_many_aggregators"}
+// rejectReasons are the reasons Apply may refuse a zone load for;
+// dropReasons those it may leave a service entry out for.
+var (
+	rejectReasons = []string{"bad_name", "bad_interval", "too_many_aggregators"}
+	dropReasons   = []string{"bad_name", "bad_direction", "duplicate_service", "duplicate_peer", "bad_rate", "dropped_above_offered", "bad_live_sidecars"}
+)
 
 func fuzzConfig() controller.StateConfig {
 	cfg := controller.DefaultConfig().StateConfig
@@ -76,7 +80,8 @@ func baseLoad() *sluicev1.ZoneLoad {
 }
 
 // zoneLoadSeeds are FuzzZoneLoad's committed seeds, two zone loads each:
-// good ones, and every way a zone load must be refused.
+// good ones (taken whole), drop-… ones (taken, less a bad service entry),
+// and bad-… ones (refused whole).
 func zoneLoadSeeds(t testing.TB) []seed {
 	zb := func(edit func(*sluicev1.ZoneLoad)) []byte {
 		z := baseLoad()
@@ -108,11 +113,14 @@ func zoneLoadSeeds(t testing.TB) []seed {
 		one("good-empty-zone", func(z *sluicev1.ZoneLoad) { z.Services = nil }),
 		one("good-outbound", func(z *sluicev1.ZoneLoad) { z.Services[1].Direction = outbound }),
 		one("good-urgent", func(z *sluicev1.ZoneLoad) { z.Urgent = true }),
-		one("good-max-rate", peer0(func(p *sluicev1.PeerRate) { p.OfferedRps, p.DroppedRps, p.ShadowDroppedRps = 1e10, 1e10, 1e10 })),
-		one("good-dropped-above-offered", peer0(func(p *sluicev1.PeerRate) { p.OfferedRps, p.DroppedRps = 10, 1e10 })),
-		one("good-negative-zero", peer0(func(p *sluicev1.PeerRate) { p.OfferedRps = math.Copysign(0, -1) })),
+		one("good-max-rate", peer0(func(p *sluicev1.PeerRate) { p.OfferedRps, p.DroppedRps, p.ShadowDroppedRps = 1e10, 5e9, 5e9 })),
+		one("drop-dropped-above-offered", peer0(func(p *sluicev1.PeerRate) { p.OfferedRps, p.DroppedRps = 10, 1e10 })),
+		one("drop-dropped-and-shadow-above-offered", peer0(func(p *sluicev1.PeerRate) { p.OfferedRps, p.DroppedRps, p.ShadowDroppedRps = 10, 6, 5 })),
+		one("good-dropped-all", peer0(func(p *sluicev1.PeerRate) { p.OfferedRps, p.DroppedRps, p.ShadowDroppedRps = 0.1+0.2, 0.1, 0.2 })),
+		one("good-negative-zero", peer0(func(p *sluicev1.PeerRate) { p.OfferedRps, p.DroppedRps = math.Copysign(0, -1), 0 })),
 		one("good-tiny-rates", peer0(func(p *sluicev1.PeerRate) { p.OfferedRps, p.DroppedRps = 5e-324, 5e-324 })),
-		one("good-max-live-sidecars", func(z *sluicev1.ZoneLoad) { z.Services[0].LiveSidecars = math.MaxUint32 }),
+		one("drop-max-live-sidecars", func(z *sluicev1.ZoneLoad) { z.Services[0].LiveSidecars = math.MaxUint32 }),
+		one("good-live-sidecars-bound", func(z *sluicev1.ZoneLoad) { z.Services[0].LiveSidecars = 1_000_000 }),
 		one("good-zero-live-sidecars", func(z *sluicev1.ZoneLoad) { z.Services[0].LiveSidecars = 0 }),
 		one("good-overflow-and-unknown-peers", peer0(func(p *sluicev1.PeerRate) { p.Peer = names.Overflow })),
 		one("good-253-byte-names", func(z *sluicev1.ZoneLoad) {
@@ -122,17 +130,17 @@ func zoneLoadSeeds(t testing.TB) []seed {
 		one("good-interval-bounds", func(z *sluicev1.ZoneLoad) { z.Interval = durationpb.New(10 * time.Millisecond) }),
 		{Name: "good-replace", Args: []any{zb(nil), zb(func(z *sluicev1.ZoneLoad) { z.Services = z.Services[1:] })}},
 		{Name: "bad-one-aggregator-too-many", Args: []any{zb(nil), zb(func(z *sluicev1.ZoneLoad) { z.AggregatorId = "agg-c" })}},
-		one("bad-rate-nan", peer0(func(p *sluicev1.PeerRate) { p.OfferedRps = math.NaN() })),
-		one("bad-rate-inf", peer0(func(p *sluicev1.PeerRate) { p.DroppedRps = math.Inf(1) })),
-		one("bad-rate-negative", peer0(func(p *sluicev1.PeerRate) { p.ShadowDroppedRps = -1e-300 })),
-		one("bad-rate-absurd", peer0(func(p *sluicev1.PeerRate) { p.OfferedRps = math.Nextafter(1e10, math.Inf(1)) })),
-		one("bad-overflow-service", func(z *sluicev1.ZoneLoad) { z.Services[1].Service = names.Overflow }),
+		one("drop-rate-nan", peer0(func(p *sluicev1.PeerRate) { p.OfferedRps = math.NaN() })),
+		one("drop-rate-inf", peer0(func(p *sluicev1.PeerRate) { p.DroppedRps = math.Inf(1) })),
+		one("drop-rate-negative", peer0(func(p *sluicev1.PeerRate) { p.ShadowDroppedRps = -1e-300 })),
+		one("drop-rate-absurd", peer0(func(p *sluicev1.PeerRate) { p.OfferedRps = math.Nextafter(1e10, math.Inf(1)) })),
+		one("drop-overflow-service", func(z *sluicev1.ZoneLoad) { z.Services[1].Service = names.Overflow }),
 		one("bad-empty-aggregator-id", func(z *sluicev1.ZoneLoad) { z.AggregatorId = "" }),
 		one("bad-zone-charset", func(z *sluicev1.ZoneLoad) { z.Zone = "zone a" }),
-		one("bad-254-byte-peer", peer0(func(p *sluicev1.PeerRate) { p.Peer = strings.Repeat("p", names.MaxLen+1) })),
-		one("bad-duplicate-service", func(z *sluicev1.ZoneLoad) { z.Services[1].Service = "checkout" }),
-		one("bad-duplicate-peer", func(z *sluicev1.ZoneLoad) { z.Services[0].Peers[1].Peer = "web" }),
-		one("bad-direction", func(z *sluicev1.ZoneLoad) { z.Services[1].Direction = 0 }),
+		one("drop-254-byte-peer", peer0(func(p *sluicev1.PeerRate) { p.Peer = strings.Repeat("p", names.MaxLen+1) })),
+		one("drop-duplicate-service", func(z *sluicev1.ZoneLoad) { z.Services[1].Service = "checkout" }),
+		one("drop-duplicate-peer", func(z *sluicev1.ZoneLoad) { z.Services[0].Peers[1].Peer = "web" }),
+		one("drop-direction", func(z *sluicev1.ZoneLoad) { z.Services[1].Direction = 0 }),
 		one("bad-no-interval", func(z *sluicev1.ZoneLoad) { z.Interval = nil }),
 		one("bad-interval-invalid", func(z *sluicev1.ZoneLoad) { z.Interval = &durationpb.Duration{Seconds: -1, Nanos: 5} }),
 		one("bad-interval-long", func(z *sluicev1.ZoneLoad) { z.Interval = durationpb.New(time.Minute + 1) }),
@@ -155,6 +163,7 @@ func TestFuzzZoneLoadCorpus(t *testing.T) {
 			t.Fatal(err)
 		}
 		var errs []error
+		dropped := 0
 		for _, b := range s.Args {
 			z := new(sluicev1.ZoneLoad)
 			err := proto.Unmarshal(b.([]byte), z)
@@ -162,9 +171,16 @@ func TestFuzzZoneLoadCorpus(t *testing.T) {
 				err = st.Apply(z, fuzzStart)
 			}
 			errs = append(errs, err)
+			for _, n := range st.TakeDropped().ByReason {
+				dropped += n
+			}
 		}
-		if good := strings.HasPrefix(s.Name, "good"); good != (errors.Join(errs...) == nil) {
-			t.Errorf("seed %s: %v", s.Name, errs)
+		taken := errors.Join(errs...) == nil
+		switch {
+		case strings.HasPrefix(s.Name, "good") && (!taken || dropped > 0),
+			strings.HasPrefix(s.Name, "drop") && (!taken || dropped == 0),
+			strings.HasPrefix(s.Name, "bad") && taken:
+			t.Errorf("seed %s: %v, %d service entries dropped", s.Name, errs, dropped)
 		}
 	}
 }
@@ -172,7 +188,8 @@ func TestFuzzZoneLoadCorpus(t *testing.T) {
 // FuzzZoneLoad decodes two zone loads from any bytes and applies them to a
 // controller that already holds one, then runs two ticks. Apply must never
 // panic; a rejected zone load must change nothing (a twin State that never
-// sees it ticks to the same result); and every policy a tick publishes must
+// sees it ticks to the same result), and a bad service entry must cost only
+// itself (the twin is given the load as Apply left it, without the entry); and every policy a tick publishes must
 // be one the sidecars accept (sidecar.PolicyFromProto), or they would NACK
 // it and keep enforcing their last one, with its live instance count at
 // least what any accepted zone reported.
@@ -191,7 +208,9 @@ func FuzzZoneLoad(f *testing.F) {
 			st.TakeUrgent()
 			*s = st
 		}
-		live := map[string]uint32{"callee/checkout": 2} // by policy: the most one accepted zone load claimed
+		// By aggregator, then policy: what its last accepted zone load
+		// claimed; a later load of the same aggregator replaces it.
+		byAgg := map[string]map[string]uint32{"agg-base": {"callee/checkout": 2}}
 		for i, data := range [][]byte{load1, load2} {
 			z := new(sluicev1.ZoneLoad)
 			if proto.Unmarshal(data, z) != nil {
@@ -205,18 +224,31 @@ func FuzzZoneLoad(f *testing.F) {
 				}
 				continue
 			}
+			for reason := range got.TakeDropped().ByReason {
+				if !slices.Contains(dropReasons, reason) {
+					t.Fatalf("zone load %d: service entry dropped for an unknown reason %q", i, reason)
+				}
+			}
 			if err := twin.Apply(z, now); err != nil {
 				t.Fatalf("zone load %d: accepted once, then refused by an identical State: %v", i, err)
 			}
 			if got.TakeUrgent() != twin.TakeUrgent() {
 				t.Fatalf("zone load %d: surge mark differs", i)
 			}
+			claimed := map[string]uint32{}
 			for _, svc := range z.GetServices() {
 				name := names.Callee(svc.GetService())
 				if svc.GetDirection() == outbound {
 					name = names.Caller(svc.GetService())
 				}
-				live[name] = max(live[name], svc.GetLiveSidecars())
+				claimed[name] = svc.GetLiveSidecars()
+			}
+			byAgg[z.GetAggregatorId()] = claimed
+		}
+		live := map[string]uint32{} // by policy: the most one held zone load claimed
+		for _, claimed := range byAgg {
+			for name, n := range claimed {
+				live[name] = max(live[name], n)
 			}
 		}
 		for tick := range 2 {

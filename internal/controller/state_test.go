@@ -319,6 +319,7 @@ func TestDeterministicAcrossReplicas(t *testing.T) {
 	}
 }
 
+// A zone load whose envelope is bad is refused whole, and changes nothing.
 func TestRejectsBadZoneLoads(t *testing.T) {
 	good := func() *sluicev1.ZoneLoad {
 		return zoneLoad("agg-a", "a", 1, map[string]float64{"checkout/web": 1})
@@ -331,17 +332,6 @@ func TestRejectsBadZoneLoads(t *testing.T) {
 		{"bad_name", func(z *sluicev1.ZoneLoad) { z.Zone = "a b" }},
 		{"bad_interval", func(z *sluicev1.ZoneLoad) { z.Interval = nil }},
 		{"bad_interval", func(z *sluicev1.ZoneLoad) { z.Interval = durationpb.New(time.Hour) }},
-		{"bad_name", func(z *sluicev1.ZoneLoad) { z.Services[0].Service = strings.Repeat("x", 300) }},
-		{"bad_name", func(z *sluicev1.ZoneLoad) { z.Services[0].Service = "_overflow" }},
-		{"bad_direction", func(z *sluicev1.ZoneLoad) { z.Services[0].Direction = 0 }},
-		{"duplicate_service", func(z *sluicev1.ZoneLoad) { z.Services = append(z.Services, z.Services[0]) }},
-		{"bad_name", func(z *sluicev1.ZoneLoad) { z.Services[0].Peers[0].Peer = "we/b" }},
-		{"duplicate_peer", func(z *sluicev1.ZoneLoad) {
-			z.Services[0].Peers = append(z.Services[0].Peers, z.Services[0].Peers[0])
-		}},
-		{"bad_rate", func(z *sluicev1.ZoneLoad) { z.Services[0].Peers[0].OfferedRps = math.NaN() }},
-		{"bad_rate", func(z *sluicev1.ZoneLoad) { z.Services[0].Peers[0].OfferedRps = math.Inf(1) }},
-		{"bad_rate", func(z *sluicev1.ZoneLoad) { z.Services[0].Peers[0].DroppedRps = -1 }},
 	} {
 		s := newState(t)
 		z := good()
@@ -355,6 +345,67 @@ func TestRejectsBadZoneLoads(t *testing.T) {
 			t.Errorf("%s: a rejected load was kept", tc.reason)
 		}
 	}
+}
+
+// A bad service entry costs that service alone: it is left out of its zone
+// load and counted by reason, and every other service of the zone is
+// applied. Before, one service's rate above the cap refused the whole zone,
+// and web, whose load came from that zone, went unlimited.
+func TestBadServiceEntryCostsOnlyItsService(t *testing.T) {
+	for _, tc := range []struct {
+		reason string
+		mutate func(bad *sluicev1.ServiceLoad, z *sluicev1.ZoneLoad)
+	}{
+		{"bad_name", func(b *sluicev1.ServiceLoad, _ *sluicev1.ZoneLoad) { b.Service = strings.Repeat("x", 300) }},
+		{"bad_name", func(b *sluicev1.ServiceLoad, _ *sluicev1.ZoneLoad) { b.Service = "_overflow" }},
+		{"bad_name", func(b *sluicev1.ServiceLoad, _ *sluicev1.ZoneLoad) { b.Peers[0].Peer = "we/b" }},
+		{"bad_direction", func(b *sluicev1.ServiceLoad, _ *sluicev1.ZoneLoad) { b.Direction = 0 }},
+		{"duplicate_peer", func(b *sluicev1.ServiceLoad, _ *sluicev1.ZoneLoad) { b.Peers = append(b.Peers, b.Peers[0]) }},
+		{"bad_rate", func(b *sluicev1.ServiceLoad, _ *sluicev1.ZoneLoad) { b.Peers[0].OfferedRps = math.NaN() }},
+		{"bad_rate", func(b *sluicev1.ServiceLoad, _ *sluicev1.ZoneLoad) { b.Peers[0].OfferedRps = math.Inf(1) }},
+		{"bad_rate", func(b *sluicev1.ServiceLoad, _ *sluicev1.ZoneLoad) { b.Peers[0].OfferedRps = 1e7 * 1001 }},
+		{"bad_rate", func(b *sluicev1.ServiceLoad, _ *sluicev1.ZoneLoad) { b.Peers[0].DroppedRps = -1 }},
+		{"dropped_above_offered", func(b *sluicev1.ServiceLoad, _ *sluicev1.ZoneLoad) {
+			b.Peers[0].DroppedRps, b.Peers[0].ShadowDroppedRps = 6, 5
+		}},
+		{"bad_live_sidecars", func(b *sluicev1.ServiceLoad, _ *sluicev1.ZoneLoad) { b.LiveSidecars = math.MaxUint32 }},
+		{"duplicate_service", func(b *sluicev1.ServiceLoad, z *sluicev1.ZoneLoad) {
+			z.Services = append(z.Services, proto.Clone(b).(*sluicev1.ServiceLoad))
+		}},
+	} {
+		s := warmState(t)
+		now := t0.Add(2 * time.Second)
+		z := zoneLoad("agg-a", "a", 1, map[string]float64{"checkout/web": 500, "orders/abuser": 10})
+		tc.mutate(z.Services[1], z)
+		if err := s.Apply(z, now); err != nil {
+			t.Fatalf("%s: the zone load was refused whole: %v", tc.reason, err)
+		}
+		d := s.TakeDropped()
+		want := 1
+		if tc.reason == "duplicate_service" {
+			want = 2 // neither copy is trusted over the other
+		}
+		if d.ByReason[tc.reason] != want || len(d.ByReason) != 1 || d.AggregatorID != "agg-a" || d.First.Reason != tc.reason {
+			t.Errorf("%s: dropped %+v (first %v), want %d %s", tc.reason, d.ByReason, d.First, want, tc.reason)
+		}
+		if again := s.TakeDropped(); again.ByReason != nil {
+			t.Errorf("%s: TakeDropped kept %v after it was taken", tc.reason, again.ByReason)
+		}
+		res := s.Tick(now, checkoutLimits())
+		if r := peerRatio(res.Changed["callee/checkout"], "web"); math.Abs(r-0.8) > 1e-9 {
+			t.Errorf("%s: checkout/web ratio %v, want 0.8: the zone's good service was not applied", tc.reason, r)
+		}
+		if tot, ok := res.Services["orders"]; ok {
+			t.Errorf("%s: the bad entry reached the sums: orders %+v", tc.reason, tot)
+		}
+	}
+}
+
+func peerRatio(p *sluicev1.DropPolicy, name string) float64 {
+	if pp := peer(p, name); pp != nil {
+		return pp.GetDropRatio()
+	}
+	return math.NaN()
 }
 
 func TestMaxAggregators(t *testing.T) {
@@ -510,7 +561,7 @@ func TestSumMergesAggregators(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	loads := s.sum()
+	loads := s.sum(limits.Empty)
 	inbound, live := loads.buckets, loads.live
 	if live["checkout"] != 5 {
 		t.Errorf("live = %d, want 5", live["checkout"])

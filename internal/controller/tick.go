@@ -39,6 +39,9 @@ type TickResult struct {
 	// Loads holds the global load of every observed bucket, sorted, for
 	// the history recorder.
 	Loads []BucketLoad
+	// RefusedClaims holds the outbound claims left out of the buckets,
+	// sorted by callee then caller (see trustClaim).
+	RefusedClaims []BucketLoad
 }
 
 // BucketLoad is one bucket's global load in one tick.
@@ -63,7 +66,8 @@ func (s *State) Tick(now time.Time, set *limits.Set) TickResult {
 	}
 	res.Warm = true
 
-	loads := s.sum()
+	loads := s.sum(set)
+	res.RefusedClaims = loads.refused
 	inbound, live := loads.buckets, loads.live
 	services := lawInput(inbound, set)
 	var dt time.Duration

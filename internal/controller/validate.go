@@ -9,11 +9,16 @@ import (
 	"github.com/sluicehq/sluice/pkg/names"
 )
 
-// Zone loads come from other processes: each is checked whole before it
-// replaces its aggregator's last one, and refused with a reason that is a
-// metric label.
+// Zone loads come from other processes. A zone load's envelope (aggregator
+// id, zone, interval) is checked whole: a load that fails it is refused, and
+// its aggregator's last one stays. Each service entry is then checked on its
+// own: a bad one is left out of the load and counted, and the zone's other
+// services are applied, so that one service's bad numbers cost that
+// service's buckets, never its neighbours' (issue 13: one service's absurd
+// sum used to refuse its whole zone and let web through at twice its limit).
 
-// RejectError says why a zone load was refused; Reason is a metric label.
+// RejectError says why a zone load, or one service entry of it, was
+// refused; Reason is a metric label.
 type RejectError struct {
 	Reason string
 	Detail string
@@ -29,7 +34,20 @@ func reject(reason, format string, args ...any) error {
 // real fleet sends, so a larger number is a bug or a lie.
 const maxRate = 1e10
 
-func validateZoneLoad(z *sluicev1.ZoneLoad) error {
+// maxLiveSidecars bounds the live sidecars one service entry may claim for
+// its zone. An aggregator holds 100,000 sidecars by default
+// (--max-sidecars), and no zone runs a million instances of one service;
+// the count divides limits under fail mode local and is summed across
+// zones, so 2^32−1 from one zone would make every local bucket 0.
+const maxLiveSidecars = 1_000_000
+
+// dropSlack is the relative rounding an entry's dropped + shadow-dropped
+// rates may exceed its offered rate by: each is a float sum over sidecars
+// of count ÷ window, so the sums can differ in their last bits.
+const dropSlack = 1e-9
+
+// validateEnvelope checks what a zone load must get right as a whole.
+func validateEnvelope(z *sluicev1.ZoneLoad) error {
 	if err := names.Check(z.GetAggregatorId()); err != nil {
 		return reject("bad_name", "aggregator_id: %v", err)
 	}
@@ -39,41 +57,80 @@ func validateZoneLoad(z *sluicev1.ZoneLoad) error {
 	if iv := z.GetInterval(); iv == nil || iv.CheckValid() != nil || iv.AsDuration() < 10*time.Millisecond || iv.AsDuration() > time.Minute {
 		return reject("bad_interval", "interval %v is outside [10ms, 1m]", iv.AsDuration())
 	}
-	type key struct {
-		service string
-		dir     sluicev1.Direction
+	return nil
+}
+
+// serviceKey names a service entry of a zone load.
+type serviceKey struct {
+	service string
+	dir     sluicev1.Direction
+}
+
+// keepValidServices removes the bad service entries from z, in place, and
+// returns why each was removed, in the order of the entries.
+//
+// An entry listed twice is removed both times: neither copy is known to be
+// the right one, and keeping the first would make the sums depend on the
+// wire order of a load that is already wrong. The service's load from this
+// zone is missing until its aggregator sends a good one, which costs that
+// service alone.
+func keepValidServices(z *sluicev1.ZoneLoad) []*RejectError {
+	count := make(map[serviceKey]int, len(z.GetServices()))
+	for _, svc := range z.GetServices() {
+		count[serviceKey{svc.GetService(), svc.GetDirection()}]++
 	}
-	seen := make(map[key]bool, len(z.GetServices()))
+	var dropped []*RejectError
+	kept := z.Services[:0]
 	for i, svc := range z.GetServices() {
-		if err := names.Check(svc.GetService()); err != nil || svc.GetService() == names.Overflow {
-			return reject("bad_name", "services[%d].service: %v", i, errOr(err, "reserved name"))
+		err := validateService(i, svc)
+		if err == nil && count[serviceKey{svc.GetService(), svc.GetDirection()}] > 1 {
+			err = &RejectError{Reason: "duplicate_service", Detail: fmt.Sprintf("services[%d]: %s %v listed twice", i, truncZone(svc.GetService()), svc.GetDirection())}
 		}
-		d := svc.GetDirection()
-		if d != sluicev1.Direction_DIRECTION_INBOUND && d != sluicev1.Direction_DIRECTION_OUTBOUND {
-			return reject("bad_direction", "services[%d].direction: %v", i, d)
+		if err != nil {
+			dropped = append(dropped, err)
+			continue
 		}
-		k := key{svc.GetService(), d}
-		if seen[k] {
-			return reject("duplicate_service", "services[%d]: %s %v listed twice", i, k.service, d)
+		kept = append(kept, svc)
+	}
+	clear(z.Services[len(kept):]) // let the removed entries go
+	z.Services = kept
+	return dropped
+}
+
+// validateService checks one service entry, the i-th of its zone load.
+func validateService(i int, svc *sluicev1.ServiceLoad) *RejectError {
+	fail := func(reason, format string, args ...any) *RejectError {
+		return &RejectError{Reason: reason, Detail: fmt.Sprintf("services[%d] (%s): ", i, truncZone(svc.GetService())) + fmt.Sprintf(format, args...)}
+	}
+	if err := names.Check(svc.GetService()); err != nil || svc.GetService() == names.Overflow {
+		return fail("bad_name", "service: %v", errOr(err, "reserved name"))
+	}
+	d := svc.GetDirection()
+	if d != sluicev1.Direction_DIRECTION_INBOUND && d != sluicev1.Direction_DIRECTION_OUTBOUND {
+		return fail("bad_direction", "direction: %v", d)
+	}
+	if n := svc.GetLiveSidecars(); n > maxLiveSidecars {
+		return fail("bad_live_sidecars", "live_sidecars: %d is above %d", n, maxLiveSidecars)
+	}
+	peers := make(map[string]bool, len(svc.GetPeers()))
+	for j, p := range svc.GetPeers() {
+		if err := names.Check(p.GetPeer()); err != nil {
+			return fail("bad_name", "peers[%d].peer: %v", j, err)
 		}
-		seen[k] = true
-		peers := make(map[string]bool, len(svc.GetPeers()))
-		for j, p := range svc.GetPeers() {
-			if err := names.Check(p.GetPeer()); err != nil {
-				return reject("bad_name", "services[%d].peers[%d].peer: %v", i, j, err)
+		if peers[p.GetPeer()] {
+			return fail("duplicate_peer", "peers[%d]: %q listed twice", j, p.GetPeer())
+		}
+		peers[p.GetPeer()] = true
+		for _, r := range []struct {
+			field string
+			v     float64
+		}{{"offered_rps", p.GetOfferedRps()}, {"dropped_rps", p.GetDroppedRps()}, {"shadow_dropped_rps", p.GetShadowDroppedRps()}} {
+			if math.IsNaN(r.v) || r.v < 0 || r.v > maxRate {
+				return fail("bad_rate", "peers[%d].%s: %v is outside [0, %g]", j, r.field, r.v, maxRate)
 			}
-			if peers[p.GetPeer()] {
-				return reject("duplicate_peer", "services[%d].peers[%d]: %q listed twice", i, j, p.GetPeer())
-			}
-			peers[p.GetPeer()] = true
-			for _, r := range []struct {
-				field string
-				v     float64
-			}{{"offered_rps", p.GetOfferedRps()}, {"dropped_rps", p.GetDroppedRps()}, {"shadow_dropped_rps", p.GetShadowDroppedRps()}} {
-				if math.IsNaN(r.v) || r.v < 0 || r.v > maxRate {
-					return reject("bad_rate", "services[%d].peers[%d].%s: %v is outside [0, %g]", i, j, r.field, r.v, maxRate)
-				}
-			}
+		}
+		if off, drop := p.GetOfferedRps(), p.GetDroppedRps()+p.GetShadowDroppedRps(); drop > off*(1+dropSlack)+dropSlack {
+			return fail("dropped_above_offered", "peers[%d]: dropped_rps + shadow_dropped_rps = %v is above offered_rps %v", j, drop, off)
 		}
 	}
 	return nil
