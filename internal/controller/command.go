@@ -175,7 +175,7 @@ func openLimits(ctx context.Context, fl *Flags, log *slog.Logger, reg *prometheu
 		ls.workers = append(ls.workers, store.Run, ls.recorder.Run)
 		ls.flush = append(ls.flush, ls.recorder.Flush)
 	case fl.LimitsFile != "":
-		f, err := limits.LoadFile(fl.LimitsFile, fl.LimitsReload, log)
+		f, err := limits.LoadFile(ctx, fl.LimitsFile, fl.LimitsReload, log)
 		if err != nil {
 			return nil, err
 		}

@@ -1,6 +1,7 @@
 package limits
 
 import (
+	"context"
 	"math"
 	"os"
 	"strings"
@@ -16,7 +17,7 @@ import (
 // that neither drifts from the loader or from the other.
 func TestExampleLimitsFile(t *testing.T) {
 	const path = "../../examples/limits.yaml"
-	f, err := LoadFile(path, time.Second, nil)
+	f, err := LoadFile(context.Background(), path, time.Second, nil)
 	if err != nil {
 		t.Fatalf("the controller would not start with --limits %s: %v", path, err)
 	}

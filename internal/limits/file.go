@@ -64,21 +64,28 @@ type fileBucket struct {
 
 // Parse reads a limits document. Unknown fields are errors, and every problem
 // is reported at once, each with its path (services.checkout.callers.web.limit).
-func Parse(r io.Reader) (*Set, error) {
-	data, err := io.ReadAll(r)
-	if err != nil {
-		return nil, fmt.Errorf("read limits: %w", err)
-	}
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
-	var doc fileDoc
-	if err := dec.Decode(&doc); err != nil && !errors.Is(err, io.EOF) {
+func Parse(r io.Reader) (*Set, error) { return ParseContext(context.Background(), r) }
+
+// ParseContext is Parse, stopped with ctx's error when ctx is done: a
+// large file must not hold up a process told to stop. Its work is linear
+// in the document's size.
+func ParseContext(ctx context.Context, r io.Reader) (*Set, error) {
+	var root yaml.Node
+	if err := yaml.NewDecoder(ctxReader{ctx, r}).Decode(&root); err != nil && !errors.Is(err, io.EOF) {
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("read limits: %w", ctx.Err())
+		}
 		return nil, fmt.Errorf("decode limits: %w", err)
 	}
 	var errs []error
-	var root yaml.Node // the same document again, unexpanded, for its keys
-	if err := yaml.NewDecoder(bytes.NewReader(data)).Decode(&root); err == nil {
-		nullKeys(&root, "", &errs)
+	nodes := nullKeys(&root, "", &errs)
+	d := newDecoder(ctx, nodes)
+	doc := d.document(&root)
+	if ctx.Err() != nil {
+		return nil, fmt.Errorf("read limits: %w", ctx.Err())
+	}
+	if len(d.errs) > 0 {
+		return nil, fmt.Errorf("decode limits: %w", errors.Join(d.errs...))
 	}
 	services := make(map[string]*Service, len(doc.Services))
 	for _, name := range slices.Sorted(maps.Keys(doc.Services)) {
@@ -96,7 +103,10 @@ func Parse(r io.Reader) (*Set, error) {
 			Enforcement:  setting(path+".enforcement", fs.Enforcement, dataplane.ParseEnforcement, dataplane.EnforceSidecar, &errs),
 			Callers:      make(map[string]Bucket, len(fs.Callers)),
 		}
-		for _, caller := range slices.Sorted(maps.Keys(fs.Callers)) {
+		for i, caller := range slices.Sorted(maps.Keys(fs.Callers)) {
+			if i%cancelEvery == 0 && ctx.Err() != nil {
+				return nil, fmt.Errorf("read limits: %w", ctx.Err())
+			}
 			fb := fs.Callers[caller]
 			cpath := path + ".callers." + caller
 			if err := names.Check(caller); err != nil {
@@ -120,19 +130,21 @@ func Parse(r io.Reader) (*Set, error) {
 }
 
 // nullKeys reports every mapping key under n that YAML reads as null (~,
-// null, Null, NULL, or no key at all). Decoding into a map[string] drops
-// such entries without a word, and "null" is a valid service name: its
-// limit would silently not exist.
-func nullKeys(n *yaml.Node, path string, errs *[]error) {
+// null, Null, NULL, or no key at all), and returns how many nodes n holds,
+// aliases unexpanded. Decoding drops such entries without a word, and
+// "null" is a valid service name: its limit would silently not exist.
+func nullKeys(n *yaml.Node, path string, errs *[]error) int {
+	nodes := 1
 	switch n.Kind {
 	case yaml.DocumentNode, yaml.SequenceNode:
 		for _, c := range n.Content {
-			nullKeys(c, path, errs)
+			nodes += nullKeys(c, path, errs)
 		}
 	case yaml.MappingNode:
 		for i := 0; i+1 < len(n.Content); i += 2 {
 			k := n.Content[i]
 			if k.ShortTag() == "!!null" {
+				nodes++
 				*errs = append(*errs, fmt.Errorf("%s: line %d: key %q reads as null in YAML; quote it if it is a name",
 					cmp.Or(path, "(top level)"), k.Line, k.Value))
 				continue
@@ -141,9 +153,10 @@ func nullKeys(n *yaml.Node, path string, errs *[]error) {
 			if path != "" {
 				p = path + "." + k.Value
 			}
-			nullKeys(n.Content[i+1], p, errs)
+			nodes += 1 + nullKeys(n.Content[i+1], p, errs)
 		}
 	}
+	return nodes
 }
 
 func errOr(err error, s string) any {
@@ -197,8 +210,9 @@ type File struct {
 }
 
 // LoadFile reads path once and returns a File that Run keeps current, polling
-// every interval. An invalid file is an error here, at start-up.
-func LoadFile(path string, interval time.Duration, logger *slog.Logger) (*File, error) {
+// every interval. An invalid file is an error here, at start-up, and so is
+// ctx ending before it is read (the process was told to stop).
+func LoadFile(ctx context.Context, path string, interval time.Duration, logger *slog.Logger) (*File, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
@@ -206,7 +220,7 @@ func LoadFile(path string, interval time.Duration, logger *slog.Logger) (*File, 
 	if err != nil {
 		return nil, fmt.Errorf("read limits: %w", err)
 	}
-	set, err := Parse(bytes.NewReader(data))
+	set, err := ParseContext(ctx, bytes.NewReader(data))
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
@@ -232,12 +246,12 @@ func (f *File) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
-			f.reload()
+			f.reload(ctx)
 		}
 	}
 }
 
-func (f *File) reload() {
+func (f *File) reload(ctx context.Context) {
 	data, err := os.ReadFile(f.path)
 	if err == nil && bytes.Equal(data, f.last) {
 		return
@@ -251,7 +265,10 @@ func (f *File) reload() {
 	}
 	var set *Set
 	if err == nil {
-		set, err = Parse(bytes.NewReader(data))
+		set, err = ParseContext(ctx, bytes.NewReader(data))
+	}
+	if ctx.Err() != nil {
+		return // stopping: the contents were not judged, so they are not remembered
 	}
 	if data != nil {
 		// Remember bad contents too, so that one bad edit is reported once,

@@ -105,7 +105,7 @@ func TestFileReloads(t *testing.T) {
 	if err := os.WriteFile(path, []byte(good), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	f, err := LoadFile(path, 10*time.Millisecond, nil)
+	f, err := LoadFile(context.Background(), path, 10*time.Millisecond, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -167,19 +167,19 @@ func writeAtomically(t *testing.T, path, contents string) {
 func TestEmptyReloadKeepsLimits(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "limits.yaml")
 	os.WriteFile(path, []byte(good), 0o644)
-	f, err := LoadFile(path, time.Hour, nil)
+	f, err := LoadFile(context.Background(), path, time.Hour, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var reloads int
 	f.OnReload = func(error) { reloads++ }
 	os.WriteFile(path, nil, 0o644) // a writer's truncate, before its write
-	f.reload()
+	f.reload(context.Background())
 	if f.Limits().Service("checkout") == nil || reloads != 0 {
 		t.Errorf("an empty read replaced the limits (reloads %d)", reloads)
 	}
 	os.WriteFile(path, []byte("services: {}\n"), 0o644)
-	f.reload()
+	f.reload(context.Background())
 	if f.Limits().Len() != 0 || reloads != 1 {
 		t.Errorf("services: {} did not remove every limit: %d left", f.Limits().Len())
 	}
@@ -188,11 +188,11 @@ func TestEmptyReloadKeepsLimits(t *testing.T) {
 func TestLoadFileFailsAtStartup(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "limits.yaml")
 	os.WriteFile(path, []byte("services:\n  x:\n    callers:\n      web: {limit: -3}\n"), 0o644)
-	_, err := LoadFile(path, 0, nil)
+	_, err := LoadFile(context.Background(), path, 0, nil)
 	if err == nil || !strings.Contains(err.Error(), "services.x.callers.web.limit") || !strings.Contains(err.Error(), path) {
 		t.Errorf("LoadFile = %v, want an error naming the file and the field", err)
 	}
-	if _, err := LoadFile(filepath.Join(t.TempDir(), "missing.yaml"), 0, nil); err == nil {
+	if _, err := LoadFile(context.Background(), filepath.Join(t.TempDir(), "missing.yaml"), 0, nil); err == nil {
 		t.Error("a missing file loaded")
 	}
 }
