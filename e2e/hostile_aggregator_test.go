@@ -315,7 +315,7 @@ func TestHostileOversizedZoneLoad(t *testing.T) {
 	if _, ok := metric(t, z.ctl.admin, "sluice_controller_offered_rps", `service="checkout"`); !ok {
 		t.Error("the controller does not see checkout's load")
 	}
-	requireRSS(t, z.agg, 200<<20)
+	requireRSS(t, z.agg, 100<<20)
 }
 
 // TestHostileIDSquatting: an attacker claims the sidecar ids of checkout's
