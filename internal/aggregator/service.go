@@ -382,7 +382,7 @@ func (s *Service) apply(st *stream, r *sluicev1.LoadReport) error {
 	var rej *RejectError
 	if errors.As(err, &rej) && operatorReasons[rej.Reason] && s.reportLog.Allow(rej.Reason, time.Now()) {
 		s.log.Warn("load report rejected", "reason", rej.Reason, "detail", uplink.Truncate(rej.Detail),
-			"sender", uplink.Truncate(st.sender), "peer", uplink.Truncate(st.peer.URI))
+			"service", uplink.Truncate(r.GetService()), "sidecar_id", uplink.Truncate(r.GetSidecarId()), "peer", uplink.Truncate(st.peer.URI))
 	}
 	return err
 }
