@@ -40,6 +40,7 @@ import (
 	"github.com/sluicehq/sluice/internal/loadgen"
 	"github.com/sluicehq/sluice/internal/testbed"
 	"github.com/sluicehq/sluice/internal/testkit"
+	"github.com/sluicehq/sluice/internal/zoneload"
 	"github.com/sluicehq/sluice/pkg/names"
 	"github.com/sluicehq/sluice/sidecar"
 )
@@ -533,9 +534,9 @@ func checkHeadersRefused(t *testing.T, addr string, s *sidecar.ServiceLimiter) {
 
 // gRPC message size limits of the real binaries, as their commands set them
 // (internal/aggregator/command.go, internal/controller/command.go).
-const (
-	aggregatorMaxRecv = 16 << 20
-	controllerMaxRecv = 64 << 20
+var (
+	aggregatorMaxRecv = aggregator.DefaultBounds().MaxReportSize()
+	controllerMaxRecv = zoneload.MaxMessageSize
 )
 
 // sized returns the message that build makes with a name of n bytes, for

@@ -42,7 +42,7 @@ flags win over the environment, the environment over the file.`,
 			if err != nil {
 				return err
 			}
-			serverOpts := []grpc.ServerOption{grpc.MaxRecvMsgSize(16 << 20)}
+			serverOpts := []grpc.ServerOption{grpc.MaxRecvMsgSize(cfg.Bounds.MaxReportSize())}
 			tlsSrc, err := tlsFlags.Setup(log, reg)
 			if err != nil {
 				return err
@@ -94,6 +94,11 @@ flags win over the environment, the environment over the file.`,
 	f.IntVar(&cfg.Bounds.MaxPeersPerReport, "max-peers-per-report", cfg.Bounds.MaxPeersPerReport, "reports naming more callers are rejected")
 	f.Float64Var(&cfg.Bounds.MaxRate, "max-rate", cfg.Bounds.MaxRate, "reports claiming a higher rate (rps) for one caller are rejected")
 	f.IntVar(&cfg.Bounds.MaxSidecars, "max-sidecars", cfg.Bounds.MaxSidecars, "most sidecars held; reports from more are rejected")
+	duration.Var(f, &cfg.Bounds.MaxInterval, "max-report-interval", cfg.Bounds.MaxInterval, "reports announcing a longer interval are rejected; one report keeps a sidecar in the sums for at most --stale-after times this")
+	f.IntVar(&cfg.Bounds.MaxSidecarsPerIdentity, "max-sidecars-per-identity", cfg.Bounds.MaxSidecarsPerIdentity, "most sidecar ids one identity (service) holds; reports for more are rejected")
+	f.IntVar(&cfg.Bounds.MaxPeersPerIdentity, "max-peers-per-identity", cfg.Bounds.MaxPeersPerIdentity, "most distinct callers across one identity's sidecars; reports adding more are rejected")
+	f.IntVar(&cfg.Bounds.MaxEntriesPerIdentity, "max-entries-per-identity", cfg.Bounds.MaxEntriesPerIdentity, "most (sidecar, caller) rates kept for one identity, about 40 bytes each; reports adding more are rejected")
+	f.IntVar(&cfg.MaxZoneLoadSize, "max-zone-load-size", cfg.MaxZoneLoadSize, "largest zone load sent, in bytes: the controller's receive limit; the services with the most callers are left out until it fits")
 	tlsFlags.AddFlags(f)
 	logging.AddFlags(f)
 	return cmd

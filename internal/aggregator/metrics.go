@@ -20,6 +20,8 @@ type metrics struct {
 	flushes            prometheus.Counter
 	flushBuckets       prometheus.Gauge
 	controllerRejected prometheus.Counter
+	sumsCapped         prometheus.Counter
+	shedServices       prometheus.Counter
 }
 
 func (m *metrics) rejected(reason string) prometheus.Counter {
@@ -61,6 +63,14 @@ func newMetrics[Req, Resp any](reg prometheus.Registerer, logger *slog.Logger, u
 		controllerRejected: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "controller_rejected_total",
 			Help: "Zone loads the controller answered with accepted=false.",
+		}),
+		sumsCapped: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "sums_capped_total",
+			Help: "Per-(service, caller) sums above the most the controller accepts (1e10 rps), capped at it.",
+		}),
+		shedServices: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "zone_load_shed_services_total",
+			Help: "Services left out of a zone load, the largest first, to fit the controller's receive limit; once per service per flush.",
 		}),
 	}
 	for _, r := range slices.Concat(Reasons, []string{ReasonSidecarIDChanged, ReasonTooLarge, ReasonIdentityMismatch}) {
@@ -106,6 +116,7 @@ func newMetrics[Req, Resp any](reg prometheus.Registerer, logger *slog.Logger, u
 	}, stat(func(s uplink.Stats) uint64 { return s.Failovers }))
 	for _, c := range []prometheus.Collector{
 		m.reports, rejected, m.sidecars, m.streams, m.flushes, m.flushBuckets, m.controllerRejected,
+		m.sumsCapped, m.shedServices,
 		connected, superseded, sent, failovers,
 	} {
 		// Registering is best effort, as in the other services: a second

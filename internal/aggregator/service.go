@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"os"
 	"strconv"
 	"sync"
@@ -21,6 +22,7 @@ import (
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/identity"
 	"github.com/sluicehq/sluice/internal/ticker"
+	"github.com/sluicehq/sluice/internal/zoneload"
 	"github.com/sluicehq/sluice/pkg/names"
 	"github.com/sluicehq/sluice/pkg/uplink"
 )
@@ -52,6 +54,11 @@ type Config struct {
 	ControllerFanout bool
 	// Bounds bound what a report may claim; zero fields take defaults.
 	Bounds Bounds
+	// MaxZoneLoadSize bounds a zone load sent to the controller, in bytes:
+	// the controller's receive limit, which refuses a larger one whole.
+	// A zone load over it goes without its largest services (FitZoneLoad).
+	// Default zoneload.MaxMessageSize, the controller's.
+	MaxZoneLoadSize int
 	// DialOptions for the controller connection; default plaintext.
 	DialOptions []grpc.DialOption
 	// RequirePeerIdentity, set under mutual TLS, accepts a report only from
@@ -69,6 +76,8 @@ func DefaultConfig() Config {
 		FlushInterval: time.Second,
 		StaleAfter:    3,
 		Bounds:        DefaultBounds(),
+
+		MaxZoneLoadSize: zoneload.MaxMessageSize,
 	}
 }
 
@@ -91,6 +100,9 @@ func (c Config) withDefaults() Config {
 	if c.StaleAfter == 0 {
 		c.StaleAfter = d.StaleAfter
 	}
+	if c.MaxZoneLoadSize == 0 {
+		c.MaxZoneLoadSize = d.MaxZoneLoadSize
+	}
 	c.Bounds = c.Bounds.withDefaults()
 	return c
 }
@@ -100,6 +112,8 @@ const (
 	minFlushInterval = 10 * time.Millisecond
 	maxFlushInterval = time.Minute
 	maxStaleAfter    = 100
+	// minZoneLoadSize leaves room for a zone load's header and a service.
+	minZoneLoadSize = 64 << 10
 )
 
 // Validate reports every problem with c at once, naming the field by its
@@ -128,6 +142,9 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("controllers[%d]: empty address", i))
 		}
 	}
+	if c.MaxZoneLoadSize != 0 && (c.MaxZoneLoadSize < minZoneLoadSize || c.MaxZoneLoadSize > math.MaxInt32) {
+		errs = append(errs, fmt.Errorf("max-zone-load-size: must be in [%d, %d] (0 for the default), got %d", minZoneLoadSize, math.MaxInt32, c.MaxZoneLoadSize))
+	}
 	if err := c.Bounds.Validate(); err != nil {
 		errs = append(errs, err)
 	}
@@ -146,7 +163,7 @@ const ReasonSidecarIDChanged = "sidecar_id_changed"
 const ReasonTooLarge = "too_large"
 
 // ReasonIdentityMismatch rejects, under mutual TLS, a report whose service
-// is not its sender's identity, or whose sidecar id another identity holds.
+// is not its sender's identity.
 // The Service's rule, like ReasonSidecarIDChanged.
 const ReasonIdentityMismatch = "identity_mismatch"
 
@@ -164,23 +181,25 @@ type Service struct {
 	ups []*uplink.Uplink[zoneReq, zoneResp] // one per controller replica with fan-out, else one
 	m   metrics
 
-	// mu protects state and owners. Every report takes it once, briefly.
+	// mu protects state. Every report takes it once, briefly.
 	mu    sync.Mutex
 	state *State
-	// owners maps a sidecar id to the stream that last had a report of it
-	// accepted. A stream that ends removes its sidecar only if it still
-	// owns it: a sidecar that reconnected on a new stream before the old
-	// one was noticed dead must stay.
-	owners map[string]*stream
 
 	flushes   *ticker.Ticker // the flush loop; poked on a surge
 	draining  atomic.Bool
 	rejectLog uplink.RejectLog // rejections of flushes by the controller
+	reportLog uplink.RejectLog // rejections of reports that an operator should hear of
+	holders   atomic.Uint64    // the last stream's Sender.Holder
 }
 
 // stream is the identity of one StreamLoadReports call.
 type stream struct {
-	id string
+	// holder numbers the stream: State lets only the holder of a live
+	// sidecar report for it.
+	holder uint64
+	// sender and id are the sidecar of the first report accepted on the
+	// stream, which every later report must be; id is empty before.
+	sender, id string
 	// peer is the sender's verified identity, with RequirePeerIdentity;
 	// peerErr says why there is none.
 	peer    identity.ID
@@ -202,7 +221,6 @@ func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Service, 
 		log:     logger,
 		flushes: ticker.New(cfg.FlushInterval, ticker.MinGap(cfg.FlushInterval)),
 		state:   NewState(cfg.Zone, cfg.ID, cfg.StaleAfter, cfg.Bounds),
-		owners:  make(map[string]*stream),
 	}
 	targets := [][]string{cfg.Controllers}
 	if cfg.ControllerFanout {
@@ -295,10 +313,12 @@ func (s *Service) FlushNow() *sluicev1.ZoneLoad {
 	zl := s.state.Flush(time.Now(), s.cfg.FlushInterval)
 	n := s.state.Sidecars()
 	stale := s.state.TakeStale()
+	capped := s.state.Capped()
 	s.mu.Unlock()
 	for _, id := range stale {
 		s.log.Warn("sidecar went silent; its load left the zone's sums", "sidecar_id", id)
 	}
+	s.fit(zl, capped)
 
 	buckets := 0
 	for _, sl := range zl.GetServices() {
@@ -313,6 +333,29 @@ func (s *Service) FlushNow() *sluicev1.ZoneLoad {
 		up.Offer(&zoneReq{Load: zl})
 	}
 	return zl
+}
+
+// fit counts the sums the state capped and makes zl fit the controller's
+// receive limit, counting and logging (at most once a minute) the services
+// it leaves out: better the rest of the zone than none of it.
+func (s *Service) fit(zl *sluicev1.ZoneLoad, capped int) {
+	s.m.sumsCapped.Add(float64(capped))
+	if capped > 0 && s.reportLog.Allow("sums_capped", time.Now()) {
+		s.log.Warn("zone sums above what the controller accepts were capped", "sums", capped, "max_rps", zoneload.MaxRate)
+	}
+	shed := FitZoneLoad(zl, s.cfg.MaxZoneLoadSize)
+	if len(shed) == 0 {
+		return
+	}
+	s.m.shedServices.Add(float64(len(shed)))
+	if s.reportLog.Allow("zone_load_shed", time.Now()) {
+		var list []string
+		for _, sl := range shed[:min(len(shed), 10)] {
+			list = append(list, fmt.Sprintf("%s/%v (%d peers)", uplink.Truncate(sl.GetService()), sl.GetDirection(), len(sl.GetPeers())))
+		}
+		s.log.Warn("zone load over the controller's receive limit; its largest services left out",
+			"shed", len(shed), "largest", list, "max_bytes", s.cfg.MaxZoneLoadSize)
+	}
 }
 
 // Sidecars returns how many sidecars the aggregator keeps.
@@ -335,21 +378,46 @@ func (s *Service) onControllerResponse(r *zoneResp) {
 // apply takes one report of stream st under the lock and says why it was
 // rejected, if it was.
 func (s *Service) apply(st *stream, r *sluicev1.LoadReport) error {
+	err := s.applyLocked(st, r)
+	var rej *RejectError
+	if errors.As(err, &rej) && operatorReasons[rej.Reason] && s.reportLog.Allow(rej.Reason, time.Now()) {
+		s.log.Warn("load report rejected", "reason", rej.Reason, "detail", uplink.Truncate(rej.Detail),
+			"service", uplink.Truncate(r.GetService()), "sidecar_id", uplink.Truncate(r.GetSidecarId()), "peer", uplink.Truncate(st.peer.URI))
+	}
+	return err
+}
+
+// operatorReasons are the rejections logged (at most once a minute each):
+// a sidecar id held twice or an identity over its quotas is a hostile or
+// misconfigured workload, not a passing glitch.
+var operatorReasons = map[string]bool{
+	ReasonIDInUse: true, ReasonQuotaSidecars: true, ReasonQuotaPeers: true, ReasonQuotaEntries: true,
+	ReasonIdentityMismatch: true, ReasonTooManySidecars: true,
+}
+
+func (s *Service) applyLocked(st *stream, r *sluicev1.LoadReport) error {
 	s.mu.Lock()
 	defer func() {
 		n := s.state.Sidecars()
 		s.mu.Unlock()
 		s.m.sidecars.Set(float64(n))
 	}()
-	if st.id != "" && r.GetSidecarId() != st.id {
-		return reject(ReasonSidecarIDChanged, "stream of sidecar %q reported for %q", uplink.Truncate(st.id), uplink.Truncate(r.GetSidecarId()))
-	}
+	// The identity: the verified one under mutual TLS, else the report's
+	// service, which anyone can claim. Plaintext thus keys a sidecar by
+	// (service, id) and keeps a live stream's id from being taken over,
+	// but can not stop a client from claiming an id first.
+	sender := r.GetService()
 	if s.cfg.RequirePeerIdentity {
 		if err := s.authorize(st, r); err != nil {
 			return err
 		}
+		sender = st.peer.Service
 	}
-	if err := s.state.Apply(r, time.Now()); err != nil {
+	if st.id != "" && (r.GetSidecarId() != st.id || sender != st.sender) {
+		return reject(ReasonSidecarIDChanged, "stream of sidecar %q of %q reported for %q of %q",
+			uplink.Truncate(st.id), uplink.Truncate(st.sender), uplink.Truncate(r.GetSidecarId()), uplink.Truncate(sender))
+	}
+	if err := s.state.ApplyFrom(Sender{Identity: sender, Holder: st.holder}, r, time.Now()); err != nil {
 		return err
 	}
 	if s.state.TakeUrgent() {
@@ -357,14 +425,14 @@ func (s *Service) apply(st *stream, r *sluicev1.LoadReport) error {
 		// flush (at most every ticker.MinGap).
 		s.flushes.Poke()
 	}
-	st.id = r.GetSidecarId()
-	s.owners[st.id] = st
+	st.sender, st.id = sender, r.GetSidecarId()
 	return nil
 }
 
 // authorize checks a report against its sender's identity; s.mu is held.
 // The message's own claims (service, sidecar id) are trusted only as far as
 // the certificate backs them; its zone never is (the aggregator's wins).
+// Sidecar ids are the identity's own (State keys sidecars by both).
 func (s *Service) authorize(st *stream, r *sluicev1.LoadReport) error {
 	switch {
 	case st.peerErr != nil:
@@ -374,14 +442,11 @@ func (s *Service) authorize(st *stream, r *sluicev1.LoadReport) error {
 	case r.GetService() != st.peer.Service:
 		return reject(ReasonIdentityMismatch, "peer %s is service %q, the report is for %q", uplink.Truncate(st.peer.URI), st.peer.Service, uplink.Truncate(r.GetService()))
 	}
-	if o, ok := s.owners[r.GetSidecarId()]; ok && o != st && o.peer.Service != st.peer.Service {
-		return reject(ReasonIdentityMismatch, "sidecar id %q is held by service %q", uplink.Truncate(r.GetSidecarId()), o.peer.Service)
-	}
 	return nil
 }
 
 // end forgets the sidecar of a stream that ended, unless another stream
-// took it over.
+// took it over after it went stale.
 func (s *Service) end(st *stream) {
 	s.mu.Lock()
 	defer func() {
@@ -389,9 +454,8 @@ func (s *Service) end(st *stream) {
 		s.mu.Unlock()
 		s.m.sidecars.Set(float64(n))
 	}()
-	if st.id != "" && s.owners[st.id] == st {
-		delete(s.owners, st.id)
-		s.state.Remove(st.id)
+	if st.id != "" {
+		s.state.Remove(st.sender, st.id, st.holder)
 	}
 }
 
@@ -407,7 +471,7 @@ func (l loadServer) StreamLoadReports(g grpc.BidiStreamingServer[sluicev1.Stream
 	s := l.s
 	s.m.streams.Inc()
 	defer s.m.streams.Dec()
-	st := new(stream)
+	st := &stream{holder: s.holders.Add(1)}
 	if s.cfg.RequirePeerIdentity {
 		st.peer, st.peerErr = identity.Peer(g.Context())
 	}

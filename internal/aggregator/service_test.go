@@ -302,26 +302,38 @@ func TestServiceRejects(t *testing.T) {
 	}
 }
 
-func TestServiceReconnectedSidecarSurvivesOldStream(t *testing.T) {
+// TestServiceLiveStreamKeepsItsID: a second stream can not take over the
+// sidecar id of a live one (State lets it once the sidecar went stale);
+// once the first stream ends, it can.
+func TestServiceLiveStreamKeepsItsID(t *testing.T) {
 	h := startService(t, Config{Controllers: []string{"127.0.0.1:1"}})
 	old := dialSidecar(t, h.addr)
 	old.mustAccept(t, report("s1", "svc", in, time.Second, pc("a", 1, 0, 0)))
 
-	// s1 reconnects on a new stream before the old one is noticed dead.
+	// Another stream claims s1 (in plaintext anyone can) with zeros.
 	fresh := dialSidecar(t, h.addr)
-	fresh.mustAccept(t, report("s1", "svc", in, time.Second, pc("a", 2, 0, 0)))
-	old.cancel()
-	testkit.WaitFor(t, 20*time.Second, "old stream ended", func() bool { return metric(t, h.reg, "sluice_aggregator_streams") == 1 })
-	if n := h.svc.Sidecars(); n != 1 {
-		t.Fatalf("Sidecars = %d after the old stream ended, want 1 (owned by the new stream)", n)
+	resp := fresh.report(t, report("s1", "svc", in, time.Second, pc("a", 0, 0, 0)))
+	if resp.Accepted || !strings.HasPrefix(resp.RejectReason, ReasonIDInUse+": ") {
+		t.Fatalf("response = %v, want rejected for %s", resp, ReasonIDInUse)
 	}
-	want := []*sluicev1.ServiceLoad{serviceLoad("svc", in, 1, rate("a", 2, 0, 0))}
+	if v := metric(t, h.reg, "sluice_aggregator_reports_rejected_total", "reason", ReasonIDInUse); v != 1 {
+		t.Errorf("reports_rejected_total{reason=id_in_use} = %v, want 1", v)
+	}
+	want := []*sluicev1.ServiceLoad{serviceLoad("svc", in, 1, rate("a", 1, 0, 0))}
 	if got := h.svc.FlushNow(); !proto.Equal(&sluicev1.ZoneLoad{Services: got.Services}, &sluicev1.ZoneLoad{Services: want}) {
 		t.Errorf("FlushNow = %v, want services %v", got, want)
 	}
-
+	// The rejected stream's end takes nothing with it.
 	fresh.cancel()
+	testkit.WaitFor(t, 20*time.Second, "fresh stream ended", func() bool { return metric(t, h.reg, "sluice_aggregator_streams") == 1 })
+	if n := h.svc.Sidecars(); n != 1 {
+		t.Fatalf("Sidecars = %d after the rejected stream ended, want 1", n)
+	}
+
+	old.cancel()
 	testkit.WaitFor(t, 20*time.Second, "s1 removed", func() bool { return h.svc.Sidecars() == 0 })
+	again := dialSidecar(t, h.addr)
+	again.mustAccept(t, report("s1", "svc", in, time.Second, pc("a", 2, 0, 0)))
 }
 
 func TestServiceControllerFailover(t *testing.T) {

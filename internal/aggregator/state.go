@@ -13,7 +13,9 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/zoneload"
 	"github.com/sluicehq/sluice/pkg/names"
+	"github.com/sluicehq/sluice/pkg/uplink"
 )
 
 // Bounds bound what one report may claim, so that a broken or hostile
@@ -31,6 +33,30 @@ type Bounds struct {
 	MinWindow, MaxWindow time.Duration
 	// MaxSidecars bounds the sidecars the aggregator keeps. Default 100000.
 	MaxSidecars int
+	// MaxInterval bounds the report interval a sidecar announces: a
+	// report announcing a longer one is rejected, and a sidecar is
+	// dropped from the sums after staleAfter of its intervals (or
+	// windows) without a report, each counted as at most MaxInterval.
+	// So one report keeps a sidecar in the sums for at most staleAfter ×
+	// MaxInterval. Default 10s.
+	MaxInterval time.Duration
+
+	// Quotas of one identity: the service a sender speaks for (see
+	// Sender). What one identity claims beyond them is rejected, and
+	// costs that identity's reports alone.
+
+	// MaxSidecarsPerIdentity bounds the sidecar ids one identity holds.
+	// Default 2000: more replicas of one service in one zone than we know
+	// of.
+	MaxSidecarsPerIdentity int
+	// MaxPeersPerIdentity bounds the distinct peers (callers, or callees
+	// for outbound reports) across one identity's sidecars, which bounds
+	// its part of the zone load. Default 10000, a report's default bound:
+	// a service's sidecars see the same callers.
+	MaxPeersPerIdentity int
+	// MaxEntriesPerIdentity bounds the (sidecar, peer) rates kept for
+	// one identity, about 40 bytes each: its memory. Default 1000000.
+	MaxEntriesPerIdentity int
 }
 
 // DefaultBounds returns the bounds that zero fields take.
@@ -41,6 +67,11 @@ func DefaultBounds() Bounds {
 		MinWindow:         10 * time.Millisecond,
 		MaxWindow:         60 * time.Second,
 		MaxSidecars:       100000,
+		MaxInterval:       10 * time.Second,
+
+		MaxSidecarsPerIdentity: 2000,
+		MaxPeersPerIdentity:    10000,
+		MaxEntriesPerIdentity:  1000000,
 	}
 }
 
@@ -60,6 +91,18 @@ func (b Bounds) withDefaults() Bounds {
 	}
 	if b.MaxSidecars == 0 {
 		b.MaxSidecars = d.MaxSidecars
+	}
+	if b.MaxInterval == 0 {
+		b.MaxInterval = d.MaxInterval
+	}
+	if b.MaxSidecarsPerIdentity == 0 {
+		b.MaxSidecarsPerIdentity = d.MaxSidecarsPerIdentity
+	}
+	if b.MaxPeersPerIdentity == 0 {
+		b.MaxPeersPerIdentity = d.MaxPeersPerIdentity
+	}
+	if b.MaxEntriesPerIdentity == 0 {
+		b.MaxEntriesPerIdentity = d.MaxEntriesPerIdentity
 	}
 	return b
 }
@@ -83,8 +126,26 @@ func (b Bounds) Validate() error {
 	if d := b.withDefaults(); b.MinWindow >= 0 && b.MaxWindow >= 0 && d.MinWindow > d.MaxWindow {
 		errs = append(errs, fmt.Errorf("Bounds.MinWindow: %v is above Bounds.MaxWindow %v", d.MinWindow, d.MaxWindow))
 	}
-	if b.MaxSidecars < 0 {
-		errs = append(errs, fmt.Errorf("max-sidecars: must be >= 0 (0 for the default), got %d", b.MaxSidecars))
+	if b.MaxSidecars < 0 || b.MaxSidecars > zoneload.MaxLiveSidecars {
+		errs = append(errs, fmt.Errorf("max-sidecars: must be in [0, %d] (0 for the default), got %d", zoneload.MaxLiveSidecars, b.MaxSidecars))
+	}
+	if b.MaxInterval < 0 {
+		errs = append(errs, fmt.Errorf("max-report-interval: must be >= 0 (0 for the default), got %v", b.MaxInterval))
+	}
+	if d := b.withDefaults(); b.MinWindow >= 0 && b.MaxInterval >= 0 && d.MinWindow > d.MaxInterval {
+		errs = append(errs, fmt.Errorf("max-report-interval: %v is below Bounds.MinWindow %v", d.MaxInterval, d.MinWindow))
+	}
+	for _, q := range []struct {
+		flag string
+		v    int
+	}{
+		{"max-sidecars-per-identity", b.MaxSidecarsPerIdentity},
+		{"max-peers-per-identity", b.MaxPeersPerIdentity},
+		{"max-entries-per-identity", b.MaxEntriesPerIdentity},
+	} {
+		if q.v < 0 {
+			errs = append(errs, fmt.Errorf("%s: must be >= 0 (0 for the default), got %d", q.flag, q.v))
+		}
 	}
 	return errors.Join(errs...)
 }
@@ -102,12 +163,18 @@ const (
 	ReasonBadCounts       = "bad_counts"        // dropped + shadow_dropped above offered
 	ReasonAbsurdRate      = "absurd_rate"       // a peer's offered rate above MaxRate
 	ReasonTooManySidecars = "too_many_sidecars" // a new sidecar while MaxSidecars are kept
+	ReasonBadInterval     = "bad_interval"      // an interval above MaxInterval
+	ReasonIDInUse         = "id_in_use"         // the sidecar id is held by another live stream of the identity
+	ReasonQuotaSidecars   = "quota_sidecars"    // a new sidecar while its identity holds MaxSidecarsPerIdentity
+	ReasonQuotaPeers      = "quota_peers"       // its identity's distinct peers would exceed MaxPeersPerIdentity
+	ReasonQuotaEntries    = "quota_entries"     // its identity's rates kept would exceed MaxEntriesPerIdentity
 )
 
 // Reasons lists every reject reason, for metrics resolved up front.
 var Reasons = []string{
 	ReasonEmptyReport, ReasonBadSidecarID, ReasonBadName, ReasonBadDirection, ReasonBadWindow,
 	ReasonTooManyPeers, ReasonDuplicatePeer, ReasonBadCounts, ReasonAbsurdRate, ReasonTooManySidecars,
+	ReasonBadInterval, ReasonIDInUse, ReasonQuotaSidecars, ReasonQuotaPeers, ReasonQuotaEntries,
 }
 
 // RejectError says why Apply rejected a whole report.
@@ -122,6 +189,19 @@ func reject(reason, format string, args ...any) *RejectError {
 	return &RejectError{Reason: reason, Detail: fmt.Sprintf(format, args...)}
 }
 
+// Sender is who sent a report, as far as the aggregator can tell.
+type Sender struct {
+	// Identity is the service the sender may speak for: the service of its
+	// verified certificate under mutual TLS; in plaintext the report's own
+	// service, a stand-in anyone can claim. Sidecar ids and quotas are per
+	// identity: an identity can neither take nor exhaust another's.
+	Identity string
+	// Holder is the stream that holds the sender's sidecar id; while that
+	// sidecar is live, a report from another holder is rejected. The zero
+	// value is one holder like any other (the simulator's).
+	Holder uint64
+}
+
 // State is the pure state of a zone aggregator: the latest rates of every
 // live sidecar, and their sums. Time arrives as an argument; it starts no
 // goroutines and does no I/O, so the simulator can drive it directly.
@@ -132,21 +212,33 @@ type State struct {
 	staleAfter int
 	bounds     Bounds
 
-	sidecars map[string]*sidecarLoad // by sidecar id
-	// order is the ids of sidecars, sorted, or nil after a sidecar came or
+	sidecars   map[sidecarKey]*sidecarLoad
+	identities map[string]*identityLoad // of the sidecars above
+	// order is the keys of sidecars, sorted, or nil after a sidecar came or
 	// went. Flush adds up floating-point rates in this order, so that the
 	// same sidecars give bit-identical sums whatever order they came in.
-	order []string
+	order []sidecarKey
 	// stale collects sidecars dropped for silence until TakeStale.
 	stale []string
+	// capped counts the sums the last Flush capped at zoneload.MaxRate.
+	capped int
 	// urgent is set by Apply when a report shows a surge; see TakeUrgent.
 	// urgentFlush marks the next Flush's zone load urgent, so that the
 	// controller acts on it at once too.
 	urgent, urgentFlush bool
 }
 
+// sidecarKey identifies a sidecar: its id is the identity's to choose, so
+// that ids of different identities never collide.
+type sidecarKey struct{ identity, id string }
+
+func compareKeys(a, b sidecarKey) int {
+	return cmp.Or(strings.Compare(a.identity, b.identity), strings.Compare(a.id, b.id))
+}
+
 // sidecarLoad is the latest accepted report of one sidecar, as rates.
 type sidecarLoad struct {
+	holder    uint64
 	service   string
 	direction sluicev1.Direction
 	interval  time.Duration // the sidecar's report interval (else its window), for staleness
@@ -155,8 +247,22 @@ type sidecarLoad struct {
 }
 
 type peerRate struct {
-	peer                     string
+	peer                     string  // interned in its identity's peers
 	offered, dropped, shadow float64 // requests per second
+}
+
+// identityLoad is what the quotas count of one identity's sidecars.
+type identityLoad struct {
+	sidecars int
+	entries  int // len(peers) summed over its sidecars
+	// peers are its distinct peers: the one copy of each name that its
+	// peerRates refer to, and how many of its sidecars list it.
+	peers map[string]*peerRef
+}
+
+type peerRef struct {
+	name string
+	n    int
 }
 
 // bucketKey identifies one ServiceLoad of a ZoneLoad.
@@ -177,19 +283,75 @@ func NewState(zone, id string, staleAfter int, bounds Bounds) *State {
 		id:         id,
 		staleAfter: staleAfter,
 		bounds:     bounds.withDefaults(),
-		sidecars:   make(map[string]*sidecarLoad),
+		sidecars:   make(map[sidecarKey]*sidecarLoad),
+		identities: make(map[string]*identityLoad),
 	}
 }
 
-// Apply checks r and makes its rates the sidecar's latest, replacing, never
-// adding to, whatever the sidecar reported before: a duplicated or late
-// report can not count twice. now is the arrival time; staleness is
-// measured from it, not from the sidecar's clock. A rejected report (a
-// *RejectError) changes nothing.
-//
-// The report's zone is ignored: the aggregator accounts every sidecar to its
-// own zone. Apply keeps no reference to r.
+// Apply is ApplyFrom for a sender whose identity is the report's service,
+// on the zero holder: what plaintext can tell, for the simulator.
 func (s *State) Apply(r *sluicev1.LoadReport, now time.Time) error {
+	return s.ApplyFrom(Sender{Identity: r.GetService()}, r, now)
+}
+
+// ApplyFrom checks r, sent by from, and makes its rates the sidecar's
+// latest, replacing, never adding to, whatever the sidecar reported before:
+// a duplicated or late report can not count twice. now is the arrival time;
+// staleness is measured from it, not from the sidecar's clock. A rejected
+// report (a *RejectError) changes nothing.
+//
+// The sidecar is (from.Identity, its id). While it is live, only its holder
+// may report for it (ReasonIDInUse); once it went stale, the next holder
+// takes it. The report's zone is ignored: the aggregator accounts every
+// sidecar to its own zone. ApplyFrom keeps no reference to r.
+func (s *State) ApplyFrom(from Sender, r *sluicev1.LoadReport, now time.Time) error {
+	if err := s.checkHeader(r); err != nil {
+		return err
+	}
+	k := sidecarKey{from.Identity, r.GetSidecarId()}
+	old := s.sidecars[k]
+	if old != nil && old.holder != from.Holder && !s.isStale(old, now) {
+		return reject(ReasonIDInUse, "sidecar id %q of %q is held by another live stream", uplink.Truncate(k.id), uplink.Truncate(k.identity))
+	}
+	il := s.identities[k.identity]
+	if old == nil {
+		if len(s.sidecars) >= s.bounds.MaxSidecars {
+			return reject(ReasonTooManySidecars, "already %d sidecars, at most %d", len(s.sidecars), s.bounds.MaxSidecars)
+		}
+		if il != nil && il.sidecars >= s.bounds.MaxSidecarsPerIdentity {
+			return reject(ReasonQuotaSidecars, "%q already holds %d sidecar ids, at most %d", uplink.Truncate(k.identity), il.sidecars, s.bounds.MaxSidecarsPerIdentity)
+		}
+	}
+	peers, err := s.checkPeers(r)
+	if err != nil {
+		return err
+	}
+	if err := s.checkQuotas(k.identity, il, old, peers); err != nil {
+		return err
+	}
+
+	if il == nil {
+		il = &identityLoad{peers: make(map[string]*peerRef)}
+		s.identities[k.identity] = il
+	}
+	if old == nil {
+		old = new(sidecarLoad)
+		s.sidecars[k] = old
+		s.order = nil
+		il.sidecars++
+	}
+	il.hold(peers)
+	il.release(old.peers)
+	if r.GetUrgent() {
+		s.urgent, s.urgentFlush = true, true
+	}
+	*old = sidecarLoad{holder: from.Holder, service: r.GetService(), direction: r.GetDirection(),
+		interval: s.staleInterval(r), seen: now, peers: peers}
+	return nil
+}
+
+// checkHeader checks everything of r but its peers.
+func (s *State) checkHeader(r *sluicev1.LoadReport) error {
 	if r == nil {
 		return reject(ReasonEmptyReport, "no report")
 	}
@@ -219,30 +381,49 @@ func (s *State) Apply(r *sluicev1.LoadReport, now time.Time) error {
 	if window < s.bounds.MinWindow || window > s.bounds.MaxWindow {
 		return reject(ReasonBadWindow, "window %v is outside [%v, %v]", window, s.bounds.MinWindow, s.bounds.MaxWindow)
 	}
+	if iv := r.GetInterval(); iv != nil && (iv.CheckValid() != nil || iv.AsDuration() > s.bounds.MaxInterval) {
+		return reject(ReasonBadInterval, "interval %v is above %v", iv.AsDuration(), s.bounds.MaxInterval)
+	}
 	if n := len(r.GetPeers()); n > s.bounds.MaxPeersPerReport {
 		return reject(ReasonTooManyPeers, "%d peers, at most %d", n, s.bounds.MaxPeersPerReport)
 	}
-	old, known := s.sidecars[id]
-	if !known && len(s.sidecars) >= s.bounds.MaxSidecars {
-		return reject(ReasonTooManySidecars, "already %d sidecars, at most %d", len(s.sidecars), s.bounds.MaxSidecars)
-	}
+	return nil
+}
 
-	secs := window.Seconds()
+// staleInterval is the time a sidecar counts as one of its intervals for
+// staleness: its report interval, else its window, and at most MaxInterval.
+// It counts intervals, not the last window: a surge report's window is a
+// fraction of the interval.
+func (s *State) staleInterval(r *sluicev1.LoadReport) time.Duration {
+	iv := r.GetWindow().AsDuration()
+	if r.GetInterval() != nil {
+		iv = max(iv, r.GetInterval().AsDuration())
+	}
+	return min(iv, s.bounds.MaxInterval)
+}
+
+func (s *State) isStale(sc *sidecarLoad, now time.Time) bool {
+	return now.Sub(sc.seen) > time.Duration(s.staleAfter)*sc.interval
+}
+
+// checkPeers checks r's peers and returns them as rates, sorted.
+func (s *State) checkPeers(r *sluicev1.LoadReport) ([]peerRate, error) {
+	secs := r.GetWindow().AsDuration().Seconds()
 	peers := make([]peerRate, 0, len(r.GetPeers()))
 	for _, p := range r.GetPeers() {
 		if err := names.Check(p.GetPeer()); err != nil {
-			return reject(ReasonBadName, "peer: %v", err)
+			return nil, reject(ReasonBadName, "peer: %v", err)
 		}
 		o, d, sh := p.GetOffered(), p.GetDropped(), p.GetShadowDropped()
 		// Dropped requests were not admitted and shadow-dropped ones
 		// were: both are parts of offered, and they do not overlap. The
 		// sum is checked without overflowing.
 		if d > o || sh > o-d {
-			return reject(ReasonBadCounts, "peer %q: dropped %d + shadow_dropped %d above offered %d", p.GetPeer(), d, sh, o)
+			return nil, reject(ReasonBadCounts, "peer %q: dropped %d + shadow_dropped %d above offered %d", p.GetPeer(), d, sh, o)
 		}
 		rate := float64(o) / secs
 		if rate > s.bounds.MaxRate {
-			return reject(ReasonAbsurdRate, "peer %q: offered rate %.0f/s above %.0f/s", p.GetPeer(), rate, s.bounds.MaxRate)
+			return nil, reject(ReasonAbsurdRate, "peer %q: offered rate %.0f/s above %.0f/s", p.GetPeer(), rate, s.bounds.MaxRate)
 		}
 		peers = append(peers, peerRate{
 			peer:    p.GetPeer(),
@@ -254,26 +435,76 @@ func (s *State) Apply(r *sluicev1.LoadReport, now time.Time) error {
 	slices.SortFunc(peers, func(a, b peerRate) int { return strings.Compare(a.peer, b.peer) })
 	for i := 1; i < len(peers); i++ {
 		if peers[i].peer == peers[i-1].peer {
-			return reject(ReasonDuplicatePeer, "peer %q listed twice", peers[i].peer)
+			return nil, reject(ReasonDuplicatePeer, "peer %q listed twice", peers[i].peer)
 		}
 	}
+	return peers, nil
+}
 
-	if !known {
-		old = new(sidecarLoad)
-		s.sidecars[id] = old
-		s.order = nil
+// checkQuotas says whether identity, whose load is il (nil: none yet), may
+// replace its sidecar's old report (nil: a new sidecar) by one of peers.
+// Both peer lists are sorted.
+func (s *State) checkQuotas(identity string, il *identityLoad, old *sidecarLoad, peers []peerRate) error {
+	if il == nil {
+		il = &identityLoad{}
 	}
-	// Staleness counts the sidecar's intervals, not its last window: a
-	// surge report's window is a fraction of the interval.
-	interval := window
-	if iv := r.GetInterval(); iv != nil && iv.IsValid() {
-		interval = max(window, min(iv.AsDuration(), s.bounds.MaxWindow))
+	var oldPeers []peerRate
+	if old != nil {
+		oldPeers = old.peers
 	}
-	if r.GetUrgent() {
-		s.urgent, s.urgentFlush = true, true
+	if n := il.entries - len(oldPeers) + len(peers); n > s.bounds.MaxEntriesPerIdentity {
+		return reject(ReasonQuotaEntries, "%q would keep %d rates, at most %d", uplink.Truncate(identity), n, s.bounds.MaxEntriesPerIdentity)
 	}
-	*old = sidecarLoad{service: r.GetService(), direction: dir, interval: interval, seen: now, peers: peers}
+	// The distinct peers after the report: those new to the identity come,
+	// those only the old report listed go.
+	distinct := len(il.peers)
+	for _, p := range peers {
+		if il.peers[p.peer] == nil {
+			distinct++
+		}
+	}
+	j := 0
+	for _, p := range oldPeers {
+		for j < len(peers) && peers[j].peer < p.peer {
+			j++
+		}
+		if il.peers[p.peer].n == 1 && (j == len(peers) || peers[j].peer != p.peer) {
+			distinct--
+		}
+	}
+	if distinct > s.bounds.MaxPeersPerIdentity {
+		return reject(ReasonQuotaPeers, "%q would have %d distinct peers, at most %d", uplink.Truncate(identity), distinct, s.bounds.MaxPeersPerIdentity)
+	}
 	return nil
+}
+
+// hold counts peers as listed once more, and makes each refer to the
+// identity's one copy of its name, so that a name that many sidecars list
+// is kept once.
+func (il *identityLoad) hold(peers []peerRate) {
+	for i := range peers {
+		p := &peers[i]
+		ref := il.peers[p.peer]
+		if ref == nil {
+			ref = &peerRef{name: p.peer}
+			il.peers[ref.name] = ref
+		}
+		ref.n++
+		p.peer = ref.name
+	}
+	il.entries += len(peers)
+}
+
+// release undoes hold.
+func (il *identityLoad) release(peers []peerRate) {
+	for _, p := range peers {
+		if ref := il.peers[p.peer]; ref.n <= 1 {
+			delete(il.peers, p.peer)
+		} else {
+			ref.n--
+		}
+	}
+	il.entries -= len(peers)
 }
 
 // TakeUrgent reports whether an urgent report (LoadReport.urgent: a
@@ -290,12 +521,23 @@ func (s *State) TakeUrgent() bool {
 	return u
 }
 
-// Remove forgets a sidecar, e.g. when its stream ended. Unknown ids are
-// ignored.
-func (s *State) Remove(sidecarID string) {
-	if _, ok := s.sidecars[sidecarID]; ok {
-		delete(s.sidecars, sidecarID)
-		s.order = nil
+// Remove forgets identity's sidecar id if holder holds it, e.g. when the
+// holder's stream ended; a sidecar that another stream took over after it
+// went stale stays. Unknown sidecars are ignored.
+func (s *State) Remove(identity, id string, holder uint64) {
+	k := sidecarKey{identity, id}
+	if sc, ok := s.sidecars[k]; ok && sc.holder == holder {
+		s.remove(k, sc)
+	}
+}
+
+func (s *State) remove(k sidecarKey, sc *sidecarLoad) {
+	delete(s.sidecars, k)
+	s.order = nil
+	il := s.identities[k.identity]
+	il.release(sc.peers)
+	if il.sidecars--; il.sidecars == 0 {
+		delete(s.identities, k.identity)
 	}
 }
 
@@ -303,13 +545,17 @@ func (s *State) Remove(sidecarID string) {
 // next Flush will drop included.
 func (s *State) Sidecars() int { return len(s.sidecars) }
 
-// TakeStale returns the sidecars that Flush dropped for silence since the
-// last call, for the service to log, and forgets them.
+// TakeStale returns the ids of the sidecars that Flush dropped for silence
+// since the last call, for the service to log, and forgets them.
 func (s *State) TakeStale() []string {
 	stale := s.stale
 	s.stale = nil
 	return stale
 }
+
+// Capped returns how many (service, direction, peer) sums the last Flush
+// capped at zoneload.MaxRate, the most the controller accepts.
+func (s *State) Capped() int { return s.capped }
 
 // Flush first drops every sidecar that has been silent for more than
 // staleAfter of its own windows at now, then returns the zone's complete
@@ -317,16 +563,19 @@ func (s *State) TakeStale() []string {
 // and per peer, sorted, the sum of their rates. interval is the flush
 // interval the controller is told. The same sidecars with the same reports
 // give an identical ZoneLoad whatever order they arrived in.
+//
+// Every sum is within what the controller accepts (zoneload): a sum above
+// zoneload.MaxRate is scaled down to it, so that many sidecars each within
+// MaxRate can not make the controller refuse the whole zone.
 func (s *State) Flush(now time.Time, interval time.Duration) *sluicev1.ZoneLoad {
-	for id, sc := range s.sidecars {
-		if now.Sub(sc.seen) > time.Duration(s.staleAfter)*sc.interval {
-			delete(s.sidecars, id)
-			s.order = nil
-			s.stale = append(s.stale, id)
+	for k, sc := range s.sidecars {
+		if s.isStale(sc, now) {
+			s.remove(k, sc)
+			s.stale = append(s.stale, k.id)
 		}
 	}
 	if s.order == nil {
-		s.order = slices.Sorted(maps.Keys(s.sidecars))
+		s.order = slices.SortedFunc(maps.Keys(s.sidecars), compareKeys)
 	}
 
 	type sums struct {
@@ -334,15 +583,15 @@ func (s *State) Flush(now time.Time, interval time.Duration) *sluicev1.ZoneLoad 
 		peers map[string]*sluicev1.PeerRate
 	}
 	buckets := make(map[bucketKey]*sums)
-	for _, id := range s.order {
-		sc := s.sidecars[id]
-		k := bucketKey{sc.service, sc.direction}
-		b := buckets[k]
+	for _, k := range s.order {
+		sc := s.sidecars[k]
+		bk := bucketKey{sc.service, sc.direction}
+		b := buckets[bk]
 		if b == nil {
 			b = &sums{peers: make(map[string]*sluicev1.PeerRate)}
-			buckets[k] = b
+			buckets[bk] = b
 		}
-		b.live++
+		b.live = min(b.live+1, zoneload.MaxLiveSidecars)
 		for _, p := range sc.peers {
 			pr := b.peers[p.peer]
 			if pr == nil {
@@ -366,6 +615,7 @@ func (s *State) Flush(now time.Time, interval time.Duration) *sluicev1.ZoneLoad 
 		Urgent:       s.urgentFlush,
 	}
 	s.urgentFlush = false
+	s.capped = 0
 	for _, k := range keys {
 		b := buckets[k]
 		sl := &sluicev1.ServiceLoad{
@@ -375,9 +625,27 @@ func (s *State) Flush(now time.Time, interval time.Duration) *sluicev1.ZoneLoad 
 			Peers:        make([]*sluicev1.PeerRate, 0, len(b.peers)),
 		}
 		for _, peer := range slices.Sorted(maps.Keys(b.peers)) {
-			sl.Peers = append(sl.Peers, b.peers[peer])
+			pr := b.peers[peer]
+			if capRate(pr) {
+				s.capped++
+			}
+			sl.Peers = append(sl.Peers, pr)
 		}
 		out.Services = append(out.Services, sl)
 	}
 	return out
+}
+
+// capRate scales pr down so that its offered rate is at most
+// zoneload.MaxRate, keeping dropped and shadow-dropped the same shares of
+// it, and reports whether it did.
+func capRate(pr *sluicev1.PeerRate) bool {
+	if pr.OfferedRps <= zoneload.MaxRate {
+		return false
+	}
+	f := zoneload.MaxRate / pr.OfferedRps
+	pr.OfferedRps = zoneload.MaxRate
+	pr.DroppedRps = min(pr.DroppedRps*f, zoneload.MaxRate)
+	pr.ShadowDroppedRps = min(pr.ShadowDroppedRps*f, zoneload.MaxRate-pr.DroppedRps)
+	return true
 }

@@ -89,13 +89,15 @@ func loadReportSeeds(t testing.TB) []seed {
 		one("good-shortest-window", func(r *sluicev1.LoadReport) { r.Window = durationpb.New(10 * time.Millisecond) }),
 		one("good-longest-window", func(r *sluicev1.LoadReport) { r.Window = durationpb.New(time.Minute) }),
 		one("good-surge", func(r *sluicev1.LoadReport) { r.Urgent, r.Window = true, durationpb.New(100*time.Millisecond) }),
-		one("good-huge-interval", func(r *sluicev1.LoadReport) { r.Interval = &durationpb.Duration{Seconds: math.MaxInt64} }),
+		one("good-longest-interval", func(r *sluicev1.LoadReport) { r.Interval = durationpb.New(10 * time.Second) }),
+		one("bad-huge-interval", func(r *sluicev1.LoadReport) { r.Interval = &durationpb.Duration{Seconds: math.MaxInt64} }),
 		one("good-253-byte-names", func(r *sluicev1.LoadReport) {
 			r.SidecarId, r.Service = strings.Repeat("i", names.MaxLen), strings.Repeat("s", names.MaxLen)
 			r.Peers[0].Peer = strings.Repeat("p", names.MaxLen)
 		}),
 		{Name: "good-replace-then-leave", Args: []any{rb(nil), rb(func(r *sluicev1.LoadReport) { r.Peers = nil })}},
-		{Name: "good-same-sidecar-other-service", Args: []any{rb(nil), rb(func(r *sluicev1.LoadReport) { r.Service = "orders" })}},
+		// Another service's id is another sidecar: a third, one too many.
+		{Name: "bad-same-id-other-service", Args: []any{rb(nil), rb(func(r *sluicev1.LoadReport) { r.Service = "orders" })}},
 		{Name: "bad-one-sidecar-too-many", Args: []any{rb(nil), rb(func(r *sluicev1.LoadReport) { r.SidecarId = "checkout-2" })}},
 		one("bad-overflow-service", func(r *sluicev1.LoadReport) { r.Service = names.Overflow }),
 		one("bad-empty", func(r *sluicev1.LoadReport) { proto.Reset(r) }),

@@ -2,6 +2,8 @@ package aggregator
 
 import (
 	"errors"
+	"fmt"
+	"math"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -12,6 +14,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/zoneload"
 )
 
 const (
@@ -40,7 +43,7 @@ func pc(peer string, offered, dropped, shadow uint64) *sluicev1.PeerCounts {
 }
 
 func TestApplyRejects(t *testing.T) {
-	bounds := Bounds{MaxPeersPerReport: 3, MaxRate: 1000, MinWindow: 100 * time.Millisecond, MaxWindow: 10 * time.Second, MaxSidecars: 2}
+	bounds := Bounds{MaxPeersPerReport: 3, MaxRate: 1000, MinWindow: 100 * time.Millisecond, MaxWindow: 10 * time.Second, MaxSidecars: 2, MaxInterval: 5 * time.Second}
 	ok := func(mod func(r *sluicev1.LoadReport)) *sluicev1.LoadReport {
 		r := report("s1", "svc", in, time.Second, pc("a", 10, 1, 1))
 		mod(r)
@@ -84,13 +87,17 @@ func TestApplyRejects(t *testing.T) {
 			r.Peers = []*sluicev1.PeerCounts{pc("a", 101, 0, 0)}
 		}), ReasonAbsurdRate},
 		{"too many sidecars", ok(func(r *sluicev1.LoadReport) { r.SidecarId = "s3" }), ReasonTooManySidecars},
+		{"another identity's s1 is a third sidecar", ok(func(r *sluicev1.LoadReport) { r.Service = "svc2" }), ReasonTooManySidecars},
+		{"longest interval", ok(func(r *sluicev1.LoadReport) { r.Interval = durationpb.New(5 * time.Second) }), ""},
+		{"interval too long", ok(func(r *sluicev1.LoadReport) { r.Interval = durationpb.New(5*time.Second + 1) }), ReasonBadInterval},
+		{"invalid interval", ok(func(r *sluicev1.LoadReport) { r.Interval = &durationpb.Duration{Seconds: -1, Nanos: 1} }), ReasonBadInterval},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := NewState("zone-a", "agg-1", 3, bounds)
 			// Two sidecars are kept already: one is s1, so s1 may
 			// report again, a third may not.
 			for _, id := range []string{"s1", "s2"} {
-				if err := s.Apply(report(id, "old", out, time.Second, pc("old-peer", 5, 0, 0)), t0); err != nil {
+				if err := s.Apply(report(id, "svc", out, time.Second, pc("old-peer", 5, 0, 0)), t0); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -142,11 +149,11 @@ func TestLatestRateReplaces(t *testing.T) {
 	}
 
 	// A newer report replaces the old one entirely: peer a is gone, and
-	// the sidecar now counts for another service.
-	if err := s.Apply(report("s1", "svc2", out, time.Second, pc("b", 7, 0, 0)), t0); err != nil {
+	// the sidecar now counts for the other direction.
+	if err := s.Apply(report("s1", "svc", out, time.Second, pc("b", 7, 0, 0)), t0); err != nil {
 		t.Fatal(err)
 	}
-	want = zoneLoad(serviceLoad("svc2", out, 1, rate("b", 7, 0, 0)))
+	want = zoneLoad(serviceLoad("svc", out, 1, rate("b", 7, 0, 0)))
 	if got := s.Flush(t0, time.Second); !proto.Equal(got, want) {
 		t.Fatalf("after a newer report:\ngot  %v\nwant %v", got, want)
 	}
@@ -220,8 +227,10 @@ func TestRemove(t *testing.T) {
 		report("s1", "svc", in, time.Second, pc("a", 10, 0, 0)),
 		report("s2", "svc", in, time.Second, pc("a", 5, 0, 0)),
 	)
-	s.Remove("s1")
-	s.Remove("unknown")
+	s.Remove("svc", "s1", 0)
+	s.Remove("svc", "unknown", 0)
+	s.Remove("other", "s2", 0) // another identity's s2: none
+	s.Remove("svc", "s2", 7)   // not the holder
 	want := zoneLoad(serviceLoad("svc", in, 1, rate("a", 5, 0, 0)))
 	if got := s.Flush(t0, time.Second); !proto.Equal(got, want) {
 		t.Fatalf("got  %v\nwant %v", got, want)
@@ -349,5 +358,116 @@ func TestSurgeReportMakesTheNextFlushUrgent(t *testing.T) {
 	}
 	if s.Flush(t0, time.Second).GetUrgent() {
 		t.Error("the flush after that is still urgent")
+	}
+}
+
+func wantReason(t *testing.T, err error, reason string) {
+	t.Helper()
+	var rej *RejectError
+	if !errors.As(err, &rej) || rej.Reason != reason {
+		t.Fatalf("ApplyFrom = %v, want reason %q", err, reason)
+	}
+}
+
+// TestIDHeldByItsLiveHolder: a sidecar id is its identity's, and while the
+// sidecar is live only the stream that holds it reports for it; once it
+// went stale, another stream takes it over.
+func TestIDHeldByItsLiveHolder(t *testing.T) {
+	s := NewState("zone-a", "agg-1", 3, Bounds{})
+	web1, web2 := Sender{Identity: "web", Holder: 1}, Sender{Identity: "web", Holder: 2}
+	r := report("s1", "web", in, time.Second, pc("a", 10, 0, 0))
+	r.Interval = durationpb.New(time.Second)
+	if err := s.ApplyFrom(web1, r, t0); err != nil {
+		t.Fatal(err)
+	}
+	zero := report("s1", "web", in, time.Second, pc("a", 0, 0, 0))
+	wantReason(t, s.ApplyFrom(web2, zero, t0.Add(3*time.Second)), ReasonIDInUse)
+	// Another identity's s1 is another sidecar.
+	if err := s.ApplyFrom(Sender{Identity: "abuser", Holder: 2}, report("s1", "abuser", in, time.Second), t0); err != nil {
+		t.Fatal(err)
+	}
+	want := zoneLoad(serviceLoad("abuser", in, 1), serviceLoad("web", in, 1, rate("a", 10, 0, 0)))
+	if got := s.Flush(t0.Add(3*time.Second), time.Second); !proto.Equal(got, want) {
+		t.Fatalf("got  %v\nwant %v", got, want)
+	}
+	// Stale after 3 intervals: the next holder takes it, and the old
+	// holder's end does not remove it.
+	if err := s.ApplyFrom(web2, zero, t0.Add(3*time.Second+1)); err != nil {
+		t.Fatalf("after s1 went stale: %v", err)
+	}
+	s.Remove("web", "s1", web1.Holder)
+	wantReason(t, s.ApplyFrom(web1, r, t0.Add(3*time.Second+2)), ReasonIDInUse)
+	want = zoneLoad(serviceLoad("web", in, 1, rate("a", 0, 0, 0)))
+	if got := s.Flush(t0.Add(3*time.Second+2), time.Second); !proto.Equal(got, want) {
+		t.Fatalf("got  %v\nwant %v", got, want)
+	}
+}
+
+// TestIntervalBoundsStaleness: one report keeps its sidecar in the sums for
+// at most staleAfter × MaxInterval, whatever window and interval it states.
+func TestIntervalBoundsStaleness(t *testing.T) {
+	s := NewState("zone-a", "agg-1", 3, Bounds{MaxInterval: 2 * time.Second})
+	r := report("s1", "web", in, time.Minute, pc("a", 60, 0, 0))
+	r.Interval = durationpb.New(2 * time.Second)
+	apply(t, s, t0, r)
+	if s.Flush(t0.Add(6*time.Second), time.Second); s.Sidecars() != 1 {
+		t.Fatal("dropped before 3 × MaxInterval")
+	}
+	if s.Flush(t0.Add(6*time.Second+1), time.Second); s.Sidecars() != 0 {
+		t.Fatal("kept after 3 × MaxInterval, for its 1-minute window")
+	}
+	r.Interval = durationpb.New(2*time.Second + 1)
+	wantReason(t, s.Apply(r, t0), ReasonBadInterval)
+}
+
+// TestIdentityQuotas: an identity over a quota has its report rejected,
+// and another identity is unaffected.
+func TestIdentityQuotas(t *testing.T) {
+	s := NewState("zone-a", "agg-1", 3, Bounds{MaxSidecarsPerIdentity: 2, MaxPeersPerIdentity: 3, MaxEntriesPerIdentity: 5})
+	ab := func(id string, peers ...*sluicev1.PeerCounts) *sluicev1.LoadReport {
+		return report(id, "abuser", in, time.Second, peers...)
+	}
+	apply(t, s, t0, ab("a1", pc("p1", 1, 0, 0), pc("p2", 1, 0, 0)), ab("a2", pc("p1", 1, 0, 0), pc("p2", 1, 0, 0)))
+	wantReason(t, s.Apply(ab("a3"), t0), ReasonQuotaSidecars)
+	// Two peers new to the identity: four distinct.
+	wantReason(t, s.Apply(ab("a2", pc("p3", 1, 0, 0), pc("p4", 1, 0, 0)), t0), ReasonQuotaPeers)
+	// a2 replacing p2 by p3: p2 is still a1's, three distinct.
+	apply(t, s, t0, ab("a2", pc("p1", 1, 0, 0), pc("p3", 1, 0, 0)))
+	// a1 adding p4 would make four.
+	wantReason(t, s.Apply(ab("a1", pc("p1", 1, 0, 0), pc("p2", 1, 0, 0), pc("p4", 1, 0, 0)), t0), ReasonQuotaPeers)
+	apply(t, s, t0, ab("a1", pc("p1", 1, 0, 0), pc("p3", 1, 0, 0)))
+	// Entries: 2 + 3 is 5, at the quota.
+	apply(t, s, t0, ab("a1", pc("p1", 1, 0, 0), pc("p3", 1, 0, 0), pc("p2", 1, 0, 0)))
+	s2 := NewState("zone-a", "agg-1", 3, Bounds{MaxPeersPerIdentity: 10, MaxEntriesPerIdentity: 3})
+	apply(t, s2, t0, ab("a1", pc("p1", 1, 0, 0), pc("p2", 1, 0, 0)))
+	wantReason(t, s2.Apply(ab("a2", pc("p1", 1, 0, 0), pc("p2", 1, 0, 0)), t0), ReasonQuotaEntries)
+
+	// Web, another identity, is untouched by abuser's quotas.
+	apply(t, s, t0, report("w1", "web", in, time.Second, pc("p1", 1, 0, 0), pc("p2", 1, 0, 0), pc("p3", 1, 0, 0)),
+		report("w2", "web", in, time.Second, pc("p1", 1, 0, 0)))
+	// Removing a sidecar gives its quota back.
+	s.Remove("abuser", "a2", 0)
+	apply(t, s, t0, ab("a3", pc("p2", 1, 0, 0)))
+	if s.Sidecars() != 4 {
+		t.Errorf("Sidecars = %d, want 4", s.Sidecars())
+	}
+}
+
+// TestFlushCapsSums: many sidecars each within MaxRate add up to no more
+// than the controller accepts, with dropped and shadow-dropped scaled in
+// proportion.
+func TestFlushCapsSums(t *testing.T) {
+	s := NewState("zone-a", "agg-1", 3, Bounds{})
+	for i := range 1001 {
+		apply(t, s, t0, report(fmt.Sprintf("s%d", i), "abuser", in, time.Second, pc("x", 1e7, 5e6, 2e6)))
+	}
+	zl := s.Flush(t0, time.Second)
+	p := zl.GetServices()[0].GetPeers()[0]
+	if p.GetOfferedRps() != zoneload.MaxRate || math.Abs(p.GetDroppedRps()-zoneload.MaxRate/2) > 1 ||
+		math.Abs(p.GetShadowDroppedRps()-zoneload.MaxRate/5) > 1 || s.Capped() != 1 {
+		t.Errorf("capped sum = %v (capped %d), want offered %g, dropped half, shadow a fifth", p, s.Capped(), zoneload.MaxRate)
+	}
+	if zl.GetServices()[0].GetLiveSidecars() != 1001 {
+		t.Errorf("live sidecars = %d", zl.GetServices()[0].GetLiveSidecars())
 	}
 }

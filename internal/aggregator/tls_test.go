@@ -9,6 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/identity"
@@ -122,19 +123,22 @@ func TestReportForAnotherServiceRejected(t *testing.T) {
 		}
 	}
 
-	// A payments sidecar may not take over checkout's sidecar id (which
-	// would push checkout's load out of the sums).
+	// Sidecar ids are per identity: payments reporting under checkout's
+	// sidecar id holds its own sidecar, and checkout's load stays.
 	b := dialTLS(t, h.addr, payments)
-	resp = b.report(t, report("checkout-1", "payments", in, time.Second, pc("web", 1, 0, 0)))
-	if resp.GetAccepted() || !strings.Contains(resp.GetRejectReason(), `sidecar id "checkout-1" is held by service "checkout"`) {
-		t.Fatalf("response = %v, want the sidecar id refused", resp)
-	}
-	b.mustAccept(t, report("payments-1", "payments", in, time.Second, pc("web", 1, 0, 0)))
-	if v := metric(t, h.reg, "sluice_aggregator_reports_rejected_total", "reason", ReasonIdentityMismatch); v != 2 {
-		t.Errorf("reports_rejected_total{reason=identity_mismatch} = %v, want 2", v)
+	b.mustAccept(t, report("checkout-1", "payments", in, time.Second, pc("web", 1, 0, 0)))
+	if v := metric(t, h.reg, "sluice_aggregator_reports_rejected_total", "reason", ReasonIdentityMismatch); v != 1 {
+		t.Errorf("reports_rejected_total{reason=identity_mismatch} = %v, want 1", v)
 	}
 	if n := h.svc.Sidecars(); n != 2 {
 		t.Errorf("Sidecars = %d, want 2", n)
+	}
+	want := []*sluicev1.ServiceLoad{
+		serviceLoad("checkout", in, 1, rate("web", 100, 0, 0)),
+		serviceLoad("payments", in, 1, rate("web", 1, 0, 0)),
+	}
+	if got := h.svc.FlushNow(); !proto.Equal(&sluicev1.ZoneLoad{Services: got.Services}, &sluicev1.ZoneLoad{Services: want}) {
+		t.Errorf("FlushNow = %v, want services %v", got, want)
 	}
 
 	// Another sluice component is no sidecar.

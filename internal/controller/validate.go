@@ -6,6 +6,7 @@ import (
 	"time"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/zoneload"
 	"github.com/sluicehq/sluice/pkg/names"
 )
 
@@ -32,7 +33,7 @@ func reject(reason, format string, args ...any) error {
 
 // maxRate bounds any single rate in a zone load: 10^10 rps is more than any
 // real fleet sends, so a larger number is a bug or a lie.
-const maxRate = 1e10
+const maxRate = zoneload.MaxRate
 
 // maxLiveSidecars bounds the live sidecars one service entry may claim for
 // its zone. An aggregator holds 100,000 sidecars by default

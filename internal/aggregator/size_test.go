@@ -1,0 +1,103 @@
+package aggregator
+
+import (
+	"fmt"
+	"math"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/pkg/names"
+)
+
+// TestMaxReportSizeHoldsTheLargestValidReport: the gRPC receive limit
+// derived from the bounds lets through the largest report they accept.
+func TestMaxReportSizeHoldsTheLargestValidReport(t *testing.T) {
+	for _, b := range []Bounds{{}, {MaxPeersPerReport: 1}, {MaxPeersPerReport: 20000}} {
+		long := strings.Repeat("n", names.MaxLen)
+		r := &sluicev1.LoadReport{
+			SidecarId: long, Service: long, Zone: long, Direction: out, Urgent: true,
+			WindowStart: &timestamppb.Timestamp{Seconds: math.MaxInt64, Nanos: 999999999},
+			Window:      &durationpb.Duration{Seconds: math.MaxInt64, Nanos: 999999999},
+			Interval:    &durationpb.Duration{Seconds: math.MaxInt64, Nanos: 999999999},
+		}
+		for i := range b.withDefaults().MaxPeersPerReport {
+			r.Peers = append(r.Peers, &sluicev1.PeerCounts{Peer: fmt.Sprintf("%0253d", i),
+				Offered: math.MaxUint64, Dropped: math.MaxUint64, ShadowDropped: math.MaxUint64})
+		}
+		size := proto.Size(&sluicev1.StreamLoadReportsRequest{Report: r})
+		if limit := b.MaxReportSize(); size > limit || limit > size+reportHeaderSlack {
+			t.Errorf("%d peers: the largest report is %d bytes, MaxReportSize %d", len(r.Peers), size, limit)
+		}
+	}
+	if got := DefaultBounds().MaxReportSize(); got > 3<<20 {
+		t.Errorf("default MaxReportSize = %d, want under 3 MiB", got)
+	}
+}
+
+func peersOf(prefix string, n int) []*sluicev1.PeerRate {
+	var ps []*sluicev1.PeerRate
+	for i := range n {
+		ps = append(ps, &sluicev1.PeerRate{Peer: fmt.Sprintf("%s-%0200d", prefix, i), OfferedRps: 1})
+	}
+	return ps
+}
+
+// TestFitZoneLoad: a zone load over the limit loses its services with the
+// most peers, and no more, until it fits; one that fits is left alone.
+func TestFitZoneLoad(t *testing.T) {
+	zl := &sluicev1.ZoneLoad{AggregatorId: "agg", Zone: "zone-a", Interval: durationpb.New(time.Second)}
+	for _, s := range []struct {
+		name  string
+		peers int
+	}{{"a-small", 2}, {"b-huge", 300}, {"c-big", 200}, {"d-web", 5}, {"e-big", 200}} {
+		zl.Services = append(zl.Services, &sluicev1.ServiceLoad{Service: s.name, Direction: in, LiveSidecars: 1, Peers: peersOf(s.name, s.peers)})
+	}
+	size := func() int { return proto.Size(&sluicev1.StreamZoneLoadsRequest{Load: zl}) }
+	whole := size()
+	if shed := FitZoneLoad(zl, whole); shed != nil || size() != whole {
+		t.Fatalf("a zone load that fits lost %d services", len(shed))
+	}
+	// Room for all but about 400 peers: b-huge goes; then one of the
+	// 200-peer ones, c-big before e-big by name.
+	limit := whole - 400*215
+	shed := FitZoneLoad(zl, limit)
+	var got []string
+	for _, sl := range shed {
+		got = append(got, sl.GetService())
+	}
+	var kept []string
+	for _, sl := range zl.GetServices() {
+		kept = append(kept, sl.GetService())
+	}
+	if strings.Join(got, ",") != "b-huge,c-big" || strings.Join(kept, ",") != "a-small,d-web,e-big" || size() > limit {
+		t.Errorf("shed %v, kept %v (%d bytes, limit %d); want b-huge and c-big shed, the rest in order", got, kept, size(), limit)
+	}
+}
+
+// TestServiceShedsLargestToFit: the zone load the controller gets fits its
+// receive limit; the rest of the zone still reaches it, and the shed
+// service is counted.
+func TestServiceShedsLargestToFit(t *testing.T) {
+	ctrl := newFakeController(t)
+	h := startService(t, Config{Controllers: []string{ctrl.addr}, MaxZoneLoadSize: minZoneLoadSize})
+	big, web := dialSidecar(t, h.addr), dialSidecar(t, h.addr)
+	r := report("big-1", "big", in, time.Second)
+	for i := range 400 { // 400 × ~250 bytes: over 64 KiB
+		r.Peers = append(r.Peers, pc(fmt.Sprintf("%0240d", i), 1, 0, 0))
+	}
+	big.mustAccept(t, r)
+	web.mustAccept(t, report("web-1", "checkout", in, time.Second, pc("web", 10, 0, 0)))
+	zl := ctrl.await(t, serviceLoad("checkout", in, 1, rate("web", 10, 0, 0)))
+	if n := proto.Size(&sluicev1.StreamZoneLoadsRequest{Load: zl}); n > minZoneLoadSize {
+		t.Errorf("zone load of %d bytes, limit %d", n, minZoneLoadSize)
+	}
+	if v := metric(t, h.reg, "sluice_aggregator_zone_load_shed_services_total"); v < 1 {
+		t.Errorf("zone_load_shed_services_total = %v, want at least 1", v)
+	}
+}
