@@ -20,6 +20,7 @@ import (
 	"github.com/sluicehq/sluice/internal/limits"
 	"github.com/sluicehq/sluice/internal/process"
 	"github.com/sluicehq/sluice/internal/xdsserver"
+	"github.com/sluicehq/sluice/internal/zoneload"
 	"github.com/sluicehq/sluice/pkg/history"
 )
 
@@ -97,7 +98,7 @@ func run(cmd *cobra.Command, cfg *Config, fl *Flags, tlsFlags *identity.Flags) e
 	}
 	defer ls.close()
 	src, workers, flush, recorder := ls.src, ls.workers, ls.flush, ls.recorder
-	serverOpts := []grpc.ServerOption{grpc.MaxRecvMsgSize(64 << 20)}
+	serverOpts := []grpc.ServerOption{grpc.MaxRecvMsgSize(zoneload.MaxMessageSize)}
 	tlsSrc, err := tlsFlags.Setup(log, reg)
 	if err != nil {
 		return err

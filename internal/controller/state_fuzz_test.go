@@ -15,6 +15,7 @@ import (
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/controller"
 	"github.com/sluicehq/sluice/internal/limits"
+	"github.com/sluicehq/sluice/internal/zoneload"
 	"github.com/sluicehq/sluice/pkg/dataplane"
 	"github.com/sluicehq/sluice/pkg/dropratio"
 	"github.com/sluicehq/sluice/pkg/names"
@@ -120,7 +121,7 @@ func zoneLoadSeeds(t testing.TB) []seed {
 		one("good-negative-zero", peer0(func(p *sluicev1.PeerRate) { p.OfferedRps, p.DroppedRps = math.Copysign(0, -1), 0 })),
 		one("good-tiny-rates", peer0(func(p *sluicev1.PeerRate) { p.OfferedRps, p.DroppedRps = 5e-324, 5e-324 })),
 		one("drop-max-live-sidecars", func(z *sluicev1.ZoneLoad) { z.Services[0].LiveSidecars = math.MaxUint32 }),
-		one("good-live-sidecars-bound", func(z *sluicev1.ZoneLoad) { z.Services[0].LiveSidecars = 1_000_000 }),
+		one("good-live-sidecars-bound", func(z *sluicev1.ZoneLoad) { z.Services[0].LiveSidecars = zoneload.MaxLiveSidecars }),
 		one("good-zero-live-sidecars", func(z *sluicev1.ZoneLoad) { z.Services[0].LiveSidecars = 0 }),
 		one("good-overflow-and-unknown-peers", peer0(func(p *sluicev1.PeerRate) { p.Peer = names.Overflow })),
 		one("good-253-byte-names", func(z *sluicev1.ZoneLoad) {

@@ -36,11 +36,10 @@ func reject(reason, format string, args ...any) error {
 const maxRate = zoneload.MaxRate
 
 // maxLiveSidecars bounds the live sidecars one service entry may claim for
-// its zone. An aggregator holds 100,000 sidecars by default
-// (--max-sidecars), and no zone runs a million instances of one service;
-// the count divides limits under fail mode local and is summed across
-// zones, so 2^32−1 from one zone would make every local bucket 0.
-const maxLiveSidecars = 1_000_000
+// its zone: what an aggregator can hold (its --max-sidecars is at most
+// this). The count divides limits under fail mode local and is summed
+// across zones, so 2^32−1 from one zone would make every local bucket 0.
+const maxLiveSidecars = zoneload.MaxLiveSidecars
 
 // dropSlack is the relative rounding an entry's dropped + shadow-dropped
 // rates may exceed its offered rate by: each is a float sum over sidecars
