@@ -15,6 +15,7 @@ import (
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/zoneload"
+	"github.com/sluicehq/sluice/sidecar/reporter"
 )
 
 const (
@@ -469,5 +470,16 @@ func TestFlushCapsSums(t *testing.T) {
 	}
 	if zl.GetServices()[0].GetLiveSidecars() != 1001 {
 		t.Errorf("live sidecars = %d", zl.GetServices()[0].GetLiveSidecars())
+	}
+}
+
+// A sidecar's report interval can be set only within what the
+// aggregator's default bounds accept: otherwise a configuration the sidecar
+// takes at start would have every one of its reports rejected.
+func TestDefaultBoundsAcceptEveryReportInterval(t *testing.T) {
+	b := DefaultBounds()
+	if reporter.MinInterval < b.MinWindow || reporter.MaxInterval > b.MaxInterval || reporter.MaxInterval > b.MaxWindow {
+		t.Errorf("sidecar report intervals [%v, %v], aggregator accepts windows [%v, %v] and intervals up to %v",
+			reporter.MinInterval, reporter.MaxInterval, b.MinWindow, b.MaxWindow, b.MaxInterval)
 	}
 }

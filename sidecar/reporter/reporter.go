@@ -40,11 +40,13 @@ type Source interface {
 	AppendCounts(service string, dst []sidecar.PeerCounts) []sidecar.PeerCounts
 }
 
-// Bounds of Config.Interval. They match the aggregator's default window
-// limits: a report outside them would be rejected.
+// Bounds of Config.Interval. They match the aggregator's defaults (its
+// shortest window, its --max-report-interval): a report outside them would
+// be rejected. The longest interval bounds how long one report keeps a
+// sidecar in the zone's sums, so a forged one can not linger.
 const (
 	MinInterval = 10 * time.Millisecond
-	MaxInterval = time.Minute
+	MaxInterval = 10 * time.Second
 )
 
 // Config configures a Reporter. Zero fields that have a default take it.
