@@ -229,7 +229,7 @@ func TestMiddlewareRateLimitHeaders(t *testing.T) {
 	for _, form := range []RateLimitHeaders{NoRateLimitHeaders, DraftRateLimitHeaders, XRateLimitHeaders} {
 		t.Run(form.String(), func(t *testing.T) {
 			_, s := headerPolicy()
-			srv := httptest.NewServer(s.Middleware(next, HTTPOptions{RateLimitHeaders: form}))
+			srv := httptest.NewServer(s.Middleware(next, HTTPOptions{RateLimitHeaders: form, TrustDecided: true}))
 			defer srv.Close()
 			bare := NewLimiter(LimiterOptions{}).Service("checkout") // no policy
 			bareSrv := httptest.NewServer(bare.Middleware(next, HTTPOptions{RateLimitHeaders: form}))

@@ -13,6 +13,7 @@
 package spiffe
 
 import (
+	"net/url"
 	"strings"
 
 	"github.com/sluicehq/sluice/pkg/names"
@@ -42,20 +43,31 @@ func Split(id string) (trustDomain, path string, ok bool) {
 			return "", "", false
 		}
 	}
-	// path starts with '/'; every '/' must be followed by a segment.
+	if !validPath(path) {
+		return "", "", false
+	}
+	return trustDomain, path, true
+}
+
+// validPath reports whether path is '/' and segments of [A-Za-z0-9._-],
+// none empty.
+func validPath(path string) bool {
+	if path == "" || path[0] != '/' {
+		return false
+	}
 	for k := 0; k < len(path); k++ {
 		c := path[k]
 		switch {
 		case c == '/':
 			if k+1 == len(path) || path[k+1] == '/' {
-				return "", "", false
+				return false
 			}
 		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9', c == '.', c == '-', c == '_':
 		default:
-			return "", "", false
+			return false
 		}
 	}
-	return trustDomain, path, true
+	return true
 }
 
 // Workload returns the service a workload path names ("/ns/<ns>/sa/<sa>":
@@ -88,6 +100,20 @@ func Service(id, trustDomain string) (string, bool) {
 	if !ok || td != trustDomain {
 		return "", false
 	}
+	return workloadService(path)
+}
+
+// ServiceOfURL is Service for a SPIFFE ID parsed as a URL, as a
+// certificate's URI SAN is (x509.Certificate.URIs).
+func ServiceOfURL(u *url.URL, trustDomain string) (string, bool) {
+	if u == nil || u.Scheme != "spiffe" || u.Host != trustDomain || u.User != nil || u.Opaque != "" ||
+		u.RawPath != "" || u.RawQuery != "" || u.ForceQuery || u.Fragment != "" || !validPath(u.Path) {
+		return "", false
+	}
+	return workloadService(u.Path)
+}
+
+func workloadService(path string) (string, bool) {
 	svc, _, ok := Workload(path)
 	if !ok || svc == names.Overflow || !names.Valid(svc) {
 		return "", false

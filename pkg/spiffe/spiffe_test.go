@@ -1,6 +1,9 @@
 package spiffe
 
-import "testing"
+import (
+	"net/url"
+	"testing"
+)
 
 func TestService(t *testing.T) {
 	const td = "example.org"
@@ -32,6 +35,15 @@ func TestService(t *testing.T) {
 		got, ok := Service(tc.id, td)
 		if got != tc.want || ok != (tc.want != "") {
 			t.Errorf("Service(%q) = %q, %v; want %q", tc.id, got, ok, tc.want)
+		}
+		// A certificate's URI SAN says the same; a URL that does not
+		// parse names nobody.
+		u, err := url.Parse(tc.id)
+		if err != nil {
+			continue
+		}
+		if got, ok := ServiceOfURL(u, td); got != tc.want || ok != (tc.want != "") {
+			t.Errorf("ServiceOfURL(%q) = %q, %v; want %q", tc.id, got, ok, tc.want)
 		}
 	}
 }
