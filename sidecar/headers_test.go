@@ -452,7 +452,7 @@ func TestMiddlewareRateLimitHeadersAllocs(t *testing.T) {
 		{"dropped gRPC, x-ratelimit", "blocked", "", "application/grpc", XRateLimitHeaders, false, "X-Ratelimit-Limit"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			h := s.Middleware(next, HTTPOptions{RateLimitHeaders: tc.form})
+			h := s.Middleware(next, HTTPOptions{RateLimitHeaders: tc.form, TrustDecided: true})
 			req := httptest.NewRequest(http.MethodPost, "/", nil)
 			req.Header.Set(DefaultCallerHeader, tc.caller)
 			if tc.decided != "" {
