@@ -29,8 +29,8 @@ const (
 	identAbuserLimit = 10.0  // rps: the abuser's own limit
 	identWebRate     = 15.0  // rps the victim offers, under its limit
 	identAbuserRate  = 100.0 // rps the abuser offers: five times web's limit
-	identRunFor      = 12    // seconds of load
-	identSettled     = 5     // the abuser's ratio is in force from this second on
+	identRunFor      = 10    // seconds of load
+	identSettled     = 4     // the abuser's ratio is in force from this second on (it is from 2 s on a quiet machine)
 	// identSidecarRSS bounds the sidecar under attack: the attack adds no
 	// state (the abuser is one caller), so it stays at an idle sidecar's
 	// size.
