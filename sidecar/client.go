@@ -26,8 +26,8 @@ import (
 // runs one. So that the two sides neither decide nor count it twice, the
 // client marks it: it sets the caller header to its own service name and
 // DecidedHeader to the same name, and the inbound side (Middleware and the
-// server interceptors) neither decides nor counts a request whose
-// DecidedHeader equals its caller. The controller then adds up, per bucket,
+// server interceptors), when it trusts marks (TrustDecided), neither decides
+// nor counts a request whose DecidedHeader equals its caller. The controller then adds up, per bucket,
 // what callers offered outbound and what reached the callee unmarked, and
 // gives both sides the bucket's one ratio (docs/architecture.md, "Outbound
 // enforcement").
@@ -37,9 +37,11 @@ import (
 // counted. Its value is the caller's service name; the callee's inbound side
 // honours the mark only when it equals the caller header, so a mark forwarded
 // by an app that copies incoming headers onto its own calls does not exempt
-// those calls. The mark is exactly as trustworthy as the caller header: a
-// client that lies about one can lie about the other. Where callers are not
-// trusted, set IgnoreDecided on the inbound side and do not enforce outbound.
+// those calls; with an authenticated caller (HTTPOptions.Identify), only
+// when it names the authenticated service. Even then a caller that marks
+// its calls without enforcing escapes its limit: the inbound side honours
+// marks only with TrustDecided, set where the callers are trusted to
+// enforce their own outbound limits.
 const DecidedHeader = "x-sluice-decided"
 
 // decidedKey is DecidedHeader as net/http stores it.

@@ -138,10 +138,10 @@ func TestGRPCClientInterceptors(t *testing.T) {
 		Rule{Peer: "mobile", DropRatio: math.Nextafter(1, 0)},
 	))
 	in := inL.Service("checkout")
-	dial := calleeServer(t, in, GRPCOptions{})
+	dial := calleeServer(t, in, GRPCOptions{TrustDecided: true})
 	strictIn := NewLimiter(LimiterOptions{})
 	strictIn.SetPolicy(policy("checkout", Rule{Peer: "web", DropRatio: math.Nextafter(1, 0)}))
-	strictDial := calleeServer(t, strictIn.Service("checkout"), GRPCOptions{IgnoreDecided: true})
+	strictDial := calleeServer(t, strictIn.Service("checkout"), GRPCOptions{})
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -210,14 +210,14 @@ func TestGRPCClientInterceptors(t *testing.T) {
 		}
 	})
 
-	t.Run("IgnoreDecided decides again", func(t *testing.T) {
+	t.Run("without TrustDecided decides again", func(t *testing.T) {
 		conn := dialOutbound(t, "passthrough:///checkout", out, strictDial)
 		u, _ := callBoth(t, ctx, conn)
 		if status.Code(u) != codes.ResourceExhausted {
 			t.Errorf("unary: %v, want dropped by the inbound side that ignores marks", u)
 		}
 		if c := counts(strictIn, "checkout", "web"); c.Offered != 2 {
-			t.Errorf("inbound with IgnoreDecided counted %+v, want 2 offered", c)
+			t.Errorf("inbound without TrustDecided counted %+v, want 2 offered", c)
 		}
 	})
 }
@@ -246,7 +246,7 @@ func TestRoundTripper(t *testing.T) {
 		h := r.Header.Clone()
 		lastHeader.Store(&h)
 		io.WriteString(w, "ok\n")
-	}), HTTPOptions{}))
+	}), HTTPOptions{TrustDecided: true}))
 	defer srv.Close()
 
 	outL := NewLimiter(LimiterOptions{})
@@ -457,8 +457,8 @@ func BenchmarkRoundTripperDecide(b *testing.B) {
 	})
 }
 
-// The inbound middleware honours a mark only when it names the caller, and
-// not at all with IgnoreDecided.
+// The inbound middleware honours a mark only with TrustDecided, and only
+// when it names the caller.
 func TestMiddlewareDecidedMark(t *testing.T) {
 	l := NewLimiter(LimiterOptions{})
 	l.SetPolicy(policy("checkout", Rule{Peer: "web", DropRatio: math.Nextafter(1, 0)}))
@@ -466,14 +466,14 @@ func TestMiddlewareDecidedMark(t *testing.T) {
 	ok := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {})
 	for _, tc := range []struct {
 		name          string
-		ignore        bool
+		trust         bool
 		caller, mark  string
 		want, counted int
 	}{
-		{"mark names the caller", false, "web", "web", http.StatusOK, 0},
-		{"mark names another caller", false, "web", "mobile", http.StatusTooManyRequests, 1},
-		{"mark without a caller", false, "", "web", http.StatusOK, 1}, // unknown is unlisted: admitted, counted
-		{"IgnoreDecided", true, "web", "web", http.StatusTooManyRequests, 1},
+		{"mark names the caller", true, "web", "web", http.StatusOK, 0},
+		{"mark names another caller", true, "web", "mobile", http.StatusTooManyRequests, 1},
+		{"mark without a caller", true, "", "web", http.StatusOK, 1}, // unknown is unlisted: admitted, counted
+		{"marks not trusted", false, "web", "web", http.StatusTooManyRequests, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			peer := cmp.Or(tc.caller, names.Unknown)
@@ -484,7 +484,7 @@ func TestMiddlewareDecidedMark(t *testing.T) {
 			}
 			req.Header.Set(DecidedHeader, tc.mark)
 			w := httptest.NewRecorder()
-			s.Middleware(ok, HTTPOptions{IgnoreDecided: tc.ignore}).ServeHTTP(w, req)
+			s.Middleware(ok, HTTPOptions{TrustDecided: tc.trust}).ServeHTTP(w, req)
 			if w.Code != tc.want {
 				t.Errorf("status %d, want %d", w.Code, tc.want)
 			}

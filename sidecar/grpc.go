@@ -22,8 +22,15 @@ type GRPCOptions struct {
 	// lower case; the name is lowered here. A call without it counts as
 	// names.Unknown.
 	CallerHeader string
-	// IgnoreDecided: see HTTPOptions.IgnoreDecided.
-	IgnoreDecided bool
+	// Identify, when set, names the caller from what authenticates the
+	// call (PeerTLSIdentity) instead of CallerHeader: see
+	// HTTPOptions.Identify.
+	Identify IdentifyContext
+	// RejectMismatch: see HTTPOptions.RejectMismatch; the call fails with
+	// PERMISSION_DENIED.
+	RejectMismatch bool
+	// TrustDecided: see HTTPOptions.TrustDecided.
+	TrustDecided bool
 	// RateLimitHeaders: see HTTPOptions.RateLimitHeaders. Admitted calls
 	// carry the headers as header metadata (grpc.SetHeader), drops carry
 	// them as trailer metadata next to the status. An admitted call whose
@@ -34,6 +41,10 @@ type GRPCOptions struct {
 	// of a proxied app (the sidecar binary) does not change the form of
 	// the app's answer.
 	RateLimitHeaders RateLimitHeaders
+}
+
+func (o GRPCOptions) rules() callerRules {
+	return callerRules{authenticated: o.Identify != nil, rejectMismatch: o.RejectMismatch, trustDecided: o.TrustDecided}
 }
 
 func (o GRPCOptions) key() string {
@@ -47,18 +58,23 @@ func (o GRPCOptions) key() string {
 // carries x-envoy-ratelimited: true, as Envoy's own rate-limit replies do,
 // so that an Envoy in front does not retry it, plus the rate-limit headers
 // of opts.RateLimitHeaders. An admitted call gets those headers as header
-// metadata (see Middleware for which calls and what they say). A call whose
-// DecidedHeader names its caller reaches the handler undecided and
-// uncounted (see Middleware).
+// metadata (see Middleware for which calls and what they say). With
+// opts.TrustDecided, a call whose DecidedHeader names its caller reaches the
+// handler undecided and uncounted (see Middleware). With opts.Identify and
+// opts.RejectMismatch, a call whose caller header disagrees with its
+// identity fails with PERMISSION_DENIED.
 //
 // The decision and the headers are rendered when the policy is installed;
 // sluice allocates nothing per call for them, but grpc-go copies metadata
 // handed to SetHeader and SetTrailer: each costs the call a map and a slice
 // per key, next to what grpc-go allocates for every call anyway.
 func (s *ServiceLimiter) UnaryServerInterceptor(opts GRPCOptions) grpc.UnaryServerInterceptor {
-	key := opts.key()
+	in := s.incoming(opts)
 	return func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		d, v := s.decideIncoming(ctx, key, opts.IgnoreDecided)
+		d, v, err := in.decide(ctx)
+		if err != nil {
+			return nil, err
+		}
 		if d.Drop {
 			// The error only says that ctx has no stream (a caller
 			// that runs the interceptor by hand): the status still
@@ -76,9 +92,12 @@ func (s *ServiceLimiter) UnaryServerInterceptor(opts GRPCOptions) grpc.UnaryServ
 // StreamServerInterceptor enforces s's policy on inbound streams, once per
 // stream when it opens, the way UnaryServerInterceptor does per call.
 func (s *ServiceLimiter) StreamServerInterceptor(opts GRPCOptions) grpc.StreamServerInterceptor {
-	key := opts.key()
+	in := s.incoming(opts)
 	return func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-		d, v := s.decideIncoming(ss.Context(), key, opts.IgnoreDecided)
+		d, v, err := in.decide(ss.Context())
+		if err != nil {
+			return err
+		}
 		if d.Drop {
 			ss.SetTrailer(d.v.http.grpcTrailer(opts.RateLimitHeaders))
 			return d.v.grpcErr
@@ -90,18 +109,39 @@ func (s *ServiceLimiter) StreamServerInterceptor(opts GRPCOptions) grpc.StreamSe
 	}
 }
 
-// decideIncoming decides an inbound call, unless its caller decided it
-// already (and ignoreDecided is off): then it admits it uncounted. v is the
-// verdict of the caller's rule either way (nil: none), for the headers of an
-// admitted call.
-func (s *ServiceLimiter) decideIncoming(ctx context.Context, key string, ignoreDecided bool) (d Decision, v *verdict) {
-	caller := callerFromContext(ctx, key)
-	if !ignoreDecided && decidedUpstream(metadata.ValueFromIncomingContext(ctx, DecidedHeader), caller) {
-		s.upstream.Add(1)
-		return Decision{}, s.verdictOf(caller)
+// incoming is what the server interceptors decide calls with.
+type incoming struct {
+	s        *ServiceLimiter
+	key      string
+	identify IdentifyContext
+	rules    callerRules
+	refusal  error // PERMISSION_DENIED for a mismatch under RejectMismatch
+}
+
+func (s *ServiceLimiter) incoming(opts GRPCOptions) *incoming {
+	return &incoming{s: s, key: opts.key(), identify: opts.Identify, rules: opts.rules(), refusal: renderRefusal(s.name).grpcErr}
+}
+
+// decide decides an inbound call, unless its caller decided it already
+// (see resolveCaller): then it admits it uncounted. v is the verdict of the
+// caller's rule either way (nil: none), for the headers of an admitted
+// call; err refuses the call before any decision.
+func (in *incoming) decide(ctx context.Context) (d Decision, v *verdict, err error) {
+	var id string
+	res := Authenticated
+	if in.identify != nil {
+		id, res = in.identify(ctx)
 	}
-	d = s.Decide(caller)
-	return d, d.v
+	caller, decided, reject := in.s.resolveCaller(in.rules, callerFromContext(ctx, in.key), id, res,
+		metadata.ValueFromIncomingContext(ctx, DecidedHeader))
+	switch {
+	case reject:
+		return Decision{}, nil, in.refusal
+	case decided:
+		return Decision{}, in.s.verdictOf(caller), nil
+	}
+	d = in.s.Decide(caller)
+	return d, d.v, nil
 }
 
 func callerFromContext(ctx context.Context, key string) string {

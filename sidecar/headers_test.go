@@ -229,7 +229,7 @@ func TestMiddlewareRateLimitHeaders(t *testing.T) {
 	for _, form := range []RateLimitHeaders{NoRateLimitHeaders, DraftRateLimitHeaders, XRateLimitHeaders} {
 		t.Run(form.String(), func(t *testing.T) {
 			_, s := headerPolicy()
-			srv := httptest.NewServer(s.Middleware(next, HTTPOptions{RateLimitHeaders: form}))
+			srv := httptest.NewServer(s.Middleware(next, HTTPOptions{RateLimitHeaders: form, TrustDecided: true}))
 			defer srv.Close()
 			bare := NewLimiter(LimiterOptions{}).Service("checkout") // no policy
 			bareSrv := httptest.NewServer(bare.Middleware(next, HTTPOptions{RateLimitHeaders: form}))
@@ -452,7 +452,7 @@ func TestMiddlewareRateLimitHeadersAllocs(t *testing.T) {
 		{"dropped gRPC, x-ratelimit", "blocked", "", "application/grpc", XRateLimitHeaders, false, "X-Ratelimit-Limit"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			h := s.Middleware(next, HTTPOptions{RateLimitHeaders: tc.form})
+			h := s.Middleware(next, HTTPOptions{RateLimitHeaders: tc.form, TrustDecided: true})
 			req := httptest.NewRequest(http.MethodPost, "/", nil)
 			req.Header.Set(DefaultCallerHeader, tc.caller)
 			if tc.decided != "" {

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -22,13 +23,30 @@ const DefaultCallerHeader = "x-sluice-caller"
 type HTTPOptions struct {
 	// CallerHeader names the request header that carries the caller's
 	// service name; DefaultCallerHeader when empty. A request without it
-	// counts as names.Unknown.
+	// counts as names.Unknown. It is believed as the network is: any
+	// client that reaches the handler can name any caller. With Identify
+	// it no longer names the caller.
 	CallerHeader string
-	// IgnoreDecided decides and counts requests that their caller marked
-	// as decided already (DecidedHeader) like any other, for callees whose
-	// callers are not trusted to mark honestly. Then those callers must
-	// not enforce outbound as well: their calls would be counted twice.
-	IgnoreDecided bool
+	// Identify, when set, names the caller from what authenticates the
+	// request (PeerCertIdentity, XFCCIdentity) instead of CallerHeader; a
+	// request it finds no identity in counts as names.Unknown. A caller
+	// header that disagrees with the identity is counted
+	// (sluice_sidecar_caller_mismatch_total) and ignored, or refused with
+	// RejectMismatch.
+	Identify Identify
+	// RejectMismatch, with Identify, refuses a request whose caller header
+	// names another caller than its identity: 403 Forbidden, or
+	// PERMISSION_DENIED for a gRPC call, before any decision.
+	RejectMismatch bool
+	// TrustDecided lets a request that its caller marked as decided already
+	// (DecidedHeader, set by the caller's outbound enforcement) through
+	// undecided and uncounted when the mark names its caller: with
+	// Identify, its authenticated caller. Otherwise marks are counted
+	// (sluice_sidecar_decided_ignored_total) and the request is decided
+	// like any other. Set it only for callers trusted to enforce their
+	// own outbound limits: a caller that marks its calls without
+	// enforcing escapes its limit.
+	TrustDecided bool
 	// RateLimitHeaders says which rate-limit headers admitted responses
 	// carry: none (the default), the IETF draft's, or Envoy's
 	// X-RateLimit-* (which drops then carry too). See RateLimitHeaders,
@@ -36,8 +54,13 @@ type HTTPOptions struct {
 	RateLimitHeaders RateLimitHeaders
 }
 
+func (o HTTPOptions) rules() callerRules {
+	return callerRules{authenticated: o.Identify != nil, rejectMismatch: o.RejectMismatch, trustDecided: o.TrustDecided}
+}
+
 // Middleware enforces s's policy on inbound HTTP requests: the peer is the
-// caller named by opts.CallerHeader. A dropped request never reaches next.
+// caller named by opts.Identify, or else by opts.CallerHeader. A dropped
+// request never reaches next.
 // It gets 429 Too Many Requests with Retry-After (see retryAfter),
 // x-envoy-ratelimited: true (so that Envoy does not retry it, see
 // envoyRateLimited), the RateLimit-Policy / RateLimit headers of
@@ -59,28 +82,42 @@ type HTTPOptions struct {
 // A gRPC call's caller is its metadata key opts.CallerHeader, which is the
 // HTTP/2 header of that name.
 //
-// A request whose DecidedHeader names its caller was decided and counted by
-// the caller's outbound enforcement: it reaches next undecided and uncounted
-// (but in DecidedUpstream), unless opts.IgnoreDecided. It gets the
+// With opts.TrustDecided, a request whose DecidedHeader names its caller
+// was decided and counted by the caller's outbound enforcement: it reaches
+// next undecided and uncounted (but in DecidedUpstream). It gets the
 // rate-limit headers its caller's rule announces all the same.
 func (s *ServiceLimiter) Middleware(next http.Handler, opts HTTPOptions) http.Handler {
 	key := textproto.CanonicalMIMEHeaderKey(cmp.Or(opts.CallerHeader, DefaultCallerHeader))
 	form := opts.RateLimitHeaders
+	rules := opts.rules()
+	refusal := renderRefusal(s.name)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		var caller string
+		var header, id string
 		if v := r.Header[key]; len(v) > 0 {
-			caller = v[0]
+			header = v[0]
+		}
+		res := Authenticated
+		if opts.Identify != nil {
+			id, res = opts.Identify(r)
+		}
+		caller, decided, reject := s.resolveCaller(rules, header, id, res, r.Header[decidedKey])
+		grpcCall := false
+		if ct := r.Header["Content-Type"]; len(ct) > 0 {
+			grpcCall = isGRPCContentType(ct[0])
+		}
+		if reject {
+			refusal.write(w, grpcCall)
+			return
 		}
 		var v *verdict
-		if !opts.IgnoreDecided && decidedUpstream(r.Header[decidedKey], caller) {
-			s.upstream.Add(1)
+		if decided {
 			if form != NoRateLimitHeaders {
 				v = s.verdictOf(caller)
 			}
 		} else {
 			d := s.Decide(caller)
 			if d.Drop {
-				if ct := r.Header["Content-Type"]; len(ct) > 0 && isGRPCContentType(ct[0]) {
+				if grpcCall {
 					d.v.http.writeGRPC(w, form)
 				} else {
 					d.v.http.write(w, form)
@@ -94,6 +131,43 @@ func (s *ServiceLimiter) Middleware(next http.Handler, opts HTTPOptions) http.Ha
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// refusal is the answer to a request refused before any decision because
+// its caller header disagrees with its authenticated identity
+// (RejectMismatch): 403 Forbidden, or PERMISSION_DENIED for a gRPC call.
+// Rendered once per middleware; its slices are shared (cap == len).
+type refusal struct {
+	body          []byte
+	contentLength []string
+	grpcErr       error
+	grpcStatus    []string
+	grpcMessage   []string
+}
+
+func renderRefusal(service string) *refusal {
+	msg := "request to service " + service + " refused by sluice: its caller header names another caller than its authenticated identity"
+	st := status.New(codes.PermissionDenied, msg)
+	f := &refusal{body: []byte(msg + "\n"), grpcErr: st.Err()}
+	f.contentLength = []string{strconv.Itoa(len(f.body))}
+	f.grpcStatus, f.grpcMessage, _ = grpcTrailers(st)
+	return f
+}
+
+func (f *refusal) write(w http.ResponseWriter, grpcCall bool) {
+	hdr := w.Header()
+	if grpcCall {
+		hdr["Content-Type"] = grpcContentType
+		hdr["Grpc-Status"] = f.grpcStatus
+		hdr["Grpc-Message"] = f.grpcMessage
+		w.WriteHeader(http.StatusOK)
+		return
+	}
+	hdr["Content-Type"] = textPlain
+	hdr["X-Content-Type-Options"] = noSniff
+	hdr["Content-Length"] = f.contentLength
+	w.WriteHeader(http.StatusForbidden)
+	_, _ = w.Write(f.body) // the caller is gone if this fails; nothing to do
 }
 
 // isGRPCContentType reports whether a request's Content-Type makes it a gRPC

@@ -593,6 +593,7 @@ type ServiceLimiter struct {
 
 	invalidPeers atomic.Uint64 // requests whose peer name failed the name check
 	upstream     atomic.Uint64 // inbound requests their caller had decided already (DecidedHeader); see client.go
+	ident        identityCounts
 }
 
 func newServiceLimiter(name string, maxPeers int, random bool, stripeMask uint64) *ServiceLimiter {

@@ -55,6 +55,24 @@ func TestCollector(t *testing.T) {
 
 	var want strings.Builder
 	want.WriteString(`
+# HELP sluice_sidecar_caller_identity_total Requests by what the authenticated caller source (--caller-identity xfcc or mtls; HTTPOptions.Identify) made of them: authenticated (decided as the identity's service), missing (no client certificate or x-forwarded-client-cert: unknown), untrusted_proxy (x-forwarded-client-cert from an address not in --trusted-proxies, ignored: unknown), invalid (no workload SPIFFE ID of the trust domain: unknown). All 0 in header mode.
+# TYPE sluice_sidecar_caller_identity_total counter
+sluice_sidecar_caller_identity_total{result="authenticated",service="cart"} 0
+sluice_sidecar_caller_identity_total{result="authenticated",service="checkout"} 0
+sluice_sidecar_caller_identity_total{result="invalid",service="cart"} 0
+sluice_sidecar_caller_identity_total{result="invalid",service="checkout"} 0
+sluice_sidecar_caller_identity_total{result="missing",service="cart"} 0
+sluice_sidecar_caller_identity_total{result="missing",service="checkout"} 0
+sluice_sidecar_caller_identity_total{result="untrusted_proxy",service="cart"} 0
+sluice_sidecar_caller_identity_total{result="untrusted_proxy",service="checkout"} 0
+# HELP sluice_sidecar_caller_mismatch_total Authenticated requests whose caller header named another caller than their identity: decided as the identity, or refused with --caller-mismatch reject. A client forging its caller, or a misconfigured one.
+# TYPE sluice_sidecar_caller_mismatch_total counter
+sluice_sidecar_caller_mismatch_total{service="cart"} 0
+sluice_sidecar_caller_mismatch_total{service="checkout"} 0
+# HELP sluice_sidecar_decided_ignored_total Requests carrying x-sluice-decided that were decided and counted all the same: marks are not trusted (no --trust-decided), or the mark does not name the request's (authenticated) caller.
+# TYPE sluice_sidecar_decided_ignored_total counter
+sluice_sidecar_decided_ignored_total{service="cart"} 0
+sluice_sidecar_decided_ignored_total{service="checkout"} 0
 # HELP sluice_sidecar_decided_upstream_total Inbound requests admitted without a decision because their caller's outbound enforcement had decided and counted them already (x-sluice-decided); in no other count.
 # TYPE sluice_sidecar_decided_upstream_total counter
 sluice_sidecar_decided_upstream_total{service="cart"} 0

@@ -12,11 +12,13 @@ package agent
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"os"
 	"strconv"
@@ -62,13 +64,38 @@ type Config struct {
 	// SurgeCheck is how often the counters are checked for a surge between
 	// reports; 0 means a tenth of ReportInterval, negative none.
 	SurgeCheck time.Duration
-	// CallerHeader names the request header that carries the caller.
+	// CallerHeader names the request header that carries the caller. In
+	// header mode it names the caller; otherwise it is only compared with
+	// the authenticated identity.
 	CallerHeader string
-	// IgnoreDecided decides and counts every request, even one its caller
-	// marked as decided by its own outbound enforcement (x-sluice-decided).
-	// The mark is as forgeable as the caller header: set this when callers
-	// are not trusted to enforce their own outbound limits.
-	IgnoreDecided bool
+	// CallerIdentity is where the caller comes from: "header" (the caller
+	// header, which trusts the network: any client that reaches the port
+	// can name any caller), "xfcc" (the x-forwarded-client-cert header,
+	// believed only from TrustedProxies) or "mtls" (the client certificate
+	// the proxy port's TLS handshake verified; needs ServerTLS).
+	CallerIdentity string
+	// TrustedProxies are the addresses (CIDRs) whose
+	// x-forwarded-client-cert headers are believed, in xfcc mode: the local
+	// Envoy's. From anywhere else the header is ignored and the request
+	// counts as unknown.
+	TrustedProxies []string
+	// TrustDomain is the SPIFFE trust domain of callers' identities, in
+	// xfcc and mtls modes.
+	TrustDomain string
+	// CallerMismatch is what happens to a request whose caller header
+	// disagrees with its authenticated identity: "ignore" (decided as the
+	// identity) or "reject" (403, PERMISSION_DENIED). Counted either way.
+	CallerMismatch string
+	// TrustDecided lets requests their caller marked as decided by its
+	// own outbound enforcement (x-sluice-decided) through uncounted, when
+	// the mark names the caller (the authenticated one, in xfcc and mtls
+	// modes). Off, every request is decided and counted: a caller that
+	// marks without enforcing would escape its limit.
+	TrustDecided bool
+	// ServerTLS, in mtls mode, is the proxy port's TLS configuration: it
+	// must require and verify client certificates
+	// (identity.Source.ServerTLS).
+	ServerTLS *tls.Config
 	// MaxPeers bounds the distinct callers tracked before the rest share
 	// one overflow bucket; at most MaxPeersBound.
 	MaxPeers int
@@ -99,6 +126,10 @@ func DefaultConfig() Config {
 		XDSProtocol:      "delta",
 		ReportInterval:   time.Second,
 		CallerHeader:     "x-sluice-caller",
+		CallerIdentity:   "header",
+		TrustedProxies:   []string{"127.0.0.1/32", "::1/128"},
+		TrustDomain:      "cluster.local",
+		CallerMismatch:   "ignore",
 		MaxPeers:         1024,
 		Strategy:         "diffuse",
 		RateLimitHeaders: sidecar.NoRateLimitHeaders.String(),
@@ -150,6 +181,7 @@ func (c Config) Validate() error {
 	if !validHeaderName(c.CallerHeader) {
 		add("caller-header: %q is not a valid header name", c.CallerHeader)
 	}
+	errs = append(errs, c.validateIdentity()...)
 	if c.MaxPeers < 1 || c.MaxPeers > MaxPeersBound {
 		add("max-peers: %d is outside [1, %d]: a report names every tracked caller plus unknown and _overflow, "+
 			"and aggregators reject reports naming more than their --max-peers-per-report (default 10000)", c.MaxPeers, MaxPeersBound)
@@ -161,6 +193,78 @@ func (c Config) Validate() error {
 		add("ratelimit-headers: %v", err)
 	}
 	return errors.Join(errs...)
+}
+
+// Caller identity modes (Config.CallerIdentity).
+const (
+	HeaderIdentity = "header"
+	XFCCIdentity   = "xfcc"
+	MTLSIdentity   = "mtls"
+)
+
+// validateIdentity checks the caller-identity settings; ServerTLS is
+// checked by New, since the command sets it after validation.
+func (c Config) validateIdentity() []error {
+	var errs []error
+	switch c.CallerIdentity {
+	case HeaderIdentity, XFCCIdentity, MTLSIdentity:
+	default:
+		errs = append(errs, fmt.Errorf("caller-identity: %q is not header, xfcc or mtls", c.CallerIdentity))
+	}
+	if _, err := parsePrefixes(c.TrustedProxies); err != nil {
+		errs = append(errs, fmt.Errorf("trusted-proxies: %w", err))
+	} else if c.CallerIdentity == XFCCIdentity && len(c.TrustedProxies) == 0 {
+		errs = append(errs, errors.New("trusted-proxies: xfcc needs at least one: the local proxy's address"))
+	}
+	switch c.CallerMismatch {
+	case "ignore":
+	case "reject":
+		if c.CallerIdentity == HeaderIdentity {
+			errs = append(errs, errors.New("caller-mismatch: reject needs an authenticated caller-identity, xfcc or mtls: in header mode the header is the caller"))
+		}
+	default:
+		errs = append(errs, fmt.Errorf("caller-mismatch: %q is not ignore or reject", c.CallerMismatch))
+	}
+	return errs
+}
+
+// parsePrefixes parses CIDRs; a bare address is its own /32 or /128.
+func parsePrefixes(list []string) ([]netip.Prefix, error) {
+	out := make([]netip.Prefix, 0, len(list))
+	var errs []error
+	for i, s := range list {
+		s = strings.TrimSpace(s)
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			a, aerr := netip.ParseAddr(s)
+			if aerr != nil {
+				errs = append(errs, fmt.Errorf("[%d] %q is not a CIDR or an address", i, s))
+				continue
+			}
+			p = netip.PrefixFrom(a, a.BitLen())
+		}
+		out = append(out, p.Masked())
+	}
+	return out, errors.Join(errs...)
+}
+
+// identify is the middleware's Identify for the configured mode; nil in
+// header mode.
+func (c Config) identify() (sidecar.Identify, error) {
+	switch c.CallerIdentity {
+	case XFCCIdentity:
+		trusted, err := parsePrefixes(c.TrustedProxies)
+		if err != nil {
+			return nil, err
+		}
+		return sidecar.XFCCIdentity(trusted, c.TrustDomain), nil
+	case MTLSIdentity:
+		if c.ServerTLS == nil || c.ServerTLS.ClientAuth != tls.RequireAnyClientCert && c.ServerTLS.ClientAuth != tls.RequireAndVerifyClientCert {
+			return nil, errors.New("caller-identity: mtls needs --tls-cert, --tls-key and --tls-ca: the proxy port serves TLS and requires client certificates")
+		}
+		return sidecar.PeerCertIdentity(c.TrustDomain), nil
+	}
+	return nil, nil
 }
 
 // validHeaderName reports whether s is an HTTP field name (an RFC 9110
@@ -224,8 +328,16 @@ func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Agent, er
 	}
 	a.proxy = p
 	headers, _ := sidecar.ParseRateLimitHeaders(cfg.RateLimitHeaders) // checked by Validate
+	identify, err := cfg.identify()
+	if err != nil {
+		return nil, err
+	}
 	a.handler = a.svc.Middleware(p, sidecar.HTTPOptions{
-		CallerHeader: cfg.CallerHeader, IgnoreDecided: cfg.IgnoreDecided, RateLimitHeaders: headers,
+		CallerHeader:     cfg.CallerHeader,
+		Identify:         identify,
+		RejectMismatch:   cfg.CallerMismatch == "reject",
+		TrustDecided:     cfg.TrustDecided,
+		RateLimitHeaders: headers,
 	})
 
 	protocol := xdsclient.Delta
@@ -265,6 +377,15 @@ func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Agent, er
 		return nil, err
 	}
 	return a, nil
+}
+
+// Server is the proxy port's server for Handler: TLS with client
+// certificates in mtls mode, else HTTP/1.1 and h2c.
+func (a *Agent) Server(addr string) *http.Server {
+	if a.cfg.CallerIdentity == MTLSIdentity {
+		return proxy.NewTLSServer(addr, a.handler, a.cfg.ServerTLS)
+	}
+	return proxy.NewServer(addr, a.handler)
 }
 
 // Handler is the request path: decide, then proxy to the app.

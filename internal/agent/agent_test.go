@@ -69,6 +69,13 @@ func TestBadConfigNamesTheFlag(t *testing.T) {
 		{"report-interval", func(c *Config) { c.ReportInterval = reporter.MinInterval - 1 }},
 		{"report-interval", func(c *Config) { c.ReportInterval = reporter.MaxInterval + 1 }},
 		{"caller-header", func(c *Config) { c.CallerHeader = "" }},
+		{"", func(c *Config) { c.CallerIdentity = XFCCIdentity; c.TrustedProxies = []string{"10.1.2.3", "fd00::/8"} }},
+		{"", func(c *Config) { c.CallerIdentity = MTLSIdentity; c.CallerMismatch = "reject" }},
+		{"caller-identity", func(c *Config) { c.CallerIdentity = "jwt" }},
+		{"trusted-proxies", func(c *Config) { c.CallerIdentity = XFCCIdentity; c.TrustedProxies = []string{"envoy"} }},
+		{"trusted-proxies", func(c *Config) { c.CallerIdentity = XFCCIdentity; c.TrustedProxies = nil }},
+		{"caller-mismatch", func(c *Config) { c.CallerMismatch = "reject" }},
+		{"caller-mismatch", func(c *Config) { c.CallerMismatch = "warn" }},
 		{"", func(c *Config) { c.MaxPeers = 1 }},
 		{"", func(c *Config) { c.MaxPeers = MaxPeersBound }},
 		{"max-peers", func(c *Config) { c.MaxPeers = 0 }},
@@ -117,7 +124,7 @@ func TestBadConfigReportsEveryProblemAtOnce(t *testing.T) {
 	flags := Command().Flags()
 	c := Config{Zone: "zone a"} // every other field zero, and zero is wrong for each
 	want := []string{"service", "id", "zone", "upstream", "aggregators", "controllers",
-		"xds-protocol", "report-interval", "caller-header", "max-peers", "strategy", "ratelimit-headers"}
+		"xds-protocol", "report-interval", "caller-header", "caller-identity", "caller-mismatch", "max-peers", "strategy", "ratelimit-headers"}
 	var got []string
 	for _, p := range problems(c.Validate()) {
 		name := flagOf(p)

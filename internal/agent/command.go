@@ -2,13 +2,13 @@ package agent
 
 import (
 	"errors"
+	"log/slog"
 	"time"
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
 
 	"github.com/sluicehq/sluice/internal/admin"
-	"github.com/sluicehq/sluice/internal/agent/proxy"
 	"github.com/sluicehq/sluice/internal/cli"
 	"github.com/sluicehq/sluice/internal/duration"
 	"github.com/sluicehq/sluice/internal/identity"
@@ -27,7 +27,8 @@ func Command() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "sidecar",
 		Short: "sluice sidecar: decides every request locally, proxies the rest to the app",
-		Long: `The sidecar listens in front of the local app (HTTP/1.1 and h2c, so gRPC works),
+		Long: `The sidecar listens in front of the local app (HTTP/1.1 and h2c, so gRPC works;
+HTTP/1.1 and h2 over TLS with --caller-identity mtls),
 drops each request with the probability its DropPolicy gives the request's caller,
 and proxies the rest to --upstream. A dropped HTTP request gets 429 with Retry-After
 (the seconds the controller needs to release the caller's ratio, 1 to 60),
@@ -35,7 +36,15 @@ x-envoy-ratelimited (so that Envoy does not retry it) and RateLimit headers; a
 dropped gRPC call gets RESOURCE_EXHAUSTED with a RetryInfo of the same delay.
 With --ratelimit-headers, admitted responses carry the caller's quota too.
 
-The caller is read from --caller-header (default x-sluice-caller), else "unknown".
+Who the caller is (--caller-identity): header, the default, reads --caller-header
+(default x-sluice-caller), which trusts the network: any client that reaches the port
+can name any caller. xfcc reads the SPIFFE ID of the last element of the
+x-forwarded-client-cert header, believed only from --trusted-proxies (the local
+Envoy). mtls serves the port with TLS 1.3, requires a client certificate (the
+--tls-* files) and reads its SPIFFE ID. A request without an identity counts as
+"unknown"; a caller header that disagrees with the identity is counted and ignored
+(--caller-mismatch reject refuses it). x-sluice-decided marks are honoured only with
+--trust-decided, and then only when they name the (authenticated) caller.
 The policy comes over xDS from --controllers; every --report-interval the sidecar
 reports per-caller counts to its zone aggregator (--aggregators). Without a policy
 it admits everything. When the controller is unreachable it keeps the last policy
@@ -48,7 +57,13 @@ flags win over the environment, the environment over the file.`,
 		Args:         cobra.NoArgs,
 		SilenceUsage: true,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			log, reg, err := cli.Start(cmd, "sidecar", &logging, func() error { return errors.Join(cfg.Validate(), tlsFlags.Validate()) })
+			log, reg, err := cli.Start(cmd, "sidecar", &logging, func() error {
+				var mtls error
+				if cfg.CallerIdentity == MTLSIdentity && !tlsFlags.Enabled() {
+					mtls = errors.New("caller-identity: mtls needs --tls-cert, --tls-key and --tls-ca: the proxy port serves TLS and requires client certificates")
+				}
+				return errors.Join(cfg.Validate(), tlsFlags.Validate(), mtls)
+			})
 			if err != nil {
 				return err
 			}
@@ -65,7 +80,11 @@ flags win over the environment, the environment over the file.`,
 				cfg.ReportDialOptions = []grpc.DialOption{tlsSrc.DialOption(identity.Kinds(identity.Aggregator))}
 				// Policies come from a controller or a zone relay.
 				cfg.XDSDialOptions = []grpc.DialOption{tlsSrc.DialOption(identity.Kinds(identity.Controller, identity.Aggregator))}
+				// Callers are workloads.
+				cfg.ServerTLS = tlsSrc.ServerTLS(identity.Kinds(identity.Workload))
 			}
+			cfg.TrustDomain = tlsFlags.TrustDomain
+			logIdentity(log, cfg)
 			a, err := New(cfg, log, reg)
 			if err != nil {
 				return err
@@ -74,7 +93,7 @@ flags win over the environment, the environment over the file.`,
 			p := &process.Process{
 				Logger: log,
 				Admin:  admin.New(reg, a.Ready), AdminAddr: adminAddr,
-				HTTP: proxy.NewServer(listen, a.Handler()), HTTPAddr: listen,
+				HTTP: a.Server(listen), HTTPAddr: listen,
 				Workers:         a.Workers(),
 				DrainDelay:      drainDelay,
 				ShutdownTimeout: stopTimeout,
@@ -85,7 +104,7 @@ flags win over the environment, the environment over the file.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&listen, "listen", ":15001", "address the proxy listens on (HTTP/1.1 and h2c)")
+	f.StringVar(&listen, "listen", ":15001", "address the proxy listens on (HTTP/1.1 and h2c; with --caller-identity mtls, HTTP/1.1 and h2 over TLS)")
 	f.StringVar(&adminAddr, "admin-addr", ":15020", "address for /metrics, /healthz, /readyz")
 	duration.Var(f, &drainDelay, "drain-delay", 0, "on shutdown, how long to keep serving after /readyz turns 503")
 	duration.Var(f, &stopTimeout, "shutdown-timeout", 10*time.Second, "bound on each shutdown step")
@@ -99,11 +118,29 @@ flags win over the environment, the environment over the file.`,
 	duration.Var(f, &cfg.ReportInterval, "report-interval", cfg.ReportInterval, "how often to report load to the aggregator")
 	duration.Var(f, &cfg.SurgeCheck, "surge-check", cfg.SurgeCheck, "how often to look for a surge between reports and report it at once; 0 means a tenth of --report-interval, negative none")
 	f.StringVar(&cfg.CallerHeader, "caller-header", cfg.CallerHeader, "request header that names the caller")
-	f.BoolVar(&cfg.IgnoreDecided, "ignore-decided", cfg.IgnoreDecided, "decide every request, even those a caller marked x-sluice-decided after enforcing its own outbound limit (for callers not trusted to)")
+	f.StringVar(&cfg.CallerIdentity, "caller-identity", cfg.CallerIdentity, "who the caller is: header (--caller-header; trusts the network), xfcc (the SPIFFE ID in x-forwarded-client-cert, from --trusted-proxies only) or mtls (the verified client certificate's SPIFFE ID; the port serves TLS)")
+	f.StringSliceVar(&cfg.TrustedProxies, "trusted-proxies", cfg.TrustedProxies, "CIDRs whose x-forwarded-client-cert is believed with --caller-identity xfcc (the local Envoy); from elsewhere the header is ignored and the caller is unknown")
+	f.StringVar(&cfg.CallerMismatch, "caller-mismatch", cfg.CallerMismatch, "with an authenticated --caller-identity, what a caller header naming another caller gets: ignore (decided as the identity) or reject (403, PERMISSION_DENIED); counted either way")
+	f.BoolVar(&cfg.TrustDecided, "trust-decided", cfg.TrustDecided, "let requests a caller marked x-sluice-decided (its outbound enforcement decided them) through uncounted when the mark names the (authenticated) caller; only for callers trusted to enforce their own limits")
 	f.IntVar(&cfg.MaxPeers, "max-peers", cfg.MaxPeers, "distinct callers tracked before the rest share the _overflow bucket")
 	f.StringVar(&cfg.Strategy, "strategy", cfg.Strategy, "drop decision: diffuse (exact error diffusion) or random")
 	f.StringVar(&cfg.RateLimitHeaders, "ratelimit-headers", cfg.RateLimitHeaders, "rate-limit headers on admitted responses: none, draft (RateLimit-Policy and RateLimit) or x-ratelimit (Envoy's X-RateLimit-*, on 429s too)")
 	tlsFlags.AddFlags(f)
 	logging.AddFlags(f)
 	return cmd
+}
+
+// logIdentity says at start what the caller identity trusts.
+func logIdentity(log *slog.Logger, cfg Config) {
+	switch cfg.CallerIdentity {
+	case HeaderIdentity:
+		log.Warn("caller identity from the "+cfg.CallerHeader+" header: any client that reaches the proxy port can name any caller and spend its limit; "+
+			"use --caller-identity mtls or xfcc where the network is not trusted", "trust_decided", cfg.TrustDecided)
+	case XFCCIdentity:
+		log.Info("caller identity from x-forwarded-client-cert, believed from the trusted proxies only",
+			"trusted_proxies", cfg.TrustedProxies, "trust_domain", cfg.TrustDomain, "caller_mismatch", cfg.CallerMismatch, "trust_decided", cfg.TrustDecided)
+	case MTLSIdentity:
+		log.Info("caller identity from the client certificate: the proxy port serves mutual TLS",
+			"trust_domain", cfg.TrustDomain, "caller_mismatch", cfg.CallerMismatch, "trust_decided", cfg.TrustDecided)
+	}
 }

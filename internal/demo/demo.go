@@ -23,6 +23,7 @@ import (
 	"github.com/sluicehq/sluice/internal/testbed"
 	"github.com/sluicehq/sluice/pkg/dataplane"
 	"github.com/sluicehq/sluice/pkg/dropratio"
+	"github.com/sluicehq/sluice/pkg/names"
 )
 
 // Options shape the run.
@@ -117,6 +118,12 @@ func Run(ctx context.Context, out, errOut io.Writer, o Options) error {
 			Callers: map[string]limits.Bucket{
 				"web":    {Limit: o.Limit, Mode: dropratio.Enforce},
 				"mobile": {Limit: o.Limit, Mode: dropratio.Enforce},
+				// Requests that name no caller, or a caller past the
+				// sidecars' tables, share a limit too: without one,
+				// any client could send unlimited load by naming
+				// nobody (or everybody).
+				names.Unknown:  {Limit: o.Limit, Mode: dropratio.Enforce},
+				names.Overflow: {Limit: o.Limit, Mode: dropratio.Enforce},
 			},
 		},
 	})

@@ -29,6 +29,7 @@ import (
 	"strings"
 
 	"github.com/sluicehq/sluice/pkg/names"
+	"github.com/sluicehq/sluice/pkg/spiffe"
 )
 
 // Kind is what a peer is.
@@ -102,17 +103,20 @@ func Parse(uri, trustDomain string) (ID, error) {
 		}
 		return nil
 	}
+	// The workload forms are pkg/spiffe's, which the sidecar's request
+	// path reads callers with.
+	if svc, ns, ok := spiffe.Workload(u.Path); ok {
+		what := "service"
+		if seg[0] == "ns" {
+			what = "service account"
+		}
+		if err := checkName(what, svc); err != nil {
+			return ID{}, err
+		}
+		id.Kind, id.Namespace, id.Service = Workload, ns, svc
+		return id, nil
+	}
 	switch {
-	case len(seg) == 4 && seg[0] == "ns" && seg[2] == "sa":
-		if err := checkName("service account", seg[3]); err != nil {
-			return ID{}, err
-		}
-		id.Kind, id.Namespace, id.Service = Workload, seg[1], seg[3]
-	case len(seg) == 3 && seg[0] == "sluice" && seg[1] == "service":
-		if err := checkName("service", seg[2]); err != nil {
-			return ID{}, err
-		}
-		id.Kind, id.Service = Workload, seg[2]
 	case len(seg) == 2 && seg[0] == "sluice" && seg[1] == "aggregator":
 		id.Kind = Aggregator
 	case len(seg) == 3 && seg[0] == "sluice" && seg[1] == "aggregator":

@@ -35,6 +35,10 @@ func TestExampleLimitsFile(t *testing.T) {
 		"abuser": {0, dropratio.Enforce, dataplane.EnforceSidecar},
 		"app":    {80, dropratio.Enforce, dataplane.EnforceUpstream},
 		"other":  {200, dropratio.Enforce, dataplane.EnforceSidecar}, // the default limit
+		// Shipped defaults limit the reserved callers: no one sends
+		// unlimited load by naming nobody, or a flood of names.
+		"unknown":   {20, dropratio.Enforce, dataplane.EnforceSidecar},
+		"_overflow": {20, dropratio.Enforce, dataplane.EnforceSidecar},
 	} {
 		if got := co.Bucket(caller); got != want {
 			t.Errorf("checkout/%s = %+v, want %+v", caller, got, want)

@@ -26,6 +26,13 @@ type Caller struct {
 	// Rate is the offered rate in requests per second at time t since the
 	// start of the run.
 	Rate func(t time.Duration) float64
+	// Header, when set, is added to each of the caller's requests after
+	// the caller header, which a value of its own replaces: a caller that
+	// names another, or carries x-forwarded-client-cert.
+	Header http.Header
+	// Client, when set, sends the caller's requests instead of the
+	// generator's own: a caller with its own client certificate.
+	Client *http.Client
 }
 
 // Options configures a Generator.
@@ -222,8 +229,16 @@ func (g *Generator) send(ctx context.Context, caller, sec int) {
 			c.errors.Add(1)
 			return
 		}
-		req.Header.Set(g.opts.Header, g.opts.Callers[caller].Name)
-		resp, err := g.client.Do(req)
+		cl := &g.opts.Callers[caller]
+		req.Header.Set(g.opts.Header, cl.Name)
+		for k, v := range cl.Header {
+			req.Header[http.CanonicalHeaderKey(k)] = v
+		}
+		client := g.client
+		if cl.Client != nil {
+			client = cl.Client
+		}
+		resp, err := client.Do(req)
 		if err != nil {
 			c.errors.Add(1)
 			return

@@ -41,7 +41,8 @@ type Process struct {
 	GRPC     *grpc.Server
 	GRPCAddr string
 
-	// HTTP, when set, serves on HTTPAddr (the sidecar's proxy port).
+	// HTTP, when set, serves on HTTPAddr (the sidecar's proxy port), with
+	// TLS when its TLSConfig is set.
 	HTTP     *http.Server
 	HTTPAddr string
 
@@ -169,6 +170,10 @@ func (r *run) serve(lns []listener) {
 			serve = func() error { return r.p.GRPC.Serve(l.ln) }
 		case "http":
 			serve = func() error { return r.p.HTTP.Serve(l.ln) }
+			if r.p.HTTP.TLSConfig != nil {
+				// The certificate comes from TLSConfig (GetCertificate).
+				serve = func() error { return r.p.HTTP.ServeTLS(l.ln, "", "") }
+			}
 		}
 		r.servers.Add(1)
 		go func() {

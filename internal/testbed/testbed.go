@@ -301,6 +301,9 @@ func (c *Cluster) startSidecar(id, zone string, aggregators []string) (*Node, er
 	cfg.Controllers = []string{c.ControllerAddr}
 	cfg.XDSProtocol = c.opts.XDSProtocol
 	cfg.ReportInterval = c.opts.ReportInterval
+	// The cluster's callers (StartCaller) enforce outbound and mark what
+	// they decided: the sidecars trust them to.
+	cfg.TrustDecided = true
 	reg := prometheus.NewRegistry()
 	log := c.log.With("node", id)
 	a, err := agent.New(cfg, log, reg)

@@ -30,7 +30,7 @@ const (
 // the reserved names. The error says what is wrong, for reject reasons and
 // admission messages.
 func Check(s string) error {
-	if s == Overflow {
+	if Valid(s) {
 		return nil
 	}
 	if s == "" {
@@ -49,6 +49,23 @@ func Check(s string) error {
 		}
 	}
 	return nil
+}
+
+// Valid is Check without the error: it allocates nothing, for the request
+// path.
+func Valid(s string) bool {
+	if s == Overflow {
+		return true
+	}
+	if s == "" || len(s) > MaxLen || !isAlnum(s[0]) {
+		return false
+	}
+	for i := 1; i < len(s); i++ {
+		if c := s[i]; !isAlnum(c) && c != '.' && c != '_' && c != '-' {
+			return false
+		}
+	}
+	return true
 }
 
 func isAlnum(c byte) bool {

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"crypto/tls"
 	"net/http"
 	"time"
 )
@@ -38,4 +39,19 @@ func NewServer(addr string, h http.Handler) *http.Server {
 		IdleTimeout:       idleTimeout,
 		HTTP2:             &http.HTTP2Config{MaxConcurrentStreams: maxConcurrentStreams},
 	}
+}
+
+// NewTLSServer returns a server for h that speaks HTTP/1.1 and HTTP/2 over
+// TLS on one port, chosen by ALPN (h2c does not apply over TLS; gRPC
+// clients offer h2). cfg decides the rest: the sidecar's requires and
+// verifies a client certificate, TLS 1.3 only. The TLS handshake is bounded
+// by the same timeout as the headers.
+func NewTLSServer(addr string, h http.Handler, cfg *tls.Config) *http.Server {
+	srv := NewServer(addr, h)
+	var protos http.Protocols
+	protos.SetHTTP1(true)
+	protos.SetHTTP2(true)
+	srv.Protocols = &protos
+	srv.TLSConfig = cfg
+	return srv
 }
