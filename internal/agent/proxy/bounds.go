@@ -137,41 +137,54 @@ func (c *countedConn) Close() error {
 	return err
 }
 
-// errBodyTimeout is the read error of a body that took longer than the body timeout. The
-// Transport returns it from RoundTrip, which tells handleError to answer 408.
+// errBodyTimeout is the read error of a body that took longer than the body timeout.
 var errBodyTimeout = fmt.Errorf("sluice: request body not read within the body timeout: %w", os.ErrDeadlineExceeded)
 
 // limitBody bounds the time to read r's body, if it has one, to the body timeout counted from
-// now, replacing r.Body. gRPC over HTTP/2 is exempt: its request body is the client's half of
+// now, and returns the request to forward in r's place. gRPC over HTTP/2 is exempt: its request body is the client's half of
 // a stream, which may rightly stay open and silent for hours (a bidirectional watch); those
 // calls are bounded by MaxRequests only.
 //
 // The deadline is the server's read deadline (on the connection for HTTP/1.1, on the stream
 // for HTTP/2), so a body that stalls completely is cut too: a read blocked on it fails when
 // the deadline passes. Then the Transport stops sending the request and closes its connection
-// to the app, and handleError answers 408.
-func (b *bounds) limitBody(w http.ResponseWriter, r *http.Request) {
+// to the app, and handleError answers 408: it finds the body in the request's context, since
+// the error it is given may be the request's cancellation (the HTTP/1.1 server cancels a
+// request whose connection failed a read) rather than the body's.
+func (b *bounds) limitBody(w http.ResponseWriter, r *http.Request) *http.Request {
 	if r.Body == nil || r.Body == http.NoBody {
-		return
+		return r
 	}
 	if r.ProtoMajor == 2 && isGRPC(r.Header.Get("Content-Type")) {
-		return
+		return r
 	}
 	rc := http.NewResponseController(w)
 	if err := rc.SetReadDeadline(time.Now().Add(b.bodyTimeout)); err != nil {
 		// A ResponseWriter without deadlines (a wrapper that hides them): unbounded, as
 		// before. The servers of this package always support them.
-		return
+		return r
 	}
-	r.Body = &deadlineBody{ReadCloser: r.Body, rc: rc}
+	body := &deadlineBody{ReadCloser: r.Body, rc: rc}
+	r = r.WithContext(context.WithValue(r.Context(), deadlineBodyKey{}, body))
+	r.Body = body
+	return r
 }
 
+// bodyTimedOut reports whether r's body was cut by the body timeout.
+func bodyTimedOut(r *http.Request) bool {
+	d, _ := r.Context().Value(deadlineBodyKey{}).(*deadlineBody)
+	return d != nil && d.expired.Load()
+}
+
+type deadlineBodyKey struct{}
+
 // deadlineBody is a request body read under a deadline. Read is called by one goroutine at a
-// time (the Transport's writer).
+// time (the Transport's writer); expired may be read by any.
 type deadlineBody struct {
 	io.ReadCloser
-	rc    *http.ResponseController
-	ended bool // Read saw the end of the body or an error
+	rc      *http.ResponseController
+	ended   bool        // Read saw the end of the body or an error; Read's alone
+	expired atomic.Bool // a Read failed because the deadline passed
 }
 
 func (d *deadlineBody) Read(p []byte) (int, error) {
@@ -190,6 +203,7 @@ func (d *deadlineBody) Read(p []byte) (int, error) {
 	// Otherwise the deadline stays: further reads fail at once, and the server closes the
 	// connection instead of draining the rest of a body it would wait for again.
 	if errors.Is(err, os.ErrDeadlineExceeded) {
+		d.expired.Store(true)
 		return n, errBodyTimeout
 	}
 	return n, err

@@ -294,7 +294,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer p.bounds.done()
-	p.bounds.limitBody(w, r)
+	r = p.bounds.limitBody(w, r)
 	if r.ProtoMajor == 2 {
 		p.rpH2C.ServeHTTP(w, r)
 		return
@@ -325,7 +325,7 @@ func (p *Proxy) handleError(w http.ResponseWriter, r *http.Request, err error) {
 		return
 	}
 	switch {
-	case errors.Is(err, errBodyTimeout):
+	case bodyTimedOut(r):
 		p.bounds.bodyTimeouts.Inc()
 		// The connection can not carry another request: its read deadline has passed.
 		w.Header().Set("Connection", "close")
