@@ -63,7 +63,7 @@ func newMetrics[Req, Resp any](reg prometheus.Registerer, logger *slog.Logger, u
 			Help: "Zone loads the controller answered with accepted=false.",
 		}),
 	}
-	for _, r := range slices.Concat(Reasons, []string{ReasonSidecarIDChanged, ReasonTooLarge, ReasonIdentityMismatch}) {
+	for _, r := range slices.Concat(Reasons, []string{ReasonSidecarIDChanged, ReasonTooLarge, ReasonUnparseable, ReasonIdentityMismatch}) {
 		m.rejectedBy[r] = rejected.WithLabelValues(r)
 	}
 	if reg == nil {
