@@ -276,7 +276,7 @@ func TestHostileSlowBodies(t *testing.T) {
 // abuser stays near its limit; after SIGCONT the sidecar reconnects.
 func TestHostileFrozenController(t *testing.T) {
 	const (
-		seconds     = 26
+		seconds     = 22
 		freezeAt    = 4
 		victimRate  = 30.0
 		victimLimit = 50.0
