@@ -110,6 +110,14 @@ type Config struct {
 	// xDS servers; default plaintext. Under mutual TLS they carry
 	// credentials that check the server's identity (internal/identity).
 	ReportDialOptions, XDSDialOptions []grpc.DialOption
+
+	// What callers may hold of the app through the proxy (see
+	// internal/agent/proxy): the time to read a request body (gRPC over
+	// HTTP/2 exempt), the requests in flight and the connections open to
+	// the app. Past a bound the proxy answers itself (408, 503).
+	ProxyBodyTimeout time.Duration
+	ProxyMaxRequests int
+	ProxyMaxConns    int
 }
 
 // DefaultConfig returns the defaults; Service is left for the caller.
@@ -133,6 +141,10 @@ func DefaultConfig() Config {
 		MaxPeers:         1024,
 		Strategy:         "diffuse",
 		RateLimitHeaders: sidecar.NoRateLimitHeaders.String(),
+
+		ProxyBodyTimeout: proxy.DefaultBodyTimeout,
+		ProxyMaxRequests: proxy.DefaultMaxRequests,
+		ProxyMaxConns:    proxy.DefaultMaxConns,
 	}
 }
 
@@ -192,7 +204,22 @@ func (c Config) Validate() error {
 	if _, err := sidecar.ParseRateLimitHeaders(c.RateLimitHeaders); err != nil {
 		add("ratelimit-headers: %v", err)
 	}
-	return errors.Join(errs...)
+	return errors.Join(append(errs, c.proxyBoundsErrors()...)...)
+}
+
+// proxyBoundsErrors checks the proxy's bounds, by flag name.
+func (c Config) proxyBoundsErrors() []error {
+	var errs []error
+	if c.ProxyBodyTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("proxy-body-timeout: %v must be positive", c.ProxyBodyTimeout))
+	}
+	if c.ProxyMaxRequests < 1 {
+		errs = append(errs, fmt.Errorf("proxy-max-requests: %d must be at least 1", c.ProxyMaxRequests))
+	}
+	if c.ProxyMaxConns < 1 {
+		errs = append(errs, fmt.Errorf("proxy-max-connections: %d must be at least 1", c.ProxyMaxConns))
+	}
+	return errs
 }
 
 // Caller identity modes (Config.CallerIdentity).
@@ -322,7 +349,11 @@ func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Agent, er
 	}
 
 	up, _ := url.Parse(cfg.Upstream) // checked by Validate
-	p, err := proxy.New(up, proxy.Options{Logger: logger})
+	p, err := proxy.New(up, proxy.Options{
+		Logger:      logger,
+		BodyTimeout: cfg.ProxyBodyTimeout, MaxRequests: cfg.ProxyMaxRequests, MaxConns: cfg.ProxyMaxConns,
+		Registerer: reg,
+	})
 	if err != nil {
 		return nil, err
 	}

@@ -86,6 +86,11 @@ func TestBadConfigNamesTheFlag(t *testing.T) {
 		{"", func(c *Config) { c.RateLimitHeaders = "x-ratelimit" }},
 		{"ratelimit-headers", func(c *Config) { c.RateLimitHeaders = "" }},
 		{"ratelimit-headers", func(c *Config) { c.RateLimitHeaders = "ietf" }},
+		{"", func(c *Config) { c.ProxyBodyTimeout, c.ProxyMaxRequests, c.ProxyMaxConns = time.Nanosecond, 1, 1 }},
+		{"proxy-body-timeout", func(c *Config) { c.ProxyBodyTimeout = 0 }},
+		{"proxy-body-timeout", func(c *Config) { c.ProxyBodyTimeout = -time.Second }},
+		{"proxy-max-requests", func(c *Config) { c.ProxyMaxRequests = 0 }},
+		{"proxy-max-connections", func(c *Config) { c.ProxyMaxConns = -1 }},
 	} {
 		t.Run(fmt.Sprintf("%d/%s", i, cmpOr(tc.flag, "valid")), func(t *testing.T) {
 			c := validConfig()
@@ -124,7 +129,8 @@ func TestBadConfigReportsEveryProblemAtOnce(t *testing.T) {
 	flags := Command().Flags()
 	c := Config{Zone: "zone a"} // every other field zero, and zero is wrong for each
 	want := []string{"service", "id", "zone", "upstream", "aggregators", "controllers",
-		"xds-protocol", "report-interval", "caller-header", "caller-identity", "caller-mismatch", "max-peers", "strategy", "ratelimit-headers"}
+		"xds-protocol", "report-interval", "caller-header", "caller-identity", "caller-mismatch", "max-peers", "strategy", "ratelimit-headers",
+		"proxy-body-timeout", "proxy-max-requests", "proxy-max-connections"}
 	var got []string
 	for _, p := range problems(c.Validate()) {
 		name := flagOf(p)

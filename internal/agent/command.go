@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"google.golang.org/grpc"
 
 	"github.com/sluicehq/sluice/internal/admin"
@@ -125,6 +126,7 @@ flags win over the environment, the environment over the file.`,
 	f.IntVar(&cfg.MaxPeers, "max-peers", cfg.MaxPeers, "distinct callers tracked before the rest share the _overflow bucket")
 	f.StringVar(&cfg.Strategy, "strategy", cfg.Strategy, "drop decision: diffuse (exact error diffusion) or random")
 	f.StringVar(&cfg.RateLimitHeaders, "ratelimit-headers", cfg.RateLimitHeaders, "rate-limit headers on admitted responses: none, draft (RateLimit-Policy and RateLimit) or x-ratelimit (Envoy's X-RateLimit-*, on 429s too)")
+	addProxyFlags(f, &cfg)
 	tlsFlags.AddFlags(f)
 	logging.AddFlags(f)
 	return cmd
@@ -143,4 +145,11 @@ func logIdentity(log *slog.Logger, cfg Config) {
 		log.Info("caller identity from the client certificate: the proxy port serves mutual TLS",
 			"trust_domain", cfg.TrustDomain, "caller_mismatch", cfg.CallerMismatch, "trust_decided", cfg.TrustDecided)
 	}
+}
+
+// addProxyFlags adds the proxy's bounds.
+func addProxyFlags(f *pflag.FlagSet, cfg *Config) {
+	duration.Var(f, &cfg.ProxyBodyTimeout, "proxy-body-timeout", cfg.ProxyBodyTimeout, "time allowed to read a request body, from the end of its headers; slower bodies get 408 (gRPC over HTTP/2 is exempt)")
+	f.IntVar(&cfg.ProxyMaxRequests, "proxy-max-requests", cfg.ProxyMaxRequests, "requests in flight to the app; more get 503 (gRPC: UNAVAILABLE) at once")
+	f.IntVar(&cfg.ProxyMaxConns, "proxy-max-connections", cfg.ProxyMaxConns, "connections open to the app; a request that needs one more gets 503 at once")
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/sluicehq/sluice/internal/duration"
 	"github.com/sluicehq/sluice/internal/identity"
 	"github.com/sluicehq/sluice/internal/process"
+	"github.com/sluicehq/sluice/pkg/liveness"
 )
 
 // Command is the aggregator binary.
@@ -42,7 +43,7 @@ flags win over the environment, the environment over the file.`,
 			if err != nil {
 				return err
 			}
-			serverOpts := []grpc.ServerOption{grpc.MaxRecvMsgSize(cfg.Bounds.MaxReportSize())}
+			serverOpts := append([]grpc.ServerOption{grpc.MaxRecvMsgSize(cfg.Bounds.MaxReportSize())}, liveness.ServerOptions()...)
 			tlsSrc, err := tlsFlags.Setup(log, reg)
 			if err != nil {
 				return err

@@ -21,6 +21,7 @@ import (
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/identity"
+	"github.com/sluicehq/sluice/internal/recvfail"
 	"github.com/sluicehq/sluice/internal/ticker"
 	"github.com/sluicehq/sluice/internal/zoneload"
 	"github.com/sluicehq/sluice/pkg/names"
@@ -160,7 +161,12 @@ const ReasonSidecarIDChanged = "sidecar_id_changed"
 // ReasonTooLarge counts a report larger than the gRPC server's receive
 // limit: gRPC refuses it before it is decoded and ends the stream, so
 // State never sees it.
-const ReasonTooLarge = "too_large"
+const ReasonTooLarge = recvfail.TooLarge
+
+// ReasonUnparseable counts a report gRPC could not decode (not protobuf of
+// the report's type, invalid UTF-8 in a string): the stream ends, as for
+// ReasonTooLarge.
+const ReasonUnparseable = recvfail.Unparseable
 
 // ReasonIdentityMismatch rejects, under mutual TLS, a report whose service
 // is not its sender's identity.
@@ -190,6 +196,7 @@ type Service struct {
 	rejectLog uplink.RejectLog // rejections of flushes by the controller
 	reportLog uplink.RejectLog // rejections of reports that an operator should hear of
 	holders   atomic.Uint64    // the last stream's Sender.Holder
+	badMsgLog recvfail.Log     // reports that ended their stream undecoded
 }
 
 // stream is the identity of one StreamLoadReports call.
@@ -482,9 +489,10 @@ func (l loadServer) StreamLoadReports(g grpc.BidiStreamingServer[sluicev1.Stream
 			return nil
 		}
 		if err != nil {
-			if status.Code(err) == codes.ResourceExhausted {
+			if reason := recvfail.Reason(err); reason != "" {
 				s.m.reports.Inc()
-				s.m.rejected(ReasonTooLarge).Inc()
+				s.m.rejected(reason).Inc()
+				s.badMsgLog.Note(g.Context(), s.log, "load reports", reason, err)
 			}
 			return err // the stream is gone; gRPC has its status
 		}

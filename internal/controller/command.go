@@ -22,6 +22,7 @@ import (
 	"github.com/sluicehq/sluice/internal/xdsserver"
 	"github.com/sluicehq/sluice/internal/zoneload"
 	"github.com/sluicehq/sluice/pkg/history"
+	"github.com/sluicehq/sluice/pkg/liveness"
 )
 
 // Flags are the controller binary's settings beyond Config.
@@ -98,7 +99,7 @@ func run(cmd *cobra.Command, cfg *Config, fl *Flags, tlsFlags *identity.Flags) e
 	}
 	defer ls.close()
 	src, workers, flush, recorder := ls.src, ls.workers, ls.flush, ls.recorder
-	serverOpts := []grpc.ServerOption{grpc.MaxRecvMsgSize(zoneload.MaxMessageSize)}
+	serverOpts := append([]grpc.ServerOption{grpc.MaxRecvMsgSize(zoneload.MaxMessageSize)}, liveness.ServerOptions()...)
 	tlsSrc, err := tlsFlags.Setup(log, reg)
 	if err != nil {
 		return err

@@ -26,6 +26,7 @@ import (
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/identity"
 	"github.com/sluicehq/sluice/internal/limits"
+	"github.com/sluicehq/sluice/internal/recvfail"
 	"github.com/sluicehq/sluice/internal/ticker"
 	"github.com/sluicehq/sluice/internal/xdsserver"
 	"github.com/sluicehq/sluice/pkg/dropratio"
@@ -118,6 +119,8 @@ type Service struct {
 	drainOnce sync.Once
 
 	recorder *Recorder // nil without a history store; set before Run
+
+	badMsgLog recvfail.Log // zone loads that ended their stream undecoded
 
 	mu      sync.Mutex // protects state and streams
 	state   *State
@@ -271,11 +274,12 @@ func (s *Service) StreamZoneLoads(stream grpc.BidiStreamingServer[sluicev1.Strea
 	go func() {
 		for {
 			req, err := stream.Recv()
-			if status.Code(err) == codes.ResourceExhausted {
-				// Larger than the gRPC server's receive limit: refused
-				// before it was decoded, and the stream ends. Counted
-				// here: the handler may see the stream's end first.
-				s.m.rejected.WithLabelValues("too_large").Inc()
+			if reason := recvfail.Reason(err); reason != "" {
+				// Larger than the gRPC server's receive limit, or not
+				// decodable: the stream ends. Counted here: the handler
+				// may see the stream's end first.
+				s.m.rejected.WithLabelValues(reason).Inc()
+				s.badMsgLog.Note(ctx, s.log, "zone loads", reason, err)
 			}
 			select {
 			case reqs <- recv{req, err}:

@@ -21,6 +21,8 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/sluicehq/sluice/pkg/liveness"
 )
 
 // Defaults of Config.
@@ -133,6 +135,9 @@ func New[Req, Resp any](cfg Config[Req, Resp]) (*Uplink[Req, Resp], error) {
 	if len(cfg.DialOptions) == 0 {
 		cfg.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
 	}
+	// Keepalive first, so that the caller's options may override it: a frozen server is
+	// found in seconds, and the Uplink fails over (see pkg/liveness).
+	cfg.DialOptions = append([]grpc.DialOption{liveness.DialOption()}, cfg.DialOptions...)
 	cfg.Addrs = append([]string(nil), cfg.Addrs...)
 	log := cfg.Logger
 	if log == nil {

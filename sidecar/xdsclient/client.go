@@ -28,6 +28,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/pkg/liveness"
 	"github.com/sluicehq/sluice/pkg/names"
 )
 
@@ -132,6 +133,9 @@ func New(cfg Config, h Handler) (*Client, error) {
 	if cfg.DialOptions == nil {
 		cfg.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
 	}
+	// Keepalive first, so that the caller's options may override it: a frozen server is
+	// found in seconds, and the client fails over (see pkg/liveness).
+	cfg.DialOptions = append([]grpc.DialOption{liveness.DialOption()}, cfg.DialOptions...)
 	cfg.Servers = append([]string(nil), cfg.Servers...)
 	cfg.Resources = append([]string(nil), cfg.Resources...)
 	if err := validate(cfg, h); err != nil {

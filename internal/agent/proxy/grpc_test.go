@@ -27,8 +27,8 @@ import (
 const maxMsg = 32 << 20
 
 // grpcApp is a real gRPC server: the standard health service, plus a hand-written Echo
-// service (no generated code needed) with a unary Echo and a server-streaming Hang that sends
-// one message and then waits for its context to end.
+// service (no generated code needed) with a unary Echo and a streaming Hang that echoes one
+// message and then waits for its context to end.
 type grpcApp struct {
 	addr   string
 	health *health.Server
@@ -77,8 +77,11 @@ var echoService = grpc.ServiceDesc{
 		},
 	}},
 	Streams: []grpc.StreamDesc{{
-		StreamName:    "Hang",
+		StreamName: "Hang",
+		// Bidirectional, so that a client may keep its half open: gRPC reads a
+		// server-streaming call's request to its end before the handler gets it.
 		ServerStreams: true,
+		ClientStreams: true,
 		Handler: func(srv any, stream grpc.ServerStream) error {
 			in := new(wrapperspb.BytesValue)
 			if err := stream.RecvMsg(in); err != nil {

@@ -25,6 +25,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Options tune the connections to the app. Zero values take the defaults documented on each
@@ -57,6 +59,22 @@ type Options struct {
 
 	// ErrorLogInterval is the least time between two upstream-failure log lines. Default 10s.
 	ErrorLogInterval time.Duration
+
+	// BodyTimeout bounds the time to read a request's body, counted from the end of its
+	// headers; a body that takes longer is cut and answered 408. gRPC calls over HTTP/2 are
+	// exempt (see limitBody). Default DefaultBodyTimeout.
+	BodyTimeout time.Duration
+
+	// MaxRequests bounds the requests in flight to the app; one more is answered 503 (gRPC:
+	// UNAVAILABLE) at once, with x-envoy-overloaded. Default DefaultMaxRequests.
+	MaxRequests int
+
+	// MaxConns bounds the connections open to the app; a request that would need one more is
+	// answered 503 at once. Default DefaultMaxConns.
+	MaxConns int
+
+	// Registerer, when set, receives the proxy's metrics (sluice_sidecar_proxy_*).
+	Registerer prometheus.Registerer
 }
 
 const (
@@ -100,6 +118,15 @@ func (o Options) withDefaults() Options {
 	if o.ErrorLogInterval == 0 {
 		o.ErrorLogInterval = defaultErrorLogInterval
 	}
+	if o.BodyTimeout == 0 {
+		o.BodyTimeout = DefaultBodyTimeout
+	}
+	if o.MaxRequests == 0 {
+		o.MaxRequests = DefaultMaxRequests
+	}
+	if o.MaxConns == 0 {
+		o.MaxConns = DefaultMaxConns
+	}
 	return o
 }
 
@@ -119,6 +146,15 @@ func (o Options) validate() error {
 	}
 	if o.ErrorLogInterval < 0 {
 		errs = append(errs, fmt.Errorf("ErrorLogInterval %v: must be >= 0", o.ErrorLogInterval))
+	}
+	if o.BodyTimeout < 0 {
+		errs = append(errs, fmt.Errorf("BodyTimeout %v: must be >= 0", o.BodyTimeout))
+	}
+	if o.MaxRequests < 0 {
+		errs = append(errs, fmt.Errorf("MaxRequests %d: must be >= 0", o.MaxRequests))
+	}
+	if o.MaxConns < 0 {
+		errs = append(errs, fmt.Errorf("MaxConns %d: must be >= 0", o.MaxConns))
 	}
 	return errors.Join(errs...)
 }
@@ -159,6 +195,7 @@ type Proxy struct {
 	h2c      *http.Transport
 	rpH1     *httputil.ReverseProxy
 	rpH2C    *httputil.ReverseProxy
+	bounds   *bounds
 
 	log         *slog.Logger
 	logInterval int64        // nanoseconds between upstream-failure log lines
@@ -175,10 +212,19 @@ func New(upstream *url.URL, opts Options) (*Proxy, error) {
 	opts = opts.withDefaults()
 	target := &url.URL{Scheme: upstream.Scheme, Host: upstream.Host}
 
+	b := newBounds(opts)
+	if opts.Registerer != nil {
+		for _, c := range b.collectors {
+			if err := opts.Registerer.Register(c); err != nil {
+				return nil, fmt.Errorf("new proxy: register metrics: %w", err)
+			}
+		}
+	}
 	p := &Proxy{
 		upstream:    target.String(),
-		h1:          newTransport(opts, false),
-		h2c:         newTransport(opts, true),
+		h1:          newTransport(opts, b, false),
+		h2c:         newTransport(opts, b, true),
+		bounds:      b,
 		log:         opts.Logger,
 		logInterval: int64(opts.ErrorLogInterval),
 	}
@@ -217,7 +263,7 @@ func New(upstream *url.URL, opts Options) (*Proxy, error) {
 	return p, nil
 }
 
-func newTransport(o Options, h2c bool) *http.Transport {
+func newTransport(o Options, b *bounds, h2c bool) *http.Transport {
 	d := &net.Dialer{Timeout: o.DialTimeout, KeepAlive: 30 * time.Second}
 	var protos http.Protocols
 	if h2c {
@@ -229,7 +275,7 @@ func newTransport(o Options, h2c bool) *http.Transport {
 	}
 	return &http.Transport{
 		// Proxy stays nil: HTTP_PROXY from the environment must never apply to the local app.
-		DialContext:           d.DialContext,
+		DialContext:           b.dialer(d.DialContext),
 		MaxIdleConns:          o.MaxIdleConnsPerHost,
 		MaxIdleConnsPerHost:   o.MaxIdleConnsPerHost,
 		IdleConnTimeout:       o.IdleConnTimeout,
@@ -241,8 +287,14 @@ func newTransport(o Options, h2c bool) *http.Transport {
 	}
 }
 
-// ServeHTTP forwards r to the app over the protocol r arrived on.
+// ServeHTTP forwards r to the app over the protocol r arrived on, within the proxy's bounds.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if !p.bounds.admit() {
+		refuse(w, r, msgMaxRequests)
+		return
+	}
+	defer p.bounds.done()
+	r = p.bounds.limitBody(w, r)
 	if r.ProtoMajor == 2 {
 		p.rpH2C.ServeHTTP(w, r)
 		return
@@ -272,6 +324,18 @@ func (p *Proxy) handleError(w http.ResponseWriter, r *http.Request, err error) {
 		to.write(w)
 		return
 	}
+	switch {
+	case bodyTimedOut(r):
+		p.bounds.bodyTimeouts.Inc()
+		// The connection can not carry another request: its read deadline has passed.
+		w.Header().Set("Connection", "close")
+		http.Error(w, "request body not received in time", http.StatusRequestTimeout)
+		return
+	case errors.Is(err, errMaxConns):
+		p.bounds.refusedMaxConns.Inc()
+		refuse(w, r, msgMaxConns)
+		return
+	}
 	grpc := isGRPC(r.Header.Get("Content-Type"))
 	switch ctxErr := r.Context().Err(); {
 	case errors.Is(ctxErr, context.Canceled):
@@ -294,6 +358,18 @@ func (p *Proxy) handleError(w http.ResponseWriter, r *http.Request, err error) {
 		}
 		http.Error(w, "upstream unavailable", http.StatusBadGateway)
 	}
+}
+
+// refuse answers a request the proxy will not forward because a bound is reached: 503 with
+// x-envoy-overloaded (as Envoy's circuit breakers answer, which tells an Envoy in front not to
+// retry it), or UNAVAILABLE to a gRPC call, which its client may retry elsewhere.
+func refuse(w http.ResponseWriter, r *http.Request, msg string) {
+	w.Header().Set("X-Envoy-Overloaded", "true")
+	if isGRPC(r.Header.Get("Content-Type")) {
+		writeGRPCStatus(w, grpcUnavailable, msg)
+		return
+	}
+	http.Error(w, msg, http.StatusServiceUnavailable)
 }
 
 // noteUpstreamError counts an upstream failure and logs it if no failure was logged in the
