@@ -10,4 +10,10 @@ type PeerCounts struct {
 	Offered       uint64 // every request seen, dropped ones included, and for a peer enforced upstream the inferred upstream drops
 	Dropped       uint64 // dropped by an enforced ratio, or inferred dropped upstream (rules enforced upstream); a subset of Offered
 	ShadowDropped uint64 // a shadow ratio would have dropped; admitted
+	// Incarnation tells the lives of one peer's counters apart: a peer
+	// evicted from the table (LimiterOptions.PeerIdle) and seen again gets
+	// fresh counters from zero under a new Incarnation. Two snapshots of a
+	// peer can be subtracted only when their Incarnations are equal;
+	// otherwise the newer one's counts are all new.
+	Incarnation uint64
 }

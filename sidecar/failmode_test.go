@@ -581,7 +581,8 @@ func TestDecideAllocatesNothingInFailModes(t *testing.T) {
 // stay counted exactly once, and every drop is under an enforced rule.
 // Run with -race.
 func TestFailModesConcurrently(t *testing.T) {
-	l := NewLimiter(LimiterOptions{MaxPeers: 8})
+	// Expire's clock runs far ahead of the deciders: no peer may look idle.
+	l := NewLimiter(LimiterOptions{MaxPeers: 8, PeerIdle: -1})
 	policies := []*Policy{
 		failPolicy(dataplane.FailOpen, Rule{Peer: "a", DropRatio: 0.5}, Rule{Peer: "b", DropRatio: 0.3, Mode: dropratio.Shadow, LimitRPS: 1}),
 		failPolicy(dataplane.FailLocal, Rule{Peer: "a", DropRatio: 0.5, LimitRPS: 40}, Rule{Peer: "b", LimitRPS: 0, Mode: dropratio.Shadow}),

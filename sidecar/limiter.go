@@ -46,14 +46,30 @@ func (s Strategy) String() string {
 // DefaultMaxPeers is LimiterOptions.MaxPeers when it is not set.
 const DefaultMaxPeers = 1024
 
+// DefaultPeerIdle is LimiterOptions.PeerIdle when it is not set: sixty of
+// the sidecar's default report intervals.
+const DefaultPeerIdle = time.Minute
+
 // LimiterOptions configure a Limiter. The zero value is ready to use.
 type LimiterOptions struct {
-	// MaxPeers bounds the distinct peers a service keeps counters for, so
-	// that callers naming themselves at random can not grow memory. Once a
-	// service has MaxPeers peers, requests from any other peer are counted
-	// and judged as names.Overflow. The reserved peers names.Unknown and
-	// names.Overflow do not count against it. 0 means DefaultMaxPeers.
+	// MaxPeers bounds the distinct observed peers a service keeps counters
+	// for, so that callers naming themselves at random can not grow
+	// memory. Observed peers are the ones a request named and the policy
+	// does not limit (see Rule.Limited). Once a service has MaxPeers of
+	// them, requests from any other unlimited peer are counted and judged
+	// as names.Overflow. Peers the policy limits always have counters of
+	// their own and do not count against it, and neither do the reserved
+	// peers names.Unknown and names.Overflow. 0 means DefaultMaxPeers.
 	MaxPeers int
+	// PeerIdle is how long an observed peer keeps its counters without a
+	// request: Expire evicts it then, which frees its place for another
+	// caller, and a later request from it starts fresh counters under a
+	// new PeerCounts.Incarnation. Limited peers are never evicted. A
+	// holder that reads the counters periodically (sidecar/reporter) must
+	// read them more often than PeerIdle, or the last requests of an
+	// evicted peer go unread. 0 means DefaultPeerIdle; negative never
+	// evicts. Without calls to Expire nothing is evicted.
+	PeerIdle time.Duration
 	// Strategy is how ratios become drops; an unknown value means Diffuse.
 	Strategy Strategy
 	// OneStripe counts every Diffuse decision on one counter stripe, so
@@ -76,6 +92,7 @@ type LimiterOptions struct {
 // first sighting); see ServiceLimiter.Decide.
 type Limiter struct {
 	maxPeers   int
+	peerIdle   time.Duration // < 0: never evict
 	random     bool
 	stripeMask uint64 // nStripes-1, or 0 with OneStripe
 
@@ -88,12 +105,15 @@ type Limiter struct {
 // NewLimiter returns a Limiter that holds no policy: it admits everything and
 // counts it.
 func NewLimiter(opts LimiterOptions) *Limiter {
-	l := &Limiter{maxPeers: opts.MaxPeers, random: opts.Strategy == Random, stripeMask: nStripes - 1}
+	l := &Limiter{maxPeers: opts.MaxPeers, peerIdle: opts.PeerIdle, random: opts.Strategy == Random, stripeMask: nStripes - 1}
 	if opts.OneStripe {
 		l.stripeMask = 0
 	}
 	if l.maxPeers <= 0 {
 		l.maxPeers = DefaultMaxPeers
+	}
+	if l.peerIdle == 0 {
+		l.peerIdle = DefaultPeerIdle
 	}
 	m := map[string]*ServiceLimiter{}
 	l.services.Store(&m)
@@ -127,6 +147,7 @@ func (l *Limiter) Service(name string) *ServiceLimiter {
 		return s
 	}
 	s := newServiceLimiter(strings.Clone(name), l.maxPeers, l.random, l.stripeMask)
+	s.peerIdle = l.peerIdle
 	m := maps.Clone(old)
 	m[s.name] = s
 	l.services.Store(&m)
@@ -174,11 +195,16 @@ func (l *Limiter) SetPolicyAt(p *Policy, now time.Time) {
 // and refills move in steps of that period. Without Expire a policy is kept
 // for ever, as it was before fail modes.
 //
+// Expire also evicts the observed peers that have been idle for
+// LimiterOptions.PeerIdle (see evictIdle).
+//
 // now must not go backwards between calls; Expire is cheap (a lock and a
-// few loads per service, and a new table once when a policy expires).
+// few loads per service, a read of every peer's counters every PeerIdle/8,
+// and a new table once when a policy expires or a peer is evicted).
 func (l *Limiter) Expire(now time.Time) {
 	for _, s := range *l.services.Load() {
 		s.expire(now)
+		s.evictIdle(now)
 	}
 }
 
@@ -210,6 +236,7 @@ func (l *Limiter) Policy(service string) *Policy {
 // AppendCounts appends the cumulative counters of every peer of service
 // (names.Unknown and names.Overflow included, even at zero) to dst, sorted by
 // peer, and returns the extended slice. An unknown service appends nothing.
+// An evicted peer is left out; see PeerCounts.Incarnation.
 func (l *Limiter) AppendCounts(service string, dst []PeerCounts) []PeerCounts {
 	if s := l.lookup(service); s != nil {
 		return s.AppendCounts(dst)
@@ -400,8 +427,14 @@ type entry struct {
 	// Apart from stripes, so that a stripe stays one cache line, and
 	// packed (four stripes' counters share a line): only upstream-enforced
 	// peers write them, and they cost every peer 128 bytes, not 512.
-	up   [nUpStripes]upCounters
-	peer string
+	up          [nUpStripes]upCounters
+	peer        string
+	incarnation uint64 // see PeerCounts.Incarnation
+
+	// Idleness, as the last sweeps saw it (see evictIdle); guarded by
+	// the ServiceLimiter's mu.
+	seen     uint64    // offered as of activeAt
+	activeAt time.Time // the sweep that first saw offered at seen; zero: not swept yet
 }
 
 // nUpStripes is the number of upstream counter pairs per entry: one per
@@ -438,7 +471,10 @@ func (e *entry) counts() (c PeerCounts, arrived, inferred uint64) {
 	return c, arrived, inferred
 }
 
-func newEntry(peer string) *entry { return &entry{peer: peer} }
+// incarnations numbers entries, so that no two have the same incarnation.
+var incarnations atomic.Uint64
+
+func newEntry(peer string) *entry { return &entry{peer: peer, incarnation: incarnations.Add(1)} }
 
 // slot is what the peer table maps a name to: the peer's counters and its
 // current verdict (nil: not listed, admit).
@@ -570,7 +606,7 @@ type table struct {
 	index    peerTable       // peers again, for Decide's lookup
 	unknown  slot            // == peers[names.Unknown]
 	overflow slot            // == peers[names.Overflow]
-	counted  int             // peers other than the reserved ones; at most maxPeers
+	counted  int             // observed peers (see observed); new ones are added while it is under maxPeers
 	policy   *Policy
 	verdicts map[string]*verdict // the policy compiled, by peer, for peers added later
 }
@@ -580,16 +616,19 @@ type table struct {
 type ServiceLimiter struct {
 	name       string
 	maxPeers   int
+	peerIdle   time.Duration // see LimiterOptions.PeerIdle; < 0: never evict
 	random     bool
 	stripeMask uint64 // see LimiterOptions.OneStripe
 
 	// table is replaced, never modified. Readers load it once per decision;
-	// writers build a new one under mu: a new peer's first sighting, and
-	// policy swaps.
+	// writers build a new one under mu: a new peer's first sighting,
+	// policy swaps and evictions.
 	table atomic.Pointer[table]
-	mu    sync.Mutex // serialises writers of table; guards fail
+	mu    sync.Mutex // serialises writers of table; guards fail, sweptAt and the entries' idleness
 
-	fail failState // the policy's age and fail mode; see failmode.go
+	fail    failState // the policy's age and fail mode; see failmode.go
+	sweptAt time.Time // the last sweep for idle peers; see evictIdle
+	evicted atomic.Uint64
 
 	invalidPeers atomic.Uint64 // requests whose peer name failed the name check
 	upstream     atomic.Uint64 // inbound requests their caller had decided already (DecidedHeader); see client.go
@@ -625,7 +664,8 @@ func (s *ServiceLimiter) Policy() *Policy { return s.table.Load().policy }
 //     it is in a form we accept. The hostile string is never stored;
 //   - a new valid name is added to the table (this first sighting allocates
 //     and briefly takes a lock) unless the table already holds MaxPeers
-//     peers, in which case it counts as names.Overflow.
+//     observed peers, in which case it counts as names.Overflow. A peer
+//     the policy limits is always in the table already.
 //
 // Concurrent callers may assume that every call is counted exactly once and
 // that the decision follows one policy snapshot.
@@ -713,7 +753,8 @@ func (s *ServiceLimiter) addPeer(peer string) slot {
 	if t.counted >= s.maxPeers {
 		return t.overflow
 	}
-	// Clone: peer may point into a larger request buffer.
+	// Not a limited peer: installLocked gave those their counters. Clone:
+	// peer may point into a larger request buffer.
 	peer = strings.Clone(peer)
 	sl := slot{e: newEntry(peer), v: t.verdicts[peer]}
 	nt := *t
@@ -750,23 +791,31 @@ func (s *ServiceLimiter) setPolicy(p *Policy, received time.Time) {
 func (s *ServiceLimiter) installLocked(p *Policy, verdicts map[string]*verdict) {
 	old := s.table.Load()
 	nt := &table{
-		peers:    make(map[string]slot, max(len(old.peers), len(verdicts))),
-		counted:  old.counted,
+		peers:    make(map[string]slot, len(old.peers)),
 		policy:   p,
 		verdicts: verdicts,
 	}
 	for peer, sl := range old.peers {
 		nt.peers[peer] = slot{e: sl.e, v: verdicts[peer]}
 	}
-	// Listed peers get their counters now, so that their first request
-	// is already allocation free, as far as MaxPeers allows. Sorted for a
-	// deterministic choice when the table fills up.
-	for _, peer := range slices.Sorted(maps.Keys(verdicts)) {
-		if _, ok := nt.peers[peer]; ok || nt.counted >= s.maxPeers {
-			continue
+	// Limited peers get their counters now, whatever the number of
+	// observed ones: their first request is already allocation free, and
+	// no flood of made-up names, before or after, can leave a limited
+	// caller without its own slot (it would be judged as _overflow).
+	// Their number is bounded by the policy's (MaxPolicyPeers). Other
+	// listed peers get counters when a request names them, as observed
+	// peers.
+	for peer, v := range verdicts {
+		if _, ok := nt.peers[peer]; !ok && v.rule.Limited() {
+			nt.peers[peer] = slot{e: newEntry(peer), v: v}
 		}
-		nt.peers[peer] = slot{e: newEntry(peer), v: verdicts[peer]}
-		nt.counted++
+	}
+	// A peer the old policy limited and this one does not is observed
+	// now; the count may exceed maxPeers until idle peers are evicted.
+	for peer, sl := range nt.peers {
+		if observed(peer, sl) {
+			nt.counted++
+		}
 	}
 	nt.unknown = nt.peers[names.Unknown]
 	nt.overflow = nt.peers[names.Overflow]
@@ -792,6 +841,7 @@ func (s *ServiceLimiter) AppendCounts(dst []PeerCounts) []PeerCounts {
 	for peer, sl := range t.peers {
 		c, _, _ := sl.e.counts()
 		c.Peer = peer
+		c.Incarnation = sl.e.incarnation
 		dst = append(dst, c)
 	}
 	slices.SortFunc(dst[start:], func(a, b PeerCounts) int { return cmp.Compare(a.Peer, b.Peer) })

@@ -18,15 +18,23 @@ import (
 )
 
 // policy builds a valid inbound policy for service from rules.
+// unlimited is a rule for peer that neither drops nor announces anything:
+// observed only (a Rule's zero LimitRPS is a limit, 0 rps).
+func unlimited(peer string) Rule {
+	return Rule{Peer: peer, LimitRPS: math.Inf(1), AllowedRPS: math.Inf(1)}
+}
+
 func policy(service string, rules ...Rule) *Policy {
 	slices.SortFunc(rules, func(a, b Rule) int { return strings.Compare(a.Peer, b.Peer) })
 	return &Policy{Name: names.Callee(service), Service: service, Direction: Inbound, Peers: rules}
 }
 
-// counts returns service's counters of peer; zero if it has none.
+// counts returns service's counters of peer, without their incarnation;
+// zero if it has none.
 func counts(l *Limiter, service, peer string) PeerCounts {
 	for _, c := range l.AppendCounts(service, nil) {
 		if c.Peer == peer {
+			c.Incarnation = 0
 			return c
 		}
 	}
@@ -387,10 +395,13 @@ func TestCountsConsistentWhileDeciding(t *testing.T) {
 
 func TestMaxPeersOverflow(t *testing.T) {
 	l := NewLimiter(LimiterOptions{MaxPeers: 3})
-	// The policy lists more peers than fit; those that fit get entries at
-	// once, in name order: p0, p1, zz. zzz finds no room.
+	// The limited peers (zz, zzz, with a ratio; yy, with a limit) get
+	// entries at once, however many there are; the unlimited ones (p0, p1)
+	// are observed, and get one when a request names them, while there
+	// is room for MaxPeers observed peers.
 	l.SetPolicy(policy("checkout",
-		Rule{Peer: "p0"}, Rule{Peer: "p1"}, Rule{Peer: "zz", DropRatio: 0.99}, Rule{Peer: "zzz", DropRatio: 0.99},
+		unlimited("p0"), unlimited("p1"), Rule{Peer: "zz", DropRatio: 0.99}, Rule{Peer: "zzz", DropRatio: 0.99},
+		Rule{Peer: "yy", LimitRPS: 10, AllowedRPS: 10},
 		Rule{Peer: names.Overflow, DropRatio: 0.99, Mode: dropratio.Shadow},
 	))
 	s := l.Service("checkout")
@@ -404,19 +415,62 @@ func TestMaxPeersOverflow(t *testing.T) {
 	for _, c := range s.AppendCounts(nil) {
 		got = append(got, fmt.Sprintf("%s=%d/%d", c.Peer, c.Offered, c.ShadowDropped))
 	}
-	// p2..p9 are overflow, judged by the overflow rule (shadow, 0.99).
-	want := []string{"_overflow=8/8", "p0=1/0", "p1=1/0", "unknown=2/0", "zz=0/0"}
+	// p3..p9 are overflow, judged by the overflow rule (shadow, 0.99).
+	want := []string{"_overflow=7/7", "p0=1/0", "p1=1/0", "p2=1/0", "unknown=2/0", "yy=0/0", "zz=0/0", "zzz=0/0"}
 	if !slices.Equal(got, want) {
 		t.Errorf("counts %v, want %v", got, want)
 	}
-	if d := s.Decide("zz"); !d.Drop {
-		t.Errorf("listed peer with room: Decide = %+v", d)
+	for _, peer := range []string{"zz", "zzz"} {
+		if d := s.Decide(peer); !d.Drop || d.Rule().Peer != peer {
+			t.Errorf("limited peer %s with the observed peers full: Decide = %+v", peer, d)
+		}
 	}
-	if d := s.Decide("zzz"); !d.Shadow || d.Rule().Peer != names.Overflow {
-		t.Errorf("listed peer without room: Decide = %+v, rule %+v", d, d.Rule())
+	if d := s.Decide("p9"); !d.Shadow || d.Rule().Peer != names.Overflow {
+		t.Errorf("unlisted peer without room: Decide = %+v, rule %+v", d, d.Rule())
 	}
-	if n := s.peerCount(); n != 5 {
-		t.Errorf("%d peers, want 5", n)
+	if n, o := s.peerCount(), s.observedCount(); n != 8 || o != 3 {
+		t.Errorf("%d peers, %d observed; want 8, 3", n, o)
+	}
+}
+
+// A flood of made-up names fills the observed peers; a limit added after it
+// still gets its own slot (issue 13: mobile was judged as _overflow).
+func TestLimitAfterFloodHasItsSlot(t *testing.T) {
+	l := NewLimiter(LimiterOptions{MaxPeers: 16})
+	s := l.Service("checkout")
+	for i := range 1000 {
+		s.Decide(fmt.Sprintf("flood-%04d", i))
+	}
+	l.SetPolicy(policy("checkout", Rule{Peer: "mobile", DropRatio: 0.5, LimitRPS: 20}))
+	if d := s.Decide("mobile"); d.Rule() == nil || d.Rule().Peer != "mobile" {
+		t.Fatalf("mobile after the flood: Decide = %+v, rule %+v", d, d.Rule())
+	}
+	if n := s.peerCount(); n != 2+16+1 {
+		t.Errorf("%d peers, want the 2 reserved, 16 observed and mobile", n)
+	}
+}
+
+// Names that sort before the real callers, listed in the policy, can not
+// take the limited callers' slots: before, a policy pre-filled the table in
+// name order as far as MaxPeers allowed (issue 13).
+func TestSortedNamesDoNotSquatLimitedSlots(t *testing.T) {
+	l := NewLimiter(LimiterOptions{MaxPeers: 8})
+	rules := []Rule{{Peer: "web", DropRatio: 0.5, LimitRPS: 50}, {Peer: "victim", LimitRPS: 100, AllowedRPS: 100}}
+	for i := range 100 {
+		rules = append(rules, unlimited(fmt.Sprintf("aaa-%03d", i)))
+	}
+	l.SetPolicy(policy("checkout", rules...))
+	s := l.Service("checkout")
+	for i := range 100 {
+		s.Decide(fmt.Sprintf("aaa-%03d", i))
+	}
+	for _, peer := range []string{"web", "victim"} {
+		if d := s.Decide(peer); d.Rule() == nil || d.Rule().Peer != peer {
+			t.Errorf("%s: Decide = %+v, rule %+v", peer, d, d.Rule())
+		}
+	}
+	if n, o := s.peerCount(), s.observedCount(); n != 2+2+8 || o != 8 {
+		t.Errorf("%d peers, %d observed; want 12, 8", n, o)
 	}
 }
 
@@ -482,14 +536,15 @@ func TestLimiterDecideSharesServiceTable(t *testing.T) {
 }
 
 func TestDecideAllocatesNothing(t *testing.T) {
-	l := NewLimiter(LimiterOptions{MaxPeers: 3})
+	l := NewLimiter(LimiterOptions{MaxPeers: 1})
 	almostOne := math.Nextafter(1, 0) // Diffuse admits one request in 2^32
 	l.SetPolicy(policy("checkout",
-		Rule{Peer: "admitted"},
+		Rule{Peer: "admitted", LimitRPS: 100},
 		Rule{Peer: "dropped", DropRatio: almostOne},
 		Rule{Peer: "shadow", DropRatio: almostOne, Mode: dropratio.Shadow},
 	))
 	s := l.Service("checkout")
+	s.Decide("observed")
 	// The table is full now; every new name is overflow.
 	newNames := make([]string, 1000)
 	for i := range newNames {
@@ -523,8 +578,8 @@ func TestDecideAllocatesNothing(t *testing.T) {
 			t.Errorf("%s: unexpected decision %+v", tc.name, last)
 		}
 	}
-	if n := s.peerCount(); n != 5 {
-		t.Errorf("%d peers after the overflow run, want 5", n)
+	if n := s.peerCount(); n != 6 {
+		t.Errorf("%d peers after the overflow run, want 6", n)
 	}
 }
 
@@ -607,10 +662,10 @@ func FuzzValidName(f *testing.F) {
 }
 
 func TestDecideTakesNoLockInSteadyState(t *testing.T) {
-	l := NewLimiter(LimiterOptions{MaxPeers: 2})
+	l := NewLimiter(LimiterOptions{MaxPeers: 1})
 	l.SetPolicy(policy("checkout", Rule{Peer: "listed", DropRatio: 0.5}))
 	s := l.Service("checkout")
-	s.Decide("seen") // fills the table: listed, seen
+	s.Decide("seen") // fills the table: listed is limited, seen is the one observed
 
 	// With every writer's lock held, steady-state decisions still finish.
 	l.mu.Lock()

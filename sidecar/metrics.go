@@ -27,8 +27,16 @@ var (
 			"expired in fail mode open; absent for peers a token bucket decides (expired in fail mode local).",
 		[]string{"service", "peer", "mode"}, nil)
 	peersDesc = prometheus.NewDesc("sluice_sidecar_peers",
-		"Peers with counters, the reserved unknown and _overflow included. Requests from new peers "+
-			"count as _overflow once the table is full; watch sluice_sidecar_requests_total{peer=\"_overflow\"}.",
+		"Peers with counters: the limited ones (listed in the policy with a ratio or a limit), the observed ones "+
+			"and the reserved unknown and _overflow.",
+		[]string{"service"}, nil)
+	observedPeersDesc = prometheus.NewDesc("sluice_sidecar_observed_peers",
+		"Peers with counters because requests named them, not because the policy limits them: at most --max-peers "+
+			"(more only while peers the policy stopped limiting wait for eviction). Once full, requests from new "+
+			"unlimited peers count as _overflow; watch sluice_sidecar_requests_total{peer=\"_overflow\"}.",
+		[]string{"service"}, nil)
+	peersEvictedDesc = prometheus.NewDesc("sluice_sidecar_peers_evicted_total",
+		"Observed peers evicted from the table after --peer-idle without a request, freeing their place.",
 		[]string{"service"}, nil)
 	policyPeersDesc = prometheus.NewDesc("sluice_sidecar_policy_peers",
 		"Peers listed in the current policy; absent when the service has no policy.",
@@ -80,7 +88,7 @@ var gaugedStates = [...]PolicyState{Fresh, Stale, Expired}
 // and policies when scraped; deciding a request does no metric work at all.
 // Label cardinality is bounded by MaxPeers + 2 per service.
 func (l *Limiter) Collector() prometheus.Collector {
-	return &collector{l: l, admitted: map[bucket]uint64{}}
+	return &collector{l: l, admitted: map[bucket]admitted{}}
 }
 
 type collector struct {
@@ -89,17 +97,24 @@ type collector struct {
 	// admitted keeps the admitted counter monotonic: it is offered -
 	// dropped, and a request in flight during a scrape can be counted
 	// offered in one scrape and dropped only in the next, which would look
-	// like a counter reset. Bounded like the peer tables.
+	// like a counter reset. Each scrape keeps only the peers in the tables
+	// then, so it is bounded like them; an evicted peer seen again starts
+	// from zero (a counter reset, as its counters are).
 	mu       sync.Mutex // guards admitted; scrapes may overlap
-	admitted map[bucket]uint64
+	admitted map[bucket]admitted
 }
 
 type bucket struct{ service, peer string }
+
+// admitted is the last admitted count of one incarnation of a bucket.
+type admitted struct{ incarnation, n uint64 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- requestsDesc
 	ch <- dropRatioDesc
 	ch <- peersDesc
+	ch <- observedPeersDesc
+	ch <- peersEvictedDesc
 	ch <- policyPeersDesc
 	ch <- invalidPeersDesc
 	ch <- policyStateDesc
@@ -117,6 +132,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	next := make(map[bucket]admitted, len(c.admitted))
 	for _, name := range c.l.Services() {
 		s := c.l.lookup(name)
 		for peer, sl := range s.table.Load().peers {
@@ -124,9 +140,12 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			// drops taken out of Dropped are the ones in it.
 			pc, arrived, inferred := sl.e.counts()
 			b := bucket{name, peer}
-			admitted := max(pc.Offered-pc.Dropped, c.admitted[b])
-			c.admitted[b] = admitted
-			ch <- prometheus.MustNewConstMetric(requestsDesc, prometheus.CounterValue, float64(admitted), name, peer, "admitted")
+			a := admitted{incarnation: sl.e.incarnation, n: pc.Offered - pc.Dropped}
+			if last := c.admitted[b]; last.incarnation == a.incarnation {
+				a.n = max(a.n, last.n)
+			}
+			next[b] = a
+			ch <- prometheus.MustNewConstMetric(requestsDesc, prometheus.CounterValue, float64(a.n), name, peer, "admitted")
 			ch <- prometheus.MustNewConstMetric(requestsDesc, prometheus.CounterValue, float64(pc.Dropped-inferred), name, peer, "dropped")
 			ch <- prometheus.MustNewConstMetric(requestsDesc, prometheus.CounterValue, float64(pc.ShadowDropped), name, peer, "shadow_dropped")
 			if arrived > 0 {
@@ -135,6 +154,8 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			}
 		}
 		ch <- prometheus.MustNewConstMetric(peersDesc, prometheus.GaugeValue, float64(s.peerCount()), name)
+		ch <- prometheus.MustNewConstMetric(observedPeersDesc, prometheus.GaugeValue, float64(s.observedCount()), name)
+		ch <- prometheus.MustNewConstMetric(peersEvictedDesc, prometheus.CounterValue, float64(s.evicted.Load()), name)
 		ch <- prometheus.MustNewConstMetric(invalidPeersDesc, prometheus.CounterValue, float64(s.invalidPeers.Load()), name)
 		ch <- prometheus.MustNewConstMetric(decidedUpstreamDesc, prometheus.CounterValue, float64(s.upstream.Load()), name)
 		for res := range numIdentityResults {
@@ -174,4 +195,5 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(localDecisionsDesc, prometheus.CounterValue, float64(fc.localDropped), name, "dropped")
 		ch <- prometheus.MustNewConstMetric(localDecisionsDesc, prometheus.CounterValue, float64(fc.localShadow), name, "shadow_dropped")
 	}
+	c.admitted = next
 }

@@ -99,10 +99,18 @@ sluice_sidecar_local_decisions_total{outcome="dropped",service="cart"} 0
 sluice_sidecar_local_decisions_total{outcome="dropped",service="checkout"} 0
 sluice_sidecar_local_decisions_total{outcome="shadow_dropped",service="cart"} 0
 sluice_sidecar_local_decisions_total{outcome="shadow_dropped",service="checkout"} 0
-# HELP sluice_sidecar_peers Peers with counters, the reserved unknown and _overflow included. Requests from new peers count as _overflow once the table is full; watch sluice_sidecar_requests_total{peer="_overflow"}.
+# HELP sluice_sidecar_observed_peers Peers with counters because requests named them, not because the policy limits them: at most --max-peers (more only while peers the policy stopped limiting wait for eviction). Once full, requests from new unlimited peers count as _overflow; watch sluice_sidecar_requests_total{peer="_overflow"}.
+# TYPE sluice_sidecar_observed_peers gauge
+sluice_sidecar_observed_peers{service="cart"} 1
+sluice_sidecar_observed_peers{service="checkout"} 1
+# HELP sluice_sidecar_peers Peers with counters: the limited ones (listed in the policy with a ratio or a limit), the observed ones and the reserved unknown and _overflow.
 # TYPE sluice_sidecar_peers gauge
 sluice_sidecar_peers{service="cart"} 3
 sluice_sidecar_peers{service="checkout"} 7
+# HELP sluice_sidecar_peers_evicted_total Observed peers evicted from the table after --peer-idle without a request, freeing their place.
+# TYPE sluice_sidecar_peers_evicted_total counter
+sluice_sidecar_peers_evicted_total{service="cart"} 0
+sluice_sidecar_peers_evicted_total{service="checkout"} 0
 # HELP sluice_sidecar_policy_peers Peers listed in the current policy; absent when the service has no policy.
 # TYPE sluice_sidecar_policy_peers gauge
 sluice_sidecar_policy_peers{service="checkout"} 4

@@ -1,6 +1,7 @@
 package sidecar
 
 import (
+	"math"
 	"regexp"
 	"slices"
 	"strings"
@@ -14,13 +15,15 @@ import (
 var validOracle = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`)
 
 // peerModel is what a ServiceLimiter's peer accounting should do, written
-// the plain way: the first maxPeers distinct valid names get counters of
-// their own (names listed in a policy first, in sorted order), later ones
-// count as names.Overflow, and names that are empty, too long or have odd
+// the plain way: peers the policy limits have counters of their own from
+// the start, whatever their number; of the others, the first maxPeers
+// distinct valid names requests give get counters of their own, later ones
+// count as names.Overflow; names that are empty, too long or have odd
 // characters count as names.Unknown (counted as invalid unless empty).
 type peerModel struct {
 	maxPeers int
 	own      map[string]bool // peers with counters of their own
+	limited  map[string]bool // of those, the ones the policy limits
 	offered  map[string]uint64
 	invalid  uint64
 }
@@ -29,11 +32,11 @@ func (m *peerModel) valid(s string) bool {
 	return s == names.Overflow || len(s) <= names.MaxLen && validOracle.MatchString(s)
 }
 
+// list lists peers in the policy, those at even indexes with a limit.
 func (m *peerModel) list(peers []string) {
-	slices.Sort(peers)
-	for _, p := range peers {
-		if m.valid(p) && !m.own[p] && p != names.Unknown && p != names.Overflow && len(m.own) < m.maxPeers {
-			m.own[p] = true
+	for i, p := range peers {
+		if i%2 == 0 && m.valid(p) && p != names.Unknown && p != names.Overflow {
+			m.own[p], m.limited[p] = true, true
 		}
 	}
 }
@@ -46,7 +49,7 @@ func (m *peerModel) decide(peer string) {
 		m.invalid++
 		peer = names.Unknown
 	case peer == names.Overflow || m.own[peer]:
-	case len(m.own) < m.maxPeers:
+	case len(m.own)-len(m.limited) < m.maxPeers:
 		m.own[peer] = true
 	default:
 		peer = names.Overflow
@@ -75,22 +78,28 @@ func TestFuzzLimiterPeersCorpus(t *testing.T) {
 // FuzzLimiterPeers sends the lines of requests (any bytes: invalid UTF-8,
 // NULs, names past names.MaxLen, the reserved names) as caller names
 // through a ServiceLimiter with a small MaxPeers, after a policy listing
-// the comma-separated names of listed, and compares every counter with
-// peerModel. A flood of made-up callers must end in the overflow bucket
-// and hostile strings in unknown, with every request counted once.
+// the comma-separated names of listed (every other one with a limit, the
+// rest unlimited), and compares every counter with peerModel. A flood of
+// made-up callers must end in the overflow bucket and hostile strings in
+// unknown, with every request counted once, and never take a limited
+// peer's counters.
 func FuzzLimiterPeers(f *testing.F) {
 	f.Fuzz(func(t *testing.T, maxPeers uint64, listed, requests string) {
 		mp := 1 + int(maxPeers%16)
 		l := NewLimiter(LimiterOptions{MaxPeers: mp, OneStripe: maxPeers&0x80 != 0})
 		s := l.Service("checkout")
-		m := &peerModel{maxPeers: mp, own: map[string]bool{}, offered: map[string]uint64{}}
+		m := &peerModel{maxPeers: mp, own: map[string]bool{}, limited: map[string]bool{}, offered: map[string]uint64{}}
 
 		var rules []Rule
 		var peers []string
 		for _, p := range strings.Split(listed, ",") {
 			if !slices.Contains(peers, p) { // a Policy lists each peer once
+				r := Rule{Peer: p, LimitRPS: 10, AllowedRPS: math.Inf(1)}
+				if len(peers)%2 == 1 {
+					r.LimitRPS = math.Inf(1)
+				}
 				peers = append(peers, p)
-				rules = append(rules, Rule{Peer: p})
+				rules = append(rules, r)
 			}
 		}
 		slices.SortFunc(rules, func(a, b Rule) int { return strings.Compare(a.Peer, b.Peer) })
@@ -120,8 +129,13 @@ func FuzzLimiterPeers(f *testing.F) {
 		if got := s.invalidPeers.Load(); got != m.invalid {
 			t.Errorf("%d invalid peer names counted, model %d", got, m.invalid)
 		}
-		if n := s.peerCount(); n > mp+2 {
-			t.Errorf("%d peers in the table, MaxPeers is %d", n, mp)
+		if n := s.peerCount(); n > mp+2+len(m.limited) {
+			t.Errorf("%d peers in the table, MaxPeers is %d, %d limited", n, mp, len(m.limited))
+		}
+		for peer := range m.limited {
+			if d := s.Decide(peer); d.Rule() == nil || d.Rule().Peer != peer {
+				t.Errorf("limited peer %q decided under rule %+v", peer, d.Rule())
+			}
 		}
 	})
 }

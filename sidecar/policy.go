@@ -105,6 +105,16 @@ type Rule struct {
 	Reason      Reason
 }
 
+// Limited reports whether r can drop or announce anything: a ratio above 0,
+// a limit, a bounded allowed rate (a share of the callee's capacity), or
+// enforcement upstream (its weights count). Such a peer always has counters
+// of its own in a Limiter; any other rule is as good as none, and its peer is
+// observed only (see LimiterOptions.MaxPeers). The controller lists only
+// such peers (internal/controller, listed).
+func (r *Rule) Limited() bool {
+	return clampRatio(r.DropRatio) > 0 || !math.IsInf(r.LimitRPS, 1) || !math.IsInf(r.AllowedRPS, 1) || r.upstream()
+}
+
 // upstream reports whether r's ratio was carried out upstream, so that the
 // sidecar only counts its requests.
 func (r *Rule) upstream() bool { return r.Enforcement == dataplane.EnforceUpstream }
@@ -126,6 +136,14 @@ func (p *Policy) Rule(peer string) *Rule {
 	}
 	return &p.Peers[i]
 }
+
+// MaxPolicyPeers bounds the peers of one policy that PolicyFromProto accepts:
+// every limited peer of a policy has counters in the Limiter (about 1 KB
+// each with its verdict), whatever LimiterOptions.MaxPeers says, so this
+// bounds that memory to about 100 MB per service. It is the scale the design
+// is sized for (100,000 buckets), and above what an xDS message of
+// sidecar/xdsclient's receive limit holds with long names.
+const MaxPolicyPeers = 100_000
 
 // PolicyFromProto converts and validates a DropPolicy received over xDS. It is
 // the one validation at the edge: an error here makes the xDS client NACK the
@@ -177,6 +195,10 @@ func PolicyFromProto(m *sluicev1.DropPolicy) (*Policy, error) {
 	p.IssuedAt = timestamp(m.GetIssuedAt(), "issued_at", bad)
 	p.FailMode = failModeFromProto(m.GetFailMode(), bad)
 
+	if n := len(m.GetPeers()); n > MaxPolicyPeers {
+		bad("peers", "%d peers, more than the %d a sidecar accepts", n, MaxPolicyPeers)
+		return nil, fmt.Errorf("invalid drop policy %q: %w", m.GetName(), errors.Join(errs...))
+	}
 	p.Peers = make([]Rule, 0, len(m.GetPeers()))
 	seen := make(map[string]int, len(m.GetPeers()))
 	for i, pp := range m.GetPeers() {

@@ -206,8 +206,12 @@ func TestTableIndexFollowsPeers(t *testing.T) {
 	check := func(when string) {
 		t.Helper()
 		tb := s.table.Load()
-		if len(tb.peers) != tb.counted+2 {
-			t.Fatalf("%s: %d peers, %d counted", when, len(tb.peers), tb.counted)
+		limited := 0
+		if tb.policy != nil {
+			limited = len(tb.policy.Peers)
+		}
+		if len(tb.peers) != tb.counted+2+limited {
+			t.Fatalf("%s: %d peers, %d observed, %d limited", when, len(tb.peers), tb.counted, limited)
 		}
 		t.Run(when, func(t *testing.T) { checkAgainstMap(t, &tb.index, tb.peers, "", "bad name", "never-seen") })
 	}
@@ -222,6 +226,18 @@ func TestTableIndexFollowsPeers(t *testing.T) {
 		s.Decide(fmt.Sprintf("more-%d", i))
 	}
 	check("when full")
+	l.Expire(t0)
+	for peer := range s.table.Load().peers {
+		if peer != "more-0" {
+			s.Decide(peer) // more-0 stays idle
+		}
+	}
+	l.Expire(t0.Add(DefaultPeerIdle / 2))
+	l.Expire(t0.Add(DefaultPeerIdle))
+	if n := len(s.table.Load().peers); n != 2+2+19 {
+		t.Fatalf("%d peers after an eviction, want the reserved, the limited and 19 observed", n)
+	}
+	check("after an eviction")
 	l.RemovePolicy("checkout")
 	check("after RemovePolicy")
 }

@@ -96,9 +96,16 @@ type Config struct {
 	// must require and verify client certificates
 	// (identity.Source.ServerTLS).
 	ServerTLS *tls.Config
-	// MaxPeers bounds the distinct callers tracked before the rest share
-	// one overflow bucket; at most MaxPeersBound.
+	// MaxPeers bounds the distinct callers tracked, besides the ones the
+	// policy limits, before the rest share one overflow bucket; at most
+	// MaxPeersBound.
 	MaxPeers int
+	// PeerIdle is how long a caller the policy does not limit keeps its
+	// place among the MaxPeers without a request (sidecar.LimiterOptions);
+	// at least two report intervals, so that its last requests have been
+	// reported when it goes. 0 means sidecar.DefaultPeerIdle or two
+	// report intervals, whichever is longer.
+	PeerIdle time.Duration
 	// Strategy is "diffuse" (exact, deterministic) or "random".
 	Strategy string
 	// RateLimitHeaders is which rate-limit headers admitted responses
@@ -198,6 +205,9 @@ func (c Config) Validate() error {
 		add("max-peers: %d is outside [1, %d]: a report names every tracked caller plus unknown and _overflow, "+
 			"and aggregators reject reports naming more than their --max-peers-per-report (default 10000)", c.MaxPeers, MaxPeersBound)
 	}
+	if c.PeerIdle != 0 && c.PeerIdle < 2*c.ReportInterval {
+		add("peer-idle: %v is under two report intervals (%v): an evicted caller's last requests would go unreported", c.PeerIdle, 2*c.ReportInterval)
+	}
 	if c.Strategy != "diffuse" && c.Strategy != "random" {
 		add("strategy: %q is not diffuse or random", c.Strategy)
 	}
@@ -294,6 +304,14 @@ func (c Config) identify() (sidecar.Identify, error) {
 	return nil, nil
 }
 
+// peerIdle is PeerIdle, its default filled in.
+func (c Config) peerIdle() time.Duration {
+	if c.PeerIdle == 0 {
+		return max(sidecar.DefaultPeerIdle, 2*c.ReportInterval)
+	}
+	return c.PeerIdle
+}
+
 // validHeaderName reports whether s is an HTTP field name (an RFC 9110
 // token). Anything else could never match a request header, and every caller
 // would silently count as unknown.
@@ -342,7 +360,7 @@ func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Agent, er
 		strategy = sidecar.Random
 	}
 	a := &Agent{cfg: cfg, log: logger}
-	a.limiter = sidecar.NewLimiter(sidecar.LimiterOptions{MaxPeers: cfg.MaxPeers, Strategy: strategy})
+	a.limiter = sidecar.NewLimiter(sidecar.LimiterOptions{MaxPeers: cfg.MaxPeers, PeerIdle: cfg.peerIdle(), Strategy: strategy})
 	a.svc = a.limiter.Service(cfg.Service)
 	if reg != nil {
 		reg.MustRegister(a.limiter.Collector())

@@ -87,8 +87,8 @@ func TestOutboundPublishesCallerPolicies(t *testing.T) {
 	if w := peer(in, "web"); w == nil || w.GetDropRatio() != o.GetDropRatio() || w.GetOfferedRps() != 500 {
 		t.Errorf("callee/checkout → web: %v, want the same ratio and offered rate as caller/web's", w)
 	}
-	if b := peer(in, "batch"); b == nil || b.GetDropRatio() != 0 || b.GetOfferedRps() != 50 {
-		t.Errorf("callee/checkout → batch: %v, want ratio 0 on 50 rps", b)
+	if b := peer(in, "batch"); b != nil {
+		t.Errorf("callee/checkout → batch: %v, want it left out: no limit, no ratio", b)
 	}
 	if in.GetLiveInstances() != 5 {
 		t.Errorf("callee/checkout live %d, want its inbound sidecars' 2 + 3", in.GetLiveInstances())
@@ -172,7 +172,12 @@ func TestOutboundIgnoresUnnamedCallees(t *testing.T) {
 	if err := s.Apply(z, now); err != nil {
 		t.Fatal(err)
 	}
-	res := s.Tick(now, limits.Empty)
+	res := s.Tick(now, limits.NewSet(map[string]*limits.Service{
+		"orders": {
+			Name: "orders", Capacity: math.Inf(1), DefaultLimit: math.Inf(1), FailMode: dataplane.FailOpen,
+			Callers: map[string]limits.Bucket{"web": {Limit: 100, Mode: dropratio.Enforce}},
+		},
+	}))
 	for name := range res.Changed {
 		if name != "caller/web" && name != "callee/orders" {
 			t.Errorf("published %s", name)

@@ -40,7 +40,22 @@ func peerPolicy(peer string, v dropratio.Verdict) *sluicev1.PeerPolicy {
 	}
 }
 
-// policy renders a callee's verdict as its inbound DropPolicy.
+// limited reports whether pp can drop or announce anything: a ratio, a
+// limit, or a bounded allowed rate (a share of the callee's capacity). Only
+// such peers are listed: a sidecar keeps counters for every listed peer
+// that is (sidecar.Rule.Limited, the same test on the wire form), so an
+// unlimited peer listed would cost it memory for nothing, and a flood of
+// made-up callers that the law carries would cost every sidecar of the
+// callee that much; and every consumer reads an unlisted peer as this rule
+// says anyway: sidecars admit it uncounted by any limit and announce no
+// quota, the proxyless routes and Envoy's runtime layers give it ratio 0,
+// fail mode local has no limit to take a share of.
+func limited(pp *sluicev1.PeerPolicy) bool {
+	return pp.GetDropRatio() > 0 || pp.LimitRps != nil || pp.AllowedRps != nil
+}
+
+// policy renders a callee's verdict as its inbound DropPolicy, listing its
+// limited callers.
 func (s *State) policy(sv dropratio.ServiceVerdict, live uint32, lim *limits.Service, now time.Time) *sluicev1.DropPolicy {
 	p := &sluicev1.DropPolicy{
 		Name:          names.Callee(sv.Service),
@@ -58,6 +73,9 @@ func (s *State) policy(sv dropratio.ServiceVerdict, live uint32, lim *limits.Ser
 	}
 	for _, v := range sv.Verdicts {
 		pp := peerPolicy(v.Caller, v)
+		if !limited(pp) {
+			continue
+		}
 		markUpstream(pp, v.Mode, lim.Bucket(v.Caller))
 		p.Peers = append(p.Peers, pp)
 	}
@@ -83,10 +101,10 @@ func markUpstream(pp *sluicev1.PeerPolicy, mode dropratio.Mode, b limits.Bucket)
 
 // callerPolicies builds the outbound policy, caller/<caller>, of every
 // caller that enforces outbound (outLive: its live instances), sorted by
-// caller: its rules are the buckets' verdicts where it is the caller, one
-// per callee, with the same ratio the callee's inbound policy carries for
-// it (see combine). Verdicts come sorted by callee, so each caller's rules
-// are too.
+// caller: its rules are the limited buckets' verdicts where it is the
+// caller, one per callee, with the same ratio the callee's inbound policy
+// carries for it (see combine). Verdicts come sorted by callee, so each
+// caller's rules are too.
 //
 // A policy has one fail mode while its callees may each have their own: the
 // callees' common fail mode when they agree, else open, the default.
@@ -124,7 +142,11 @@ func (s *State) callerPolicies(verdicts []dropratio.ServiceVerdict, outLive map[
 			if p == nil {
 				continue
 			}
-			p.Peers = append(p.Peers, peerPolicy(sv.Service, v))
+			pp := peerPolicy(sv.Service, v)
+			if !limited(pp) {
+				continue
+			}
+			p.Peers = append(p.Peers, pp)
 			if c, seen := failModes[v.Caller]; !seen {
 				failModes[v.Caller] = callees{failMode: fm}
 			} else if c.failMode != fm {

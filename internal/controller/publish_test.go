@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"fmt"
 	"math"
 	"strings"
 	"testing"
@@ -9,6 +10,7 @@ import (
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/limits"
 	"github.com/sluicehq/sluice/pkg/dataplane"
+	"github.com/sluicehq/sluice/pkg/dropratio"
 	"github.com/sluicehq/sluice/sidecar"
 )
 
@@ -47,4 +49,63 @@ func TestFailModeOnTheWire(t *testing.T) {
 			t.Errorf("%v: sidecar read %v, %v", tc.fm, p, err)
 		}
 	}
+}
+
+// A policy lists the callers that carry a limit, a share of capacity or a
+// ratio, and no other: a flood of made-up caller names that the sidecars
+// report costs no sidecar a slot through the policy (issue 13), and a
+// caller that gets a limit later is listed at once. Every listed peer is
+// one the sidecar keeps counters for (sidecar.Rule.Limited).
+func TestPolicyListsOnlyLimitedCallers(t *testing.T) {
+	s := newState(t)
+	rates := map[string]float64{"checkout/web": 500, "checkout/batch": 10, "checkout/mobile": 30}
+	for i := range 200 {
+		rates[fmt.Sprintf("checkout/aaa-%03d", i)] = 1
+	}
+	if err := s.Apply(zoneLoad("agg-a", "a", 2, rates), t0); err != nil {
+		t.Fatal(err)
+	}
+	tick := func(now time.Time, set *limits.Set) *sluicev1.DropPolicy {
+		t.Helper()
+		if err := s.Apply(zoneLoad("agg-a", "a", 2, rates), now); err != nil {
+			t.Fatal(err)
+		}
+		return s.Tick(now, set).Changed["callee/checkout"]
+	}
+	set := func(callers map[string]limits.Bucket, capacity float64) *limits.Set {
+		return limits.NewSet(map[string]*limits.Service{"checkout": {
+			Name: "checkout", Capacity: capacity, DefaultLimit: math.Inf(1), FailMode: dataplane.FailLocal, Callers: callers,
+		}})
+	}
+	listed := func(p *sluicev1.DropPolicy) string {
+		var names []string
+		for _, pp := range p.GetPeers() {
+			names = append(names, pp.GetPeer())
+			r, err := sidecar.PolicyFromProto(&sluicev1.DropPolicy{
+				Name: p.GetName(), Service: p.GetService(), Direction: p.GetDirection(), Peers: []*sluicev1.PeerPolicy{pp},
+			})
+			if err != nil || !r.Peers[0].Limited() {
+				t.Errorf("%s listed, but a sidecar would not keep counters for it (%v)", pp.GetPeer(), err)
+			}
+		}
+		return strings.Join(names, ",")
+	}
+	callers := map[string]limits.Bucket{"web": {Limit: 100}, "batch": {Limit: 50, Mode: dropratio.Shadow}}
+	now := t0.Add(3 * time.Second)
+	if got := listed(tick(now, set(callers, math.Inf(1)))); got != "batch,web" {
+		t.Errorf("listed %q, want the limited callers batch,web", got)
+	}
+	callers["mobile"] = limits.Bucket{Limit: 20}
+	now = now.Add(time.Second)
+	if got := listed(tick(now, set(callers, math.Inf(1)))); got != "batch,mobile,web" {
+		t.Errorf("listed %q after mobile's limit, want batch,mobile,web", got)
+	}
+	// A capacity the demand exceeds gives every caller a share, an
+	// allowed rate its headers announce: every caller is listed.
+	now = now.Add(time.Second)
+	p := tick(now, set(callers, 300))
+	if n := len(p.GetPeers()); n != 203 {
+		t.Errorf("%d callers listed under a capacity, want all 203", n)
+	}
+	listed(p)
 }

@@ -33,7 +33,8 @@ import (
 // Source gives the cumulative counters of a service's peers; sidecar.Limiter
 // implements it. AppendCounts appends one entry per peer to dst and returns
 // it. Counters only grow, except that a peer's counters may start again
-// from zero (a reset), which Build recognises. It is called from the
+// from zero (a reset: the Limiter evicted the peer and saw it again, under a
+// new Incarnation), which Build recognises. It is called from the
 // reporter's goroutine once per interval and must be safe to call
 // concurrently with the request path.
 type Source interface {
@@ -140,8 +141,11 @@ type Header struct {
 // cur at its end. It is pure.
 //
 //   - A peer's count in the window is cur minus prev. A peer missing from
-//     prev is new: all of cur counts. A peer whose counters went backwards
-//     was reset: all of cur counts.
+//     prev is new: all of cur counts. A peer whose counters went backwards,
+//     or whose Incarnation changed, was reset: all of cur counts. (A
+//     Limiter evicts only peers idle for longer than a report interval, so
+//     the old incarnation's counts were all in prev.) A peer missing from
+//     cur, evicted, sent nothing.
 //   - Dropped and shadow-dropped are clamped to what offered allows, since
 //     a snapshot reads a peer's counters one by one while requests go on.
 //   - A peer that fails names.Check is counted as names.Unknown rather than
@@ -155,10 +159,7 @@ func Build(h Header, prev, cur []sidecar.PeerCounts, windowStart time.Time, wind
 	before := sumByPeer(prev)
 	deltas := make(map[string]*sluicev1.PeerCounts)
 	for peer, c := range sumByPeer(cur) {
-		b := before[peer]
-		if c.Offered < b.Offered || c.Dropped < b.Dropped || c.ShadowDropped < b.ShadowDropped {
-			b = sidecar.PeerCounts{} // reset
-		}
+		b := since(before[peer], c)
 		offered := c.Offered - b.Offered
 		if offered == 0 {
 			continue
@@ -193,6 +194,18 @@ func Build(h Header, prev, cur []sidecar.PeerCounts, windowStart time.Time, wind
 	return r
 }
 
+// since returns the counters of b, an earlier snapshot of c's peer, that c
+// counts from: b itself, or zero when c's counters were reset since (a new
+// incarnation, or counters that went backwards).
+func since(b, c sidecar.PeerCounts) sidecar.PeerCounts {
+	if c.Incarnation != b.Incarnation || c.Offered < b.Offered || c.Dropped < b.Dropped || c.ShadowDropped < b.ShadowDropped {
+		return sidecar.PeerCounts{}
+	}
+	return b
+}
+
+// sumByPeer sums the counters of each peer of s. A peer listed more than
+// once (not by a Limiter) keeps its last entry's incarnation.
 func sumByPeer(s []sidecar.PeerCounts) map[string]sidecar.PeerCounts {
 	m := make(map[string]sidecar.PeerCounts, len(s))
 	for _, p := range s {
@@ -200,6 +213,7 @@ func sumByPeer(s []sidecar.PeerCounts) map[string]sidecar.PeerCounts {
 		t.Offered += p.Offered
 		t.Dropped += p.Dropped
 		t.ShadowDropped += p.ShadowDropped
+		t.Incarnation = p.Incarnation
 		m[p.Peer] = t
 	}
 	return m

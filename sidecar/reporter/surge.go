@@ -165,6 +165,9 @@ func (d *SurgeDetector) surging(prev, cur []sidecar.PeerCounts, elapsed time.Dur
 	now := sumByPeer(cur)
 	for peer, c := range now {
 		b := before[peer]
+		if c.Incarnation != b.Incarnation {
+			b = sidecar.PeerCounts{} // evicted and seen again: all new (see Build)
+		}
 		if c.Offered < b.Offered {
 			continue // reset: not a rate
 		}
