@@ -41,6 +41,10 @@ It serves HTTPS (TLS 1.3) on --listen with the certificate in --tls-cert-file an
 --tls-key-file, and reloads them when they change (cert-manager renewals need no
 restart). With --tls-client-ca-file it requires the API server's client certificate.
 
+--sidecar-caller-identity says whom the sidecars believe a request comes from: under
+Istio, xfcc (the SPIFFE ID the pod's Envoy appends to x-forwarded-client-cert after
+verifying the caller's certificate); pods choose their own with sluice.io/caller-identity.
+
 Every flag can also be set as SLUICE_INJECTOR_<FLAG> or in the --config file;
 flags win over the environment, the environment over the file.`,
 		Args:         cobra.NoArgs,
@@ -109,6 +113,11 @@ flags win over the environment, the environment over the file.`,
 		"the sidecar's proxy port (its --listen), outside Istio's ports so that both sidecars fit in a pod; pods override it with "+inject.ProxyPortAnnotation)
 	f.Int32Var(&cfg.Inject.AdminPort, "sidecar-admin-port", inject.DefaultAdminPort,
 		"the sidecar's port for /metrics, /healthz, /readyz (its --admin-addr); pods override it with "+inject.AdminPortAnnotation)
+	f.StringVar(&cfg.Inject.CallerIdentity, "sidecar-caller-identity", inject.IdentityHeader,
+		"the sidecar's --caller-identity: header (the caller header; trusts the network), xfcc (the SPIFFE ID the pod's Envoy appends to x-forwarded-client-cert: the mode under Istio) "+
+			"or mtls (the sidecar's port serves TLS; needs --sidecar-trust-domain); pods override it with "+inject.CallerIdentityAnnotation)
+	f.BoolVar(&cfg.Inject.TrustDecided, "sidecar-trust-decided", false,
+		"the sidecar's --trust-decided: let requests their caller marked x-sluice-decided through uncounted; pods override it with "+inject.TrustDecidedAnnotation)
 	logging.AddFlags(f)
 	return cmd
 }

@@ -115,6 +115,10 @@ func TestCommandBadConfig(t *testing.T) {
 				"sidecar-proxy-port: 0 is not a port number (1-65535)", "sidecar-admin-port: 65536 is not a port number (1-65535)"}},
 		{[]string{"--sidecar-image", "sidecar:test", "--sidecar-proxy-port", "19300"},
 			[]string{"sidecar-admin-port: 19300 is also sidecar-proxy-port"}},
+		{[]string{"--sidecar-image", "sidecar:test", "--sidecar-caller-identity", "mtls"},
+			[]string{"sidecar-caller-identity: mtls needs sidecar certificates, which the injector gives only with --sidecar-trust-domain"}},
+		{[]string{"--sidecar-image", "sidecar:test", "--sidecar-caller-identity", "jwt", "--sidecar-trust-domain", "cluster.local"},
+			[]string{`sidecar-caller-identity: "jwt" is not header, xfcc or mtls`}},
 	} {
 		cmd := Command()
 		cmd.SetArgs(tc.args)

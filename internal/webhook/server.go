@@ -37,7 +37,7 @@ type Config struct {
 // Validate reports every bad field at once, by flag name.
 func (c Config) Validate() error {
 	var errs []error
-	if err := c.Inject.Validate(); err != nil {
+	if err := c.inject().Validate(); err != nil {
 		errs = append(errs, err)
 	}
 	if err := c.SidecarTLS.Validate(); err != nil {
@@ -53,6 +53,14 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("shutdown-timeout: %v is not positive", c.ShutdownTimeout))
 	}
 	return errors.Join(errs...)
+}
+
+// inject is what every sidecar gets: Inject, told whether SidecarTLS gives
+// sidecars certificates.
+func (c Config) inject() inject.Config {
+	in := c.Inject
+	in.TLS = c.SidecarTLS.TrustDomain != ""
+	return in
 }
 
 // Server is the webhook's HTTPS server.
@@ -72,7 +80,7 @@ func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Server, erro
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	h, err := NewHandler(cfg.Inject, log, reg)
+	h, err := NewHandler(cfg.inject(), log, reg)
 	if err != nil {
 		return nil, err
 	}

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -52,14 +53,20 @@ type running struct {
 	client *http.Client
 }
 
-func start(t *testing.T) *running {
+func start(t *testing.T) *running { t.Helper(); return startWith(t, nil) }
+
+// startWith starts a server whose Config edit changed, if not nil.
+func startWith(t *testing.T, edit func(*Config)) *running {
 	t.Helper()
 	ca := newCA(t)
 	certPEM, keyPEM := ca.issue(t, 1)
 	vol := newSecretVolume(t, map[string][]byte{"tls.crt": certPEM, "tls.key": keyPEM})
 	reg := prometheus.NewRegistry()
-	srv, err := New(Config{Inject: testInject, CertFile: vol.path("tls.crt"), KeyFile: vol.path("tls.key"),
-		ShutdownTimeout: 5 * time.Second}, nil, reg)
+	cfg := Config{Inject: testInject, CertFile: vol.path("tls.crt"), KeyFile: vol.path("tls.key"), ShutdownTimeout: 5 * time.Second}
+	if edit != nil {
+		edit(&cfg)
+	}
+	srv, err := New(cfg, nil, reg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -232,7 +239,7 @@ func TestAdmissionOverHTTPS(t *testing.T) {
 // environment, with the downward API resolved: what the sidecar would do at
 // start-up in the pod. The binary must listen on the ports the container
 // declares and the probes use, whatever its own defaults are.
-func checkSidecarAcceptsEnv(t *testing.T, sc *corev1.Container, podName string) {
+func checkSidecarAcceptsEnv(t *testing.T, sc *corev1.Container, podName string) agent.Config {
 	t.Helper()
 	env := map[string]string{}
 	for _, e := range sc.Env {
@@ -264,6 +271,8 @@ func checkSidecarAcceptsEnv(t *testing.T, sc *corev1.Container, podName string) 
 	cfg.XDSProtocol, cfg.CallerHeader, cfg.Strategy = str("xds-protocol"), str("caller-header"), str("strategy")
 	cfg.ReportInterval, _ = fs.GetDuration("report-interval")
 	cfg.MaxPeers, _ = fs.GetInt("max-peers")
+	cfg.CallerIdentity, cfg.TrustedProxies, cfg.CallerMismatch = str("caller-identity"), list("trusted-proxies"), str("caller-mismatch")
+	cfg.TrustDecided, _ = fs.GetBool("trust-decided")
 	if err := cfg.Validate(); err != nil {
 		t.Errorf("the sidecar would refuse its configuration: %v", err)
 	}
@@ -288,6 +297,7 @@ func checkSidecarAcceptsEnv(t *testing.T, sc *corev1.Container, podName string) 
 	if lf := str("log-format"); lf != "json" {
 		t.Errorf("--log-format = %q", lf)
 	}
+	return cfg
 }
 
 func counter(t *testing.T, g prometheus.Gatherer, name, result string) float64 {
@@ -340,6 +350,9 @@ func TestBadAnnotationsDenied(t *testing.T) {
 		{inject.MemoryRequest, "64MB!", "not a quantity"},
 		{inject.Service, "check/out", "character '/'"},
 		{inject.ProxyPortAnnotation, "8080", "the sidecar listens on"},
+		{inject.CallerIdentityAnnotation, "spiffe", `"spiffe" is not header, xfcc or mtls`},
+		{inject.CallerIdentityAnnotation, "mtls", "only with --sidecar-trust-domain"},
+		{inject.TrustDecidedAnnotation, "1", `"1" is not "true" or "false"`},
 	} {
 		t.Run(tc.annotation+"="+tc.value, func(t *testing.T) {
 			pod := checkoutPod()
@@ -353,8 +366,46 @@ func TestBadAnnotationsDenied(t *testing.T) {
 			}
 		})
 	}
-	if n := counter(t, r.reg, "sluice_injector_admissions_total", "denied"); n != 6 {
-		t.Errorf("denied = %v, want 6", n)
+	if n := counter(t, r.reg, "sluice_injector_admissions_total", "denied"); n != 9 {
+		t.Errorf("denied = %v, want 9", n)
+	}
+}
+
+// TestCallerIdentityFlags: the injector's --sidecar-caller-identity and
+// --sidecar-trust-decided, and a pod's annotations, reach the sidecar as
+// settings its own validation accepts; with --sidecar-trust-domain a pod
+// may choose mtls, and its sidecar gets the certificates mtls serves with.
+func TestCallerIdentityFlags(t *testing.T) {
+	sidecar := func(t *testing.T, r *running, pod *corev1.Pod) agent.Config {
+		t.Helper()
+		got := patched(t, pod, r.review(t, PathPod, pod))
+		for i := range got.Spec.InitContainers {
+			if sc := &got.Spec.InitContainers[i]; sc.Name == inject.ContainerName {
+				return checkSidecarAcceptsEnv(t, sc, "checkout-5c7d9-abcde")
+			}
+		}
+		t.Fatalf("no sidecar in %+v", got.Spec.InitContainers)
+		return agent.Config{}
+	}
+
+	r := startWith(t, func(c *Config) { c.Inject.CallerIdentity, c.Inject.TrustDecided = inject.IdentityXFCC, true })
+	cfg := sidecar(t, r, checkoutPod())
+	if cfg.CallerIdentity != agent.XFCCIdentity || !cfg.TrustDecided || !slices.Contains(cfg.TrustedProxies, "127.0.0.6/32") {
+		t.Errorf("injector xfcc, trust decided: sidecar --caller-identity=%s --trust-decided=%v --trusted-proxies=%v; want xfcc, true and Istio's 127.0.0.6",
+			cfg.CallerIdentity, cfg.TrustDecided, cfg.TrustedProxies)
+	}
+	pod := checkoutPod()
+	pod.Annotations = map[string]string{inject.CallerIdentityAnnotation: "header", inject.TrustDecidedAnnotation: "false"}
+	if cfg := sidecar(t, r, pod); cfg.CallerIdentity != agent.HeaderIdentity || cfg.TrustDecided {
+		t.Errorf("pod annotations header, false: sidecar --caller-identity=%s --trust-decided=%v", cfg.CallerIdentity, cfg.TrustDecided)
+	}
+
+	r = startWith(t, func(c *Config) { c.SidecarTLS.TrustDomain = "cluster.local" })
+	pod = checkoutPod()
+	pod.Spec.ServiceAccountName = "checkout"
+	pod.Annotations = map[string]string{inject.CallerIdentityAnnotation: "mtls"}
+	if cfg := sidecar(t, r, pod); cfg.CallerIdentity != agent.MTLSIdentity {
+		t.Errorf("pod annotation mtls: sidecar --caller-identity=%s", cfg.CallerIdentity)
 	}
 }
 
@@ -486,6 +537,12 @@ func TestNewRefusesBadConfig(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("New() = %v; want it to name %s", err, want)
 		}
+	}
+	mtls := testInject
+	mtls.CallerIdentity = inject.IdentityMTLS
+	_, err = New(Config{Inject: mtls, CertFile: "c", KeyFile: "k", ShutdownTimeout: time.Second}, nil, nil)
+	if err == nil || !strings.Contains(err.Error(), "sidecar-caller-identity: mtls needs sidecar certificates, which the injector gives only with --sidecar-trust-domain") {
+		t.Errorf("New() with caller identity mtls and no trust domain = %v; want it refused, naming both flags", err)
 	}
 	ca := newCA(t)
 	c, _ := ca.issue(t, 1)

@@ -76,6 +76,12 @@ const (
 	// injector's defaults: for an app that already uses a default port.
 	ProxyPortAnnotation = "sluice.io/proxy-port"
 	AdminPortAnnotation = "sluice.io/admin-port"
+	// CallerIdentityAnnotation and TrustDecidedAnnotation override the
+	// injector's --sidecar-caller-identity (IdentityHeader, IdentityXFCC or
+	// IdentityMTLS) and --sidecar-trust-decided ("true" or "false") for
+	// one pod: the sidecar's --caller-identity and --trust-decided.
+	CallerIdentityAnnotation = "sluice.io/caller-identity"
+	TrustDecidedAnnotation   = "sluice.io/trust-decided"
 
 	// Status is written by the injector on the pods it changed: what it did,
 	// as JSON.
@@ -92,6 +98,31 @@ const (
 	ModeTakeover = "takeover"
 	ModeExplicit = "explicit"
 )
+
+// Caller identity modes: the sidecar's --caller-identity values.
+const (
+	// IdentityHeader believes the caller header: any client that reaches
+	// the port can name any caller.
+	IdentityHeader = "header"
+	// IdentityXFCC reads the SPIFFE ID the pod's own proxy (Istio's Envoy)
+	// appended to x-forwarded-client-cert after verifying the caller's
+	// certificate; the header is believed only from XFCCTrustedProxies.
+	IdentityXFCC = "xfcc"
+	// IdentityMTLS serves the sidecar's port with TLS and reads the
+	// client certificate: callers must dial it with TLS and a certificate
+	// of the trust domain, so it needs sidecar certificates (Config.TLS).
+	IdentityMTLS = "mtls"
+)
+
+// XFCCTrustedProxies is the sidecar's --trusted-proxies in xfcc mode:
+// loopback, and the addresses Istio's Envoy connects to the pod's ports
+// from. Since Istio 1.10 inbound traffic goes to the pod's IP, from the
+// source address 127.0.0.6 (::6 over IPv6), which iptables lets through
+// instead of sending it back to Envoy; the sidecar's default, 127.0.0.1/32
+// and ::1/128, would not believe it. Only processes of the pod can use
+// these addresses: a TCP peer elsewhere can not complete a handshake from
+// them.
+var XFCCTrustedProxies = []string{"127.0.0.1/32", "::1/128", "127.0.0.6/32", "::6/128"}
 
 // The injected container and its ports.
 const (
@@ -156,6 +187,15 @@ type Config struct {
 	// injector's flags say otherwise). Pods override each with an
 	// annotation.
 	ProxyPort, AdminPort int32
+	// CallerIdentity is the sidecars' default --caller-identity
+	// (IdentityHeader, IdentityXFCC or IdentityMTLS; empty means
+	// IdentityHeader), and TrustDecided their --trust-decided. Pods
+	// override each with an annotation.
+	CallerIdentity string
+	TrustDecided   bool
+	// TLS says that sidecars get certificates (internal/webhook adds them
+	// with a trust domain): IdentityMTLS needs them.
+	TLS bool
 }
 
 // Validate reports every bad field at once.
@@ -206,7 +246,25 @@ func (c Config) Validate() error {
 	if c.ProxyPort == c.AdminPort {
 		errs = append(errs, fmt.Errorf("sidecar-admin-port: %d is also sidecar-proxy-port; the sidecar needs two ports", c.AdminPort))
 	}
+	if msg := c.checkIdentity(c.CallerIdentity); msg != "" {
+		errs = append(errs, errors.New("sidecar-caller-identity: "+msg))
+	}
 	return errors.Join(errs...)
+}
+
+// checkIdentity says what is wrong with mode as a caller identity for this
+// injector, or "".
+func (c Config) checkIdentity(mode string) string {
+	switch mode {
+	case "", IdentityHeader, IdentityXFCC:
+		return ""
+	case IdentityMTLS:
+		if !c.TLS {
+			return "mtls needs sidecar certificates, which the injector gives only with --sidecar-trust-domain"
+		}
+		return ""
+	}
+	return fmt.Sprintf("%q is not %s, %s or %s", mode, IdentityHeader, IdentityXFCC, IdentityMTLS)
 }
 
 // Scope says why the webhook is asked about a pod: the API server calls it
@@ -336,6 +394,9 @@ type plan struct {
 	// proxyPort and adminPort are the sidecar's: the injector's, or the
 	// pod's annotations.
 	proxyPort, adminPort int32
+	// callerIdentity and trustDecided likewise.
+	callerIdentity string
+	trustDecided   bool
 
 	appPort int32
 	// appContainer and appPortIndex locate the declared app port, or -1.
@@ -404,8 +465,34 @@ func (p *plan) read() {
 	}
 	p.problems = append(p.problems, p.res.check(CPURequest, CPULimit, MemoryRequest, MemoryLimit)...)
 
+	p.readIdentity()
 	p.readSidecarPorts()
 	p.readPorts()
+}
+
+// readIdentity sets who the sidecar believes the caller is, and whether it
+// trusts decided marks: the injector's, or the pod's annotations.
+func (p *plan) readIdentity() {
+	p.callerIdentity = p.cfg.CallerIdentity
+	if v, set := p.pod.Annotations[CallerIdentityAnnotation]; set {
+		p.callerIdentity = v
+		if v == "" {
+			p.deny(CallerIdentityAnnotation, "empty; want %s, %s or %s", IdentityHeader, IdentityXFCC, IdentityMTLS)
+		} else if msg := p.cfg.checkIdentity(v); msg != "" {
+			p.deny(CallerIdentityAnnotation, "%s", msg)
+		}
+	}
+	if p.callerIdentity == "" {
+		p.callerIdentity = IdentityHeader
+	}
+	p.trustDecided = p.cfg.TrustDecided
+	switch v, set := p.pod.Annotations[TrustDecidedAnnotation]; {
+	case !set:
+	case v == "true" || v == "false":
+		p.trustDecided = v == "true"
+	default:
+		p.deny(TrustDecidedAnnotation, "%q is not \"true\" or \"false\"", v)
+	}
 }
 
 // readSidecarPorts sets the sidecar's two ports: the injector's, or the
@@ -578,6 +665,13 @@ func (p *plan) build() (Result, error) {
 		res.Patch = append(res.Patch, p.releasePortName()...)
 	}
 
+	if p.callerIdentity == IdentityMTLS && p.hasIstio() {
+		res.Warnings = append(res.Warnings, fmt.Sprintf(
+			"sluice: %s mtls: the sidecar's port %d serves TLS and requires a client certificate, and Istio's Envoy forwards "+
+				"what callers send: a caller that does not dial it with TLS and a sluice certificate fails; under Istio choose %s",
+			CallerIdentityAnnotation, p.proxyPort, IdentityXFCC))
+	}
+
 	c := p.container(proxyName)
 	if len(p.pod.Spec.InitContainers) == 0 {
 		res.Patch = append(res.Patch, Operation{"add", "/spec/initContainers", []corev1.Container{c}})
@@ -586,13 +680,15 @@ func (p *plan) build() (Result, error) {
 	}
 
 	status, err := json.Marshal(struct {
-		Service   string `json:"service"`
-		AppPort   int32  `json:"appPort"`
-		ProxyPort int32  `json:"proxyPort"`
-		AdminPort int32  `json:"adminPort"`
-		Mode      string `json:"mode"`
-		Takeover  string `json:"takeover,omitempty"`
-	}{p.service, p.appPort, p.proxyPort, p.adminPort, p.mode, takeover})
+		Service        string `json:"service"`
+		AppPort        int32  `json:"appPort"`
+		ProxyPort      int32  `json:"proxyPort"`
+		AdminPort      int32  `json:"adminPort"`
+		Mode           string `json:"mode"`
+		Takeover       string `json:"takeover,omitempty"`
+		CallerIdentity string `json:"callerIdentity"`
+		TrustDecided   bool   `json:"trustDecided"`
+	}{p.service, p.appPort, p.proxyPort, p.adminPort, p.mode, takeover, p.callerIdentity, p.trustDecided})
 	if err != nil {
 		return Result{}, fmt.Errorf("encode status: %w", err)
 	}
@@ -679,6 +775,13 @@ func (p *plan) container(proxyName string) corev1.Container {
 	}
 	if p.cfg.CallerHeader != "" {
 		env = append(env, corev1.EnvVar{Name: Env("caller-header"), Value: p.cfg.CallerHeader})
+	}
+	// Both said explicitly, so that the pod shows what its sidecar trusts.
+	env = append(env,
+		corev1.EnvVar{Name: Env("caller-identity"), Value: p.callerIdentity},
+		corev1.EnvVar{Name: Env("trust-decided"), Value: strconv.FormatBool(p.trustDecided)})
+	if p.callerIdentity == IdentityXFCC {
+		env = append(env, corev1.EnvVar{Name: Env("trusted-proxies"), Value: strings.Join(XFCCTrustedProxies, ",")})
 	}
 	probe := func(path string, period, failures int32) *corev1.Probe {
 		return &corev1.Probe{

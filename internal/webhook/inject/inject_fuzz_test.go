@@ -51,6 +51,8 @@ func podSeeds() map[string][2]string {
 		"sidecar-ports-bad":   {in + inject.ProxyPortAnnotation + "=0\n" + inject.AdminPortAnnotation + "=http", ""},
 		"sidecar-port-app":    {in + inject.ProxyPortAnnotation + "=8080", ""},
 		"sidecar-port-istio":  {in + inject.ProxyPortAnnotation + "=15001\nsidecar.istio.io/status={}", ""},
+		"caller-identity":     {in + inject.CallerIdentityAnnotation + "=xfcc\n" + inject.TrustDecidedAnnotation + "=true", ""},
+		"caller-identity-bad": {in + inject.CallerIdentityAnnotation + "=mtls\n" + inject.TrustDecidedAnnotation + "=yes", ""},
 		"port-out-of-range":   {in + inject.AppPort + "=65536", ""},
 		"port-negative":       {in + inject.AppPort + "=-1", ""},
 		"port-name":           {in + inject.AppPort + "=metrics", ""},

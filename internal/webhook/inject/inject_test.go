@@ -3,6 +3,7 @@ package inject_test
 import (
 	"encoding/json"
 	"errors"
+	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -465,6 +466,11 @@ func TestBadAnnotationsAreDenied(t *testing.T) {
 		{"pod uses the admin port", func(p *corev1.Pod) {
 			p.Spec.Containers = append(p.Spec.Containers, corev1.Container{Name: "debug", Ports: []corev1.ContainerPort{{ContainerPort: 19300}}})
 		}, []string{"spec.containers[1].ports[0]"}, "19300"},
+		{"caller identity unknown", ann(inject.CallerIdentityAnnotation, "jwt"), []string{inject.CallerIdentityAnnotation}, `"jwt" is not header, xfcc or mtls`},
+		{"caller identity empty", ann(inject.CallerIdentityAnnotation, ""), []string{inject.CallerIdentityAnnotation}, "empty"},
+		{"caller identity mtls without certificates", ann(inject.CallerIdentityAnnotation, "mtls"), []string{inject.CallerIdentityAnnotation},
+			"only with --sidecar-trust-domain"},
+		{"trust decided", ann(inject.TrustDecidedAnnotation, "yes"), []string{inject.TrustDecidedAnnotation}, `"yes" is not "true" or "false"`},
 		{"every problem at once", func(p *corev1.Pod) {
 			ann(inject.AppPort, "x")(p)
 			ann(inject.Mode, "y")(p)
@@ -514,6 +520,21 @@ func TestConfigValidate(t *testing.T) {
 		"sidecar-proxy-port: 0 is not a port number", "sidecar-admin-port: 70000 is not a port number"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Validate() = %v; want it to name %s", err, want)
+		}
+	}
+	for _, tc := range []struct {
+		identity string
+		tls      bool
+		want     string // "" for valid
+	}{
+		{"", false, ""}, {"header", false, ""}, {"xfcc", false, ""}, {"mtls", true, ""},
+		{"mtls", false, "sidecar-caller-identity: mtls needs sidecar certificates, which the injector gives only with --sidecar-trust-domain"},
+		{"jwt", true, `sidecar-caller-identity: "jwt" is not header, xfcc or mtls`},
+	} {
+		c := cfg
+		c.CallerIdentity, c.TLS = tc.identity, tc.tls
+		if err := c.Validate(); tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
+			t.Errorf("Validate() with --sidecar-caller-identity=%q, TLS %v = %v; want %q", tc.identity, tc.tls, err, tc.want)
 		}
 	}
 	same := cfg
@@ -669,3 +690,110 @@ func TestIstioSidecarInThePod(t *testing.T) {
 }
 
 func itoa(n int32) string { return strconv.Itoa(int(n)) }
+
+// TestCallerIdentity checks that the injector's caller identity and
+// decided-mark trust, or a pod's annotations, reach the sidecar's flags and
+// the status annotation, and that xfcc believes Istio's Envoy, which
+// connects from 127.0.0.6 (::6), not 127.0.0.1.
+func TestCallerIdentity(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		identity     string // the injector's
+		trustDecided bool   // the injector's
+		tls          bool
+		annotations  map[string]string
+		wantIdentity string
+		wantDecided  bool
+	}{
+		{"the injector's defaults", "", false, false, nil, "header", false},
+		{"the injector's flags", "xfcc", true, false, nil, "xfcc", true},
+		{"the pod's annotations win", "xfcc", true, false,
+			map[string]string{inject.CallerIdentityAnnotation: "header", inject.TrustDecidedAnnotation: "false"}, "header", false},
+		{"one pod opts into xfcc", "header", false, false, map[string]string{inject.CallerIdentityAnnotation: "xfcc"}, "xfcc", false},
+		{"mtls with sidecar certificates", "header", false, true,
+			map[string]string{inject.CallerIdentityAnnotation: "mtls", inject.TrustDecidedAnnotation: "true"}, "mtls", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := cfg
+			c.CallerIdentity, c.TrustDecided, c.TLS = tc.identity, tc.trustDecided, tc.tls
+			if err := c.Validate(); err != nil {
+				t.Fatal(err)
+			}
+			pod := appPod(tc.annotations)
+			res, err := inject.Pod(pod, inject.ScopeNamespace, c)
+			if err != nil || res.Patch == nil {
+				t.Fatalf("Pod: %+v, %v", res, err)
+			}
+			if len(res.Warnings) > 0 {
+				t.Errorf("warnings %q", res.Warnings)
+			}
+			got := apply(t, pod, res.Patch)
+			checkValid(t, got)
+			e := env(sidecarOf(t, got))
+			if v := e[inject.Env("caller-identity")].Value; v != tc.wantIdentity {
+				t.Errorf("--caller-identity %q, want %q", v, tc.wantIdentity)
+			}
+			if v := e[inject.Env("trust-decided")].Value; v != strconv.FormatBool(tc.wantDecided) {
+				t.Errorf("--trust-decided %q, want %v", v, tc.wantDecided)
+			}
+			proxies, set := e[inject.Env("trusted-proxies")]
+			if set != (tc.wantIdentity == inject.IdentityXFCC) {
+				t.Errorf("--trusted-proxies %q set: %v; want it only with xfcc", proxies.Value, set)
+			}
+			if set {
+				checkTrustsIstio(t, proxies.Value)
+			}
+			var status struct {
+				CallerIdentity string
+				TrustDecided   bool
+			}
+			if err := json.Unmarshal([]byte(got.Annotations[inject.Status]), &status); err != nil ||
+				status.CallerIdentity != tc.wantIdentity || status.TrustDecided != tc.wantDecided {
+				t.Errorf("status %s: want callerIdentity %s, trustDecided %v", got.Annotations[inject.Status], tc.wantIdentity, tc.wantDecided)
+			}
+		})
+	}
+}
+
+// checkTrustsIstio checks that --trusted-proxies, as the sidecar parses it
+// (CIDRs, comma-separated), holds the addresses Istio's Envoy connects
+// from, and nothing outside the pod.
+func checkTrustsIstio(t *testing.T, value string) {
+	t.Helper()
+	var prefixes []netip.Prefix
+	for _, s := range strings.Split(value, ",") {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			t.Fatalf("--trusted-proxies %q: %v", value, err)
+		}
+		prefixes = append(prefixes, p)
+	}
+	trusted := func(a netip.Addr) bool {
+		return slices.ContainsFunc(prefixes, func(p netip.Prefix) bool { return p.Contains(a) })
+	}
+	for _, a := range []string{"127.0.0.6", "::6", "127.0.0.1", "::1"} {
+		if !trusted(netip.MustParseAddr(a)) {
+			t.Errorf("--trusted-proxies %q does not hold %s", value, a)
+		}
+	}
+	for _, a := range []string{"10.0.0.6", "192.168.1.1", "fd00::6", "0.0.0.0"} {
+		if trusted(netip.MustParseAddr(a)) {
+			t.Errorf("--trusted-proxies %q holds %s, an address outside the pod", value, a)
+		}
+	}
+}
+
+// TestMTLSUnderIstioWarns: the sidecar's port would demand TLS of callers
+// whose Envoy forwards plaintext.
+func TestMTLSUnderIstioWarns(t *testing.T) {
+	c := cfg
+	c.TLS = true
+	pod := appPod(map[string]string{inject.CallerIdentityAnnotation: "mtls", "sidecar.istio.io/status": "{}"})
+	res, err := inject.Pod(pod, inject.ScopeNamespace, c)
+	if err != nil || res.Patch == nil {
+		t.Fatalf("Pod: %+v, %v", res, err)
+	}
+	if len(res.Warnings) != 1 || !strings.Contains(res.Warnings[0], inject.CallerIdentityAnnotation) || !strings.Contains(res.Warnings[0], "choose xfcc") {
+		t.Errorf("warnings %q: want one naming %s and advising xfcc", res.Warnings, inject.CallerIdentityAnnotation)
+	}
+}
