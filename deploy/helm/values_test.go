@@ -208,6 +208,18 @@ func TestValuesDoWhatTheySay(t *testing.T) {
 		}
 	})
 
+	t.Run("caller identity", func(t *testing.T) {
+		d := args(deployment(t, defaults, releaseNamespace, "sluice-injector").Spec.Template.Spec.Containers[0])
+		if _, decided := d["sidecar-trust-decided"]; d["sidecar-caller-identity"] != "header" || decided {
+			t.Errorf("default injector args %v: want --sidecar-caller-identity=header, said explicitly, and no --sidecar-trust-decided", d)
+		}
+		got := renderChart(t, releaseNamespace, map[string]any{"sidecar": map[string]any{"callerIdentity": "xfcc", "trustDecided": true}})
+		a := args(deployment(t, got, releaseNamespace, "sluice-injector").Spec.Template.Spec.Containers[0])
+		if _, decided := a["sidecar-trust-decided"]; a["sidecar-caller-identity"] != "xfcc" || !decided {
+			t.Errorf("injector args %v: want --sidecar-caller-identity=xfcc and --sidecar-trust-decided", a)
+		}
+	})
+
 	t.Run("resources", func(t *testing.T) {
 		got := renderChart(t, releaseNamespace, map[string]any{"aggregator": map[string]any{"resources": map[string]any{
 			"requests": map[string]any{"cpu": "2", "memory": "1Gi"}, "limits": map[string]any{"memory": "4Gi"}}}})
@@ -347,6 +359,9 @@ func TestChartLint(t *testing.T) {
 		{"port zero", map[string]any{"injector": map[string]any{"sidecarPorts": map[string]any{"proxy": 0}}}, "sidecarPorts/proxy"},
 		{"port too big", map[string]any{"injector": map[string]any{"sidecarPorts": map[string]any{"admin": 70000}}}, "sidecarPorts/admin"},
 		{"ports equal", map[string]any{"injector": map[string]any{"sidecarPorts": map[string]any{"proxy": 19300}}}, "proxy and admin are both 19300"},
+		{"caller identity", map[string]any{"sidecar": map[string]any{"callerIdentity": "jwt"}}, "sidecar/callerIdentity"},
+		{"mtls callers without mtls", map[string]any{"sidecar": map[string]any{"callerIdentity": "mtls"}, "tls": map[string]any{"mtls": false}},
+			"sidecar.callerIdentity: mtls needs tls.mtls"},
 		{"two controllers", map[string]any{"controller": map[string]any{"replicas": 2}}, "controller/replicas"},
 		{"pull policy", map[string]any{"image": map[string]any{"pullPolicy": "Sometimes"}}, "image/pullPolicy"},
 		{"limits source", map[string]any{"limits": map[string]any{"source": "redis"}}, "limits/source"},

@@ -90,7 +90,26 @@ func TestWebhookConfiguration(t *testing.T) {
 		}
 
 		checkOptInMatrix(t, mwc, sidecarPorts(t, r))
+		checkCallerIdentity(t, dep.Spec.Template.Spec.Containers[0])
 	})
+}
+
+// checkCallerIdentity: the injector's --sidecar-caller-identity is said
+// explicitly (what the sidecars trust is a choice the manifests show), and
+// the injector's own validation accepts it with the overlay's trust domain.
+func checkCallerIdentity(t *testing.T, c corev1.Container) {
+	t.Helper()
+	mode, ok := flag(c, "sidecar-caller-identity")
+	if !ok {
+		t.Errorf("injector: no --sidecar-caller-identity; say it explicitly")
+		return
+	}
+	_, tls := flag(c, "sidecar-trust-domain")
+	cfg := inject.Config{Image: "sidecar:test", Aggregators: []string{"a:1"}, Controllers: []string{"c:1"},
+		ProxyPort: inject.DefaultProxyPort, AdminPort: inject.DefaultAdminPort, CallerIdentity: mode, TLS: tls}
+	if err := cfg.Validate(); err != nil {
+		t.Errorf("injector: %v", err)
+	}
 }
 
 // ports are the injected sidecar's, as the injector's flags set them.

@@ -123,4 +123,7 @@ render with the reason.
 {{- if and .Values.tls.mtls (not .Values.tls.trustDomain) -}}
 {{- fail "tls.trustDomain: required with tls.mtls" -}}
 {{- end -}}
+{{- if and (eq .Values.sidecar.callerIdentity "mtls") (not .Values.tls.mtls) -}}
+{{- fail "sidecar.callerIdentity: mtls needs tls.mtls (sidecar certificates)" -}}
+{{- end -}}
 {{- end -}}
