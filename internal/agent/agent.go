@@ -142,7 +142,7 @@ func DefaultConfig() Config {
 		ReportInterval:   time.Second,
 		CallerHeader:     "x-sluice-caller",
 		CallerIdentity:   "header",
-		TrustedProxies:   []string{"127.0.0.1/32", "::1/128"},
+		TrustedProxies:   []string{"127.0.0.1/32", "::1/128", "127.0.0.6/32", "::6/128"}, // inject.XFCCTrustedProxies too
 		TrustDomain:      "cluster.local",
 		CallerMismatch:   "ignore",
 		MaxPeers:         1024,

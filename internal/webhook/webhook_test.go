@@ -394,6 +394,11 @@ func TestCallerIdentityFlags(t *testing.T) {
 		t.Errorf("injector xfcc, trust decided: sidecar --caller-identity=%s --trust-decided=%v --trusted-proxies=%v; want xfcc, true and Istio's 127.0.0.6",
 			cfg.CallerIdentity, cfg.TrustDecided, cfg.TrustedProxies)
 	}
+	// The injector says it explicitly; a sidecar started by hand
+	// believes the same proxies.
+	if def := agent.DefaultConfig().TrustedProxies; !slices.Equal(def, inject.XFCCTrustedProxies) {
+		t.Errorf("the sidecar's default --trusted-proxies %v, the injector's %v", def, inject.XFCCTrustedProxies)
+	}
 	pod := checkoutPod()
 	pod.Annotations = map[string]string{inject.CallerIdentityAnnotation: "header", inject.TrustDecidedAnnotation: "false"}
 	if cfg := sidecar(t, r, pod); cfg.CallerIdentity != agent.HeaderIdentity || cfg.TrustDecided {

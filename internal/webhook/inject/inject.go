@@ -114,14 +114,14 @@ const (
 	IdentityMTLS = "mtls"
 )
 
-// XFCCTrustedProxies is the sidecar's --trusted-proxies in xfcc mode:
-// loopback, and the addresses Istio's Envoy connects to the pod's ports
-// from. Since Istio 1.10 inbound traffic goes to the pod's IP, from the
-// source address 127.0.0.6 (::6 over IPv6), which iptables lets through
-// instead of sending it back to Envoy; the sidecar's default, 127.0.0.1/32
-// and ::1/128, would not believe it. Only processes of the pod can use
-// these addresses: a TCP peer elsewhere can not complete a handshake from
-// them.
+// XFCCTrustedProxies is the sidecar's default --trusted-proxies, which the
+// injector passes in xfcc mode too, so that the pod shows what its sidecar
+// believes: loopback, and the addresses Istio's Envoy connects to the
+// pod's ports from. Since Istio 1.10 inbound traffic goes to the pod's IP,
+// from the source address 127.0.0.6 (::6 over IPv6), which iptables lets
+// through instead of sending it back to Envoy; loopback alone would not
+// believe it. Only processes of the pod can use these addresses: a TCP peer
+// elsewhere can not complete a handshake from them.
 var XFCCTrustedProxies = []string{"127.0.0.1/32", "::1/128", "127.0.0.6/32", "::6/128"}
 
 // The injected container and its ports.
