@@ -28,6 +28,8 @@ import (
 	"github.com/sluicehq/sluice/internal/controller"
 	"github.com/sluicehq/sluice/internal/limits"
 	"github.com/sluicehq/sluice/internal/process"
+	"github.com/sluicehq/sluice/internal/zoneload"
+	"github.com/sluicehq/sluice/pkg/liveness"
 	"github.com/sluicehq/sluice/sidecar"
 )
 
@@ -217,7 +219,7 @@ func (c *Cluster) StartController(addr string) error {
 	if err != nil {
 		return err
 	}
-	g := grpc.NewServer(grpc.MaxRecvMsgSize(64 << 20))
+	g := grpc.NewServer(append([]grpc.ServerOption{grpc.MaxRecvMsgSize(zoneload.MaxMessageSize)}, liveness.ServerOptions()...)...)
 	svc.Register(g)
 	n, err := run("controller", &process.Process{
 		Logger: c.log.With("node", "controller"),
@@ -279,7 +281,7 @@ func (c *Cluster) startAggregator(zone string) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	g := grpc.NewServer()
+	g := grpc.NewServer(liveness.ServerOptions()...)
 	svc.Register(g)
 	return run(cfg.ID, &process.Process{
 		Logger: log,

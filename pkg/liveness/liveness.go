@@ -7,6 +7,12 @@
 // would go on reporting itself connected to a frozen controller, and neither fail over nor let
 // its policy's fail mode take over. With them a silent peer is found within PingInterval +
 // PingTimeout (15s), the connection is closed, and its streams end UNAVAILABLE.
+//
+// Both ends must agree. A gRPC server without ServerOptions accepts a ping at most every 5
+// minutes and answers more frequent ones with GOAWAY (too_many_pings), which ends the client's
+// streams every half minute or so: every server that sluice's clients dial (the controller, the
+// aggregator, the in-process testbed and simulator) registers ServerOptions, and an upgrade
+// replaces controllers and aggregators before sidecars.
 package liveness
 
 import (

@@ -13,6 +13,7 @@ import (
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/xdsserver"
+	"github.com/sluicehq/sluice/pkg/liveness"
 	"github.com/sluicehq/sluice/sidecar/xdsclient"
 )
 
@@ -64,7 +65,7 @@ func startXDS(ctx context.Context, m *mesh, n int) (*xdsProbe, error) {
 	x := &xdsProbe{
 		res:      XDSResult{Streams: n},
 		srv:      xdsserver.New(ctx, xdsserver.Options{}),
-		g:        grpc.NewServer(),
+		g:        grpc.NewServer(liveness.ServerOptions()...),
 		lis:      bufconn.Listen(pipeSize),
 		cancel:   cancel,
 		watchers: map[string]int{},
