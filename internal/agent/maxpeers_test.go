@@ -46,9 +46,18 @@ func TestMaxPeersFitsTheAggregatorsReportBound(t *testing.T) {
 	if err := st.Apply(reporter.Build(h, nil, peers, now.Add(-time.Second), time.Second), now); err != nil {
 		t.Fatalf("the aggregator rejected a full report: %v", err)
 	}
-	// One more peer, and it would not.
-	peers = append(peers, sidecar.PeerCounts{Peer: "caller-extra", Offered: 1})
-	if err := st.Apply(reporter.Build(h, nil, peers, now.Add(-time.Second), time.Second), now.Add(time.Second)); err == nil || !strings.Contains(err.Error(), aggregator.ReasonTooManyPeers) {
-		t.Fatalf("a report of %d peers: Apply() = %v, want %s; the bound this test relies on has moved", len(peers), err, aggregator.ReasonTooManyPeers)
+	if f := st.TakeFolds(); f.Total() != 0 {
+		t.Fatalf("the aggregator folded %+v of a full report into _overflow", f)
+	}
+	// One more caller than the aggregator keeps of a report (the reserved
+	// peers aside), and one would lose its own bucket.
+	for i := MaxPeersBound; i <= bounds.MaxPeersPerReport; i++ {
+		peers = append(peers, sidecar.PeerCounts{Peer: fmt.Sprintf("caller-%05d", i), Offered: 1})
+	}
+	if err := st.Apply(reporter.Build(h, nil, peers, now.Add(-time.Second), time.Second), now.Add(time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if f := st.TakeFolds(); f.Report != 1 {
+		t.Fatalf("a report of %d peers: folded %+v, want one beyond max-peers-per-report; the bound this test relies on has moved", len(peers), f)
 	}
 }

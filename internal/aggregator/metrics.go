@@ -22,6 +22,7 @@ type metrics struct {
 	controllerRejected prometheus.Counter
 	sumsCapped         prometheus.Counter
 	shedServices       prometheus.Counter
+	folded             map[string]prometheus.Counter // by bound; every FoldReasons up front
 }
 
 func (m *metrics) rejected(reason string) prometheus.Counter {
@@ -37,12 +38,17 @@ func newMetrics[Req, Resp any](reg prometheus.Registerer, logger *slog.Logger, u
 		Namespace: ns, Subsystem: sub, Name: "reports_rejected_total",
 		Help: "Load reports rejected whole, by reason.",
 	}, []string{"reason"})
+	folded := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "peers_folded_total",
+		Help: "Peers of accepted load reports folded into _overflow (their rates kept, their own buckets not), by the bound they were beyond.",
+	}, []string{"bound"})
 	m := metrics{
 		reports: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "reports_total",
 			Help: "Load reports received, rejected ones included.",
 		}),
 		rejectedBy:    make(map[string]prometheus.Counter, len(Reasons)+1),
+		folded:        make(map[string]prometheus.Counter, len(FoldReasons)),
 		rejectedOther: rejected.WithLabelValues("other"),
 		sidecars: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: ns, Subsystem: sub, Name: "sidecars",
@@ -75,6 +81,9 @@ func newMetrics[Req, Resp any](reg prometheus.Registerer, logger *slog.Logger, u
 	}
 	for _, r := range slices.Concat(Reasons, []string{ReasonSidecarIDChanged, ReasonTooLarge, ReasonUnparseable, ReasonIdentityMismatch}) {
 		m.rejectedBy[r] = rejected.WithLabelValues(r)
+	}
+	for _, b := range FoldReasons {
+		m.folded[b] = folded.WithLabelValues(b)
 	}
 	if reg == nil {
 		return m
@@ -116,7 +125,7 @@ func newMetrics[Req, Resp any](reg prometheus.Registerer, logger *slog.Logger, u
 	}, stat(func(s uplink.Stats) uint64 { return s.Failovers }))
 	for _, c := range []prometheus.Collector{
 		m.reports, rejected, m.sidecars, m.streams, m.flushes, m.flushBuckets, m.controllerRejected,
-		m.sumsCapped, m.shedServices,
+		m.sumsCapped, m.shedServices, folded,
 		connected, superseded, sent, failovers,
 	} {
 		// Registering is best effort, as in the other services: a second

@@ -195,6 +195,7 @@ type Service struct {
 	draining  atomic.Bool
 	rejectLog uplink.RejectLog // rejections of flushes by the controller
 	reportLog uplink.RejectLog // rejections of reports that an operator should hear of
+	foldLog   uplink.RejectLog // folded peers, per identity
 	holders   atomic.Uint64    // the last stream's Sender.Holder
 	badMsgLog recvfail.Log     // reports that ended their stream undecoded
 }
@@ -385,7 +386,10 @@ func (s *Service) onControllerResponse(r *zoneResp) {
 // apply takes one report of stream st under the lock and says why it was
 // rejected, if it was.
 func (s *Service) apply(st *stream, r *sluicev1.LoadReport) error {
-	err := s.applyLocked(st, r)
+	folds, err := s.applyLocked(st, r)
+	if folds.Total() > 0 {
+		s.noteFolds(st.sender, folds)
+	}
 	var rej *RejectError
 	if errors.As(err, &rej) && operatorReasons[rej.Reason] && s.reportLog.Allow(rej.Reason, time.Now()) {
 		s.log.Warn("load report rejected", "reason", rej.Reason, "detail", uplink.Truncate(rej.Detail),
@@ -398,11 +402,27 @@ func (s *Service) apply(st *stream, r *sluicev1.LoadReport) error {
 // a sidecar id held twice or an identity over its quotas is a hostile or
 // misconfigured workload, not a passing glitch.
 var operatorReasons = map[string]bool{
-	ReasonIDInUse: true, ReasonQuotaSidecars: true, ReasonQuotaPeers: true, ReasonQuotaEntries: true,
+	ReasonIDInUse: true, ReasonQuotaSidecars: true, ReasonTooManyPeers: true,
 	ReasonIdentityMismatch: true, ReasonTooManySidecars: true,
 }
 
-func (s *Service) applyLocked(st *stream, r *sluicev1.LoadReport) error {
+// noteFolds counts the peers of identity's report folded into
+// names.Overflow, and logs them at most once a minute per identity: a
+// service whose callers outgrow the bounds, or a flood of made-up names.
+// The metric has no service label; names from the network are not trusted
+// to be few.
+func (s *Service) noteFolds(identity string, f Folds) {
+	s.m.folded[FoldReport].Add(float64(f.Report))
+	s.m.folded[FoldEntries].Add(float64(f.Entries))
+	s.m.folded[FoldPeers].Add(float64(f.Identity))
+	if s.foldLog.Allow(identity, time.Now()) {
+		s.log.Warn("peers beyond the bounds folded into "+names.Overflow, "identity", uplink.Truncate(identity),
+			FoldReport, f.Report, FoldEntries, f.Entries, FoldPeers, f.Identity)
+	}
+}
+
+// applyLocked applies r under the lock and returns the peers it folded.
+func (s *Service) applyLocked(st *stream, r *sluicev1.LoadReport) (Folds, error) {
 	s.mu.Lock()
 	defer func() {
 		n := s.state.Sidecars()
@@ -416,16 +436,16 @@ func (s *Service) applyLocked(st *stream, r *sluicev1.LoadReport) error {
 	sender := r.GetService()
 	if s.cfg.RequirePeerIdentity {
 		if err := s.authorize(st, r); err != nil {
-			return err
+			return Folds{}, err
 		}
 		sender = st.peer.Service
 	}
 	if st.id != "" && (r.GetSidecarId() != st.id || sender != st.sender) {
-		return reject(ReasonSidecarIDChanged, "stream of sidecar %q of %q reported for %q of %q",
+		return Folds{}, reject(ReasonSidecarIDChanged, "stream of sidecar %q of %q reported for %q of %q",
 			uplink.Truncate(st.id), uplink.Truncate(st.sender), uplink.Truncate(r.GetSidecarId()), uplink.Truncate(sender))
 	}
 	if err := s.state.ApplyFrom(Sender{Identity: sender, Holder: st.holder}, r, time.Now()); err != nil {
-		return err
+		return Folds{}, err
 	}
 	if s.state.TakeUrgent() {
 		// A surge: the controller hears of it now, not at the next
@@ -433,7 +453,7 @@ func (s *Service) applyLocked(st *stream, r *sluicev1.LoadReport) error {
 		s.flushes.Poke()
 	}
 	st.sender, st.id = sender, r.GetSidecarId()
-	return nil
+	return s.state.TakeFolds(), nil
 }
 
 // authorize checks a report against its sender's identity; s.mu is held.

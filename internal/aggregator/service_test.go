@@ -302,6 +302,19 @@ func TestServiceRejects(t *testing.T) {
 	}
 }
 
+// TestServiceCountsFolds: a report beyond its identity's quota is accepted
+// and its folded peers counted by the bound they were beyond.
+func TestServiceCountsFolds(t *testing.T) {
+	h := startService(t, Config{Controllers: []string{"127.0.0.1:1"}, Bounds: Bounds{MaxPeersPerReport: 3, MaxPeersPerIdentity: 2}})
+	s := dialSidecar(t, h.addr)
+	s.mustAccept(t, report("s1", "svc", in, time.Second, pc("a", 1, 0, 0), pc("b", 2, 0, 0), pc("c", 3, 0, 0), pc("d", 4, 0, 0)))
+	for bound, want := range map[string]float64{FoldReport: 1, FoldPeers: 1, FoldEntries: 0} {
+		if v := metric(t, h.reg, "sluice_aggregator_peers_folded_total", "bound", bound); v != want {
+			t.Errorf("peers_folded_total{bound=%s} = %v, want %v", bound, v, want)
+		}
+	}
+}
+
 // TestServiceLiveStreamKeepsItsID: a second stream can not take over the
 // sidecar id of a live one (State lets it once the sidecar went stale);
 // once the first stream ends, it can.

@@ -23,7 +23,11 @@ import (
 // the zone's sums. Zero fields take their defaults. (They are not rate
 // limits, which the aggregator knows nothing of: it only adds up rates.)
 type Bounds struct {
-	// MaxPeersPerReport bounds the peers in one report. Default 10000.
+	// MaxPeersPerReport bounds the peers kept of one report, besides the
+	// reserved names.Unknown and names.Overflow: the excess, the smallest
+	// rates first, is folded into names.Overflow (see State.fold). A report
+	// naming more than absurdPeersFactor times as many is rejected whole, a
+	// bound on the work one report costs. Default 10000.
 	MaxPeersPerReport int
 	// MaxRate bounds a peer's offered rate in one report, in requests per
 	// second. Default 1e7.
@@ -42,20 +46,24 @@ type Bounds struct {
 	MaxInterval time.Duration
 
 	// Quotas of one identity: the service a sender speaks for (see
-	// Sender). What one identity claims beyond them is rejected, and
-	// costs that identity's reports alone.
+	// Sender). They cost that identity alone. A new sidecar beyond its
+	// quota is rejected; peers beyond theirs are folded into
+	// names.Overflow, so that the identity's load stays whole and only
+	// the peers that came last lose their own buckets.
 
 	// MaxSidecarsPerIdentity bounds the sidecar ids one identity holds.
 	// Default 2000: more replicas of one service in one zone than we know
 	// of.
 	MaxSidecarsPerIdentity int
 	// MaxPeersPerIdentity bounds the distinct peers (callers, or callees
-	// for outbound reports) across one identity's sidecars, which bounds
-	// its part of the zone load. Default 10000, a report's default bound:
-	// a service's sidecars see the same callers.
+	// for outbound reports) across one identity's sidecars, besides the
+	// reserved names, which bounds its part of the zone load. Default
+	// 10000, a report's default bound: a service's sidecars see the same
+	// callers.
 	MaxPeersPerIdentity int
 	// MaxEntriesPerIdentity bounds the (sidecar, peer) rates kept for
-	// one identity, about 40 bytes each: its memory. Default 1000000.
+	// one identity, besides the reserved names' (two per sidecar), about
+	// 40 bytes each: its memory. Default 1000000.
 	MaxEntriesPerIdentity int
 }
 
@@ -158,7 +166,7 @@ const (
 	ReasonBadName         = "bad_name"          // service or peer fails names.Check, or the service is names.Overflow
 	ReasonBadDirection    = "bad_direction"     // neither inbound nor outbound
 	ReasonBadWindow       = "bad_window"        // missing, or outside [MinWindow, MaxWindow]
-	ReasonTooManyPeers    = "too_many_peers"    // more than MaxPeersPerReport
+	ReasonTooManyPeers    = "too_many_peers"    // more than absurdPeersFactor × MaxPeersPerReport
 	ReasonDuplicatePeer   = "duplicate_peer"    // a peer listed twice
 	ReasonBadCounts       = "bad_counts"        // dropped + shadow_dropped above offered
 	ReasonAbsurdRate      = "absurd_rate"       // a peer's offered rate above MaxRate
@@ -166,16 +174,31 @@ const (
 	ReasonBadInterval     = "bad_interval"      // an interval above MaxInterval
 	ReasonIDInUse         = "id_in_use"         // the sidecar id is held by another live stream of the identity
 	ReasonQuotaSidecars   = "quota_sidecars"    // a new sidecar while its identity holds MaxSidecarsPerIdentity
-	ReasonQuotaPeers      = "quota_peers"       // its identity's distinct peers would exceed MaxPeersPerIdentity
-	ReasonQuotaEntries    = "quota_entries"     // its identity's rates kept would exceed MaxEntriesPerIdentity
 )
 
 // Reasons lists every reject reason, for metrics resolved up front.
 var Reasons = []string{
 	ReasonEmptyReport, ReasonBadSidecarID, ReasonBadName, ReasonBadDirection, ReasonBadWindow,
 	ReasonTooManyPeers, ReasonDuplicatePeer, ReasonBadCounts, ReasonAbsurdRate, ReasonTooManySidecars,
-	ReasonBadInterval, ReasonIDInUse, ReasonQuotaSidecars, ReasonQuotaPeers, ReasonQuotaEntries,
+	ReasonBadInterval, ReasonIDInUse, ReasonQuotaSidecars,
 }
+
+// Reasons a peer of an accepted report is folded into names.Overflow: the
+// bound it would have taken the report or its identity past. They are
+// metric label values.
+const (
+	FoldReport  = "max_peers_per_report"     // beyond MaxPeersPerReport
+	FoldEntries = "max_entries_per_identity" // beyond MaxEntriesPerIdentity
+	FoldPeers   = "max_peers_per_identity"   // new to its identity, beyond MaxPeersPerIdentity
+)
+
+// FoldReasons lists every fold reason, for metrics resolved up front.
+var FoldReasons = []string{FoldReport, FoldEntries, FoldPeers}
+
+// absurdPeersFactor times MaxPeersPerReport is the most peers a report may
+// name: more is no sidecar's, and would cost the aggregator a sort of
+// them. (The gRPC receive limit, MaxReportSize, bounds its bytes.)
+const absurdPeersFactor = 10
 
 // RejectError says why Apply rejected a whole report.
 type RejectError struct {
@@ -222,6 +245,9 @@ type State struct {
 	stale []string
 	// capped counts the sums the last Flush capped at zoneload.MaxRate.
 	capped int
+	// folds counts the peers Apply folded into names.Overflow since the
+	// last TakeFolds.
+	folds Folds
 	// urgent is set by Apply when a report shows a surge; see TakeUrgent.
 	// urgentFlush marks the next Flush's zone load urgent, so that the
 	// controller acts on it at once too.
@@ -254,10 +280,30 @@ type peerRate struct {
 // identityLoad is what the quotas count of one identity's sidecars.
 type identityLoad struct {
 	sidecars int
-	entries  int // len(peers) summed over its sidecars
+	// entries is the peers of its sidecars' reports, summed, the reserved
+	// ones (reserved) left out.
+	entries int
 	// peers are its distinct peers: the one copy of each name that its
-	// peerRates refer to, and how many of its sidecars list it.
+	// peerRates refer to, and how many of its sidecars list it. An entry
+	// goes when the last report listing it is replaced or removed, so a
+	// peer that no report names any more gives its place back.
 	peers map[string]*peerRef
+}
+
+// reserved reports whether peer is one of the names that every sidecar may
+// report and no quota folds: the caller that names none, and the bucket
+// that folded peers go to.
+func reserved(peer string) bool { return peer == names.Unknown || peer == names.Overflow }
+
+// distinct returns how many of il's distinct peers are not reserved.
+func (il *identityLoad) distinct() int {
+	n := len(il.peers)
+	for _, r := range []string{names.Unknown, names.Overflow} {
+		if il.peers[r] != nil {
+			n--
+		}
+	}
+	return n
 }
 
 type peerRef struct {
@@ -326,9 +372,7 @@ func (s *State) ApplyFrom(from Sender, r *sluicev1.LoadReport, now time.Time) er
 	if err != nil {
 		return err
 	}
-	if err := s.checkQuotas(k.identity, il, old, peers); err != nil {
-		return err
-	}
+	peers = s.fold(il, old, peers)
 
 	if il == nil {
 		il = &identityLoad{peers: make(map[string]*peerRef)}
@@ -384,8 +428,8 @@ func (s *State) checkHeader(r *sluicev1.LoadReport) error {
 	if iv := r.GetInterval(); iv != nil && (iv.CheckValid() != nil || iv.AsDuration() > s.bounds.MaxInterval) {
 		return reject(ReasonBadInterval, "interval %v is above %v", iv.AsDuration(), s.bounds.MaxInterval)
 	}
-	if n := len(r.GetPeers()); n > s.bounds.MaxPeersPerReport {
-		return reject(ReasonTooManyPeers, "%d peers, at most %d", n, s.bounds.MaxPeersPerReport)
+	if n := len(r.GetPeers()); n > absurdPeersFactor*s.bounds.MaxPeersPerReport {
+		return reject(ReasonTooManyPeers, "%d peers, at most %d", n, absurdPeersFactor*s.bounds.MaxPeersPerReport)
 	}
 	return nil
 }
@@ -441,10 +485,44 @@ func (s *State) checkPeers(r *sluicev1.LoadReport) ([]peerRate, error) {
 	return peers, nil
 }
 
-// checkQuotas says whether identity, whose load is il (nil: none yet), may
-// replace its sidecar's old report (nil: a new sidecar) by one of peers.
-// Both peer lists are sorted.
-func (s *State) checkQuotas(identity string, il *identityLoad, old *sidecarLoad, peers []peerRate) error {
+// Folds counts peers of accepted reports folded into names.Overflow, by
+// the bound that folded them.
+type Folds struct {
+	Report   int // beyond MaxPeersPerReport (FoldReport)
+	Entries  int // beyond the identity's MaxEntriesPerIdentity (FoldEntries)
+	Identity int // new to the identity, beyond MaxPeersPerIdentity (FoldPeers)
+}
+
+// Total is every peer folded.
+func (f Folds) Total() int { return f.Report + f.Entries + f.Identity }
+
+// TakeFolds returns the peers folded since the last call, and clears them.
+func (s *State) TakeFolds() Folds {
+	f := s.folds
+	s.folds = Folds{}
+	return f
+}
+
+// fold makes peers, a report's checked rates sorted by peer, fit what its
+// sidecar and its identity (il, nil for none yet) may keep, replacing the
+// sidecar's old report (nil for a new sidecar), and returns them sorted.
+// It never rejects: the peers beyond the bounds are folded into
+// names.Overflow, their rates (offered, dropped, shadow) added to its, so
+// that the service's load stays whole and what costs is the folded peers'
+// own buckets. The reserved peers are always kept.
+//
+// Which peers fold is deterministic, by rank: first the peers the identity
+// already holds (listed by a report of its, this sidecar's old one
+// included), then the larger offered rate, then the name; the lowest
+// ranks fold. Held peers first: a bucket once given is not taken away by
+// a newcomer, so buckets do not flap from report to report, and names made
+// up after the fact can not push out the callers a service had. The
+// larger rates next: made-up names spread a flood thin, while a caller
+// that matters to a limit sends much; and folding the smallest moves the
+// least load out of its own bucket. A flood that came first keeps its
+// names only while reports name them: a sidecar's report leaves out the
+// callers idle over its window, and its replacement releases them.
+func (s *State) fold(il *identityLoad, old *sidecarLoad, peers []peerRate) []peerRate {
 	if il == nil {
 		il = &identityLoad{}
 	}
@@ -452,30 +530,75 @@ func (s *State) checkQuotas(identity string, il *identityLoad, old *sidecarLoad,
 	if old != nil {
 		oldPeers = old.peers
 	}
-	if n := il.entries - len(oldPeers) + len(peers); n > s.bounds.MaxEntriesPerIdentity {
-		return reject(ReasonQuotaEntries, "%q would keep %d rates, at most %d", uplink.Truncate(identity), n, s.bounds.MaxEntriesPerIdentity)
-	}
-	// The distinct peers after the report: those new to the identity come,
-	// those only the old report listed go.
-	distinct := len(il.peers)
+	var own []peerRate // the report's peers that may fold
+	held, oldOwn := 0, 0
 	for _, p := range peers {
-		if il.peers[p.peer] == nil {
-			distinct++
+		if !reserved(p.peer) {
+			own = append(own, p)
+			if il.peers[p.peer] != nil {
+				held++
+			}
 		}
 	}
-	j := 0
+	// The identity's distinct peers after the report, before any new one
+	// comes: those only the old report listed go.
+	after, j := il.distinct(), 0
 	for _, p := range oldPeers {
+		if reserved(p.peer) {
+			continue
+		}
+		oldOwn++
 		for j < len(peers) && peers[j].peer < p.peer {
 			j++
 		}
 		if il.peers[p.peer].n == 1 && (j == len(peers) || peers[j].peer != p.peer) {
-			distinct--
+			after--
 		}
 	}
-	if distinct > s.bounds.MaxPeersPerIdentity {
-		return reject(ReasonQuotaPeers, "%q would have %d distinct peers, at most %d", uplink.Truncate(identity), distinct, s.bounds.MaxPeersPerIdentity)
+	// Each bound keeps a prefix of the ranked peers; held ones rank first,
+	// so the identity's bound keeps all held ones that the others keep.
+	// (Were held ones folded, its room would be larger than counted: no
+	// matter, every new one folds too.)
+	n := len(own)
+	kReport := min(n, s.bounds.MaxPeersPerReport)
+	kEntries := min(kReport, max(0, s.bounds.MaxEntriesPerIdentity-(il.entries-oldOwn)))
+	kPeers := min(kEntries, held+max(0, s.bounds.MaxPeersPerIdentity-after))
+	if kPeers == n {
+		return peers
 	}
-	return nil
+	s.folds.Report += n - kReport
+	s.folds.Entries += kReport - kEntries
+	s.folds.Identity += kEntries - kPeers
+
+	slices.SortFunc(own, func(a, b peerRate) int {
+		ha, hb := il.peers[a.peer] != nil, il.peers[b.peer] != nil
+		if ha != hb {
+			if ha {
+				return -1
+			}
+			return 1
+		}
+		return cmp.Or(cmp.Compare(b.offered, a.offered), strings.Compare(a.peer, b.peer))
+	})
+	out := own[:kPeers:kPeers]
+	overflow := peerRate{peer: names.Overflow}
+	for _, p := range peers {
+		switch {
+		case p.peer == names.Overflow:
+			overflow.offered, overflow.dropped, overflow.shadow = p.offered, p.dropped, p.shadow
+		case reserved(p.peer):
+			out = append(out, p)
+		}
+	}
+	// In rank order, so that the same report and state give the same sum.
+	for _, p := range own[kPeers:] {
+		overflow.offered += p.offered
+		overflow.dropped += p.dropped
+		overflow.shadow += p.shadow
+	}
+	out = append(out, overflow)
+	slices.SortFunc(out, func(a, b peerRate) int { return strings.Compare(a.peer, b.peer) })
+	return out
 }
 
 // hold counts peers as listed once more, and makes each refer to the
@@ -491,8 +614,10 @@ func (il *identityLoad) hold(peers []peerRate) {
 		}
 		ref.n++
 		p.peer = ref.name
+		if !reserved(p.peer) {
+			il.entries++
+		}
 	}
-	il.entries += len(peers)
 }
 
 // release undoes hold.
@@ -503,8 +628,10 @@ func (il *identityLoad) release(peers []peerRate) {
 		} else {
 			ref.n--
 		}
+		if !reserved(p.peer) {
+			il.entries--
+		}
 	}
-	il.entries -= len(peers)
 }
 
 // TakeUrgent reports whether an urgent report (LoadReport.urgent: a

@@ -27,7 +27,7 @@ type seed = testkit.Seed
 
 var (
 	fuzzNow    = time.Date(2026, 11, 30, 3, 3, 0, 0, time.UTC)
-	fuzzBounds = aggregator.Bounds{MaxPeersPerReport: 8, MaxSidecars: 2}
+	fuzzBounds = aggregator.Bounds{MaxPeersPerReport: 8, MaxSidecars: 2, MaxPeersPerIdentity: 6}
 )
 
 const (
@@ -107,9 +107,23 @@ func loadReportSeeds(t testing.TB) []seed {
 		one("bad-empty-peer", func(r *sluicev1.LoadReport) { r.Peers[1].Peer = "" }),
 		one("bad-peer-charset", func(r *sluicev1.LoadReport) { r.Peers[1].Peer = "batch\n" }),
 		one("bad-duplicate-peer", func(r *sluicev1.LoadReport) { r.Peers[1].Peer = r.Peers[0].Peer }),
-		one("bad-too-many-peers", func(r *sluicev1.LoadReport) {
+		// Beyond the report's bound of 8, the smallest fold into _overflow.
+		one("good-folds-beyond-report-bound", func(r *sluicev1.LoadReport) {
 			r.Peers = nil
 			for i := range 9 {
+				r.Peers = append(r.Peers, pcs(fmt.Sprintf("caller-%d", i), uint64(1+i), uint64(i/2), uint64(0))...)
+			}
+		}),
+		// web and batch, then 7 new: the identity's 6 keep 4 of them.
+		one("good-folds-beyond-identity-quota", func(r *sluicev1.LoadReport) {
+			r.Peers = pcs("web", uint64(5), uint64(0), uint64(0), names.Overflow, uint64(3), uint64(1), uint64(1))
+			for i := range 7 {
+				r.Peers = append(r.Peers, pcs(fmt.Sprintf("caller-%d", i), uint64(7-i), uint64(0), uint64(7-i))...)
+			}
+		}),
+		one("bad-absurdly-many-peers", func(r *sluicev1.LoadReport) {
+			r.Peers = nil
+			for i := range 81 {
 				r.Peers = append(r.Peers, pcs(fmt.Sprintf("caller-%d", i), uint64(1), uint64(0), uint64(0))...)
 			}
 		}),
@@ -159,8 +173,10 @@ func TestFuzzLoadReportCorpus(t *testing.T) {
 // never panic; a rejected report must change nothing (a twin State that
 // never sees it flushes the same zone load, surge mark included); the zone
 // load built from accepted ones must hold finite, non-negative rates with
-// dropped ≤ offered, valid names, and be accepted by the controller, since
-// a zone load the controller refuses hides the whole zone from it.
+// dropped ≤ offered, valid names, at most MaxPeersPerIdentity peers per
+// service besides the reserved ones (an identity's peers beyond it are
+// folded, not kept), and be accepted by the controller, since a zone load
+// the controller refuses hides the whole zone from it.
 func FuzzLoadReport(f *testing.F) {
 	f.Fuzz(func(t *testing.T, report1, report2 []byte) {
 		got := aggregator.NewState("zone-a", "agg-a", 3, fuzzBounds)
@@ -195,6 +211,9 @@ func FuzzLoadReport(f *testing.F) {
 			if got.TakeUrgent() != twin.TakeUrgent() {
 				t.Fatalf("report %d: surge mark differs", i)
 			}
+			if f, g := got.TakeFolds(), twin.TakeFolds(); f != g {
+				t.Fatalf("report %d: folded %+v, then %+v by an identical State", i, f, g)
+			}
 		}
 		if got.Sidecars() > fuzzBounds.MaxSidecars {
 			t.Errorf("%d sidecars kept, at most %d", got.Sidecars(), fuzzBounds.MaxSidecars)
@@ -224,6 +243,16 @@ func checkZoneLoad(t *testing.T, zl *sluicev1.ZoneLoad, sidecars int) {
 			t.Errorf("service %q: %v", svc.GetService(), err)
 		}
 		live += int(svc.GetLiveSidecars())
+		own := 0
+		for _, p := range svc.GetPeers() {
+			if p.GetPeer() != names.Unknown && p.GetPeer() != names.Overflow {
+				own++
+			}
+		}
+		// In Apply the identity is the service.
+		if own > fuzzBounds.MaxPeersPerIdentity {
+			t.Errorf("%s: %d peers besides the reserved ones, its identity may hold %d", svc.GetService(), own, fuzzBounds.MaxPeersPerIdentity)
+		}
 		for i, p := range svc.GetPeers() {
 			if err := names.Check(p.GetPeer()); err != nil {
 				t.Errorf("%s: peer %q: %v", svc.GetService(), p.GetPeer(), err)

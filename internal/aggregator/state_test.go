@@ -72,8 +72,14 @@ func TestApplyRejects(t *testing.T) {
 		{"window too short", ok(func(r *sluicev1.LoadReport) { r.Window = durationpb.New(99 * time.Millisecond) }), ReasonBadWindow},
 		{"window too long", ok(func(r *sluicev1.LoadReport) { r.Window = durationpb.New(11 * time.Second) }), ReasonBadWindow},
 		{"negative window", ok(func(r *sluicev1.LoadReport) { r.Window = durationpb.New(-time.Second) }), ReasonBadWindow},
-		{"too many peers", ok(func(r *sluicev1.LoadReport) {
+		{"too many peers, folded", ok(func(r *sluicev1.LoadReport) {
 			r.Peers = []*sluicev1.PeerCounts{pc("a", 1, 0, 0), pc("b", 1, 0, 0), pc("c", 1, 0, 0), pc("d", 1, 0, 0)}
+		}), ""},
+		{"absurdly many peers", ok(func(r *sluicev1.LoadReport) {
+			r.Peers = nil
+			for i := range 31 {
+				r.Peers = append(r.Peers, pc(fmt.Sprintf("p%d", i), 1, 0, 0))
+			}
 		}), ReasonTooManyPeers},
 		{"duplicate peer", ok(func(r *sluicev1.LoadReport) { r.Peers = append(r.Peers, pc("b", 1, 0, 0), pc("a", 2, 0, 0)) }), ReasonDuplicatePeer},
 		{"dropped above offered", ok(func(r *sluicev1.LoadReport) { r.Peers = []*sluicev1.PeerCounts{pc("a", 10, 11, 0)} }), ReasonBadCounts},
@@ -421,37 +427,153 @@ func TestIntervalBoundsStaleness(t *testing.T) {
 	wantReason(t, s.Apply(r, t0), ReasonBadInterval)
 }
 
-// TestIdentityQuotas: an identity over a quota has its report rejected,
-// and another identity is unaffected.
+// TestIdentityQuotas: an identity over a quota has its new sidecar
+// rejected, or the peers beyond it folded into _overflow, and another
+// identity is unaffected.
 func TestIdentityQuotas(t *testing.T) {
 	s := NewState("zone-a", "agg-1", 3, Bounds{MaxSidecarsPerIdentity: 2, MaxPeersPerIdentity: 3, MaxEntriesPerIdentity: 5})
 	ab := func(id string, peers ...*sluicev1.PeerCounts) *sluicev1.LoadReport {
 		return report(id, "abuser", in, time.Second, peers...)
 	}
+	wantFolds := func(want Folds) {
+		t.Helper()
+		if got := s.TakeFolds(); got != want {
+			t.Errorf("folds = %+v, want %+v", got, want)
+		}
+	}
 	apply(t, s, t0, ab("a1", pc("p1", 1, 0, 0), pc("p2", 1, 0, 0)), ab("a2", pc("p1", 1, 0, 0), pc("p2", 1, 0, 0)))
 	wantReason(t, s.Apply(ab("a3"), t0), ReasonQuotaSidecars)
-	// Two peers new to the identity: four distinct.
-	wantReason(t, s.Apply(ab("a2", pc("p3", 1, 0, 0), pc("p4", 1, 0, 0)), t0), ReasonQuotaPeers)
-	// a2 replacing p2 by p3: p2 is still a1's, three distinct.
-	apply(t, s, t0, ab("a2", pc("p1", 1, 0, 0), pc("p3", 1, 0, 0)))
-	// a1 adding p4 would make four.
-	wantReason(t, s.Apply(ab("a1", pc("p1", 1, 0, 0), pc("p2", 1, 0, 0), pc("p4", 1, 0, 0)), t0), ReasonQuotaPeers)
-	apply(t, s, t0, ab("a1", pc("p1", 1, 0, 0), pc("p3", 1, 0, 0)))
-	// Entries: 2 + 3 is 5, at the quota.
-	apply(t, s, t0, ab("a1", pc("p1", 1, 0, 0), pc("p3", 1, 0, 0), pc("p2", 1, 0, 0)))
-	s2 := NewState("zone-a", "agg-1", 3, Bounds{MaxPeersPerIdentity: 10, MaxEntriesPerIdentity: 3})
-	apply(t, s2, t0, ab("a1", pc("p1", 1, 0, 0), pc("p2", 1, 0, 0)))
-	wantReason(t, s2.Apply(ab("a2", pc("p1", 1, 0, 0), pc("p2", 1, 0, 0)), t0), ReasonQuotaEntries)
+	wantFolds(Folds{})
+	// Two peers new to the identity, room for one: the larger rate stays.
+	apply(t, s, t0, ab("a2", pc("p3", 2, 0, 0), pc("p4", 5, 1, 1)))
+	wantFolds(Folds{Identity: 1})
+	want := zoneLoad(serviceLoad("abuser", in, 2, rate("_overflow", 2, 0, 0), rate("p1", 1, 0, 0), rate("p2", 1, 0, 0), rate("p4", 5, 1, 1)))
+	if got := s.Flush(t0, time.Second); !proto.Equal(got, want) {
+		t.Fatalf("got  %v\nwant %v", got, want)
+	}
+	// a1 dropping p1 frees its place for p3.
+	apply(t, s, t0, ab("a1", pc("p2", 1, 0, 0), pc("p3", 1, 0, 0)))
+	wantFolds(Folds{})
+	// Entries: a1's 3 and a2's 3 (the reserved left out) would be 6; the
+	// smallest rate of a2's folds.
+	apply(t, s, t0, ab("a1", pc("p2", 1, 0, 0), pc("p3", 1, 0, 0), pc("p4", 1, 0, 0)))
+	apply(t, s, t0, ab("a2", pc("p4", 5, 0, 0), pc("p2", 9, 0, 0), pc("p3", 7, 0, 0), pc("unknown", 1, 0, 0), pc("_overflow", 1, 1, 0)))
+	wantFolds(Folds{Entries: 1})
+	want = zoneLoad(serviceLoad("abuser", in, 2, rate("_overflow", 6, 1, 0), rate("p2", 10, 0, 0), rate("p3", 8, 0, 0),
+		rate("p4", 1, 0, 0), rate("unknown", 1, 0, 0)))
+	if got := s.Flush(t0, time.Second); !proto.Equal(got, want) {
+		t.Fatalf("got  %v\nwant %v", got, want)
+	}
 
 	// Web, another identity, is untouched by abuser's quotas.
 	apply(t, s, t0, report("w1", "web", in, time.Second, pc("p1", 1, 0, 0), pc("p2", 1, 0, 0), pc("p3", 1, 0, 0)),
 		report("w2", "web", in, time.Second, pc("p1", 1, 0, 0)))
+	wantFolds(Folds{})
 	// Removing a sidecar gives its quota back.
 	s.Remove("abuser", "a2", 0)
 	apply(t, s, t0, ab("a3", pc("p2", 1, 0, 0)))
+	wantFolds(Folds{})
 	if s.Sidecars() != 4 {
 		t.Errorf("Sidecars = %d, want 4", s.Sidecars())
 	}
+}
+
+// TestFloodOfMadeUpCallersFolds is a reviewer's case: in header mode, 12
+// sidecars of checkout each see web at 100 rps and 1,022 made-up caller
+// names (the sidecar's --max-peers of new names). Their 12,264 distinct
+// names exceed checkout's --max-peers-per-identity (10,000). Before, whole
+// reports were rejected (3 of 12), web was counted at 900 rps instead of
+// 1,200 and got a third more than its limit. Now web, which every report
+// names first, keeps its bucket with its whole rate; the made-up names
+// beyond the quota go to _overflow, and the zone's total is the sidecars'.
+func TestFloodOfMadeUpCallersFolds(t *testing.T) {
+	const sidecars, flood = 12, 1022
+	s := NewState("zone-a", "agg-1", 3, Bounds{})
+	var total float64
+	for i := range sidecars {
+		r := report(fmt.Sprintf("checkout-%d", i), "checkout", in, time.Second, pc("web", 100, 0, 0))
+		for j := range flood {
+			r.Peers = append(r.Peers, pc(fmt.Sprintf("made-up-%02d-%04d", i, j), uint64(1+j%7), 0, 0))
+		}
+		for _, p := range r.Peers {
+			total += float64(p.Offered)
+		}
+		apply(t, s, t0, r)
+	}
+	folds := s.TakeFolds()
+	if want := 1 + sidecars*flood - 10000; folds != (Folds{Identity: want}) {
+		t.Errorf("folds = %+v, want %d beyond the identity's quota", folds, want)
+	}
+	zl := s.Flush(t0, time.Second)
+	var sum, overflow float64
+	peers := zl.GetServices()[0].GetPeers()
+	for _, p := range peers {
+		sum += p.GetOfferedRps()
+		switch p.GetPeer() {
+		case "web":
+			if p.GetOfferedRps() != 100*sidecars {
+				t.Errorf("web at %v rps, want %d", p.GetOfferedRps(), 100*sidecars)
+			}
+		case "_overflow":
+			overflow = p.GetOfferedRps()
+		}
+	}
+	if sum != total || overflow == 0 {
+		t.Errorf("zone sum %v rps (%v in _overflow), the sidecars reported %v", sum, overflow, total)
+	}
+	if len(peers) != 10000+1 {
+		t.Errorf("%d peers in the zone load, want the quota and _overflow", len(peers))
+	}
+	t.Logf("web %d rps; %d peers folded, %.0f rps in _overflow of %.0f", 100*sidecars, folds.Identity, overflow, total)
+}
+
+// TestHeldPeersAreReleased: a flood that came first holds the identity's
+// peers only while reports name them; once the sidecars' reports leave
+// the made-up names out, a caller new to the identity gets its own bucket.
+func TestHeldPeersAreReleased(t *testing.T) {
+	s := NewState("zone-a", "agg-1", 3, Bounds{MaxPeersPerIdentity: 4})
+	apply(t, s, t0,
+		report("c1", "checkout", in, time.Second, pc("f1", 1, 0, 0), pc("f2", 1, 0, 0)),
+		report("c2", "checkout", in, time.Second, pc("f3", 1, 0, 0), pc("f4", 1, 0, 0)))
+	apply(t, s, t0, report("c1", "checkout", in, time.Second, pc("f1", 1, 0, 0), pc("f2", 1, 0, 0), pc("mobile", 50, 0, 0)))
+	if f := s.TakeFolds(); f.Identity != 1 {
+		t.Fatalf("folds = %+v, want mobile folded while the flood holds the quota", f)
+	}
+	// c2's flood ends: its next report names no one.
+	apply(t, s, t0, report("c2", "checkout", in, time.Second))
+	apply(t, s, t0, report("c1", "checkout", in, time.Second, pc("f1", 1, 0, 0), pc("f2", 1, 0, 0), pc("mobile", 50, 0, 0)))
+	if f := s.TakeFolds(); f.Total() != 0 {
+		t.Fatalf("folds = %+v after the flood's names were released", f)
+	}
+	// The flood's remaining names go as c1 stops naming them; a sidecar
+	// that goes silent releases its peers when it goes stale.
+	apply(t, s, t0, report("c1", "checkout", in, time.Second, pc("mobile", 50, 0, 0)),
+		report("c2", "checkout", in, time.Second, pc("a", 1, 0, 0), pc("b", 1, 0, 0), pc("c", 1, 0, 0)))
+	s.Flush(t0.Add(10*time.Second), time.Second)
+	if s.Sidecars() != 0 || len(s.identities) != 0 {
+		t.Fatalf("%d sidecars, %d identities kept after every sidecar went stale", s.Sidecars(), len(s.identities))
+	}
+}
+
+// TestReportBeyondItsBoundFolds: a report naming more peers than
+// MaxPeersPerReport keeps the largest, the reserved ones besides; the rest
+// go to _overflow, counted; one naming absurdly many is rejected.
+func TestReportBeyondItsBoundFolds(t *testing.T) {
+	s := NewState("zone-a", "agg-1", 3, Bounds{MaxPeersPerReport: 2})
+	apply(t, s, t0, report("c1", "checkout", in, time.Second,
+		pc("a", 1, 1, 0), pc("b", 4, 0, 0), pc("c", 3, 0, 1), pc("d", 2, 0, 0), pc("unknown", 5, 0, 0)))
+	if f := s.TakeFolds(); f != (Folds{Report: 2}) {
+		t.Errorf("folds = %+v, want 2 beyond the report's bound", f)
+	}
+	want := zoneLoad(serviceLoad("checkout", in, 1, rate("_overflow", 3, 1, 0), rate("b", 4, 0, 0), rate("c", 3, 0, 1), rate("unknown", 5, 0, 0)))
+	if got := s.Flush(t0, time.Second); !proto.Equal(got, want) {
+		t.Fatalf("got  %v\nwant %v", got, want)
+	}
+	r := report("c1", "checkout", in, time.Second)
+	for i := range 21 {
+		r.Peers = append(r.Peers, pc(fmt.Sprintf("p%d", i), 1, 0, 0))
+	}
+	wantReason(t, s.Apply(r, t0), ReasonTooManyPeers)
 }
 
 // TestFlushCapsSums: many sidecars each within MaxRate add up to no more
