@@ -190,7 +190,7 @@ func (p *slowPoster) count(code int) int64 {
 func TestHostileSlowBodies(t *testing.T) {
 	const (
 		seconds     = 12
-		attackAt    = 3 // the abuser's fast load before sets its drop ratio, as for any abuser over its limit
+		attackAt    = 3 // the abuser's fast load until then sets its drop ratio; the victim is judged from here
 		appCapacity = 64
 		proxyBound  = 48 // --proxy-max-requests and --proxy-max-connections: below the app's capacity
 		slowConns   = 80
@@ -234,7 +234,12 @@ func TestHostileSlowBodies(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- g.Run(ctx, nil) }()
 
-	time.Sleep(attackAt * time.Second)
+	// The attack starts once the abuser's fast load has set its drop ratio at the sidecar,
+	// as for any abuser over its limit; the victim is judged from attackAt on.
+	testkit.WaitFor(t, startTimeout, "the abuser's fast load sets its drop ratio", func() bool {
+		r, ok := metric(t, sc.admin, "sluice_sidecar_drop_ratio", `peer="abuser"`)
+		return ok && r > 0
+	})
 	attack := &slowPoster{target: sc.addr, caller: "abuser", trickle: 200 * time.Millisecond}
 	attackCtx, stopAttack := context.WithCancel(ctx)
 	wg := attack.run(attackCtx, slowConns)

@@ -231,6 +231,9 @@ func TestHostileTableFloodThenNewLimit(t *testing.T) {
 		}
 	}, "mobile", "victim")
 	t.Logf("the flooded sidecar held a policy listing mobile from second %d", listed)
+	if listed < 0 || listed >= judged {
+		t.Errorf("the flooded sidecar listed mobile from second %d, want before second %d, the first judged", listed, judged)
+	}
 	requireOnSchedule(t, r.g, judged, seconds)
 	r.requireLimited(t, "mobile", mobileLimit, judged, seconds)
 	if n, _ := metric(t, sc.admin, "sluice_sidecar_requests_total", `peer="mobile"`, `outcome="dropped"`); !(n > 0) {
@@ -298,7 +301,10 @@ func TestHostileSortedNameSquat(t *testing.T) {
 		b, _ := metric(t, agg.admin, "sluice_aggregator_flush_buckets")
 		return b >= spoofed
 	})
-	time.Sleep(2 * time.Second) // a controller tick or two on them
+	testkit.WaitFor(t, startTimeout, "the controller runs the law over every spoofed name", func() bool {
+		b, _ := metric(t, ctl.admin, "sluice_controller_buckets")
+		return b >= spoofed
+	})
 
 	// sidecar-1 restarts while the spoofing goes on at sidecar-2.
 	cancel()
@@ -312,7 +318,17 @@ func TestHostileSortedNameSquat(t *testing.T) {
 		_, ok := metric(t, restarted.admin, "sluice_sidecar_policy_peers")
 		return ok
 	})
-	time.Sleep(time.Second) // a policy or two more, spoofed names and all
+	// Two more controller ticks over the spoofed names, which still come
+	// through sidecar-2, while the restarted sidecar is connected.
+	ticks := func() float64 {
+		n, _ := metric(t, ctl.admin, "sluice_controller_tick_duration_seconds_count")
+		return n
+	}
+	ticked := ticks()
+	testkit.WaitFor(t, startTimeout, "two controller ticks over the spoofed names", func() bool {
+		b, _ := metric(t, ctl.admin, "sluice_controller_buckets")
+		return b >= spoofed && ticks() >= ticked+2
+	})
 	cancel()
 	spoofing.Wait()
 	peers, _ := metric(t, restarted.admin, "sluice_sidecar_peers")

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/pkg/dataplane"
+	"github.com/sluicehq/sluice/pkg/dropratio"
 	"github.com/sluicehq/sluice/pkg/names"
 )
 
@@ -94,5 +96,29 @@ func TestEvictKeepsLimitedPeers(t *testing.T) {
 		if n := s.observedCount(); n > 4 {
 			t.Errorf("PeerIdle %v: %d observed peers, MaxPeers 4", idle, n)
 		}
+	}
+}
+
+// A policy pins the peers it limits (a ratio, a limit, enforcement
+// upstream), never a peer with only a share of the callee's capacity: once a
+// callee is over its capacity every caller has one, made-up names included.
+// Such a peer is observed, like an unlisted one.
+func TestCapacityShareAloneIsNotPinned(t *testing.T) {
+	l := NewLimiter(LimiterOptions{MaxPeers: 1})
+	share := unlimited("share")
+	share.AllowedRPS = 30
+	up := unlimited("up")
+	up.Enforcement = dataplane.EnforceUpstream
+	shadow := unlimited("shadow")
+	shadow.DropRatio, shadow.Mode = 0.2, dropratio.Shadow
+	l.SetPolicy(policy("checkout", share, up, shadow))
+	want := []string{names.Overflow, "shadow", names.Unknown, "up"}
+	if got := peersOf(l, "checkout"); !slices.Equal(got, want) {
+		t.Errorf("peers at install %v, want %v", got, want)
+	}
+	s := l.Service("checkout")
+	s.Decide("share")
+	if n := s.observedCount(); n != 1 {
+		t.Errorf("%d observed peers after share's request, want 1: share", n)
 	}
 }

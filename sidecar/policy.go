@@ -105,14 +105,15 @@ type Rule struct {
 	Reason      Reason
 }
 
-// Limited reports whether r can drop or announce anything: a ratio above 0,
-// a limit, a bounded allowed rate (a share of the callee's capacity), or
-// enforcement upstream (its weights count). Such a peer always has counters
-// of its own in a Limiter; any other rule is as good as none, and its peer is
-// observed only (see LimiterOptions.MaxPeers). The controller lists only
-// such peers (internal/controller, listed).
+// Limited reports whether r is a peer the policy limits (dataplane.Listed):
+// a ratio above 0, enforced or shadow, a limit, or enforcement upstream (its
+// weights count). Such a peer always has counters of its own in a Limiter,
+// never evicted; any other rule is as good as none, and its peer is
+// observed only (see LimiterOptions.MaxPeers). A share of the callee's
+// capacity alone (a bounded AllowedRPS) does not make a rule limited: the
+// controller lists only limited peers, by the same rule on the wire form.
 func (r *Rule) Limited() bool {
-	return clampRatio(r.DropRatio) > 0 || !math.IsInf(r.LimitRPS, 1) || !math.IsInf(r.AllowedRPS, 1) || r.upstream()
+	return dataplane.Listed(clampRatio(r.DropRatio), !math.IsInf(r.LimitRPS, 1), r.Enforcement)
 }
 
 // upstream reports whether r's ratio was carried out upstream, so that the
@@ -137,13 +138,12 @@ func (p *Policy) Rule(peer string) *Rule {
 	return &p.Peers[i]
 }
 
-// MaxPolicyPeers bounds the peers of one policy that PolicyFromProto accepts:
-// every limited peer of a policy has counters in the Limiter (about 1 KB
-// each with its verdict), whatever LimiterOptions.MaxPeers says, so this
-// bounds that memory to about 100 MB per service. It is the scale the design
-// is sized for (100,000 buckets), and above what an xDS message of
-// sidecar/xdsclient's receive limit holds with long names.
-const MaxPolicyPeers = 100_000
+// MaxPolicyPeers bounds the peers of one policy that PolicyFromProto accepts
+// (dataplane.MaxPolicyPeers): every limited peer of a policy has counters in
+// the Limiter (about 1 KB each with its verdict), whatever
+// LimiterOptions.MaxPeers says, so this bounds that memory to about 100 MB
+// per service. The controller sheds peers before it publishes more.
+const MaxPolicyPeers = dataplane.MaxPolicyPeers
 
 // PolicyFromProto converts and validates a DropPolicy received over xDS. It is
 // the one validation at the edge: an error here makes the xDS client NACK the

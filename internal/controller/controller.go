@@ -220,6 +220,7 @@ func (s *Service) tick(now time.Time) {
 		s.log.Warn("aggregator went silent; its zone load left the sums", "aggregator_id", id)
 	}
 	s.m.noteRefused(s.log, res.RefusedClaims, now)
+	s.m.noteShed(s.log, res.Shed, now)
 	if s.recorder != nil && res.Warm {
 		s.recorder.Observe(now, res.Loads)
 	}

@@ -22,6 +22,7 @@ type metrics struct {
 	rejected      *prometheus.CounterVec
 	svcRejected   *prometheus.CounterVec
 	claimsRefused prometheus.Counter
+	peersShed     prometheus.Counter
 	streams       prometheus.Gauge
 	limitServices prometheus.Gauge
 	offered       *prometheus.GaugeVec
@@ -29,6 +30,7 @@ type metrics struct {
 
 	dropLog  logEvery // service entries dropped; logged from every stream
 	claimLog logEvery // outbound claims refused; logged by the tick
+	shedLog  logEvery // policy peers shed; logged by the tick
 
 	// services with a per-service series, so that vanished ones are deleted;
 	// touched only by the tick goroutine.
@@ -60,6 +62,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "sluice_controller_outbound_claims_refused_total",
 			Help: "Outbound claims left out of the law, once per tick and bucket: the callee has a capacity and the bucket no finite limit.",
 		}),
+		peersShed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sluice_controller_policy_peers_shed_total",
+			Help: "Peers left out of policies, once per tick and policy, because the policy would list more than a sidecar accepts; ratio 0 and the smallest offered rate go first.",
+		}),
 		streams:       prometheus.NewGauge(prometheus.GaugeOpts{Name: "sluice_controller_zone_streams", Help: "Open zone-load streams from aggregators."}),
 		limitServices: prometheus.NewGauge(prometheus.GaugeOpts{Name: "sluice_controller_limit_services", Help: "Services with configured limits."}),
 		offered: prometheus.NewGaugeVec(prometheus.GaugeOpts{
@@ -72,7 +78,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.tickSeconds, m.aggregators, m.buckets, m.warm, m.published, m.deleted, m.publishErrors,
-			m.accepted, m.rejected, m.svcRejected, m.claimsRefused, m.streams, m.limitServices, m.offered, m.dropped)
+			m.accepted, m.rejected, m.svcRejected, m.claimsRefused, m.peersShed, m.streams, m.limitServices, m.offered, m.dropped)
 	}
 	return m
 }
@@ -156,5 +162,24 @@ func (m *metrics) noteRefused(log *slog.Logger, refused []BucketLoad, now time.T
 		c := refused[0]
 		log.Warn("outbound claims left out of the law: the callee has a capacity and the bucket no limit",
 			"callee", c.Callee, "caller", c.Caller, "claimed_offered_rps", c.Offered, "refused", len(refused), "refused_unlogged_before", unlogged)
+	}
+}
+
+// noteShed counts the peers a tick left out of policies and logs the first
+// policy, at most once per dropLogEvery.
+func (m *metrics) noteShed(log *slog.Logger, shed []ShedPeers, now time.Time) {
+	n := 0
+	for _, sp := range shed {
+		n += sp.Shed
+	}
+	if n == 0 {
+		return
+	}
+	m.peersShed.Add(float64(n))
+	if ok, unlogged := m.shedLog.allow(now, n); ok {
+		sp := shed[0]
+		log.Warn("policy peers shed: the policy would list more peers than a sidecar accepts",
+			"policy", sp.Policy, "shed", sp.Shed, "kept", sp.Kept, "largest_shed_offered_rps", sp.Largest,
+			"policies", len(shed), "shed_unlogged_before", unlogged)
 	}
 }

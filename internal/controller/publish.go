@@ -1,10 +1,12 @@
 package controller
 
 import (
+	"cmp"
 	"hash/fnv"
 	"maps"
 	"math"
 	"slices"
+	"strings"
 	"time"
 
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -40,22 +42,24 @@ func peerPolicy(peer string, v dropratio.Verdict) *sluicev1.PeerPolicy {
 	}
 }
 
-// limited reports whether pp can drop or announce anything: a ratio, a
-// limit, or a bounded allowed rate (a share of the callee's capacity). Only
-// such peers are listed: a sidecar keeps counters for every listed peer
-// that is (sidecar.Rule.Limited, the same test on the wire form), so an
-// unlimited peer listed would cost it memory for nothing, and a flood of
-// made-up callers that the law carries would cost every sidecar of the
-// callee that much; and every consumer reads an unlisted peer as this rule
-// says anyway: sidecars admit it uncounted by any limit and announce no
-// quota, the proxyless routes and Envoy's runtime layers give it ratio 0,
-// fail mode local has no limit to take a share of.
-func limited(pp *sluicev1.PeerPolicy) bool {
-	return pp.GetDropRatio() > 0 || pp.LimitRps != nil || pp.AllowedRps != nil
+// listed reports whether a policy lists pp (dataplane.Listed): a ratio
+// above 0, a limit, or enforcement upstream, never a share of capacity
+// alone. A sidecar keeps counters, never evicted, for every peer listed
+// (sidecar.Rule.Limited, the same rule on its form of the wire), so a peer
+// listed for nothing would cost every sidecar of the callee memory, and a
+// flood of made-up callers, each of which the law gives a share once the
+// callee is over its capacity, would cost them that much each; every
+// consumer reads an unlisted peer as ratio 0 without a limit anyway.
+func listed(pp *sluicev1.PeerPolicy) bool {
+	e := dataplane.EnforceSidecar
+	if pp.GetEnforcedUpstream() {
+		e = dataplane.EnforceUpstream
+	}
+	return dataplane.Listed(pp.GetDropRatio(), pp.LimitRps != nil, e)
 }
 
 // policy renders a callee's verdict as its inbound DropPolicy, listing its
-// limited callers.
+// limited callers (see listed).
 func (s *State) policy(sv dropratio.ServiceVerdict, live uint32, lim *limits.Service, now time.Time) *sluicev1.DropPolicy {
 	p := &sluicev1.DropPolicy{
 		Name:          names.Callee(sv.Service),
@@ -73,11 +77,10 @@ func (s *State) policy(sv dropratio.ServiceVerdict, live uint32, lim *limits.Ser
 	}
 	for _, v := range sv.Verdicts {
 		pp := peerPolicy(v.Caller, v)
-		if !limited(pp) {
-			continue
-		}
 		markUpstream(pp, v.Mode, lim.Bucket(v.Caller))
-		p.Peers = append(p.Peers, pp)
+		if listed(pp) {
+			p.Peers = append(p.Peers, pp)
+		}
 	}
 	return p
 }
@@ -143,7 +146,7 @@ func (s *State) callerPolicies(verdicts []dropratio.ServiceVerdict, outLive map[
 				continue
 			}
 			pp := peerPolicy(sv.Service, v)
-			if !limited(pp) {
+			if !listed(pp) {
 				continue
 			}
 			p.Peers = append(p.Peers, pp)
@@ -163,6 +166,71 @@ func (s *State) callerPolicies(verdicts []dropratio.ServiceVerdict, outLive map[
 		out = append(out, p)
 	}
 	return out
+}
+
+// ShedPeers is what capPeers left out of one policy in one tick.
+type ShedPeers struct {
+	Policy string // the resource name
+	Shed   int    // peers left out
+	Kept   int    // peers listed
+	// Largest is the offered rate of the busiest peer left out.
+	Largest float64
+}
+
+// maxPolicyPeers is the most peers one policy lists: StateConfig's
+// MaxPolicyPeers, never above what sidecars accept.
+func (s *State) maxPolicyPeers() int {
+	if n := s.cfg.MaxPolicyPeers; n > 0 && n < dataplane.MaxPolicyPeers {
+		return n
+	}
+	return dataplane.MaxPolicyPeers
+}
+
+// capPeers cuts p's peers to maxPolicyPeers, so that no sidecar refuses p
+// for its size (a sidecar that refuses a policy keeps the one it had, which
+// would then outlive its TTL). Peers at ratio 0 go before peers with a
+// ratio, which are being dropped now and would be admitted unlisted; within
+// each, the smallest offered rate goes first, and the name breaks ties so
+// that replicas agree. A peer left out is read as unlisted: at ratio 0 it
+// loses only its own slot, its quota headers and its fail mode local
+// bucket. The order of the peers kept is unchanged. It reports what it
+// left out; ok is false when nothing was.
+func (s *State) capPeers(p *sluicev1.DropPolicy) (ShedPeers, bool) {
+	limit := s.maxPolicyPeers()
+	n := len(p.Peers) - limit
+	if n <= 0 {
+		return ShedPeers{}, false
+	}
+	order := slices.Clone(p.Peers)
+	slices.SortFunc(order, func(a, b *sluicev1.PeerPolicy) int {
+		dropping := func(pp *sluicev1.PeerPolicy) int {
+			if pp.GetDropRatio() > 0 {
+				return 1
+			}
+			return 0
+		}
+		if c := cmp.Compare(dropping(a), dropping(b)); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(a.GetOfferedRps(), b.GetOfferedRps()); c != 0 {
+			return c
+		}
+		return strings.Compare(a.GetPeer(), b.GetPeer())
+	})
+	gone := make(map[*sluicev1.PeerPolicy]bool, n)
+	sp := ShedPeers{Policy: p.GetName(), Shed: n, Kept: limit}
+	for _, pp := range order[:n] {
+		gone[pp] = true
+		sp.Largest = max(sp.Largest, pp.GetOfferedRps())
+	}
+	kept := make([]*sluicev1.PeerPolicy, 0, limit)
+	for _, pp := range p.Peers {
+		if !gone[pp] {
+			kept = append(kept, pp)
+		}
+	}
+	p.Peers = kept
+	return sp, true
 }
 
 // due says whether policy differs enough from what was last published, or

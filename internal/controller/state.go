@@ -31,6 +31,10 @@ type StateConfig struct {
 	RepublishThreshold float64
 	// MaxAggregators bounds the aggregators whose loads are held.
 	MaxAggregators int
+	// MaxPolicyPeers bounds the peers one policy lists; the rest are shed
+	// (see capPeers). 0, and anything above dataplane.MaxPolicyPeers, the
+	// most a sidecar accepts, mean that bound.
+	MaxPolicyPeers int
 	// Law configures the control law.
 	Law dropratio.Config
 }

@@ -4,6 +4,7 @@ import (
 	"maps"
 	"math"
 	"slices"
+	"strings"
 	"time"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -42,6 +43,9 @@ type TickResult struct {
 	// RefusedClaims holds the outbound claims left out of the buckets,
 	// sorted by callee then caller (see trustClaim).
 	RefusedClaims []BucketLoad
+	// Shed holds, per policy over the most peers a policy lists, what was
+	// left out of it (see capPeers), sorted by policy.
+	Shed []ShedPeers
 }
 
 // BucketLoad is one bucket's global load in one tick.
@@ -93,6 +97,9 @@ func (s *State) Tick(now time.Time, set *limits.Set) TickResult {
 		res.Services[sv.Service] = tot
 		res.Buckets += len(sv.Verdicts)
 		policy := s.policy(sv, live[sv.Service], set.Service(sv.Service), now)
+		if sp, ok := s.capPeers(policy); ok {
+			res.Shed = append(res.Shed, sp)
+		}
 		current[policy.GetName()] = true
 		if s.due(policy, now) {
 			s.published[policy.GetName()] = &published{policy: policy}
@@ -100,12 +107,16 @@ func (s *State) Tick(now time.Time, set *limits.Set) TickResult {
 		}
 	}
 	for _, policy := range s.callerPolicies(verdicts, loads.outLive, set, now) {
+		if sp, ok := s.capPeers(policy); ok {
+			res.Shed = append(res.Shed, sp)
+		}
 		current[policy.GetName()] = true
 		if s.due(policy, now) {
 			s.published[policy.GetName()] = &published{policy: policy}
 			res.Changed[policy.GetName()] = policy
 		}
 	}
+	slices.SortFunc(res.Shed, func(a, b ShedPeers) int { return strings.Compare(a.Policy, b.Policy) })
 	// Services that vanished (no traffic, no limits, ratios released): an
 	// empty policy first, so state-of-the-world clients, which never hear
 	// of deletions, stop dropping; the resource itself goes a TTL later.

@@ -132,3 +132,27 @@ func ParseEnforcement(s string) (Enforcement, error) {
 	}
 	return 0, fmt.Errorf("%q is not sidecar or upstream", s)
 }
+
+// Listed reports whether a drop policy lists a bucket, and so whether a
+// sidecar keeps counters of its own for it, never evicted: the bucket has
+// a ratio above 0 (enforced or shadow), a limit of its own (limited), or is
+// enforced upstream (its arrivals are weighted by the ratio). A share of a
+// callee's capacity alone does not list a bucket: once a callee is over its
+// capacity every caller has one, made-up names included, so listing them
+// would let a flood of names fill every policy and every sidecar of the
+// callee. Every consumer reads an unlisted bucket as one at ratio 0 with no
+// limit: sidecars admit it, counted as an observed peer, and announce no
+// quota; proxyless routes and Envoy's runtime layers give it ratio 0; fail
+// mode local has no limit to take a share of. The controller lists by this
+// rule on the wire form and sidecars pin by it on theirs, so the two agree.
+func Listed(ratio float64, limited bool, e Enforcement) bool {
+	return ratio > 0 || limited || e == EnforceUpstream
+}
+
+// MaxPolicyPeers bounds the peers of one drop policy: sidecars refuse a
+// policy with more (each listed peer has counters in every sidecar of the
+// service, about 1 KB with its verdict, so this bounds that memory to about
+// 100 MB), and the controller sheds peers rather than publish one. It is the
+// scale the design is sized for (100,000 buckets), and below what an xDS
+// message of a sidecar's receive limit holds with the longest names.
+const MaxPolicyPeers = 100_000
