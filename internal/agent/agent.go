@@ -35,10 +35,11 @@ import (
 	"github.com/sluicehq/sluice/sidecar/xdsclient"
 )
 
-// MaxPeersBound is the most callers a sidecar may track: its reports name
-// each of them plus the reserved unknown and _overflow peers, and an
-// aggregator rejects a report naming more than its --max-peers-per-report,
-// 10,000 by default. A larger table would have every full report refused.
+// MaxPeersBound is the most unlimited callers a sidecar may track: its
+// reports name each of them, and an aggregator folds the callers of a
+// report beyond its --max-peers-per-report (10,000 by default) into
+// _overflow. A larger table would have every full report lose some of its
+// callers' buckets.
 const MaxPeersBound = 10000 - 2
 
 // Config is the sidecar's configuration.
@@ -202,8 +203,8 @@ func (c Config) Validate() error {
 	}
 	errs = append(errs, c.validateIdentity()...)
 	if c.MaxPeers < 1 || c.MaxPeers > MaxPeersBound {
-		add("max-peers: %d is outside [1, %d]: a report names every tracked caller plus unknown and _overflow, "+
-			"and aggregators reject reports naming more than their --max-peers-per-report (default 10000)", c.MaxPeers, MaxPeersBound)
+		add("max-peers: %d is outside [1, %d]: a report names every tracked caller, "+
+			"and aggregators fold the callers of a report beyond their --max-peers-per-report (default 10000) into _overflow", c.MaxPeers, MaxPeersBound)
 	}
 	if c.PeerIdle != 0 && c.PeerIdle < 2*c.ReportInterval {
 		add("peer-idle: %v is under two report intervals (%v): an evicted caller's last requests would go unreported", c.PeerIdle, 2*c.ReportInterval)
