@@ -16,19 +16,8 @@ import (
 	"github.com/sluicehq/sluice/internal/process"
 )
 
-// Command is the sidecar binary.
-func Command() *cobra.Command {
-	cfg := DefaultConfig()
-	var (
-		listen, adminAddr       string
-		drainDelay, stopTimeout time.Duration
-		logging                 cli.Logging
-		tlsFlags                identity.Flags
-	)
-	cmd := &cobra.Command{
-		Use:   "sidecar",
-		Short: "sluice sidecar: decides every request locally, proxies the rest to the app",
-		Long: `The sidecar listens in front of the local app (HTTP/1.1 and h2c, so gRPC works;
+// commandHelp is the sidecar's --help text.
+const commandHelp = `The sidecar listens in front of the local app (HTTP/1.1 and h2c, so gRPC works;
 HTTP/1.1 and h2 over TLS with --caller-identity mtls),
 drops each request with the probability its DropPolicy gives the request's caller,
 and proxies the rest to --upstream. A dropped HTTP request gets 429 with Retry-After
@@ -54,7 +43,21 @@ ratios decay to 0 over the policy's decay window), hold (they stay), or local
 (each caller with a limit gets limit / live instances per second, as a token bucket).
 
 Every flag can also be set as SLUICE_SIDECAR_<FLAG> or in the --config file;
-flags win over the environment, the environment over the file.`,
+flags win over the environment, the environment over the file.`
+
+// Command is the sidecar binary.
+func Command() *cobra.Command {
+	cfg := DefaultConfig()
+	var (
+		listen, adminAddr       string
+		drainDelay, stopTimeout time.Duration
+		logging                 cli.Logging
+		tlsFlags                identity.Flags
+	)
+	cmd := &cobra.Command{
+		Use:          "sidecar",
+		Short:        "sluice sidecar: decides every request locally, proxies the rest to the app",
+		Long:         commandHelp,
 		Args:         cobra.NoArgs,
 		SilenceUsage: true,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -72,17 +75,8 @@ flags win over the environment, the environment over the file.`,
 			if err != nil {
 				return err
 			}
-			if tlsSrc != nil {
-				// The sidecar speaks for --service alone; its certificate
-				// must say so, or the aggregator would refuse every report.
-				if err := tlsSrc.Require(identity.Workload, cfg.Service); err != nil {
-					return err
-				}
-				cfg.ReportDialOptions = []grpc.DialOption{tlsSrc.DialOption(identity.Kinds(identity.Aggregator))}
-				// Policies come from a controller or a zone relay.
-				cfg.XDSDialOptions = []grpc.DialOption{tlsSrc.DialOption(identity.Kinds(identity.Controller, identity.Aggregator))}
-				// Callers are workloads.
-				cfg.ServerTLS = tlsSrc.ServerTLS(identity.Kinds(identity.Workload))
+			if err := cfg.useTLS(tlsSrc); err != nil {
+				return err
 			}
 			cfg.TrustDomain = tlsFlags.TrustDomain
 			logIdentity(log, cfg)
@@ -119,10 +113,7 @@ flags win over the environment, the environment over the file.`,
 	duration.Var(f, &cfg.ReportInterval, "report-interval", cfg.ReportInterval, "how often to report load to the aggregator")
 	duration.Var(f, &cfg.SurgeCheck, "surge-check", cfg.SurgeCheck, "how often to look for a surge between reports and report it at once; 0 means a tenth of --report-interval, negative none")
 	f.StringVar(&cfg.CallerHeader, "caller-header", cfg.CallerHeader, "request header that names the caller")
-	f.StringVar(&cfg.CallerIdentity, "caller-identity", cfg.CallerIdentity, "who the caller is: header (--caller-header; trusts the network), xfcc (the SPIFFE ID in x-forwarded-client-cert, from --trusted-proxies only) or mtls (the verified client certificate's SPIFFE ID; the port serves TLS)")
-	f.StringSliceVar(&cfg.TrustedProxies, "trusted-proxies", cfg.TrustedProxies, "CIDRs whose x-forwarded-client-cert is believed with --caller-identity xfcc (the local Envoy); from elsewhere the header is ignored and the caller is unknown")
-	f.StringVar(&cfg.CallerMismatch, "caller-mismatch", cfg.CallerMismatch, "with an authenticated --caller-identity, what a caller header naming another caller gets: ignore (decided as the identity) or reject (403, PERMISSION_DENIED); counted either way")
-	f.BoolVar(&cfg.TrustDecided, "trust-decided", cfg.TrustDecided, "let requests a caller marked x-sluice-decided (its outbound enforcement decided them) through uncounted when the mark names the (authenticated) caller; only for callers trusted to enforce their own limits")
+	addIdentityFlags(f, &cfg)
 	f.IntVar(&cfg.MaxPeers, "max-peers", cfg.MaxPeers, "distinct callers tracked, besides the ones the policy limits, before the rest share the _overflow bucket")
 	duration.Var(f, &cfg.PeerIdle, "peer-idle", cfg.PeerIdle, "how long a caller the policy does not limit keeps its place among --max-peers without a request; at least two --report-interval; 0 means 1m or two --report-interval, whichever is longer")
 	f.StringVar(&cfg.Strategy, "strategy", cfg.Strategy, "drop decision: diffuse (exact error diffusion) or random")
@@ -146,6 +137,33 @@ func logIdentity(log *slog.Logger, cfg Config) {
 		log.Info("caller identity from the client certificate: the proxy port serves mutual TLS",
 			"trust_domain", cfg.TrustDomain, "caller_mismatch", cfg.CallerMismatch, "trust_decided", cfg.TrustDecided)
 	}
+}
+
+// useTLS makes every link of the sidecar mutual TLS with src's
+// certificates; a nil src (plaintext mode) changes nothing.
+func (c *Config) useTLS(src *identity.Source) error {
+	if src == nil {
+		return nil
+	}
+	// The sidecar speaks for --service alone; its certificate must say
+	// so, or the aggregator would refuse every report.
+	if err := src.Require(identity.Workload, c.Service); err != nil {
+		return err
+	}
+	c.ReportDialOptions = []grpc.DialOption{src.DialOption(identity.Kinds(identity.Aggregator))}
+	// Policies come from a controller or a zone relay.
+	c.XDSDialOptions = []grpc.DialOption{src.DialOption(identity.Kinds(identity.Controller, identity.Aggregator))}
+	// Callers are workloads.
+	c.ServerTLS = src.ServerTLS(identity.Kinds(identity.Workload))
+	return nil
+}
+
+// addIdentityFlags adds who the caller is, and what is trusted about it.
+func addIdentityFlags(f *pflag.FlagSet, cfg *Config) {
+	f.StringVar(&cfg.CallerIdentity, "caller-identity", cfg.CallerIdentity, "who the caller is: header (--caller-header; trusts the network), xfcc (the SPIFFE ID in x-forwarded-client-cert, from --trusted-proxies only) or mtls (the verified client certificate's SPIFFE ID; the port serves TLS)")
+	f.StringSliceVar(&cfg.TrustedProxies, "trusted-proxies", cfg.TrustedProxies, "CIDRs whose x-forwarded-client-cert is believed with --caller-identity xfcc (the local Envoy); from elsewhere the header is ignored and the caller is unknown")
+	f.StringVar(&cfg.CallerMismatch, "caller-mismatch", cfg.CallerMismatch, "with an authenticated --caller-identity, what a caller header naming another caller gets: ignore (decided as the identity) or reject (403, PERMISSION_DENIED); counted either way")
+	f.BoolVar(&cfg.TrustDecided, "trust-decided", cfg.TrustDecided, "let requests a caller marked x-sluice-decided (its outbound enforcement decided them) through uncounted when the mark names the (authenticated) caller; only for callers trusted to enforce their own limits")
 }
 
 // addProxyFlags adds the proxy's bounds.
