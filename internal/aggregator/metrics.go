@@ -88,8 +88,25 @@ func newMetrics[Req, Resp any](reg prometheus.Registerer, logger *slog.Logger, u
 	if reg == nil {
 		return m
 	}
-	// With fan-out there is one uplink per controller replica; the
-	// metrics add them up.
+	for _, c := range append([]prometheus.Collector{
+		m.reports, rejected, m.sidecars, m.streams, m.flushes, m.flushBuckets, m.controllerRejected,
+		m.sumsCapped, m.shedServices, folded,
+	}, uplinkCollectors(ups)...) {
+		// Registering is best effort, as in the other services: a second
+		// aggregator on the same registry must not fail or panic. Its
+		// metrics then stay unexported, which the log says.
+		if err := reg.Register(c); err != nil {
+			logger.Warn("aggregator metric not registered", "error", err)
+		}
+	}
+	return m
+}
+
+// uplinkCollectors are the metrics of the controller link, read from ups at
+// scrape time. With fan-out there is one uplink per controller replica;
+// the metrics add them up.
+func uplinkCollectors[Req, Resp any](ups []*uplink.Uplink[Req, Resp]) []prometheus.Collector {
+	const ns, sub = "sluice", "aggregator"
 	stat := func(f func(uplink.Stats) uint64) func() float64 {
 		return func() float64 {
 			var n uint64
@@ -123,17 +140,5 @@ func newMetrics[Req, Resp any](reg prometheus.Registerer, logger *slog.Logger, u
 		Namespace: ns, Subsystem: sub, Name: "controller_failovers_total",
 		Help: "Failed or ended controller streams after which the aggregator moved to the next address.",
 	}, stat(func(s uplink.Stats) uint64 { return s.Failovers }))
-	for _, c := range []prometheus.Collector{
-		m.reports, rejected, m.sidecars, m.streams, m.flushes, m.flushBuckets, m.controllerRejected,
-		m.sumsCapped, m.shedServices, folded,
-		connected, superseded, sent, failovers,
-	} {
-		// Registering is best effort, as in the other services: a second
-		// aggregator on the same registry must not fail or panic. Its
-		// metrics then stay unexported, which the log says.
-		if err := reg.Register(c); err != nil {
-			logger.Warn("aggregator metric not registered", "error", err)
-		}
-	}
-	return m
+	return []prometheus.Collector{connected, superseded, sent, failovers}
 }
