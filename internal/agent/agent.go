@@ -121,9 +121,12 @@ type Config struct {
 
 	// What callers may hold of the app through the proxy (see
 	// internal/agent/proxy): the time to read a request body (gRPC over
-	// HTTP/2 exempt), the requests in flight and the connections open to
-	// the app. Past a bound the proxy answers itself (408, 503).
+	// HTTP/2 exempt): ProxyBodyTimeout plus its size at ProxyMinBodyRate
+	// (bytes per second; 0 for none), the requests in flight and the
+	// connections open to the app. Past a bound the proxy answers itself
+	// (408, 503).
 	ProxyBodyTimeout time.Duration
+	ProxyMinBodyRate int
 	ProxyMaxRequests int
 	ProxyMaxConns    int
 }
@@ -151,6 +154,7 @@ func DefaultConfig() Config {
 		RateLimitHeaders: sidecar.NoRateLimitHeaders.String(),
 
 		ProxyBodyTimeout: proxy.DefaultBodyTimeout,
+		ProxyMinBodyRate: proxy.DefaultMinBodyRate,
 		ProxyMaxRequests: proxy.DefaultMaxRequests,
 		ProxyMaxConns:    proxy.DefaultMaxConns,
 	}
@@ -224,6 +228,9 @@ func (c Config) proxyBoundsErrors() []error {
 	if c.ProxyBodyTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("proxy-body-timeout: %v must be positive", c.ProxyBodyTimeout))
 	}
+	if c.ProxyMinBodyRate < 0 {
+		errs = append(errs, fmt.Errorf("proxy-min-body-rate: %d must be at least 0 (0: none, the body timeout is a total)", c.ProxyMinBodyRate))
+	}
 	if c.ProxyMaxRequests < 1 {
 		errs = append(errs, fmt.Errorf("proxy-max-requests: %d must be at least 1", c.ProxyMaxRequests))
 	}
@@ -231,6 +238,15 @@ func (c Config) proxyBoundsErrors() []error {
 		errs = append(errs, fmt.Errorf("proxy-max-connections: %d must be at least 1", c.ProxyMaxConns))
 	}
 	return errs
+}
+
+// proxyMinBodyRate is the proxy's MinBodyRate for the flag's rate: the flag's 0 (none) is
+// the proxy's negative, its 0 being the default.
+func proxyMinBodyRate(rate int) int {
+	if rate == 0 {
+		return -1
+	}
+	return rate
 }
 
 // Caller identity modes (Config.CallerIdentity).
@@ -370,7 +386,8 @@ func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Agent, er
 	up, _ := url.Parse(cfg.Upstream) // checked by Validate
 	p, err := proxy.New(up, proxy.Options{
 		Logger:      logger,
-		BodyTimeout: cfg.ProxyBodyTimeout, MaxRequests: cfg.ProxyMaxRequests, MaxConns: cfg.ProxyMaxConns,
+		BodyTimeout: cfg.ProxyBodyTimeout, MinBodyRate: proxyMinBodyRate(cfg.ProxyMinBodyRate),
+		MaxRequests: cfg.ProxyMaxRequests, MaxConns: cfg.ProxyMaxConns,
 		Registerer: reg,
 	})
 	if err != nil {

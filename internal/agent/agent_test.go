@@ -93,6 +93,8 @@ func TestBadConfigNamesTheFlag(t *testing.T) {
 		{"", func(c *Config) { c.ProxyBodyTimeout, c.ProxyMaxRequests, c.ProxyMaxConns = time.Nanosecond, 1, 1 }},
 		{"proxy-body-timeout", func(c *Config) { c.ProxyBodyTimeout = 0 }},
 		{"proxy-body-timeout", func(c *Config) { c.ProxyBodyTimeout = -time.Second }},
+		{"", func(c *Config) { c.ProxyMinBodyRate = 0 }},
+		{"proxy-min-body-rate", func(c *Config) { c.ProxyMinBodyRate = -1 }},
 		{"proxy-max-requests", func(c *Config) { c.ProxyMaxRequests = 0 }},
 		{"proxy-max-connections", func(c *Config) { c.ProxyMaxConns = -1 }},
 	} {

@@ -168,7 +168,8 @@ func addIdentityFlags(f *pflag.FlagSet, cfg *Config) {
 
 // addProxyFlags adds the proxy's bounds.
 func addProxyFlags(f *pflag.FlagSet, cfg *Config) {
-	duration.Var(f, &cfg.ProxyBodyTimeout, "proxy-body-timeout", cfg.ProxyBodyTimeout, "time allowed to read a request body, from the end of its headers; slower bodies get 408 (gRPC over HTTP/2 is exempt)")
+	duration.Var(f, &cfg.ProxyBodyTimeout, "proxy-body-timeout", cfg.ProxyBodyTimeout, "time any request body may take to arrive, from the end of its headers, whatever its size; a larger body may take its size at --proxy-min-body-rate more; slower bodies get 408 (gRPC over HTTP/2 is exempt)")
+	f.IntVar(&cfg.ProxyMinBodyRate, "proxy-min-body-rate", cfg.ProxyMinBodyRate, "least rate of a request body, in bytes per second, past --proxy-body-timeout: a body of n bytes may take --proxy-body-timeout + n/rate (Kestrel's MinRequestBodyDataRate); 0 for none, the timeout is then a total")
 	f.IntVar(&cfg.ProxyMaxRequests, "proxy-max-requests", cfg.ProxyMaxRequests, "requests in flight to the app; more get 503 (gRPC: UNAVAILABLE) at once")
 	f.IntVar(&cfg.ProxyMaxConns, "proxy-max-connections", cfg.ProxyMaxConns, "connections open to the app; a request that needs one more gets 503 at once")
 }

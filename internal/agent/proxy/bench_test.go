@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -43,6 +44,29 @@ func BenchmarkAddedLatency(b *testing.B) {
 			}
 		}
 		measureAdded(b, roundTrip("http://"+app+"/"), roundTrip("http://"+proxy+"/"))
+	})
+
+	// A small body, as most POSTs carry: read whole at once under the body deadline (see
+	// limitBody), whose cost this shows.
+	b.Run("http1-body", func(b *testing.B) {
+		app := serve(b, &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			io.Copy(w, r.Body)
+		})})
+		proxy := startProxy(b, app, Options{})
+		client := newHTTPClient(b)
+		body := strings.Repeat("x", 1024)
+		post := func(url string) func() error {
+			return func() error {
+				resp, err := client.Post(url, "text/plain", strings.NewReader(body))
+				if err != nil {
+					return err
+				}
+				_, err = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				return err
+			}
+		}
+		measureAdded(b, post("http://"+app+"/"), post("http://"+proxy+"/"))
 	})
 
 	b.Run("grpc", func(b *testing.B) {

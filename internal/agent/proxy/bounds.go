@@ -21,10 +21,16 @@ import (
 // The defaults follow Envoy's circuit breakers (max_requests and max_connections, 1024 each):
 // a real service rarely comes near them, and an attacker holding requests open stops there.
 const (
-	// DefaultBodyTimeout bounds the time to read a request's body, from the moment its headers
-	// were read. 30s lets a 30 MB upload through at 1 MB/s; an attacker trickling a body a
-	// byte at a time holds its request (and an upstream connection) 30s at most.
+	// DefaultBodyTimeout is the time any request body may take to arrive, whatever its size,
+	// from the moment its headers were read; a larger body earns more at DefaultMinBodyRate.
+	// An attacker trickling a body a byte at a time holds its request (and an upstream
+	// connection) about 30s.
 	DefaultBodyTimeout = 30 * time.Second
+	// DefaultMinBodyRate is the least rate, in bytes per second, at which a body past the body
+	// timeout must have come: Kestrel's MinRequestBodyDataRate. A body of n bytes may take
+	// BodyTimeout + n/rate, so a 100 MB upload at any rate above 240 B/s passes (in about
+	// 5 days at worst), while 1 byte every 5s is cut after about 30s.
+	DefaultMinBodyRate = 240
 	// DefaultMaxRequests bounds the requests in flight to the app (Envoy's max_requests).
 	DefaultMaxRequests = 1024
 	// DefaultMaxConns bounds the connections open to the app (Envoy's max_connections).
@@ -36,7 +42,7 @@ const (
 const (
 	ReasonMaxRequests = "max_requests" // in flight to the app: MaxRequests
 	ReasonMaxConns    = "max_connections"
-	ReasonBodyTimeout = "body_timeout"
+	ReasonBodyTimeout = "body_timeout" // the body slower than BodyTimeout and MinBodyRate allow
 )
 
 // errMaxConns is the dial error of a connection over MaxConns.
@@ -52,6 +58,7 @@ const (
 // methods are safe for concurrent use.
 type bounds struct {
 	bodyTimeout time.Duration
+	minBodyRate int64 // bytes per second; 0 for none, BodyTimeout is then a total
 	maxRequests int64
 	maxConns    int64
 
@@ -65,12 +72,16 @@ type bounds struct {
 
 func newBounds(o Options) *bounds {
 	b := &bounds{bodyTimeout: o.BodyTimeout, maxRequests: int64(o.MaxRequests), maxConns: int64(o.MaxConns)}
+	if o.MinBodyRate > 0 {
+		b.minBodyRate = int64(o.MinBodyRate)
+	}
 	const ns, sub = "sluice", "sidecar_proxy"
 	refused := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: ns, Subsystem: sub, Name: "refused_total",
 		Help: "Requests the proxy answered itself instead of the app, by reason: max_requests (503, the " +
 			"requests in flight to the app at their bound), max_connections (503, the connections to the app " +
-			"at their bound), body_timeout (408, the request body took longer than the body timeout).",
+			"at their bound), body_timeout (408, the request body came slower than the body timeout and " +
+			"minimum body rate allow).",
 	}, []string{"reason"})
 	b.refusedMaxRequests = refused.WithLabelValues(ReasonMaxRequests)
 	b.refusedMaxConns = refused.WithLabelValues(ReasonMaxConns)
@@ -137,13 +148,27 @@ func (c *countedConn) Close() error {
 	return err
 }
 
-// errBodyTimeout is the read error of a body that took longer than the body timeout.
+// errBodyTimeout is the read error of a body that came slower than the body timeout and the
+// minimum rate allow.
 var errBodyTimeout = fmt.Errorf("sluice: request body not read within the body timeout: %w", os.ErrDeadlineExceeded)
 
-// limitBody bounds the time to read r's body, if it has one, to the body timeout counted from
-// now, and returns the request to forward in r's place. gRPC over HTTP/2 is exempt: its request body is the client's half of
-// a stream, which may rightly stay open and silent for hours (a bidirectional watch); those
-// calls are bounded by MaxRequests only.
+// deadlineStep is the least move of a body's deadline worth setting. Setting one costs a
+// timer update (on HTTP/2, a message to the connection's goroutine); a body read in one go,
+// as most are, earns less than this and sets none beyond the first. A body that earned less
+// than deadlineStep since the deadline last moved is cut at most that much early.
+const deadlineStep = 100 * time.Millisecond
+
+// limitBody bounds the time to read r's body, if it has one, and returns the request to
+// forward in r's place: a body of n bytes may take the body timeout, counted from now, plus
+// n divided by the minimum rate (Kestrel's MinRequestBodyDataRate, with the body timeout as
+// its grace period). The deadline moves on as the body comes, so a large upload at a steady
+// rate above the minimum passes however long it takes, while a trickle at a rate r below it
+// is cut after timeout/(1 - r/rate): about the body timeout for a trickle well below. Without
+// a rate the body timeout is a total.
+//
+// gRPC over HTTP/2 is exempt: its request body is the client's half of a stream, which may
+// rightly stay open and silent for hours (a bidirectional watch); those calls are bounded
+// by MaxRequests only.
 //
 // The deadline is the server's read deadline (on the connection for HTTP/1.1, on the stream
 // for HTTP/2), so a body that stalls completely is cut too: a read blocked on it fails when
@@ -159,12 +184,13 @@ func (b *bounds) limitBody(w http.ResponseWriter, r *http.Request) *http.Request
 		return r
 	}
 	rc := http.NewResponseController(w)
-	if err := rc.SetReadDeadline(time.Now().Add(b.bodyTimeout)); err != nil {
+	start := time.Now().Add(b.bodyTimeout)
+	if err := rc.SetReadDeadline(start); err != nil {
 		// A ResponseWriter without deadlines (a wrapper that hides them): unbounded, as
 		// before. The servers of this package always support them.
 		return r
 	}
-	body := &deadlineBody{ReadCloser: r.Body, rc: rc}
+	body := &deadlineBody{ReadCloser: r.Body, rc: rc, start: start, rate: b.minBodyRate}
 	r = r.WithContext(context.WithValue(r.Context(), deadlineBodyKey{}, body))
 	r.Body = body
 	return r
@@ -182,14 +208,27 @@ type deadlineBodyKey struct{}
 // time (the Transport's writer); expired may be read by any.
 type deadlineBody struct {
 	io.ReadCloser
-	rc      *http.ResponseController
-	ended   bool        // Read saw the end of the body or an error; Read's alone
+	rc    *http.ResponseController
+	start time.Time // the deadline of an empty body: the end of the headers plus the body timeout
+	rate  int64     // the minimum rate, bytes per second; 0 for none
+
+	// Read's alone.
+	read   int64         // bytes read so far
+	earned time.Duration // what the deadline set last adds to start
+	ended  bool          // Read saw the end of the body or an error
+
 	expired atomic.Bool // a Read failed because the deadline passed
 }
 
 func (d *deadlineBody) Read(p []byte) (int, error) {
 	n, err := d.ReadCloser.Read(p)
-	if err == nil || d.ended {
+	if err == nil {
+		if n > 0 && d.rate > 0 {
+			d.extend(n)
+		}
+		return n, err
+	}
+	if d.ended {
 		return n, err
 	}
 	d.ended = true
@@ -207,4 +246,29 @@ func (d *deadlineBody) Read(p []byte) (int, error) {
 		return n, errBodyTimeout
 	}
 	return n, err
+}
+
+// extend counts n more bytes read and moves the deadline to start plus what they earned at
+// the minimum rate, if that moves it by more than deadlineStep.
+func (d *deadlineBody) extend(n int) {
+	d.read += int64(n)
+	earned := rateTime(d.read, d.rate)
+	if earned-d.earned <= deadlineStep {
+		return
+	}
+	d.earned = earned
+	_ = d.rc.SetReadDeadline(d.start.Add(earned))
+}
+
+// maxEarned caps what a body earns: about 146 years, far enough to be no deadline, near
+// enough that adding it to a time does not overflow.
+const maxEarned = time.Duration(1 << 62)
+
+// rateTime is the time n bytes take at rate bytes per second, at most maxEarned.
+func rateTime(n, rate int64) time.Duration {
+	t := float64(n) / float64(rate) * float64(time.Second)
+	if t >= float64(maxEarned) {
+		return maxEarned
+	}
+	return time.Duration(t)
 }

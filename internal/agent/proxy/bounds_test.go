@@ -3,12 +3,14 @@ package proxy
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httptrace"
 	"net/url"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -293,9 +295,10 @@ func (w *deadlineWriter) SetReadDeadline(d time.Time) error {
 // TestBodyTimeoutLiftedAtTheEnd: limitBody sets the body's deadline, and the body's end lifts
 // it, so that nothing after the body reads under it. The servers of Go 1.26 also clear the
 // deadline themselves when they start their background read at the body's end, so
-// TestBodyTimeoutEndsWithTheBody passes without the lift; this test does not.
+// TestBodyTimeoutEndsWithTheBody passes without the lift; this test does not. A small body,
+// read in one go, sets no deadline between the two, minimum rate or not.
 func TestBodyTimeoutLiftedAtTheEnd(t *testing.T) {
-	b := newBounds(Options{BodyTimeout: time.Hour})
+	b := newBounds(Options{BodyTimeout: time.Hour, MinBodyRate: DefaultMinBodyRate})
 	w := &deadlineWriter{}
 	r := b.limitBody(w, httptest.NewRequest(http.MethodPost, "/", strings.NewReader("body")))
 	if len(w.deadlines) != 1 || w.deadlines[0].IsZero() {
@@ -338,5 +341,192 @@ func TestBodyTimeoutSparesGRPCStreams(t *testing.T) {
 	}
 	if n := testutil.ToFloat64(p.bounds.bodyTimeouts); n != 0 {
 		t.Errorf("refused body_timeout = %v, want 0", n)
+	}
+}
+
+// chunkReader reads at most n bytes per Read from r.
+type chunkReader struct {
+	r io.Reader
+	n int
+}
+
+func (c chunkReader) Read(p []byte) (int, error) { return c.r.Read(p[:min(len(p), c.n)]) }
+
+// TestMinBodyRateMovesTheDeadline: after n bytes the body's deadline is the first one (the
+// end of the headers plus the body timeout) plus n/MinBodyRate, set only when it moves by
+// more than deadlineStep (100ms), and lifted at the end.
+func TestMinBodyRateMovesTheDeadline(t *testing.T) {
+	b := newBounds(Options{BodyTimeout: time.Hour, MinBodyRate: 1000})
+	w := &deadlineWriter{}
+	// 10 reads of 50 bytes, each earning 50ms at 1000 B/s.
+	body := chunkReader{r: strings.NewReader(strings.Repeat("x", 500)), n: 50}
+	r := b.limitBody(w, httptest.NewRequest(http.MethodPost, "/", body))
+	if _, err := io.Copy(io.Discard, r.Body); err != nil {
+		t.Fatal(err)
+	}
+	if len(w.deadlines) == 0 {
+		t.Fatal("no deadline set")
+	}
+	start := w.deadlines[0]
+	var got []time.Duration
+	for _, d := range w.deadlines[1 : len(w.deadlines)-1] {
+		got = append(got, d.Sub(start))
+	}
+	want := []time.Duration{150 * time.Millisecond, 300 * time.Millisecond, 450 * time.Millisecond}
+	if !slices.Equal(got, want) {
+		t.Errorf("deadlines after the first moved by %v, want %v (every 150ms earned: more than 100ms)", got, want)
+	}
+	if last := w.deadlines[len(w.deadlines)-1]; !last.IsZero() {
+		t.Errorf("last deadline %v, want it lifted (zero) at the body's end", last)
+	}
+}
+
+// bodyCounter is an app that reads each request's body, answers 200, and reports how many
+// bytes it read and how the read ended.
+func bodyCounter(t *testing.T) (addr string, reads chan bodyRead) {
+	reads = make(chan bodyRead, 4)
+	addr = serve(t, &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n, err := io.Copy(io.Discard, r.Body)
+		reads <- bodyRead{n, err}
+	})})
+	return addr, reads
+}
+
+type bodyRead struct {
+	n   int64
+	err error
+}
+
+// pacedUpload sends a POST of declared bytes to addr over HTTP/1.1, its body in chunks of
+// chunk bytes, the first at once and one more every interval until declared bytes are sent
+// or the proxy answers. It returns the response and the time from the headers to it.
+func pacedUpload(t *testing.T, addr string, declared, chunk int, interval time.Duration) (*http.Response, time.Duration) {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop, stopped := make(chan struct{}), make(chan struct{})
+	t.Cleanup(func() {
+		close(stop)
+		conn.Close()
+		<-stopped
+	})
+	start := time.Now()
+	if _, err := fmt.Fprintf(conn, "POST /upload HTTP/1.1\r\nHost: app\r\nContent-Length: %d\r\n\r\n", declared); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		defer close(stopped)
+		part := []byte(strings.Repeat("x", chunk))
+		for sent := 0; sent < declared; sent += chunk {
+			if _, err := conn.Write(part[:min(chunk, declared-sent)]); err != nil {
+				return // the proxy answered and closed the connection
+			}
+			select {
+			case <-stop:
+				return
+			case <-time.After(interval):
+			}
+		}
+	}()
+	_ = conn.SetReadDeadline(time.Now().Add(testTimeout + time.Duration(declared/chunk)*interval))
+	res, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("no response to the upload: %v", err)
+	}
+	res.Body.Close()
+	return res, time.Since(start)
+}
+
+// TestMinBodyRatePassesSteadyUpload: a body coming steadily at ten times the minimum rate
+// passes although it takes several times the body timeout; without a minimum rate the same
+// upload is cut at the body timeout, a total. The upload is paced by the test, so it takes
+// at least its 2.9 s on any machine; its deadline is a second ahead of its first chunk, and
+// seconds ahead of the others.
+func TestMinBodyRatePassesSteadyUpload(t *testing.T) {
+	const (
+		timeout  = time.Second
+		rate     = 1000 // B/s
+		chunk    = 1000 // every 100ms: 10 kB/s, ten times the rate
+		interval = 100 * time.Millisecond
+		size     = 30 * chunk // 2.9 s to send; its deadline, 31 s
+	)
+	for _, tc := range []struct {
+		name       string
+		rate, want int
+	}{
+		{"rate", rate, http.StatusOK},
+		{"no rate", -1, http.StatusRequestTimeout},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			app, reads := bodyCounter(t)
+			addr, p := newBoundedProxy(t, app, Options{BodyTimeout: timeout, MinBodyRate: tc.rate})
+			res, took := pacedUpload(t, addr, size, chunk, interval)
+			desc := fmt.Sprintf("minimum rate %d B/s", tc.rate)
+			if tc.rate < 0 {
+				desc = "no minimum rate"
+			}
+			t.Logf("%d bytes at 10 kB/s, %s, body timeout %v: %d after %v",
+				size, desc, timeout, res.StatusCode, took.Round(time.Millisecond))
+			if res.StatusCode != tc.want {
+				t.Fatalf("upload: %d, want %d", res.StatusCode, tc.want)
+			}
+			select {
+			case got := <-reads:
+				if tc.want == http.StatusOK && (got.err != nil || got.n != size) {
+					t.Errorf("the app read %d bytes, %v; want %d, nil", got.n, got.err, size)
+				}
+				if tc.want != http.StatusOK && got.err == nil {
+					t.Error("the app read the whole body, want its read cut")
+				}
+			case <-time.After(testTimeout):
+				t.Fatal("the app is still reading the body")
+			}
+			if tc.want == http.StatusOK && took < 2*timeout {
+				t.Errorf("the upload took %v, want it longer than the body timeout (%v): the test shows nothing", took, timeout)
+			}
+			cut := testutil.ToFloat64(p.bounds.bodyTimeouts)
+			if want := map[bool]float64{true: 0, false: 1}[tc.want == http.StatusOK]; cut != want {
+				t.Errorf("refused body_timeout = %v, want %v", cut, want)
+			}
+		})
+	}
+}
+
+// TestMinBodyRateCutsTrickle: a body trickling at a fiftieth of the minimum rate, a read
+// every 100ms (so never idle for long), is cut after about the body timeout plus its bytes at
+// the rate, with 408 and Connection: close; it is not held for the gigabyte it declared. A
+// deadline pushed forward by every read (an idle timeout) would never cut it.
+func TestMinBodyRateCutsTrickle(t *testing.T) {
+	const (
+		timeout = 500 * time.Millisecond
+		rate    = 1000 // B/s
+	)
+	app, reads := bodyCounter(t)
+	addr, p := newBoundedProxy(t, app, Options{BodyTimeout: timeout, MinBodyRate: rate})
+	// 2 bytes every 100ms: 20 B/s.
+	res, took := pacedUpload(t, addr, 1_000_000_000, 2, 100*time.Millisecond)
+	if res.StatusCode != http.StatusRequestTimeout || !res.Close {
+		t.Fatalf("trickled upload: %d, close %v; want 408 and Connection: close", res.StatusCode, res.Close)
+	}
+	var got bodyRead
+	select {
+	case got = <-reads:
+	case <-time.After(testTimeout):
+		t.Fatal("the app is still reading the trickled body")
+	}
+	if got.err == nil {
+		t.Error("the app read the whole body, want its read cut")
+	}
+	// The deadline was at least the body timeout plus what the app got at the rate, less one
+	// deadlineStep not yet set; later only as far as the machine was late.
+	earned := timeout + time.Duration(got.n)*time.Second/rate
+	t.Logf("cut after %v, %d bytes reached the app (body timeout + bytes/rate = %v)", took.Round(time.Millisecond), got.n, earned)
+	if took < earned-deadlineStep {
+		t.Errorf("cut after %v, before the body timeout plus its bytes at the rate (%v)", took, earned)
+	}
+	if n := testutil.ToFloat64(p.bounds.bodyTimeouts); n != 1 {
+		t.Errorf("refused body_timeout = %v, want 1", n)
 	}
 }

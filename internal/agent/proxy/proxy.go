@@ -60,10 +60,16 @@ type Options struct {
 	// ErrorLogInterval is the least time between two upstream-failure log lines. Default 10s.
 	ErrorLogInterval time.Duration
 
-	// BodyTimeout bounds the time to read a request's body, counted from the end of its
-	// headers; a body that takes longer is cut and answered 408. gRPC calls over HTTP/2 are
+	// BodyTimeout is the time any request body may take to arrive, counted from the end of
+	// its headers, whatever its size; a larger one may take n/MinBodyRate more for its n
+	// bytes. A body that takes longer is cut and answered 408. gRPC calls over HTTP/2 are
 	// exempt (see limitBody). Default DefaultBodyTimeout.
 	BodyTimeout time.Duration
+
+	// MinBodyRate is the least rate, in bytes per second, at which a request body must come
+	// once BodyTimeout has passed (see limitBody). Default DefaultMinBodyRate; negative for
+	// none, which makes BodyTimeout a total.
+	MinBodyRate int
 
 	// MaxRequests bounds the requests in flight to the app; one more is answered 503 (gRPC:
 	// UNAVAILABLE) at once, with x-envoy-overloaded. Default DefaultMaxRequests.
@@ -120,6 +126,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.BodyTimeout == 0 {
 		o.BodyTimeout = DefaultBodyTimeout
+	}
+	if o.MinBodyRate == 0 {
+		o.MinBodyRate = DefaultMinBodyRate
 	}
 	if o.MaxRequests == 0 {
 		o.MaxRequests = DefaultMaxRequests
