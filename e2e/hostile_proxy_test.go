@@ -184,8 +184,8 @@ func (p *slowPoster) count(code int) int64 {
 // bounds, every one the limiter admitted held a connection to the app for as long as the
 // abuser liked (the issue: 334 held for 60 s); here about 10 a second are admitted, so within
 // seconds they filled the app's 64 connections and the victim's requests waited behind them.
-// Now each is cut at --proxy-body-timeout (1 s here) with 408, its connection to the app
-// closed, the app's connections stay under --proxy-max-connections, and the victim keeps its
+// Now each is cut at --proxy-body-timeout (1 s here) plus its bytes at --proxy-min-body-rate
+// (5 bytes at 240 B/s: 21 ms more) with 408, its connection to the app closed, the app's connections stay under --proxy-max-connections, and the victim keeps its
 // allowance.
 func TestHostileSlowBodies(t *testing.T) {
 	const (
