@@ -2,12 +2,12 @@ package controller
 
 import (
 	"log/slog"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice/internal/limits"
+	"github.com/sluicehq/sluice/pkg/uplink"
 )
 
 type metrics struct {
@@ -28,9 +28,10 @@ type metrics struct {
 	offered       *prometheus.GaugeVec
 	dropped       *prometheus.GaugeVec
 
-	dropLog  logEvery // service entries dropped; logged from every stream
-	claimLog logEvery // outbound claims refused; logged by the tick
-	shedLog  logEvery // policy peers shed; logged by the tick
+	// badLog throttles the lines about what the controller left out
+	// (logDropped, logRefused, logShed), each at most once per logEvery:
+	// a hostile or broken aggregator sends one zone load per flush.
+	badLog uplink.RejectLog
 
 	// services with a per-service series, so that vanished ones are deleted;
 	// touched only by the tick goroutine.
@@ -39,6 +40,7 @@ type metrics struct {
 
 func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
+		badLog: uplink.RejectLog{Every: logEvery},
 		tickSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "sluice_controller_tick_duration_seconds",
 			Help:    "Time to sum zone loads, run the control law and build policies, per tick.",
@@ -109,7 +111,7 @@ func (m *metrics) observeTick(res TickResult, set *limits.Set, took time.Duratio
 }
 
 // noteDropped counts the service entries dropped from a zone load and logs
-// the first of them, at most once per dropLogEvery with how many went
+// the first of them, at most once per logEvery with how many went
 // unlogged: a hostile or broken aggregator sends one per flush.
 func (m *metrics) noteDropped(log *slog.Logger, d Dropped, now time.Time) {
 	n := 0
@@ -120,45 +122,31 @@ func (m *metrics) noteDropped(log *slog.Logger, d Dropped, now time.Time) {
 	if n == 0 {
 		return
 	}
-	if ok, unlogged := m.dropLog.allow(now, n); ok {
+	if ok, unlogged := m.badLog.AllowN(logDropped, now, n); ok {
 		log.Warn("service entries left out of a zone load; the rest of the zone was applied",
 			"aggregator_id", d.AggregatorID, "first", d.First.Error(), "dropped", n, "dropped_unlogged_before", unlogged)
 	}
 }
 
-// dropLogEvery is how often noteDropped logs at most.
-const dropLogEvery = 10 * time.Second
+// logEvery is how often each of noteDropped, noteRefused and noteShed
+// logs at most.
+const logEvery = 10 * time.Second
 
-// logEvery lets a log line through at most once per dropLogEvery and counts
-// what it held back meanwhile. Safe for concurrent use.
-type logEvery struct {
-	mu   sync.Mutex // protects last and held
-	last time.Time
-	held int
-}
-
-// allow reports whether to log now an event that stands for n, and how many
-// were held back since the last line.
-func (l *logEvery) allow(now time.Time, n int) (bool, int) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if !l.last.IsZero() && now.Sub(l.last) < dropLogEvery {
-		l.held += n
-		return false, 0
-	}
-	held := l.held
-	l.last, l.held = now, 0
-	return true, held
-}
+// The reasons of badLog.
+const (
+	logDropped = "service_entries_dropped"
+	logRefused = "outbound_claims_refused"
+	logShed    = "policy_peers_shed"
+)
 
 // noteRefused counts the outbound claims a tick refused and logs the first,
-// at most once per dropLogEvery.
+// at most once per logEvery.
 func (m *metrics) noteRefused(log *slog.Logger, refused []BucketLoad, now time.Time) {
 	if len(refused) == 0 {
 		return
 	}
 	m.claimsRefused.Add(float64(len(refused)))
-	if ok, unlogged := m.claimLog.allow(now, len(refused)); ok {
+	if ok, unlogged := m.badLog.AllowN(logRefused, now, len(refused)); ok {
 		c := refused[0]
 		log.Warn("outbound claims left out of the law: the callee has a capacity and the bucket no limit",
 			"callee", c.Callee, "caller", c.Caller, "claimed_offered_rps", c.Offered, "refused", len(refused), "refused_unlogged_before", unlogged)
@@ -166,7 +154,7 @@ func (m *metrics) noteRefused(log *slog.Logger, refused []BucketLoad, now time.T
 }
 
 // noteShed counts the peers a tick left out of policies and logs the first
-// policy, at most once per dropLogEvery.
+// policy, at most once per logEvery.
 func (m *metrics) noteShed(log *slog.Logger, shed []ShedPeers, now time.Time) {
 	n := 0
 	for _, sp := range shed {
@@ -176,7 +164,7 @@ func (m *metrics) noteShed(log *slog.Logger, shed []ShedPeers, now time.Time) {
 		return
 	}
 	m.peersShed.Add(float64(n))
-	if ok, unlogged := m.shedLog.allow(now, n); ok {
+	if ok, unlogged := m.badLog.AllowN(logShed, now, n); ok {
 		sp := shed[0]
 		log.Warn("policy peers shed: the policy would list more peers than a sidecar accepts",
 			"policy", sp.Policy, "shed", sp.Shed, "kept", sp.Kept, "largest_shed_offered_rps", sp.Largest,

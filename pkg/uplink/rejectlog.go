@@ -6,13 +6,25 @@ import (
 	"time"
 )
 
-// RejectLog lets a log line about a rejection reason through at most once a
-// minute per distinct reason, so that a peer that keeps refusing messages on
-// an uplink for the same reason does not flood the log. The zero value is
-// ready; safe for concurrent use.
+// RejectLog lets a log line about a reason through at most once per Every
+// (a minute when zero) per distinct reason, and counts the events it held
+// back meanwhile, so that a peer that keeps sending (or refusing) the same
+// bad message does not flood the log, and the line that does get through
+// says how much it stands for. The one throttle of sluice's log lines about
+// hostile or broken input. The zero value is ready; safe for concurrent
+// use.
 type RejectLog struct {
-	mu   sync.Mutex           // protects last
-	last map[string]time.Time // reason label → when it was last let through
+	// Every is the least time between two lines about one reason; zero
+	// means a minute. Set it before first use.
+	Every time.Duration
+
+	mu   sync.Mutex              // protects last
+	last map[string]*rejectState // reason label → its last line and what it held back since
+}
+
+type rejectState struct {
+	at   time.Time // when a line was last let through
+	held int       // events held back since
 }
 
 const (
@@ -22,22 +34,38 @@ const (
 
 // Allow reports whether a line about reason may be logged at now.
 func (l *RejectLog) Allow(reason string, now time.Time) bool {
+	ok, _ := l.AllowN(reason, now, 1)
+	return ok
+}
+
+// AllowN is Allow for a line that stands for n events. When it lets the
+// line through, held is the number of events about reason it held back
+// since the last line (lost if more than 64 reasons came meanwhile).
+func (l *RejectLog) AllowN(reason string, now time.Time, n int) (ok bool, held int) {
 	// Reasons begin with a short label ("bad_window: ..."); the details
 	// after it vary too much to tell reasons apart by.
 	if i := strings.Index(reason, ":"); i >= 0 {
 		reason = reason[:i]
 	}
 	reason = Truncate(reason)
+	every := l.Every
+	if every <= 0 {
+		every = rejectLogEvery
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if t, ok := l.last[reason]; ok && now.Sub(t) < rejectLogEvery {
-		return false
+	if st, ok := l.last[reason]; ok && now.Sub(st.at) < every {
+		st.held += n
+		return false, 0
 	}
 	if l.last == nil || len(l.last) >= rejectLogMax {
-		l.last = make(map[string]time.Time)
+		l.last = make(map[string]*rejectState)
 	}
-	l.last[reason] = now
-	return true
+	if st := l.last[reason]; st != nil {
+		held = st.held
+	}
+	l.last[reason] = &rejectState{at: now}
+	return true, held
 }
 
 // Truncate bounds a string that came from the network before it reaches a
