@@ -118,7 +118,7 @@ func run(cmd *cobra.Command, cfg *Config, fl *Flags, tlsFlags *identity.Flags) e
 	if recorder != nil {
 		svc.RecordTo(recorder)
 	}
-	g := grpc.NewServer(serverOpts...)
+	g := grpc.NewServer(append(serverOpts, grpc.ChainStreamInterceptor(svc.StreamInterceptor()))...)
 	svc.Register(g)
 	adm := admin.New(reg, svc.Ready)
 	adm.Handle("GET /debug/sluice/policies", svc.PoliciesHandler())

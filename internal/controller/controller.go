@@ -162,6 +162,11 @@ func (s *Service) Register(g *grpc.Server) {
 	s.xds.Register(g)
 }
 
+// StreamInterceptor is the interceptor the gRPC server that Register
+// registers on must install: it counts the xDS streams that end on a
+// message the server can not take (the zone-load stream counts its own).
+func (s *Service) StreamInterceptor() grpc.StreamServerInterceptor { return s.xds.StreamInterceptor() }
+
 // RecordTo makes every tick's bucket loads go to r, the minute-row
 // recorder of the history store. Call it before Run.
 func (s *Service) RecordTo(r *Recorder) { s.recorder = r }

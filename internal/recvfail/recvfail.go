@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
@@ -66,4 +67,34 @@ func (l *Log) Note(ctx context.Context, logger *slog.Logger, stream, reason stri
 	}
 	logger.Warn("stream ended on a message it could not take (one line a minute per reason)",
 		"stream", stream, "reason", reason, "peer", addr, "err", uplink.Truncate(err.Error()))
+}
+
+// StreamInterceptor notes, for the streams whose method begins with prefix,
+// every Recv that failed on the client's message (Reason), for services
+// whose handlers are not sluice's own (go-control-plane's xDS server): note
+// is called with the stream's context, its method and the reason, once per
+// failed Recv, before the handler sees the error. Other streams pass
+// untouched.
+func StreamInterceptor(prefix string, note func(ctx context.Context, method, reason string, err error)) grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		if !strings.HasPrefix(info.FullMethod, prefix) {
+			return handler(srv, ss)
+		}
+		return handler(srv, &noting{ServerStream: ss, method: info.FullMethod, note: note})
+	}
+}
+
+// noting is a ServerStream whose failed Recvs are noted.
+type noting struct {
+	grpc.ServerStream
+	method string
+	note   func(ctx context.Context, method, reason string, err error)
+}
+
+func (s *noting) RecvMsg(m any) error {
+	err := s.ServerStream.RecvMsg(m)
+	if r := Reason(err); r != "" {
+		s.note(s.Context(), s.method, r, err)
+	}
+	return err
 }

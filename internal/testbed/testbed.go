@@ -219,7 +219,7 @@ func (c *Cluster) StartController(addr string) error {
 	if err != nil {
 		return err
 	}
-	g := grpc.NewServer(append([]grpc.ServerOption{grpc.MaxRecvMsgSize(zoneload.MaxMessageSize)}, liveness.ServerOptions()...)...)
+	g := grpc.NewServer(append([]grpc.ServerOption{grpc.MaxRecvMsgSize(zoneload.MaxMessageSize), grpc.ChainStreamInterceptor(svc.StreamInterceptor())}, liveness.ServerOptions()...)...)
 	svc.Register(g)
 	n, err := run("controller", &process.Process{
 		Logger: c.log.With("node", "controller"),

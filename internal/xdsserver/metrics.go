@@ -4,6 +4,7 @@ import (
 	"log/slog"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/sluicehq/sluice/internal/recvfail"
 )
 
 // metrics are resolved once at construction, so callbacks on the stream
@@ -17,6 +18,7 @@ type metrics struct {
 	requestsDelta  prometheus.Counter
 	responsesSotW  prometheus.Counter
 	responsesDelta prometheus.Counter
+	badMessages    *prometheus.CounterVec // by recvfail reason
 }
 
 func newMetrics(reg prometheus.Registerer, logger *slog.Logger) metrics {
@@ -50,11 +52,18 @@ func newMetrics(reg prometheus.Registerer, logger *slog.Logger) metrics {
 		requestsDelta:  requests.WithLabelValues("delta"),
 		responsesSotW:  responses.WithLabelValues("sotw"),
 		responsesDelta: responses.WithLabelValues("delta"),
+		badMessages: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "bad_messages_total",
+			Help: "ADS streams ended on a message the server could not take, by reason: too_large (above the receive limit), unparseable (not a discovery request, invalid UTF-8).",
+		}, []string{"reason"}),
+	}
+	for _, r := range []string{recvfail.TooLarge, recvfail.Unparseable} {
+		m.badMessages.WithLabelValues(r)
 	}
 	if reg == nil {
 		return m
 	}
-	for _, c := range []prometheus.Collector{m.streams, m.resources, m.updates, m.nacks, requests, responses} {
+	for _, c := range []prometheus.Collector{m.streams, m.resources, m.updates, m.nacks, requests, responses, m.badMessages} {
 		// Registering is best effort: a second Server on the same registry
 		// (tests, or a process serving twice) must not panic. Its metrics
 		// then stay unexported, which the log says.

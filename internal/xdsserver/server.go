@@ -28,6 +28,7 @@ import (
 	"google.golang.org/grpc"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/recvfail"
 	"github.com/sluicehq/sluice/pkg/names"
 )
 
@@ -55,6 +56,7 @@ type Server struct {
 	xds   serverv3.Server
 	ctx   context.Context
 	m     metrics
+	bad   recvfail.Log // streams ended on a message; one line a minute per reason
 
 	streams atomic.Int64
 
@@ -108,6 +110,18 @@ func New(ctx context.Context, opts Options) *Server {
 		// "*" still works, for tools.
 		config.DeactivateLegacyWildcard())
 	return s
+}
+
+// StreamInterceptor counts the ADS streams that end on a message the
+// server can not take (too large, not decodable), by reason, and logs them
+// at most once a minute per reason: go-control-plane's handlers see only a
+// Recv error. Install it on the gRPC server that Register registers on.
+func (s *Server) StreamInterceptor() grpc.StreamServerInterceptor {
+	return recvfail.StreamInterceptor("/"+discovery.AggregatedDiscoveryService_ServiceDesc.ServiceName+"/",
+		func(ctx context.Context, method, reason string, err error) {
+			s.m.badMessages.WithLabelValues(reason).Inc()
+			s.bad.Note(ctx, s.log, method, reason, err)
+		})
 }
 
 // Register registers the aggregated discovery service, which serves both

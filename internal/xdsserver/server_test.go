@@ -40,7 +40,7 @@ func serve(t *testing.T, s *Server) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := grpc.NewServer()
+	g := grpc.NewServer(grpc.ChainStreamInterceptor(s.StreamInterceptor()), grpc.MaxRecvMsgSize(1<<20))
 	s.Register(g)
 	done := make(chan struct{})
 	go func() {

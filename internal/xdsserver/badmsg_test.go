@@ -1,0 +1,67 @@
+package xdsserver
+
+import (
+	"bytes"
+	"context"
+	"testing"
+
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+)
+
+// rawCodec sends []byte as they are, under the proto codec's name: what a
+// hostile client can put on the wire.
+type rawCodec struct{}
+
+func (rawCodec) Marshal(v any) ([]byte, error)      { return v.([]byte), nil }
+func (rawCodec) Unmarshal(data []byte, v any) error { return proto.Unmarshal(data, v.(proto.Message)) }
+func (rawCodec) Name() string                       { return "proto" }
+
+// An ADS stream that sends what is not a discovery request (not protobuf,
+// invalid UTF-8 in a string) or more than the receive limit ends, and is
+// counted by reason: go-control-plane sees only a Recv error.
+func TestBadMessagesCounted(t *testing.T) {
+	s := newServer(t, prometheus.NewRegistry())
+	addr := serve(t, s)
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+
+	valid, err := proto.Marshal(&discovery.DeltaDiscoveryRequest{TypeUrl: "TYPEURLTYPEURL"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, method, reason string
+		msg                  []byte
+		want                 float64
+	}{
+		{"not protobuf", discovery.AggregatedDiscoveryService_StreamAggregatedResources_FullMethodName, "unparseable", []byte{0xff, 0xff, 0xff}, 1},
+		{"invalid UTF-8", discovery.AggregatedDiscoveryService_DeltaAggregatedResources_FullMethodName, "unparseable",
+			bytes.Replace(valid, []byte("TYPEURLTYPEURL"), bytes.Repeat([]byte{0xff}, 14), 1), 2},
+		{"too large", discovery.AggregatedDiscoveryService_DeltaAggregatedResources_FullMethodName, "too_large", make([]byte, 1<<20+1), 1},
+	} {
+		desc := &grpc.StreamDesc{ClientStreams: true, ServerStreams: true}
+		cs, err := cc.NewStream(context.Background(), desc, tc.method, grpc.ForceCodec(rawCodec{}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cs.SendMsg(tc.msg); err != nil {
+			t.Fatal(err)
+		}
+		if err := cs.RecvMsg(new(discovery.DeltaDiscoveryResponse)); status.Code(err) == codes.OK {
+			t.Errorf("%s: stream answered, want it ended", tc.name)
+		}
+		if got := testutil.ToFloat64(s.m.badMessages.WithLabelValues(tc.reason)); got != tc.want {
+			t.Errorf("%s: bad_messages_total{reason=%q} = %v, want %v", tc.name, tc.reason, got, tc.want)
+		}
+	}
+}
