@@ -79,7 +79,7 @@ func newMetrics[Req, Resp any](reg prometheus.Registerer, logger *slog.Logger, u
 			Help: "Services left out of a zone load, the largest first, to fit the controller's receive limit; once per service per flush.",
 		}),
 	}
-	for _, r := range slices.Concat(Reasons, []string{ReasonSidecarIDChanged, ReasonTooLarge, ReasonUnparseable, ReasonIdentityMismatch}) {
+	for _, r := range slices.Concat(Reasons, []string{ReasonSidecarIDChanged, ReasonTooLarge, ReasonUnparseable, ReasonIdentityMismatch, ReasonTooManyStreams}) {
 		m.rejectedBy[r] = rejected.WithLabelValues(r)
 	}
 	for _, b := range FoldReasons {

@@ -163,6 +163,12 @@ const ReasonSidecarIDChanged = "sidecar_id_changed"
 // State never sees it.
 const ReasonTooLarge = recvfail.TooLarge
 
+// ReasonTooManyStreams refuses a stream opened while as many load-report
+// streams are open as the aggregator keeps sidecars (--max-sidecars): each
+// sidecar needs one, so more are idle streams that cost memory and report
+// nothing. The stream ends RESOURCE_EXHAUSTED before its first report.
+const ReasonTooManyStreams = "too_many_streams"
+
 // ReasonUnparseable counts a report gRPC could not decode (not protobuf of
 // the report's type, invalid UTF-8 in a string): the stream ends, as for
 // ReasonTooLarge.
@@ -197,6 +203,7 @@ type Service struct {
 	reportLog uplink.RejectLog // rejections of reports that an operator should hear of
 	foldLog   uplink.RejectLog // folded peers, per identity
 	holders   atomic.Uint64    // the last stream's Sender.Holder
+	open      atomic.Int64     // load-report streams open, bounded by Bounds.MaxSidecars
 	badMsgLog recvfail.Log     // reports that ended their stream undecoded
 }
 
@@ -496,8 +503,18 @@ var errDraining = status.Error(codes.Unavailable, "aggregator is draining; repor
 
 func (l loadServer) StreamLoadReports(g grpc.BidiStreamingServer[sluicev1.StreamLoadReportsRequest, sluicev1.StreamLoadReportsResponse]) error {
 	s := l.s
+	if n := s.open.Add(1); n > int64(s.cfg.Bounds.MaxSidecars) {
+		s.open.Add(-1)
+		s.m.reports.Inc()
+		s.m.rejected(ReasonTooManyStreams).Inc()
+		if s.reportLog.Allow(ReasonTooManyStreams, time.Now()) {
+			s.log.Warn("load-report stream refused: as many are open as sidecars are kept (--max-sidecars)", "open", n-1)
+		}
+		return status.Errorf(codes.ResourceExhausted, "%s: %d load-report streams open, at most --max-sidecars", ReasonTooManyStreams, n-1)
+	}
 	s.m.streams.Inc()
 	defer s.m.streams.Dec()
+	defer s.open.Add(-1) // before the gauge falls: who sees it fall may open one
 	st := &stream{holder: s.holders.Add(1)}
 	if s.cfg.RequirePeerIdentity {
 		st.peer, st.peerErr = identity.Peer(g.Context())

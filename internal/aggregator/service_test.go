@@ -2,6 +2,7 @@ package aggregator
 
 import (
 	"context"
+	"io"
 	"net"
 	"strings"
 	"sync"
@@ -347,6 +348,31 @@ func TestServiceLiveStreamKeepsItsID(t *testing.T) {
 	testkit.WaitFor(t, 20*time.Second, "s1 removed", func() bool { return h.svc.Sidecars() == 0 })
 	again := dialSidecar(t, h.addr)
 	again.mustAccept(t, report("s1", "svc", in, time.Second, pc("a", 2, 0, 0)))
+}
+
+// Every sidecar needs one stream, so no more stay open than sidecars are
+// kept: one more is refused before its first report, and counted; once a
+// stream ends, a new one is taken again.
+func TestServiceBoundsStreams(t *testing.T) {
+	h := startService(t, Config{Controllers: []string{"127.0.0.1:1"}, Bounds: Bounds{MaxSidecars: 2}})
+	s1, s2 := dialSidecar(t, h.addr), dialSidecar(t, h.addr)
+	s1.mustAccept(t, report("s1", "svc", in, time.Second, pc("a", 1, 0, 0)))
+	s2.mustAccept(t, report("s2", "svc", in, time.Second, pc("a", 1, 0, 0)))
+
+	idle := dialSidecar(t, h.addr)
+	if err := idle.Send(&sluicev1.StreamLoadReportsRequest{Report: report("s3", "svc", in, time.Second, pc("a", 1, 0, 0))}); err != nil && err != io.EOF {
+		t.Fatalf("Send: %v", err)
+	}
+	if _, err := idle.Recv(); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("third stream: %v, want RESOURCE_EXHAUSTED", err)
+	}
+	if v := metric(t, h.reg, "sluice_aggregator_reports_rejected_total", "reason", ReasonTooManyStreams); v != 1 {
+		t.Errorf("reports_rejected_total{reason=too_many_streams} = %v, want 1", v)
+	}
+
+	s2.cancel()
+	testkit.WaitFor(t, 20*time.Second, "s2's stream ended", func() bool { return metric(t, h.reg, "sluice_aggregator_streams") == 1 })
+	dialSidecar(t, h.addr).mustAccept(t, report("s3", "svc", in, time.Second, pc("a", 1, 0, 0)))
 }
 
 func TestServiceControllerFailover(t *testing.T) {
