@@ -8,53 +8,6 @@ import (
 	"strings"
 )
 
-// The hierarchical law shares one callee's capacity among leaves (caller,
-// procedure) when limits nest:
-//
-//	callee capacity C ⊇ procedure capacity C_p ⊇ (caller, procedure) limit L_cp
-//	                    caller limit L_c (across procedures) ⊇ L_cp
-//
-// A request is admitted only if every level admits it. [Filler.Fill]
-// computes, for each leaf, the rate it is allowed, in two passes:
-//
-//  1. Bottom-up, the caller limits. A leaf demands d = min(R, L_cp), R its
-//     offered rate. A caller whose leaves demand more than L_c in all has L_c
-//     shared max-min fairly among them by demand, at the caller level λ_c:
-//     d' = min(d, λ_c). A caller limit therefore never lets one of the
-//     caller's procedures starve another.
-//  2. Top-down, the capacities. Procedure p demands D_p = min(C_p, Σ d' of
-//     its leaves); C is shared max-min fairly among procedures by D_p, at the
-//     callee level μ: procedure p gets S_p = min(D_p, μ). Each S_p is shared
-//     max-min fairly among the procedure's leaves by d', at the procedure's
-//     level ν_p.
-//
-// A leaf is allowed min(L_cp, λ_c, ν_p) and admits min(R, allowed): every
-// limit and capacity holds, no leaf gets more than it demands, and each
-// capacity is shared max-min fairly among its children. Levels are +Inf
-// where demands fit. Sums may exceed their bound by float rounding only:
-// at most a relative 4·(n+1)·2⁻⁵², plus 4·(n+1) of the smallest subnormal,
-// for n leaves (tested, and fuzzed).
-//
-// One known cost of doing the caller limits first: a caller over its limit
-// whose share λ_c of one procedure is cut further by that procedure's
-// capacity does not move the difference to its other procedures; the caller
-// then admits less than L_c in all. The limits still hold; only the caller
-// over its own limit and over a capacity loses, never a neighbour. Doing it
-// exactly (iterating the two passes to a fixed point) costs more than the
-// corner is worth until a scenario shows it.
-//
-// A callee that declares no procedures has one implicit procedure, named
-// "" here ("*" in the limits), with no capacity of its own; without caller
-// limits its split is exactly [Law.Step]'s, bit for bit (tested).
-//
-// The reserved procedures "_other" (requests no route matched) and
-// "_overflow" (leaves beyond a sidecar's bound) are ordinary leaves here.
-//
-// A level below the leaf (descriptor values, such as tenants) nests by
-// passing, as the leaf's Offered, what its values demand in all, Σ min(R_v,
-// L_v), and sharing the leaf's allowed rate among them with the same
-// max-min split.
-
 // Bound names the level that sets a leaf's allowed rate.
 type Bound uint8
 
@@ -133,9 +86,55 @@ type Share struct {
 	Bound   Bound   // which of them sets Allowed; a limit wins a tie with a capacity
 }
 
-// Filler computes hierarchical allocations. Its zero value is ready; it keeps
-// scratch space between calls so that a steady state allocates nothing. Not
-// safe for concurrent use.
+// Filler computes the hierarchical law, which shares one callee's capacity among leaves (caller,
+// procedure) when limits nest:
+//
+//	callee capacity C ⊇ procedure capacity C_p ⊇ (caller, procedure) limit L_cp
+//	                    caller limit L_c (across procedures) ⊇ L_cp
+//
+// A request is admitted only if every level admits it. [Filler.Fill]
+// computes, for each leaf, the rate it is allowed, in two passes:
+//
+//  1. Bottom-up, the caller limits. A leaf demands d = min(R, L_cp), R its
+//     offered rate. A caller whose leaves demand more than L_c in all has L_c
+//     shared max-min fairly among them by demand, at the caller level λ_c:
+//     d' = min(d, λ_c). A caller limit therefore never lets one of the
+//     caller's procedures starve another.
+//  2. Top-down, the capacities. Procedure p demands D_p = min(C_p, Σ d' of
+//     its leaves); C is shared max-min fairly among procedures by D_p, at the
+//     callee level μ: procedure p gets S_p = min(D_p, μ). Each S_p is shared
+//     max-min fairly among the procedure's leaves by d', at the procedure's
+//     level ν_p.
+//
+// A leaf is allowed min(L_cp, λ_c, ν_p) and admits min(R, allowed): every
+// limit and capacity holds, no leaf gets more than it demands, and each
+// capacity is shared max-min fairly among its children. Levels are +Inf
+// where demands fit. Sums may exceed their bound by float rounding only:
+// at most a relative 4·(n+1)·2⁻⁵², plus 4·(n+1) of the smallest subnormal,
+// for n leaves (tested, and fuzzed).
+//
+// One known cost of doing the caller limits first: a caller over its limit
+// whose share λ_c of one procedure is cut further by that procedure's
+// capacity does not move the difference to its other procedures; the caller
+// then admits less than L_c in all. The limits still hold; only the caller
+// over its own limit and over a capacity loses, never a neighbour. Moving
+// it would need the caller and capacity levels solved together, not in
+// passes: not worth it until a scenario shows the corner matters.
+//
+// A callee that declares no procedures has one implicit procedure, named
+// "" here ("*" in the limits), with no capacity of its own; without caller
+// limits its split is exactly [Law.Step]'s, bit for bit (tested).
+//
+// The reserved procedures "_other" (requests no route matched) and
+// "_overflow" (leaves beyond a sidecar's bound) are ordinary leaves here.
+//
+// A level below the leaf (descriptor values, such as tenants) nests by
+// passing, as the leaf's Offered, what its values demand in all, Σ min(R_v,
+// L_v), and sharing the leaf's allowed rate among them with the same
+// max-min split.
+//
+// Its zero value is ready; it keeps scratch space between calls so that a
+// steady state allocates nothing. Not safe for concurrent use.
 type Filler struct {
 	shares  []Share
 	demand  []float64 // d, then d' (capped by the caller level)
