@@ -139,30 +139,44 @@ func (c Config) Validate() error {
 // so a limit that can not be read fails closed, and the verdict's Limit of 0
 // makes the bad input visible. The configuration layer is expected to reject
 // such limits before they get here.
+//
+// With procedures, a Caller is one leaf of the hierarchical law (see
+// [Filler]): the caller's traffic to one procedure, and Limit is the
+// (caller, procedure) limit. Procedure "" is the callee's implicit
+// procedure, all of its traffic when it declares none: then Limit is the
+// caller's limit at this callee, as it always was.
 type Caller struct {
-	Name    string
-	Offered float64 // global offered rate, rps, dropped requests included
-	Limit   float64 // rps; math.Inf(1) means no limit; 0 means block (ratio PMax)
-	Mode    Mode
+	Name      string
+	Procedure string  // "" when the callee declares no procedures
+	Offered   float64 // global offered rate, rps, dropped requests included
+	Limit     float64 // rps; math.Inf(1) means no limit; 0 means block (ratio PMax)
+	Mode      Mode
 }
 
 // Service is one callee and the callers that offer it load.
 //
-// Callers may come in any order. Entries that share a Name, within a service
-// or across Services that share a Name, are merged into one bucket: offered
-// rates are summed (rates of disjoint sources add up, as they do between
+// Callers may come in any order. Entries that share a Name and a Procedure,
+// within a service or across Services that share a Name, are merged into one
+// bucket: offered rates are summed (rates of disjoint sources add up, as they do between
 // tiers), the lowest limit and the lowest capacity apply, and Enforce wins over
 // Shadow. Summing never hides load and the strictest limit never loosens
 // protection, whatever the order of the input.
 //
 // Capacity follows the rules of Caller.Limit: NaN or negative means 0.
+//
+// Procedures and CallerLimits are the hierarchical law's other levels (see
+// [Filler]); across Services that share a Name they are joined, and a name
+// listed twice takes the lowest value. A service with neither, whose
+// callers name no procedure, is split exactly as before they existed.
 type Service struct {
-	Name     string
-	Capacity float64  // total rps all callers share; math.Inf(1) means none
-	Callers  []Caller // any order; duplicate names are merged, see above
+	Name         string
+	Capacity     float64       // total rps all callers share; math.Inf(1) means none
+	Callers      []Caller      // leaves, any order; duplicates are merged, see above
+	Procedures   []Procedure   // capacities per procedure, shared by its callers
+	CallerLimits []CallerLimit // limits per caller, across procedures
 }
 
-// Verdict is the law's output for one bucket.
+// Verdict is the law's output for one bucket (leaf).
 //
 // A caller's fair share of capacity is unbounded while the demands of all
 // callers fit in the capacity; once they do not, it is the max-min fair level,
@@ -175,18 +189,20 @@ type Service struct {
 // Offered and Limit echo the input after the rules for invalid values and
 // duplicates were applied, so they are never NaN.
 type Verdict struct {
-	Caller  string
-	Ratio   float64 // the drop ratio to push, after slow release, in [0, PMax]
-	Target  float64 // p*, the ratio before slow release
-	Allowed float64 // rps the caller may send now: min(its limit, its fair share of capacity); math.Inf(1) when unbounded
-	Offered float64 // echo of the input (0 for a caller carried over from an earlier step)
-	Limit   float64 // echo
-	Mode    Mode
-	Reason  Reason
+	Caller    string
+	Procedure string  // "" for the implicit procedure
+	Ratio     float64 // the drop ratio to push, after slow release, in [0, PMax]
+	Target    float64 // p*, the ratio before slow release
+	Allowed   float64 // rps the caller may send now: min(its limit, its fair share of capacity); math.Inf(1) when unbounded
+	Offered   float64 // echo of the input (0 for a caller carried over from an earlier step)
+	Limit     float64 // echo
+	Mode      Mode
+	Reason    Reason // OverLimit when Bound is a limit, OverCapacity when a capacity
+	Bound     Bound  // the level that sets Allowed, whether or not the caller is over it
 }
 
 // ServiceVerdict holds the verdicts of one callee.
 type ServiceVerdict struct {
 	Service  string
-	Verdicts []Verdict // sorted by Caller
+	Verdicts []Verdict // sorted by Caller, then Procedure
 }

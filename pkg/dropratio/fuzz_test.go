@@ -1,6 +1,7 @@
 package dropratio
 
 import (
+	"cmp"
 	"math"
 	"slices"
 	"strings"
@@ -55,16 +56,19 @@ func checkOutput(t *testing.T, cfg Config, l *Law, out []ServiceVerdict) {
 	}
 	above := 0
 	for _, sv := range out {
-		if !slices.IsSortedFunc(sv.Verdicts, func(a, b Verdict) int { return strings.Compare(a.Caller, b.Caller) }) {
+		byLeaf := func(a, b Verdict) int {
+			return cmp.Or(strings.Compare(a.Caller, b.Caller), strings.Compare(a.Procedure, b.Procedure))
+		}
+		if !slices.IsSortedFunc(sv.Verdicts, byLeaf) {
 			t.Fatalf("%s: callers not sorted: %+v", sv.Service, sv.Verdicts)
 		}
 		for i, v := range sv.Verdicts {
-			if i > 0 && sv.Verdicts[i-1].Caller == v.Caller {
-				t.Fatalf("%s: caller %s twice", sv.Service, v.Caller)
+			if i > 0 && byLeaf(sv.Verdicts[i-1], v) == 0 {
+				t.Fatalf("%s: leaf %s/%s twice", sv.Service, v.Caller, v.Procedure)
 			}
 			checkVerdict(t, cfg, v)
-			if r := l.Ratio(sv.Service, v.Caller); r != v.Ratio {
-				t.Errorf("Ratio(%s, %s) = %v, verdict says %v", sv.Service, v.Caller, r, v.Ratio)
+			if r := l.LeafRatio(sv.Service, v.Caller, v.Procedure); r != v.Ratio {
+				t.Errorf("LeafRatio(%s, %s, %s) = %v, verdict says %v", sv.Service, v.Caller, v.Procedure, r, v.Ratio)
 			}
 			if v.Ratio > 0 {
 				above++

@@ -27,12 +27,20 @@ type Law struct {
 	rows     []row // one service's buckets, by name, merged, carried over
 	demands  []float64
 	vanished []string
+	procs    []Procedure   // one service's procedures, as given
+	limits   []CallerLimit // one service's caller limits, as given
+	tree     Tree          // one service's hierarchy, for filler
+	filler   Filler
 }
 
 type serviceState struct {
-	callers map[string]bucket
+	callers map[leafKey]bucket
 	step    uint64 // the last Step whose input named this service
 }
+
+// leafKey names a bucket within a service; procedure "" is the implicit
+// one of a callee that declares none.
+type leafKey struct{ caller, procedure string }
 
 type bucket struct {
 	ratio float64 // last ratio returned, in (0, PMax]
@@ -42,13 +50,16 @@ type bucket struct {
 
 // row is one bucket while a service is being stepped.
 type row struct {
-	name    string
-	offered float64
-	limit   float64
-	mode    Mode
-	prev    float64
-	hasPrev bool
-	carried bool // missing from the input, kept while it releases
+	name      string
+	procedure string
+	offered   float64
+	limit     float64
+	mode      Mode
+	prev      float64
+	hasPrev   bool
+	carried   bool // missing from the input, kept while it releases
+	allowed   float64
+	bound     Bound
 }
 
 // New returns a law with no state. It refuses an invalid cfg; the error is
@@ -65,9 +76,13 @@ func New(cfg Config) (*Law, error) {
 func (l *Law) Len() int { return l.buckets }
 
 // Ratio returns the last ratio returned for the bucket, 0 if none.
-func (l *Law) Ratio(service, caller string) float64 {
+func (l *Law) Ratio(service, caller string) float64 { return l.LeafRatio(service, caller, "") }
+
+// LeafRatio returns the last ratio returned for the leaf (caller,
+// procedure), 0 if none.
+func (l *Law) LeafRatio(service, caller, procedure string) float64 {
 	if st := l.services[service]; st != nil {
-		return st.callers[caller].ratio
+		return st.callers[leafKey{caller, procedure}].ratio
 	}
 	return 0
 }
@@ -79,19 +94,23 @@ func (l *Law) Ratio(service, caller string) float64 {
 // target computed from a picture that may still be incomplete. A bucket that
 // already has state keeps it; a ratio that is not above zero seeds nothing;
 // one above PMax is clamped to it.
-func (l *Law) Seed(service, caller string, ratio float64) {
+func (l *Law) Seed(service, caller string, ratio float64) { l.SeedLeaf(service, caller, "", ratio) }
+
+// SeedLeaf is Seed for the leaf (caller, procedure).
+func (l *Law) SeedLeaf(service, caller, procedure string, ratio float64) {
 	if !(ratio > 0) { // also refuses NaN
 		return
 	}
 	st := l.services[service]
 	if st == nil {
-		st = &serviceState{callers: make(map[string]bucket), step: l.step}
+		st = &serviceState{callers: make(map[leafKey]bucket), step: l.step}
 		l.services[service] = st
 	}
-	if _, ok := st.callers[caller]; ok {
+	key := leafKey{caller, procedure}
+	if _, ok := st.callers[key]; ok {
 		return
 	}
-	st.callers[caller] = bucket{ratio: min(ratio, l.cfg.PMax), limit: math.Inf(1), mode: Enforce}
+	st.callers[key] = bucket{ratio: min(ratio, l.cfg.PMax), limit: math.Inf(1), mode: Enforce}
 	l.buckets++
 }
 
@@ -143,16 +162,19 @@ func (l *Law) Step(dt time.Duration, services []Service) []ServiceVerdict {
 	for i := 0; i < len(l.order); {
 		name := services[l.order[i]].Name
 		capacity := math.Inf(1)
-		l.input = l.input[:0]
+		l.input, l.procs, l.limits = l.input[:0], l.procs[:0], l.limits[:0]
 		for ; i < len(l.order) && services[l.order[i]].Name == name; i++ {
 			s := &services[l.order[i]]
 			capacity = min(capacity, sanitizeLimit(s.Capacity))
+			l.procs = append(l.procs, s.Procedures...)
+			l.limits = append(l.limits, s.CallerLimits...)
 			for _, c := range s.Callers {
 				l.input = append(l.input, row{
-					name:    c.Name,
-					offered: sanitizeOffered(c.Offered),
-					limit:   sanitizeLimit(c.Limit),
-					mode:    c.Mode,
+					name:      c.Name,
+					procedure: c.Procedure,
+					offered:   sanitizeOffered(c.Offered),
+					limit:     sanitizeLimit(c.Limit),
+					mode:      c.Mode,
 				})
 			}
 		}
@@ -168,7 +190,7 @@ func (l *Law) Step(dt time.Duration, services []Service) []ServiceVerdict {
 	if len(l.vanished) > 0 {
 		slices.Sort(l.vanished)
 		for _, name := range l.vanished {
-			l.input = l.input[:0]
+			l.input, l.procs, l.limits = l.input[:0], l.procs[:0], l.limits[:0]
 			emit(name, math.Inf(1))
 		}
 		slices.SortFunc(out, func(a, b ServiceVerdict) int { return strings.Compare(a.Service, b.Service) })
@@ -198,16 +220,16 @@ func (l *Law) stepService(name string, capacity, release float64, out []Verdict)
 		st.step = l.step
 		found := 0
 		for k := range rows {
-			if b, ok := st.callers[rows[k].name]; ok {
+			if b, ok := st.callers[leafKey{rows[k].name, rows[k].procedure}]; ok {
 				rows[k].prev, rows[k].hasPrev = b.ratio, true
 				found++
 			}
 		}
 		if found < len(st.callers) {
 			n := len(rows)
-			for caller, b := range st.callers {
-				if _, ok := slices.BinarySearchFunc(rows[:n], caller, compareRowName); !ok {
-					rows = append(rows, row{name: caller, limit: b.limit, mode: b.mode, prev: b.ratio, hasPrev: true, carried: true})
+			for key, b := range st.callers {
+				if _, ok := slices.BinarySearchFunc(rows[:n], key, compareRowKey); !ok {
+					rows = append(rows, row{name: key.caller, procedure: key.procedure, limit: b.limit, mode: b.mode, prev: b.ratio, hasPrev: true, carried: true})
 				}
 			}
 			slices.SortFunc(rows, func(a, b row) int { return compareRows(&a, &b) })
@@ -215,35 +237,36 @@ func (l *Law) stepService(name string, capacity, release float64, out []Verdict)
 	}
 	l.rows = rows[:0] // keep the capacity
 
-	level := l.level(rows, capacity)
+	l.allocate(rows, capacity)
 	for k := range rows {
 		r := &rows[k]
-		allowed := min(r.limit, level)
-		target, reason := l.target(r, allowed, level)
+		target, reason := l.target(r)
 		ratio := l.release(r, target, release)
 		out = append(out, Verdict{
-			Caller:  r.name,
-			Ratio:   ratio,
-			Target:  target,
-			Allowed: allowed,
-			Offered: r.offered,
-			Limit:   r.limit,
-			Mode:    r.mode,
-			Reason:  reason,
+			Caller:    r.name,
+			Procedure: r.procedure,
+			Ratio:     ratio,
+			Target:    target,
+			Allowed:   r.allowed,
+			Offered:   r.offered,
+			Limit:     r.limit,
+			Mode:      r.mode,
+			Reason:    reason,
+			Bound:     r.bound,
 		})
 
 		switch {
 		case ratio > 0:
 			if st == nil {
-				st = &serviceState{callers: make(map[string]bucket), step: l.step}
+				st = &serviceState{callers: make(map[leafKey]bucket), step: l.step}
 				l.services[name] = st
 			}
 			if !r.hasPrev {
 				l.buckets++
 			}
-			st.callers[r.name] = bucket{ratio: ratio, limit: r.limit, mode: r.mode}
+			st.callers[leafKey{r.name, r.procedure}] = bucket{ratio: ratio, limit: r.limit, mode: r.mode}
 		case r.hasPrev:
-			delete(st.callers, r.name)
+			delete(st.callers, leafKey{r.name, r.procedure})
 			l.buckets--
 		}
 	}
@@ -251,6 +274,41 @@ func (l *Law) stepService(name string, capacity, release float64, out []Verdict)
 		delete(l.services, name)
 	}
 	return out
+}
+
+// allocate sets every row's allowed rate and the level that bounds it. A
+// service without procedures or caller limits takes the flat split, the
+// hierarchical law's special case, without building a tree; rows are
+// sorted, so the caller-limit pass of the tree would see the same order.
+func (l *Law) allocate(rows []row, capacity float64) {
+	flat := len(l.procs) == 0 && len(l.limits) == 0
+	for k := 0; flat && k < len(rows); k++ {
+		flat = rows[k].procedure == ""
+	}
+	if flat {
+		level := l.level(rows, capacity)
+		for k := range rows {
+			r := &rows[k]
+			r.allowed, r.bound = min(r.limit, level), BoundLeaf
+			switch {
+			case level < r.limit:
+				r.bound = BoundCallee
+			case math.IsInf(r.limit, 1):
+				r.bound = BoundNone
+			}
+		}
+		return
+	}
+	l.tree.Capacity, l.tree.Procedures, l.tree.Callers = capacity, l.procs, l.limits
+	l.tree.Leaves = l.tree.Leaves[:0]
+	for k := range rows {
+		r := &rows[k]
+		l.tree.Leaves = append(l.tree.Leaves, Leaf{Caller: r.name, Procedure: r.procedure, Offered: r.offered, Limit: r.limit})
+	}
+	for k, s := range l.filler.Fill(&l.tree) {
+		rows[k].allowed, rows[k].bound = s.Allowed, s.Bound
+	}
+	clear(l.tree.Leaves) // do not keep names alive
 }
 
 // level returns the max-min fair share of capacity per caller, +Inf when the
@@ -300,28 +358,25 @@ func waterLevel(demands []float64, capacity float64) float64 {
 
 // target returns p*, the ratio that would admit exactly what the caller is
 // allowed, and why.
-func (l *Law) target(r *row, allowed, level float64) (float64, Reason) {
+func (l *Law) target(r *row) (float64, Reason) {
 	switch {
 	case r.carried:
 		// Nothing is known to be sent any more: release, then forget.
 		return 0, None
-	case r.limit == 0:
-		// A block is not an estimate from a rate, so neither MinRate nor the
-		// absence of traffic spares it: a blocked caller that is listed
-		// without traffic is blocked from its first request.
+	case r.allowed == 0 && r.bound.Reason() == OverLimit:
+		// A block (a limit of 0, the leaf's or the caller's) is not an
+		// estimate from a rate, so neither MinRate nor the absence of
+		// traffic spares it: a blocked caller that is listed without
+		// traffic is blocked from its first request.
 		return l.cfg.PMax, OverLimit
 	case r.offered == 0 || r.offered < l.cfg.MinRate:
 		return 0, None
 	}
-	p := 1 - allowed/r.offered
+	p := 1 - r.allowed/r.offered
 	if !(p > 0) {
 		return 0, None
 	}
-	p = min(p, l.cfg.PMax)
-	if level < r.limit {
-		return p, OverCapacity
-	}
-	return p, OverLimit
+	return min(p, l.cfg.PMax), r.bound.Reason()
 }
 
 // release applies fast attack, slow release: a ratio rises to its target at
@@ -341,10 +396,13 @@ func (l *Law) release(r *row, target, release float64) float64 {
 	return min(max(target, eased, 0), l.cfg.PMax)
 }
 
-// compareRows orders rows by name, and duplicates by value, so that merging
-// sums them in the same order whatever the input order was.
+// compareRows orders rows by name and procedure, and duplicates by value,
+// so that merging sums them in the same order whatever the input order was.
 func compareRows(a, b *row) int {
 	if c := strings.Compare(a.name, b.name); c != 0 {
+		return c
+	}
+	if c := strings.Compare(a.procedure, b.procedure); c != 0 {
 		return c
 	}
 	switch {
@@ -363,12 +421,17 @@ func cmpFloat(a, b float64) int {
 	return 1
 }
 
-func compareRowName(r row, name string) int { return strings.Compare(r.name, name) }
+func compareRowKey(r row, k leafKey) int {
+	if c := strings.Compare(r.name, k.caller); c != 0 {
+		return c
+	}
+	return strings.Compare(r.procedure, k.procedure)
+}
 
 // merge appends r to rows, which are sorted by name, or merges it into the
 // last row if that has the same name, by the rule documented on Service.
 func merge(rows []row, r *row) []row {
-	if len(rows) == 0 || rows[len(rows)-1].name != r.name {
+	if len(rows) == 0 || rows[len(rows)-1].name != r.name || rows[len(rows)-1].procedure != r.procedure {
 		return append(rows, *r)
 	}
 	m := &rows[len(rows)-1]

@@ -404,7 +404,7 @@ func TestCarryOver(t *testing.T) {
 			if !ok {
 				t.Fatalf("step %d: api <- gone missing, want ratio %v", i, wantGone[i])
 			}
-			want := Verdict{Caller: "gone", Ratio: v.Ratio, Allowed: 100, Limit: 100, Mode: Shadow, Reason: None}
+			want := Verdict{Caller: "gone", Ratio: v.Ratio, Allowed: 100, Limit: 100, Mode: Shadow, Reason: None, Bound: BoundLeaf}
 			if !near(v.Ratio, wantGone[i]) || v != want {
 				t.Errorf("step %d: api <- gone = %+v, want ratio %v and %+v", i, v, wantGone[i], want)
 			}
