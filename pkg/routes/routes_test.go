@@ -51,7 +51,7 @@ func TestMatch(t *testing.T) {
 		{"GET", "/v1/items", names.Other},
 		{"GET", "/v1/items/42/x", "generic"},
 		{"GET", "/v1/items/42/", "generic"}, // * takes an empty segment
-		{"GET", "/v1/a/b", "generic"},      // * takes zero segments
+		{"GET", "/v1/a/b", "generic"},       // * takes zero segments
 		{"OPTIONS", "/static", "static"},
 		{"GET", "/static/", "static"},
 		{"GET", "/static/css/a.css", "static"},
