@@ -72,7 +72,7 @@ func randomRequest(rng *rand.Rand) (method, path string) {
 	method = []string{"GET", "POST", "PUT"}[rng.IntN(3)]
 	segs := make([]string, rng.IntN(6))
 	for i := range segs {
-		segs[i] = []string{"a", "b", "c", ""}[rng.IntN(4)]
+		segs[i] = []string{"a", "b", "c", "", "ab", "ba"}[rng.IntN(6)]
 	}
 	path = "/" + strings.Join(segs, "/")
 	if rng.IntN(20) == 0 {
@@ -141,6 +141,39 @@ func TestMatchAgreesWithReference(t *testing.T) {
 	t.Logf("%d routes kept, %d refused as shadowed", kept, refused)
 }
 
+// wide is a list of patterns, one a line, whose root has more literal
+// children than match compares one by one.
+func wide() string {
+	var lines []string
+	for i := range 2 * maxScan {
+		lines = append(lines, fmt.Sprintf("/r%d/x", i), fmt.Sprintf("GET /r%d/{id}", i))
+	}
+	return strings.Join(append(lines, "/", "/{any}/x", "/r1x/*"), "\n")
+}
+
+// A node wider than maxScan is searched another way: it agrees with the
+// reference too.
+func TestMatchWideNode(t *testing.T) {
+	var routes []Route
+	for i, l := range strings.Split(wide(), "\n") {
+		routes = append(routes, Route{Pattern: l, Procedure: fmt.Sprintf("p%d", i)})
+	}
+	r := mustCompile(t, routes...)
+	for i := range 2*maxScan + 2 {
+		for _, p := range []string{"/r%d/x", "/r%d/y", "/r%d", "/r%d/", "/r%dx/z", "/", "//", "/r%d/x/"} {
+			for _, m := range []string{"GET", "POST"} {
+				path := p
+				if strings.Contains(p, "%d") {
+					path = fmt.Sprintf(p, i)
+				}
+				if got, want := r.Match(m, path), refMatch(routes, m, path); got != want {
+					t.Errorf("Match(%q, %q) = %q, reference %q", m, path, got, want)
+				}
+			}
+		}
+	}
+}
+
 // routesSeeds are FuzzRoutes' committed seeds.
 func routesSeeds() []testkit.Seed {
 	s := func(name, patterns, method, path string) testkit.Seed {
@@ -159,6 +192,7 @@ func routesSeeds() []testkit.Seed {
 		s("rest-empty", "/a/*", "GET", "/a//"),
 		s("bad", "GET /a/{id\n/a//b\nget /x\n/a/*/b", "GET", "/a/1"),
 		s("no-slash", "/a", "GET", "a"),
+		s("wide", wide(), "GET", "/r17/x"),
 	}
 }
 

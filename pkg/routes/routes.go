@@ -90,8 +90,9 @@ type node struct {
 }
 
 type edge struct {
-	seg string
-	n   *node
+	first byte // seg[0], or 0 for the root's ""; kept here to skip most edges without reading seg
+	seg   string
+	n     *node
 }
 
 // Match returns the procedure of the first route, in declaration order,
@@ -139,59 +140,83 @@ func (n *node) match(path string, done bool, best int32) int32 {
 		if done {
 			return min(best, n.end)
 		}
-		// Segments are short: a plain loop beats a call to IndexByte.
-		i := 0
-		for i < len(path) && path[i] != '/' {
-			i++
-		}
-		seg, next, last := path[:i], "", true
-		if i < len(path) {
-			next, last = path[i+1:], false
-		}
-		c := n.child(seg)
+		c, cnext, clast := n.child(path)
 		if c != nil && c.min >= best {
 			c = nil
 		}
 		p := n.param
-		if p != nil && (seg == "" || p.min >= best) {
-			p = nil
+		if p != nil && (path == "" || path[0] == '/' || p.min >= best) {
+			p = nil // a parameter is never an empty segment
 		}
-		switch {
-		case c != nil && p != nil:
-			if best = c.match(next, last, best); p.min >= best {
+		if c != nil {
+			if p == nil {
+				n, path, done = c, cnext, clast
+				continue
+			}
+			if best = c.match(cnext, clast, best); p.min >= best {
 				return best
 			}
-			n = p
-		case c != nil:
-			n = c
-		case p != nil:
-			n = p
-		default:
+		}
+		if p == nil {
 			return best
 		}
-		path, done = next, last
+		// A parameter takes the segment, whatever it is, up to its end.
+		if i := strings.IndexByte(path, '/'); i >= 0 {
+			path = path[i+1:]
+		} else {
+			path, done = "", true
+		}
+		n = p
 	}
 }
 
-// child returns the literal child for seg, or nil. A node has few
-// children: comparing length and first byte first spares most of them a
-// call to compare strings, and only a wide node pays for a binary search.
-func (n *node) child(seg string) *node {
+// maxScan is the most literal children child compares one by one; a wider
+// node pays for finding the segment's end and a binary search.
+const maxScan = 16
+
+// child returns the literal child that path's first segment leads to, the
+// path after that segment and whether none is left; c is nil if there is
+// no such child. It compares each literal with the path in place, first
+// byte and end of segment before the bytes, so a literal segment is
+// neither split off nor scanned twice.
+func (n *node) child(path string) (c *node, next string, last bool) {
 	lits := n.lits
-	if len(lits) <= 16 {
-		if seg == "" {
-			if len(lits) > 0 && lits[0].seg == "" { // sorted: "" first
-				return lits[0].n
-			}
-			return nil
+	switch {
+	case len(lits) == 0:
+		return nil, "", false
+	case path == "" || path[0] == '/': // an empty segment: only the root template "/" has one
+		if lits[0].seg != "" { // sorted: "" first
+			return nil, "", false
 		}
-		for i := range lits {
-			if e := &lits[i]; len(e.seg) == len(seg) && e.seg[0] == seg[0] && e.seg == seg {
-				return e.n
-			}
+		if path == "" {
+			return lits[0].n, "", true
 		}
-		return nil
+		return lits[0].n, path[1:], false
+	case len(lits) > maxScan:
+		return n.search(path)
 	}
+	first := path[0]
+	for i := range lits {
+		e := &lits[i]
+		l := len(e.seg)
+		if e.first != first || l > len(path) || l < len(path) && path[l] != '/' || path[:l] != e.seg {
+			continue
+		}
+		if l == len(path) {
+			return e.n, "", true
+		}
+		return e.n, path[l+1:], false
+	}
+	return nil, "", false
+}
+
+// search is child for a wide node, by binary search on the segment.
+func (n *node) search(path string) (c *node, next string, last bool) {
+	seg, next, last := path, "", true
+	if i := strings.IndexByte(path, '/'); i >= 0 {
+		seg, next, last = path[:i], path[i+1:], false
+	}
+	lits := n.lits
 	lo, hi := 0, len(lits)
 	for lo < hi {
 		m := int(uint(lo+hi) >> 1)
@@ -202,9 +227,9 @@ func (n *node) child(seg string) *node {
 		}
 	}
 	if lo < len(lits) && lits[lo].seg == seg {
-		return lits[lo].n
+		return lits[lo].n, next, last
 	}
-	return nil
+	return nil, "", false
 }
 
 // Procedures returns the distinct procedures of r's routes in the order
@@ -335,7 +360,7 @@ func build(tmpls []template, method string) *node {
 			case literal:
 				k, found := slices.BinarySearchFunc(n.lits, s.lit, func(e edge, lit string) int { return strings.Compare(e.seg, lit) })
 				if !found {
-					n.lits = slices.Insert(n.lits, k, edge{seg: s.lit, n: newNode(int32(i))})
+					n.lits = slices.Insert(n.lits, k, edge{first: firstByte(s.lit), seg: s.lit, n: newNode(int32(i))})
 				}
 				n = n.lits[k].n
 			}
@@ -345,6 +370,13 @@ func build(tmpls []template, method string) *node {
 		}
 	}
 	return root
+}
+
+func firstByte(s string) byte {
+	if s == "" {
+		return 0
+	}
+	return s[0]
 }
 
 func newNode(first int32) *node { return &node{end: noRoute, rest: noRoute, min: first} }
