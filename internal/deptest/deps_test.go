@@ -191,6 +191,14 @@ func TestDependencyDirection(t *testing.T) {
 			return !g.standard(path) && !under(path, mod("pkg/dataplane"))
 		},
 	}, {
+		// The controller checks a limits file's routes with the code the
+		// sidecar matches with: it must stay light enough for both.
+		name:    "pkg/routes imports only the standard library and pkg/names",
+		applies: func(rel string) bool { return under(rel, "pkg/routes") },
+		forbidden: func(path string) bool {
+			return !g.standard(path) && !under(path, mod("pkg/routes")) && !under(path, mod("pkg/names"))
+		},
+	}, {
 		// Test support: pkg/dropratio's tests, held to the standard
 		// library, may use internal/testkit; e2e's and live mode's child
 		// processes are only os/exec and HTTP.

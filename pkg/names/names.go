@@ -98,3 +98,70 @@ func Callee(service string) string { return CalleePrefix + service }
 
 // Caller is the resource name for outbound enforcement by service.
 func Caller(service string) string { return CallerPrefix + service }
+
+// Procedure names: what a request does at its callee, the third part of a
+// bucket key (issue #14). For gRPC it is the full method as the server sees
+// it, "/shop.Checkout/Pay"; for HTTP the name a callee's route declares,
+// "create-charge". Procedures are declared, not free-form, so that a
+// caller can not grow a table or a metric by inventing them.
+const (
+	// MaxProcedureLen bounds a procedure name, as MaxLen bounds a service.
+	MaxProcedureLen = 253
+
+	// Other is the procedure of every request that no route of its callee
+	// matches, and of a gRPC request whose method is not a valid name. The
+	// leading underscore keeps it apart from declared procedures, which
+	// must start with a letter, a digit or '/'.
+	Other = "_other"
+)
+
+// CheckProcedure reports whether s may be used as a procedure name: 1 to
+// MaxProcedureLen characters from [A-Za-z0-9._/-], starting with a letter,
+// a digit or '/', with no empty part between slashes ("a//b") and no
+// trailing '/'; or Other. A gRPC full method "/pkg.Service/Method" is one.
+// Service names (Check) do not admit Other, nor procedure names Overflow.
+func CheckProcedure(s string) error {
+	if ValidProcedure(s) {
+		return nil
+	}
+	switch {
+	case s == "":
+		return fmt.Errorf("empty procedure")
+	case len(s) > MaxProcedureLen:
+		return fmt.Errorf("procedure of %d bytes is longer than %d", len(s), MaxProcedureLen)
+	case !isAlnum(s[0]) && s[0] != '/':
+		return fmt.Errorf("procedure %q does not start with a letter, digit or '/'", truncate(s))
+	case s[len(s)-1] == '/':
+		return fmt.Errorf("procedure %q ends with '/'", truncate(s))
+	}
+	for i := 1; i < len(s); i++ {
+		if c := s[i]; !isProcedureChar(c) {
+			return fmt.Errorf("procedure %q has character %q at %d; allowed are [A-Za-z0-9._/-]", truncate(s), c, i)
+		}
+		if s[i] == '/' && s[i-1] == '/' {
+			return fmt.Errorf("procedure %q has an empty part at %d", truncate(s), i)
+		}
+	}
+	return fmt.Errorf("procedure %q is not valid", truncate(s)) // not reached
+}
+
+// ValidProcedure is CheckProcedure without the error: it allocates
+// nothing, for the request path.
+func ValidProcedure(s string) bool {
+	if s == Other {
+		return true
+	}
+	if s == "" || len(s) > MaxProcedureLen || !isAlnum(s[0]) && s[0] != '/' || s[len(s)-1] == '/' {
+		return false
+	}
+	for i := 1; i < len(s); i++ {
+		if c := s[i]; !isProcedureChar(c) || c == '/' && s[i-1] == '/' {
+			return false
+		}
+	}
+	return true
+}
+
+func isProcedureChar(c byte) bool {
+	return isAlnum(c) || c == '.' || c == '_' || c == '-' || c == '/'
+}

@@ -45,3 +45,27 @@ func FuzzCheck(f *testing.F) {
 		}
 	})
 }
+
+// procedureOracle is the rule of CheckProcedure written the obvious way.
+var procedureOracle = regexp.MustCompile(`^[A-Za-z0-9/][A-Za-z0-9._-]*(/[A-Za-z0-9._-]+)*$`)
+
+// FuzzCheckProcedure compares CheckProcedure and ValidProcedure with the
+// oracle on any string, and bounds the error message as FuzzCheck does.
+func FuzzCheckProcedure(f *testing.F) {
+	for _, s := range []string{
+		"create-charge", "/shop.Checkout/Pay", Other, Overflow, "/", "//", "/a/", "a//b", "_x", "",
+		"a b", "a\x00", "\xff", strings.Repeat("a", MaxProcedureLen+1), strings.Repeat("/a", 200),
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		err := CheckProcedure(s)
+		want := s == Other || len(s) <= MaxProcedureLen && procedureOracle.MatchString(s) && !strings.HasPrefix(s, "//") && !strings.HasSuffix(s, "/")
+		if (err == nil) != want || ValidProcedure(s) != want {
+			t.Fatalf("CheckProcedure(%q) = %v, ValidProcedure = %v, oracle says ok=%v", s, err, ValidProcedure(s), want)
+		}
+		if err != nil && (len(err.Error()) > 4*64+128 || !utf8.ValidString(err.Error())) {
+			t.Errorf("CheckProcedure(%d bytes): error %q", len(s), err)
+		}
+	})
+}
