@@ -55,13 +55,7 @@ func TestHostileOutboundFalseClaims(t *testing.T) {
 	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "from the app") }))
 	t.Cleanup(app.Close)
 
-	ctl := startController(t, append(tlsArgs(t, ca, dir, "controller", identity.ControllerURI(e2eTrustDomain)),
-		"--limits="+limitsFile, "--warmup=1s")...)
-	waitReady(t, ctl.proc, ctl.admin)
-	aggP := start(t, "aggregator-zone-a", "aggregator", append(tlsArgs(t, ca, dir, "aggregator", identity.AggregatorURI(e2eTrustDomain, "zone-a")),
-		"--id=aggregator-zone-a", "--zone=zone-a", "--controllers="+ctl.addr, "--grpc-addr=127.0.0.1:0", "--admin-addr=127.0.0.1:0")...)
-	agg := &node{proc: aggP, admin: aggP.addr(t, "admin"), addr: aggP.addr(t, "grpc")}
-	waitReady(t, agg.proc, agg.admin)
+	ctl, agg := startMTLSControlPlane(t, ca, dir, limitsFile)
 	scP := start(t, "sidecar-1", "sidecar", append(tlsArgs(t, ca, dir, "checkout", identity.WorkloadURI(e2eTrustDomain, "checkout")),
 		"--id=sidecar-1", "--service=checkout", "--zone=zone-a", "--upstream="+app.URL, "--aggregators="+agg.addr,
 		"--controllers="+ctl.addr, "--listen=127.0.0.1:0", "--admin-addr=127.0.0.1:0")...)

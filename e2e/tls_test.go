@@ -43,6 +43,23 @@ func tlsArgs(t *testing.T, ca *devpki.CA, dir, name, uri string) []string {
 	return []string{"--tls-cert=" + f.Cert, "--tls-key=" + f.Key, "--tls-ca=" + f.CA, "--trust-domain=" + e2eTrustDomain}
 }
 
+// startMTLSControlPlane starts a controller with limitsFile and zone-a's
+// aggregator, each with its own certificate of ca (files in dir), and
+// waits until both are ready: the aggregator's link to the controller is
+// up, both ends verified.
+func startMTLSControlPlane(t *testing.T, ca *devpki.CA, dir, limitsFile string) (ctl, agg *node) {
+	t.Helper()
+	ctl = startController(t, append(tlsArgs(t, ca, dir, "controller", identity.ControllerURI(e2eTrustDomain)),
+		"--limits="+limitsFile, "--warmup=1s")...)
+	waitReady(t, ctl.proc, ctl.admin)
+	aggP := start(t, "aggregator-zone-a", "aggregator", append(tlsArgs(t, ca, dir, "aggregator", identity.AggregatorURI(e2eTrustDomain, "zone-a")),
+		"--id=aggregator-zone-a", "--zone=zone-a", "--controllers="+ctl.addr, "--grpc-addr=127.0.0.1:0", "--admin-addr=127.0.0.1:0")...)
+	agg = &node{proc: aggP, admin: aggP.addr(t, "admin"), addr: aggP.addr(t, "grpc")}
+	// Ready means the controller answered a zone load.
+	waitReady(t, agg.proc, agg.admin)
+	return ctl, agg
+}
+
 // TestBinariesMutualTLS runs the loop as the three real binaries with
 // mutual TLS on every link: the sidecar's policy arrives over xDS from the
 // controller, its reports reach the controller through the aggregator, and
@@ -65,15 +82,7 @@ func TestBinariesMutualTLS(t *testing.T) {
 	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "from the app") }))
 	t.Cleanup(app.Close)
 
-	ctl := startController(t, append(tlsArgs(t, ca, dir, "controller", identity.ControllerURI(e2eTrustDomain)),
-		"--limits="+limitsFile, "--warmup=1s")...)
-	waitReady(t, ctl.proc, ctl.admin)
-	aggP := start(t, "aggregator-zone-a", "aggregator", append(tlsArgs(t, ca, dir, "aggregator", identity.AggregatorURI(e2eTrustDomain, "zone-a")),
-		"--id=aggregator-zone-a", "--zone=zone-a", "--controllers="+ctl.addr, "--grpc-addr=127.0.0.1:0", "--admin-addr=127.0.0.1:0")...)
-	agg := &node{proc: aggP, admin: aggP.addr(t, "admin"), addr: aggP.addr(t, "grpc")}
-	// Ready means the controller answered a zone load: the aggregator's
-	// link to it is up, both ends verified.
-	waitReady(t, agg.proc, agg.admin)
+	ctl, agg := startMTLSControlPlane(t, ca, dir, limitsFile)
 
 	checkoutTLS := tlsArgs(t, ca, dir, "checkout", "spiffe://"+e2eTrustDomain+"/ns/shop/sa/checkout")
 	scP := start(t, "sidecar-1", "sidecar", append(checkoutTLS, "--id=sidecar-1", "--service=checkout", "--zone=zone-a",
