@@ -101,12 +101,8 @@ func (s *ServiceLimiter) Middleware(next http.Handler, opts HTTPOptions) http.Ha
 			id, res = opts.Identify(r)
 		}
 		caller, decided, reject := s.resolveCaller(rules, header, id, res, r.Header[decidedKey])
-		grpcCall := false
-		if ct := r.Header["Content-Type"]; len(ct) > 0 {
-			grpcCall = isGRPCContentType(ct[0])
-		}
 		if reject {
-			refusal.write(w, grpcCall)
+			refusal.write(w, grpcRequest(r))
 			return
 		}
 		var v *verdict
@@ -117,7 +113,7 @@ func (s *ServiceLimiter) Middleware(next http.Handler, opts HTTPOptions) http.Ha
 		} else {
 			d := s.Decide(caller)
 			if d.Drop {
-				if grpcCall {
+				if grpcRequest(r) {
 					d.v.http.writeGRPC(w, form)
 				} else {
 					d.v.http.write(w, form)
@@ -131,6 +127,13 @@ func (s *ServiceLimiter) Middleware(next http.Handler, opts HTTPOptions) http.Ha
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// grpcRequest reports whether r is a gRPC call, for the answers that
+// differ: asked only of the requests that are refused or dropped.
+func grpcRequest(r *http.Request) bool {
+	ct := r.Header["Content-Type"]
+	return len(ct) > 0 && isGRPCContentType(ct[0])
 }
 
 // refusal is the answer to a request refused before any decision because
