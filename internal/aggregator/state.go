@@ -85,33 +85,15 @@ func DefaultBounds() Bounds {
 
 func (b Bounds) withDefaults() Bounds {
 	d := DefaultBounds()
-	if b.MaxPeersPerReport == 0 {
-		b.MaxPeersPerReport = d.MaxPeersPerReport
-	}
-	if b.MaxRate == 0 {
-		b.MaxRate = d.MaxRate
-	}
-	if b.MinWindow == 0 {
-		b.MinWindow = d.MinWindow
-	}
-	if b.MaxWindow == 0 {
-		b.MaxWindow = d.MaxWindow
-	}
-	if b.MaxSidecars == 0 {
-		b.MaxSidecars = d.MaxSidecars
-	}
-	if b.MaxInterval == 0 {
-		b.MaxInterval = d.MaxInterval
-	}
-	if b.MaxSidecarsPerIdentity == 0 {
-		b.MaxSidecarsPerIdentity = d.MaxSidecarsPerIdentity
-	}
-	if b.MaxPeersPerIdentity == 0 {
-		b.MaxPeersPerIdentity = d.MaxPeersPerIdentity
-	}
-	if b.MaxEntriesPerIdentity == 0 {
-		b.MaxEntriesPerIdentity = d.MaxEntriesPerIdentity
-	}
+	b.MaxPeersPerReport = cmp.Or(b.MaxPeersPerReport, d.MaxPeersPerReport)
+	b.MaxRate = cmp.Or(b.MaxRate, d.MaxRate)
+	b.MinWindow = cmp.Or(b.MinWindow, d.MinWindow)
+	b.MaxWindow = cmp.Or(b.MaxWindow, d.MaxWindow)
+	b.MaxSidecars = cmp.Or(b.MaxSidecars, d.MaxSidecars)
+	b.MaxInterval = cmp.Or(b.MaxInterval, d.MaxInterval)
+	b.MaxSidecarsPerIdentity = cmp.Or(b.MaxSidecarsPerIdentity, d.MaxSidecarsPerIdentity)
+	b.MaxPeersPerIdentity = cmp.Or(b.MaxPeersPerIdentity, d.MaxPeersPerIdentity)
+	b.MaxEntriesPerIdentity = cmp.Or(b.MaxEntriesPerIdentity, d.MaxEntriesPerIdentity)
 	return b
 }
 

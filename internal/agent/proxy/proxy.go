@@ -12,6 +12,7 @@
 package proxy
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -112,30 +113,14 @@ func (o Options) withDefaults() Options {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
-	if o.DialTimeout == 0 {
-		o.DialTimeout = defaultDialTimeout
-	}
-	if o.IdleConnTimeout == 0 {
-		o.IdleConnTimeout = defaultIdleConnTimeout
-	}
-	if o.MaxIdleConnsPerHost == 0 {
-		o.MaxIdleConnsPerHost = defaultMaxIdleConnsPerHost
-	}
-	if o.ErrorLogInterval == 0 {
-		o.ErrorLogInterval = defaultErrorLogInterval
-	}
-	if o.BodyTimeout == 0 {
-		o.BodyTimeout = DefaultBodyTimeout
-	}
-	if o.MinBodyRate == 0 {
-		o.MinBodyRate = DefaultMinBodyRate
-	}
-	if o.MaxRequests == 0 {
-		o.MaxRequests = DefaultMaxRequests
-	}
-	if o.MaxConns == 0 {
-		o.MaxConns = DefaultMaxConns
-	}
+	o.DialTimeout = cmp.Or(o.DialTimeout, defaultDialTimeout)
+	o.IdleConnTimeout = cmp.Or(o.IdleConnTimeout, defaultIdleConnTimeout)
+	o.MaxIdleConnsPerHost = cmp.Or(o.MaxIdleConnsPerHost, defaultMaxIdleConnsPerHost)
+	o.ErrorLogInterval = cmp.Or(o.ErrorLogInterval, defaultErrorLogInterval)
+	o.BodyTimeout = cmp.Or(o.BodyTimeout, DefaultBodyTimeout)
+	o.MinBodyRate = cmp.Or(o.MinBodyRate, DefaultMinBodyRate)
+	o.MaxRequests = cmp.Or(o.MaxRequests, DefaultMaxRequests)
+	o.MaxConns = cmp.Or(o.MaxConns, DefaultMaxConns)
 	return o
 }
 
