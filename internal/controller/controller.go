@@ -30,6 +30,7 @@ import (
 	"github.com/sluicehq/sluice/internal/ticker"
 	"github.com/sluicehq/sluice/internal/xdsserver"
 	"github.com/sluicehq/sluice/pkg/dropratio"
+	"github.com/sluicehq/sluice/pkg/uplink"
 )
 
 // Config is the controller's configuration.
@@ -365,16 +366,9 @@ func authorizeZoneLoad(peer identity.ID, peerErr error, load *sluicev1.ZoneLoad)
 	case peer.Kind != identity.Aggregator:
 		return &RejectError{Reason: "identity_mismatch", Detail: fmt.Sprintf("peer %s is a %v, not an aggregator", peer.URI, peer.Kind)}
 	case peer.Zone != "" && load.GetZone() != peer.Zone:
-		return &RejectError{Reason: "identity_mismatch", Detail: fmt.Sprintf("peer %s may speak for zone %q only, the load is for %q", peer.URI, peer.Zone, truncZone(load.GetZone()))}
+		return &RejectError{Reason: "identity_mismatch", Detail: fmt.Sprintf("peer %s may speak for zone %q only, the load is for %q", peer.URI, peer.Zone, uplink.Truncate(load.GetZone()))}
 	}
 	return nil
-}
-
-func truncZone(s string) string {
-	if len(s) > 128 {
-		return s[:128] + "…"
-	}
-	return s
 }
 
 // Policies returns the policies last published.

@@ -8,6 +8,7 @@ import (
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/zoneload"
 	"github.com/sluicehq/sluice/pkg/names"
+	"github.com/sluicehq/sluice/pkg/uplink"
 )
 
 // Zone loads come from other processes. A zone load's envelope (aggregator
@@ -84,7 +85,7 @@ func keepValidServices(z *sluicev1.ZoneLoad) []*RejectError {
 	for i, svc := range z.GetServices() {
 		err := validateService(i, svc)
 		if err == nil && count[serviceKey{svc.GetService(), svc.GetDirection()}] > 1 {
-			err = &RejectError{Reason: "duplicate_service", Detail: fmt.Sprintf("services[%d]: %s %v listed twice", i, truncZone(svc.GetService()), svc.GetDirection())}
+			err = &RejectError{Reason: "duplicate_service", Detail: fmt.Sprintf("services[%d]: %s %v listed twice", i, uplink.Truncate(svc.GetService()), svc.GetDirection())}
 		}
 		if err != nil {
 			dropped = append(dropped, err)
@@ -100,7 +101,7 @@ func keepValidServices(z *sluicev1.ZoneLoad) []*RejectError {
 // validateService checks one service entry, the i-th of its zone load.
 func validateService(i int, svc *sluicev1.ServiceLoad) *RejectError {
 	fail := func(reason, format string, args ...any) *RejectError {
-		return &RejectError{Reason: reason, Detail: fmt.Sprintf("services[%d] (%s): ", i, truncZone(svc.GetService())) + fmt.Sprintf(format, args...)}
+		return &RejectError{Reason: reason, Detail: fmt.Sprintf("services[%d] (%s): ", i, uplink.Truncate(svc.GetService())) + fmt.Sprintf(format, args...)}
 	}
 	if err := names.Check(svc.GetService()); err != nil || svc.GetService() == names.Overflow {
 		return fail("bad_name", "service: %v", errOr(err, "reserved name"))

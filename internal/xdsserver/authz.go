@@ -15,6 +15,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/identity"
 	"github.com/sluicehq/sluice/pkg/names"
+	"github.com/sluicehq/sluice/pkg/uplink"
 )
 
 // authz refuses, under mutual TLS, every subscription a stream's peer may
@@ -167,7 +168,7 @@ func (a *authz) check(p identity.ID, node *core.Node, typeURL string, resources 
 		return a.deny(DeniedNoIdentity, p, "stream has no verified identity")
 	}
 	if c := node.GetCluster(); c != "" && c != p.Service {
-		return a.deny(DeniedNode, p, "node cluster %q is not the identity's service %q", trunc(c), p.Service)
+		return a.deny(DeniedNode, p, "node cluster %q is not the identity's service %q", uplink.Truncate(c), p.Service)
 	}
 	var own []string
 	switch typeURL {
@@ -191,7 +192,7 @@ func (a *authz) check(p identity.ID, node *core.Node, typeURL string, resources 
 			ok = ok || r == o
 		}
 		if !ok {
-			return a.deny(DeniedResource, p, "resource %q of type %s is not service %q's", trunc(r), typeURL, p.Service)
+			return a.deny(DeniedResource, p, "resource %q of type %s is not service %q's", uplink.Truncate(r), typeURL, p.Service)
 		}
 	}
 	return nil
@@ -204,11 +205,4 @@ func (a *authz) deny(reason string, p identity.ID, format string, args ...any) e
 	msg := fmt.Sprintf(format, args...)
 	a.log.Warn("xds subscription refused", "reason", reason, "peer", p.URI, "detail", msg)
 	return status.Errorf(codes.PermissionDenied, "peer %s: %s", p.URI, msg)
-}
-
-func trunc(s string) string {
-	if len(s) > 128 {
-		return s[:128] + "…"
-	}
-	return s
 }
