@@ -14,6 +14,7 @@ import (
 	"github.com/sluicehq/sluice/pkg/dataplane"
 	"github.com/sluicehq/sluice/pkg/dropratio"
 	"github.com/sluicehq/sluice/pkg/names"
+	"github.com/sluicehq/sluice/pkg/routes"
 )
 
 // Source yields the limits in force. Limits must be cheap: the controller
@@ -52,8 +53,70 @@ type Service struct {
 	// always name theirs: no Envoy header names them, so the default of a
 	// callee fronted by Envoy would leave them unenforced.
 	Enforcement dataplane.Enforcement
-	// Callers holds the per-bucket limits, keyed by caller.
+	// Callers holds the per-caller limits, keyed by caller. When the
+	// service declares procedures, a caller's Limit holds across all of
+	// them (the hierarchical law's caller level); otherwise it is the
+	// limit of the (callee, caller) bucket, as before procedures existed.
 	Callers map[string]Bucket
+
+	// Routes are the service's HTTP routes in declaration order: the
+	// first that matches a request names its procedure. Checked
+	// (routes.CompileRoutes) when the Set was built.
+	Routes []routes.Route
+	// Procedures are the procedures the service declares, in the order
+	// of its limits (see Declared), with their limits. A procedure is
+	// declared by a route that names it or by a key of the limits'
+	// procedures (a gRPC full method must be declared so). names.Other
+	// may be listed to give unmatched requests a capacity or limits; it
+	// is never in Declared.
+	Procedures map[string]*Procedure
+	// Declared lists the procedures in declaration order, names.Other
+	// excluded: what the service's policy carries. Empty when the service
+	// declares none, and then Procedures is empty too.
+	Declared []string
+}
+
+// Procedure holds the limits of one procedure of one callee.
+type Procedure struct {
+	// Capacity is the rate all callers of the procedure share; +Inf when
+	// there is none.
+	Capacity float64
+	// Callers holds the per-(caller, procedure) limits in rps, keyed by
+	// caller; a caller not listed has none at this level (its caller
+	// limit and the capacities still apply). Mode and enforcement are the
+	// caller's (Service.Bucket).
+	Callers map[string]float64
+}
+
+// HasProcedures reports whether svc declares procedures: its buckets are
+// then (caller, procedure) leaves.
+func (svc *Service) HasProcedures() bool { return svc != nil && len(svc.Declared) > 0 }
+
+// LeafLimit returns the limit of the (caller, procedure) leaf itself, +Inf
+// when there is none; procedure may be names.Other. The caller's own
+// limit (Bucket) and the capacities apply on top of it.
+func (svc *Service) LeafLimit(caller, procedure string) float64 {
+	if svc == nil {
+		return math.Inf(1)
+	}
+	if p := svc.Procedures[procedure]; p != nil {
+		if l, ok := p.Callers[caller]; ok {
+			return l
+		}
+	}
+	return math.Inf(1)
+}
+
+// ProcedureCapacity returns the capacity of procedure, +Inf when it has
+// none.
+func (svc *Service) ProcedureCapacity(procedure string) float64 {
+	if svc == nil {
+		return math.Inf(1)
+	}
+	if p := svc.Procedures[procedure]; p != nil {
+		return p.Capacity
+	}
+	return math.Inf(1)
 }
 
 // Bucket is the limit of one (callee, caller) pair.

@@ -86,7 +86,8 @@ type LoadReport struct {
 	WindowStart *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=window_start,json=windowStart,proto3" json:"window_start,omitempty"`
 	// Length of the counting window; counts divided by it give rates.
 	Window *durationpb.Duration `protobuf:"bytes,6,opt,name=window,proto3" json:"window,omitempty"`
-	// One entry per peer seen during the window, each peer at most once.
+	// One entry per bucket seen during the window, each (peer, procedure) at
+	// most once.
 	Peers []*PeerCounts `protobuf:"bytes,7,rep,name=peers,proto3" json:"peers,omitempty"`
 	// The sidecar's report interval. The aggregator counts a sidecar as gone
 	// after three intervals without a report; a surge report's window is
@@ -206,6 +207,11 @@ type PeerCounts struct {
 	Dropped uint64 `protobuf:"varint,3,opt,name=dropped,proto3" json:"dropped,omitempty"`
 	// Requests a shadow limit would have dropped; admitted, a subset of offered.
 	ShadowDropped uint64 `protobuf:"varint,4,opt,name=shadow_dropped,json=shadowDropped,proto3" json:"shadow_dropped,omitempty"`
+	// What the requests did at the callee, the bucket key's third part: a
+	// procedure the callee's policy declares (a gRPC full method or the name
+	// of an HTTP route) or "_other". Empty when the callee declares no
+	// procedures: the bucket is the whole (callee, caller) pair.
+	Procedure     string `protobuf:"bytes,5,opt,name=procedure,proto3" json:"procedure,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -266,6 +272,13 @@ func (x *PeerCounts) GetShadowDropped() uint64 {
 		return x.ShadowDropped
 	}
 	return 0
+}
+
+func (x *PeerCounts) GetProcedure() string {
+	if x != nil {
+		return x.Procedure
+	}
+	return ""
 }
 
 // StreamLoadReportsResponse acknowledges one report.
@@ -359,13 +372,14 @@ const file_sluice_v1_load_proto_rawDesc = "" +
 	"\x06window\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\x06window\x12+\n" +
 	"\x05peers\x18\a \x03(\v2\x15.sluice.v1.PeerCountsR\x05peers\x125\n" +
 	"\binterval\x18\b \x01(\v2\x19.google.protobuf.DurationR\binterval\x12\x16\n" +
-	"\x06urgent\x18\t \x01(\bR\x06urgent\"{\n" +
+	"\x06urgent\x18\t \x01(\bR\x06urgent\"\x99\x01\n" +
 	"\n" +
 	"PeerCounts\x12\x12\n" +
 	"\x04peer\x18\x01 \x01(\tR\x04peer\x12\x18\n" +
 	"\aoffered\x18\x02 \x01(\x04R\aoffered\x12\x18\n" +
 	"\adropped\x18\x03 \x01(\x04R\adropped\x12%\n" +
-	"\x0eshadow_dropped\x18\x04 \x01(\x04R\rshadowDropped\"\x95\x01\n" +
+	"\x0eshadow_dropped\x18\x04 \x01(\x04R\rshadowDropped\x12\x1c\n" +
+	"\tprocedure\x18\x05 \x01(\tR\tprocedure\"\x95\x01\n" +
 	"\x19StreamLoadReportsResponse\x12\x1a\n" +
 	"\baccepted\x18\x01 \x01(\bR\baccepted\x12#\n" +
 	"\rreject_reason\x18\x02 \x01(\tR\frejectReason\x12\x12\n" +

@@ -147,8 +147,9 @@ type DropPolicy struct {
 	Service string `protobuf:"bytes,2,opt,name=service,proto3" json:"service,omitempty"`
 	// Which side enforces; matches the name's prefix.
 	Direction Direction `protobuf:"varint,3,opt,name=direction,proto3,enum=sluice.v1.Direction" json:"direction,omitempty"`
-	// One entry per peer with a limit or with observed traffic, sorted by peer,
-	// each peer at most once. A peer that is not listed is not dropped.
+	// One entry per bucket with a limit or with observed traffic, sorted by
+	// peer, then procedure, each (peer, procedure) at most once. A bucket that
+	// is not listed is not dropped.
 	Peers []*PeerPolicy `protobuf:"bytes,4,rep,name=peers,proto3" json:"peers,omitempty"`
 	// How long a sidecar may keep using this policy without hearing from the
 	// controller before it follows fail_mode.
@@ -162,7 +163,18 @@ type DropPolicy struct {
 	// When the controller computed this policy. A policy is re-issued at least
 	// every half TTL even when nothing changed, so that sidecars can tell a
 	// quiet controller from a lost one.
-	IssuedAt      *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=issued_at,json=issuedAt,proto3" json:"issued_at,omitempty"`
+	IssuedAt *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=issued_at,json=issuedAt,proto3" json:"issued_at,omitempty"`
+	// The procedures the service declares, in the order of its limits: gRPC
+	// full methods ("/shop.Checkout/Pay") and the names its routes give. A
+	// request is counted and decided in the bucket of its procedure, and a
+	// request that has none of them (no route matches, an undeclared method)
+	// in the bucket of "_other". Empty: the service declares no procedures,
+	// and every bucket is a whole (service, peer) pair with procedure "".
+	// Inbound policies only.
+	Procedures []string `protobuf:"bytes,10,rep,name=procedures,proto3" json:"procedures,omitempty"`
+	// The service's HTTP routes, in order: the first that matches a request
+	// names its procedure, one of procedures.
+	Routes        []*Route `protobuf:"bytes,11,rep,name=routes,proto3" json:"routes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -260,6 +272,76 @@ func (x *DropPolicy) GetIssuedAt() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *DropPolicy) GetProcedures() []string {
+	if x != nil {
+		return x.Procedures
+	}
+	return nil
+}
+
+func (x *DropPolicy) GetRoutes() []*Route {
+	if x != nil {
+		return x.Routes
+	}
+	return nil
+}
+
+// Route names the procedure of the HTTP requests that match a pattern.
+type Route struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "[METHOD ]PATH-TEMPLATE": "POST /v1/charges", "GET /v1/items/{id}",
+	// "/static/*". See the limits file's documentation for the syntax.
+	Pattern string `protobuf:"bytes,1,opt,name=pattern,proto3" json:"pattern,omitempty"`
+	// The procedure it names.
+	Procedure     string `protobuf:"bytes,2,opt,name=procedure,proto3" json:"procedure,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Route) Reset() {
+	*x = Route{}
+	mi := &file_sluice_v1_policy_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Route) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Route) ProtoMessage() {}
+
+func (x *Route) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_policy_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Route.ProtoReflect.Descriptor instead.
+func (*Route) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_policy_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *Route) GetPattern() string {
+	if x != nil {
+		return x.Pattern
+	}
+	return ""
+}
+
+func (x *Route) GetProcedure() string {
+	if x != nil {
+		return x.Procedure
+	}
+	return ""
+}
+
 // PeerPolicy is the verdict for one bucket.
 type PeerPolicy struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -290,13 +372,15 @@ type PeerPolicy struct {
 	// requests without dropping them a second time; a holder that knows this
 	// field reads mode as enforced upstream.
 	EnforcedUpstream bool `protobuf:"varint,8,opt,name=enforced_upstream,json=enforcedUpstream,proto3" json:"enforced_upstream,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The bucket's procedure; empty when the service declares none.
+	Procedure     string `protobuf:"bytes,9,opt,name=procedure,proto3" json:"procedure,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PeerPolicy) Reset() {
 	*x = PeerPolicy{}
-	mi := &file_sluice_v1_policy_proto_msgTypes[1]
+	mi := &file_sluice_v1_policy_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -308,7 +392,7 @@ func (x *PeerPolicy) String() string {
 func (*PeerPolicy) ProtoMessage() {}
 
 func (x *PeerPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_policy_proto_msgTypes[1]
+	mi := &file_sluice_v1_policy_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -321,7 +405,7 @@ func (x *PeerPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerPolicy.ProtoReflect.Descriptor instead.
 func (*PeerPolicy) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_policy_proto_rawDescGZIP(), []int{1}
+	return file_sluice_v1_policy_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *PeerPolicy) GetPeer() string {
@@ -380,11 +464,18 @@ func (x *PeerPolicy) GetEnforcedUpstream() bool {
 	return false
 }
 
+func (x *PeerPolicy) GetProcedure() string {
+	if x != nil {
+		return x.Procedure
+	}
+	return ""
+}
+
 var File_sluice_v1_policy_proto protoreflect.FileDescriptor
 
 const file_sluice_v1_policy_proto_rawDesc = "" +
 	"\n" +
-	"\x16sluice/v1/policy.proto\x12\tsluice.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16sluice/v1/common.proto\"\x9d\x03\n" +
+	"\x16sluice/v1/policy.proto\x12\tsluice.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16sluice/v1/common.proto\"\xe7\x03\n" +
 	"\n" +
 	"DropPolicy\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
@@ -395,7 +486,15 @@ const file_sluice_v1_policy_proto_rawDesc = "" +
 	"\x0elive_instances\x18\x06 \x01(\rR\rliveInstances\x120\n" +
 	"\tfail_mode\x18\a \x01(\x0e2\x13.sluice.v1.FailModeR\bfailMode\x12A\n" +
 	"\x0ffail_open_decay\x18\b \x01(\v2\x19.google.protobuf.DurationR\rfailOpenDecay\x127\n" +
-	"\tissued_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\bissuedAt\"\xc7\x02\n" +
+	"\tissued_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\bissuedAt\x12\x1e\n" +
+	"\n" +
+	"procedures\x18\n" +
+	" \x03(\tR\n" +
+	"procedures\x12(\n" +
+	"\x06routes\x18\v \x03(\v2\x10.sluice.v1.RouteR\x06routes\"?\n" +
+	"\x05Route\x12\x18\n" +
+	"\apattern\x18\x01 \x01(\tR\apattern\x12\x1c\n" +
+	"\tprocedure\x18\x02 \x01(\tR\tprocedure\"\xe5\x02\n" +
 	"\n" +
 	"PeerPolicy\x12\x12\n" +
 	"\x04peer\x18\x01 \x01(\tR\x04peer\x12\x1d\n" +
@@ -408,7 +507,8 @@ const file_sluice_v1_policy_proto_rawDesc = "" +
 	"\voffered_rps\x18\x06 \x01(\x01R\n" +
 	"offeredRps\x12-\n" +
 	"\x06reason\x18\a \x01(\x0e2\x15.sluice.v1.DropReasonR\x06reason\x12+\n" +
-	"\x11enforced_upstream\x18\b \x01(\bR\x10enforcedUpstreamB\f\n" +
+	"\x11enforced_upstream\x18\b \x01(\bR\x10enforcedUpstream\x12\x1c\n" +
+	"\tprocedure\x18\t \x01(\tR\tprocedureB\f\n" +
 	"\n" +
 	"_limit_rpsB\x0e\n" +
 	"\f_allowed_rps*b\n" +
@@ -436,31 +536,33 @@ func file_sluice_v1_policy_proto_rawDescGZIP() []byte {
 }
 
 var file_sluice_v1_policy_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_sluice_v1_policy_proto_msgTypes = make([]protoimpl.MessageInfo, 2)
+var file_sluice_v1_policy_proto_msgTypes = make([]protoimpl.MessageInfo, 3)
 var file_sluice_v1_policy_proto_goTypes = []any{
 	(FailMode)(0),                 // 0: sluice.v1.FailMode
 	(DropReason)(0),               // 1: sluice.v1.DropReason
 	(*DropPolicy)(nil),            // 2: sluice.v1.DropPolicy
-	(*PeerPolicy)(nil),            // 3: sluice.v1.PeerPolicy
-	(Direction)(0),                // 4: sluice.v1.Direction
-	(*durationpb.Duration)(nil),   // 5: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 6: google.protobuf.Timestamp
-	(Mode)(0),                     // 7: sluice.v1.Mode
+	(*Route)(nil),                 // 3: sluice.v1.Route
+	(*PeerPolicy)(nil),            // 4: sluice.v1.PeerPolicy
+	(Direction)(0),                // 5: sluice.v1.Direction
+	(*durationpb.Duration)(nil),   // 6: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 7: google.protobuf.Timestamp
+	(Mode)(0),                     // 8: sluice.v1.Mode
 }
 var file_sluice_v1_policy_proto_depIdxs = []int32{
-	4, // 0: sluice.v1.DropPolicy.direction:type_name -> sluice.v1.Direction
-	3, // 1: sluice.v1.DropPolicy.peers:type_name -> sluice.v1.PeerPolicy
-	5, // 2: sluice.v1.DropPolicy.ttl:type_name -> google.protobuf.Duration
+	5, // 0: sluice.v1.DropPolicy.direction:type_name -> sluice.v1.Direction
+	4, // 1: sluice.v1.DropPolicy.peers:type_name -> sluice.v1.PeerPolicy
+	6, // 2: sluice.v1.DropPolicy.ttl:type_name -> google.protobuf.Duration
 	0, // 3: sluice.v1.DropPolicy.fail_mode:type_name -> sluice.v1.FailMode
-	5, // 4: sluice.v1.DropPolicy.fail_open_decay:type_name -> google.protobuf.Duration
-	6, // 5: sluice.v1.DropPolicy.issued_at:type_name -> google.protobuf.Timestamp
-	7, // 6: sluice.v1.PeerPolicy.mode:type_name -> sluice.v1.Mode
-	1, // 7: sluice.v1.PeerPolicy.reason:type_name -> sluice.v1.DropReason
-	8, // [8:8] is the sub-list for method output_type
-	8, // [8:8] is the sub-list for method input_type
-	8, // [8:8] is the sub-list for extension type_name
-	8, // [8:8] is the sub-list for extension extendee
-	0, // [0:8] is the sub-list for field type_name
+	6, // 4: sluice.v1.DropPolicy.fail_open_decay:type_name -> google.protobuf.Duration
+	7, // 5: sluice.v1.DropPolicy.issued_at:type_name -> google.protobuf.Timestamp
+	3, // 6: sluice.v1.DropPolicy.routes:type_name -> sluice.v1.Route
+	8, // 7: sluice.v1.PeerPolicy.mode:type_name -> sluice.v1.Mode
+	1, // 8: sluice.v1.PeerPolicy.reason:type_name -> sluice.v1.DropReason
+	9, // [9:9] is the sub-list for method output_type
+	9, // [9:9] is the sub-list for method input_type
+	9, // [9:9] is the sub-list for extension type_name
+	9, // [9:9] is the sub-list for extension extendee
+	0, // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_sluice_v1_policy_proto_init() }
@@ -469,14 +571,14 @@ func file_sluice_v1_policy_proto_init() {
 		return
 	}
 	file_sluice_v1_common_proto_init()
-	file_sluice_v1_policy_proto_msgTypes[1].OneofWrappers = []any{}
+	file_sluice_v1_policy_proto_msgTypes[2].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sluice_v1_policy_proto_rawDesc), len(file_sluice_v1_policy_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   2,
+			NumMessages:   3,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -163,7 +163,7 @@ type ServiceLoad struct {
 	Direction Direction `protobuf:"varint,2,opt,name=direction,proto3,enum=sluice.v1.Direction" json:"direction,omitempty"`
 	// How many of its sidecars reported within their last three intervals.
 	LiveSidecars uint32 `protobuf:"varint,3,opt,name=live_sidecars,json=liveSidecars,proto3" json:"live_sidecars,omitempty"`
-	// One entry per peer, each peer at most once.
+	// One entry per bucket, each (peer, procedure) at most once.
 	Peers         []*PeerRate `protobuf:"bytes,4,rep,name=peers,proto3" json:"peers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -238,8 +238,11 @@ type PeerRate struct {
 	DroppedRps float64 `protobuf:"fixed64,3,opt,name=dropped_rps,json=droppedRps,proto3" json:"dropped_rps,omitempty"`
 	// Requests per second a shadow limit would have dropped.
 	ShadowDroppedRps float64 `protobuf:"fixed64,4,opt,name=shadow_dropped_rps,json=shadowDroppedRps,proto3" json:"shadow_dropped_rps,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The bucket's procedure, as in PeerCounts.procedure; empty when the
+	// callee declares none.
+	Procedure     string `protobuf:"bytes,5,opt,name=procedure,proto3" json:"procedure,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PeerRate) Reset() {
@@ -298,6 +301,13 @@ func (x *PeerRate) GetShadowDroppedRps() float64 {
 		return x.ShadowDroppedRps
 	}
 	return 0
+}
+
+func (x *PeerRate) GetProcedure() string {
+	if x != nil {
+		return x.Procedure
+	}
+	return ""
 }
 
 // StreamZoneLoadsResponse acknowledges one flush.
@@ -372,14 +382,15 @@ const file_sluice_v1_zone_proto_rawDesc = "" +
 	"\aservice\x18\x01 \x01(\tR\aservice\x122\n" +
 	"\tdirection\x18\x02 \x01(\x0e2\x14.sluice.v1.DirectionR\tdirection\x12#\n" +
 	"\rlive_sidecars\x18\x03 \x01(\rR\fliveSidecars\x12)\n" +
-	"\x05peers\x18\x04 \x03(\v2\x13.sluice.v1.PeerRateR\x05peers\"\x8e\x01\n" +
+	"\x05peers\x18\x04 \x03(\v2\x13.sluice.v1.PeerRateR\x05peers\"\xac\x01\n" +
 	"\bPeerRate\x12\x12\n" +
 	"\x04peer\x18\x01 \x01(\tR\x04peer\x12\x1f\n" +
 	"\voffered_rps\x18\x02 \x01(\x01R\n" +
 	"offeredRps\x12\x1f\n" +
 	"\vdropped_rps\x18\x03 \x01(\x01R\n" +
 	"droppedRps\x12,\n" +
-	"\x12shadow_dropped_rps\x18\x04 \x01(\x01R\x10shadowDroppedRps\"Z\n" +
+	"\x12shadow_dropped_rps\x18\x04 \x01(\x01R\x10shadowDroppedRps\x12\x1c\n" +
+	"\tprocedure\x18\x05 \x01(\tR\tprocedure\"Z\n" +
 	"\x17StreamZoneLoadsResponse\x12\x1a\n" +
 	"\baccepted\x18\x01 \x01(\bR\baccepted\x12#\n" +
 	"\rreject_reason\x18\x02 \x01(\tR\frejectReason2o\n" +
