@@ -65,9 +65,11 @@ type Route struct {
 // Routes is a compiled, immutable list of routes: safe for concurrent
 // Match calls. A nil *Routes matches nothing.
 type Routes struct {
-	byMethod []methodRoot // one per method a route names, sorted by first mention
-	any      *node        // the routes with no method, for every other method; nil if none
-	procs    []string     // procedure by route index
+	byMethod  []methodRoot // one per method a route names, sorted by first mention
+	any       *node        // the routes with no method, for every other method; nil if none
+	procs     []string     // procedure by route index
+	distinct  []string     // Procedures: the distinct procs, in order of first mention
+	procIndex []int32      // index in distinct, by route index
 }
 
 type methodRoot struct {
@@ -109,8 +111,18 @@ type edge struct {
 // sees), so no path costs more than the trie's size, which the bounds on
 // CompileRoutes' input bound.
 func (r *Routes) Match(method, path string) string {
+	if i := r.MatchIndex(method, path); i >= 0 {
+		return r.distinct[i]
+	}
+	return names.Other
+}
+
+// MatchIndex is Match for a table indexed by procedure: it returns the
+// index in Procedures of the procedure Match would return, or -1 for
+// names.Other. It allocates nothing.
+func (r *Routes) MatchIndex(method, path string) int {
 	if r == nil || path == "" || path[0] != '/' {
-		return names.Other
+		return -1
 	}
 	root := r.any
 	for i := range r.byMethod {
@@ -120,12 +132,12 @@ func (r *Routes) Match(method, path string) string {
 		}
 	}
 	if root == nil {
-		return names.Other
+		return -1
 	}
 	if best := root.match(path[1:], false, noRoute); best != noRoute {
-		return r.procs[best]
+		return int(r.procIndex[best])
 	}
-	return names.Other
+	return -1
 }
 
 // match returns the earlier of best and the first route below n that
@@ -242,13 +254,7 @@ func (r *Routes) Procedures() []string {
 	if r == nil {
 		return nil
 	}
-	var out []string
-	for _, p := range r.procs {
-		if !slices.Contains(out, p) {
-			out = append(out, p)
-		}
-	}
-	return out
+	return slices.Clone(r.distinct)
 }
 
 // GRPCProcedure returns the procedure of a gRPC call, its full method
@@ -302,9 +308,15 @@ func CompileRoutes(routes []Route) (*Routes, error) {
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
-	r := &Routes{procs: make([]string, len(routes))}
+	r := &Routes{procs: make([]string, len(routes)), procIndex: make([]int32, len(routes))}
 	for i, rt := range routes {
 		r.procs[i] = rt.Procedure
+		j := slices.Index(r.distinct, rt.Procedure)
+		if j < 0 {
+			j = len(r.distinct)
+			r.distinct = append(r.distinct, rt.Procedure)
+		}
+		r.procIndex[i] = int32(j)
 	}
 	for _, m := range methods {
 		r.byMethod = append(r.byMethod, methodRoot{method: m, root: build(tmpls, m)})
