@@ -28,11 +28,18 @@ import (
 	"github.com/sluicehq/sluice/pkg/dropratio"
 )
 
-// Bucket is one (callee, caller) pair.
+// Bucket is one bucket key: a (callee, caller) pair when Procedure is "";
+// for a callee that declares procedures, a (callee, caller, procedure)
+// leaf, or with Caller AnyCaller, the procedure's own level (its capacity,
+// the sum of its leaves' load).
 type Bucket struct {
-	Callee string
-	Caller string
+	Callee    string
+	Caller    string
+	Procedure string
 }
+
+// AnyCaller is Bucket.Caller for a procedure's own level: "checkout/*/pay".
+const AnyCaller = "*"
 
 // MinuteRow is one bucket's load during one minute, as the controller saw it.
 // Rates are finite and >= 0, and PeakOffered >= MeanOffered.

@@ -408,7 +408,7 @@ func (p *Postgres) SetMode(ctx context.Context, f Filter, m dropratio.Mode, c Ch
 					return BucketLimit{}, err
 				}
 				var errs []error
-				l := BucketLimit{Bucket: Bucket{r.Callee, r.Caller}, Mode: column("mode", r.Mode, dropratio.ParseMode, &errs)}
+				l := BucketLimit{Bucket: Bucket{Callee: r.Callee, Caller: r.Caller}, Mode: column("mode", r.Mode, dropratio.ParseMode, &errs)}
 				if err := errors.Join(errs...); err != nil {
 					return BucketLimit{}, fmt.Errorf("%s row %s: %w", table, strings.TrimSuffix(r.Callee+"/"+r.Caller, "/"), err)
 				}
