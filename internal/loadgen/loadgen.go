@@ -9,6 +9,7 @@
 package loadgen
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -33,6 +34,9 @@ type Caller struct {
 	// Client, when set, sends the caller's requests instead of the
 	// generator's own: a caller with its own client certificate.
 	Client *http.Client
+	// Method and Path, when set, replace GET and Options.Path for this
+	// caller: one of several procedures a caller uses.
+	Method, Path string
 }
 
 // Options configures a Generator.
@@ -224,12 +228,13 @@ func (g *Generator) send(ctx context.Context, caller, sec int) {
 		defer g.wg.Done()
 		defer func() { <-g.sem }()
 		// The request outlives the run's deadline: it was sent in time.
-		req, err := http.NewRequestWithContext(context.WithoutCancel(ctx), http.MethodGet, target+g.opts.Path, nil)
+		cl := &g.opts.Callers[caller]
+		req, err := http.NewRequestWithContext(context.WithoutCancel(ctx),
+			cmp.Or(cl.Method, http.MethodGet), target+cmp.Or(cl.Path, g.opts.Path), nil)
 		if err != nil {
 			c.errors.Add(1)
 			return
 		}
-		cl := &g.opts.Callers[caller]
 		req.Header.Set(g.opts.Header, cl.Name)
 		for k, v := range cl.Header {
 			req.Header[http.CanonicalHeaderKey(k)] = v

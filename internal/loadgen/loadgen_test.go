@@ -128,3 +128,41 @@ func TestOffSchedule(t *testing.T) {
 		t.Errorf("OffSchedule(2, 4) = %v, want none", got)
 	}
 }
+
+// TestCallerMethodAndPath: a caller's own method and path replace the
+// generator's, so one caller can use several procedures.
+func TestCallerMethodAndPath(t *testing.T) {
+	var charges, items atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.Method == http.MethodPost && r.URL.Path == "/v1/charges":
+			charges.Add(1)
+		case r.Method == http.MethodGet && r.URL.Path == "/v1/items/7":
+			items.Add(1)
+		default:
+			http.Error(w, r.Method+" "+r.URL.Path, http.StatusNotFound)
+		}
+	}))
+	defer srv.Close()
+	web := func(time.Duration) float64 { return 50 }
+	g, err := New(Options{
+		Targets: []string{srv.URL},
+		Callers: []Caller{
+			{Name: "web-charges", Rate: web, Method: http.MethodPost, Path: "/v1/charges",
+				Header: http.Header{"X-Sluice-Caller": {"web"}}},
+			{Name: "web-items", Rate: web, Path: "/v1/items/7"},
+		},
+		Path:     "/elsewhere",
+		Duration: time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Run(context.Background(), nil); err != nil {
+		t.Fatal(err)
+	}
+	c, i := g.Sum("web-charges", 0, 2), g.Sum("web-items", 0, 2)
+	if c.Errors != 0 || i.Errors != 0 || c.Admitted != charges.Load() || i.Admitted != items.Load() || c.Admitted == 0 || i.Admitted == 0 {
+		t.Errorf("charges %+v (app saw %d), items %+v (app saw %d): want every request on its own method and path", c, charges.Load(), i, items.Load())
+	}
+}
