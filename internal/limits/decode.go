@@ -234,6 +234,16 @@ func (d *decoder) service(n *yaml.Node, path string) fileService {
 			d.mapping(v, p, func(caller string, _, v *yaml.Node) {
 				fs.Callers[caller] = d.bucket(v, p+"."+caller)
 			})
+		case "routes":
+			fs.Routes = []fileRoute{}
+			d.sequence(v, p, func(i int, v *yaml.Node) {
+				fs.Routes = append(fs.Routes, d.route(v, fmt.Sprintf("%s[%d]", p, i)))
+			})
+		case "procedures":
+			fs.Procedures = map[string]fileProcedure{}
+			d.mapping(v, p, func(proc string, _, v *yaml.Node) {
+				fs.Procedures[proc] = d.procedure(v, p+"."+proc)
+			})
 		default:
 			d.errorf(path, k, "field %s not found", key)
 		}
@@ -257,6 +267,77 @@ func (d *decoder) bucket(n *yaml.Node, path string) fileBucket {
 		}
 	})
 	return fb
+}
+
+// route decodes one entry of a service's routes; line is the entry's, for
+// the errors CompileRoutes finds later.
+func (d *decoder) route(n *yaml.Node, path string) fileRoute {
+	fr := fileRoute{line: n.Line}
+	d.mapping(n, path, func(key string, k, v *yaml.Node) {
+		p := path + "." + key
+		switch key {
+		case "route":
+			fr.Route = d.text(v, p)
+		case "procedure":
+			fr.Procedure = d.text(v, p)
+		default:
+			d.errorf(path, k, "field %s not found", key)
+		}
+	})
+	return fr
+}
+
+func (d *decoder) procedure(n *yaml.Node, path string) fileProcedure {
+	var fp fileProcedure
+	d.mapping(n, path, func(key string, k, v *yaml.Node) {
+		p := path + "." + key
+		switch key {
+		case "capacity":
+			fp.Capacity = d.number(v, p)
+		case "callers":
+			fp.Callers = map[string]fileLeaf{}
+			d.mapping(v, p, func(caller string, _, v *yaml.Node) {
+				fp.Callers[caller] = d.leaf(v, p+"."+caller)
+			})
+		default:
+			d.errorf(path, k, "field %s not found", key)
+		}
+	})
+	return fp
+}
+
+// leaf decodes the limit of a (caller, procedure) leaf: its mode and
+// enforcement are its caller's, so a leaf has no such fields.
+func (d *decoder) leaf(n *yaml.Node, path string) fileLeaf {
+	var fl fileLeaf
+	d.mapping(n, path, func(key string, k, v *yaml.Node) {
+		if key != "limit" {
+			d.errorf(path, k, "field %s not found (a leaf's mode and enforcement are its caller's)", key)
+			return
+		}
+		fl.Limit = d.number(v, path+"."+key)
+	})
+	return fl
+}
+
+// sequence calls fn for every element of the sequence n, in order. A null
+// n is an empty sequence; anything else that is not a sequence is an
+// error.
+func (d *decoder) sequence(n *yaml.Node, path string, fn func(i int, v *yaml.Node)) {
+	n = d.visit(n)
+	if n == nil || isNull(n) {
+		return
+	}
+	if n.Kind != yaml.SequenceNode {
+		d.errorf(path, n, "want a sequence, got a %s", kindNames[n.Kind])
+		return
+	}
+	for i, c := range n.Content {
+		if d.stop {
+			return
+		}
+		fn(i, c)
+	}
 }
 
 // ctxReader fails its reads once ctx is done, which stops the YAML parser

@@ -4,12 +4,15 @@ import (
 	"context"
 	"math"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/sluicehq/sluice/pkg/dataplane"
 	"github.com/sluicehq/sluice/pkg/dropratio"
+	"github.com/sluicehq/sluice/pkg/names"
+	"github.com/sluicehq/sluice/pkg/routes"
 )
 
 // TestExampleLimitsFile loads examples/limits.yaml as the controller does
@@ -22,8 +25,11 @@ func TestExampleLimitsFile(t *testing.T) {
 		t.Fatalf("the controller would not start with --limits %s: %v", path, err)
 	}
 	set := f.Limits()
-	if got := strings.Join(set.Services(), ","); got != "checkout" {
-		t.Fatalf("services %s, want checkout", got)
+	if got := strings.Join(set.Services(), ","); got != "checkout,payments" {
+		t.Fatalf("services %s, want checkout,payments", got)
+	}
+	if w := set.Warnings(); len(w) != 0 {
+		t.Errorf("the example warns: %q", w)
 	}
 	co := set.Service("checkout")
 	if co.Capacity != 1000 || co.DefaultLimit != 200 || co.Mode != dropratio.Enforce || co.FailMode != dataplane.FailOpen {
@@ -44,6 +50,10 @@ func TestExampleLimitsFile(t *testing.T) {
 			t.Errorf("checkout/%s = %+v, want %+v", caller, got, want)
 		}
 	}
+	if co.HasProcedures() {
+		t.Errorf("checkout declares procedures %q", co.Declared)
+	}
+	checkExamplePayments(t, set.Service("payments"))
 	if got := set.Service("orders").Bucket("web"); !math.IsInf(got.Limit, 1) {
 		t.Errorf("a callee the file does not name is limited: %+v", got)
 	}
@@ -70,5 +80,45 @@ func TestExampleLimitsFile(t *testing.T) {
 	}
 	if !strings.Contains(string(readme), "bin/controller --limits examples/limits.yaml") {
 		t.Error("README's Running the binaries does not start the controller with examples/limits.yaml")
+	}
+}
+
+// checkExamplePayments checks the example's callee with procedures.
+func checkExamplePayments(t *testing.T, pay *Service) {
+	t.Helper()
+	if want := []string{"create-charge", "get-charge", "static", "/pay.Payments/Refund"}; !slices.Equal(pay.Declared, want) {
+		t.Errorf("payments declares %q, want %q", pay.Declared, want)
+	}
+	r, err := routes.CompileRoutes(pay.Routes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ method, path, want string }{
+		{"POST", "/v1/charges", "create-charge"},
+		{"GET", "/v1/charges/ch_1", "get-charge"},
+		{"DELETE", "/static/css/a.css", "static"},
+		{"GET", "/v1/charges", names.Other},
+	} {
+		if got := r.Match(tc.method, tc.path); got != tc.want {
+			t.Errorf("%s %s is %s, want %s", tc.method, tc.path, got, tc.want)
+		}
+	}
+	inf := math.Inf(1)
+	for _, tc := range []struct {
+		caller, proc    string
+		limit, leaf, pc float64
+	}{
+		{"web", "create-charge", 100, 50, 200},
+		{"mobile", "create-charge", 300, inf, 200},
+		{"unknown", "get-charge", 20, inf, inf},
+		{"web", "/pay.Payments/Refund", 100, inf, 50},
+		{"mobile", names.Other, 300, inf, 20},
+	} {
+		if got := [3]float64{pay.Bucket(tc.caller).Limit, pay.LeafLimit(tc.caller, tc.proc), pay.ProcedureCapacity(tc.proc)}; got != [3]float64{tc.limit, tc.leaf, tc.pc} {
+			t.Errorf("payments (%s, %s): caller limit, leaf limit, procedure capacity %v, want %v", tc.caller, tc.proc, got, [3]float64{tc.limit, tc.leaf, tc.pc})
+		}
+	}
+	if pay.Capacity != 500 || pay.Bucket("_overflow") != (Bucket{20, dropratio.Enforce, dataplane.EnforceSidecar}) {
+		t.Errorf("payments = %+v", pay)
 	}
 }

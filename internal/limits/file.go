@@ -35,6 +35,25 @@ import (
 //	      web:   {limit: 100}
 //	      batch: {limit: 50, mode: shadow}
 //	      app:   {limit: 80, enforcement: upstream} # a proxyless gRPC client
+//	  payments:
+//	    capacity: 500
+//	    callers:
+//	      web: {limit: 100}  # across all of payments' procedures
+//	    routes:              # HTTP, first match wins; no match: _other
+//	      - {route: "POST /v1/charges", procedure: create-charge}
+//	      - {route: "GET /v1/charges/{id}", procedure: get-charge}
+//	    procedures:
+//	      create-charge:
+//	        capacity: 200          # shared by all callers of the procedure
+//	        callers:
+//	          web: {limit: 50}     # the (web, create-charge) leaf
+//	      /pay.Payments/Refund: {capacity: 50} # gRPC: declared by its full method
+//	      _other: {capacity: 20}
+//
+// A service declares procedures by its routes and by the keys of its
+// procedures; its requests then fall in (caller, procedure) leaves (see
+// Service.Declared). A service that declares none is as before procedures
+// existed: one bucket per caller.
 //
 // enforcement: upstream says that the bucket's ratio is carried out before
 // its requests reach the callee's sidecar, by the caller's proxyless gRPC
@@ -54,6 +73,27 @@ type fileService struct {
 	FailMode     string                `yaml:"fail_mode"`
 	Enforcement  string                `yaml:"enforcement"`
 	Callers      map[string]fileBucket `yaml:"callers"`
+
+	// omitempty: a service without procedures is written as it was
+	// before them.
+	Routes     []fileRoute              `yaml:"routes,omitempty"`
+	Procedures map[string]fileProcedure `yaml:"procedures,omitempty"`
+}
+
+type fileRoute struct {
+	Route     string `yaml:"route"`
+	Procedure string `yaml:"procedure"`
+	line      int    // of the entry, for CompileRoutes' errors
+}
+
+type fileProcedure struct {
+	Capacity *float64            `yaml:"capacity"`
+	Callers  map[string]fileLeaf `yaml:"callers"`
+}
+
+// fileLeaf is the limit of a (caller, procedure) leaf.
+type fileLeaf struct {
+	Limit *float64 `yaml:"limit"`
 }
 
 type fileBucket struct {
@@ -77,8 +117,8 @@ func ParseContext(ctx context.Context, r io.Reader) (*Set, error) {
 		}
 		return nil, fmt.Errorf("decode limits: %w", err)
 	}
-	var errs []error
-	nodes := nullKeys(&root, "", &errs)
+	b := &builder{ctx: ctx}
+	nodes := nullKeys(&root, "", &b.errs)
 	d := newDecoder(ctx, nodes)
 	doc := d.document(&root)
 	if ctx.Err() != nil {
@@ -89,44 +129,98 @@ func ParseContext(ctx context.Context, r io.Reader) (*Set, error) {
 	}
 	services := make(map[string]*Service, len(doc.Services))
 	for _, name := range slices.Sorted(maps.Keys(doc.Services)) {
-		fs := doc.Services[name]
-		path := "services." + name
-		if err := names.Check(name); err != nil || name == names.Overflow {
-			errs = append(errs, fmt.Errorf("%s: invalid service name: %v", path, errOr(err, "reserved")))
+		services[name] = b.service(name, doc.Services[name])
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("read limits: %w", ctx.Err())
 		}
-		svc := &Service{
-			Name:         name,
-			Capacity:     rate(path+".capacity", fs.Capacity, &errs),
-			DefaultLimit: rate(path+".default_limit", fs.DefaultLimit, &errs),
-			Mode:         setting(path+".mode", fs.Mode, dropratio.ParseMode, dropratio.Enforce, &errs),
-			FailMode:     setting(path+".fail_mode", fs.FailMode, dataplane.ParseFailMode, dataplane.FailOpen, &errs),
-			Enforcement:  setting(path+".enforcement", fs.Enforcement, dataplane.ParseEnforcement, dataplane.EnforceSidecar, &errs),
-			Callers:      make(map[string]Bucket, len(fs.Callers)),
-		}
-		for i, caller := range slices.Sorted(maps.Keys(fs.Callers)) {
-			if i%cancelEvery == 0 && ctx.Err() != nil {
-				return nil, fmt.Errorf("read limits: %w", ctx.Err())
-			}
-			fb := fs.Callers[caller]
-			cpath := path + ".callers." + caller
-			if err := names.Check(caller); err != nil {
-				errs = append(errs, fmt.Errorf("%s: invalid caller name: %v", cpath, err))
-			}
-			if fb.Limit == nil {
-				errs = append(errs, fmt.Errorf("%s.limit: missing", cpath))
-			}
-			svc.Callers[caller] = Bucket{
-				Limit:       rate(cpath+".limit", fb.Limit, &errs),
-				Mode:        setting(cpath+".mode", fb.Mode, dropratio.ParseMode, svc.Mode, &errs),
-				Enforcement: setting(cpath+".enforcement", fb.Enforcement, dataplane.ParseEnforcement, svc.callerEnforcement(caller), &errs),
-			}
-		}
-		services[name] = svc
 	}
-	if len(errs) > 0 {
-		return nil, fmt.Errorf("invalid limits: %w", errors.Join(errs...))
+	if len(b.errs) > 0 {
+		return nil, fmt.Errorf("invalid limits: %w", errors.Join(b.errs...))
 	}
-	return NewSet(services), nil
+	set := NewSet(services)
+	set.warnings = b.warnings()
+	return set, nil
+}
+
+// builder turns a decoded fileDoc into Services, collecting every problem
+// (errs) and every limit that is legal but surely wrong (warns).
+type builder struct {
+	ctx    context.Context
+	steps  int
+	errs   []error
+	warns  []string
+	warned int // warnings found, kept or not
+}
+
+// stopped pays for one step of the build and reports whether ctx is
+// done, which it looks at every cancelEvery steps.
+func (b *builder) stopped() bool {
+	b.steps++
+	return b.steps%cancelEvery == 0 && b.ctx.Err() != nil
+}
+
+// maxWarnings bounds the warnings a Set keeps: a file of 200,000 callers
+// must not log 200,000 lines.
+const maxWarnings = 100
+
+func (b *builder) warnf(format string, args ...any) {
+	if b.warned++; b.warned <= maxWarnings {
+		b.warns = append(b.warns, fmt.Sprintf(format, args...))
+	}
+}
+
+func (b *builder) warnings() []string {
+	if n := b.warned - len(b.warns); n > 0 {
+		return append(b.warns, fmt.Sprintf("and %d more warnings", n))
+	}
+	return b.warns
+}
+
+// service builds the limits of the service name from its file form.
+func (b *builder) service(name string, fs fileService) *Service {
+	path := "services." + name
+	if err := names.Check(name); err != nil || name == names.Overflow {
+		b.errs = append(b.errs, fmt.Errorf("%s: invalid service name: %v", path, errOr(err, "reserved")))
+	}
+	svc := &Service{
+		Name:         name,
+		Capacity:     rate(path+".capacity", fs.Capacity, &b.errs),
+		DefaultLimit: rate(path+".default_limit", fs.DefaultLimit, &b.errs),
+		Mode:         setting(path+".mode", fs.Mode, dropratio.ParseMode, dropratio.Enforce, &b.errs),
+		FailMode:     setting(path+".fail_mode", fs.FailMode, dataplane.ParseFailMode, dataplane.FailOpen, &b.errs),
+		Enforcement:  setting(path+".enforcement", fs.Enforcement, dataplane.ParseEnforcement, dataplane.EnforceSidecar, &b.errs),
+		Callers:      make(map[string]Bucket, len(fs.Callers)),
+	}
+	b.procedures(svc, fs, path)
+	if svc.HasProcedures() && svc.Enforcement == dataplane.EnforceUpstream {
+		b.errs = append(b.errs, fmt.Errorf("%s.enforcement: %w", path, errUpstream))
+	}
+	for _, caller := range slices.Sorted(maps.Keys(fs.Callers)) {
+		if b.stopped() {
+			return svc
+		}
+		fb := fs.Callers[caller]
+		cpath := path + ".callers." + caller
+		if err := names.Check(caller); err != nil {
+			b.errs = append(b.errs, fmt.Errorf("%s: invalid caller name: %v", cpath, err))
+		}
+		if fb.Limit == nil {
+			b.errs = append(b.errs, fmt.Errorf("%s.limit: missing", cpath))
+		}
+		bucket := Bucket{
+			Limit:       rate(cpath+".limit", fb.Limit, &b.errs),
+			Mode:        setting(cpath+".mode", fb.Mode, dropratio.ParseMode, svc.Mode, &b.errs),
+			Enforcement: setting(cpath+".enforcement", fb.Enforcement, dataplane.ParseEnforcement, svc.callerEnforcement(caller), &b.errs),
+		}
+		// Only where the caller names it: one inherited from the service
+		// is the service's error.
+		if svc.HasProcedures() && fb.Enforcement != "" && bucket.Enforcement == dataplane.EnforceUpstream {
+			b.errs = append(b.errs, fmt.Errorf("%s.enforcement: %w", cpath, errUpstream))
+		}
+		svc.Callers[caller] = bucket
+	}
+	b.warnProcedures(svc)
+	return svc
 }
 
 // nullKeys reports every mapping key under n that YAML reads as null (~,
@@ -225,8 +319,16 @@ func LoadFile(ctx context.Context, path string, interval time.Duration, logger *
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	f := &File{path: path, interval: interval, logger: logger, last: data}
+	f.warn(set)
 	f.current.Store(set)
 	return f, nil
+}
+
+// warn logs set's warnings, each once per load of the file.
+func (f *File) warn(set *Set) {
+	for _, w := range set.Warnings() {
+		f.logger.Warn("limits file: a limit is surely not what was meant", "path", f.path, "warning", w)
+	}
 }
 
 // Limits returns the last good limits.
@@ -278,6 +380,7 @@ func (f *File) reload(ctx context.Context) {
 	if err != nil {
 		f.logger.Error("limits file invalid; keeping the last good limits", "path", f.path, "err", err)
 	} else {
+		f.warn(set)
 		f.current.Store(set)
 		f.logger.Info("limits reloaded", "path", f.path, "services", set.Len())
 	}

@@ -3,6 +3,7 @@ package limits
 import (
 	"bytes"
 	"fmt"
+	"maps"
 	"math"
 	"runtime"
 	"slices"
@@ -14,6 +15,7 @@ import (
 	"github.com/sluicehq/sluice/pkg/dataplane"
 	"github.com/sluicehq/sluice/pkg/dropratio"
 	"github.com/sluicehq/sluice/pkg/names"
+	"github.com/sluicehq/sluice/pkg/routes"
 
 	"github.com/sluicehq/sluice/internal/testkit"
 )
@@ -106,6 +108,20 @@ func parseSeeds() map[string]string {
 		"bad-modes":              "services: {checkout: {mode: strict, fail_mode: closed, callers: {web: {limit: 1, mode: Shadow}}}}\n",
 		"bad-tabs":               "services:\n\tcheckout: {}\n",
 		"bad-binary":             "\x00\xff\xfe services",
+
+		"good-procedures":             withProcedures,
+		"good-grpc-procedures":        "services: {s: {capacity: 9, procedures: {/p.S/A: {capacity: 1, callers: {web: {limit: 2}}}, /p.S/B: ~}}}\n",
+		"good-routes-only":            "services: {s: {callers: {web: {limit: 1}}, routes: [{route: /, procedure: root}, {route: \"GET /a/{id}/*\", procedure: a}]}}\n",
+		"good-route-anchor":           "services:\n  s:\n    routes:\n      - &r {route: /a, procedure: a}\n      - {<<: *r, route: /b}\n",
+		"bad-route-shadowed":          "services: {s: {routes: [{route: /a/*, procedure: a}, {route: /a/b, procedure: b}]}}\n",
+		"bad-route-template":          "services: {s: {routes: [{route: \"get /a//{x\", procedure: \"-x\"}]}}\n",
+		"bad-route-missing-procedure": "services: {s: {routes: [{route: /a}]}}\n",
+		"bad-route-other":             "services: {s: {routes: [{route: /a, procedure: _other}]}}\n",
+		"bad-routes-mapping":          "services: {s: {routes: {route: /a, procedure: a}}}\n",
+		"bad-procedure-no-parent":     "services: {s: {routes: [{route: /a, procedure: a}], procedures: {b: {capacity: 1}}}}\n",
+		"bad-procedure-only-other":    "services: {s: {procedures: {_other: {capacity: 1}}}}\n",
+		"bad-procedure-leaf-fields":   "services: {s: {procedures: {/p.S/M: {callers: {web: {mode: shadow}}}}}}\n",
+		"bad-procedure-upstream":      "services: {s: {procedures: {/p.S/M: {}}, callers: {app: {limit: 1, enforcement: upstream}}}}\n",
 	}
 	for name, doc := range bombs() {
 		if len(doc) <= 64<<10 { // larger seeds slow every mutation down
@@ -198,6 +214,7 @@ func checkSet(t *testing.T, set *Set) {
 			svc.FailMode != dataplane.FailOpen && svc.FailMode != dataplane.FailHold && svc.FailMode != dataplane.FailLocal {
 			t.Errorf("%s: mode %v, fail mode %v", name, svc.Mode, svc.FailMode)
 		}
+		checkProcedures(t, svc)
 		for caller, b := range svc.Callers {
 			if err := names.Check(caller); err != nil {
 				t.Errorf("%s: accepted caller %q: %v", name, caller, err)
@@ -208,6 +225,64 @@ func checkSet(t *testing.T, set *Set) {
 			if b.Mode != dropratio.Enforce && b.Mode != dropratio.Shadow {
 				t.Errorf("%s/%s: mode %v", name, caller, b.Mode)
 			}
+		}
+	}
+}
+
+// checkProcedures checks what a service declares: procedures valid,
+// distinct and bounded, _other never among them; routes that compile and
+// name them first; every other one a gRPC method; every leaf named and
+// limited; and nothing enforced upstream.
+func checkProcedures(t *testing.T, svc *Service) {
+	t.Helper()
+	rateOK := func(v float64) bool { return v >= 0 && !math.IsInf(v, -1) }
+	if !svc.HasProcedures() {
+		if len(svc.Routes) != 0 || len(svc.Procedures) != 0 || svc.Declared != nil {
+			t.Errorf("%s declares no procedure, but routes %v, procedures %v", svc.Name, svc.Routes, svc.Procedures)
+		}
+		return
+	}
+	if len(svc.Declared) > routes.MaxRoutes || slices.Contains(svc.Declared, names.Other) {
+		t.Errorf("%s: declared %q", svc.Name, svc.Declared)
+	}
+	r, err := routes.CompileRoutes(svc.Routes)
+	if err != nil {
+		t.Fatalf("%s: accepted routes that do not compile: %v", svc.Name, err)
+	}
+	fromRoutes := r.Procedures()
+	if !slices.Equal(svc.Declared[:len(fromRoutes)], fromRoutes) {
+		t.Errorf("%s: declared %q do not start with the routes' %q", svc.Name, svc.Declared, fromRoutes)
+	}
+	for i, p := range svc.Declared {
+		if err := names.CheckProcedure(p); err != nil || slices.Index(svc.Declared, p) != i {
+			t.Errorf("%s: declared %q: %q: %v", svc.Name, svc.Declared, p, err)
+		}
+		if i >= len(fromRoutes) && routes.GRPCProcedure(p) != p {
+			t.Errorf("%s: %q is declared, but no route names it and no gRPC call can be it", svc.Name, p)
+		}
+		if svc.Procedures[p] == nil {
+			t.Errorf("%s: declared %q has no limits", svc.Name, p)
+		}
+	}
+	for name, p := range svc.Procedures {
+		if name != names.Other && !slices.Contains(svc.Declared, name) {
+			t.Errorf("%s: procedure %q is not declared", svc.Name, name)
+		}
+		if !rateOK(p.Capacity) {
+			t.Errorf("%s: procedure %q: capacity %v", svc.Name, name, p.Capacity)
+		}
+		for caller, l := range p.Callers {
+			if err := names.Check(caller); err != nil || !rateOK(l) || math.IsInf(l, 1) {
+				t.Errorf("%s: leaf (%q, %q): limit %v, %v", svc.Name, caller, name, l, err)
+			}
+		}
+	}
+	if svc.Enforcement == dataplane.EnforceUpstream {
+		t.Errorf("%s declares procedures and is enforced upstream", svc.Name)
+	}
+	for caller, b := range svc.Callers {
+		if b.Enforcement == dataplane.EnforceUpstream {
+			t.Errorf("%s declares procedures, and its caller %s is enforced upstream", svc.Name, caller)
 		}
 	}
 }
@@ -228,6 +303,19 @@ func render(set *Set) fileDoc {
 		for caller, b := range svc.Callers {
 			fs.Callers[caller] = fileBucket{Limit: rate(b.Limit), Mode: b.Mode.String(), Enforcement: b.Enforcement.String()}
 		}
+		for _, r := range svc.Routes {
+			fs.Routes = append(fs.Routes, fileRoute{Route: r.Pattern, Procedure: r.Procedure})
+		}
+		if len(svc.Procedures) > 0 {
+			fs.Procedures = map[string]fileProcedure{}
+		}
+		for proc, p := range svc.Procedures {
+			fp := fileProcedure{Capacity: rate(p.Capacity), Callers: map[string]fileLeaf{}}
+			for caller, l := range p.Callers {
+				fp.Callers[caller] = fileLeaf{Limit: rate(l)}
+			}
+			fs.Procedures[proc] = fp
+		}
 		doc.Services[name] = fs
 	}
 	return doc
@@ -247,6 +335,15 @@ func equalSets(a, b *Set) bool {
 		}
 		for caller, bx := range x.Callers {
 			if by, ok := y.Callers[caller]; !ok || bx != by {
+				return false
+			}
+		}
+		if !slices.Equal(x.Routes, y.Routes) || !slices.Equal(x.Declared, y.Declared) || len(x.Procedures) != len(y.Procedures) {
+			return false
+		}
+		for proc, px := range x.Procedures {
+			py, ok := y.Procedures[proc]
+			if !ok || px.Capacity != py.Capacity || !maps.Equal(px.Callers, py.Callers) {
 				return false
 			}
 		}

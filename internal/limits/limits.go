@@ -34,6 +34,7 @@ type Runner interface {
 type Set struct {
 	services map[string]*Service
 	names    []string // sorted keys of services
+	warnings []string
 }
 
 // Service holds the limits of one callee.
@@ -144,6 +145,12 @@ func (s *Set) Services() []string { return s.names }
 
 // Service returns the limits of a callee, or nil when it has none.
 func (s *Set) Service(name string) *Service { return s.services[name] }
+
+// Warnings lists what is legal in the limits but surely not what was
+// meant, each with its path: a limit that can never bind, a procedure that
+// limits nothing. Their source logs them when it loads the set; they never
+// stop it from loading.
+func (s *Set) Warnings() []string { return s.warnings }
 
 // Len is the number of configured services.
 func (s *Set) Len() int { return len(s.services) }
