@@ -23,6 +23,7 @@ type metrics struct {
 	sumsCapped         prometheus.Counter
 	shedServices       prometheus.Counter
 	folded             map[string]prometheus.Counter // by bound; every FoldReasons up front
+	entriesRejected    map[string]prometheus.Counter // by reason; every EntryReasons up front
 }
 
 func (m *metrics) rejected(reason string) prometheus.Counter {
@@ -42,14 +43,19 @@ func newMetrics[Req, Resp any](reg prometheus.Registerer, logger *slog.Logger, u
 		Namespace: ns, Subsystem: sub, Name: "peers_folded_total",
 		Help: "Peers of accepted load reports folded into _overflow (their rates kept, their own buckets not), by the bound they were beyond.",
 	}, []string{"bound"})
+	entries := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "entries_rejected_total",
+		Help: "Entries of accepted load reports left out (their load lost), by reason; the rest of each report was applied.",
+	}, []string{"reason"})
 	m := metrics{
 		reports: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "reports_total",
 			Help: "Load reports received, rejected ones included.",
 		}),
-		rejectedBy:    make(map[string]prometheus.Counter, len(Reasons)+1),
-		folded:        make(map[string]prometheus.Counter, len(FoldReasons)),
-		rejectedOther: rejected.WithLabelValues("other"),
+		rejectedBy:      make(map[string]prometheus.Counter, len(Reasons)+1),
+		folded:          make(map[string]prometheus.Counter, len(FoldReasons)),
+		entriesRejected: make(map[string]prometheus.Counter, len(EntryReasons)),
+		rejectedOther:   rejected.WithLabelValues("other"),
 		sidecars: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: ns, Subsystem: sub, Name: "sidecars",
 			Help: "Sidecars whose latest rates are kept.",
@@ -64,7 +70,7 @@ func newMetrics[Req, Resp any](reg prometheus.Registerer, logger *slog.Logger, u
 		}),
 		flushBuckets: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: ns, Subsystem: sub, Name: "flush_buckets",
-			Help: "(service, direction, peer) entries in the last zone load.",
+			Help: "(service, direction, peer, procedure) entries in the last zone load.",
 		}),
 		controllerRejected: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "controller_rejected_total",
@@ -72,7 +78,7 @@ func newMetrics[Req, Resp any](reg prometheus.Registerer, logger *slog.Logger, u
 		}),
 		sumsCapped: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "sums_capped_total",
-			Help: "Per-(service, caller) sums above the most the controller accepts (1e10 rps), capped at it.",
+			Help: "Per-(service, caller, procedure) sums above the most the controller accepts (1e10 rps), capped at it.",
 		}),
 		shedServices: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "zone_load_shed_services_total",
@@ -85,12 +91,15 @@ func newMetrics[Req, Resp any](reg prometheus.Registerer, logger *slog.Logger, u
 	for _, b := range FoldReasons {
 		m.folded[b] = folded.WithLabelValues(b)
 	}
+	for _, r := range EntryReasons {
+		m.entriesRejected[r] = entries.WithLabelValues(r)
+	}
 	if reg == nil {
 		return m
 	}
 	for _, c := range append([]prometheus.Collector{
 		m.reports, rejected, m.sidecars, m.streams, m.flushes, m.flushBuckets, m.controllerRejected,
-		m.sumsCapped, m.shedServices, folded,
+		m.sumsCapped, m.shedServices, folded, entries,
 	}, uplinkCollectors(ups)...) {
 		// Registering is best effort, as in the other services: a second
 		// aggregator on the same registry must not fail or panic. Its

@@ -393,9 +393,16 @@ func (s *Service) onControllerResponse(r *zoneResp) {
 // apply takes one report of stream st under the lock and says why it was
 // rejected, if it was.
 func (s *Service) apply(st *stream, r *sluicev1.LoadReport) error {
-	folds, err := s.applyLocked(st, r)
+	folds, bad, err := s.applyLocked(st, r)
 	if folds.Total() > 0 {
 		s.noteFolds(st.sender, folds)
+	}
+	if bad.BadProcedure > 0 {
+		s.m.entriesRejected[EntryBadProcedure].Add(float64(bad.BadProcedure))
+		if s.reportLog.Allow(EntryBadProcedure, time.Now()) {
+			s.log.Warn("load report entries with a bad procedure left out; the rest of the report applied",
+				"entries", bad.BadProcedure, "service", uplink.Truncate(r.GetService()), "sidecar_id", uplink.Truncate(r.GetSidecarId()))
+		}
 	}
 	var rej *RejectError
 	if errors.As(err, &rej) && operatorReasons[rej.Reason] && s.reportLog.Allow(rej.Reason, time.Now()) {
@@ -428,8 +435,9 @@ func (s *Service) noteFolds(identity string, f Folds) {
 	}
 }
 
-// applyLocked applies r under the lock and returns the peers it folded.
-func (s *Service) applyLocked(st *stream, r *sluicev1.LoadReport) (Folds, error) {
+// applyLocked applies r under the lock and returns the peers it folded and
+// the entries it left out.
+func (s *Service) applyLocked(st *stream, r *sluicev1.LoadReport) (Folds, RejectedEntries, error) {
 	s.mu.Lock()
 	defer func() {
 		n := s.state.Sidecars()
@@ -443,16 +451,16 @@ func (s *Service) applyLocked(st *stream, r *sluicev1.LoadReport) (Folds, error)
 	sender := r.GetService()
 	if s.cfg.RequirePeerIdentity {
 		if err := s.authorize(st, r); err != nil {
-			return Folds{}, err
+			return Folds{}, RejectedEntries{}, err
 		}
 		sender = st.peer.Service
 	}
 	if st.id != "" && (r.GetSidecarId() != st.id || sender != st.sender) {
-		return Folds{}, reject(ReasonSidecarIDChanged, "stream of sidecar %q of %q reported for %q of %q",
+		return Folds{}, RejectedEntries{}, reject(ReasonSidecarIDChanged, "stream of sidecar %q of %q reported for %q of %q",
 			uplink.Truncate(st.id), uplink.Truncate(st.sender), uplink.Truncate(r.GetSidecarId()), uplink.Truncate(sender))
 	}
 	if err := s.state.ApplyFrom(Sender{Identity: sender, Holder: st.holder}, r, time.Now()); err != nil {
-		return Folds{}, err
+		return Folds{}, RejectedEntries{}, err
 	}
 	if s.state.TakeUrgent() {
 		// A surge: the controller hears of it now, not at the next
@@ -460,7 +468,7 @@ func (s *Service) applyLocked(st *stream, r *sluicev1.LoadReport) (Folds, error)
 		s.flushes.Poke()
 	}
 	st.sender, st.id = sender, r.GetSidecarId()
-	return s.state.TakeFolds(), nil
+	return s.state.TakeFolds(), s.state.TakeRejectedEntries(), nil
 }
 
 // authorize checks a report against its sender's identity; s.mu is held.

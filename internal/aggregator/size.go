@@ -20,13 +20,15 @@ const reportHeaderSlack = 4 << 10
 
 // MaxReportSize is the largest load report message (a
 // StreamLoadReportsRequest, as gRPC counts it) that can pass b: one with
-// MaxPeersPerReport peers of the longest names and largest counts. The
-// aggregator's gRPC server refuses larger messages before decoding them
-// (counted as ReasonTooLarge), so that a stream buffers no more than this.
+// MaxPeersPerReport peers of the longest names and procedures and the
+// largest counts. The aggregator's gRPC server refuses larger messages
+// before decoding them (counted as ReasonTooLarge), so that a stream
+// buffers no more than this.
 func (b Bounds) MaxReportSize() int {
 	worst := &sluicev1.PeerCounts{
-		Peer:    strings.Repeat("p", names.MaxLen),
-		Offered: math.MaxUint64, Dropped: math.MaxUint64, ShadowDropped: math.MaxUint64,
+		Peer:      strings.Repeat("p", names.MaxLen),
+		Procedure: strings.Repeat("p", names.MaxProcedureLen),
+		Offered:   math.MaxUint64, Dropped: math.MaxUint64, ShadowDropped: math.MaxUint64,
 	}
 	perPeer := protowire.SizeTag(peersField) + protowire.SizeBytes(proto.Size(worst))
 	return reportHeaderSlack + b.withDefaults().MaxPeersPerReport*perPeer

@@ -23,11 +23,12 @@ import (
 // the zone's sums. Zero fields take their defaults. (They are not rate
 // limits, which the aggregator knows nothing of: it only adds up rates.)
 type Bounds struct {
-	// MaxPeersPerReport bounds the peers kept of one report, besides the
-	// reserved names.Unknown and names.Overflow: the excess, the smallest
-	// rates first, is folded into names.Overflow (see State.fold). A report
-	// naming more than absurdPeersFactor times as many is rejected whole, a
-	// bound on the work one report costs. Default 10000.
+	// MaxPeersPerReport bounds the entries kept of one report, each a
+	// (peer, procedure) leaf, besides the reserved ones (see reserved):
+	// the excess, the smallest rates first, is folded into names.Overflow
+	// (see State.fold). A report with more than absurdPeersFactor times
+	// as many entries is rejected whole, a bound on the work one report
+	// costs. Default 10000.
 	MaxPeersPerReport int
 	// MaxRate bounds a peer's offered rate in one report, in requests per
 	// second. Default 1e7.
@@ -47,23 +48,25 @@ type Bounds struct {
 
 	// Quotas of one identity: the service a sender speaks for (see
 	// Sender). They cost that identity alone. A new sidecar beyond its
-	// quota is rejected; peers beyond theirs are folded into
+	// quota is rejected; entries beyond theirs are folded into
 	// names.Overflow, so that the identity's load stays whole and only
-	// the peers that came last lose their own buckets.
+	// the leaves that came last lose their own buckets. The quotas count
+	// entries, (peer, procedure) leaves: a callee's procedures multiply
+	// its buckets as its callers do.
 
 	// MaxSidecarsPerIdentity bounds the sidecar ids one identity holds.
 	// Default 2000: more replicas of one service in one zone than we know
 	// of.
 	MaxSidecarsPerIdentity int
-	// MaxPeersPerIdentity bounds the distinct peers (callers, or callees
-	// for outbound reports) across one identity's sidecars, besides the
-	// reserved names, which bounds its part of the zone load. Default
-	// 10000, a report's default bound: a service's sidecars see the same
-	// callers.
+	// MaxPeersPerIdentity bounds the distinct leaves (callers, or
+	// callees for outbound reports, each with a procedure) across one
+	// identity's sidecars, besides the reserved ones, which bounds its
+	// part of the zone load. Default 10000, a report's default bound: a
+	// service's sidecars see the same callers.
 	MaxPeersPerIdentity int
-	// MaxEntriesPerIdentity bounds the (sidecar, peer) rates kept for
-	// one identity, besides the reserved names' (two per sidecar), about
-	// 40 bytes each: its memory. Default 1000000.
+	// MaxEntriesPerIdentity bounds the (sidecar, peer, procedure) rates
+	// kept for one identity, besides the reserved ones' (four per
+	// sidecar), about 56 bytes each: its memory. Default 1000000.
 	MaxEntriesPerIdentity int
 }
 
@@ -148,8 +151,8 @@ const (
 	ReasonBadName         = "bad_name"          // service or peer fails names.Check, or the service is names.Overflow
 	ReasonBadDirection    = "bad_direction"     // neither inbound nor outbound
 	ReasonBadWindow       = "bad_window"        // missing, or outside [MinWindow, MaxWindow]
-	ReasonTooManyPeers    = "too_many_peers"    // more than absurdPeersFactor × MaxPeersPerReport
-	ReasonDuplicatePeer   = "duplicate_peer"    // a peer listed twice
+	ReasonTooManyPeers    = "too_many_peers"    // more than absurdPeersFactor × MaxPeersPerReport entries
+	ReasonDuplicatePeer   = "duplicate_peer"    // a (peer, procedure) listed twice
 	ReasonBadCounts       = "bad_counts"        // dropped + shadow_dropped above offered
 	ReasonAbsurdRate      = "absurd_rate"       // a peer's offered rate above MaxRate
 	ReasonTooManySidecars = "too_many_sidecars" // a new sidecar while MaxSidecars are kept
@@ -164,6 +167,18 @@ var Reasons = []string{
 	ReasonTooManyPeers, ReasonDuplicatePeer, ReasonBadCounts, ReasonAbsurdRate, ReasonTooManySidecars,
 	ReasonBadInterval, ReasonIDInUse, ReasonQuotaSidecars,
 }
+
+// EntryBadProcedure is why an entry of a report is left out, the rest of
+// the report kept: its procedure is neither "" nor a valid procedure name
+// (names.CheckProcedure). A metric label value. The entry's load is lost,
+// not folded: a sidecar sends only the procedures its policy declares and
+// names.Other, so a bad one is a bug or a lie, and a name it can not spell
+// is no bucket to keep.
+const EntryBadProcedure = "bad_procedure"
+
+// EntryReasons lists every reason an entry is left out, for metrics
+// resolved up front.
+var EntryReasons = []string{EntryBadProcedure}
 
 // Reasons a peer of an accepted report is folded into names.Overflow: the
 // bound it would have taken the report or its identity past. They are
@@ -230,6 +245,9 @@ type State struct {
 	// folds counts the peers Apply folded into names.Overflow since the
 	// last TakeFolds.
 	folds Folds
+	// badEntries counts the entries Apply left out of accepted reports
+	// since the last TakeRejectedEntries.
+	badEntries RejectedEntries
 	// urgent is set by Apply when a report shows a surge; see TakeUrgent.
 	// urgentFlush marks the next Flush's zone load urgent, so that the
 	// controller acts on it at once too.
@@ -251,36 +269,56 @@ type sidecarLoad struct {
 	direction sluicev1.Direction
 	interval  time.Duration // the sidecar's report interval (else its window), for staleness
 	seen      time.Time     // when the report was applied, by the aggregator's clock
-	peers     []peerRate    // sorted by peer
+	peers     []peerRate    // sorted by leaf
+}
+
+// leaf is a bucket of a report: a peer, and the procedure its requests
+// did at the callee ("" when the callee declares none).
+type leaf struct{ peer, procedure string }
+
+func compareLeaves(a, b leaf) int {
+	return cmp.Or(strings.Compare(a.peer, b.peer), strings.Compare(a.procedure, b.procedure))
 }
 
 type peerRate struct {
-	peer                     string  // interned in its identity's peers
+	leaf                             // interned in its identity's peers
 	offered, dropped, shadow float64 // requests per second
 }
+
+func comparePeerRates(a, b peerRate) int { return compareLeaves(a.leaf, b.leaf) }
 
 // identityLoad is what the quotas count of one identity's sidecars.
 type identityLoad struct {
 	sidecars int
-	// entries is the peers of its sidecars' reports, summed, the reserved
-	// ones (reserved) left out.
+	// entries is the leaves of its sidecars' reports, summed, the
+	// reserved ones (reserved) left out.
 	entries int
-	// peers are its distinct peers: the one copy of each name that its
+	// peers are its distinct leaves: the one copy of each name that its
 	// peerRates refer to, and how many of its sidecars list it. An entry
 	// goes when the last report listing it is replaced or removed, so a
-	// peer that no report names any more gives its place back.
-	peers map[string]*peerRef
+	// leaf that no report names any more gives its place back.
+	peers map[leaf]*peerRef
 }
 
-// reserved reports whether peer is one of the names that every sidecar may
+// reserved reports whether l is one of the leaves that every sidecar may
 // report and no quota folds: the caller that names none, and the bucket
-// that folded peers go to.
-func reserved(peer string) bool { return peer == names.Unknown || peer == names.Overflow }
+// that folded leaves go to, each with no procedure or with names.Other.
+// Four leaves at most: a reserved peer with a procedure of its own counts
+// against the quotas like any leaf, or a sidecar could grow the state
+// with invented procedures of names.Unknown.
+func reserved(l leaf) bool {
+	return (l.peer == names.Unknown || l.peer == names.Overflow) && (l.procedure == "" || l.procedure == names.Other)
+}
 
-// distinct returns how many of il's distinct peers are not reserved.
+// reservedLeaves are the leaves reserved reports true for.
+var reservedLeaves = []leaf{
+	{names.Unknown, ""}, {names.Unknown, names.Other}, {names.Overflow, ""}, {names.Overflow, names.Other},
+}
+
+// distinct returns how many of il's distinct leaves are not reserved.
 func (il *identityLoad) distinct() int {
 	n := len(il.peers)
-	for _, r := range []string{names.Unknown, names.Overflow} {
+	for _, r := range reservedLeaves {
 		if il.peers[r] != nil {
 			n--
 		}
@@ -289,8 +327,8 @@ func (il *identityLoad) distinct() int {
 }
 
 type peerRef struct {
-	name string
-	n    int
+	leaf
+	n int
 }
 
 // bucketKey identifies one ServiceLoad of a ZoneLoad.
@@ -350,14 +388,15 @@ func (s *State) ApplyFrom(from Sender, r *sluicev1.LoadReport, now time.Time) er
 			return reject(ReasonQuotaSidecars, "%q already holds %d sidecar ids, at most %d", uplink.Truncate(k.identity), il.sidecars, s.bounds.MaxSidecarsPerIdentity)
 		}
 	}
-	peers, err := s.checkPeers(r)
+	peers, bad, err := s.checkPeers(r)
 	if err != nil {
 		return err
 	}
+	s.badEntries.BadProcedure += bad
 	peers = s.fold(il, old, peers)
 
 	if il == nil {
-		il = &identityLoad{peers: make(map[string]*peerRef)}
+		il = &identityLoad{peers: make(map[leaf]*peerRef)}
 		s.identities[k.identity] = il
 	}
 	if old == nil {
@@ -432,39 +471,59 @@ func (s *State) isStale(sc *sidecarLoad, now time.Time) bool {
 	return now.Sub(sc.seen) > time.Duration(s.staleAfter)*sc.interval
 }
 
-// checkPeers checks r's peers and returns them as rates, sorted.
-func (s *State) checkPeers(r *sluicev1.LoadReport) ([]peerRate, error) {
+// checkPeers checks r's entries and returns them as rates, sorted by
+// leaf, and how many it left out for a bad procedure (EntryBadProcedure).
+// Any other bad entry rejects the report.
+func (s *State) checkPeers(r *sluicev1.LoadReport) (peers []peerRate, badProcedures int, err error) {
 	secs := r.GetWindow().AsDuration().Seconds()
-	peers := make([]peerRate, 0, len(r.GetPeers()))
+	peers = make([]peerRate, 0, len(r.GetPeers()))
 	for _, p := range r.GetPeers() {
 		if err := names.Check(p.GetPeer()); err != nil {
-			return nil, reject(ReasonBadName, "peer: %v", err)
+			return nil, 0, reject(ReasonBadName, "peer: %v", err)
+		}
+		if proc := p.GetProcedure(); proc != "" && !names.ValidProcedure(proc) {
+			badProcedures++
+			continue
 		}
 		o, d, sh := p.GetOffered(), p.GetDropped(), p.GetShadowDropped()
 		// Dropped requests were not admitted and shadow-dropped ones
 		// were: both are parts of offered, and they do not overlap. The
 		// sum is checked without overflowing.
 		if d > o || sh > o-d {
-			return nil, reject(ReasonBadCounts, "peer %q: dropped %d + shadow_dropped %d above offered %d", p.GetPeer(), d, sh, o)
+			return nil, 0, reject(ReasonBadCounts, "peer %q: dropped %d + shadow_dropped %d above offered %d", p.GetPeer(), d, sh, o)
 		}
 		rate := float64(o) / secs
 		if rate > s.bounds.MaxRate {
-			return nil, reject(ReasonAbsurdRate, "peer %q: offered rate %.0f/s above %.0f/s", p.GetPeer(), rate, s.bounds.MaxRate)
+			return nil, 0, reject(ReasonAbsurdRate, "peer %q: offered rate %.0f/s above %.0f/s", p.GetPeer(), rate, s.bounds.MaxRate)
 		}
 		peers = append(peers, peerRate{
-			peer:    p.GetPeer(),
+			leaf:    leaf{p.GetPeer(), p.GetProcedure()},
 			offered: rate,
 			dropped: float64(d) / secs,
 			shadow:  float64(sh) / secs,
 		})
 	}
-	slices.SortFunc(peers, func(a, b peerRate) int { return strings.Compare(a.peer, b.peer) })
+	slices.SortFunc(peers, comparePeerRates)
 	for i := 1; i < len(peers); i++ {
-		if peers[i].peer == peers[i-1].peer {
-			return nil, reject(ReasonDuplicatePeer, "peer %q listed twice", peers[i].peer)
+		if peers[i].leaf == peers[i-1].leaf {
+			return nil, 0, reject(ReasonDuplicatePeer, "peer %q procedure %q listed twice", peers[i].peer, uplink.Truncate(peers[i].procedure))
 		}
 	}
-	return peers, nil
+	return peers, badProcedures, nil
+}
+
+// RejectedEntries counts the entries left out of accepted reports, by
+// reason.
+type RejectedEntries struct {
+	BadProcedure int // EntryBadProcedure
+}
+
+// TakeRejectedEntries returns the entries left out since the last call,
+// and clears them.
+func (s *State) TakeRejectedEntries() RejectedEntries {
+	e := s.badEntries
+	s.badEntries = RejectedEntries{}
+	return e
 }
 
 // Folds counts peers of accepted reports folded into names.Overflow, by
@@ -485,18 +544,21 @@ func (s *State) TakeFolds() Folds {
 	return f
 }
 
-// fold makes peers, a report's checked rates sorted by peer, fit what its
+// fold makes peers, a report's checked rates sorted by leaf, fit what its
 // sidecar and its identity (il, nil for none yet) may keep, replacing the
 // sidecar's old report (nil for a new sidecar), and returns them sorted.
-// It never rejects: the peers beyond the bounds are folded into
+// It never rejects: the leaves beyond the bounds are folded into
 // names.Overflow, their rates (offered, dropped, shadow) added to its, so
-// that the service's load stays whole and what costs is the folded peers'
-// own buckets. The reserved peers are always kept.
+// that the service's load stays whole and what costs is the folded leaves'
+// own buckets. A leaf without a procedure folds into (names.Overflow, ""),
+// one with a procedure into (names.Overflow, names.Other): the procedure
+// stays one the callee's table has room for, whatever was folded. The
+// reserved leaves are always kept.
 //
-// Which peers fold is deterministic, by rank: first the peers the identity
-// already holds (listed by a report of its, this sidecar's old one
-// included), then the larger offered rate, then the name; the lowest
-// ranks fold. Held peers first: a bucket once given is not taken away by
+// Which leaves fold is deterministic, by rank: first the leaves the
+// identity already holds (listed by a report of its, this sidecar's old
+// one included), then the larger offered rate, then the leaf; the lowest
+// ranks fold. Held leaves first: a bucket once given is not taken away by
 // a newcomer, so buckets do not flap from report to report, and names made
 // up after the fact can not push out the callers a service had. The
 // larger rates next: made-up names spread a flood thin, while a caller
@@ -508,39 +570,21 @@ func (s *State) fold(il *identityLoad, old *sidecarLoad, peers []peerRate) []pee
 	if il == nil {
 		il = &identityLoad{}
 	}
-	var oldPeers []peerRate
-	if old != nil {
-		oldPeers = old.peers
-	}
-	var own []peerRate // the report's peers that may fold
-	held, oldOwn := 0, 0
+	var own []peerRate // the report's leaves that may fold
+	held := 0
 	for _, p := range peers {
-		if !reserved(p.peer) {
+		if !reserved(p.leaf) {
 			own = append(own, p)
-			if il.peers[p.peer] != nil {
+			if il.peers[p.leaf] != nil {
 				held++
 			}
 		}
 	}
-	// The identity's distinct peers after the report, before any new one
-	// comes: those only the old report listed go.
-	after, j := il.distinct(), 0
-	for _, p := range oldPeers {
-		if reserved(p.peer) {
-			continue
-		}
-		oldOwn++
-		for j < len(peers) && peers[j].peer < p.peer {
-			j++
-		}
-		if il.peers[p.peer].n == 1 && (j == len(peers) || peers[j].peer != p.peer) {
-			after--
-		}
-	}
-	// Each bound keeps a prefix of the ranked peers; held ones rank first,
-	// so the identity's bound keeps all held ones that the others keep.
-	// (Were held ones folded, its room would be larger than counted: no
-	// matter, every new one folds too.)
+	after, oldOwn := il.distinctAfter(old, peers)
+	// Each bound keeps a prefix of the ranked leaves; held ones rank
+	// first, so the identity's bound keeps all held ones that the others
+	// keep. (Were held ones folded, its room would be larger than
+	// counted: no matter, every new one folds too.)
 	n := len(own)
 	kReport := min(n, s.bounds.MaxPeersPerReport)
 	kEntries := min(kReport, max(0, s.bounds.MaxEntriesPerIdentity-(il.entries-oldOwn)))
@@ -553,50 +597,90 @@ func (s *State) fold(il *identityLoad, old *sidecarLoad, peers []peerRate) []pee
 	s.folds.Identity += kEntries - kPeers
 
 	slices.SortFunc(own, func(a, b peerRate) int {
-		ha, hb := il.peers[a.peer] != nil, il.peers[b.peer] != nil
+		ha, hb := il.peers[a.leaf] != nil, il.peers[b.leaf] != nil
 		if ha != hb {
 			if ha {
 				return -1
 			}
 			return 1
 		}
-		return cmp.Or(cmp.Compare(b.offered, a.offered), strings.Compare(a.peer, b.peer))
+		return cmp.Or(cmp.Compare(b.offered, a.offered), compareLeaves(a.leaf, b.leaf))
 	})
 	out := own[:kPeers:kPeers]
-	overflow := peerRate{peer: names.Overflow}
+	// The two leaves folded ones go to: without a procedure, and with.
+	overflow := [2]peerRate{{leaf: leaf{names.Overflow, ""}}, {leaf: leaf{names.Overflow, names.Other}}}
+	used := [2]bool{}
 	for _, p := range peers {
 		switch {
-		case p.peer == names.Overflow:
-			overflow.offered, overflow.dropped, overflow.shadow = p.offered, p.dropped, p.shadow
-		case reserved(p.peer):
+		case p.leaf == overflow[0].leaf:
+			overflow[0], used[0] = p, true
+		case p.leaf == overflow[1].leaf:
+			overflow[1], used[1] = p, true
+		case reserved(p.leaf):
 			out = append(out, p)
 		}
 	}
 	// In rank order, so that the same report and state give the same sum.
 	for _, p := range own[kPeers:] {
-		overflow.offered += p.offered
-		overflow.dropped += p.dropped
-		overflow.shadow += p.shadow
+		i := 0
+		if p.procedure != "" {
+			i = 1
+		}
+		o := &overflow[i]
+		o.offered += p.offered
+		o.dropped += p.dropped
+		o.shadow += p.shadow
+		used[i] = true
 	}
-	out = append(out, overflow)
-	slices.SortFunc(out, func(a, b peerRate) int { return strings.Compare(a.peer, b.peer) })
+	for i := range overflow {
+		if used[i] {
+			out = append(out, overflow[i])
+		}
+	}
+	slices.SortFunc(out, comparePeerRates)
 	return out
 }
 
+// distinctAfter returns how many distinct leaves, reserved ones left out,
+// il holds once a sidecar's report peers replaces its old one (nil for a
+// new sidecar), before any leaf new to il comes: those only the old
+// report listed go. It also returns how many entries the old report
+// counts against il, reserved ones left out.
+func (il *identityLoad) distinctAfter(old *sidecarLoad, peers []peerRate) (after, oldOwn int) {
+	after = il.distinct()
+	if old == nil {
+		return after, 0
+	}
+	j := 0
+	for _, p := range old.peers {
+		if reserved(p.leaf) {
+			continue
+		}
+		oldOwn++
+		for j < len(peers) && compareLeaves(peers[j].leaf, p.leaf) < 0 {
+			j++
+		}
+		if il.peers[p.leaf].n == 1 && (j == len(peers) || peers[j].leaf != p.leaf) {
+			after--
+		}
+	}
+	return after, oldOwn
+}
+
 // hold counts peers as listed once more, and makes each refer to the
-// identity's one copy of its name, so that a name that many sidecars list
-// is kept once.
+// identity's one copy of its names, so that a leaf that many sidecars
+// list is kept once.
 func (il *identityLoad) hold(peers []peerRate) {
 	for i := range peers {
 		p := &peers[i]
-		ref := il.peers[p.peer]
+		ref := il.peers[p.leaf]
 		if ref == nil {
-			ref = &peerRef{name: p.peer}
-			il.peers[ref.name] = ref
+			ref = &peerRef{leaf: p.leaf}
+			il.peers[ref.leaf] = ref
 		}
 		ref.n++
-		p.peer = ref.name
-		if !reserved(p.peer) {
+		p.leaf = ref.leaf
+		if !reserved(p.leaf) {
 			il.entries++
 		}
 	}
@@ -605,12 +689,12 @@ func (il *identityLoad) hold(peers []peerRate) {
 // release undoes hold.
 func (il *identityLoad) release(peers []peerRate) {
 	for _, p := range peers {
-		if ref := il.peers[p.peer]; ref.n <= 1 {
-			delete(il.peers, p.peer)
+		if ref := il.peers[p.leaf]; ref.n <= 1 {
+			delete(il.peers, p.leaf)
 		} else {
 			ref.n--
 		}
-		if !reserved(p.peer) {
+		if !reserved(p.leaf) {
 			il.entries--
 		}
 	}
@@ -662,14 +746,14 @@ func (s *State) TakeStale() []string {
 	return stale
 }
 
-// Capped returns how many (service, direction, peer) sums the last Flush
+// Capped returns how many (service, direction, peer, procedure) sums the last Flush
 // capped at zoneload.MaxRate, the most the controller accepts.
 func (s *State) Capped() int { return s.capped }
 
 // Flush first drops every sidecar that has been silent for more than
 // staleAfter of its own windows at now, then returns the zone's complete
 // picture: per (service, direction), sorted, the number of live sidecars
-// and per peer, sorted, the sum of their rates. interval is the flush
+// and per (peer, procedure) leaf, sorted, the sum of their rates. interval is the flush
 // interval the controller is told. The same sidecars with the same reports
 // give an identical ZoneLoad whatever order they arrived in.
 //
@@ -689,7 +773,7 @@ func (s *State) Flush(now time.Time, interval time.Duration) *sluicev1.ZoneLoad 
 
 	type sums struct {
 		live  uint32
-		peers map[string]*sluicev1.PeerRate
+		peers map[leaf]*sluicev1.PeerRate
 	}
 	buckets := make(map[bucketKey]*sums)
 	for _, k := range s.order {
@@ -697,15 +781,15 @@ func (s *State) Flush(now time.Time, interval time.Duration) *sluicev1.ZoneLoad 
 		bk := bucketKey{sc.service, sc.direction}
 		b := buckets[bk]
 		if b == nil {
-			b = &sums{peers: make(map[string]*sluicev1.PeerRate)}
+			b = &sums{peers: make(map[leaf]*sluicev1.PeerRate)}
 			buckets[bk] = b
 		}
 		b.live = min(b.live+1, zoneload.MaxLiveSidecars)
 		for _, p := range sc.peers {
-			pr := b.peers[p.peer]
+			pr := b.peers[p.leaf]
 			if pr == nil {
-				pr = &sluicev1.PeerRate{Peer: p.peer}
-				b.peers[p.peer] = pr
+				pr = &sluicev1.PeerRate{Peer: p.peer, Procedure: p.procedure}
+				b.peers[p.leaf] = pr
 			}
 			pr.OfferedRps += p.offered
 			pr.DroppedRps += p.dropped
@@ -733,8 +817,8 @@ func (s *State) Flush(now time.Time, interval time.Duration) *sluicev1.ZoneLoad 
 			LiveSidecars: b.live,
 			Peers:        make([]*sluicev1.PeerRate, 0, len(b.peers)),
 		}
-		for _, peer := range slices.Sorted(maps.Keys(b.peers)) {
-			pr := b.peers[peer]
+		for _, l := range slices.SortedFunc(maps.Keys(b.peers), compareLeaves) {
+			pr := b.peers[l]
 			if capRate(pr) {
 				s.capped++
 			}

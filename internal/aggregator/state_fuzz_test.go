@@ -107,6 +107,26 @@ func loadReportSeeds(t testing.TB) []seed {
 		one("bad-empty-peer", func(r *sluicev1.LoadReport) { r.Peers[1].Peer = "" }),
 		one("bad-peer-charset", func(r *sluicev1.LoadReport) { r.Peers[1].Peer = "batch\n" }),
 		one("bad-duplicate-peer", func(r *sluicev1.LoadReport) { r.Peers[1].Peer = r.Peers[0].Peer }),
+		// A peer's leaves, one per procedure; a bad procedure costs its
+		// entry alone; a leaf listed twice rejects the report.
+		one("good-procedures", func(r *sluicev1.LoadReport) {
+			r.Peers = pcs("web", uint64(5), uint64(1), uint64(0), "web", uint64(3), uint64(0), uint64(0), "web", uint64(2), uint64(0), uint64(0),
+				names.Unknown, uint64(1), uint64(0), uint64(0))
+			r.Peers[0].Procedure, r.Peers[1].Procedure, r.Peers[2].Procedure, r.Peers[3].Procedure = "create-charge", "/shop.Checkout/Pay", names.Other, names.Other
+		}),
+		one("good-bad-procedure-left-out", func(r *sluicev1.LoadReport) { r.Peers[1].Procedure = "a//b" }),
+		one("bad-duplicate-leaf", func(r *sluicev1.LoadReport) {
+			r.Peers[1].Peer, r.Peers[0].Procedure, r.Peers[1].Procedure = r.Peers[0].Peer, "get-item", "get-item"
+		}),
+		// Invented procedures of unknown are leaves like any: beyond the
+		// report's bound of 8 they fold into (_overflow, _other).
+		one("good-folds-leaves", func(r *sluicev1.LoadReport) {
+			r.Peers = nil
+			for i := range 9 {
+				r.Peers = append(r.Peers, pcs(names.Unknown, uint64(1+i), uint64(0), uint64(0))...)
+				r.Peers[i].Procedure = fmt.Sprintf("made-up-%d", i)
+			}
+		}),
 		// Beyond the report's bound of 8, the smallest fold into _overflow.
 		one("good-folds-beyond-report-bound", func(r *sluicev1.LoadReport) {
 			r.Peers = nil
@@ -214,6 +234,9 @@ func FuzzLoadReport(f *testing.F) {
 			if f, g := got.TakeFolds(), twin.TakeFolds(); f != g {
 				t.Fatalf("report %d: folded %+v, then %+v by an identical State", i, f, g)
 			}
+			if e, g := got.TakeRejectedEntries(), twin.TakeRejectedEntries(); e != g {
+				t.Fatalf("report %d: left out %+v, then %+v by an identical State", i, e, g)
+			}
 		}
 		if got.Sidecars() > fuzzBounds.MaxSidecars {
 			t.Errorf("%d sidecars kept, at most %d", got.Sidecars(), fuzzBounds.MaxSidecars)
@@ -245,20 +268,27 @@ func checkZoneLoad(t *testing.T, zl *sluicev1.ZoneLoad, sidecars int) {
 		live += int(svc.GetLiveSidecars())
 		own := 0
 		for _, p := range svc.GetPeers() {
-			if p.GetPeer() != names.Unknown && p.GetPeer() != names.Overflow {
+			reserved := (p.GetPeer() == names.Unknown || p.GetPeer() == names.Overflow) && (p.GetProcedure() == "" || p.GetProcedure() == names.Other)
+			if !reserved {
 				own++
 			}
 		}
 		// In Apply the identity is the service.
 		if own > fuzzBounds.MaxPeersPerIdentity {
-			t.Errorf("%s: %d peers besides the reserved ones, its identity may hold %d", svc.GetService(), own, fuzzBounds.MaxPeersPerIdentity)
+			t.Errorf("%s: %d leaves besides the reserved ones, its identity may hold %d", svc.GetService(), own, fuzzBounds.MaxPeersPerIdentity)
 		}
 		for i, p := range svc.GetPeers() {
 			if err := names.Check(p.GetPeer()); err != nil {
 				t.Errorf("%s: peer %q: %v", svc.GetService(), p.GetPeer(), err)
 			}
-			if i > 0 && svc.GetPeers()[i-1].GetPeer() >= p.GetPeer() {
-				t.Errorf("%s: peers not sorted or repeated at %q", svc.GetService(), p.GetPeer())
+			if proc := p.GetProcedure(); proc != "" && names.CheckProcedure(proc) != nil {
+				t.Errorf("%s: peer %q: procedure %q", svc.GetService(), p.GetPeer(), proc)
+			}
+			if i > 0 {
+				q := svc.GetPeers()[i-1]
+				if q.GetPeer() > p.GetPeer() || q.GetPeer() == p.GetPeer() && q.GetProcedure() >= p.GetProcedure() {
+					t.Errorf("%s: leaves not sorted or repeated at %q %q", svc.GetService(), p.GetPeer(), p.GetProcedure())
+				}
 			}
 			o, d, sh := p.GetOfferedRps(), p.GetDroppedRps(), p.GetShadowDroppedRps()
 			for _, v := range []float64{o, d, sh} {

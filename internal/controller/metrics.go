@@ -21,6 +21,7 @@ type metrics struct {
 	accepted      prometheus.Counter
 	rejected      *prometheus.CounterVec
 	svcRejected   *prometheus.CounterVec
+	peerRejected  *prometheus.CounterVec // by reason: ReasonBadProcedure
 	claimsRefused prometheus.Counter
 	peersShed     prometheus.Counter
 	streams       prometheus.Gauge
@@ -33,9 +34,9 @@ type metrics struct {
 	// a hostile or broken aggregator sends one zone load per flush.
 	badLog uplink.RejectLog
 
-	// services with a per-service series, so that vanished ones are deleted;
-	// touched only by the tick goroutine.
-	seen map[string]bool
+	// (service, procedure) pairs with a series, so that vanished ones are
+	// deleted; touched only by the tick goroutine.
+	seen map[ServiceProcedure]bool
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -47,7 +48,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Buckets: prometheus.ExponentialBuckets(0.0001, 4, 10),
 		}),
 		aggregators:   prometheus.NewGauge(prometheus.GaugeOpts{Name: "sluice_controller_aggregators", Help: "Aggregators whose zone loads are in the sums."}),
-		buckets:       prometheus.NewGauge(prometheus.GaugeOpts{Name: "sluice_controller_buckets", Help: "(callee, caller) buckets the control law ran over in the last tick."}),
+		buckets:       prometheus.NewGauge(prometheus.GaugeOpts{Name: "sluice_controller_buckets", Help: "Buckets, (callee, caller) pairs or (callee, caller, procedure) leaves, the control law ran over in the last tick."}),
 		warm:          prometheus.NewGauge(prometheus.GaugeOpts{Name: "sluice_controller_warm", Help: "1 once the start-up warm-up is over and policies are published."}),
 		published:     prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_controller_policies_published_total", Help: "DropPolicy resources pushed (changed or refreshed)."}),
 		deleted:       prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_controller_policies_deleted_total", Help: "DropPolicy resources removed after their service vanished."}),
@@ -60,6 +61,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "sluice_controller_service_loads_rejected_total",
 			Help: "Service entries left out of zone loads, by reason; the rest of each zone load was applied.",
 		}, []string{"reason"}),
+		peerRejected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_controller_peer_entries_rejected_total",
+			Help: "Peer entries left out of service entries that were applied, by reason: bad_procedure, a procedure that is not a valid name.",
+		}, []string{"reason"}),
 		claimsRefused: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sluice_controller_outbound_claims_refused_total",
 			Help: "Outbound claims left out of the law, once per tick and bucket: the callee has a capacity and the bucket no finite limit.",
@@ -71,16 +76,19 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		streams:       prometheus.NewGauge(prometheus.GaugeOpts{Name: "sluice_controller_zone_streams", Help: "Open zone-load streams from aggregators."}),
 		limitServices: prometheus.NewGauge(prometheus.GaugeOpts{Name: "sluice_controller_limit_services", Help: "Services with configured limits."}),
 		offered: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "sluice_controller_offered_rps", Help: "Global offered rate per callee, dropped requests included.",
-		}, []string{"service"}),
+			Name: "sluice_controller_offered_rps",
+			Help: "Global offered rate per callee and procedure (empty for a callee without procedures), dropped requests included.",
+		}, []string{"service", "procedure"}),
 		dropped: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "sluice_controller_dropped_rps", Help: "Global rate of enforced drops per callee, as sidecars reported them.",
-		}, []string{"service"}),
-		seen: map[string]bool{},
+			Name: "sluice_controller_dropped_rps",
+			Help: "Global rate of enforced drops per callee and procedure (empty for a callee without procedures), as sidecars reported them.",
+		}, []string{"service", "procedure"}),
+		seen: map[ServiceProcedure]bool{},
 	}
+	m.peerRejected.WithLabelValues(ReasonBadProcedure) // at zero from the start
 	if reg != nil {
 		reg.MustRegister(m.tickSeconds, m.aggregators, m.buckets, m.warm, m.published, m.deleted, m.publishErrors,
-			m.accepted, m.rejected, m.svcRejected, m.claimsRefused, m.peersShed, m.streams, m.limitServices, m.offered, m.dropped)
+			m.accepted, m.rejected, m.svcRejected, m.peerRejected, m.claimsRefused, m.peersShed, m.streams, m.limitServices, m.offered, m.dropped)
 	}
 	return m
 }
@@ -96,16 +104,18 @@ func (m *metrics) observeTick(res TickResult, set *limits.Set, took time.Duratio
 	m.buckets.Set(float64(res.Buckets))
 	m.published.Add(float64(len(res.Changed)))
 	m.deleted.Add(float64(len(res.Deleted)))
-	for svc, tot := range res.Services {
-		m.offered.WithLabelValues(svc).Set(tot.Offered)
-		m.dropped.WithLabelValues(svc).Set(tot.Dropped)
-		m.seen[svc] = true
+	// The procedures are bounded: foldProcedures leaves a callee's
+	// declared ones and names.Other, or "".
+	for k, tot := range res.Procedures {
+		m.offered.WithLabelValues(k.Service, k.Procedure).Set(tot.Offered)
+		m.dropped.WithLabelValues(k.Service, k.Procedure).Set(tot.Dropped)
+		m.seen[k] = true
 	}
-	for svc := range m.seen {
-		if _, ok := res.Services[svc]; !ok {
-			m.offered.DeleteLabelValues(svc)
-			m.dropped.DeleteLabelValues(svc)
-			delete(m.seen, svc)
+	for k := range m.seen {
+		if _, ok := res.Procedures[k]; !ok {
+			m.offered.DeleteLabelValues(k.Service, k.Procedure)
+			m.dropped.DeleteLabelValues(k.Service, k.Procedure)
+			delete(m.seen, k)
 		}
 	}
 }
@@ -114,6 +124,7 @@ func (m *metrics) observeTick(res TickResult, set *limits.Set, took time.Duratio
 // the first of them, at most once per logEvery with how many went
 // unlogged: a hostile or broken aggregator sends one per flush.
 func (m *metrics) noteDropped(log *slog.Logger, d Dropped, now time.Time) {
+	m.peerRejected.WithLabelValues(ReasonBadProcedure).Add(float64(d.BadProcedures))
 	n := 0
 	for reason, c := range d.ByReason {
 		m.svcRejected.WithLabelValues(reason).Add(float64(c))

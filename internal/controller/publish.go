@@ -58,8 +58,46 @@ func listed(pp *sluicev1.PeerPolicy) bool {
 	return dataplane.Listed(pp.GetDropRatio(), pp.LimitRps != nil, e)
 }
 
+// leafPolicy renders the verdict of one bucket of callee (limits lim, nil
+// for none) for peer: peerPolicy, with the bucket's procedure in an
+// inbound policy (outbound is "", inbound false). The limit of a leaf on
+// the wire is the tightest that bounds it alone: its own, else its
+// caller's across procedures; so a leaf whose caller has a limit is
+// listed (dataplane.Listed), and the sidecars keep its counters and a
+// bucket for fail mode local from the first request.
+func leafPolicy(peer string, v dropratio.Verdict, lim *limits.Service, inbound bool) *sluicev1.PeerPolicy {
+	pp := peerPolicy(peer, v)
+	if v.Procedure == "" {
+		return pp
+	}
+	if inbound {
+		pp.Procedure = v.Procedure
+	}
+	pp.LimitRps = finiteOrAbsent(min(v.Limit, lim.Bucket(v.Caller).Limit))
+	return pp
+}
+
+// publishedProcedure reports whether a policy carries v, a verdict of a
+// callee with limits lim (declared: its declared procedures), inbound or
+// outbound. A callee without procedures publishes its buckets of
+// procedure ""; one with procedures its leaves inbound, and outbound the
+// caller's names.Other leaf alone, where outbound claims are counted
+// (foldProcedures). Left out: a bucket the law still releases after the
+// callee's procedures changed, under a procedure the policy no longer
+// declares, which its sidecars would refuse.
+func publishedProcedure(v dropratio.Verdict, lim *limits.Service, declared map[string]bool, inbound bool) bool {
+	switch {
+	case !lim.HasProcedures():
+		return v.Procedure == ""
+	case !inbound:
+		return v.Procedure == names.Other
+	}
+	return v.Procedure == names.Other || declared[v.Procedure]
+}
+
 // policy renders a callee's verdict as its inbound DropPolicy, listing its
-// limited callers (see listed).
+// limited buckets (see listed), and the procedures and routes its
+// sidecars sort requests into buckets with.
 func (s *State) policy(sv dropratio.ServiceVerdict, live uint32, lim *limits.Service, now time.Time) *sluicev1.DropPolicy {
 	p := &sluicev1.DropPolicy{
 		Name:          names.Callee(sv.Service),
@@ -75,8 +113,22 @@ func (s *State) policy(sv dropratio.ServiceVerdict, live uint32, lim *limits.Ser
 	if lim != nil {
 		p.FailMode = failModeProto(lim.FailMode)
 	}
+	var declared map[string]bool
+	if lim.HasProcedures() {
+		p.Procedures = slices.Clone(lim.Declared)
+		declared = make(map[string]bool, len(lim.Declared))
+		for _, d := range lim.Declared {
+			declared[d] = true
+		}
+		for _, r := range lim.Routes {
+			p.Routes = append(p.Routes, &sluicev1.Route{Pattern: r.Pattern, Procedure: r.Procedure})
+		}
+	}
 	for _, v := range sv.Verdicts {
-		pp := peerPolicy(v.Caller, v)
+		if !publishedProcedure(v, lim, declared, true) {
+			continue
+		}
+		pp := leafPolicy(v.Caller, v, lim, true)
 		markUpstream(pp, v.Mode, lim.Bucket(v.Caller))
 		if listed(pp) {
 			p.Peers = append(p.Peers, pp)
@@ -107,7 +159,11 @@ func markUpstream(pp *sluicev1.PeerPolicy, mode dropratio.Mode, b limits.Bucket)
 // caller: its rules are the limited buckets' verdicts where it is the
 // caller, one per callee, with the same ratio the callee's inbound policy
 // carries for it (see combine). Verdicts come sorted by callee, so each
-// caller's rules are too.
+// caller's rules are too. Outbound rules stay per callee: toward a callee
+// that declares procedures, the rule is the caller's names.Other leaf,
+// where its outbound claims are counted (foldProcedures); the callee's
+// per-procedure limits then hold only for the calls its inbound side
+// decides.
 //
 // A policy has one fail mode while its callees may each have their own: the
 // callees' common fail mode when they agree, else open, the default.
@@ -137,15 +193,16 @@ func (s *State) callerPolicies(verdicts []dropratio.ServiceVerdict, outLive map[
 	}
 	for _, sv := range verdicts {
 		fm := dataplane.FailOpen
-		if lim := set.Service(sv.Service); lim != nil {
+		lim := set.Service(sv.Service)
+		if lim != nil {
 			fm = lim.FailMode
 		}
 		for _, v := range sv.Verdicts {
 			p := policies[v.Caller]
-			if p == nil {
+			if p == nil || !publishedProcedure(v, lim, nil, false) {
 				continue
 			}
-			pp := peerPolicy(sv.Service, v)
+			pp := leafPolicy(sv.Service, v, lim, false)
 			if !listed(pp) {
 				continue
 			}
@@ -215,7 +272,7 @@ func (s *State) capPeers(p *sluicev1.DropPolicy) (ShedPeers, bool) {
 		if c := cmp.Compare(a.GetOfferedRps(), b.GetOfferedRps()); c != 0 {
 			return c
 		}
-		return strings.Compare(a.GetPeer(), b.GetPeer())
+		return cmp.Or(strings.Compare(a.GetPeer(), b.GetPeer()), strings.Compare(a.GetProcedure(), b.GetProcedure()))
 	})
 	gone := make(map[*sluicev1.PeerPolicy]bool, n)
 	sp := ShedPeers{Policy: p.GetName(), Shed: n, Kept: limit}
@@ -245,13 +302,16 @@ func (s *State) due(policy *sluicev1.DropPolicy, now time.Time) bool {
 		return true
 	}
 	if old.GetLiveInstances() != policy.GetLiveInstances() || old.GetFailMode() != policy.GetFailMode() ||
-		len(old.GetPeers()) != len(policy.GetPeers()) {
+		len(old.GetPeers()) != len(policy.GetPeers()) || !slices.Equal(old.GetProcedures(), policy.GetProcedures()) ||
+		!slices.EqualFunc(old.GetRoutes(), policy.GetRoutes(), func(a, b *sluicev1.Route) bool {
+			return a.GetPattern() == b.GetPattern() && a.GetProcedure() == b.GetProcedure()
+		}) {
 		return true
 	}
 	th := s.cfg.RepublishThreshold
 	for i, np := range policy.GetPeers() {
 		op := old.GetPeers()[i]
-		if op.GetPeer() != np.GetPeer() || op.GetMode() != np.GetMode() || op.GetEnforcedUpstream() != np.GetEnforcedUpstream() ||
+		if op.GetPeer() != np.GetPeer() || op.GetProcedure() != np.GetProcedure() || op.GetMode() != np.GetMode() || op.GetEnforcedUpstream() != np.GetEnforcedUpstream() ||
 			(op.LimitRps == nil) != (np.LimitRps == nil) ||
 			op.GetLimitRps() != np.GetLimitRps() || (op.AllowedRps == nil) != (np.AllowedRps == nil) || op.GetReason() != np.GetReason() {
 			return true

@@ -85,6 +85,13 @@ func NewRecorder(cfg RecorderConfig, store history.LoadStore, logger *slog.Logge
 
 // Observe adds one tick's loads to the current minute; the first tick of a
 // new minute closes the previous one into the buffer.
+//
+// A leaf's load (a callee that declares procedures) makes three rows: the
+// leaf's, {callee, caller, procedure}; its caller's across procedures,
+// {callee, caller, ""}; and its procedure's across callers, {callee,
+// history.AnyCaller, procedure}. Each level's rate is summed within the
+// tick before its peak is taken, so a level's peak is the peak of its sum.
+// loads are sorted, so the sums are the same on every replica.
 func (r *Recorder) Observe(now time.Time, loads []BucketLoad) {
 	minute := now.UTC().Truncate(time.Minute)
 	r.mu.Lock()
@@ -94,17 +101,42 @@ func (r *Recorder) Observe(now time.Time, loads []BucketLoad) {
 	}
 	r.minute = minute
 	r.ticks++
+	var levels map[history.Bucket]*Totals // this tick's per-level sums
 	for _, l := range loads {
-		b := history.Bucket{Callee: l.Callee, Caller: l.Caller}
-		a := r.acc[b]
-		if a == nil {
-			a = &minuteAcc{}
-			r.acc[b] = a
+		r.add(history.Bucket{Callee: l.Callee, Caller: l.Caller, Procedure: l.Procedure}, l.Totals)
+		if l.Procedure == "" {
+			continue
 		}
-		a.peak = max(a.peak, l.Offered)
-		a.sumOffered += l.Offered
-		a.sumDropped += l.Dropped
+		if levels == nil {
+			levels = map[history.Bucket]*Totals{}
+		}
+		for _, b := range []history.Bucket{
+			{Callee: l.Callee, Caller: l.Caller},
+			{Callee: l.Callee, Caller: history.AnyCaller, Procedure: l.Procedure},
+		} {
+			t := levels[b]
+			if t == nil {
+				t = &Totals{}
+				levels[b] = t
+			}
+			t.add(l.Totals)
+		}
 	}
+	for b, t := range levels {
+		r.add(b, *t)
+	}
+}
+
+// add accumulates one bucket's load of one tick; r.mu is held.
+func (r *Recorder) add(b history.Bucket, t Totals) {
+	a := r.acc[b]
+	if a == nil {
+		a = &minuteAcc{}
+		r.acc[b] = a
+	}
+	a.peak = max(a.peak, t.Offered)
+	a.sumOffered += t.Offered
+	a.sumDropped += t.Dropped
 }
 
 // closeMinute moves the accumulated minute into the buffer. A bucket absent

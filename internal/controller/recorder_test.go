@@ -170,3 +170,64 @@ func (blockingStore) DailyPeaks(context.Context, history.Filter, time.Time, time
 	return nil, nil
 }
 func (blockingStore) Retain(context.Context, time.Time) (int, error) { return 0, nil }
+
+// rowStore is a LoadStore that keeps the rows it is given, by bucket,
+// whatever their names: the recorder's rows, not the store's checks, are
+// what TestRecorderLeafAndLevelRows tests.
+type rowStore struct {
+	history.LoadStore // nil: only WriteMinutes is called
+	rows              map[history.Bucket][]history.MinuteRow
+}
+
+func (s *rowStore) WriteMinutes(_ context.Context, rows []history.MinuteRow) error {
+	for _, r := range rows {
+		s.rows[r.Bucket] = append(s.rows[r.Bucket], r)
+	}
+	return nil
+}
+
+// TestRecorderLeafAndLevelRows: a callee with procedures gets a row per
+// leaf, per caller across procedures (procedure "") and per procedure
+// across callers (caller *); a level's peak is the peak of its per-tick
+// sum, not the sum of its leaves' peaks.
+func TestRecorderLeafAndLevelRows(t *testing.T) {
+	store := &rowStore{rows: map[history.Bucket][]history.MinuteRow{}}
+	r := NewRecorder(DefaultRecorderConfig(), store, nil, nil)
+	leaf := func(caller, proc string, offered, dropped float64) BucketLoad {
+		l := load("checkout", caller, offered, dropped)
+		l.Procedure = proc
+		return l
+	}
+	r.Observe(minute0, []BucketLoad{leaf("mobile", "pay", 30, 0), leaf("web", "get-item", 100, 0), leaf("web", "pay", 10, 10), load("orders", "web", 5, 0)})
+	r.Observe(minute0.Add(30*time.Second), []BucketLoad{leaf("mobile", "pay", 50, 0), leaf("web", "get-item", 20, 0), leaf("web", "pay", 50, 30)})
+	r.Observe(minute0.Add(time.Minute), nil)
+	if err := r.write(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	want := []struct {
+		b                history.Bucket
+		peak, mean, drop float64
+	}{
+		{history.Bucket{Callee: "checkout", Caller: "web", Procedure: "pay"}, 50, 30, 20},
+		{history.Bucket{Callee: "checkout", Caller: "web", Procedure: "get-item"}, 100, 60, 0},
+		{history.Bucket{Callee: "checkout", Caller: "mobile", Procedure: "pay"}, 50, 40, 0},
+		{history.Bucket{Callee: "checkout", Caller: "web"}, 110, 90, 20},
+		{history.Bucket{Callee: "checkout", Caller: "mobile"}, 50, 40, 0},
+		{history.Bucket{Callee: "checkout", Caller: history.AnyCaller, Procedure: "pay"}, 100, 70, 20},
+		{history.Bucket{Callee: "checkout", Caller: history.AnyCaller, Procedure: "get-item"}, 100, 60, 0},
+		{history.Bucket{Callee: "orders", Caller: "web"}, 5, 2.5, 0}, // no procedures: one row, as before
+	}
+	if len(store.rows) != len(want) {
+		t.Errorf("%d buckets written, want %d: %v", len(store.rows), len(want), store.rows)
+	}
+	for _, tc := range want {
+		rows := store.rows[tc.b]
+		if len(rows) != 1 {
+			t.Errorf("%+v: %d rows, want 1", tc.b, len(rows))
+			continue
+		}
+		if got := rows[0]; got.PeakOffered != tc.peak || math.Abs(got.MeanOffered-tc.mean) > 1e-9 || math.Abs(got.MeanDropped-tc.drop) > 1e-9 || !got.Minute.Equal(minute0) {
+			t.Errorf("%+v row = %+v, want peak %v mean %v dropped %v", tc.b, got, tc.peak, tc.mean, tc.drop)
+		}
+	}
+}

@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"cmp"
 	"slices"
 	"strings"
 	"time"
@@ -93,7 +94,9 @@ func (s *State) Apply(load *sluicev1.ZoneLoad, now time.Time) error {
 	if !ok && len(s.aggs) >= s.cfg.MaxAggregators {
 		return reject("too_many_aggregators", "already holding %d aggregators", len(s.aggs))
 	}
-	s.dropped.add(id, keepValidServices(load))
+	errs, badProcedures := keepValidServices(load)
+	s.dropped.add(id, errs)
+	s.dropped.BadProcedures += badProcedures
 	if !ok {
 		s.lastJoin = now
 		s.urgent = s.urgent || load.GetUrgent()
@@ -125,6 +128,9 @@ func (s *State) TakeUrgent() bool {
 type Dropped struct {
 	// ByReason counts them by reason, a metric label.
 	ByReason map[string]int
+	// BadProcedures counts the peer entries left out of service entries
+	// that were kept, for ReasonBadProcedure.
+	BadProcedures int
 	// First is the first one, with its aggregator, for a log line.
 	First        *RejectError
 	AggregatorID string
@@ -152,11 +158,13 @@ func (s *State) TakeDropped() Dropped {
 	return d
 }
 
-// sortPeers sorts every service's peers by name, which sum relies on. The
-// aggregators send them sorted; a load that is not is sorted in place
-// rather than refused.
+// sortPeers sorts every service's peers by name, then procedure, which sum
+// relies on. The aggregators send them sorted; a load that is not is
+// sorted in place rather than refused.
 func sortPeers(load *sluicev1.ZoneLoad) {
-	byPeer := func(a, b *sluicev1.PeerRate) int { return strings.Compare(a.GetPeer(), b.GetPeer()) }
+	byPeer := func(a, b *sluicev1.PeerRate) int {
+		return cmp.Or(strings.Compare(a.GetPeer(), b.GetPeer()), strings.Compare(a.GetProcedure(), b.GetProcedure()))
+	}
 	for _, svc := range load.GetServices() {
 		if !slices.IsSortedFunc(svc.GetPeers(), byPeer) {
 			slices.SortFunc(svc.Peers, byPeer)
@@ -169,14 +177,14 @@ func sortPeers(load *sluicev1.ZoneLoad) {
 // bucket missing from one of them had rate 0 there.
 func zoneSurged(before, after *sluicev1.ZoneLoad) bool {
 	type bucket struct {
-		service, peer string
-		dir           sluicev1.Direction
+		service, peer, procedure string
+		dir                      sluicev1.Direction
 	}
 	rates := func(z *sluicev1.ZoneLoad) map[bucket]float64 {
 		m := map[bucket]float64{}
 		for _, svc := range z.GetServices() {
 			for _, p := range svc.GetPeers() {
-				m[bucket{svc.GetService(), p.GetPeer(), svc.GetDirection()}] = p.GetOfferedRps()
+				m[bucket{svc.GetService(), p.GetPeer(), p.GetProcedure(), svc.GetDirection()}] = p.GetOfferedRps()
 			}
 		}
 		return m

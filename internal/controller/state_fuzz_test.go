@@ -1,6 +1,7 @@
 package controller_test
 
 import (
+	"cmp"
 	"errors"
 	"math"
 	"slices"
@@ -19,6 +20,7 @@ import (
 	"github.com/sluicehq/sluice/pkg/dataplane"
 	"github.com/sluicehq/sluice/pkg/dropratio"
 	"github.com/sluicehq/sluice/pkg/names"
+	"github.com/sluicehq/sluice/pkg/routes"
 	"github.com/sluicehq/sluice/sidecar"
 
 	"github.com/sluicehq/sluice/internal/testkit"
@@ -49,10 +51,22 @@ func fuzzConfig() controller.StateConfig {
 }
 
 // fuzzLimits bind: a limit, a shadow limit, a default limit, a capacity,
-// and a blocked caller of a callee that may see no traffic at all.
+// and a blocked caller of a callee that may see no traffic at all; and a
+// callee that declares procedures, with a capacity per procedure, a
+// caller's limit across them and a leaf's.
 func fuzzLimits() *limits.Set {
 	inf := math.Inf(1)
 	return limits.NewSet(map[string]*limits.Service{
+		"payments": {Name: "payments", Capacity: 900, DefaultLimit: inf, FailMode: dataplane.FailOpen,
+			Callers: map[string]limits.Bucket{"web": {Limit: 300}, "abuser": {Limit: 0}},
+			Routes:  []routes.Route{{Pattern: "POST /v1/charges", Procedure: "create-charge"}},
+			Procedures: map[string]*limits.Procedure{
+				"create-charge":      {Capacity: 200, Callers: map[string]float64{"web": 50, "mobile": 20}},
+				"/shop.Payments/Pay": {Capacity: inf, Callers: map[string]float64{"batch": 10}},
+				names.Other:          {Capacity: 100},
+			},
+			Declared: []string{"create-charge", "/shop.Payments/Pay"},
+		},
 		"checkout": {Name: "checkout", Capacity: 1000, DefaultLimit: 200, FailMode: dataplane.FailHold, Callers: map[string]limits.Bucket{
 			"web": {Limit: 100}, "batch": {Limit: 50, Mode: dropratio.Shadow},
 		}},
@@ -142,6 +156,22 @@ func zoneLoadSeeds(t testing.TB) []seed {
 		one("drop-duplicate-service", func(z *sluicev1.ZoneLoad) { z.Services[1].Service = "checkout" }),
 		one("drop-duplicate-peer", func(z *sluicev1.ZoneLoad) { z.Services[0].Peers[1].Peer = "web" }),
 		one("drop-direction", func(z *sluicev1.ZoneLoad) { z.Services[1].Direction = 0 }),
+		// A callee with procedures: leaves per caller, an invented
+		// procedure and an old sidecar's "" folding into _other; a bad
+		// procedure costs its entry, a leaf listed twice its service.
+		one("good-procedures", func(z *sluicev1.ZoneLoad) {
+			z.Services = append(z.Services, &sluicev1.ServiceLoad{Service: "payments", Direction: inbound, LiveSidecars: 3,
+				Peers: leafRates("web", "create-charge", 400.0, "web", "/shop.Payments/Pay", 30.0, "web", "made-up", 90.0, "web", "", 40.0,
+					"mobile", "create-charge", 15.0, "batch", names.Other, 500.0, "unknown", "/shop.Payments/Pay", 5.0)})
+		}),
+		one("good-procedures-outbound", func(z *sluicev1.ZoneLoad) {
+			z.Services = append(z.Services, &sluicev1.ServiceLoad{Service: "web", Direction: outbound, LiveSidecars: 1,
+				Peers: leafRates("payments", "", 70.0, "checkout", "made-up", 5.0)})
+		}),
+		one("drop-bad-procedure", func(z *sluicev1.ZoneLoad) { z.Services[0].Peers[0].Procedure = "a//b" }),
+		one("drop-duplicate-leaf", func(z *sluicev1.ZoneLoad) {
+			z.Services[0].Peers = leafRates("web", "create-charge", 1.0, "web", "create-charge", 2.0)
+		}),
 		one("bad-no-interval", func(z *sluicev1.ZoneLoad) { z.Interval = nil }),
 		one("bad-interval-invalid", func(z *sluicev1.ZoneLoad) { z.Interval = &durationpb.Duration{Seconds: -1, Nanos: 5} }),
 		one("bad-interval-long", func(z *sluicev1.ZoneLoad) { z.Interval = durationpb.New(time.Minute + 1) }),
@@ -172,7 +202,9 @@ func TestFuzzZoneLoadCorpus(t *testing.T) {
 				err = st.Apply(z, fuzzStart)
 			}
 			errs = append(errs, err)
-			for _, n := range st.TakeDropped().ByReason {
+			d := st.TakeDropped()
+			dropped += d.BadProcedures
+			for _, n := range d.ByReason {
 				dropped += n
 			}
 		}
@@ -264,6 +296,15 @@ func FuzzZoneLoad(f *testing.F) {
 	})
 }
 
+// leafRates is rates for leaves: (peer, procedure, offered) triples.
+func leafRates(leaves ...any) []*sluicev1.PeerRate {
+	var out []*sluicev1.PeerRate
+	for i := 0; i+2 < len(leaves); i += 3 {
+		out = append(out, &sluicev1.PeerRate{Peer: leaves[i].(string), Procedure: leaves[i+1].(string), OfferedRps: leaves[i+2].(float64)})
+	}
+	return out
+}
+
 func equalTicks(t *testing.T, tick int, got, want controller.TickResult) {
 	t.Helper()
 	same := got.Warm == want.Warm && got.Aggregators == want.Aggregators && got.Buckets == want.Buckets &&
@@ -283,6 +324,9 @@ func checkTick(t *testing.T, tick int, res controller.TickResult, live map[strin
 		t.Fatalf("tick %d: not warm", tick)
 	}
 	for name, m := range res.Changed {
+		if !checkProcedures(t, tick, m) {
+			continue
+		}
 		p, err := sidecar.PolicyFromProto(m)
 		if err != nil {
 			t.Fatalf("tick %d: published a policy the sidecars refuse: %v\n%v", tick, err, m)
@@ -302,8 +346,56 @@ func checkTick(t *testing.T, tick int, res controller.TickResult, live map[strin
 		}
 	}
 	for _, l := range res.Loads {
-		if names.Check(l.Callee) != nil || names.Check(l.Caller) != nil || !(l.Offered >= 0) || math.IsInf(l.Offered, 0) {
+		if names.Check(l.Callee) != nil || names.Check(l.Caller) != nil || !(l.Offered >= 0) || math.IsInf(l.Offered, 0) ||
+			l.Procedure != "" && names.CheckProcedure(l.Procedure) != nil {
 			t.Errorf("tick %d: history row %+v", tick, l)
 		}
 	}
+	for k := range res.Procedures {
+		// Bounded: what the limits declare, _other, or "".
+		lim := fuzzLimits().Service(k.Service)
+		if k.Procedure != "" && k.Procedure != names.Other && (lim == nil || !slices.Contains(lim.Declared, k.Procedure)) {
+			t.Errorf("tick %d: metrics for %s procedure %q, which it does not declare", tick, k.Service, k.Procedure)
+		}
+	}
+}
+
+// checkProcedures checks what a policy says of procedures: an outbound
+// policy, or one of a callee without them, has none, and its entries none;
+// an inbound policy of a callee with procedures has every entry's
+// procedure declared or _other, sorted by (peer, procedure), each once.
+// It reports whether m has no procedures, for sidecar.PolicyFromProto,
+// which reads policies of one entry per peer.
+func checkProcedures(t *testing.T, tick int, m *sluicev1.DropPolicy) bool {
+	t.Helper()
+	var declared []string
+	if lim := fuzzLimits().Service(m.GetService()); lim != nil {
+		declared = lim.Declared
+	}
+	if m.GetDirection() == outbound || len(declared) == 0 {
+		for _, pp := range m.GetPeers() {
+			if pp.GetProcedure() != "" || len(m.GetProcedures()) > 0 || len(m.GetRoutes()) > 0 {
+				t.Errorf("tick %d: %s: procedures in a policy without them: %v", tick, m.GetName(), m)
+			}
+		}
+		return true
+	}
+	if !slices.Equal(m.GetProcedures(), declared) && len(m.GetPeers()) > 0 {
+		t.Errorf("tick %d: %s: procedures %q, want %q", tick, m.GetName(), m.GetProcedures(), declared)
+	}
+	for i, pp := range m.GetPeers() {
+		if pp.GetProcedure() != names.Other && !slices.Contains(declared, pp.GetProcedure()) {
+			t.Errorf("tick %d: %s: peers[%d] procedure %q not declared", tick, m.GetName(), i, pp.GetProcedure())
+		}
+		if i > 0 {
+			q := m.GetPeers()[i-1]
+			if c := cmp.Or(strings.Compare(q.GetPeer(), pp.GetPeer()), strings.Compare(q.GetProcedure(), pp.GetProcedure())); c >= 0 {
+				t.Errorf("tick %d: %s: peers not sorted by (peer, procedure) or repeated at %d", tick, m.GetName(), i)
+			}
+		}
+		if !(pp.GetDropRatio() >= 0 && pp.GetDropRatio() < 1) {
+			t.Errorf("tick %d: %s: peers[%d] ratio %v", tick, m.GetName(), i, pp.GetDropRatio())
+		}
+	}
+	return false
 }

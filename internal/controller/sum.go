@@ -15,17 +15,24 @@ import (
 // Summing: the latest zone load of every live aggregator, merged per
 // bucket, inbound and outbound counted once each.
 
-// peerTotals is one bucket's load during a tick.
+// peerTotals is one bucket's load during a tick: a (callee, caller) pair's
+// when procedure is "", else one leaf's.
 type peerTotals struct {
 	Totals
-	peer string
+	peer, procedure string
+}
+
+// comparePeers orders buckets by peer, then procedure.
+func comparePeers(a, b *peerTotals) int {
+	return cmp.Or(strings.Compare(a.peer, b.peer), strings.Compare(a.procedure, b.procedure))
 }
 
 // tickLoads is what one tick sums from the live aggregators' zone loads.
 type tickLoads struct {
-	// buckets holds each callee's load per caller, sorted by caller: what
-	// reached the callee's inbound sidecars undecided plus what callers
-	// enforcing outbound offered it (see combine).
+	// buckets holds each callee's load per bucket, sorted by caller then
+	// procedure: what reached the callee's inbound sidecars undecided plus
+	// what callers enforcing outbound offered it (see combine), with
+	// procedures folded into the callee's (see foldProcedures).
 	buckets map[string][]peerTotals
 	live    map[string]uint32 // per callee: live inbound sidecars
 	outLive map[string]uint32 // per caller: live instances enforcing outbound
@@ -71,29 +78,36 @@ func (s *State) sum(set *limits.Set) tickLoads {
 		}
 	}
 	buckets, refused := combine(merged[0], merged[1], set)
+	foldProcedures(buckets, set)
 	return tickLoads{buckets: buckets, live: live[0], outLive: live[1], refused: refused}
 }
 
-// mergePeers adds up one service's peers across the zone loads of several
-// aggregators, each sorted by peer; the result is sorted by peer too.
+// mergePeers adds up one service's buckets across the zone loads of
+// several aggregators, each sorted by peer then procedure; the result is
+// sorted so too.
 func mergePeers(loads []*sluicev1.ServiceLoad) []peerTotals {
 	heads := make([]int, len(loads))
 	var merged []peerTotals
+	key := func(p *sluicev1.PeerRate) peerTotals {
+		return peerTotals{peer: p.GetPeer(), procedure: p.GetProcedure()}
+	}
 	for {
-		// The smallest peer at the heads; its rates are added in
+		// The smallest bucket at the heads; its rates are added in
 		// aggregator order.
-		peer, found := "", false
+		var t peerTotals
+		found := false
 		for k, l := range loads {
-			if h := heads[k]; h < len(l.GetPeers()) && (!found || l.GetPeers()[h].GetPeer() < peer) {
-				peer, found = l.GetPeers()[h].GetPeer(), true
+			if h := heads[k]; h < len(l.GetPeers()) {
+				if c := key(l.GetPeers()[h]); !found || comparePeers(&c, &t) < 0 {
+					t, found = c, true
+				}
 			}
 		}
 		if !found {
 			return merged
 		}
-		t := peerTotals{peer: peer}
 		for k, l := range loads {
-			if h := heads[k]; h < len(l.GetPeers()) && l.GetPeers()[h].GetPeer() == peer {
+			if h := heads[k]; h < len(l.GetPeers()) && l.GetPeers()[h].GetPeer() == t.peer && l.GetPeers()[h].GetProcedure() == t.procedure {
 				p := l.GetPeers()[h]
 				t.Offered += p.GetOfferedRps()
 				t.Dropped += p.GetDroppedRps()
@@ -141,7 +155,7 @@ func combine(inbound, outbound map[string][]peerTotals, set *limits.Set) (map[st
 				refused = append(refused, BucketLoad{Callee: p.peer, Caller: caller, Totals: p.Totals})
 				continue
 			}
-			byCallee[p.peer] = append(byCallee[p.peer], peerTotals{Totals: p.Totals, peer: caller})
+			byCallee[p.peer] = append(byCallee[p.peer], peerTotals{Totals: p.Totals, peer: caller, procedure: p.procedure})
 		}
 	}
 	slices.SortFunc(refused, func(a, b BucketLoad) int {
@@ -157,13 +171,13 @@ func combine(inbound, outbound map[string][]peerTotals, set *limits.Set) (map[st
 		i, j := 0, 0
 		for i < len(in) || j < len(outb) {
 			switch {
-			case j == len(outb) || i < len(in) && in[i].peer < outb[j].peer:
+			case j == len(outb) || i < len(in) && comparePeers(&in[i], &outb[j]) < 0:
 				merged = append(merged, in[i])
 				i++
-			case i == len(in) || outb[j].peer < in[i].peer:
+			case i == len(in) || comparePeers(&outb[j], &in[i]) < 0:
 				merged = append(merged, outb[j])
 				j++
-			default: // the same caller on both sides
+			default: // the same bucket on both sides
 				t := in[i]
 				t.Offered += outb[j].Offered
 				t.Dropped += outb[j].Dropped
@@ -207,4 +221,63 @@ func trustClaim(lim *limits.Service, caller string) bool {
 		return true
 	}
 	return !math.IsInf(lim.Bucket(caller).Limit, 1)
+}
+
+// foldProcedures makes every callee's buckets those its limits declare, in
+// place, keeping each sorted by caller then procedure. For a callee that
+// declares procedures, every bucket is a leaf of a declared procedure or
+// names.Other: a procedure it does not declare, which only a broken or
+// hostile sidecar or aggregator sends, folds into names.Other, so that no
+// one grows the law's state, the policies or the metrics by inventing
+// procedures; and so does procedure "", the load of a sidecar that
+// predates procedures or enforces outbound (outbound policies are per
+// callee). For a callee without procedures, every bucket is a whole
+// (callee, caller) pair: a procedure folds into "". Folded loads add up,
+// in bucket order, so that replicas agree.
+func foldProcedures(buckets map[string][]peerTotals, set *limits.Set) {
+	for callee, peers := range buckets {
+		lim := set.Service(callee)
+		var declared map[string]bool
+		if lim.HasProcedures() {
+			declared = make(map[string]bool, len(lim.Declared)+1)
+			for _, p := range lim.Declared {
+				declared[p] = true
+			}
+			declared[names.Other] = true
+		}
+		changed := false
+		for i := range peers {
+			p := &peers[i]
+			var to string
+			switch {
+			case declared == nil:
+				to = ""
+			case declared[p.procedure]:
+				to = p.procedure
+			default:
+				to = names.Other
+			}
+			if to != p.procedure {
+				p.procedure, changed = to, true
+			}
+		}
+		if !changed {
+			continue
+		}
+		// Each caller's leaves are contiguous and few, so a stable sort
+		// keeps the order of those that now share a bucket.
+		slices.SortStableFunc(peers, func(a, b peerTotals) int { return comparePeers(&a, &b) })
+		out := peers[:0]
+		for _, p := range peers {
+			if n := len(out); n > 0 && out[n-1].peer == p.peer && out[n-1].procedure == p.procedure {
+				t := &out[n-1]
+				t.Offered += p.Offered
+				t.Dropped += p.Dropped
+				t.ShadowDropped += p.ShadowDropped
+				continue
+			}
+			out = append(out, p)
+		}
+		buckets[callee] = out
+	}
 }

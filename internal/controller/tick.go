@@ -12,6 +12,7 @@ import (
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/limits"
 	"github.com/sluicehq/sluice/pkg/dropratio"
+	"github.com/sluicehq/sluice/pkg/names"
 )
 
 // A tick: the global loads summed, the law run on them, the policies that
@@ -37,6 +38,10 @@ type TickResult struct {
 	Stale []string
 	// Services holds the global load per callee, for metrics.
 	Services map[string]Totals
+	// Procedures holds the global load per callee and procedure, for
+	// metrics: "" for a callee without procedures, else each declared
+	// procedure and names.Other with traffic.
+	Procedures map[ServiceProcedure]Totals
 	// Loads holds the global load of every observed bucket, sorted, for
 	// the history recorder.
 	Loads []BucketLoad
@@ -48,10 +53,20 @@ type TickResult struct {
 	Shed []ShedPeers
 }
 
-// BucketLoad is one bucket's global load in one tick.
+// BucketLoad is one bucket's global load in one tick: a leaf's when
+// Procedure is set, else a (callee, caller) pair's.
 type BucketLoad struct {
-	Callee, Caller string
+	Callee, Caller, Procedure string
 	Totals
+}
+
+// ServiceProcedure names one procedure of one callee.
+type ServiceProcedure struct{ Service, Procedure string }
+
+func (t *Totals) add(u Totals) {
+	t.Offered += u.Offered
+	t.Dropped += u.Dropped
+	t.ShadowDropped += u.ShadowDropped
 }
 
 // Tick runs one control step at now against the limits in force.
@@ -85,14 +100,17 @@ func (s *State) Tick(now time.Time, set *limits.Set) TickResult {
 
 	res.Changed = map[string]*sluicev1.DropPolicy{}
 	res.Services = make(map[string]Totals, len(verdicts))
+	res.Procedures = make(map[ServiceProcedure]Totals, len(verdicts))
 	current := make(map[string]bool, len(verdicts))
 	for _, sv := range verdicts {
 		var tot Totals
 		for _, p := range inbound[sv.Service] {
-			tot.Offered += p.Offered
-			tot.Dropped += p.Dropped
-			tot.ShadowDropped += p.ShadowDropped
-			res.Loads = append(res.Loads, BucketLoad{Callee: sv.Service, Caller: p.peer, Totals: p.Totals})
+			tot.add(p.Totals)
+			k := ServiceProcedure{sv.Service, p.procedure}
+			pt := res.Procedures[k]
+			pt.add(p.Totals)
+			res.Procedures[k] = pt
+			res.Loads = append(res.Loads, BucketLoad{Callee: sv.Service, Caller: p.peer, Procedure: p.procedure, Totals: p.Totals})
 		}
 		res.Services[sv.Service] = tot
 		res.Buckets += len(sv.Verdicts)
@@ -150,14 +168,15 @@ func (s *State) seed(inbound map[string][]peerTotals) {
 	for svc, peers := range inbound {
 		for _, p := range peers {
 			if p.Offered > 0 {
-				s.law.Seed(svc, p.peer, (p.Dropped+p.ShadowDropped)/p.Offered)
+				s.law.SeedLeaf(svc, p.peer, p.procedure, (p.Dropped+p.ShadowDropped)/p.Offered)
 			}
 		}
 	}
 }
 
 // lawInput joins observed load with configured limits: every callee with
-// traffic or limits, every caller with traffic or a limit of its own.
+// traffic or limits, every caller with traffic or a limit of its own. A
+// callee that declares procedures is a tree (procedureInput).
 func lawInput(inbound map[string][]peerTotals, set *limits.Set) []dropratio.Service {
 	callees := map[string]bool{}
 	for svc := range inbound {
@@ -169,6 +188,10 @@ func lawInput(inbound map[string][]peerTotals, set *limits.Set) []dropratio.Serv
 	out := make([]dropratio.Service, 0, len(callees))
 	for _, name := range slices.Sorted(maps.Keys(callees)) {
 		lim := set.Service(name)
+		if lim.HasProcedures() {
+			out = append(out, procedureInput(name, inbound[name], lim))
+			continue
+		}
 		svc := dropratio.Service{Name: name, Capacity: math.Inf(1)}
 		if lim != nil {
 			svc.Capacity = lim.Capacity
@@ -190,4 +213,52 @@ func lawInput(inbound map[string][]peerTotals, set *limits.Set) []dropratio.Serv
 		out = append(out, svc)
 	}
 	return out
+}
+
+// procedureInput is the law's input for a callee that declares
+// procedures: one Caller per leaf, its Limit the leaf's own and its mode
+// its caller's; the capacities of the declared procedures and
+// names.Other; and the limit across procedures of every caller in it, its
+// own or the callee's default. peers are the callee's observed leaves,
+// folded (foldProcedures). A caller named by any limit of the callee gets
+// a leaf for every procedure, traffic or not, so that its policy lists
+// them from the first request (a blocked caller is blocked at once).
+func procedureInput(name string, peers []peerTotals, lim *limits.Service) dropratio.Service {
+	procs := append(slices.Clone(lim.Declared), names.Other)
+	svc := dropratio.Service{Name: name, Capacity: lim.Capacity, Procedures: make([]dropratio.Procedure, 0, len(procs))}
+	for _, p := range procs {
+		svc.Procedures = append(svc.Procedures, dropratio.Procedure{Name: p, Capacity: lim.ProcedureCapacity(p)})
+	}
+	type leaf struct{ caller, procedure string }
+	seen := map[leaf]bool{}
+	callers := map[string]bool{}
+	for _, p := range peers {
+		b := lim.Bucket(p.peer)
+		svc.Callers = append(svc.Callers, dropratio.Caller{Name: p.peer, Procedure: p.procedure, Offered: p.Offered,
+			Limit: lim.LeafLimit(p.peer, p.procedure), Mode: b.Mode})
+		seen[leaf{p.peer, p.procedure}] = true
+		callers[p.peer] = true
+	}
+	limited := make(map[string]limits.Bucket, len(lim.Callers))
+	maps.Copy(limited, lim.Callers)
+	for _, p := range lim.Procedures {
+		for c := range p.Callers {
+			limited[c] = lim.Bucket(c)
+		}
+	}
+	for _, caller := range slices.Sorted(maps.Keys(limited)) {
+		callers[caller] = true
+		for _, p := range procs {
+			if !seen[leaf{caller, p}] {
+				svc.Callers = append(svc.Callers, dropratio.Caller{Name: caller, Procedure: p,
+					Limit: lim.LeafLimit(caller, p), Mode: limited[caller].Mode})
+			}
+		}
+	}
+	for _, caller := range slices.Sorted(maps.Keys(callers)) {
+		if l := lim.Bucket(caller).Limit; !math.IsInf(l, 1) {
+			svc.CallerLimits = append(svc.CallerLimits, dropratio.CallerLimit{Name: caller, Limit: l})
+		}
+	}
+	return svc
 }

@@ -68,21 +68,23 @@ type serviceKey struct {
 }
 
 // keepValidServices removes the bad service entries from z, in place, and
-// returns why each was removed, in the order of the entries.
+// returns why each was removed, in the order of the entries; and the count
+// of peer entries it removed from the services it kept
+// (keepValidProcedures).
 //
 // An entry listed twice is removed both times: neither copy is known to be
 // the right one, and keeping the first would make the sums depend on the
 // wire order of a load that is already wrong. The service's load from this
 // zone is missing until its aggregator sends a good one, which costs that
 // service alone.
-func keepValidServices(z *sluicev1.ZoneLoad) []*RejectError {
+func keepValidServices(z *sluicev1.ZoneLoad) (dropped []*RejectError, badProcedures int) {
 	count := make(map[serviceKey]int, len(z.GetServices()))
 	for _, svc := range z.GetServices() {
 		count[serviceKey{svc.GetService(), svc.GetDirection()}]++
 	}
-	var dropped []*RejectError
 	kept := z.Services[:0]
 	for i, svc := range z.GetServices() {
+		bad := keepValidProcedures(svc)
 		err := validateService(i, svc)
 		if err == nil && count[serviceKey{svc.GetService(), svc.GetDirection()}] > 1 {
 			err = &RejectError{Reason: "duplicate_service", Detail: fmt.Sprintf("services[%d]: %s %v listed twice", i, uplink.Truncate(svc.GetService()), svc.GetDirection())}
@@ -91,11 +93,38 @@ func keepValidServices(z *sluicev1.ZoneLoad) []*RejectError {
 			dropped = append(dropped, err)
 			continue
 		}
+		badProcedures += bad
 		kept = append(kept, svc)
 	}
 	clear(z.Services[len(kept):]) // let the removed entries go
 	z.Services = kept
-	return dropped
+	return dropped, badProcedures
+}
+
+// ReasonBadProcedure is why a peer entry is removed from a service entry
+// that is kept: its procedure is neither "" nor a valid procedure name.
+// A metric label.
+const ReasonBadProcedure = "bad_procedure"
+
+// keepValidProcedures removes from svc, in place, the peer entries whose
+// procedure is neither "" nor a valid name (names.ValidProcedure), and
+// returns how many. Only the entry goes, as an aggregator leaves out
+// such an entry of a report: a procedure is a name the controller will
+// fold into the callee's declared ones (foldProcedures), and one it can
+// not even read is no bucket, while the callee's other buckets are fine.
+func keepValidProcedures(svc *sluicev1.ServiceLoad) int {
+	peers := svc.GetPeers()
+	kept := peers[:0]
+	for _, p := range peers {
+		if proc := p.GetProcedure(); proc == "" || names.ValidProcedure(proc) {
+			kept = append(kept, p)
+		}
+	}
+	clear(peers[len(kept):])
+	if svc != nil {
+		svc.Peers = kept
+	}
+	return len(peers) - len(kept)
 }
 
 // validateService checks one service entry, the i-th of its zone load.
@@ -113,15 +142,17 @@ func validateService(i int, svc *sluicev1.ServiceLoad) *RejectError {
 	if n := svc.GetLiveSidecars(); n > maxLiveSidecars {
 		return fail("bad_live_sidecars", "live_sidecars: %d is above %d", n, maxLiveSidecars)
 	}
-	peers := make(map[string]bool, len(svc.GetPeers()))
+	type leaf struct{ peer, procedure string }
+	peers := make(map[leaf]bool, len(svc.GetPeers()))
 	for j, p := range svc.GetPeers() {
 		if err := names.Check(p.GetPeer()); err != nil {
 			return fail("bad_name", "peers[%d].peer: %v", j, err)
 		}
-		if peers[p.GetPeer()] {
-			return fail("duplicate_peer", "peers[%d]: %q listed twice", j, p.GetPeer())
+		l := leaf{p.GetPeer(), p.GetProcedure()}
+		if peers[l] {
+			return fail("duplicate_peer", "peers[%d]: %q procedure %q listed twice", j, l.peer, l.procedure)
 		}
-		peers[p.GetPeer()] = true
+		peers[l] = true
 		for _, r := range []struct {
 			field string
 			v     float64

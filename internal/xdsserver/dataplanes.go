@@ -71,6 +71,12 @@ func (d *dataplanes) update(changed map[string]*sluicev1.DropPolicy, deleted []s
 		}
 		m := make(map[string]float64, len(p.GetPeers()))
 		for _, peer := range p.GetPeers() {
+			if peer.GetProcedure() != "" {
+				// A leaf of a callee with procedures: these data
+				// planes hold one ratio per caller, and the limits
+				// refuse enforcement upstream for such a callee.
+				continue
+			}
 			r := peer.GetDropRatio()
 			if peer.GetMode() == sluicev1.Mode_MODE_SHADOW && !peer.GetEnforcedUpstream() {
 				r = 0
