@@ -28,7 +28,7 @@ type Memory struct {
 	daily     map[dayKey]*dayAgg
 	services  map[string]ServiceLimits
 	buckets   map[Bucket]BucketLimit
-	routes    map[string][]routes.Route // by callee; never empty
+	routes    map[string][]routes.Route     // by callee; never empty
 	proposals []Proposal                    // proposals[i].ID == i+1
 	audit     []AuditEntry                  // audit[i].ID == i+1
 	subs      map[chan struct{}]func() bool // Changes subscribers and their context.AfterFunc stops
