@@ -29,7 +29,7 @@ type refusalRow struct {
 	Caller    string `json:"caller" yaml:"caller"`
 	Procedure string `json:"procedure,omitempty" yaml:"procedure,omitempty"`
 	Days      int    `json:"days" yaml:"days"`
-	Reason string `json:"reason" yaml:"reason"`
+	Reason    string `json:"reason" yaml:"reason"`
 }
 
 type bucketRow struct {
