@@ -17,6 +17,7 @@ type auditRow struct {
 	Action string    `json:"action" yaml:"action"`
 	Callee string    `json:"callee" yaml:"callee"`
 	Caller string    `json:"caller,omitempty" yaml:"caller,omitempty"`
+	Proc   string    `json:"procedure,omitempty" yaml:"procedure,omitempty"`
 	Old    string    `json:"old" yaml:"old"`
 	New    string    `json:"new" yaml:"new"`
 	Reason string    `json:"reason" yaml:"reason"`
@@ -29,11 +30,12 @@ func (a *app) auditCommand() *cobra.Command {
 		out   format
 	)
 	cmd := &cobra.Command{
-		Use:   "audit [callee[/caller]]",
+		Use:   "audit [callee[/caller[/procedure]]]",
 		Short: "who changed what, when and why",
 		Long: `Lists the audit log, newest first: every change to a limit, a callee's settings
 or a mode, every proposal and every decision, with who made it and why.
-A callee alone includes the changes to its own settings and to all its buckets.`,
+A callee alone includes the changes to its own settings and to all its buckets;
+a caller, the changes to its leaves (callee/caller/procedure) too.`,
 		Example: `  configurator audit
   configurator audit checkout/web --since 4w --limit 0`,
 		Args: cobra.MaximumNArgs(1),
@@ -61,7 +63,7 @@ A callee alone includes the changes to its own settings and to all its buckets.`
 			if out != formatTable {
 				rows := make([]auditRow, len(entries))
 				for i, e := range entries {
-					rows[i] = auditRow{ID: e.ID, At: e.At.UTC(), Actor: e.Actor, Action: e.Action, Callee: e.Callee, Caller: e.Caller, Old: e.Old, New: e.New, Reason: e.Reason}
+					rows[i] = auditRow{ID: e.ID, At: e.At.UTC(), Actor: e.Actor, Action: e.Action, Callee: e.Callee, Caller: e.Caller, Proc: e.Procedure, Old: e.Old, New: e.New, Reason: e.Reason}
 				}
 				return encode(w, out, rows)
 			}
@@ -78,7 +80,7 @@ A callee alone includes the changes to its own settings and to all its buckets.`
 			for _, e := range entries {
 				b := e.Callee
 				if e.Caller != "" {
-					b += "/" + e.Caller
+					b = e.Path()
 				}
 				t.row(formatTime(e.At), e.Actor, e.Action, b, e.Old, e.New, e.Reason)
 			}

@@ -51,6 +51,12 @@ func (r BacktestResult) Share() float64 {
 // Callers of one callee share its capacity, so rows of every caller of a
 // callee with a capacity must be given for its split to be right.
 //
+// A callee whose rows name procedures is replayed as the controller runs
+// it: its (caller, procedure) leaves are the law's buckets, under the
+// procedures' capacities (Limit of callee/*/procedure) and the callers'
+// limits across procedures (Limit of callee/caller). Its rows of those
+// levels are not buckets of the law: each reports what its leaves lost.
+//
 // Replay is pure; rows may come in any order. It fails only on a cfg the law
 // refuses.
 func Replay(rows []history.MinuteRow, lim ReplayLimits, cfg dropratio.Config) ([]BacktestResult, error) {
@@ -62,74 +68,132 @@ func Replay(rows []history.MinuteRow, lim ReplayLimits, cfg dropratio.Config) ([
 		rows = slices.Clone(rows)
 		slices.SortStableFunc(rows, compareMinuteRows)
 	}
-
-	results := map[history.Bucket]*BacktestResult{}
-	result := func(b history.Bucket) *BacktestResult {
-		r := results[b]
-		if r == nil {
-			r = &BacktestResult{Bucket: b, Limit: lim.Limit(b)}
-			results[b] = r
-		}
-		return r
-	}
-	offered := map[history.Bucket]float64{} // this minute's, for the verdicts
-
-	var (
-		services []dropratio.Service
-		prev     time.Time
-	)
+	rp := replay{lim: lim, results: map[history.Bucket]*BacktestResult{}, offered: map[history.Bucket]float64{}}
+	var prev time.Time
 	for i := 0; i < len(rows); {
 		minute := rows[i].Minute
-		services = services[:0]
-		clear(offered)
-		for ; i < len(rows) && rows[i].Minute.Equal(minute); i++ {
-			row := &rows[i]
-			if len(services) == 0 || services[len(services)-1].Name != row.Callee {
-				services = append(services, dropratio.Service{Name: row.Callee, Capacity: lim.Capacity(row.Callee)})
-			}
-			s := &services[len(services)-1]
-			r := result(row.Bucket)
-			s.Callers = append(s.Callers, dropratio.Caller{Name: row.Caller, Offered: row.MeanOffered, Limit: r.Limit})
-			r.Minutes++
-			offered[row.Bucket] += sanitizeRate(row.MeanOffered) * 60
+		j := i
+		for j < len(rows) && rows[j].Minute.Equal(minute) {
+			j++
 		}
+		services, levels := rp.minute(rows[i:j])
+		i = j
 		dt := time.Minute
 		if !prev.IsZero() {
 			dt = minute.Sub(prev)
 		}
 		prev = minute
 
+		dropped := map[history.Bucket]float64{}
 		for _, sv := range law.Step(dt, services) {
 			for _, v := range sv.Verdicts {
-				b := history.Bucket{Callee: sv.Service, Caller: v.Caller}
-				n, ok := offered[b]
+				b := history.Bucket{Callee: sv.Service, Caller: v.Caller, Procedure: v.Procedure}
+				n, ok := rp.offered[b]
 				if !ok {
 					continue // carried over by the law while it releases: no traffic this minute
 				}
-				r := results[b]
-				r.Offered += n
-				if !(v.Ratio > 0) {
-					continue
-				}
-				r.Dropped += v.Ratio * n
-				r.DropMinutes++
-				if r.FirstDrop.IsZero() {
-					r.FirstDrop = minute
-				}
-				r.LastDrop = minute
-				if v.Ratio > r.WorstRatio {
-					r.WorstRatio, r.WorstMinute = v.Ratio, minute
+				ratio := sanitizeRate(v.Ratio)
+				rp.results[b].add(minute, n, ratio)
+				for _, l := range levels {
+					if l.Callee == b.Callee && (l.Procedure == "" && l.Caller == b.Caller || l.Caller == history.AnyCaller && l.Procedure == b.Procedure) {
+						dropped[l] += ratio * n
+					}
 				}
 			}
 		}
+		for _, l := range levels {
+			n := rp.offered[l]
+			ratio := 0.0
+			if n > 0 {
+				ratio = min(dropped[l]/n, 1)
+			}
+			rp.results[l].add(minute, n, ratio)
+		}
 	}
 
-	out := make([]BacktestResult, 0, len(results))
-	for _, r := range results {
+	out := make([]BacktestResult, 0, len(rp.results))
+	for _, r := range rp.results {
 		out = append(out, *r)
 	}
 	slices.SortFunc(out, func(a, b BacktestResult) int { return compareBuckets(a.Bucket, b.Bucket) })
 	return out, nil
+}
+
+// replay is Replay's state across minutes.
+type replay struct {
+	lim     ReplayLimits
+	results map[history.Bucket]*BacktestResult
+	offered map[history.Bucket]float64 // this minute's requests, by bucket
+}
+
+func (rp *replay) result(b history.Bucket) *BacktestResult {
+	r := rp.results[b]
+	if r == nil {
+		r = &BacktestResult{Bucket: b, Limit: rp.lim.Limit(b)}
+		rp.results[b] = r
+	}
+	return r
+}
+
+// minute turns one minute's rows, sorted by bucket, into the law's input,
+// and returns the rows of the levels above leaves: the law does not see
+// them.
+func (rp *replay) minute(rows []history.MinuteRow) (services []dropratio.Service, levels []history.Bucket) {
+	clear(rp.offered)
+	for i := 0; i < len(rows); {
+		callee := rows[i].Callee
+		j := i
+		hier := false
+		for ; j < len(rows) && rows[j].Callee == callee; j++ {
+			hier = hier || rows[j].Procedure != ""
+		}
+		s := dropratio.Service{Name: callee, Capacity: rp.lim.Capacity(callee)}
+		for _, row := range rows[i:j] {
+			r := rp.result(row.Bucket)
+			r.Minutes++
+			rp.offered[row.Bucket] += sanitizeRate(row.MeanOffered) * 60
+			if hier && (row.Procedure == "" || row.Caller == history.AnyCaller) {
+				levels = append(levels, row.Bucket)
+				continue
+			}
+			s.Callers = append(s.Callers, dropratio.Caller{Name: row.Caller, Procedure: row.Procedure, Offered: row.MeanOffered, Limit: r.Limit})
+			if hier {
+				rp.addLevels(&s, row.Bucket)
+			}
+		}
+		services = append(services, s)
+		i = j
+	}
+	return services, levels
+}
+
+// addLevels gives s the limits of leaf's procedure and caller, once.
+func (rp *replay) addLevels(s *dropratio.Service, leaf history.Bucket) {
+	if !slices.ContainsFunc(s.Procedures, func(p dropratio.Procedure) bool { return p.Name == leaf.Procedure }) {
+		capacity := rp.lim.Limit(history.Bucket{Callee: leaf.Callee, Caller: history.AnyCaller, Procedure: leaf.Procedure})
+		s.Procedures = append(s.Procedures, dropratio.Procedure{Name: leaf.Procedure, Capacity: capacity})
+	}
+	if !slices.ContainsFunc(s.CallerLimits, func(c dropratio.CallerLimit) bool { return c.Name == leaf.Caller }) {
+		limit := rp.lim.Limit(history.Bucket{Callee: leaf.Callee, Caller: leaf.Caller})
+		s.CallerLimits = append(s.CallerLimits, dropratio.CallerLimit{Name: leaf.Caller, Limit: limit})
+	}
+}
+
+// add counts n requests of one minute, of which ratio were dropped.
+func (r *BacktestResult) add(minute time.Time, n, ratio float64) {
+	r.Offered += n
+	if !(ratio > 0) {
+		return
+	}
+	r.Dropped += ratio * n
+	r.DropMinutes++
+	if r.FirstDrop.IsZero() {
+		r.FirstDrop = minute
+	}
+	r.LastDrop = minute
+	if ratio > r.WorstRatio {
+		r.WorstRatio, r.WorstMinute = ratio, minute
+	}
 }
 
 func compareMinuteRows(a, b history.MinuteRow) int {

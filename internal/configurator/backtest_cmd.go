@@ -27,6 +27,7 @@ const (
 type backtestRow struct {
 	Callee      string     `json:"callee" yaml:"callee"`
 	Caller      string     `json:"caller" yaml:"caller"`
+	Procedure   string     `json:"procedure,omitempty" yaml:"procedure,omitempty"`
 	Limit       *float64   `json:"limit" yaml:"limit"` // null: none
 	LimitFrom   string     `json:"limit_from" yaml:"limit_from"`
 	Minutes     int        `json:"minutes" yaml:"minutes"`
@@ -52,7 +53,7 @@ type backtestOptions struct {
 func (a *app) backtestCommand() *cobra.Command {
 	o := backtestOptions{days: 28, law: dropratio.DefaultConfig()}
 	cmd := &cobra.Command{
-		Use:   "backtest [callee[/caller]]",
+		Use:   "backtest [callee[/caller[/procedure]]]",
 		Short: "replay stored history through the control law: what would a limit have dropped?",
 		Long: `Replays the stored minutes of every bucket (or of a callee, or one bucket) through
 the real control law, one step per minute, with the pending proposals
@@ -136,7 +137,7 @@ func (a *app) runBacktest(cmd *cobra.Command, st history.Store, args []string, o
 	if err != nil {
 		return err
 	}
-	results = slices.DeleteFunc(results, func(r BacktestResult) bool { return t.Caller != "" && r.Caller != t.Caller })
+	results = slices.DeleteFunc(results, func(r BacktestResult) bool { return t.Caller != "" && !t.selects(r.Bucket) })
 	if len(results) == 0 {
 		what := "any bucket"
 		if t.Callee != "" {
@@ -169,15 +170,17 @@ func (l backtestLimits) of(b history.Bucket) (float64, string) {
 func replayRows(cmd *cobra.Command, st history.Store, t target, idx limitIndex, from, to time.Time) ([]history.MinuteRow, error) {
 	// Which buckets have history: the daily rollup says, cheaply.
 	// A callee with a capacity is replayed with all its callers,
-	// whose demands share it.
+	// whose demands share it; one with procedures with all its leaves and
+	// levels, whose limits couple them.
 	ctx := cmd.Context()
 	peaks, err := st.DailyPeaks(ctx, history.Filter{Callee: t.Callee}, startOfDay(from), to)
 	if err != nil {
 		return nil, fmt.Errorf("read daily peaks: %w", err)
 	}
+	hier := slices.ContainsFunc(peaks, func(p history.DailyPeak) bool { return p.Procedure != "" })
 	var buckets []history.Bucket
 	for _, p := range peaks {
-		wanted := t.Caller == "" || p.Caller == t.Caller || !math.IsInf(idx.capacity(p.Callee), 1)
+		wanted := t.Caller == "" || t.selects(p.Bucket) || hier || !math.IsInf(idx.capacity(p.Callee), 1)
 		if wanted && (len(buckets) == 0 || buckets[len(buckets)-1] != p.Bucket) {
 			buckets = append(buckets, p.Bucket)
 		}
@@ -199,7 +202,7 @@ func writeBacktest(w io.Writer, out format, results []BacktestResult, limits bac
 		for i, r := range results {
 			l, src := limits.of(r.Bucket)
 			rs[i] = backtestRow{
-				Callee: r.Callee, Caller: r.Caller, LimitFrom: src,
+				Callee: r.Callee, Caller: r.Caller, Procedure: r.Procedure, LimitFrom: src,
 				Minutes: r.Minutes, Offered: math.Round(r.Offered), Dropped: math.Round(r.Dropped), Share: roundShare(r.Share()),
 				DropMinutes: r.DropMinutes, WorstRatio: roundShare(r.WorstRatio),
 				WorstMinute: optTime(r.WorstMinute), FirstDrop: optTime(r.FirstDrop), LastDrop: optTime(r.LastDrop),
@@ -211,17 +214,18 @@ func writeBacktest(w io.Writer, out format, results []BacktestResult, limits bac
 		return encode(w, out, rs)
 	}
 	fmt.Fprintf(w, "replayed %s … %s, one step per minute\n\n", formatTime(from), formatTime(to))
-	tb := newTable(w, "CALLEE", "CALLER", "LIMIT", "FROM", "DROPPED", "DROP MINUTES", "WORST MINUTE", "FIRST DROP", "LAST DROP")
+	withProc := hasProcedure(results, func(r BacktestResult) history.Bucket { return r.Bucket })
+	tb := newTable(w, bucketColumns(withProc, "CALLEE", "CALLER", "PROCEDURE", "LIMIT", "FROM", "DROPPED", "DROP MINUTES", "WORST MINUTE", "FIRST DROP", "LAST DROP")...)
 	for _, r := range results {
 		l, src := limits.of(r.Bucket)
 		worst := ""
 		if r.DropMinutes > 0 {
 			worst = fmt.Sprintf("%s at %s", formatShare(r.WorstRatio), formatTime(r.WorstMinute))
 		}
-		tb.row(r.Callee, r.Caller, formatRate(l), src,
+		tb.row(bucketColumns(withProc, r.Callee, r.Caller, r.Procedure, formatRate(l), src,
 			fmt.Sprintf("%s of %s req", formatShare(r.Share()), formatCount(r.Offered)),
 			fmt.Sprintf("%s of %s", formatCount(float64(r.DropMinutes)), formatCount(float64(r.Minutes))),
-			worst, formatTime(r.FirstDrop), formatTime(r.LastDrop))
+			worst, formatTime(r.FirstDrop), formatTime(r.LastDrop))...)
 	}
 	return tb.flush()
 }

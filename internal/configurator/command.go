@@ -95,7 +95,11 @@ The limit lifecycle:
   audit     who changed what, when, and why
 
 A bucket is one callee/caller pair, written "checkout/web"; a callee alone
-("checkout") stands for the service's own settings or all its buckets.
+("checkout") stands for the service's own settings or all its buckets. For a
+callee that declares procedures (configurator routes, or gRPC methods), a
+(caller, procedure) leaf is "checkout/web/create-charge" and a procedure's own
+capacity "checkout/*/create-charge"; the procedure is everything after the
+second '/': "checkout/web//shop.Checkout/Pay".
 
 Settings (the global flags, -o, and the tuning of derive and backtest) can also
 be set as SLUICE_CONFIGURATOR_<FLAG> (e.g. SLUICE_CONFIGURATOR_DATABASE_URL) or
@@ -118,6 +122,7 @@ environment, the environment over the file.`,
 		a.decideCommand("approve"),
 		a.decideCommand("reject"),
 		a.setCommand(),
+		a.routesCommand(),
 		a.modeCommand(dropratio.Shadow),
 		a.modeCommand(dropratio.Enforce),
 		a.auditCommand(),

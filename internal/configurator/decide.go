@@ -31,7 +31,7 @@ func (a *app) decideCommand(verb string) *cobra.Command {
 	var o decideOptions
 	approve := verb == "approve"
 	cmd := &cobra.Command{
-		Use:   verb + " [callee[/caller]...] [--id N...] [--all] --reason TEXT",
+		Use:   verb + " [callee[/caller[/procedure]]...] [--id N...] [--all] --reason TEXT",
 		Short: map[bool]string{true: "put pending proposals in force", false: "close pending proposals without applying them"}[approve],
 		Example: fmt.Sprintf(`  configurator %[1]s checkout/web --reason "matches last quarter"
   configurator %[1]s --id 12 --id 13 --reason "reviewed in #traffic"
@@ -127,7 +127,7 @@ func selectProposals(pending []history.Proposal, all bool, targets []target, ids
 	for _, t := range targets {
 		n := 0
 		for _, p := range pending {
-			if p.Callee == t.Callee && (t.Caller == "" || p.Caller == t.Caller) {
+			if t.selects(p.Bucket) {
 				chosen[p.ID] = true
 				explicit[p.ID] = explicit[p.ID] || t.Caller != ""
 				n++
@@ -158,9 +158,10 @@ func writeDecided(w io.Writer, out format, approve bool, decided, skipped []hist
 	if len(decided) > 0 {
 		past := map[bool]string{true: "approved", false: "rejected"}[approve]
 		fmt.Fprintf(w, "%s %s:\n", past, plural(len(decided), "proposal"))
-		t := newTable(w, "ID", "CALLEE", "CALLER", "LIMIT")
+		withProc := hasProcedure(decided, func(p history.Proposal) history.Bucket { return p.Bucket })
+		t := newTable(w, append([]string{"ID"}, bucketColumns(withProc, "CALLEE", "CALLER", "PROCEDURE", "LIMIT")...)...)
 		for _, p := range decided {
-			t.row(fmt.Sprint(p.ID), p.Callee, p.Caller, change(p, approve))
+			t.row(append([]string{fmt.Sprint(p.ID)}, bucketColumns(withProc, p.Callee, p.Caller, p.Procedure, change(p, approve))...)...)
 		}
 		if err := t.flush(); err != nil {
 			return err
@@ -168,9 +169,10 @@ func writeDecided(w io.Writer, out format, approve bool, decided, skipped []hist
 	}
 	if len(skipped) > 0 {
 		fmt.Fprintf(w, "skipped %s flagged %q; approve by bucket or --id, or use --force:\n", plural(len(skipped), "proposal"), FlagStepDown)
-		t := newTable(w, "ID", "CALLEE", "CALLER", "LIMIT")
+		withProc := hasProcedure(skipped, func(p history.Proposal) history.Bucket { return p.Bucket })
+		t := newTable(w, append([]string{"ID"}, bucketColumns(withProc, "CALLEE", "CALLER", "PROCEDURE", "LIMIT")...)...)
 		for _, p := range skipped {
-			t.row(fmt.Sprint(p.ID), p.Callee, p.Caller, change(p, true))
+			t.row(append([]string{fmt.Sprint(p.ID)}, bucketColumns(withProc, p.Callee, p.Caller, p.Procedure, change(p, true))...)...)
 		}
 		if err := t.flush(); err != nil {
 			return err

@@ -100,8 +100,8 @@ type Refusal struct {
 
 // Derivation is what Derive found.
 type Derivation struct {
-	Proposals []history.Proposal // sorted by callee, caller; IDs and statuses unset
-	Refusals  []Refusal          // sorted by callee, caller
+	Proposals []history.Proposal // sorted by callee, caller, procedure; IDs and statuses unset
+	Refusals  []Refusal          // sorted by callee, caller, procedure
 	Unchanged []history.Bucket   // buckets whose derived limit is already in force
 }
 
@@ -226,7 +226,7 @@ func comparePeaks(a, b history.DailyPeak) int {
 }
 
 func compareBuckets(a, b history.Bucket) int {
-	return cmp.Or(strings.Compare(a.Callee, b.Callee), strings.Compare(a.Caller, b.Caller))
+	return cmp.Or(strings.Compare(a.Callee, b.Callee), strings.Compare(a.Caller, b.Caller), strings.Compare(a.Procedure, b.Procedure))
 }
 
 // sanitizeRate maps what can not be a rate (NaN, infinite, negative) to 0,
@@ -258,13 +258,14 @@ func newLimitIndex(l history.Limits) limitIndex {
 	return x
 }
 
-// inForce returns the limit that applies to b: its own, else its callee's
-// default.
+// inForce returns the limit that applies to b: its own, else, for a
+// caller's bucket, its callee's default. A leaf or a procedure has only
+// its own: the default is a caller's.
 func (x limitIndex) inForce(b history.Bucket) (float64, bool) {
 	if l, ok := x.buckets[b]; ok {
 		return l.Limit, true
 	}
-	if s, ok := x.services[b.Callee]; ok && s.DefaultLimit != nil {
+	if s, ok := x.services[b.Callee]; ok && s.DefaultLimit != nil && b.Procedure == "" {
 		return *s.DefaultLimit, true
 	}
 	return 0, false

@@ -1,10 +1,10 @@
 package configurator
 
 import (
-	"cmp"
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -25,29 +25,31 @@ type derivationOutput struct {
 }
 
 type refusalRow struct {
-	Callee string `json:"callee" yaml:"callee"`
-	Caller string `json:"caller" yaml:"caller"`
-	Days   int    `json:"days" yaml:"days"`
-	Reason string `json:"reason" yaml:"reason"`
+	Callee    string `json:"callee" yaml:"callee"`
+	Caller    string `json:"caller" yaml:"caller"`
+	Procedure string `json:"procedure,omitempty" yaml:"procedure,omitempty"`
+	Days      int    `json:"days" yaml:"days"`
+	Reason    string `json:"reason" yaml:"reason"`
 }
 
 type bucketRow struct {
-	Callee string `json:"callee" yaml:"callee"`
-	Caller string `json:"caller" yaml:"caller"`
+	Callee    string `json:"callee" yaml:"callee"`
+	Caller    string `json:"caller" yaml:"caller"`
+	Procedure string `json:"procedure,omitempty" yaml:"procedure,omitempty"`
 }
 
 // deriveOptions are derive's flags.
 type deriveOptions struct {
-	cfg            DeriveConfig
-	callee, caller string
-	dryRun         bool
-	out            format
+	cfg    DeriveConfig
+	filter filterOptions
+	dryRun bool
+	out    format
 }
 
 func (a *app) deriveCommand() *cobra.Command {
 	o := deriveOptions{cfg: DefaultDeriveConfig()}
 	cmd := &cobra.Command{
-		Use:   "derive",
+		Use:   "derive [callee[/caller[/procedure]]]",
 		Short: "propose limits from the history of every bucket",
 		Long: `For each bucket with history, proposes
 
@@ -68,14 +70,21 @@ A proposal more than --max-step-down below the limit in force is flagged
 "step down needs approval": approve --all skips it.
 A bucket whose derived limit is already in force is left alone.
 
+For a callee that declares procedures, the controller keeps history per
+(caller, procedure) leaf and per procedure: derive proposes a leaf's limit
+(checkout/web/create-charge) and a procedure's capacity (checkout/*/create-charge)
+the same way, and a caller's limit across procedures from its own rows.
+A bucket path derives for that bucket alone.
+
 Proposals are written for review (superseding pending ones of the same
 buckets); --dry-run only prints them. Durations take w, d, h, m, s: 28d, 4w,
 672h, 1w3d.`,
 		Example: `  configurator derive --dry-run
-  configurator derive --callee checkout --lookback 2w --headroom 0.5`,
-		Args: cobra.NoArgs,
-		RunE: a.withStore(func(cmd *cobra.Command, _ []string, st history.Store) error {
-			return a.runDerive(cmd, st, o)
+  configurator derive --callee checkout --lookback 2w --headroom 0.5
+  configurator derive checkout/*/create-charge`,
+		Args: cobra.MaximumNArgs(1),
+		RunE: a.withStore(func(cmd *cobra.Command, args []string, st history.Store) error {
+			return a.runDerive(cmd, st, args, o)
 		}),
 	}
 	addDeriveFlags(cmd, &o)
@@ -94,11 +103,11 @@ func addDeriveFlags(cmd *cobra.Command, o *deriveOptions) {
 	fl.Float64Var(&cfg.MinLimit, "min-limit", cfg.MinLimit, "lowest limit ever proposed, rps, so that an idle bucket is not blocked")
 	setting(fl, "lookback", "headroom", "recent", "max-step-down", "min-days", "min-coverage", "min-limit")
 	fl.BoolVar(&o.dryRun, "dry-run", false, "print the proposals, write nothing")
-	addFilterFlags(cmd, &o.callee, &o.caller)
+	addFilterFlags(cmd, &o.filter)
 	addOutput(cmd, &o.out)
 }
 
-func (a *app) runDerive(cmd *cobra.Command, st history.Store, o deriveOptions) error {
+func (a *app) runDerive(cmd *cobra.Command, st history.Store, args []string, o deriveOptions) error {
 	cfg := o.cfg
 	if err := cfg.Validate(); err != nil {
 		return err
@@ -108,7 +117,7 @@ func (a *app) runDerive(cmd *cobra.Command, st history.Store, o deriveOptions) e
 			return err
 		}
 	}
-	f, err := filterFlags(o.callee, o.caller)
+	f, keep, err := o.filter.filter(args)
 	if err != nil {
 		return err
 	}
@@ -124,6 +133,7 @@ func (a *app) runDerive(cmd *cobra.Command, st history.Store, o deriveOptions) e
 	if err != nil {
 		return fmt.Errorf("read daily peaks: %w", err)
 	}
+	peaks = slices.DeleteFunc(peaks, func(p history.DailyPeak) bool { return !keep(p.Bucket) })
 	read := time.Since(start)
 	d := Derive(peaks, lim, cfg, now)
 	a.log.Debug("derived", "daily_rows", len(peaks), "read", read, "derive", time.Since(start)-read,
@@ -148,10 +158,10 @@ func (a *app) writeDerive(cmd *cobra.Command, o deriveOptions, f history.Filter,
 	if o.out != formatTable {
 		out := derivationOutput{DryRun: o.dryRun, Proposals: proposalRows(written), Refusals: []refusalRow{}, Unchanged: []bucketRow{}}
 		for _, r := range d.Refusals {
-			out.Refusals = append(out.Refusals, refusalRow{Callee: r.Callee, Caller: r.Caller, Days: r.Days, Reason: r.Reason})
+			out.Refusals = append(out.Refusals, refusalRow{Callee: r.Callee, Caller: r.Caller, Procedure: r.Procedure, Days: r.Days, Reason: r.Reason})
 		}
 		for _, b := range d.Unchanged {
-			out.Unchanged = append(out.Unchanged, bucketRow{Callee: b.Callee, Caller: b.Caller})
+			out.Unchanged = append(out.Unchanged, bucketRow{Callee: b.Callee, Caller: b.Caller, Procedure: b.Procedure})
 		}
 		if err := encode(w, o.out, out); err != nil {
 			return err
@@ -187,9 +197,10 @@ func writeDerivation(w io.Writer, d Derivation, written []history.Proposal, dryR
 			fmt.Fprintln(w)
 		}
 		fmt.Fprintln(w, "not proposed, too little history:")
-		t := newTable(w, "CALLEE", "CALLER", "REASON")
+		withProc := hasProcedure(d.Refusals, func(r Refusal) history.Bucket { return r.Bucket })
+		t := newTable(w, bucketColumns(withProc, "CALLEE", "CALLER", "PROCEDURE", "REASON")...)
 		for _, r := range d.Refusals {
-			t.row(r.Callee, r.Caller, r.Reason)
+			t.row(bucketColumns(withProc, r.Callee, r.Caller, r.Procedure, r.Reason)...)
 		}
 		if err := t.flush(); err != nil {
 			return err
@@ -216,8 +227,8 @@ func writeDerivation(w io.Writer, d Derivation, written []history.Proposal, dryR
 // from: the first thing a new user meets.
 func writeNoHistory(w io.Writer, db string, f history.Filter, cfg DeriveConfig, none bool) {
 	what := "every bucket"
-	if f.Callee != "" || f.Caller != "" {
-		what = "the buckets " + cmp.Or(f.Callee, "*") + "/" + cmp.Or(f.Caller, "*")
+	if f != (history.Filter{}) {
+		what = "the buckets " + f.String()
 	}
 	if none {
 		fmt.Fprintf(w, "no history in %s for %s in the last %s.\n", db, what, duration.Format(max(cfg.Lookback, cfg.Recent)))

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -29,7 +30,7 @@ func (a *app) historyCommand() *cobra.Command {
 		out   format
 	)
 	cmd := &cobra.Command{
-		Use:   "history callee/caller",
+		Use:   "history callee/caller[/procedure]",
 		Short: "a bucket's daily peaks, as a table and a sparkline",
 		Long: `Prints a bucket's daily rollup for the last --days UTC days, today included:
 peak and mean offered rate, mean dropped rate (rps) and coverage (minutes of the
@@ -37,6 +38,7 @@ day's 1440 with history), then the daily peaks as a sparkline (scaled from 0 to
 the highest; a blank is a day without history) and the limit in force.
 --png also writes a plot of daily peak and mean with the limit as a line.`,
 		Example: `  configurator history checkout/web
+  configurator history checkout/*/create-charge
   configurator history checkout/web --days 90 --png checkout-web.png`,
 		Args: cobra.ExactArgs(1),
 		RunE: a.withStore(func(cmd *cobra.Command, args []string, st history.Store) error {
@@ -54,6 +56,7 @@ the highest; a blank is a day without history) and the limit in force.
 			if err != nil {
 				return fmt.Errorf("read daily peaks: %w", err)
 			}
+			rows = slices.DeleteFunc(rows, func(r history.DailyPeak) bool { return !t.selects(r.Bucket) })
 			if len(rows) == 0 {
 				return fmt.Errorf("unknown bucket %s: no history in the last %d days (the controller writes history when run with --database-url; for a demo, history seed --synthetic 4w)", t, ndays)
 			}

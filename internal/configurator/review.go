@@ -1,6 +1,7 @@
 package configurator
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"slices"
@@ -22,6 +23,7 @@ type proposalRow struct {
 	ID           int64      `json:"id,omitempty" yaml:"id,omitempty"`
 	Callee       string     `json:"callee" yaml:"callee"`
 	Caller       string     `json:"caller" yaml:"caller"`
+	Procedure    string     `json:"procedure,omitempty" yaml:"procedure,omitempty"`
 	Current      *float64   `json:"current" yaml:"current"`
 	Proposed     float64    `json:"proposed" yaml:"proposed"`
 	DeltaPct     *float64   `json:"delta_pct" yaml:"delta_pct"` // null for a new limit
@@ -90,7 +92,7 @@ func newProposalRow(p history.Proposal) proposalRow {
 		flags[i] = flagCode(f)
 	}
 	r := proposalRow{
-		ID: p.ID, Callee: p.Callee, Caller: p.Caller,
+		ID: p.ID, Callee: p.Callee, Caller: p.Caller, Procedure: p.Procedure,
 		Current: p.Current, Proposed: p.Proposed,
 		PeakLookback: roundRate(p.PeakLookback), PeakRecent: roundRate(p.PeakRecent),
 		Flags:     flags,
@@ -116,7 +118,8 @@ func newProposalRow(p history.Proposal) proposalRow {
 
 // writeProposals writes proposals as review's table: current vs proposed.
 func writeProposals(w io.Writer, ps []history.Proposal, withID bool) error {
-	header := []string{"CALLEE", "CALLER", "CURRENT", "PROPOSED", "Δ", "LOOKBACK PEAK", "RECENT PEAK", "FLAGS"}
+	withProc := hasProcedure(ps, func(p history.Proposal) history.Bucket { return p.Bucket })
+	header := bucketColumns(withProc, "CALLEE", "CALLER", "PROCEDURE", "CURRENT", "PROPOSED", "Δ", "LOOKBACK PEAK", "RECENT PEAK", "FLAGS")
 	if withID {
 		header = append([]string{"ID"}, header...)
 	}
@@ -133,7 +136,7 @@ func writeProposals(w io.Writer, ps []history.Proposal, withID bool) error {
 			}
 			flags += f
 		}
-		cells := []string{p.Callee, p.Caller, cur, formatRate(p.Proposed), delta, formatRate(p.PeakLookback), formatRate(p.PeakRecent), flags}
+		cells := bucketColumns(withProc, p.Callee, p.Caller, p.Procedure, cur, formatRate(p.Proposed), delta, formatRate(p.PeakLookback), formatRate(p.PeakRecent), flags)
 		if withID {
 			cells = append([]string{fmt.Sprint(p.ID)}, cells...)
 		}
@@ -152,14 +155,14 @@ func proposalRows(ps []history.Proposal) []proposalRow {
 
 func (a *app) reviewCommand() *cobra.Command {
 	var (
-		callee, caller string
-		out            format
+		fo  filterOptions
+		out format
 	)
 	cmd := &cobra.Command{
-		Use:   "review",
+		Use:   "review [callee[/caller[/procedure]]]",
 		Short: "compare pending proposals with the limits in force",
 		Long: `Lists the pending proposals, one per bucket: the limit in force (CURRENT: the
-bucket's own, else its callee's default), the proposal, the change, the peaks it
+bucket's own, else, for a caller, its callee's default), the proposal, the change, the peaks it
 was derived from, and flags worth a look:
 
   new limit                  the bucket has no limit of its own yet
@@ -176,10 +179,11 @@ current_below_recent_peak, held_at_recent_peak, lowers_below_recent_peak; they
 round measured rates as the table does and delta_pct to 0.1, and give limits
 (current, proposed) exactly.`,
 		Example: `  configurator review
-  configurator review --callee checkout -o json`,
-		Args: cobra.NoArgs,
-		RunE: a.withStore(func(cmd *cobra.Command, _ []string, st history.Store) error {
-			f, err := filterFlags(callee, caller)
+  configurator review --callee checkout -o json
+  configurator review checkout/web/create-charge`,
+		Args: cobra.MaximumNArgs(1),
+		RunE: a.withStore(func(cmd *cobra.Command, args []string, st history.Store) error {
+			f, keep, err := fo.filter(args)
 			if err != nil {
 				return err
 			}
@@ -187,6 +191,7 @@ round measured rates as the table does and delta_pct to 0.1, and give limits
 			if err != nil {
 				return fmt.Errorf("read proposals: %w", err)
 			}
+			ps = slices.DeleteFunc(ps, func(p history.Proposal) bool { return !keep(p.Bucket) })
 			w := cmd.OutOrStdout()
 			if out != formatTable {
 				return encode(w, out, proposalRows(ps))
@@ -198,25 +203,53 @@ round measured rates as the table does and delta_pct to 0.1, and give limits
 			return writeProposals(w, ps, true)
 		}),
 	}
-	addFilterFlags(cmd, &callee, &caller)
+	addFilterFlags(cmd, &fo)
 	addOutput(cmd, &out)
 	return cmd
 }
 
-func addFilterFlags(cmd *cobra.Command, callee, caller *string) {
-	cmd.Flags().StringVar(callee, "callee", "", "only buckets of this callee")
-	cmd.Flags().StringVar(caller, "caller", "", "only buckets of this caller")
+// filterOptions are the flags that select buckets: --callee, --caller
+// (with its leaves) and --procedure (every caller's leaf of it, and its
+// own level).
+type filterOptions struct{ callee, caller, procedure string }
+
+func addFilterFlags(cmd *cobra.Command, o *filterOptions) {
+	cmd.Flags().StringVar(&o.callee, "callee", "", "only buckets of this callee")
+	cmd.Flags().StringVar(&o.caller, "caller", "", "only buckets of this caller (its leaves included; * for procedures' own levels)")
+	cmd.Flags().StringVar(&o.procedure, "procedure", "", "only buckets of this procedure (a route's name, or a gRPC method /pkg.Service/Method)")
 }
 
-// filterFlags checks --callee and --caller.
-func filterFlags(callee, caller string) (history.Filter, error) {
-	for _, f := range [...]struct{ flag, v string }{{"callee", callee}, {"caller", caller}} {
-		if f.v == "" {
+// filter checks the flags, or the one bucket path of args (which they
+// then may not narrow), and returns what to read from the store and which
+// of what it returns to keep: a path with a caller names one bucket.
+func (o filterOptions) filter(args []string) (history.Filter, func(history.Bucket) bool, error) {
+	all := func(history.Bucket) bool { return true }
+	if len(args) == 1 {
+		if o != (filterOptions{}) {
+			return history.Filter{}, nil, fmt.Errorf("give a bucket %s or --callee, --caller and --procedure, not both", args[0])
+		}
+		t, err := parseTarget(args[0], true)
+		if err != nil {
+			return history.Filter{}, nil, err
+		}
+		return t.filter(), t.selects, nil
+	}
+	var errs []error
+	for _, f := range [...]struct{ flag, v string }{{"callee", o.callee}, {"caller", o.caller}} {
+		if f.v == "" || f.flag == "caller" && f.v == history.AnyCaller {
 			continue
 		}
 		if err := names.Check(f.v); err != nil {
-			return history.Filter{}, fmt.Errorf("--%s: %v", f.flag, err)
+			errs = append(errs, fmt.Errorf("--%s: %v", f.flag, err))
 		}
 	}
-	return history.Filter{Callee: callee, Caller: caller}, nil
+	if o.procedure != "" {
+		if err := names.CheckProcedure(o.procedure); err != nil {
+			errs = append(errs, fmt.Errorf("--procedure: %v", err))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return history.Filter{}, nil, err
+	}
+	return history.Filter{Callee: o.callee, Caller: o.caller, Procedure: o.procedure}, all, nil
 }

@@ -1,11 +1,14 @@
 package configurator
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/spf13/cobra"
 
+	"github.com/sluicehq/sluice/internal/limits"
 	"github.com/sluicehq/sluice/pkg/dataplane"
 	"github.com/sluicehq/sluice/pkg/dropratio"
 	"github.com/sluicehq/sluice/pkg/history"
@@ -19,11 +22,20 @@ type setOptions struct {
 func (a *app) setCommand() *cobra.Command {
 	var o setOptions
 	cmd := &cobra.Command{
-		Use:   "set callee/caller --limit N | callee [--default-limit N] [--capacity N] [--fail-mode M] [--enforcement E]",
+		Use:   "set callee/caller[/procedure] --limit N | callee/*/procedure --limit N | callee [--default-limit N] [--capacity N] [--fail-mode M] [--enforcement E]",
 		Short: "set a limit by hand (a manual override), or a callee's own settings",
 		Long: `With callee/caller, sets the bucket's limit by hand (source "manual"): --limit in
 rps (0 blocks; "none" removes the bucket's own limit), optionally --mode and
---enforcement.
+--enforcement. For a callee that declares procedures, the caller's limit holds
+across all of them.
+
+With callee/caller/procedure, sets the limit of that (caller, procedure) leaf;
+with callee/*/procedure, the procedure's capacity, shared by all its callers.
+The procedure is everything after the second '/': a route's procedure
+(configurator routes) or a gRPC full method, checkout/web//shop.Checkout/Pay.
+A leaf is enforced as its caller is, so neither takes --mode or --enforcement.
+A change the controller could not load (a procedure no route names that is
+not a gRPC method, upstream enforcement on a callee with procedures) is refused.
 
 With a callee alone, sets the service's own settings: --default-limit for callers
 without a limit of their own, --capacity shared by all its callers ("none"
@@ -42,7 +54,9 @@ Every change needs a --reason and is audited.`,
 		Example: `  configurator set checkout/web --limit 1500 --reason "launch week"
   configurator set checkout/batch --limit 0 --mode shadow --reason "would block batch"
   configurator set checkout --capacity 5000 --fail-mode hold --reason "db capacity"
-  configurator set checkout/app --limit 300 --enforcement upstream --reason "proxyless gRPC client"`,
+  configurator set checkout/app --limit 300 --enforcement upstream --reason "proxyless gRPC client"
+  configurator set checkout/web/create-charge --limit 50 --reason "charges are expensive"
+  configurator set checkout/*//shop.Checkout/Pay --limit 500 --reason "payment provider quota"`,
 		Args: cobra.ExactArgs(1),
 		RunE: a.withStore(func(cmd *cobra.Command, args []string, st history.Store) error {
 			return a.runSet(cmd, st, args[0], o)
@@ -89,6 +103,13 @@ func (a *app) runSet(cmd *cobra.Command, st history.Store, arg string, o setOpti
 	}
 	if err := a.requireChange(o.reason); err != nil {
 		errs = append(errs, err)
+	}
+	if t.Procedure != "" {
+		for _, name := range []string{"mode", "enforcement"} {
+			if changed(name) {
+				errs = append(errs, fmt.Errorf("--%s: %s is enforced as its caller is; set it on callee/caller", name, t))
+			}
+		}
 	}
 	if t.Caller != "" {
 		return a.runSetBucket(cmd, st, t, o, m, e, errs)
@@ -187,6 +208,12 @@ func (a *app) setService(cmd *cobra.Command, st history.Store, t target, reason 
 		s = history.ServiceLimits{Callee: t.Callee, Mode: new(dropratio.Enforce), FailMode: new(dataplane.FailOpen)}
 	}
 	update(&s)
+	if err := checkLoads(lim, func(l *history.Limits) {
+		l.Services = slices.DeleteFunc(slices.Clone(l.Services), func(o history.ServiceLimits) bool { return o.Callee == s.Callee })
+		l.Services = append(l.Services, s)
+	}); err != nil {
+		return fmt.Errorf("set %s: %w", t, err)
+	}
 	if err := st.SetService(ctx, s, a.change(reason)); err != nil {
 		return fmt.Errorf("set %s: %w", t, err)
 	}
@@ -211,6 +238,18 @@ func (a *app) setBucket(cmd *cobra.Command, st history.Store, b history.Bucket, 
 	}
 	old, exists := newLimitIndex(lim).buckets[b]
 	w := cmd.OutOrStdout()
+	if err := checkLoads(lim, func(l *history.Limits) {
+		l.Buckets = slices.DeleteFunc(slices.Clone(l.Buckets), func(o history.BucketLimit) bool { return o.Bucket == b })
+		if hasLimit {
+			nb := history.BucketLimit{Bucket: b, Limit: limit, Mode: m, Enforcement: e}
+			if exists { // nil keeps the bucket's own, as the store does
+				nb.Mode, nb.Enforcement = cmp.Or(m, old.Mode), cmp.Or(e, old.Enforcement)
+			}
+			l.Buckets = append(l.Buckets, nb)
+		}
+	}); err != nil {
+		return fmt.Errorf("set limit of %s: %w", bucketString(b), err)
+	}
 	if !hasLimit {
 		if err := st.DeleteLimit(ctx, b, a.change(reason)); errors.Is(err, history.ErrNotFound) {
 			return fmt.Errorf("unknown bucket %s: it has no limit of its own to remove", bucketString(b))
@@ -239,6 +278,12 @@ func (a *app) setBucket(cmd *cobra.Command, st history.Store, b history.Bucket, 
 }
 
 func renderBucket(l history.BucketLimit) string {
+	switch {
+	case l.Caller == history.AnyCaller:
+		return fmt.Sprintf("capacity %s rps, %s", formatRate(l.Limit), l.Source)
+	case l.Procedure != "":
+		return fmt.Sprintf("limit %s rps, %s", formatRate(l.Limit), l.Source)
+	}
 	return fmt.Sprintf("limit %s rps, %s, %s%s", formatRate(l.Limit), renderSetting(l.Mode), l.Source, renderUpstream(l.Enforcement))
 }
 
@@ -289,6 +334,9 @@ The limits themselves do not change.`, m, what),
 			if err != nil {
 				return err
 			}
+			if t.Procedure != "" {
+				return fmt.Errorf("%s is enforced as its caller is: %s %s/CALLER", t, m, t.Callee)
+			}
 			if err := a.requireChange(reason); err != nil {
 				return err
 			}
@@ -305,4 +353,21 @@ The limits themselves do not change.`, m, what),
 	}
 	cmd.Flags().StringVar(&reason, "reason", "", "why, for the audit log (required)")
 	return cmd
+}
+
+// checkLoads refuses a change, change applied to a copy of lim, after
+// which the controller could no longer load the limits (limits.FromHistory):
+// it would keep the last limits it read, and ignore every later change
+// until this one is undone. Limits that did not load before are not
+// this change's fault, and do not stop it.
+func checkLoads(lim history.Limits, change func(*history.Limits)) error {
+	if _, err := limits.FromHistory(lim); err != nil {
+		return nil
+	}
+	after := lim
+	change(&after)
+	if _, err := limits.FromHistory(after); err != nil {
+		return fmt.Errorf("refused: the controller could not load the limits after it: %w", err)
+	}
+	return nil
 }

@@ -215,7 +215,7 @@ func Synthetic(spec []SeedBucket, end time.Time, span time.Duration, seed uint64
 	for _, b := range spec {
 		from, to := seedRange(b, end, span)
 		h := fnv.New64a()
-		h.Write([]byte(b.Callee + "/" + b.Caller))
+		h.Write([]byte(b.Path()))
 		rng := rand.New(rand.NewPCG(seed, h.Sum64()))
 		for m := from; m.Before(to); m = m.Add(time.Minute) {
 			weeks := to.Sub(m).Hours() / (7 * 24)

@@ -6,13 +6,18 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math"
+	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/sluicehq/sluice/pkg/dataplane"
 	"github.com/sluicehq/sluice/pkg/dropratio"
 	"github.com/sluicehq/sluice/pkg/history"
+	"github.com/sluicehq/sluice/pkg/names"
+	"github.com/sluicehq/sluice/pkg/routes"
 )
 
 // FromHistory turns the store's limits into a Set. A setting the store left
@@ -21,6 +26,10 @@ import (
 // history's own stores refuse such values) is an error naming the service
 // or bucket and the field, never a silent default: an unknown fail mode must
 // not become open.
+//
+// A callee's routes and its limits with a procedure (history.Limits)
+// declare its procedures by the limits file's rules (procedures): they are
+// checked here again, each problem naming its row.
 func FromHistory(l history.Limits) (*Set, error) {
 	services := map[string]*Service{}
 	get := func(callee string) *Service {
@@ -48,20 +57,146 @@ func FromHistory(l history.Limits) (*Set, error) {
 		s.FailMode = stored(path+": fail_mode", sl.FailMode, dataplane.FailOpen, &errs)
 		s.Enforcement = stored(path+": enforcement", sl.Enforcement, dataplane.EnforceSidecar, &errs)
 	}
+	var leaves []history.BucketLimit
 	for _, b := range l.Buckets {
 		s := get(b.Callee)
-		path := "limit " + b.Callee + "/" + b.Caller
+		if b.Procedure != "" {
+			leaves = append(leaves, b) // once every caller's mode is known
+			continue
+		}
+		path := "limit " + b.Path()
 		s.Callers[b.Caller] = Bucket{
 			Limit:       b.Limit,
 			Mode:        stored(path+": mode", b.Mode, s.Mode, &errs),
 			Enforcement: stored(path+": enforcement", b.Enforcement, s.callerEnforcement(b.Caller), &errs),
 		}
 	}
+	storedProcedures(l.Routes, leaves, get, &errs)
 	if len(errs) > 0 {
 		return nil, fmt.Errorf("invalid limits: %w", errors.Join(errs...))
 	}
 	return NewSet(services), nil
 }
+
+// storedProcedures fills the Routes, Declared and Procedures of the
+// services get returns from the store's routes and its limits with a
+// procedure (leaves: a leaf's limit, or with caller history.AnyCaller a
+// procedure's capacity), by the limits file's rules: Declared is the
+// procedures the routes name, in order of first mention, then the other
+// procedures, sorted, each a gRPC full method; names.Other is never
+// declared, and has limits only beside a declared procedure; at most
+// routes.MaxRoutes; and enforcement upstream is refused on a callee that
+// declares procedures. A leaf's own mode and enforcement are not used: it
+// is enforced as its caller is.
+func storedProcedures(rs []history.ServiceRoutes, leaves []history.BucketLimit, get func(string) *Service, errs *[]error) {
+	touched := map[*Service]bool{}
+	named := map[*Service]map[string]bool{}
+	for _, sr := range rs {
+		s := get(sr.Callee)
+		if _, err := routes.CompileRoutes(sr.Routes); err != nil {
+			*errs = append(*errs, fmt.Errorf("routes of %s: %w", sr.Callee, err))
+			continue
+		}
+		s.Routes = slices.Clone(sr.Routes)
+		named[s] = map[string]bool{}
+		for _, r := range sr.Routes {
+			if !named[s][r.Procedure] {
+				named[s][r.Procedure] = true
+				s.Declared = append(s.Declared, r.Procedure)
+			}
+		}
+		touched[s] = true
+	}
+	extra := map[*Service][]string{}
+	for _, b := range leaves {
+		s, path := get(b.Callee), "limit "+b.Path()
+		if err := checkLeaf(b); err != nil {
+			*errs = append(*errs, fmt.Errorf("%s: %w", path, err))
+			continue
+		}
+		p := s.Procedures[b.Procedure]
+		if p == nil {
+			if s.Procedures == nil {
+				s.Procedures = map[string]*Procedure{}
+			}
+			p = &Procedure{Capacity: math.Inf(1), Callers: map[string]float64{}}
+			s.Procedures[b.Procedure] = p
+			switch {
+			case b.Procedure == names.Other || named[s][b.Procedure]:
+			case routes.GRPCProcedure(b.Procedure) != b.Procedure:
+				*errs = append(*errs, fmt.Errorf("%s: no route of %s names %s and it is not a gRPC full method (/pkg.Service/Method): no request could be it", path, b.Callee, b.Procedure))
+			default:
+				extra[s] = append(extra[s], b.Procedure)
+			}
+		}
+		if b.Caller == history.AnyCaller {
+			p.Capacity = b.Limit
+		} else {
+			p.Callers[b.Caller] = b.Limit
+		}
+		touched[s] = true
+	}
+	for _, s := range slices.SortedFunc(maps.Keys(touched), func(a, b *Service) int { return strings.Compare(a.Name, b.Name) }) {
+		slices.Sort(extra[s])
+		s.Declared = append(s.Declared, extra[s]...)
+		checkDeclared(s, errs)
+	}
+}
+
+// checkLeaf checks what the store should have: a valid procedure, and a
+// valid caller or history.AnyCaller.
+func checkLeaf(b history.BucketLimit) error {
+	if err := names.CheckProcedure(b.Procedure); err != nil {
+		return fmt.Errorf("procedure: %w", err)
+	}
+	if b.Caller != history.AnyCaller {
+		if err := names.Check(b.Caller); err != nil {
+			return fmt.Errorf("caller: %w", err)
+		}
+	}
+	if math.IsNaN(b.Limit) || math.IsInf(b.Limit, 0) || b.Limit < 0 {
+		return fmt.Errorf("limit: %v is not a finite rate >= 0", b.Limit)
+	}
+	return nil
+}
+
+// checkDeclared finishes a service whose routes or limits name
+// procedures: each declared procedure has its Procedures entry, and the
+// service keeps within the bounds on what it declares.
+func checkDeclared(s *Service, errs *[]error) {
+	_, other := s.Procedures[names.Other]
+	switch {
+	case len(s.Declared) == 0 && other:
+		*errs = append(*errs, fmt.Errorf("limits of %s/*/%s: %s declares no procedure, so every request is its caller's whole bucket; put the capacity on the service", s.Name, names.Other, s.Name))
+		return
+	case len(s.Declared) > routes.MaxRoutes:
+		*errs = append(*errs, fmt.Errorf("service %s: %d procedures declared, at most %d (routes.MaxRoutes)", s.Name, len(s.Declared), routes.MaxRoutes))
+		return
+	case len(s.Declared) == 0:
+		return
+	}
+	if s.Enforcement == dataplane.EnforceUpstream {
+		*errs = append(*errs, fmt.Errorf("service %s: enforcement: %w", s.Name, errUpstreamProcedures))
+	}
+	for _, c := range slices.Sorted(maps.Keys(s.Callers)) {
+		if s.Callers[c].Enforcement == dataplane.EnforceUpstream {
+			*errs = append(*errs, fmt.Errorf("limit %s/%s: enforcement: %w", s.Name, c, errUpstreamProcedures))
+		}
+	}
+	if s.Procedures == nil {
+		s.Procedures = make(map[string]*Procedure, len(s.Declared))
+	}
+	for _, p := range s.Declared {
+		if s.Procedures[p] == nil {
+			s.Procedures[p] = &Procedure{Capacity: math.Inf(1), Callers: map[string]float64{}}
+		}
+	}
+}
+
+// errUpstreamProcedures is why a callee that declares procedures can not be
+// enforced upstream: proxyless gRPC clients and Envoy's RTDS carry one
+// ratio per caller, not one per (caller, procedure) leaf.
+var errUpstreamProcedures = errors.New("upstream: the service declares procedures, and upstream data planes enforce per caller only; use sidecar")
 
 // stored reads a setting from the store: def when it is nil, else its
 // value, which must be one its type can spell (MarshalText refuses others).

@@ -15,8 +15,13 @@
 // spells them in its rows as their text forms, and refuses a row it can not
 // read back, naming the column.
 //
-// The package imports pgx, the standard library, pkg/names and those
-// types only.
+// A bucket's key is (callee, caller, procedure) in every table and every
+// call; Bucket says what each shape means. A callee's HTTP routes, which
+// name its procedures, are kept whole per callee (SetRoutes) and checked
+// with pkg/routes, the code the sidecar matches with.
+//
+// The package imports pgx, the standard library, pkg/names, pkg/routes and
+// those types only.
 package history
 
 import (
@@ -26,6 +31,7 @@ import (
 
 	"github.com/sluicehq/sluice/pkg/dataplane"
 	"github.com/sluicehq/sluice/pkg/dropratio"
+	"github.com/sluicehq/sluice/pkg/routes"
 )
 
 // Bucket is one bucket key: a (callee, caller) pair when Procedure is "";
@@ -40,6 +46,17 @@ type Bucket struct {
 
 // AnyCaller is Bucket.Caller for a procedure's own level: "checkout/*/pay".
 const AnyCaller = "*"
+
+// Path is the bucket as people and the configurator write it:
+// "checkout/web", "checkout/web/create-charge", "checkout/*/create-charge",
+// "checkout/web//shop.Checkout/Pay". (Not String: every type that embeds
+// Bucket would print as its key alone.)
+func (b Bucket) Path() string {
+	if b.Procedure == "" {
+		return b.Callee + "/" + b.Caller
+	}
+	return b.Callee + "/" + b.Caller + "/" + b.Procedure
+}
 
 // MinuteRow is one bucket's load during one minute, as the controller saw it.
 // Rates are finite and >= 0, and PeakOffered >= MeanOffered.
@@ -109,9 +126,23 @@ type ServiceLimits struct {
 }
 
 // Limits is every limit in force, one consistent read.
+//
+// For a callee that declares procedures, Buckets holds three kinds of
+// limits: (callee, caller, "") the caller's limit across procedures,
+// (callee, caller, procedure) a leaf's, and (callee, AnyCaller, procedure)
+// the procedure's capacity. A leaf's and a procedure's Mode and
+// Enforcement are kept but not used: a leaf is enforced as its caller is.
 type Limits struct {
 	Services []ServiceLimits // sorted by Callee
-	Buckets  []BucketLimit   // sorted by Callee, Caller
+	Buckets  []BucketLimit   // sorted by Callee, Caller, Procedure (bytewise: AnyCaller sorts before names)
+	Routes   []ServiceRoutes // sorted by Callee; callees without routes are left out
+}
+
+// ServiceRoutes are a callee's HTTP routes, in order: the first that
+// matches a request names its procedure (pkg/routes).
+type ServiceRoutes struct {
+	Callee string
+	Routes []routes.Route // 1 to routes.MaxRoutes, valid for routes.CompileRoutes
 }
 
 // ProposalStatus is where a proposal is in review.
@@ -147,8 +178,8 @@ type AuditEntry struct {
 	ID     int64
 	At     time.Time
 	Actor  string
-	Action string // "set_limit", "delete_limit", "set_service", "set_mode", "approve", "reject", "propose", "write_history"
-	Bucket        // Caller is "" for service-level changes
+	Action string // "set_limit", "delete_limit", "set_service", "set_mode", "set_routes", "approve", "reject", "propose", "write_history"
+	Bucket        // Caller and Procedure are "" for service-level changes (set_service, set_routes, a callee's set_mode)
 	Old    string // the previous value, rendered for people; "" when none
 	New    string
 	Reason string
@@ -168,11 +199,14 @@ type HistoryNote struct {
 	What string // e.g. "synthetic: 40,320 minutes …"; required, at most MaxReasonLen bytes
 }
 
-// Filter selects buckets; empty fields match everything. Non-empty fields
-// must be valid service names.
+// Filter selects buckets; empty fields match everything. Non-empty Callee
+// and Caller must be valid service names (Caller may be AnyCaller), a
+// non-empty Procedure a valid procedure name. A Filter with Caller "web"
+// and no Procedure selects web's caller bucket and each of its leaves.
 type Filter struct {
-	Callee string
-	Caller string
+	Callee    string
+	Caller    string
+	Procedure string
 }
 
 // Errors callers branch on.
@@ -224,6 +258,10 @@ type LimitStore interface {
 	// DeleteLimit removes a bucket's limit ("delete_limit"); ErrNotFound
 	// when it has none.
 	DeleteLimit(ctx context.Context, b Bucket, c Change) error
+	// SetRoutes replaces a callee's HTTP routes, in order ("set_routes",
+	// with Caller ""); no routes removes them. Routes that
+	// routes.CompileRoutes refuses are ErrInvalid, with its reasons.
+	SetRoutes(ctx context.Context, callee string, rs []routes.Route, c Change) error
 	// SetService creates or replaces a callee's own settings
 	// ("set_service", with Caller ""). A nil Mode, FailMode or
 	// Enforcement keeps the current one, or enforce, open and sidecar for a

@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluicehq/sluice/pkg/dataplane"
 	"github.com/sluicehq/sluice/pkg/dropratio"
+	"github.com/sluicehq/sluice/pkg/routes"
 )
 
 // Memory is the in-memory Store: the same rules as Postgres, for the demo,
@@ -27,6 +28,7 @@ type Memory struct {
 	daily     map[dayKey]*dayAgg
 	services  map[string]ServiceLimits
 	buckets   map[Bucket]BucketLimit
+	routes    map[string][]routes.Route     // by callee; never empty
 	proposals []Proposal                    // proposals[i].ID == i+1
 	audit     []AuditEntry                  // audit[i].ID == i+1
 	subs      map[chan struct{}]func() bool // Changes subscribers and their context.AfterFunc stops
@@ -54,6 +56,7 @@ func NewMemory(opts ...Option) *Memory {
 		daily:    map[dayKey]*dayAgg{},
 		services: map[string]ServiceLimits{},
 		buckets:  map[Bucket]BucketLimit{},
+		routes:   map[string][]routes.Route{},
 		subs:     map[chan struct{}]func() bool{},
 	}
 }
@@ -177,11 +180,12 @@ func (m *Memory) Retain(ctx context.Context, before time.Time) (int, error) {
 }
 
 func (f Filter) matches(b Bucket) bool {
-	return (f.Callee == "" || f.Callee == b.Callee) && (f.Caller == "" || f.Caller == b.Caller)
+	return (f.Callee == "" || f.Callee == b.Callee) && (f.Caller == "" || f.Caller == b.Caller) &&
+		(f.Procedure == "" || f.Procedure == b.Procedure)
 }
 
 func compareBuckets(a, b Bucket) int {
-	return cmp.Or(cmp.Compare(a.Callee, b.Callee), cmp.Compare(a.Caller, b.Caller))
+	return cmp.Or(cmp.Compare(a.Callee, b.Callee), cmp.Compare(a.Caller, b.Caller), cmp.Compare(a.Procedure, b.Procedure))
 }
 
 // Limits implements LimitStore.
@@ -197,7 +201,31 @@ func (m *Memory) Limits(ctx context.Context) (Limits, error) {
 	}
 	slices.SortFunc(l.Services, func(a, b ServiceLimits) int { return cmp.Compare(a.Callee, b.Callee) })
 	slices.SortFunc(l.Buckets, func(a, b BucketLimit) int { return compareBuckets(a.Bucket, b.Bucket) })
+	for _, callee := range slices.Sorted(maps.Keys(m.routes)) {
+		l.Routes = append(l.Routes, ServiceRoutes{Callee: callee, Routes: slices.Clone(m.routes[callee])})
+	}
 	return l, nil
+}
+
+// SetRoutes implements LimitStore.
+func (m *Memory) SetRoutes(ctx context.Context, callee string, rs []routes.Route, c Change) error {
+	if err := checkChange(c); err != nil {
+		return err
+	}
+	if err := checkRoutes(callee, rs); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	old := m.routes[callee]
+	if len(rs) == 0 {
+		delete(m.routes, callee)
+	} else {
+		m.routes[callee] = slices.Clone(rs)
+	}
+	m.appendAudit(m.opts.clock(), c, "set_routes", Bucket{Callee: callee}, renderRoutes(old), renderRoutes(rs))
+	m.notify()
+	return nil
 }
 
 // modeFor is the mode a bucket's limit gets when none is given: its own,
@@ -261,7 +289,7 @@ func (m *Memory) DeleteLimit(ctx context.Context, b Bucket, c Change) error {
 	defer m.mu.Unlock()
 	o, ok := m.buckets[b]
 	if !ok {
-		return fmt.Errorf("delete limit of %s/%s: %w", b.Callee, b.Caller, ErrNotFound)
+		return fmt.Errorf("delete limit of %s: %w", b.Path(), ErrNotFound)
 	}
 	delete(m.buckets, b)
 	m.appendAudit(m.opts.clock(), c, "delete_limit", b, renderLimit(o), "")
@@ -313,7 +341,7 @@ func (m *Memory) SetMode(ctx context.Context, f Filter, mode dropratio.Mode, c C
 	var selected, changed int
 	// Services first, then buckets, each in order: the audit reads in the
 	// same order as Postgres writes it.
-	if f.Caller == "" {
+	if f.Caller == "" && f.Procedure == "" {
 		for _, callee := range slices.Sorted(maps.Keys(m.services)) {
 			s := m.services[callee]
 			if f.Callee != "" && f.Callee != callee {
@@ -572,7 +600,11 @@ func (m *Memory) notify() {
 }
 
 func (f Filter) String() string {
-	return cmp.Or(f.Callee, "*") + "/" + cmp.Or(f.Caller, "*")
+	s := cmp.Or(f.Callee, "*") + "/" + cmp.Or(f.Caller, "*")
+	if f.Procedure != "" {
+		s += "/" + f.Procedure
+	}
+	return s
 }
 
 // copyOpt copies an optional value: a rate, a setting.

@@ -53,6 +53,11 @@ var olderBinaries = map[string]bool{
 	// column: a bucket declared upstream is enforced by the callee's
 	// sidecar under them (docs/operations.md, "Rollback").
 	"0002_enforcement": true,
+	// The procedure joins the keys of bucket_limits and proposals: an
+	// older binary's upserts name a conflict target, (callee, caller), that
+	// is no longer unique, and it would read a leaf's limit or a
+	// procedure's capacity as a caller's limit.
+	"0003_procedures": false,
 }
 
 // loadMigrations reads the embedded migrations, sorted by version.

@@ -105,17 +105,16 @@ func (p *Postgres) Close() {
 	p.pool.Close()
 }
 
-// filterSQL appends f's conditions on the named columns to a WHERE clause.
+// filterSQL appends f's conditions on the columns callee, caller and
+// procedure to a WHERE clause.
 // A condition for an empty field is left out, not written as a no-op OR,
 // so that the planner can use the primary key.
-func filterSQL(sql string, args []any, f Filter, callee, caller string) (string, []any) {
-	if f.Callee != "" {
-		args = append(args, f.Callee)
-		sql += fmt.Sprintf(" AND %s = $%d", callee, len(args))
-	}
-	if f.Caller != "" {
-		args = append(args, f.Caller)
-		sql += fmt.Sprintf(" AND %s = $%d", caller, len(args))
+func filterSQL(sql string, args []any, f Filter) (string, []any) {
+	for _, c := range [...]struct{ column, v string }{{"callee", f.Callee}, {"caller", f.Caller}, {"procedure", f.Procedure}} {
+		if c.v != "" {
+			args = append(args, c.v)
+			sql += fmt.Sprintf(" AND %s = $%d", c.column, len(args))
+		}
 	}
 	return sql, args
 }

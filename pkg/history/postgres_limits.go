@@ -13,17 +13,18 @@ import (
 
 	"github.com/sluicehq/sluice/pkg/dataplane"
 	"github.com/sluicehq/sluice/pkg/dropratio"
+	"github.com/sluicehq/sluice/pkg/routes"
 )
 
 // notifyChannel is the channel limit changes are announced on.
 const notifyChannel = "sluice_limits"
 
 const (
-	selectBucketLimit = `SELECT callee, caller, limit_rps AS "limit", mode, enforcement, source, updated_by, reason, updated_at FROM bucket_limits`
+	selectBucketLimit = `SELECT callee, caller, procedure, limit_rps AS "limit", mode, enforcement, source, updated_by, reason, updated_at FROM bucket_limits`
 	selectService     = `SELECT callee, default_limit, capacity, mode, fail_mode, enforcement, updated_by, reason, updated_at FROM service_limits`
-	selectProposal    = `SELECT id, callee, caller, current_limit AS current, proposed, peak_lookback, peak_recent, flags, status,
+	selectProposal    = `SELECT id, callee, caller, procedure, current_limit AS current, proposed, peak_lookback, peak_recent, flags, status,
 		created_by, created_at, decided_by, COALESCE(decided_at, '0001-01-01 00:00:00+00') AS decided_at, reason FROM proposals`
-	selectAudit = `SELECT id, at, actor, action, callee, caller, old_value AS old, new_value AS new, reason FROM audit_log`
+	selectAudit = `SELECT id, at, actor, action, callee, caller, procedure, old_value AS old, new_value AS new, reason FROM audit_log`
 )
 
 // bucketRow and serviceRow are rows of bucket_limits and service_limits as
@@ -63,7 +64,7 @@ func rowToLimit(row pgx.CollectableRow) (BucketLimit, error) {
 		Source:      r.Source, UpdatedBy: r.UpdatedBy, Reason: r.Reason, UpdatedAt: r.UpdatedAt,
 	}
 	if err := errors.Join(errs...); err != nil {
-		return BucketLimit{}, fmt.Errorf("bucket_limits row %s/%s: %w", r.Callee, r.Caller, err)
+		return BucketLimit{}, fmt.Errorf("bucket_limits row %s: %w", r.Path(), err)
 	}
 	return l, nil
 }
@@ -111,11 +112,14 @@ func (p *Postgres) Limits(ctx context.Context) (Limits, error) {
 		if l.Services, err = pgx.CollectRows(rows, rowToService); err != nil {
 			return err
 		}
-		rows, err = tx.Query(ctx, selectBucketLimit+` ORDER BY callee, caller`)
+		rows, err = tx.Query(ctx, selectBucketLimit+` ORDER BY callee, caller, procedure`)
 		if err != nil {
 			return err
 		}
-		l.Buckets, err = pgx.CollectRows(rows, rowToLimit)
+		if l.Buckets, err = pgx.CollectRows(rows, rowToLimit); err != nil {
+			return err
+		}
+		l.Routes, err = readRoutes(ctx, tx)
 		return err
 	})
 	if err != nil {
@@ -131,6 +135,9 @@ func nonNilLimits(l Limits) Limits {
 	}
 	if len(l.Buckets) == 0 {
 		l.Buckets = nil
+	}
+	if len(l.Routes) == 0 {
+		l.Routes = nil
 	}
 	return l
 }
@@ -160,9 +167,9 @@ func (p *Postgres) change(ctx context.Context, what string, fn func(tx pgx.Tx, n
 
 // bucketLimits reads the limits of buckets that have one.
 func bucketLimits(ctx context.Context, tx pgx.Tx, bs []Bucket) (map[Bucket]BucketLimit, error) {
-	callees, callers := splitBuckets(bs)
+	callees, callers, procs := splitBuckets(bs)
 	rows, err := tx.Query(ctx, selectBucketLimit+`
-		WHERE (callee, caller) IN (SELECT * FROM unnest($1::text[], $2::text[]))`, callees, callers)
+		WHERE (callee, caller, procedure) IN (SELECT * FROM unnest($1::text[], $2::text[], $3::text[]))`, callees, callers, procs)
 	if err != nil {
 		return nil, err
 	}
@@ -226,12 +233,12 @@ func modesFor(ctx context.Context, tx pgx.Tx, bs []Bucket, current map[Bucket]Bu
 	return out, nil
 }
 
-func splitBuckets(bs []Bucket) (callees, callers []string) {
-	callees, callers = make([]string, len(bs)), make([]string, len(bs))
+func splitBuckets(bs []Bucket) (callees, callers, procs []string) {
+	callees, callers, procs = make([]string, len(bs)), make([]string, len(bs)), make([]string, len(bs))
 	for i, b := range bs {
-		callees[i], callers[i] = b.Callee, b.Caller
+		callees[i], callers[i], procs[i] = b.Callee, b.Caller, b.Procedure
 	}
-	return callees, callers
+	return callees, callers, procs
 }
 
 // upsertLimits writes bucket limits, replacing existing ones.
@@ -239,24 +246,24 @@ func upsertLimits(ctx context.Context, tx pgx.Tx, ls []BucketLimit) error {
 	n := len(ls)
 	callees, callers, modes, sources := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 	limits, by, reasons, at := make([]float64, n), make([]string, n), make([]string, n), make([]time.Time, n)
-	enfs := make([]string, n)
+	enfs, procs := make([]string, n), make([]string, n)
 	for i, l := range ls {
-		callees[i], callers[i], limits[i], modes[i], sources[i] = l.Callee, l.Caller, l.Limit, l.Mode.String(), string(l.Source)
+		callees[i], callers[i], procs[i], limits[i], modes[i], sources[i] = l.Callee, l.Caller, l.Procedure, l.Limit, l.Mode.String(), string(l.Source)
 		by[i], reasons[i], at[i] = l.UpdatedBy, l.Reason, l.UpdatedAt
 		enfs[i] = l.Enforcement.String()
 	}
 	_, err := tx.Exec(ctx, `
-		INSERT INTO bucket_limits (callee, caller, limit_rps, mode, source, updated_by, reason, updated_at, enforcement)
-		SELECT * FROM unnest($1::text[], $2::text[], $3::float8[], $4::text[], $5::text[], $6::text[], $7::text[], $8::timestamptz[], $9::text[])
-		ON CONFLICT (callee, caller) DO UPDATE SET
+		INSERT INTO bucket_limits (callee, caller, limit_rps, mode, source, updated_by, reason, updated_at, enforcement, procedure)
+		SELECT * FROM unnest($1::text[], $2::text[], $3::float8[], $4::text[], $5::text[], $6::text[], $7::text[], $8::timestamptz[], $9::text[], $10::text[])
+		ON CONFLICT (callee, caller, procedure) DO UPDATE SET
 			limit_rps = excluded.limit_rps, mode = excluded.mode, source = excluded.source,
 			updated_by = excluded.updated_by, reason = excluded.reason, updated_at = excluded.updated_at,
 			enforcement = excluded.enforcement`,
-		callees, callers, limits, modes, sources, by, reasons, at, enfs)
+		callees, callers, limits, modes, sources, by, reasons, at, enfs, procs)
 	return err
 }
 
-var auditColumns = []string{"at", "actor", "action", "callee", "caller", "old_value", "new_value", "reason"}
+var auditColumns = []string{"at", "actor", "action", "callee", "caller", "procedure", "old_value", "new_value", "reason"}
 
 // insertAudit appends entries, in order, so that IDs follow it.
 func insertAudit(ctx context.Context, tx pgx.Tx, entries []AuditEntry) error {
@@ -266,7 +273,7 @@ func insertAudit(ctx context.Context, tx pgx.Tx, entries []AuditEntry) error {
 	_, err := tx.CopyFrom(ctx, pgx.Identifier{"audit_log"}, auditColumns,
 		pgx.CopyFromSlice(len(entries), func(i int) ([]any, error) {
 			e := &entries[i]
-			return []any{e.At, e.Actor, e.Action, e.Callee, e.Caller, e.Old, e.New, e.Reason}, nil
+			return []any{e.At, e.Actor, e.Action, e.Callee, e.Caller, e.Procedure, e.Old, e.New, e.Reason}, nil
 		}))
 	if err != nil {
 		return fmt.Errorf("audit: %w", err)
@@ -325,20 +332,85 @@ func (p *Postgres) DeleteLimit(ctx context.Context, b Bucket, c Change) error {
 		return err
 	}
 	return p.change(ctx, "delete_limit", func(tx pgx.Tx, now time.Time) (bool, error) {
-		rows, err := tx.Query(ctx, `DELETE FROM bucket_limits WHERE callee = $1 AND caller = $2
-			RETURNING callee, caller, limit_rps AS "limit", mode, enforcement, source, updated_by, reason, updated_at`, b.Callee, b.Caller)
+		rows, err := tx.Query(ctx, `DELETE FROM bucket_limits WHERE callee = $1 AND caller = $2 AND procedure = $3
+			RETURNING callee, caller, procedure, limit_rps AS "limit", mode, enforcement, source, updated_by, reason, updated_at`, b.Callee, b.Caller, b.Procedure)
 		if err != nil {
 			return false, err
 		}
 		old, err := pgx.CollectOneRow(rows, rowToLimit)
 		if errors.Is(err, pgx.ErrNoRows) {
-			return false, fmt.Errorf("%s/%s: %w", b.Callee, b.Caller, ErrNotFound)
+			return false, fmt.Errorf("%s: %w", b.Path(), ErrNotFound)
 		}
 		if err != nil {
 			return false, err
 		}
 		return true, insertAudit(ctx, tx, []AuditEntry{auditEntry(now, c, "delete_limit", b, renderLimit(old), "")})
 	})
+}
+
+// SetRoutes implements LimitStore: the callee's rows are replaced whole.
+func (p *Postgres) SetRoutes(ctx context.Context, callee string, rs []routes.Route, c Change) error {
+	if err := checkChange(c); err != nil {
+		return err
+	}
+	if err := checkRoutes(callee, rs); err != nil {
+		return err
+	}
+	return p.change(ctx, "set_routes", func(tx pgx.Tx, now time.Time) (bool, error) {
+		rows, err := tx.Query(ctx, `DELETE FROM routes WHERE callee = $1 RETURNING position, pattern, procedure`, callee)
+		if err != nil {
+			return false, err
+		}
+		old, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (positioned, error) {
+			var p positioned
+			err := r.Scan(&p.pos, &p.Pattern, &p.Procedure)
+			return p, err
+		})
+		if err != nil {
+			return false, err
+		}
+		slices.SortFunc(old, func(a, b positioned) int { return cmp.Compare(a.pos, b.pos) })
+		olds := make([]routes.Route, len(old))
+		for i, o := range old {
+			olds[i] = o.Route
+		}
+		_, err = tx.CopyFrom(ctx, pgx.Identifier{"routes"}, []string{"callee", "position", "pattern", "procedure"},
+			pgx.CopyFromSlice(len(rs), func(i int) ([]any, error) {
+				return []any{callee, int32(i), rs[i].Pattern, rs[i].Procedure}, nil
+			}))
+		if err != nil {
+			return false, err
+		}
+		return true, insertAudit(ctx, tx, []AuditEntry{auditEntry(now, c, "set_routes", Bucket{Callee: callee}, renderRoutes(olds), renderRoutes(rs))})
+	})
+}
+
+// positioned is a routes row.
+type positioned struct {
+	pos int32
+	routes.Route
+}
+
+// readRoutes reads every callee's routes, in order.
+func readRoutes(ctx context.Context, tx pgx.Tx) ([]ServiceRoutes, error) {
+	rows, err := tx.Query(ctx, `SELECT callee, pattern, procedure FROM routes ORDER BY callee, position`)
+	if err != nil {
+		return nil, err
+	}
+	var (
+		out    []ServiceRoutes
+		callee string
+		r      routes.Route
+	)
+	_, err = pgx.ForEachRow(rows, []any{&callee, &r.Pattern, &r.Procedure}, func() error {
+		if len(out) == 0 || out[len(out)-1].Callee != callee {
+			out = append(out, ServiceRoutes{Callee: callee})
+		}
+		last := &out[len(out)-1]
+		last.Routes = append(last.Routes, r)
+		return nil
+	})
+	return out, err
 }
 
 // SetService implements LimitStore.
@@ -401,24 +473,25 @@ func (p *Postgres) SetMode(ctx context.Context, f Filter, m dropratio.Mode, c Ch
 		// modeRow scans the key and mode of a row of table.
 		modeRow := func(table string) pgx.RowToFunc[BucketLimit] {
 			return func(row pgx.CollectableRow) (BucketLimit, error) {
-				var r struct {
-					Callee, Caller, Mode string
-				}
-				if err := row.Scan(&r.Callee, &r.Caller, &r.Mode); err != nil {
+				var (
+					b    Bucket
+					mode string
+				)
+				if err := row.Scan(&b.Callee, &b.Caller, &b.Procedure, &mode); err != nil {
 					return BucketLimit{}, err
 				}
 				var errs []error
-				l := BucketLimit{Bucket: Bucket{Callee: r.Callee, Caller: r.Caller}, Mode: column("mode", r.Mode, dropratio.ParseMode, &errs)}
+				l := BucketLimit{Bucket: b, Mode: column("mode", mode, dropratio.ParseMode, &errs)}
 				if err := errors.Join(errs...); err != nil {
-					return BucketLimit{}, fmt.Errorf("%s row %s: %w", table, strings.TrimSuffix(r.Callee+"/"+r.Caller, "/"), err)
+					return BucketLimit{}, fmt.Errorf("%s row %s: %w", table, strings.TrimSuffix(b.Path(), "/"), err)
 				}
 				return l, nil
 			}
 		}
 		// Services first, then buckets, each in key order: Memory audits in
 		// the same order.
-		if f.Caller == "" {
-			sql, args := filterSQL(`SELECT callee, '' AS caller, mode FROM service_limits WHERE true`, nil, f, "callee", "")
+		if f.Caller == "" && f.Procedure == "" {
+			sql, args := filterSQL(`SELECT callee, '' AS caller, '' AS procedure, mode FROM service_limits WHERE true`, nil, f)
 			rows, err := tx.Query(ctx, sql+` ORDER BY callee FOR UPDATE`, args...)
 			if err != nil {
 				return false, err
@@ -440,8 +513,8 @@ func (p *Postgres) SetMode(ctx context.Context, f Filter, m dropratio.Mode, c Ch
 				return false, err
 			}
 		}
-		sql, args := filterSQL(`SELECT callee, caller, mode FROM bucket_limits WHERE true`, nil, f, "callee", "caller")
-		rows, err := tx.Query(ctx, sql+` ORDER BY callee, caller FOR UPDATE`, args...)
+		sql, args := filterSQL(`SELECT callee, caller, procedure, mode FROM bucket_limits WHERE true`, nil, f)
+		rows, err := tx.Query(ctx, sql+` ORDER BY callee, caller, procedure FOR UPDATE`, args...)
 		if err != nil {
 			return false, err
 		}
@@ -460,10 +533,10 @@ func (p *Postgres) SetMode(ctx context.Context, f Filter, m dropratio.Mode, c Ch
 				audit = append(audit, auditEntry(now, c, "set_mode", b.Bucket, b.Mode.String(), m.String()))
 			}
 		}
-		callees, callers := splitBuckets(changed)
+		callees, callers, procs := splitBuckets(changed)
 		if _, err := tx.Exec(ctx, `UPDATE bucket_limits SET mode = $1, updated_by = $2, reason = $3, updated_at = $4
-			WHERE (callee, caller) IN (SELECT * FROM unnest($5::text[], $6::text[]))`,
-			m.String(), c.Actor, c.Reason, now, callees, callers); err != nil {
+			WHERE (callee, caller, procedure) IN (SELECT * FROM unnest($5::text[], $6::text[], $7::text[]))`,
+			m.String(), c.Actor, c.Reason, now, callees, callers, procs); err != nil {
 			return false, err
 		}
 		return len(audit) > 0, insertAudit(ctx, tx, audit)
@@ -488,11 +561,11 @@ func (p *Postgres) Propose(ctx context.Context, ps []Proposal, c Change) ([]Prop
 	var out []Proposal
 	err := p.change(ctx, "propose", func(tx pgx.Tx, now time.Time) (bool, error) {
 		n := len(ps)
-		callees, callers := make([]string, n), make([]string, n)
+		callees, callers, procs := make([]string, n), make([]string, n), make([]string, n)
 		current, proposed, lookback, recent := make([]*float64, n), make([]float64, n), make([]float64, n), make([]float64, n)
 		flags := make([][]string, n)
 		for i, p := range ps {
-			callees[i], callers[i], current[i] = p.Callee, p.Caller, p.Current
+			callees[i], callers[i], procs[i], current[i] = p.Callee, p.Caller, p.Procedure, p.Current
 			proposed[i], lookback[i], recent[i] = p.Proposed, p.PeakLookback, p.PeakRecent
 			flags[i] = p.Flags
 			if flags[i] == nil {
@@ -501,23 +574,23 @@ func (p *Postgres) Propose(ctx context.Context, ps []Proposal, c Change) ([]Prop
 		}
 		if _, err := tx.Exec(ctx, `
 			UPDATE proposals SET status = 'superseded', decided_by = $1, decided_at = $2, reason = $3
-			WHERE status = 'pending' AND (callee, caller) IN (SELECT * FROM unnest($4::text[], $5::text[]))`,
-			c.Actor, now, c.Reason, callees, callers); err != nil {
+			WHERE status = 'pending' AND (callee, caller, procedure) IN (SELECT * FROM unnest($4::text[], $5::text[], $6::text[]))`,
+			c.Actor, now, c.Reason, callees, callers, procs); err != nil {
 			return false, err
 		}
 		// Flags travel as one JSON array of arrays: Postgres arrays must be
 		// rectangular, and flag lists are not.
 		rows, err := tx.Query(ctx, `
-			INSERT INTO proposals (callee, caller, current_limit, proposed, peak_lookback, peak_recent, flags,
+			INSERT INTO proposals (callee, caller, procedure, current_limit, proposed, peak_lookback, peak_recent, flags,
 				status, created_by, created_at)
-			SELECT u.callee, u.caller, u.cur, u.proposed, u.lookback, u.recent,
+			SELECT u.callee, u.caller, u.procedure, u.cur, u.proposed, u.lookback, u.recent,
 				ARRAY(SELECT jsonb_array_elements_text(f.flags -> (u.ord::int - 1))),
 				'pending', $8, $9
-			FROM unnest($1::text[], $2::text[], $3::float8[], $4::float8[], $5::float8[], $6::float8[])
-				WITH ORDINALITY AS u(callee, caller, cur, proposed, lookback, recent, ord),
+			FROM unnest($1::text[], $2::text[], $10::text[], $3::float8[], $4::float8[], $5::float8[], $6::float8[])
+				WITH ORDINALITY AS u(callee, caller, procedure, cur, proposed, lookback, recent, ord),
 				(SELECT $7::jsonb AS flags) AS f
 			ORDER BY u.ord
-			RETURNING `+proposalColumns, callees, callers, current, proposed, lookback, recent, flags, c.Actor, now)
+			RETURNING `+proposalColumns, callees, callers, current, proposed, lookback, recent, flags, c.Actor, now, procs)
 		if err != nil {
 			return false, err
 		}
@@ -545,7 +618,7 @@ func (p *Postgres) Propose(ctx context.Context, ps []Proposal, c Change) ([]Prop
 }
 
 // proposalColumns are selectProposal's columns, for RETURNING.
-const proposalColumns = `id, callee, caller, current_limit AS current, proposed, peak_lookback, peak_recent, flags, status,
+const proposalColumns = `id, callee, caller, procedure, current_limit AS current, proposed, peak_lookback, peak_recent, flags, status,
 	created_by, created_at, decided_by, COALESCE(decided_at, '0001-01-01 00:00:00+00') AS decided_at, reason`
 
 // normalizeProposal: no flags is nil, and a zero DecidedAt is time.Time{}.
@@ -572,8 +645,8 @@ func (p *Postgres) Proposals(ctx context.Context, f Filter, statuses ...Proposal
 	for i, s := range statuses {
 		st[i] = string(s)
 	}
-	sql, args := filterSQL(selectProposal+` WHERE status = ANY($1)`, []any{st}, f, "callee", "caller")
-	rows, err := p.pool.Query(ctx, sql+` ORDER BY callee, caller, id`, args...)
+	sql, args := filterSQL(selectProposal+` WHERE status = ANY($1)`, []any{st}, f)
+	rows, err := p.pool.Query(ctx, sql+` ORDER BY callee, caller, procedure, id`, args...)
 	if err != nil {
 		return nil, fmt.Errorf("read proposals: %w", err)
 	}
@@ -711,7 +784,7 @@ func (p *Postgres) Audit(ctx context.Context, f Filter, since time.Time, limit i
 	if limit < 0 {
 		return nil, invalid("limit", "%d is negative", limit)
 	}
-	sql, args := filterSQL(selectAudit+` WHERE at >= $1`, []any{since}, f, "callee", "caller")
+	sql, args := filterSQL(selectAudit+` WHERE at >= $1`, []any{since}, f)
 	sql += ` ORDER BY id DESC`
 	if limit > 0 {
 		args = append(args, limit)

@@ -45,14 +45,14 @@ func (p *Postgres) bucketIDs(ctx context.Context, rows []MinuteRow, ids []int32)
 	if err := p.loadBuckets(ctx, bs); err != nil {
 		return err
 	}
-	callees, callers := splitBuckets(p.unknown(bs))
+	callees, callers, procs := splitBuckets(p.unknown(bs))
 	if len(callees) > 0 {
 		// Only the buckets still unknown: ON CONFLICT DO NOTHING would use
 		// up an identity number for every bucket that exists already.
 		if _, err := p.pool.Exec(ctx, `
-			INSERT INTO buckets (callee, caller)
-			SELECT * FROM unnest($1::text[], $2::text[])
-			ON CONFLICT (callee, caller) DO NOTHING`, callees, callers); err != nil {
+			INSERT INTO buckets (callee, caller, procedure)
+			SELECT * FROM unnest($1::text[], $2::text[], $3::text[])
+			ON CONFLICT (callee, caller, procedure) DO NOTHING`, callees, callers, procs); err != nil {
 			return fmt.Errorf("number buckets: %w", err)
 		}
 		if err := p.loadBuckets(ctx, bs); err != nil {
@@ -64,7 +64,7 @@ func (p *Postgres) bucketIDs(ctx context.Context, rows []MinuteRow, ids []int32)
 	for i := range rows {
 		if ids[i] == 0 {
 			if ids[i] = p.ids[rows[i].Bucket]; ids[i] == 0 {
-				return fmt.Errorf("number buckets: %s/%s has no number", rows[i].Callee, rows[i].Caller)
+				return fmt.Errorf("number buckets: %s has no number", rows[i].Path())
 			}
 		}
 	}
@@ -86,12 +86,13 @@ func (p *Postgres) unknown(bs []Bucket) []Bucket {
 
 // loadBuckets learns the numbers of those buckets of bs that have one.
 func (p *Postgres) loadBuckets(ctx context.Context, bs []Bucket) error {
-	callees, callers := splitBuckets(bs)
-	return p.learnBuckets(ctx, `SELECT id, callee, caller FROM buckets
-		WHERE (callee, caller) IN (SELECT * FROM unnest($1::text[], $2::text[]))`, callees, callers)
+	callees, callers, procs := splitBuckets(bs)
+	return p.learnBuckets(ctx, `SELECT id, callee, caller, procedure FROM buckets
+		WHERE (callee, caller, procedure) IN (SELECT * FROM unnest($1::text[], $2::text[], $3::text[]))`, callees, callers, procs)
 }
 
-// learnBuckets runs a query of (id, callee, caller) and remembers them.
+// learnBuckets runs a query of (id, callee, caller, procedure) and
+// remembers them.
 func (p *Postgres) learnBuckets(ctx context.Context, sql string, args ...any) error {
 	rows, err := p.pool.Query(ctx, sql, args...)
 	if err != nil {
@@ -103,7 +104,7 @@ func (p *Postgres) learnBuckets(ctx context.Context, sql string, args ...any) er
 	)
 	p.bucketMu.Lock()
 	defer p.bucketMu.Unlock()
-	_, err = pgx.ForEachRow(rows, []any{&id, &b.Callee, &b.Caller}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&id, &b.Callee, &b.Caller, &b.Procedure}, func() error {
 		p.ids[b], p.names[id] = id, b
 		return nil
 	})
@@ -141,7 +142,7 @@ func (p *Postgres) bucketNames(ctx context.Context, ids []int32) (map[int32]Buck
 	}
 	p.bucketMu.RUnlock()
 	if len(missing) > 0 {
-		if err := p.learnBuckets(ctx, `SELECT id, callee, caller FROM buckets WHERE id = ANY($1)`, missing); err != nil {
+		if err := p.learnBuckets(ctx, `SELECT id, callee, caller, procedure FROM buckets WHERE id = ANY($1)`, missing); err != nil {
 			return nil, err
 		}
 	}
@@ -468,9 +469,9 @@ func (p *Postgres) DailyPeaks(ctx context.Context, f Filter, from, to time.Time)
 	sql, args := `
 		SELECT bucket, day, peak_offered, sum_mean_offered, sum_mean_dropped, minutes
 		FROM daily_load WHERE day >= $1 AND day < $2`, []any{ceilDay(from), ceilDay(to)}
-	if f.Callee != "" || f.Caller != "" {
+	if f != (Filter{}) {
 		var sub string
-		sub, args = filterSQL(`SELECT id FROM buckets WHERE true`, args, f, "callee", "caller")
+		sub, args = filterSQL(`SELECT id FROM buckets WHERE true`, args, f)
 		sql += ` AND bucket = ANY(ARRAY(` + sub + `))`
 	}
 	rows, err := p.pool.Query(ctx, sql+` ORDER BY bucket, day`, args...)

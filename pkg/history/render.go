@@ -3,8 +3,10 @@ package history
 import (
 	"fmt"
 	"strconv"
+	"strings"
 
 	"github.com/sluicehq/sluice/pkg/dataplane"
+	"github.com/sluicehq/sluice/pkg/routes"
 )
 
 // The audit log keeps values as text for people. Both stores render them
@@ -51,4 +53,14 @@ func renderUpstream(e *dataplane.Enforcement) string {
 // renderProposal: "proposal 7: 150 rps".
 func renderProposal(p Proposal) string {
 	return fmt.Sprintf("proposal %d: %s", p.ID, renderRate(p.Proposed))
+}
+
+// renderRoutes: "POST /v1/charges=create-charge, GET /v1/items/{id}=get-item",
+// as the configurator takes them; "" for none.
+func renderRoutes(rs []routes.Route) string {
+	parts := make([]string, len(rs))
+	for i, r := range rs {
+		parts[i] = r.Pattern + "=" + r.Procedure
+	}
+	return strings.Join(parts, ", ")
 }

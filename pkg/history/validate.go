@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluicehq/sluice/pkg/dataplane"
 	"github.com/sluicehq/sluice/pkg/names"
+	"github.com/sluicehq/sluice/pkg/routes"
 )
 
 // Bounds on free text, so that the audit log stays readable and a bad
@@ -40,11 +41,32 @@ func checkName(field, s string) error {
 	return nil
 }
 
+// checkBucket: a callee and a caller, and a procedure when there is one;
+// the caller may be AnyCaller only with a procedure.
 func checkBucket(field string, b Bucket) error {
 	if err := checkName(field+"callee", b.Callee); err != nil {
 		return err
 	}
+	if b.Procedure == "" {
+		if b.Caller == AnyCaller {
+			return invalid(field+"caller", "%q stands for every caller of a procedure, and there is none", AnyCaller)
+		}
+		return checkName(field+"caller", b.Caller)
+	}
+	if err := checkProcedure(field+"procedure", b.Procedure); err != nil {
+		return err
+	}
+	if b.Caller == AnyCaller {
+		return nil
+	}
 	return checkName(field+"caller", b.Caller)
+}
+
+func checkProcedure(field, p string) error {
+	if err := names.CheckProcedure(p); err != nil {
+		return invalid(field, "%v", err)
+	}
+	return nil
 }
 
 // checkFilter allows empty fields (match all) and valid names.
@@ -54,8 +76,25 @@ func checkFilter(f Filter) error {
 			return err
 		}
 	}
-	if f.Caller != "" {
-		return checkName("filter.caller", f.Caller)
+	if f.Caller != "" && f.Caller != AnyCaller {
+		if err := checkName("filter.caller", f.Caller); err != nil {
+			return err
+		}
+	}
+	if f.Procedure != "" {
+		return checkProcedure("filter.procedure", f.Procedure)
+	}
+	return nil
+}
+
+// checkRoutes: a callee's routes as routes.CompileRoutes takes them, with
+// every problem it finds.
+func checkRoutes(callee string, rs []routes.Route) error {
+	if err := checkName("routes.callee", callee); err != nil {
+		return err
+	}
+	if _, err := routes.CompileRoutes(rs); err != nil {
+		return invalid("routes", "%v", err)
 	}
 	return nil
 }
@@ -253,7 +292,7 @@ func checkProposals(ps []Proposal) error {
 			return err
 		}
 		if j, dup := seen[p.Bucket]; dup {
-			return invalid(field+"bucket", "%s/%s already has proposals[%d]", p.Callee, p.Caller, j)
+			return invalid(field+"bucket", "%s already has proposals[%d]", p.Path(), j)
 		}
 		seen[p.Bucket] = i
 		if err := checkOptRate(field+"current", p.Current); err != nil {

@@ -59,6 +59,9 @@ func Run(t *testing.T, open func(t *testing.T) history.Store) {
 		{"ChangesEnd", testChangesEnd},
 		{"Invalid", testInvalid},
 		{"NotFound", testNotFound},
+		{"ProcedureMinutes", testProcedureMinutes},
+		{"ProcedureLimits", testProcedureLimits},
+		{"Routes", testRoutes},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -1028,7 +1031,7 @@ type invalidCase struct {
 
 func testInvalid(t *testing.T, s history.Store) {
 	ctx := t.Context()
-	cases := slices.Concat(invalidLoadCases(ctx, s), invalidLimitCases(ctx, s), invalidProposalCases(ctx, s))
+	cases := slices.Concat(invalidLoadCases(ctx, s), invalidLimitCases(ctx, s), invalidProposalCases(ctx, s), invalidProcedureCases(ctx, s))
 	for _, tc := range cases {
 		wantErr(t, tc.name, tc.call(), history.ErrInvalid, tc.field)
 	}
