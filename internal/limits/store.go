@@ -176,11 +176,11 @@ func checkDeclared(s *Service, errs *[]error) {
 		return
 	}
 	if s.Enforcement == dataplane.EnforceUpstream {
-		*errs = append(*errs, fmt.Errorf("service %s: enforcement: %w", s.Name, errUpstreamProcedures))
+		*errs = append(*errs, fmt.Errorf("service %s: enforcement: %w", s.Name, errUpstream))
 	}
 	for _, c := range slices.Sorted(maps.Keys(s.Callers)) {
 		if s.Callers[c].Enforcement == dataplane.EnforceUpstream {
-			*errs = append(*errs, fmt.Errorf("limit %s/%s: enforcement: %w", s.Name, c, errUpstreamProcedures))
+			*errs = append(*errs, fmt.Errorf("limit %s/%s: enforcement: %w", s.Name, c, errUpstream))
 		}
 	}
 	if s.Procedures == nil {
@@ -192,11 +192,6 @@ func checkDeclared(s *Service, errs *[]error) {
 		}
 	}
 }
-
-// errUpstreamProcedures is why a callee that declares procedures can not be
-// enforced upstream: proxyless gRPC clients and Envoy's RTDS carry one
-// ratio per caller, not one per (caller, procedure) leaf.
-var errUpstreamProcedures = errors.New("upstream: the service declares procedures, and upstream data planes enforce per caller only; use sidecar")
 
 // stored reads a setting from the store: def when it is nil, else its
 // value, which must be one its type can spell (MarshalText refuses others).
