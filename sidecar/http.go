@@ -59,8 +59,10 @@ func (o HTTPOptions) rules() callerRules {
 }
 
 // Middleware enforces s's policy on inbound HTTP requests: the peer is the
-// caller named by opts.Identify, or else by opts.CallerHeader. A dropped
-// request never reaches next.
+// caller named by opts.Identify, or else by opts.CallerHeader, and the
+// procedure, when the policy declares procedures, the one its routes give
+// the request's method and path (see DecideHTTP). A dropped request never
+// reaches next.
 // It gets 429 Too Many Requests with Retry-After (see retryAfter),
 // x-envoy-ratelimited: true (so that Envoy does not retry it, see
 // envoyRateLimited), the RateLimit-Policy / RateLimit headers of
@@ -105,13 +107,15 @@ func (s *ServiceLimiter) Middleware(next http.Handler, opts HTTPOptions) http.Ha
 			refusal.write(w, grpcRequest(r))
 			return
 		}
+		t := s.table.Load()
+		idx := t.procs.http(r.Method, r.URL.Path)
 		var v *verdict
 		if decided {
 			if form != NoRateLimitHeaders {
-				v = s.verdictOf(caller)
+				v = s.verdictOf(t, caller, idx)
 			}
 		} else {
-			d := s.Decide(caller)
+			d := s.decide(t, caller, idx)
 			if d.Drop {
 				if grpcRequest(r) {
 					d.v.http.writeGRPC(w, form)
