@@ -175,7 +175,7 @@ func callerFromContext(ctx context.Context, key string) string {
 // under the rule; gRPC only reads it.
 func renderGRPC(service string, r *Rule, retry int) error {
 	st := status.New(codes.ResourceExhausted,
-		"call from caller "+r.Peer+" to service "+service+" was rate limited by sluice")
+		"call from caller "+r.Peer+" to "+target(service, r)+" was rate limited by sluice")
 	withInfo, err := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(time.Duration(retry) * time.Second)})
 	if err != nil { // marshalling a RetryInfo does not fail; keep the bare status if it ever does
 		return st.Err()

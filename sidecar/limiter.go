@@ -368,7 +368,7 @@ func compile(service string, dir Direction, r *Rule) *verdict {
 	p := clampRatio(r.DropRatio)
 	var admit *admitHeaders
 	if dir == Inbound {
-		admit = renderAdmit(r, p)
+		admit = renderAdmit(service, r, p)
 	}
 	if r.upstream() {
 		// Picked, every request (as kindLocal), so that the fresh
