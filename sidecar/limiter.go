@@ -861,6 +861,11 @@ func (s *ServiceLimiter) installLocked(p *Policy, procs *procedures, verdicts ma
 		nt.limit = s.maxLeaves
 	}
 	for k, sl := range old.leaves {
+		if _, current := procs.index(k.proc); !current && sl.e.offered() == 0 {
+			// Stale and never counted (the reserved leaves of the
+			// procedures before): nothing to report, gone now.
+			continue
+		}
 		nt.leaves[k] = slot{e: sl.e, v: verdicts[k]}
 	}
 	// The reserved peers have a leaf of every procedure, from the start.
