@@ -239,7 +239,11 @@ func TestPolicySwapLeavesStaleLeavesToEviction(t *testing.T) {
 	l.SetPolicy(checkoutProcedures())
 	s := l.Service("checkout")
 	s.DecideHTTP("a", "POST", "/v1/charges")
+	tb := s.table.Load()
+	checkLeaves(t, &tb.index, tb.leaves, tb.procs, "a", "b", "web", names.Unknown)
 	l.SetPolicy(policy("checkout")) // no procedures any more
+	tb = s.table.Load()
+	checkLeaves(t, &tb.index, tb.leaves, tb.procs, "a", "b", "web", names.Unknown)
 	if d := s.DecideHTTP("a", "POST", "/v1/charges"); d.Drop {
 		t.Errorf("dropped without a rule")
 	}

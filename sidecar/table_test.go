@@ -150,10 +150,25 @@ func FuzzPeerTable(f *testing.F) {
 	f.Add("unknown,_overflow,checkout", "checkou")
 	f.Add("a,aa,aaaa,aaaaaaaa,aaaaaaaaaaaaaaaa,aaaaaaaaaaaaaaaaa", "aaaaaaaaaaaaaaaaaa")
 	f.Add(","+strings.Repeat("x", 40), strings.Repeat("x", 39)+"y")
+	f.Add("web#,web##,web,mobile###,unknown#", "web")
 	f.Fuzz(func(t *testing.T, peers, probe string) {
 		m := slotsFor(strings.Split(peers, ",")...)
 		pt := newPeerTable(m, noProcedures)
 		checkAgainstMap(t, &pt, m, probe, probe+probe)
+
+		// The same names as leaves of a service with procedures: "peer#"
+		// is peer's leaf of the first declared procedure, "peer##" of
+		// the second, "peer" of names.Other; the table must tell every
+		// (name, index) apart.
+		procs := compileProcedures(&Policy{Procedures: []string{"/a.B/C", "get-item"}})
+		leaves := map[leaf]slot{}
+		e := newEntry("")
+		for _, p := range strings.Split(peers, ",") {
+			name := strings.TrimRight(p, "#")
+			leaves[leaf{name, procs.names[(len(p)-len(name))%len(procs.names)]}] = slot{e: e, v: &verdict{}}
+		}
+		lt := newPeerTable(leaves, procs)
+		checkLeaves(t, &lt, leaves, procs, probe, strings.TrimRight(probe, "#"))
 	})
 }
 
