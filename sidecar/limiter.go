@@ -863,7 +863,9 @@ func (s *ServiceLimiter) installLocked(p *Policy, procs *procedures, verdicts ma
 	for k, sl := range old.leaves {
 		if _, current := procs.index(k.proc); !current && sl.e.offered() == 0 {
 			// Stale and never counted (the reserved leaves of the
-			// procedures before): nothing to report, gone now.
+			// procedures before): nothing to report, gone now. A
+			// decision in flight on the old table may still count
+			// in it, unreported, as in an eviction (evictIdle).
 			continue
 		}
 		nt.leaves[k] = slot{e: sl.e, v: verdicts[k]}
