@@ -90,7 +90,8 @@ type LimiterOptions struct {
 }
 
 // Limiter decides requests locally from the drop policies it holds and counts
-// what it saw, per (service, peer).
+// what it saw, per (service, peer), or per (service, peer, procedure) for a
+// service whose policy declares procedures (see procedures.go).
 //
 // A Limiter serves one direction: a sidecar that enforces both inbound
 // ("callee/<svc>") and outbound ("caller/<svc>") policies keeps two Limiters,
@@ -272,7 +273,7 @@ type Decision struct {
 }
 
 // Rule returns the rule the decision was made under, nil when the policy did
-// not list the peer (or there was no policy). It points into the Policy that
+// not list the bucket (or there was no policy). It points into the Policy that
 // was current, which is immutable: do not modify it. Once that policy has
 // expired, the rule is still the policy's as received: the ratio in force
 // may be lower (ServiceLimiter.Ratio).

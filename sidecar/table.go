@@ -5,16 +5,17 @@ import (
 	"math/rand/v2"
 )
 
-// peerTable is the read side of a table's peers: it finds a peer's slot for
-// Decide. A map[string]slot lookup was the largest part of Decide's cost (a
+// peerTable is the read side of a table's leaves: it finds the slot of a
+// leaf (peer, procedure index; see procedures.go) for Decide. A service
+// without procedures has index 0 alone, and its leaves are its peers. A map[string]slot lookup was the largest part of Decide's cost (a
 // call to the runtime's string hash, a probe, a call to compare strings).
 // This is an open-addressing hash table with linear probing over a flat
 // array, and for a name of at most 16 bytes (most service names) the hash
 // is one multiply and the comparison three word compares, with no call to
 // memequal. BenchmarkPeerLookup compares the two.
 //
-// A peerTable is built in one go from the peers map of a new table snapshot
-// (peers change rarely: a new peer's first sighting, a policy swap) and is
+// A peerTable is built in one go from the leaves map of a new table snapshot
+// (leaves change rarely: a new leaf's first sighting, a policy swap) and is
 // never modified afterwards, so readers need no synchronisation. The map
 // stays the source of truth for writers and for iteration.
 //
