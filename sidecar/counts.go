@@ -2,15 +2,20 @@
 // from a drop policy it already holds, and counts what it saw.
 package sidecar
 
-// PeerCounts are cumulative counters of one bucket (service, peer) since the
-// Limiter first saw it. Counters only grow; a reporter turns successive
-// snapshots into per-window counts.
+// PeerCounts are cumulative counters of one bucket (service, peer,
+// procedure) since the Limiter first saw it. Counters only grow; a reporter
+// turns successive snapshots into per-window counts.
 type PeerCounts struct {
-	Peer          string
+	Peer string
+	// Procedure is the leaf's procedure for a service whose policy declares
+	// procedures (a declared one or names.Other), "" for a service without
+	// and for outbound limiters, whose peers' procedures are the callee's
+	// business.
+	Procedure     string
 	Offered       uint64 // every request seen, dropped ones included, and for a peer enforced upstream the inferred upstream drops
 	Dropped       uint64 // dropped by an enforced ratio, or inferred dropped upstream (rules enforced upstream); a subset of Offered
 	ShadowDropped uint64 // a shadow ratio would have dropped; admitted
-	// Incarnation tells the lives of one peer's counters apart: a peer
+	// Incarnation tells the lives of one bucket's counters apart: a leaf
 	// evicted from the table (LimiterOptions.PeerIdle) and seen again gets
 	// fresh counters from zero under a new Incarnation. Two snapshots of a
 	// peer can be subtracted only when their Incarnations are equal;

@@ -7,7 +7,8 @@ import (
 	"github.com/sluicehq/sluice/pkg/names"
 )
 
-// Idle peers: the table's observed peers come and go with the callers that
+// Idle leaves: the table's observed leaves (for a service without
+// procedures, its observed peers) come and go with the callers that
 // name them, so that a flood of made-up names, once over, does not hold the
 // table full for ever (every new caller judged as names.Overflow).
 
@@ -16,15 +17,27 @@ import (
 // last request.
 const sweepsPerIdle = 8
 
-// observed reports whether peer, with slot sl, is an observed peer: one that
-// MaxPeers bounds and evictIdle may evict. The reserved peers are not, and
-// neither are the peers the policy limits (Rule.Limited), which always keep
-// their counters.
-func observed(peer string, sl slot) bool {
-	if peer == names.Unknown || peer == names.Overflow {
+// observed reports whether the leaf k, with slot sl, is an observed leaf:
+// one that the table's limit bounds. The reserved peers' leaves are not,
+// and neither are the leaves the policy limits (Rule.Limited), which
+// always keep their counters, nor stale leaves (see table.leaves).
+func (t *table) observed(k leaf, sl slot) bool {
+	if k.peer == names.Unknown || k.peer == names.Overflow {
+		return false
+	}
+	if _, ok := t.procs.index(k.proc); !ok {
 		return false
 	}
 	return sl.v == nil || sl.v.rule == nil || !sl.v.rule.Limited()
+}
+
+// evictable reports whether evictIdle may evict the leaf k once idle: an
+// observed leaf, or a stale one, whatever its peer.
+func (t *table) evictable(k leaf, sl slot) bool {
+	if _, ok := t.procs.index(k.proc); !ok {
+		return true
+	}
+	return t.observed(k, sl)
 }
 
 // offered sums e's offered counters: every request that reached e, so a
@@ -36,7 +49,7 @@ func (e *entry) offered() (n uint64) {
 	return n
 }
 
-// evictIdle evicts the observed peers that had no request for s.peerIdle, as
+// evictIdle evicts the evictable leaves that had no request for s.peerIdle, as
 // of now. Expire calls it: off the request path, a sweep at most every
 // peerIdle/sweepsPerIdle reads each peer's offered counters once, under mu,
 // and a sweep that evicts builds one new table, copy on write as addPeer
@@ -61,27 +74,29 @@ func (s *ServiceLimiter) evictIdle(now time.Time) {
 	}
 	s.sweptAt = now
 	t := s.table.Load()
-	var idle []string
-	for peer, sl := range t.peers {
+	var idle []leaf
+	for k, sl := range t.leaves {
 		e := sl.e
 		if n := e.offered(); n != e.seen || e.activeAt.IsZero() {
 			e.seen, e.activeAt = n, now
 			continue
 		}
-		if now.Sub(e.activeAt) >= s.peerIdle && observed(peer, sl) {
-			idle = append(idle, peer)
+		if now.Sub(e.activeAt) >= s.peerIdle && t.evictable(k, sl) {
+			idle = append(idle, k)
 		}
 	}
 	if len(idle) == 0 {
 		return
 	}
 	nt := *t
-	nt.peers = maps.Clone(t.peers)
-	for _, peer := range idle {
-		delete(nt.peers, peer)
+	nt.leaves = maps.Clone(t.leaves)
+	for _, k := range idle {
+		if t.observed(k, t.leaves[k]) {
+			nt.counted--
+		}
+		delete(nt.leaves, k)
 	}
-	nt.index = newPeerTable(nt.peers)
-	nt.counted -= len(idle)
+	nt.index = newPeerTable(nt.leaves, nt.procs)
 	s.table.Store(&nt)
 	s.evicted.Add(uint64(len(idle)))
 }

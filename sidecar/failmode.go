@@ -220,11 +220,11 @@ func (s *ServiceLimiter) expire(now time.Time) {
 // deriveLocked installs p's verdicts for its fail mode. s.mu must be held.
 func (s *ServiceLimiter) deriveLocked(p *Policy) {
 	old := s.table.Load()
-	verdicts := make(map[string]*verdict, len(old.verdicts))
-	for peer, v := range old.verdicts {
-		verdicts[peer] = s.failVerdict(p, v)
+	verdicts := make(map[leaf]*verdict, len(old.verdicts))
+	for k, v := range old.verdicts {
+		verdicts[k] = s.failVerdict(p, v)
 	}
-	s.installLocked(p, verdicts)
+	s.installLocked(p, old.procs, verdicts)
 	s.fail.derived = true
 }
 
@@ -302,11 +302,17 @@ func (s *ServiceLimiter) Status() PolicyStatus {
 // without a policy. Under fail mode local a peer with a limit has no ratio, a
 // token bucket decides: ok is false.
 func (s *ServiceLimiter) Ratio(peer string) (ratio float64, ok bool) {
-	return s.table.Load().ratio(peer)
+	return s.table.Load().ratio(leaf{peer, ""})
 }
 
-func (t *table) ratio(peer string) (float64, bool) {
-	v := t.verdicts[peer]
+// LeafRatio is Ratio for the leaf (peer, procedure) of a service with
+// procedures.
+func (s *ServiceLimiter) LeafRatio(peer, procedure string) (ratio float64, ok bool) {
+	return s.table.Load().ratio(leaf{peer, procedure})
+}
+
+func (t *table) ratio(k leaf) (float64, bool) {
+	v := t.verdicts[k]
 	switch {
 	case v == nil:
 		return 0, true
@@ -326,7 +332,7 @@ type failCounts struct {
 
 func (s *ServiceLimiter) failCounts() failCounts {
 	var c failCounts
-	for _, sl := range s.table.Load().peers {
+	for _, sl := range s.table.Load().leaves {
 		for i := range sl.e.stripes {
 			st := &sl.e.stripes[i]
 			c.failOpen += st.failOpen.Load()

@@ -485,7 +485,7 @@ func TestLocalWithoutLiveInstances(t *testing.T) {
 	p.LiveInstances = 0
 	l.SetPolicyAt(p, t0)
 	l.Expire(t0.Add(testTTL))
-	if got := l.Service("checkout").table.Load().verdicts["web"].bucket.perSec; got != 100*tokenUnit {
+	if got := l.Service("checkout").table.Load().verdicts[leaf{"web", ""}].bucket.perSec; got != 100*tokenUnit {
 		t.Errorf("bucket rate %v tokens/s, want 100", got/tokenUnit)
 	}
 }
@@ -665,10 +665,10 @@ func TestFailModeMetrics(t *testing.T) {
 	l.Expire(t0.Add(testTTL + testDecay*3/4))
 	drops, _ := decideN(s, "web", 1000) // 800 picked, a quarter of them dropped
 	ratios := metricValues(t, reg, "sluice_sidecar_drop_ratio")
-	if got := ratios["mode=enforce,peer=web,service=checkout"]; math.Abs(got-0.2) > 1e-9 {
+	if got := ratios["mode=enforce,peer=web,procedure=,service=checkout"]; math.Abs(got-0.2) > 1e-9 {
 		t.Errorf("drop_ratio{web} = %v, want 0.2", got)
 	}
-	if got := ratios["mode=shadow,peer=batch,service=checkout"]; math.Abs(got-0.1) > 1e-9 {
+	if got := ratios["mode=shadow,peer=batch,procedure=,service=checkout"]; math.Abs(got-0.1) > 1e-9 {
 		t.Errorf("drop_ratio{batch} = %v, want 0.1", got)
 	}
 	if got := metricValues(t, reg, "sluice_sidecar_fail_open_total")["service=checkout"]; got != float64(800-drops) || drops != 200 {

@@ -70,8 +70,8 @@ func (o GRPCOptions) key() string {
 // per key, next to what grpc-go allocates for every call anyway.
 func (s *ServiceLimiter) UnaryServerInterceptor(opts GRPCOptions) grpc.UnaryServerInterceptor {
 	in := s.incoming(opts)
-	return func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		d, v, err := in.decide(ctx)
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		d, v, err := in.decide(ctx, unaryMethod(info))
 		if err != nil {
 			return nil, err
 		}
@@ -93,8 +93,8 @@ func (s *ServiceLimiter) UnaryServerInterceptor(opts GRPCOptions) grpc.UnaryServ
 // stream when it opens, the way UnaryServerInterceptor does per call.
 func (s *ServiceLimiter) StreamServerInterceptor(opts GRPCOptions) grpc.StreamServerInterceptor {
 	in := s.incoming(opts)
-	return func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-		d, v, err := in.decide(ss.Context())
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		d, v, err := in.decide(ss.Context(), streamMethod(info))
 		if err != nil {
 			return err
 		}
@@ -122,11 +122,12 @@ func (s *ServiceLimiter) incoming(opts GRPCOptions) *incoming {
 	return &incoming{s: s, key: opts.key(), identify: opts.Identify, rules: opts.rules(), refusal: renderRefusal(s.name).grpcErr}
 }
 
-// decide decides an inbound call, unless its caller decided it already
-// (see resolveCaller): then it admits it uncounted. v is the verdict of the
-// caller's rule either way (nil: none), for the headers of an admitted
-// call; err refuses the call before any decision.
-func (in *incoming) decide(ctx context.Context) (d Decision, v *verdict, err error) {
+// decide decides an inbound call of fullMethod, in the leaf of that
+// procedure when the policy declares it (see DecideGRPC), unless its caller
+// decided it already (see resolveCaller): then it admits it uncounted. v is
+// the verdict of the caller's rule either way (nil: none), for the headers
+// of an admitted call; err refuses the call before any decision.
+func (in *incoming) decide(ctx context.Context, fullMethod string) (d Decision, v *verdict, err error) {
 	var id string
 	res := Authenticated
 	if in.identify != nil {
@@ -134,14 +135,32 @@ func (in *incoming) decide(ctx context.Context) (d Decision, v *verdict, err err
 	}
 	caller, decided, reject := in.s.resolveCaller(in.rules, callerFromContext(ctx, in.key), id, res,
 		metadata.ValueFromIncomingContext(ctx, DecidedHeader))
-	switch {
-	case reject:
+	if reject {
 		return Decision{}, nil, in.refusal
-	case decided:
-		return Decision{}, in.s.verdictOf(caller), nil
 	}
-	d = in.s.Decide(caller)
+	t := in.s.table.Load()
+	idx := t.procs.grpc(fullMethod)
+	if decided {
+		return Decision{}, in.s.verdictOf(t, caller, idx), nil
+	}
+	d = in.s.decide(t, caller, idx)
 	return d, d.v, nil
+}
+
+// unaryMethod and streamMethod return a call's full method; "" (names.Other)
+// for a caller that runs an interceptor by hand without its info.
+func unaryMethod(info *grpc.UnaryServerInfo) string {
+	if info == nil {
+		return ""
+	}
+	return info.FullMethod
+}
+
+func streamMethod(info *grpc.StreamServerInfo) string {
+	if info == nil {
+		return ""
+	}
+	return info.FullMethod
 }
 
 func callerFromContext(ctx context.Context, key string) string {
@@ -156,7 +175,7 @@ func callerFromContext(ctx context.Context, key string) string {
 // under the rule; gRPC only reads it.
 func renderGRPC(service string, r *Rule, retry int) error {
 	st := status.New(codes.ResourceExhausted,
-		"call from caller "+r.Peer+" to service "+service+" was rate limited by sluice")
+		"call from caller "+r.Peer+" to "+target(service, r)+" was rate limited by sluice")
 	withInfo, err := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(time.Duration(retry) * time.Second)})
 	if err != nil { // marshalling a RetryInfo does not fail; keep the bare status if it ever does
 		return st.Err()

@@ -149,8 +149,8 @@ var (
 // kind of response (admitted, or dropped), rendered once.
 type quotaHeaders struct {
 	// draft-ietf-httpapi-ratelimit-headers.
-	policy    []string // RateLimit-Policy: "sluice";q=<quota>;w=1; nil when the rule has no quota
-	rateLimit []string // RateLimit: "sluice";r=<remaining>;t=<reset>
+	policy    []string // RateLimit-Policy: "<name>";q=<quota>;w=1; nil when the rule has no quota
+	rateLimit []string // RateLimit: "<name>";r=<remaining>;t=<reset>
 
 	// Envoy's DRAFT_VERSION_03 form; all nil when the rule has no quota.
 	xLimit     []string // X-RateLimit-Limit: <quota>, <quota>;w=1
@@ -194,22 +194,56 @@ func remaining(exact, p, offered float64) int64 {
 	return int64(min(left, math.Floor(exact), maxSFInteger))
 }
 
-// renderQuota renders r's quota headers for a response that says remaining
-// requests are left for reset seconds. ok is false when the rule has no
-// quota: then only the RateLimit field is set.
-func renderQuota(r *Rule, rem int64, reset int) (h quotaHeaders, ok bool) {
+// policyName is the name the RateLimit-Policy and RateLimit fields give the
+// bucket of rule r of service: "sluice" for a whole (service, peer) bucket,
+// as before procedures, and the bucket's path "service/peer/procedure"
+// (e.g. "checkout/web/create-charge", "checkout/web//shop.Checkout/Pay")
+// for a leaf, so that a caller told no can tell which of its buckets
+// refused. Every byte of a valid name is allowed in a structured field's
+// string unescaped ([A-Za-z0-9._/-]); a hand-built rule's is quoted
+// anyway.
+func policyName(service string, r *Rule) string {
+	if r.Procedure == "" {
+		return "sluice"
+	}
+	return service + "/" + r.Peer + "/" + r.Procedure
+}
+
+// sfString renders s as a structured field string (RFC 9651): quoted,
+// with '"' and '\' escaped and bytes outside printable ASCII left out.
+func sfString(s string) string {
+	b := make([]byte, 0, len(s)+2)
+	b = append(b, '"')
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '"' || c == '\\':
+			b = append(b, '\\', c)
+		case c >= ' ' && c <= '~':
+			b = append(b, c)
+		}
+	}
+	return string(append(b, '"'))
+}
+
+// renderQuota renders r's quota headers, under policy name name (see
+// policyName), for a response that says remaining requests are left for
+// reset seconds. ok is false when the rule has no quota: then only the
+// RateLimit field is set.
+func renderQuota(name string, r *Rule, rem int64, reset int) (h quotaHeaders, ok bool) {
 	reset = min(max(reset, 0), MaxRetryAfter)
 	q, _, ok := quota(r)
-	if rem == 0 {
+	sn := sfString(name)
+	switch {
+	case rem == 0 && name == "sluice":
 		h.rateLimit = rateLimitZero[reset]
-	} else {
-		h.rateLimit = []string{`"sluice";r=` + strconv.FormatInt(rem, 10) + `;t=` + strconv.Itoa(reset)}
+	default:
+		h.rateLimit = []string{sn + `;r=` + strconv.FormatInt(rem, 10) + `;t=` + strconv.Itoa(reset)}
 	}
 	if !ok {
 		return h, false
 	}
 	qs := strconv.FormatInt(q, 10)
-	h.policy = []string{`"sluice";q=` + qs + `;w=1`}
+	h.policy = []string{sn + `;q=` + qs + `;w=1`}
 	h.xLimit = []string{qs + ", " + qs + ";w=1"}
 	if rem == 0 {
 		h.xRemaining = seconds[0]
@@ -282,7 +316,7 @@ type admitHeaders struct {
 // remaining is the rule in remaining; reset is 1 s at ratio 0 (the window)
 // and the Retry-After of a drop above it, since the bucket has nothing left
 // until the ratio is released.
-func renderAdmit(r *Rule, p float64) *admitHeaders {
+func renderAdmit(service string, r *Rule, p float64) *admitHeaders {
 	if r.Mode == dropratio.Shadow {
 		return nil
 	}
@@ -295,7 +329,7 @@ func renderAdmit(r *Rule, p float64) *admitHeaders {
 		reset = retryAfter(p, r.LimitRPS)
 	}
 	h := &admitHeaders{}
-	h.quotaHeaders, _ = renderQuota(r, remaining(exact, p, r.OfferedRPS), reset)
+	h.quotaHeaders, _ = renderQuota(policyName(service, r), r, remaining(exact, p, r.OfferedRPS), reset)
 	h.grpcDraft = h.metadata(DraftRateLimitHeaders, nil)
 	h.grpcX = h.metadata(XRateLimitHeaders, nil)
 	return h

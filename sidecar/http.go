@@ -59,8 +59,10 @@ func (o HTTPOptions) rules() callerRules {
 }
 
 // Middleware enforces s's policy on inbound HTTP requests: the peer is the
-// caller named by opts.Identify, or else by opts.CallerHeader. A dropped
-// request never reaches next.
+// caller named by opts.Identify, or else by opts.CallerHeader, and the
+// procedure, when the policy declares procedures, the one its routes give
+// the request's method and path (see DecideHTTP). A dropped request never
+// reaches next.
 // It gets 429 Too Many Requests with Retry-After (see retryAfter),
 // x-envoy-ratelimited: true (so that Envoy does not retry it, see
 // envoyRateLimited), the RateLimit-Policy / RateLimit headers of
@@ -105,13 +107,15 @@ func (s *ServiceLimiter) Middleware(next http.Handler, opts HTTPOptions) http.Ha
 			refusal.write(w, grpcRequest(r))
 			return
 		}
+		t := s.table.Load()
+		idx := t.procs.http(r.Method, r.URL.Path)
 		var v *verdict
 		if decided {
 			if form != NoRateLimitHeaders {
-				v = s.verdictOf(caller)
+				v = s.verdictOf(t, caller, idx)
 			}
 		} else {
-			d := s.Decide(caller)
+			d := s.decide(t, caller, idx)
 			if d.Drop {
 				if grpcRequest(r) {
 					d.v.http.writeGRPC(w, form)
@@ -274,18 +278,28 @@ const maxSFInteger = 999_999_999_999_999
 func renderHTTP(service string, r *Rule, retry int, grpcErr error) *httpRejection {
 	h := &httpRejection{
 		retryAfter: seconds[min(max(retry, MinRetryAfter), MaxRetryAfter)],
-		body:       []byte("request from caller " + r.Peer + " to service " + service + " was rate limited by sluice\n"),
+		body:       []byte("request from caller " + r.Peer + " to " + target(service, r) + " was rate limited by sluice\n"),
 	}
 	h.contentLength = []string{strconv.Itoa(len(h.body))}
 	// The quota is what the bucket may send now, which is never above its
 	// limit; nothing is announced when the bucket is unbounded. Nothing is
 	// left of it until the ratio is released.
-	h.quota, _ = renderQuota(r, 0, retry)
+	h.quota, _ = renderQuota(policyName(service, r), r, 0, retry)
 	h.grpcTrailerDraft = h.quota.metadata(DraftRateLimitHeaders, envoyRateLimitedMD)
 	h.grpcTrailerX = h.quota.metadata(XRateLimitHeaders, envoyRateLimitedMD)
 	// The gRPC form carries exactly the status the interceptors return.
 	h.grpcStatus, h.grpcMessage, h.grpcDetails = grpcTrailers(status.Convert(grpcErr))
 	return h
+}
+
+// target names what a rejection under rule r of service refused access to:
+// "service checkout", or for a leaf "procedure create-charge of service
+// checkout".
+func target(service string, r *Rule) string {
+	if r.Procedure == "" {
+		return "service " + service
+	}
+	return "procedure " + r.Procedure + " of service " + service
 }
 
 // grpcTrailers renders st as grpc-go's server puts a status in trailers:

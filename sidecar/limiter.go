@@ -1,7 +1,6 @@
 package sidecar
 
 import (
-	"cmp"
 	"maps"
 	"math"
 	"math/rand/v2"
@@ -46,6 +45,9 @@ func (s Strategy) String() string {
 // DefaultMaxPeers is LimiterOptions.MaxPeers when it is not set.
 const DefaultMaxPeers = 1024
 
+// DefaultMaxLeaves is LimiterOptions.MaxLeaves when it is not set.
+const DefaultMaxLeaves = 4096
+
 // DefaultPeerIdle is LimiterOptions.PeerIdle when it is not set: sixty of
 // the sidecar's default report intervals.
 const DefaultPeerIdle = time.Minute
@@ -61,6 +63,14 @@ type LimiterOptions struct {
 	// their own and do not count against it, and neither do the reserved
 	// peers names.Unknown and names.Overflow. 0 means DefaultMaxPeers.
 	MaxPeers int
+	// MaxLeaves is MaxPeers for a service whose policy declares
+	// procedures: it bounds the distinct observed leaves (peer,
+	// procedure) the service keeps counters for. Once a service has
+	// MaxLeaves of them, a request of any other unlimited leaf (c, q) is
+	// counted and judged as (names.Overflow, q). Leaves the policy limits,
+	// and the reserved peers' leaves of every procedure, do not count
+	// against it. 0 means DefaultMaxLeaves.
+	MaxLeaves int
 	// PeerIdle is how long an observed peer keeps its counters without a
 	// request: Expire evicts it then, which frees its place for another
 	// caller, and a later request from it starts fresh counters under a
@@ -80,7 +90,8 @@ type LimiterOptions struct {
 }
 
 // Limiter decides requests locally from the drop policies it holds and counts
-// what it saw, per (service, peer).
+// what it saw, per (service, peer), or per (service, peer, procedure) for a
+// service whose policy declares procedures (see procedures.go).
 //
 // A Limiter serves one direction: a sidecar that enforces both inbound
 // ("callee/<svc>") and outbound ("caller/<svc>") policies keeps two Limiters,
@@ -92,6 +103,7 @@ type LimiterOptions struct {
 // first sighting); see ServiceLimiter.Decide.
 type Limiter struct {
 	maxPeers   int
+	maxLeaves  int
 	peerIdle   time.Duration // < 0: never evict
 	random     bool
 	stripeMask uint64 // nStripes-1, or 0 with OneStripe
@@ -105,12 +117,15 @@ type Limiter struct {
 // NewLimiter returns a Limiter that holds no policy: it admits everything and
 // counts it.
 func NewLimiter(opts LimiterOptions) *Limiter {
-	l := &Limiter{maxPeers: opts.MaxPeers, peerIdle: opts.PeerIdle, random: opts.Strategy == Random, stripeMask: nStripes - 1}
+	l := &Limiter{maxPeers: opts.MaxPeers, maxLeaves: opts.MaxLeaves, peerIdle: opts.PeerIdle, random: opts.Strategy == Random, stripeMask: nStripes - 1}
 	if opts.OneStripe {
 		l.stripeMask = 0
 	}
 	if l.maxPeers <= 0 {
 		l.maxPeers = DefaultMaxPeers
+	}
+	if l.maxLeaves <= 0 {
+		l.maxLeaves = DefaultMaxLeaves
 	}
 	if l.peerIdle == 0 {
 		l.peerIdle = DefaultPeerIdle
@@ -147,7 +162,7 @@ func (l *Limiter) Service(name string) *ServiceLimiter {
 		return s
 	}
 	s := newServiceLimiter(strings.Clone(name), l.maxPeers, l.random, l.stripeMask)
-	s.peerIdle = l.peerIdle
+	s.peerIdle, s.maxLeaves = l.peerIdle, l.maxLeaves
 	m := maps.Clone(old)
 	m[s.name] = s
 	l.services.Store(&m)
@@ -233,9 +248,9 @@ func (l *Limiter) Policy(service string) *Policy {
 	return nil
 }
 
-// AppendCounts appends the cumulative counters of every peer of service
+// AppendCounts appends the cumulative counters of every bucket of service
 // (names.Unknown and names.Overflow included, even at zero) to dst, sorted by
-// peer, and returns the extended slice. An unknown service appends nothing.
+// peer then procedure, and returns the extended slice. An unknown service appends nothing.
 // An evicted peer is left out; see PeerCounts.Incarnation.
 func (l *Limiter) AppendCounts(service string, dst []PeerCounts) []PeerCounts {
 	if s := l.lookup(service); s != nil {
@@ -258,7 +273,7 @@ type Decision struct {
 }
 
 // Rule returns the rule the decision was made under, nil when the policy did
-// not list the peer (or there was no policy). It points into the Policy that
+// not list the bucket (or there was no policy). It points into the Policy that
 // was current, which is immutable: do not modify it. Once that policy has
 // expired, the rule is still the policy's as received: the ratio in force
 // may be lower (ServiceLimiter.Ratio).
@@ -354,7 +369,7 @@ func compile(service string, dir Direction, r *Rule) *verdict {
 	p := clampRatio(r.DropRatio)
 	var admit *admitHeaders
 	if dir == Inbound {
-		admit = renderAdmit(r, p)
+		admit = renderAdmit(service, r, p)
 	}
 	if r.upstream() {
 		// Picked, every request (as kindLocal), so that the fresh
@@ -600,15 +615,21 @@ func diffuseHit(k, step uint64) bool {
 	return (x+step)>>32 != x>>32
 }
 
-// table is an immutable snapshot of one service's peers and policy.
+// table is an immutable snapshot of one service's leaves and policy.
 type table struct {
-	peers    map[string]slot // every peer with counters, reserved ones included
-	index    peerTable       // peers again, for Decide's lookup
-	unknown  slot            // == peers[names.Unknown]
-	overflow slot            // == peers[names.Overflow]
-	counted  int             // observed peers (see observed); new ones are added while it is under maxPeers
+	// leaves holds every leaf with counters: the reserved peers' of every
+	// procedure, the limited ones, the observed ones, and stale ones, whose
+	// procedure an earlier policy declared and this one does not: they are
+	// counted and reported no more, and evicted once idle (evictIdle).
+	leaves   map[leaf]slot
+	index    peerTable   // the current (not stale) leaves, for Decide's lookup
+	procs    *procedures // the policy's procedures; noProcedures without
+	unknown  []slot      // by procedure index: leaves[{names.Unknown, procs.names[i]}]
+	overflow []slot      // by procedure index: leaves[{names.Overflow, procs.names[i]}]
+	counted  int         // observed leaves (see observed); new ones are added while it is under limit
+	limit    int         // MaxPeers, or MaxLeaves for a service with procedures
 	policy   *Policy
-	verdicts map[string]*verdict // the policy compiled, by peer, for peers added later
+	verdicts map[leaf]*verdict // the policy compiled, by leaf, for leaves added later
 }
 
 // ServiceLimiter is a Limiter bound to one service: it skips the service
@@ -616,6 +637,7 @@ type table struct {
 type ServiceLimiter struct {
 	name       string
 	maxPeers   int
+	maxLeaves  int
 	peerIdle   time.Duration // see LimiterOptions.PeerIdle; < 0: never evict
 	random     bool
 	stripeMask uint64 // see LimiterOptions.OneStripe
@@ -636,13 +658,16 @@ type ServiceLimiter struct {
 }
 
 func newServiceLimiter(name string, maxPeers int, random bool, stripeMask uint64) *ServiceLimiter {
-	s := &ServiceLimiter{name: name, maxPeers: maxPeers, random: random, stripeMask: stripeMask}
+	s := &ServiceLimiter{name: name, maxPeers: maxPeers, maxLeaves: DefaultMaxLeaves, random: random, stripeMask: stripeMask}
+	unknown, overflow := slot{e: newEntry(names.Unknown)}, slot{e: newEntry(names.Overflow)}
 	t := &table{
-		unknown:  slot{e: newEntry(names.Unknown)},
-		overflow: slot{e: newEntry(names.Overflow)},
+		leaves:   map[leaf]slot{{names.Unknown, ""}: unknown, {names.Overflow, ""}: overflow},
+		procs:    noProcedures,
+		unknown:  []slot{unknown},
+		overflow: []slot{overflow},
+		limit:    maxPeers,
 	}
-	t.peers = map[string]slot{names.Unknown: t.unknown, names.Overflow: t.overflow}
-	t.index = newPeerTable(t.peers)
+	t.index = newPeerTable(t.leaves, t.procs)
 	s.table.Store(t)
 	return s
 }
@@ -667,6 +692,11 @@ func (s *ServiceLimiter) Policy() *Policy { return s.table.Load().policy }
 //     observed peers, in which case it counts as names.Overflow. A peer
 //     the policy limits is always in the table already.
 //
+// Decide knows no procedure: for a service whose policy declares
+// procedures it counts and decides the request in the leaf (peer,
+// names.Other). Requests whose procedure is known go through DecideHTTP
+// or DecideGRPC.
+//
 // Concurrent callers may assume that every call is counted exactly once and
 // that the decision follows one policy snapshot.
 //
@@ -677,15 +707,39 @@ func (s *ServiceLimiter) Policy() *Policy { return s.table.Load().policy }
 // An expired policy's fail mode (see Limiter.Expire) costs nothing on this
 // path: it is a different verdict in the table, and its work starts where
 // a drop's would (see hitOther).
-func (s *ServiceLimiter) Decide(peer string) Decision {
+func (s *ServiceLimiter) Decide(peer string) Decision { return s.decide(s.table.Load(), peer, 0) }
+
+// DecideHTTP is Decide for an HTTP request of method to path (its
+// URL.Path, without the query): the leaf is peer's of the procedure the
+// policy's first matching route names (routes.Routes.MatchIndex); a path
+// that is a declared procedure, the full method of a gRPC call through an
+// HTTP proxy, is that procedure's; any other request is names.Other's. For
+// a service without procedures it is Decide. No allocation; the match adds
+// its cost to Decide's (BenchmarkDecideProcedure).
+func (s *ServiceLimiter) DecideHTTP(peer, method, path string) Decision {
 	t := s.table.Load()
+	return s.decide(t, peer, t.procs.http(method, path))
+}
+
+// DecideGRPC is Decide for a gRPC call of fullMethod ("/pkg.Service/Method",
+// grpc.UnaryServerInfo.FullMethod): the leaf is peer's of that procedure
+// when the policy declares it, else of names.Other. For a service without
+// procedures it is Decide. No allocation: the method is looked up in a
+// hash table of the declared names built once per policy.
+func (s *ServiceLimiter) DecideGRPC(peer, fullMethod string) Decision {
+	t := s.table.Load()
+	return s.decide(t, peer, t.procs.grpc(fullMethod))
+}
+
+// decide decides a request of the leaf (peer, procedure index idx of t).
+func (s *ServiceLimiter) decide(t *table, peer string, idx uint32) Decision {
 	var sl slot
 	ok := false
 	if len(peer) <= names.MaxLen { // do not hash a hostile megabyte
-		sl, ok = t.index.get(peer)
+		sl, ok = t.index.get(peer, idx)
 	}
 	if !ok {
-		sl = s.miss(t, peer)
+		sl = s.miss(t, peer, idx)
 	}
 	if s.random {
 		return sl.random()
@@ -706,61 +760,67 @@ func (s *ServiceLimiter) Decide(peer string) Decision {
 	return Decision{Drop: true, v: sl.v}
 }
 
-// verdictOf returns the verdict Decide would decide a request from peer
-// under (nil: none), without deciding, counting or adding the peer: for the
-// headers of a request its caller decided already. It allocates nothing.
-func (s *ServiceLimiter) verdictOf(peer string) *verdict {
-	t := s.table.Load()
+// verdictOf returns the verdict decide would decide a request of the leaf
+// (peer, idx) of t under (nil: none), without deciding, counting or adding
+// the leaf: for the headers of a request its caller decided already. It
+// allocates nothing.
+func (s *ServiceLimiter) verdictOf(t *table, peer string, idx uint32) *verdict {
 	if len(peer) <= names.MaxLen {
-		if sl, ok := t.index.get(peer); ok {
+		if sl, ok := t.index.get(peer, idx); ok {
 			return sl.v
 		}
 	}
 	switch {
 	case peer == "" || !validName(peer):
-		return t.unknown.v
-	case t.counted >= s.maxPeers:
-		return t.overflow.v
+		return t.unknown[idx].v
+	case t.counted >= t.limit:
+		return t.overflow[idx].v
 	}
-	return t.verdicts[peer]
+	return t.verdicts[leaf{peer, t.procs.names[idx]}]
 }
 
-// miss resolves a peer that is not in the table t.
-func (s *ServiceLimiter) miss(t *table, peer string) slot {
+// miss resolves a leaf (peer, idx) that is not in the table t.
+func (s *ServiceLimiter) miss(t *table, peer string, idx uint32) slot {
 	if peer == "" {
-		return t.unknown
+		return t.unknown[idx]
 	}
 	if !validName(peer) {
 		s.invalidPeers.Add(1)
-		return t.unknown
+		return t.unknown[idx]
 	}
-	if t.counted >= s.maxPeers {
-		return t.overflow
+	if t.counted >= t.limit {
+		return t.overflow[idx]
 	}
-	return s.addPeer(peer)
+	return s.addLeaf(peer, t.procs.names[idx])
 }
 
-// addPeer adds peer to the table, copy on write. Each insertion copies the
-// map and indexes it again, so filling a table costs O(MaxPeers²) map
-// operations and hashes once, off the steady state.
-func (s *ServiceLimiter) addPeer(peer string) slot {
+// addLeaf adds the leaf (peer, proc) to the table, copy on write. Each
+// insertion copies the map and indexes it again, so filling a table costs
+// O(limit²) map operations and hashes once, off the steady state. A policy
+// installed since the caller's snapshot may no longer declare proc: then
+// the request is names.Other's.
+func (s *ServiceLimiter) addLeaf(peer, proc string) slot {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	t := s.table.Load()
-	if sl, ok := t.peers[peer]; ok {
+	idx, ok := t.procs.index(proc)
+	if !ok {
+		idx, proc = 0, t.procs.names[0]
+	}
+	if sl, ok := t.leaves[leaf{peer, proc}]; ok {
 		return sl
 	}
-	if t.counted >= s.maxPeers {
-		return t.overflow
+	if t.counted >= t.limit {
+		return t.overflow[idx]
 	}
-	// Not a limited peer: installLocked gave those their counters. Clone:
+	// Not a limited leaf: installLocked gave those their counters. Clone:
 	// peer may point into a larger request buffer.
-	peer = strings.Clone(peer)
-	sl := slot{e: newEntry(peer), v: t.verdicts[peer]}
+	k := leaf{strings.Clone(peer), proc}
+	sl := slot{e: newEntry(k.peer), v: t.verdicts[k]}
 	nt := *t
-	nt.peers = maps.Clone(t.peers)
-	nt.peers[peer] = sl
-	nt.index = newPeerTable(nt.peers)
+	nt.leaves = maps.Clone(t.leaves)
+	nt.leaves[k] = sl
+	nt.index = newPeerTable(nt.leaves, nt.procs)
 	nt.counted++
 	s.table.Store(&nt)
 	return sl
@@ -769,62 +829,93 @@ func (s *ServiceLimiter) addPeer(peer string) slot {
 // setPolicy installs p (nil: none) as one new table, received at received
 // (zero: at the next Expire).
 func (s *ServiceLimiter) setPolicy(p *Policy, received time.Time) {
-	var verdicts map[string]*verdict
+	procs := compileProcedures(p)
+	var verdicts map[leaf]*verdict
 	if p != nil {
-		verdicts = make(map[string]*verdict, len(p.Peers))
+		verdicts = make(map[leaf]*verdict, len(p.Peers))
 		for i := range p.Peers {
 			r := &p.Peers[i]
-			if validName(r.Peer) {
-				verdicts[r.Peer] = compile(s.name, p.Direction, r)
+			if _, ok := procs.index(r.Procedure); ok && validName(r.Peer) {
+				verdicts[leaf{r.Peer, r.Procedure}] = compile(s.name, p.Direction, r)
 			}
 		}
 	}
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.installLocked(p, verdicts)
+	s.installLocked(p, procs, verdicts)
 	s.fail.reset(p, received)
 }
 
-// installLocked installs p with verdicts, by peer, as one new table. s.mu
-// must be held.
-func (s *ServiceLimiter) installLocked(p *Policy, verdicts map[string]*verdict) {
+// installLocked installs p with its procedures and verdicts, by leaf, as
+// one new table. s.mu must be held.
+func (s *ServiceLimiter) installLocked(p *Policy, procs *procedures, verdicts map[leaf]*verdict) {
 	old := s.table.Load()
 	nt := &table{
-		peers:    make(map[string]slot, len(old.peers)),
+		leaves:   make(map[leaf]slot, len(old.leaves)),
+		procs:    procs,
+		limit:    s.maxPeers,
 		policy:   p,
 		verdicts: verdicts,
 	}
-	for peer, sl := range old.peers {
-		nt.peers[peer] = slot{e: sl.e, v: verdicts[peer]}
+	if procs != noProcedures {
+		nt.limit = s.maxLeaves
 	}
-	// Limited peers get their counters now, whatever the number of
+	for k, sl := range old.leaves {
+		if _, current := procs.index(k.proc); !current && sl.e.offered() == 0 {
+			// Stale and never counted (the reserved leaves of the
+			// procedures before): nothing to report, gone now. A
+			// decision in flight on the old table may still count
+			// in it, unreported, as in an eviction (evictIdle).
+			continue
+		}
+		nt.leaves[k] = slot{e: sl.e, v: verdicts[k]}
+	}
+	// The reserved peers have a leaf of every procedure, from the start.
+	nt.unknown = make([]slot, len(procs.names))
+	nt.overflow = make([]slot, len(procs.names))
+	for i, q := range procs.names {
+		nt.unknown[i] = nt.reserved(leaf{names.Unknown, q})
+		nt.overflow[i] = nt.reserved(leaf{names.Overflow, q})
+	}
+	// Limited leaves get their counters now, whatever the number of
 	// observed ones: their first request is already allocation free, and
 	// no flood of made-up names, before or after, can leave a limited
 	// caller without its own slot (it would be judged as _overflow).
 	// Their number is bounded by the policy's (MaxPolicyPeers). Other
-	// listed peers get counters when a request names them, as observed
-	// peers.
-	for peer, v := range verdicts {
-		if _, ok := nt.peers[peer]; !ok && v.rule.Limited() {
-			nt.peers[peer] = slot{e: newEntry(peer), v: v}
+	// listed leaves get counters when a request names them, as observed
+	// ones.
+	for k, v := range verdicts {
+		if _, ok := nt.leaves[k]; !ok && v.rule.Limited() {
+			nt.leaves[k] = slot{e: newEntry(k.peer), v: v}
 		}
 	}
-	// A peer the old policy limited and this one does not is observed
-	// now; the count may exceed maxPeers until idle peers are evicted.
-	for peer, sl := range nt.peers {
-		if observed(peer, sl) {
+	// A leaf the old policy limited and this one does not is observed
+	// now; the count may exceed the limit until idle leaves are evicted.
+	for k, sl := range nt.leaves {
+		if nt.observed(k, sl) {
 			nt.counted++
 		}
 	}
-	nt.unknown = nt.peers[names.Unknown]
-	nt.overflow = nt.peers[names.Overflow]
-	nt.index = newPeerTable(nt.peers)
+	nt.index = newPeerTable(nt.leaves, procs)
 	s.table.Store(nt)
 }
 
-// AppendCounts appends the cumulative counters of every peer (names.Unknown
-// and names.Overflow included, even at zero) to dst, sorted by peer.
+// reserved returns the slot of a reserved peer's leaf k, giving it
+// counters if it has none yet.
+func (t *table) reserved(k leaf) slot {
+	sl, ok := t.leaves[k]
+	if !ok {
+		sl = slot{e: newEntry(k.peer), v: t.verdicts[k]}
+		t.leaves[k] = sl
+	}
+	return sl
+}
+
+// AppendCounts appends the cumulative counters of every bucket (names.Unknown
+// and names.Overflow included, even at zero) to dst, sorted by peer then
+// procedure: one per leaf for a service with procedures, Procedure "" for
+// one without (see PeerCounts.Procedure).
 //
 // Each counter only grows between calls, and within one PeerCounts Dropped
 // and ShadowDropped never exceed Offered, even while requests are being
@@ -838,19 +929,19 @@ func (s *ServiceLimiter) installLocked(p *Policy, verdicts map[string]*verdict) 
 func (s *ServiceLimiter) AppendCounts(dst []PeerCounts) []PeerCounts {
 	t := s.table.Load()
 	start := len(dst)
-	for peer, sl := range t.peers {
+	for k, sl := range t.leaves {
 		c, _, _ := sl.e.counts()
-		c.Peer = peer
+		c.Peer, c.Procedure = k.peer, k.proc
 		c.Incarnation = sl.e.incarnation
 		dst = append(dst, c)
 	}
-	slices.SortFunc(dst[start:], func(a, b PeerCounts) int { return cmp.Compare(a.Peer, b.Peer) })
+	slices.SortFunc(dst[start:], func(a, b PeerCounts) int { return cmpRule(a.Peer, a.Procedure, leaf{b.Peer, b.Procedure}) })
 	return dst
 }
 
-// peerCount returns the number of peers in the table, reserved ones
-// included.
-func (s *ServiceLimiter) peerCount() int { return len(s.table.Load().peers) }
+// peerCount returns the number of leaves in the table, reserved ones
+// included: for a service without procedures, its peers.
+func (s *ServiceLimiter) peerCount() int { return len(s.table.Load().leaves) }
 
 // validName is names.Check without the error: Decide calls it for every
 // request from an unlisted peer, where building an error would allocate.

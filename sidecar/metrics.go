@@ -8,27 +8,28 @@ import (
 
 var (
 	requestsDesc = prometheus.NewDesc("sluice_sidecar_requests_total",
-		"Requests decided, by outcome. admitted + dropped is every request; shadow_dropped requests "+
+		"Requests decided, by bucket (peer, and procedure when the service declares procedures: a declared one or "+
+			"_other; else empty) and outcome. admitted + dropped is every request; shadow_dropped requests "+
 			"(a shadow limit would have dropped them) are admitted and counted in admitted too. Drops inferred for "+
 			"peers enforced upstream are not in it: see sluice_sidecar_upstream_dropped_total.",
-		[]string{"service", "peer", "outcome"}, nil)
+		[]string{"service", "peer", "procedure", "outcome"}, nil)
 	upstreamArrivalsDesc = prometheus.NewDesc("sluice_sidecar_upstream_arrivals_total",
 		"Requests of peers enforced upstream (their proxyless gRPC client or the callee's Envoy carried out the "+
 			"ratio before they arrived) that reached the sidecar; admitted without a drop, and in requests_total admitted "+
 			"too. Present for peers that have been enforced upstream.",
-		[]string{"service", "peer"}, nil)
+		[]string{"service", "peer", "procedure"}, nil)
 	upstreamDroppedDesc = prometheus.NewDesc("sluice_sidecar_upstream_dropped_total",
 		"Requests of peers enforced upstream that the upstream data plane is inferred to have dropped: each arrival "+
 			"counts p/(1-p) at the ratio p in force, in whole requests. Reported to the controller as offered and dropped; "+
 			"not in requests_total.",
-		[]string{"service", "peer"}, nil)
+		[]string{"service", "peer", "procedure"}, nil)
 	dropRatioDesc = prometheus.NewDesc("sluice_sidecar_drop_ratio",
 		"Drop ratio in force for each peer listed in the current policy: the policy's, decaying to 0 once it has "+
 			"expired in fail mode open; absent for peers a token bucket decides (expired in fail mode local).",
-		[]string{"service", "peer", "mode"}, nil)
+		[]string{"service", "peer", "procedure", "mode"}, nil)
 	peersDesc = prometheus.NewDesc("sluice_sidecar_peers",
 		"Peers with counters: the limited ones (listed in the policy with a ratio or a limit), the observed ones "+
-			"and the reserved unknown and _overflow.",
+			"and the reserved unknown and _overflow; for a service with procedures, leaves (peer, procedure).",
 		[]string{"service"}, nil)
 	observedPeersDesc = prometheus.NewDesc("sluice_sidecar_observed_peers",
 		"Peers with counters because requests named them, not because the policy limits them: at most --max-peers "+
@@ -86,7 +87,10 @@ var gaugedStates = [...]PolicyState{Fresh, Stale, Expired}
 
 // Collector returns a prometheus.Collector that reads the Limiter's counters
 // and policies when scraped; deciding a request does no metric work at all.
-// Label cardinality is bounded by MaxPeers + 2 per service.
+// Label cardinality is bounded by MaxPeers + 2 per service, or for a
+// service with procedures by MaxLeaves + 2·(procedures + 1): a procedure
+// label is a declared procedure, names.Other, or "" (none declared), never
+// a name taken from a request.
 func (l *Limiter) Collector() prometheus.Collector {
 	return &collector{l: l, admitted: map[bucket]admitted{}}
 }
@@ -104,7 +108,7 @@ type collector struct {
 	admitted map[bucket]admitted
 }
 
-type bucket struct{ service, peer string }
+type bucket struct{ service, peer, proc string }
 
 // admitted is the last admitted count of one incarnation of a bucket.
 type admitted struct{ incarnation, n uint64 }
@@ -135,22 +139,22 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	next := make(map[bucket]admitted, len(c.admitted))
 	for _, name := range c.l.Services() {
 		s := c.l.lookup(name)
-		for peer, sl := range s.table.Load().peers {
-			// One read of the peer's counters, so that the inferred
+		for k, sl := range s.table.Load().leaves {
+			// One read of the leaf's counters, so that the inferred
 			// drops taken out of Dropped are the ones in it.
 			pc, arrived, inferred := sl.e.counts()
-			b := bucket{name, peer}
+			b := bucket{name, k.peer, k.proc}
 			a := admitted{incarnation: sl.e.incarnation, n: pc.Offered - pc.Dropped}
 			if last := c.admitted[b]; last.incarnation == a.incarnation {
 				a.n = max(a.n, last.n)
 			}
 			next[b] = a
-			ch <- prometheus.MustNewConstMetric(requestsDesc, prometheus.CounterValue, float64(a.n), name, peer, "admitted")
-			ch <- prometheus.MustNewConstMetric(requestsDesc, prometheus.CounterValue, float64(pc.Dropped-inferred), name, peer, "dropped")
-			ch <- prometheus.MustNewConstMetric(requestsDesc, prometheus.CounterValue, float64(pc.ShadowDropped), name, peer, "shadow_dropped")
+			ch <- prometheus.MustNewConstMetric(requestsDesc, prometheus.CounterValue, float64(a.n), name, k.peer, k.proc, "admitted")
+			ch <- prometheus.MustNewConstMetric(requestsDesc, prometheus.CounterValue, float64(pc.Dropped-inferred), name, k.peer, k.proc, "dropped")
+			ch <- prometheus.MustNewConstMetric(requestsDesc, prometheus.CounterValue, float64(pc.ShadowDropped), name, k.peer, k.proc, "shadow_dropped")
 			if arrived > 0 {
-				ch <- prometheus.MustNewConstMetric(upstreamArrivalsDesc, prometheus.CounterValue, float64(arrived), name, peer)
-				ch <- prometheus.MustNewConstMetric(upstreamDroppedDesc, prometheus.CounterValue, float64(inferred), name, peer)
+				ch <- prometheus.MustNewConstMetric(upstreamArrivalsDesc, prometheus.CounterValue, float64(arrived), name, k.peer, k.proc)
+				ch <- prometheus.MustNewConstMetric(upstreamDroppedDesc, prometheus.CounterValue, float64(inferred), name, k.peer, k.proc)
 			}
 		}
 		ch <- prometheus.MustNewConstMetric(peersDesc, prometheus.GaugeValue, float64(s.peerCount()), name)
@@ -170,11 +174,14 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 				if !validName(r.Peer) { // hand-built policies only; not a valid label
 					continue
 				}
-				ratio, ok := t.ratio(r.Peer)
+				ratio, ok := t.ratio(leaf{r.Peer, r.Procedure})
 				if !ok { // a token bucket decides
 					continue
 				}
-				ch <- prometheus.MustNewConstMetric(dropRatioDesc, prometheus.GaugeValue, ratio, name, r.Peer, r.modeLabel())
+				if _, current := t.procs.index(r.Procedure); !current { // hand-built policies only
+					continue
+				}
+				ch <- prometheus.MustNewConstMetric(dropRatioDesc, prometheus.GaugeValue, ratio, name, r.Peer, r.Procedure, r.modeLabel())
 			}
 		}
 

@@ -79,10 +79,10 @@ sluice_sidecar_decided_upstream_total{service="cart"} 0
 sluice_sidecar_decided_upstream_total{service="checkout"} 0
 # HELP sluice_sidecar_drop_ratio Drop ratio in force for each peer listed in the current policy: the policy's, decaying to 0 once it has expired in fail mode open; absent for peers a token bucket decides (expired in fail mode local).
 # TYPE sluice_sidecar_drop_ratio gauge
-sluice_sidecar_drop_ratio{mode="enforce",peer="a",service="checkout"} 0
-sluice_sidecar_drop_ratio{mode="enforce",peer="b",service="checkout"} 0.5
-sluice_sidecar_drop_ratio{mode="shadow",peer="c",service="checkout"} 0.25
-sluice_sidecar_drop_ratio{mode="upstream",peer="e",service="checkout"} 0.75
+sluice_sidecar_drop_ratio{mode="enforce",peer="a",procedure="",service="checkout"} 0
+sluice_sidecar_drop_ratio{mode="enforce",peer="b",procedure="",service="checkout"} 0.5
+sluice_sidecar_drop_ratio{mode="shadow",peer="c",procedure="",service="checkout"} 0.25
+sluice_sidecar_drop_ratio{mode="upstream",peer="e",procedure="",service="checkout"} 0.75
 # HELP sluice_sidecar_fail_open_total Requests admitted that the last policy would have dropped: while it is expired in fail mode open, requests its own ratio picked (the same error diffusion as when fresh) that the decayed ratio let through. Enforced rules only.
 # TYPE sluice_sidecar_fail_open_total counter
 sluice_sidecar_fail_open_total{service="cart"} 0
@@ -103,7 +103,7 @@ sluice_sidecar_local_decisions_total{outcome="shadow_dropped",service="checkout"
 # TYPE sluice_sidecar_observed_peers gauge
 sluice_sidecar_observed_peers{service="cart"} 1
 sluice_sidecar_observed_peers{service="checkout"} 1
-# HELP sluice_sidecar_peers Peers with counters: the limited ones (listed in the policy with a ratio or a limit), the observed ones and the reserved unknown and _overflow.
+# HELP sluice_sidecar_peers Peers with counters: the limited ones (listed in the policy with a ratio or a limit), the observed ones and the reserved unknown and _overflow; for a service with procedures, leaves (peer, procedure).
 # TYPE sluice_sidecar_peers gauge
 sluice_sidecar_peers{service="cart"} 3
 sluice_sidecar_peers{service="checkout"} 7
@@ -122,7 +122,7 @@ sluice_sidecar_policy_state{service="cart",state="stale"} 0
 sluice_sidecar_policy_state{service="checkout",state="expired"} 0
 sluice_sidecar_policy_state{service="checkout",state="fresh"} 1
 sluice_sidecar_policy_state{service="checkout",state="stale"} 0
-# HELP sluice_sidecar_requests_total Requests decided, by outcome. admitted + dropped is every request; shadow_dropped requests (a shadow limit would have dropped them) are admitted and counted in admitted too. Drops inferred for peers enforced upstream are not in it: see sluice_sidecar_upstream_dropped_total.
+# HELP sluice_sidecar_requests_total Requests decided, by bucket (peer, and procedure when the service declares procedures: a declared one or _other; else empty) and outcome. admitted + dropped is every request; shadow_dropped requests (a shadow limit would have dropped them) are admitted and counted in admitted too. Drops inferred for peers enforced upstream are not in it: see sluice_sidecar_upstream_dropped_total.
 # TYPE sluice_sidecar_requests_total counter
 `)
 	seen["checkout/unknown"] = &[3]int{seen["checkout/"][0] + seen["checkout/not a name"][0]}
@@ -141,16 +141,16 @@ sluice_sidecar_policy_state{service="checkout",state="stale"} 0
 					continue
 				}
 				i := map[string]int{"admitted": 0, "dropped": 1, "shadow_dropped": 2}[outcome]
-				fmt.Fprintf(&want, "sluice_sidecar_requests_total{outcome=%q,peer=%q,service=%q} %d\n", outcome, peer, service, c[i])
+				fmt.Fprintf(&want, "sluice_sidecar_requests_total{outcome=%q,peer=%q,procedure=\"\",service=%q} %d\n", outcome, peer, service, c[i])
 			}
 		}
 	}
 	want.WriteString(`# HELP sluice_sidecar_upstream_arrivals_total Requests of peers enforced upstream (their proxyless gRPC client or the callee's Envoy carried out the ratio before they arrived) that reached the sidecar; admitted without a drop, and in requests_total admitted too. Present for peers that have been enforced upstream.
 # TYPE sluice_sidecar_upstream_arrivals_total counter
-sluice_sidecar_upstream_arrivals_total{peer="e",service="checkout"} 10
+sluice_sidecar_upstream_arrivals_total{peer="e",procedure="",service="checkout"} 10
 # HELP sluice_sidecar_upstream_dropped_total Requests of peers enforced upstream that the upstream data plane is inferred to have dropped: each arrival counts p/(1-p) at the ratio p in force, in whole requests. Reported to the controller as offered and dropped; not in requests_total.
 # TYPE sluice_sidecar_upstream_dropped_total counter
-sluice_sidecar_upstream_dropped_total{peer="e",service="checkout"} 30
+sluice_sidecar_upstream_dropped_total{peer="e",procedure="",service="checkout"} 30
 `)
 	if seen["checkout/e"][0] != 10 {
 		t.Fatalf("upstream peer e: outcomes %v, want all 10 admitted", seen["checkout/e"])
@@ -202,7 +202,7 @@ func TestCollectorAdmittedNeverDecreases(t *testing.T) {
 		t.Fatalf("admitted %v, want 5", got)
 	}
 	// A decision in flight: counted offered, not yet dropped.
-	st := &s.table.Load().peers["a"].e.stripes[0]
+	st := &s.table.Load().leaves[leaf{"a", ""}].e.stripes[0]
 	st.offered.Add(1)
 	if got := admitted(); got != 6 {
 		t.Fatalf("admitted %v, want 6", got)

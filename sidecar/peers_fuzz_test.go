@@ -15,16 +15,18 @@ import (
 var validOracle = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`)
 
 // peerModel is what a ServiceLimiter's peer accounting should do, written
-// the plain way: peers the policy limits have counters of their own from
-// the start, whatever their number; of the others, the first maxPeers
-// distinct valid names requests give get counters of their own, later ones
-// count as names.Overflow; names that are empty, too long or have odd
-// characters count as names.Unknown (counted as invalid unless empty).
+// the plain way, per leaf (peer, procedure; procedure "" for a service
+// without procedures): leaves the policy limits have counters of their own
+// from the start, whatever their number; of the others, the first maxPeers
+// distinct leaves of valid names requests give get counters of their own,
+// later ones count as names.Overflow's leaf of their procedure; names that
+// are empty, too long or have odd characters count as names.Unknown
+// (counted as invalid unless empty).
 type peerModel struct {
 	maxPeers int
-	own      map[string]bool // peers with counters of their own
-	limited  map[string]bool // of those, the ones the policy limits
-	offered  map[string]uint64
+	own      map[leaf]bool // leaves with counters of their own
+	limited  map[leaf]bool // of those, the ones the policy limits
+	offered  map[leaf]uint64
 	invalid  uint64
 }
 
@@ -32,29 +34,48 @@ func (m *peerModel) valid(s string) bool {
 	return s == names.Overflow || len(s) <= names.MaxLen && validOracle.MatchString(s)
 }
 
-// list lists peers in the policy, those at even indexes with a limit.
-func (m *peerModel) list(peers []string) {
-	for i, p := range peers {
-		if i%2 == 0 && m.valid(p) && p != names.Unknown && p != names.Overflow {
-			m.own[p], m.limited[p] = true, true
+// list lists leaves in the policy, those at even indexes with a limit.
+func (m *peerModel) list(leaves []leaf) {
+	for i, k := range leaves {
+		if i%2 == 0 && m.valid(k.peer) && k.peer != names.Unknown && k.peer != names.Overflow {
+			m.own[k], m.limited[k] = true, true
 		}
 	}
 }
 
-func (m *peerModel) decide(peer string) {
+func (m *peerModel) decide(peer, proc string) {
+	k := leaf{peer, proc}
 	switch {
 	case peer == "" || peer == names.Unknown:
-		peer = names.Unknown
+		k.peer = names.Unknown
 	case !m.valid(peer):
 		m.invalid++
-		peer = names.Unknown
-	case peer == names.Overflow || m.own[peer]:
+		k.peer = names.Unknown
+	case peer == names.Overflow || m.own[k]:
 	case len(m.own)-len(m.limited) < m.maxPeers:
-		m.own[peer] = true
+		m.own[k] = true
 	default:
-		peer = names.Overflow
+		k.peer = names.Overflow
 	}
-	m.offered[peer]++
+	m.offered[k]++
+}
+
+// fuzzProcedures are the procedures FuzzLimiterPeers' policy declares when
+// it has procedures: a gRPC method and a name; requests name them, or any
+// other method, which is names.Other's.
+var fuzzProcedures = []string{"/shop.Checkout/Pay", "get-item"}
+
+// fuzzProcedure returns the procedure of a request of method under a
+// policy that declares procs: the method if declared, else names.Other;
+// "" without procedures.
+func fuzzProcedure(procs []string, method string) string {
+	switch {
+	case len(procs) == 0:
+		return ""
+	case slices.Contains(procs, method):
+		return method
+	}
+	return names.Other
 }
 
 // peersSeeds are FuzzLimiterPeers' committed seeds.
@@ -68,6 +89,8 @@ func peersSeeds() []seed {
 		s("policy-fills-table", 9, "a,b,c,d,e,f,g,h,i,j,k,l", "m\nl\na\n-dash\n_under\nnul\x00"),
 		s("policy-lists-reserved", 0x81, "_overflow,unknown,,bad/name,ok", "ok\nok.v2\nOK\n9lives\n_overflow"),
 		s("flood", 3, "web", strings.Repeat("caller-x\ncaller-y\ncaller-z\ncaller-w\n", 8)+"web"),
+		s("procedures", 0x102, "web,web,mobile,batch,web", "web#/shop.Checkout/Pay\nweb#get-item\nweb\nweb#/shop.Checkout/Nope\n"+
+			"new#get-item\nnew#/shop.Checkout/Pay\nnewer#get-item\n#get-item\nbad name#get-item\n_overflow#_other\nmobile#get-item"),
 	}
 }
 
@@ -83,58 +106,86 @@ func TestFuzzLimiterPeersCorpus(t *testing.T) {
 // made-up callers must end in the overflow bucket and hostile strings in
 // unknown, with every request counted once, and never take a limited
 // peer's counters.
+//
+// With maxPeers&0x100 the policy declares fuzzProcedures, a line is
+// "caller#method" decided by DecideGRPC, the listed names get rules of the
+// procedures in turn (fuzzProcedures, then names.Other), and the bound is
+// MaxLeaves: the same model, per leaf.
 func FuzzLimiterPeers(f *testing.F) {
 	f.Fuzz(func(t *testing.T, maxPeers uint64, listed, requests string) {
 		mp := 1 + int(maxPeers%16)
-		l := NewLimiter(LimiterOptions{MaxPeers: mp, OneStripe: maxPeers&0x80 != 0})
+		var procs []string
+		if maxPeers&0x100 != 0 {
+			procs = fuzzProcedures
+		}
+		l := NewLimiter(LimiterOptions{MaxPeers: mp, MaxLeaves: mp, OneStripe: maxPeers&0x80 != 0})
+		if procs != nil {
+			l = NewLimiter(LimiterOptions{MaxPeers: 100, MaxLeaves: mp, OneStripe: maxPeers&0x80 != 0})
+		}
 		s := l.Service("checkout")
-		m := &peerModel{maxPeers: mp, own: map[string]bool{}, limited: map[string]bool{}, offered: map[string]uint64{}}
+		m := &peerModel{maxPeers: mp, own: map[leaf]bool{}, limited: map[leaf]bool{}, offered: map[leaf]uint64{}}
 
 		var rules []Rule
-		var peers []string
-		for _, p := range strings.Split(listed, ",") {
-			if !slices.Contains(peers, p) { // a Policy lists each peer once
-				r := Rule{Peer: p, LimitRPS: 10, AllowedRPS: math.Inf(1)}
-				if len(peers)%2 == 1 {
+		var leaves []leaf
+		for i, p := range strings.Split(listed, ",") {
+			k := leaf{p, ""}
+			if procs != nil {
+				k.proc = append(slices.Clone(procs), names.Other)[i%(len(procs)+1)]
+			}
+			if !slices.Contains(leaves, k) { // a Policy lists each leaf once
+				r := Rule{Peer: k.peer, Procedure: k.proc, LimitRPS: 10, AllowedRPS: math.Inf(1)}
+				if len(leaves)%2 == 1 {
 					r.LimitRPS = math.Inf(1)
 				}
-				peers = append(peers, p)
+				leaves = append(leaves, k)
 				rules = append(rules, r)
 			}
 		}
-		slices.SortFunc(rules, func(a, b Rule) int { return strings.Compare(a.Peer, b.Peer) })
-		l.SetPolicy(&Policy{Name: names.Callee("checkout"), Service: "checkout", Peers: rules})
-		m.list(peers)
+		slices.SortFunc(rules, func(a, b Rule) int { return cmpRule(a.Peer, a.Procedure, leaf{b.Peer, b.Procedure}) })
+		l.SetPolicy(&Policy{Name: names.Callee("checkout"), Service: "checkout", Peers: rules, Procedures: procs})
+		m.list(leaves)
 
-		for _, peer := range strings.Split(requests, "\n") {
-			d := s.Decide(peer)
-			if d.Drop || d.Shadow {
-				t.Fatalf("peer %q dropped at ratio 0", peer)
+		for _, line := range strings.Split(requests, "\n") {
+			peer, method := line, ""
+			var d Decision
+			if procs != nil {
+				peer, method, _ = strings.Cut(line, "#")
+				d = s.DecideGRPC(peer, method)
+			} else {
+				d = s.Decide(peer)
 			}
-			m.decide(peer)
+			if d.Drop || d.Shadow {
+				t.Fatalf("request %q dropped at ratio 0", line)
+			}
+			m.decide(peer, fuzzProcedure(procs, method))
 		}
 
+		reserved := 2 * max(len(procs)+1, 1)
+		if procs == nil {
+			reserved = 2
+		}
 		counts := s.AppendCounts(nil)
-		if len(counts) != len(m.own)+2 {
-			t.Errorf("%d peers with counters, model has %d + the 2 reserved", len(counts), len(m.own))
+		if len(counts) != len(m.own)+reserved {
+			t.Errorf("%d leaves with counters, model has %d + the %d reserved", len(counts), len(m.own), reserved)
 		}
 		for _, c := range counts {
-			if !m.own[c.Peer] && c.Peer != names.Unknown && c.Peer != names.Overflow {
-				t.Errorf("peer %q has counters; the model gave it none", c.Peer)
+			k := leaf{c.Peer, c.Procedure}
+			if !m.own[k] && c.Peer != names.Unknown && c.Peer != names.Overflow {
+				t.Errorf("leaf %q/%q has counters; the model gave it none", c.Peer, c.Procedure)
 			}
-			if c.Offered != m.offered[c.Peer] || c.Dropped != 0 || c.ShadowDropped != 0 {
-				t.Errorf("peer %q: offered %d dropped %d shadow %d, model offered %d", c.Peer, c.Offered, c.Dropped, c.ShadowDropped, m.offered[c.Peer])
+			if c.Offered != m.offered[k] || c.Dropped != 0 || c.ShadowDropped != 0 {
+				t.Errorf("leaf %q/%q: offered %d dropped %d shadow %d, model offered %d", c.Peer, c.Procedure, c.Offered, c.Dropped, c.ShadowDropped, m.offered[k])
 			}
 		}
 		if got := s.invalidPeers.Load(); got != m.invalid {
 			t.Errorf("%d invalid peer names counted, model %d", got, m.invalid)
 		}
-		if n := s.peerCount(); n > mp+2+len(m.limited) {
-			t.Errorf("%d peers in the table, MaxPeers is %d, %d limited", n, mp, len(m.limited))
+		if n := s.peerCount(); n > mp+reserved+len(m.limited) {
+			t.Errorf("%d leaves in the table, the bound is %d, %d limited", n, mp, len(m.limited))
 		}
-		for peer := range m.limited {
-			if d := s.Decide(peer); d.Rule() == nil || d.Rule().Peer != peer {
-				t.Errorf("limited peer %q decided under rule %+v", peer, d.Rule())
+		for k := range m.limited {
+			if d := s.DecideGRPC(k.peer, k.proc); d.Rule() == nil || d.Rule().Peer != k.peer || d.Rule().Procedure != k.proc {
+				t.Errorf("limited leaf %q/%q decided under rule %+v", k.peer, k.proc, d.Rule())
 			}
 		}
 	})

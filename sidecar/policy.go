@@ -16,6 +16,7 @@ import (
 	"github.com/sluicehq/sluice/pkg/dataplane"
 	"github.com/sluicehq/sluice/pkg/dropratio"
 	"github.com/sluicehq/sluice/pkg/names"
+	"github.com/sluicehq/sluice/pkg/routes"
 )
 
 // Direction says on which side of a call a policy is enforced. The zero value
@@ -73,7 +74,7 @@ type Policy struct {
 	Name          string // the xDS resource name, names.Callee(Service) or names.Caller(Service)
 	Service       string // the enforcing service
 	Direction     Direction
-	Peers         []Rule        // sorted by Peer, each peer at most once; an unlisted peer is not dropped
+	Peers         []Rule        // sorted by Peer then Procedure, each (Peer, Procedure) at most once; an unlisted bucket is not dropped
 	TTL           time.Duration // 0: not set, the holder applies its default (DESIGN.md: 10s)
 	LiveInstances int
 	// FailMode is what the Limiter does once the policy has outlived its
@@ -81,9 +82,24 @@ type Policy struct {
 	FailMode      dataplane.FailMode
 	FailOpenDecay time.Duration // 0: not set
 	IssuedAt      time.Time     // zero: not set
+
+	// Procedures are the procedures the service declares, in order,
+	// without names.Other, which a service with procedures always has:
+	// every request is counted and decided in exactly one leaf (peer,
+	// procedure), and a request no declared procedure fits in (peer,
+	// names.Other). Empty: the service declares none, and every bucket is
+	// a whole (Service, Peer) pair, procedure "". Inbound policies only.
+	Procedures []string
+	// Routes are the service's HTTP routes, in order, each naming one of
+	// Procedures: the first that matches a request names its procedure
+	// (see ServiceLimiter.DecideHTTP).
+	Routes []routes.Route
+	// compiled is Routes compiled by PolicyFromProto, so that installing
+	// the policy does not compile them again; nil: compiled on install.
+	compiled *routes.Routes
 }
 
-// Rule is the verdict for one bucket (Service, Peer).
+// Rule is the verdict for one bucket (Service, Peer, Procedure).
 //
 // Mode Enforce drops requests with the rule's ratio; Mode Shadow counts
 // would-be drops as shadow drops and admits every request. Enforcement
@@ -95,7 +111,10 @@ type Policy struct {
 // docs/dataplanes.md). PolicyFromProto gives such rules Mode Enforce: the
 // controller marks only enforced buckets.
 type Rule struct {
-	Peer        string
+	Peer string
+	// Procedure is the bucket's procedure: one of the policy's Procedures
+	// or names.Other; "" when the policy declares none.
+	Procedure   string
 	DropRatio   float64 // in [0, 1)
 	Mode        dropratio.Mode
 	Enforcement dataplane.Enforcement
@@ -129,13 +148,24 @@ func (r *Rule) modeLabel() string {
 	return r.Mode.String()
 }
 
-// Rule returns the rule for peer, or nil when the policy does not list it.
-func (p *Policy) Rule(peer string) *Rule {
-	i, ok := slices.BinarySearchFunc(p.Peers, peer, func(r Rule, peer string) int { return cmp.Compare(r.Peer, peer) })
+// Rule returns the rule for peer's bucket of procedure "", the whole (Service,
+// peer) pair, or nil when the policy does not list it. For a service that
+// declares procedures, see Leaf.
+func (p *Policy) Rule(peer string) *Rule { return p.Leaf(peer, "") }
+
+// Leaf returns the rule for the bucket (peer, procedure), or nil when the
+// policy does not list it.
+func (p *Policy) Leaf(peer, procedure string) *Rule {
+	i, ok := slices.BinarySearchFunc(p.Peers, leaf{peer, procedure}, func(r Rule, k leaf) int { return cmpRule(r.Peer, r.Procedure, k) })
 	if !ok {
 		return nil
 	}
 	return &p.Peers[i]
+}
+
+// cmpRule orders buckets by peer, then procedure, as policies list them.
+func cmpRule(peer, procedure string, k leaf) int {
+	return cmp.Or(cmp.Compare(peer, k.peer), cmp.Compare(procedure, k.proc))
 }
 
 // MaxPolicyPeers bounds the peers of one policy that PolicyFromProto accepts
@@ -199,16 +229,81 @@ func PolicyFromProto(m *sluicev1.DropPolicy) (*Policy, error) {
 		bad("peers", "%d peers, more than the %d a sidecar accepts", n, MaxPolicyPeers)
 		return nil, fmt.Errorf("invalid drop policy %q: %w", m.GetName(), errors.Join(errs...))
 	}
+	declared := proceduresFromProto(m, p, bad)
 	p.Peers = make([]Rule, 0, len(m.GetPeers()))
-	seen := make(map[string]int, len(m.GetPeers()))
+	seen := make(map[leaf]int, len(m.GetPeers()))
 	for i, pp := range m.GetPeers() {
-		p.Peers = append(p.Peers, ruleFromProto(i, pp, p.Direction, seen, bad))
+		r := ruleFromProto(i, pp, p.Direction, seen, bad)
+		if _, ok := declared[r.Procedure]; !ok {
+			switch {
+			case len(p.Procedures) == 0:
+				bad("peers["+strconv.Itoa(i)+"].procedure", "%.64q set, but the policy declares no procedures", r.Procedure)
+			default:
+				bad("peers["+strconv.Itoa(i)+"].procedure", "%.64q is neither declared in procedures nor %q", r.Procedure, names.Other)
+			}
+		}
+		p.Peers = append(p.Peers, r)
 	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("invalid drop policy %q: %w", m.GetName(), err)
 	}
-	slices.SortFunc(p.Peers, func(a, b Rule) int { return cmp.Compare(a.Peer, b.Peer) })
+	slices.SortFunc(p.Peers, func(a, b Rule) int { return cmpRule(a.Peer, a.Procedure, leaf{b.Peer, b.Procedure}) })
 	return p, nil
+}
+
+// proceduresFromProto converts and checks m's procedures and routes into p,
+// compiling the routes once, and returns the procedures a rule of p may
+// name: "" alone when m declares none, else the declared ones and
+// names.Other.
+func proceduresFromProto(m *sluicev1.DropPolicy, p *Policy, bad func(field, format string, args ...any)) map[string]struct{} {
+	procs, rts := m.GetProcedures(), m.GetRoutes()
+	if len(procs) == 0 && len(rts) == 0 {
+		return map[string]struct{}{"": {}}
+	}
+	if p.Direction == Outbound {
+		// The caller side does not know what a request does at the
+		// callee: outbound buckets stay whole.
+		bad("procedures", "set in an outbound policy")
+	}
+	if len(procs) > routes.MaxRoutes {
+		bad("procedures", "%d procedures, more than the %d a sidecar accepts", len(procs), routes.MaxRoutes)
+		return map[string]struct{}{}
+	}
+	declared := make(map[string]struct{}, len(procs)+1)
+	p.Procedures = make([]string, 0, len(procs))
+	for i, q := range procs {
+		f := "procedures[" + strconv.Itoa(i) + "]"
+		switch _, dup := declared[q]; {
+		case q == names.Other:
+			bad(f, "%q is implicit and reserved", q)
+		case names.CheckProcedure(q) != nil:
+			bad(f, "%v", names.CheckProcedure(q))
+		case dup:
+			bad(f, "%.64q is declared again", q)
+		default:
+			declared[q] = struct{}{}
+		}
+		p.Procedures = append(p.Procedures, q)
+	}
+	if len(rts) > routes.MaxRoutes {
+		bad("routes", "%d routes, more than the %d a sidecar accepts", len(rts), routes.MaxRoutes)
+		return declared
+	}
+	p.Routes = make([]routes.Route, 0, len(rts))
+	for i, rt := range rts {
+		if _, ok := declared[rt.GetProcedure()]; !ok {
+			bad("routes["+strconv.Itoa(i)+"].procedure", "%.64q is not declared in procedures", rt.GetProcedure())
+		}
+		p.Routes = append(p.Routes, routes.Route{Pattern: rt.GetPattern(), Procedure: rt.GetProcedure()})
+	}
+	if len(p.Routes) > 0 {
+		var err error
+		if p.compiled, err = routes.CompileRoutes(p.Routes); err != nil {
+			bad("routes", "%v", err)
+		}
+	}
+	declared[names.Other] = struct{}{}
+	return declared
 }
 
 // directionFromProto converts a policy's direction; ok is false (and the
@@ -239,11 +334,13 @@ func failModeFromProto(fm sluicev1.FailMode, bad func(field, format string, args
 }
 
 // ruleFromProto converts and checks peers[i] of a policy of direction dir.
-// seen maps the peers before it to their index, for duplicates; it adds pp's.
-func ruleFromProto(i int, pp *sluicev1.PeerPolicy, dir Direction, seen map[string]int, bad func(field, format string, args ...any)) Rule {
+// seen maps the buckets before it to their index, for duplicates; it adds
+// pp's. The caller checks the procedure against the policy's.
+func ruleFromProto(i int, pp *sluicev1.PeerPolicy, dir Direction, seen map[leaf]int, bad func(field, format string, args ...any)) Rule {
 	f := func(name string) string { return "peers[" + strconv.Itoa(i) + "]." + name }
 	r := Rule{
 		Peer:       pp.GetPeer(),
+		Procedure:  pp.GetProcedure(),
 		DropRatio:  pp.GetDropRatio(),
 		LimitRPS:   rateOrInf(pp.LimitRps),
 		AllowedRPS: rateOrInf(pp.AllowedRps),
@@ -252,10 +349,14 @@ func ruleFromProto(i int, pp *sluicev1.PeerPolicy, dir Direction, seen map[strin
 	}
 	if err := names.Check(r.Peer); err != nil {
 		bad(f("peer"), "%v", err)
-	} else if j, dup := seen[r.Peer]; dup {
-		bad(f("peer"), "%q is listed again, first at peers[%d]", r.Peer, j)
+	} else if j, dup := seen[leaf{r.Peer, r.Procedure}]; dup {
+		if r.Procedure == "" {
+			bad(f("peer"), "%q is listed again, first at peers[%d]", r.Peer, j)
+		} else {
+			bad(f("peer"), "%q with procedure %.64q is listed again, first at peers[%d]", r.Peer, r.Procedure, j)
+		}
 	} else {
-		seen[r.Peer] = i
+		seen[leaf{r.Peer, r.Procedure}] = i
 	}
 	if !(r.DropRatio >= 0 && r.DropRatio < 1) { // also catches NaN
 		bad(f("drop_ratio"), "%v is outside [0, 1)", r.DropRatio)
@@ -354,10 +455,15 @@ func (p *Policy) Proto() *sluicev1.DropPolicy {
 	if !p.IssuedAt.IsZero() {
 		m.IssuedAt = timestamppb.New(p.IssuedAt)
 	}
+	m.Procedures = slices.Clone(p.Procedures)
+	for _, rt := range p.Routes {
+		m.Routes = append(m.Routes, &sluicev1.Route{Pattern: rt.Pattern, Procedure: rt.Procedure})
+	}
 	m.Peers = make([]*sluicev1.PeerPolicy, 0, len(p.Peers))
 	for _, r := range p.Peers {
 		pp := &sluicev1.PeerPolicy{
 			Peer:       r.Peer,
+			Procedure:  r.Procedure,
 			DropRatio:  r.DropRatio,
 			LimitRps:   rateOrNil(r.LimitRPS),
 			AllowedRps: rateOrNil(r.AllowedRPS),

@@ -5,6 +5,7 @@ import (
 	"math"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -21,6 +22,7 @@ import (
 	"github.com/sluicehq/sluice/pkg/dataplane"
 	"github.com/sluicehq/sluice/pkg/dropratio"
 	"github.com/sluicehq/sluice/pkg/names"
+	"github.com/sluicehq/sluice/pkg/routes"
 )
 
 // seed is one named input of the committed seed corpus.
@@ -72,6 +74,25 @@ func policySeeds(t testing.TB) []seed {
 	wrongWire := protowire.AppendVarint(protowire.AppendTag(nil, 4, protowire.VarintType), 7) // peers as a varint
 	hugeLen := protowire.AppendVarint(protowire.AppendTag(nil, 4, protowire.BytesType), 1<<40)
 	b := func(v []byte) []any { return []any{v} }
+	withProcedures := func(edit func(*sluicev1.DropPolicy)) []byte {
+		return good(func(m *sluicev1.DropPolicy) {
+			m.Procedures = []string{"create-charge", "/shop.Checkout/Pay", "get-item"}
+			m.Routes = []*sluicev1.Route{
+				{Pattern: "POST /v1/charges", Procedure: "create-charge"},
+				{Pattern: "GET /v1/items/{id}", Procedure: "get-item"},
+				{Pattern: "/static/*", Procedure: "get-item"},
+			}
+			m.Peers[0].Procedure = "create-charge"
+			m.Peers[1].Procedure = names.Other
+			m.Peers[2].Procedure = "/shop.Checkout/Pay"
+			m.Peers = append(m.Peers,
+				&sluicev1.PeerPolicy{Peer: "web", Procedure: "/shop.Checkout/Pay", DropRatio: 0.5, LimitRps: f64(10), OfferedRps: 20},
+				&sluicev1.PeerPolicy{Peer: "web", Procedure: names.Other, DropRatio: 0.25, LimitRps: f64(1)})
+			if edit != nil {
+				edit(m)
+			}
+		})
+	}
 	return []seed{
 		{Name: "good", Args: b(good(nil))},
 		{Name: "good-outbound", Args: b(good(func(m *sluicev1.DropPolicy) {
@@ -119,6 +140,18 @@ func policySeeds(t testing.TB) []seed {
 			Ttl: &durationpb.Duration{Nanos: 2e9}, Peers: []*sluicev1.PeerPolicy{
 				{Peer: "", DropRatio: math.NaN(), Mode: 9, LimitRps: f64(-1), AllowedRps: f64(math.Inf(-1)), OfferedRps: math.NaN()},
 				{Peer: "", DropRatio: 2}}}))},
+		{Name: "good-procedures", Args: b(withProcedures(nil))},
+		{Name: "bad-procedure-undeclared", Args: b(withProcedures(func(m *sluicev1.DropPolicy) { m.Peers[3].Procedure = "refund" }))},
+		{Name: "bad-procedure-without-procedures", Args: b(peer0(func(p *sluicev1.PeerPolicy) { p.Procedure = "create-charge" }))},
+		{Name: "bad-procedure-duplicate-leaf", Args: b(withProcedures(func(m *sluicev1.DropPolicy) { m.Peers[4].Procedure = "create-charge" }))},
+		{Name: "bad-procedure-other-declared", Args: b(withProcedures(func(m *sluicev1.DropPolicy) { m.Procedures[1] = names.Other }))},
+		{Name: "bad-procedure-outbound", Args: b(withProcedures(func(m *sluicev1.DropPolicy) {
+			m.Name, m.Direction = "caller/checkout", sluicev1.Direction_DIRECTION_OUTBOUND
+		}))},
+		{Name: "bad-route-shadowed", Args: b(withProcedures(func(m *sluicev1.DropPolicy) {
+			m.Routes = append(m.Routes, &sluicev1.Route{Pattern: "GET /static/app.js", Procedure: "create-charge"})
+		}))},
+		{Name: "bad-route-undeclared", Args: b(withProcedures(func(m *sluicev1.DropPolicy) { m.Routes[0].Procedure = "charges" }))},
 		{Name: "wire-invalid-utf8", Args: b(badUTF8)},
 		{Name: "wire-wrong-type", Args: b(wrongWire)},
 		{Name: "wire-huge-length", Args: b(hugeLen)},
@@ -203,12 +236,35 @@ func checkPolicy(t *testing.T, m *sluicev1.DropPolicy, p *Policy) {
 	if len(p.Peers) != len(m.GetPeers()) {
 		t.Errorf("%d peers in, %d out", len(m.GetPeers()), len(p.Peers))
 	}
+	if len(p.Procedures) > routes.MaxRoutes || len(p.Routes) > routes.MaxRoutes ||
+		len(p.Procedures) > 0 && p.Direction != Inbound || len(p.Procedures) == 0 && len(p.Routes) > 0 {
+		t.Errorf("accepted %d procedures and %d routes in a %v policy", len(p.Procedures), len(p.Routes), p.Direction)
+	}
+	for i, q := range p.Procedures {
+		if names.CheckProcedure(q) != nil || q == names.Other || slices.Index(p.Procedures, q) != i {
+			t.Errorf("procedures[%d]: accepted %q", i, q)
+		}
+	}
+	for i, rt := range p.Routes {
+		if !slices.Contains(p.Procedures, rt.Procedure) {
+			t.Errorf("routes[%d]: accepted undeclared procedure %q", i, rt.Procedure)
+		}
+	}
+	if _, err := routes.CompileRoutes(p.Routes); err != nil {
+		t.Errorf("accepted routes that do not compile: %v", err)
+	}
 	for i, r := range p.Peers {
 		if names.Check(r.Peer) != nil {
 			t.Errorf("peers[%d]: accepted name %q", i, r.Peer)
 		}
-		if i > 0 && p.Peers[i-1].Peer >= r.Peer {
-			t.Errorf("peers[%d]: %q after %q: not sorted, or listed twice", i, r.Peer, p.Peers[i-1].Peer)
+		if i > 0 && cmpRule(p.Peers[i-1].Peer, p.Peers[i-1].Procedure, leaf{r.Peer, r.Procedure}) >= 0 {
+			t.Errorf("peers[%d]: %q/%q after %q/%q: not sorted, or listed twice", i, r.Peer, r.Procedure, p.Peers[i-1].Peer, p.Peers[i-1].Procedure)
+		}
+		switch {
+		case len(p.Procedures) == 0 && r.Procedure != "":
+			t.Errorf("peers[%d]: accepted procedure %q in a policy without procedures", i, r.Procedure)
+		case len(p.Procedures) > 0 && r.Procedure != names.Other && !slices.Contains(p.Procedures, r.Procedure):
+			t.Errorf("peers[%d]: accepted undeclared procedure %q", i, r.Procedure)
 		}
 		if !(r.DropRatio >= 0 && r.DropRatio < 1) {
 			t.Errorf("peers[%d]: accepted ratio %v", i, r.DropRatio)
@@ -225,8 +281,8 @@ func checkPolicy(t *testing.T, m *sluicev1.DropPolicy, p *Policy) {
 		if !(r.OfferedRPS >= 0) || math.IsInf(r.OfferedRPS, 0) {
 			t.Errorf("peers[%d]: accepted offered %v", i, r.OfferedRPS)
 		}
-		if got := p.Rule(r.Peer); got != &p.Peers[i] {
-			t.Errorf("Rule(%q) = %p, want &Peers[%d]", r.Peer, got, i)
+		if got := p.Leaf(r.Peer, r.Procedure); got != &p.Peers[i] {
+			t.Errorf("Leaf(%q, %q) = %p, want &Peers[%d]", r.Peer, r.Procedure, got, i)
 		}
 	}
 }
@@ -236,11 +292,12 @@ func equalPolicies(t *testing.T, via string, want, got *Policy) {
 	same := want.Name == got.Name && want.Service == got.Service && want.Direction == got.Direction &&
 		want.TTL == got.TTL && want.LiveInstances == got.LiveInstances && want.FailMode == got.FailMode &&
 		want.FailOpenDecay == got.FailOpenDecay && want.IssuedAt.Equal(got.IssuedAt) &&
-		want.IssuedAt.IsZero() == got.IssuedAt.IsZero() && len(want.Peers) == len(got.Peers)
+		want.IssuedAt.IsZero() == got.IssuedAt.IsZero() && len(want.Peers) == len(got.Peers) &&
+		slices.Equal(want.Procedures, got.Procedures) && slices.Equal(want.Routes, got.Routes)
 	for i := 0; same && i < len(want.Peers); i++ {
 		a, b := want.Peers[i], got.Peers[i]
 		// Bits, not ==: -0 must stay -0.
-		same = a.Peer == b.Peer && a.Mode == b.Mode && a.Enforcement == b.Enforcement && a.Reason == b.Reason &&
+		same = a.Peer == b.Peer && a.Procedure == b.Procedure && a.Mode == b.Mode && a.Enforcement == b.Enforcement && a.Reason == b.Reason &&
 			math.Float64bits(a.DropRatio) == math.Float64bits(b.DropRatio) &&
 			math.Float64bits(a.LimitRPS) == math.Float64bits(b.LimitRPS) &&
 			math.Float64bits(a.AllowedRPS) == math.Float64bits(b.AllowedRPS) &&
@@ -251,23 +308,30 @@ func equalPolicies(t *testing.T, via string, want, got *Policy) {
 	}
 }
 
-// enforce installs p in a Limiter with fewer peers allowed than the policy
-// may list, and sends two requests per listed peer, and one from an
-// unlisted one, through the HTTP middleware.
+// enforce installs p in a Limiter with fewer peers (and leaves) allowed
+// than the policy may list, and sends two requests per listed bucket, and
+// one from an unlisted peer, through the HTTP middleware. A bucket's request
+// goes to the path of its procedure (see requestPath); which leaf it lands
+// in is worked out with the routes' own Match, as DecideHTTP should.
 func enforce(t *testing.T, p *Policy) {
 	t.Helper()
 	const maxPeers = 8
-	l := NewLimiter(LimiterOptions{MaxPeers: maxPeers})
+	l := NewLimiter(LimiterOptions{MaxPeers: maxPeers, MaxLeaves: maxPeers})
 	l.SetPolicy(p)
 	if l.Policy(p.Service) != p {
 		t.Fatal("Limiter does not hold the policy it was given")
 	}
 	s := l.Service(p.Service)
+	rts, err := routes.CompileRoutes(p.Routes)
+	if err != nil {
+		t.Fatal(err)
+	}
 	app := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) })
 	h := s.Middleware(app, HTTPOptions{})
 	sent := 0
-	send := func(peer string) {
+	send := func(peer, path string) {
 		req := httptest.NewRequest(http.MethodGet, "/", nil)
+		req.URL.Path = path
 		req.Header.Set(DefaultCallerHeader, peer)
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, req)
@@ -275,20 +339,27 @@ func enforce(t *testing.T, p *Policy) {
 		switch rec.Code {
 		case http.StatusNoContent:
 		case http.StatusTooManyRequests:
-			r := p.Rule(peer)
-			if r == nil || r.Mode != dropratio.Enforce || r.upstream() || r.DropRatio == 0 {
-				t.Fatalf("peer %q dropped under rule %+v", peer, r)
+			proc := ""
+			if len(p.Procedures) > 0 {
+				proc = rts.Match(http.MethodGet, path)
+				if proc == names.Other && slices.Contains(p.Procedures, path) {
+					proc = path
+				}
 			}
-			checkRejection(t, rec, r)
+			r := p.Leaf(peer, proc)
+			if r == nil || r.Mode != dropratio.Enforce || r.upstream() || r.DropRatio == 0 {
+				t.Fatalf("peer %q, path %q dropped under rule %+v", peer, path, r)
+			}
+			checkRejection(t, rec, p.Service, r)
 		default:
 			t.Fatalf("peer %q: status %d", peer, rec.Code)
 		}
 	}
 	for _, r := range p.Peers {
-		send(r.Peer)
-		send(r.Peer)
+		send(r.Peer, requestPath(r.Procedure))
+		send(r.Peer, requestPath(r.Procedure))
 	}
-	send("never-listed-peer-x")
+	send("never-listed-peer-x", "/")
 
 	var offered uint64
 	counts := l.AppendCounts(p.Service, nil)
@@ -316,13 +387,24 @@ func enforce(t *testing.T, p *Policy) {
 			limited++
 		}
 	}
-	if len(counts) > maxPeers+2+limited {
-		t.Errorf("%d peers with counters, at most %d + the 2 reserved + %d limited", len(counts), maxPeers, limited)
+	reserved := 2 * (len(p.Procedures) + 1)
+	if len(counts) > maxPeers+reserved+limited {
+		t.Errorf("%d leaves with counters, at most %d + the %d reserved + %d limited", len(counts), maxPeers, reserved, limited)
 	}
 }
 
-// checkRejection checks a 429's headers against its rule.
-func checkRejection(t *testing.T, rec *httptest.ResponseRecorder, r *Rule) {
+// requestPath is the path of a request meant for procedure q: q itself
+// when it is a path (a gRPC method), "/"+q otherwise. A route may send it
+// elsewhere: enforce works out where.
+func requestPath(q string) string {
+	if strings.HasPrefix(q, "/") {
+		return q
+	}
+	return "/" + q
+}
+
+// checkRejection checks a 429's headers against its rule, of service.
+func checkRejection(t *testing.T, rec *httptest.ResponseRecorder, service string, r *Rule) {
 	t.Helper()
 	hdr := rec.Header()
 	if want := strconv.Itoa(retryAfter(r.DropRatio, r.LimitRPS)); hdr.Get("Retry-After") != want {
@@ -342,7 +424,7 @@ func checkRejection(t *testing.T, rec *httptest.ResponseRecorder, r *Rule) {
 		}
 		return
 	}
-	q, ok := strings.CutPrefix(pol, `"sluice";q=`)
+	q, ok := strings.CutPrefix(pol, `"`+policyName(service, r)+`";q=`)
 	q, ok2 := strings.CutSuffix(q, ";w=1")
 	n, err := strconv.ParseInt(q, 10, 64)
 	if !ok || !ok2 || err != nil || n < 0 || n > maxSFInteger || float64(n) > quota {

@@ -5,16 +5,17 @@ import (
 	"math/rand/v2"
 )
 
-// peerTable is the read side of a table's peers: it finds a peer's slot for
-// Decide. A map[string]slot lookup was the largest part of Decide's cost (a
+// peerTable is the read side of a table's leaves: it finds the slot of a
+// leaf (peer, procedure index; see procedures.go) for Decide. A service
+// without procedures has index 0 alone, and its leaves are its peers. A map[string]slot lookup was the largest part of Decide's cost (a
 // call to the runtime's string hash, a probe, a call to compare strings).
 // This is an open-addressing hash table with linear probing over a flat
 // array, and for a name of at most 16 bytes (most service names) the hash
 // is one multiply and the comparison three word compares, with no call to
 // memequal. BenchmarkPeerLookup compares the two.
 //
-// A peerTable is built in one go from the peers map of a new table snapshot
-// (peers change rarely: a new peer's first sighting, a policy swap) and is
+// A peerTable is built in one go from the leaves map of a new table snapshot
+// (leaves change rarely: a new leaf's first sighting, a policy swap) and is
 // never modified afterwards, so readers need no synchronisation. The map
 // stays the source of truth for writers and for iteration.
 //
@@ -27,19 +28,34 @@ import (
 // Names longer than names.MaxLen never reach the table: Decide rejects them
 // before hashing.
 type peerTable struct {
-	slots  []peerSlot // a power of two long, at most half full
-	k0, k1 uint64     // the hash keys
+	slots []peerSlot // a power of two long, at most half full
+	hashKeys
 }
 
-// peerSlot is one place of a peerTable: a peer and its slot, or free when
-// slot.e is nil. (The empty name can not mark a free place: "" is a name
-// that Decide looks up.) lo and hi are the peer's words (see hash), kept
-// here so that a comparison need not load the name's bytes from elsewhere.
+// hashKeys are a table's random hash keys.
+type hashKeys struct{ k0, k1 uint64 }
+
+func newHashKeys() hashKeys { return hashKeys{k0: rand.Uint64(), k1: rand.Uint64()} }
+
+// peerSlot is one place of a peerTable: a leaf (peer, procedure index) and
+// its slot, or free when slot.e is nil. (The empty name can not mark a free
+// place: "" is a name that Decide looks up.) lo and hi are the peer's words
+// (see hash), kept here so that a comparison need not load the name's bytes
+// from elsewhere; key is the peer's length and the procedure's index (see
+// leafKey).
 type peerSlot struct {
 	peer   string
 	lo, hi uint64
+	key    uint64
 	slot   slot
 }
+
+// leafKey packs a peer name's length and a procedure index into one word,
+// the first thing a lookup compares and the seed of the hash: index 0 (a
+// service without procedures, or names.Other) leaves the length alone, so
+// that Decide of such a service hashes and compares exactly as it did
+// before procedures.
+func leafKey(n int, idx uint32) uint64 { return uint64(n) | uint64(idx)<<32 }
 
 // shortName is the longest name that its words hold entirely.
 const shortName = 16
@@ -47,35 +63,40 @@ const shortName = 16
 // minPeerTableSize is the smallest array; the reserved peers alone need 4.
 const minPeerTableSize = 8
 
-// newPeerTable indexes peers, whose slots must all have counters (e != nil).
-func newPeerTable(peers map[string]slot) peerTable {
+// newPeerTable indexes the current leaves of leaves, those whose procedure
+// procs declares (see procedures.index), whose slots must all have
+// counters (e != nil).
+func newPeerTable(leaves map[leaf]slot, procs *procedures) peerTable {
 	size := minPeerTableSize
-	for size < 2*len(peers) {
+	for size < 2*len(leaves) {
 		size *= 2
 	}
-	t := peerTable{
-		slots: make([]peerSlot, size),
-		k0:    rand.Uint64(),
-		k1:    rand.Uint64(),
-	}
+	t := peerTable{slots: make([]peerSlot, size), hashKeys: newHashKeys()}
 	mask := uint64(size - 1)
-	for peer, sl := range peers {
+	for k, sl := range leaves {
 		if sl.e == nil {
-			panic("sidecar: peer " + peer + " has no counters")
+			panic("sidecar: peer " + k.peer + " has no counters")
 		}
-		lo, hi, i := t.hash(peer)
+		idx, ok := procs.index(k.proc)
+		if !ok { // stale: its procedure is gone, and it waits for eviction
+			continue
+		}
+		key := leafKey(len(k.peer), idx)
+		lo, hi, i := t.hash(k.peer, key)
 		for t.slots[i&mask].slot.e != nil { // the keys of a map are distinct
 			i++
 		}
-		t.slots[i&mask] = peerSlot{peer: peer, lo: lo, hi: hi, slot: sl}
+		t.slots[i&mask] = peerSlot{peer: k.peer, lo: lo, hi: hi, key: key, slot: sl}
 	}
 	return t
 }
 
-// get returns the slot of peer, and whether there is one. It allocates
-// nothing, and the probe ends because at least half of the places are free.
-func (t *peerTable) get(peer string) (slot, bool) {
-	lo, hi, h := t.hash(peer)
+// get returns the slot of the leaf (peer, idx), and whether there is one. It
+// allocates nothing, and the probe ends because at least half of the
+// places are free.
+func (t *peerTable) get(peer string, idx uint32) (slot, bool) {
+	key := leafKey(len(peer), idx)
+	lo, hi, h := t.hash(peer, key)
 	mask := uint64(len(t.slots) - 1)
 	for i := h; ; i++ {
 		ps := &t.slots[i&mask]
@@ -83,14 +104,72 @@ func (t *peerTable) get(peer string) (slot, bool) {
 			return slot{}, false
 		}
 		// A short name is its length and its words.
-		if ps.lo == lo && ps.hi == hi && len(ps.peer) == len(peer) &&
+		if ps.lo == lo && ps.hi == hi && ps.key == key &&
 			(len(peer) <= shortName || ps.peer == peer) {
 			return ps.slot, true
 		}
 	}
 }
 
-// hash returns the words of s and its hash.
+// nameTable maps the names a policy declares to their index, for a lookup
+// per request (DecideGRPC): a peerTable without counters. Built once per
+// policy, never modified.
+type nameTable struct {
+	slots []nameSlot // a power of two long, at most half full; nil: empty
+	hashKeys
+}
+
+type nameSlot struct {
+	name   string
+	lo, hi uint64
+	key    uint64 // the name's length, leafKey(len(name), 0)
+	idx    uint32
+	used   bool
+}
+
+// newNameTable indexes names, which must be distinct, by idx(i).
+func newNameTable(names []string, idx func(i int) uint32) nameTable {
+	if len(names) == 0 {
+		return nameTable{}
+	}
+	size := minPeerTableSize
+	for size < 2*len(names) {
+		size *= 2
+	}
+	t := nameTable{slots: make([]nameSlot, size), hashKeys: newHashKeys()}
+	mask := uint64(size - 1)
+	for i, name := range names {
+		key := leafKey(len(name), 0)
+		lo, hi, h := t.hash(name, key)
+		for t.slots[h&mask].used {
+			h++
+		}
+		t.slots[h&mask] = nameSlot{name: name, lo: lo, hi: hi, key: key, idx: idx(i), used: true}
+	}
+	return t
+}
+
+// get returns the index of name, and whether t has it. It allocates
+// nothing. name may be of any length: the caller bounds it.
+func (t *nameTable) get(name string) (uint32, bool) {
+	if len(t.slots) == 0 {
+		return 0, false
+	}
+	key := leafKey(len(name), 0)
+	lo, hi, h := t.hash(name, key)
+	mask := uint64(len(t.slots) - 1)
+	for i := h; ; i++ {
+		ns := &t.slots[i&mask]
+		if !ns.used {
+			return 0, false
+		}
+		if ns.lo == lo && ns.hi == hi && ns.key == key && (len(name) <= shortName || ns.name == name) {
+			return ns.idx, true
+		}
+	}
+}
+
+// hash returns the words of s and its hash, seeded with key (see leafKey).
 //
 // The words are s read as two little-endian words the way wyhash reads
 // short inputs, first and last bytes overlapping, so that a name of at most
@@ -101,9 +180,9 @@ func (t *peerTable) get(peer string) (slot, bool) {
 // each sixteen bytes of a long name, then the words, go through mix, so
 // every byte of s goes into the hash; the words' product is mixed once
 // more, as wyhash does, so that the place depends on all of its bits.
-func (t *peerTable) hash(s string) (lo, hi, h uint64) {
+func (t *hashKeys) hash(s string, key uint64) (lo, hi, h uint64) {
 	n := len(s)
-	h = t.k1 ^ uint64(n)
+	h = t.k1 ^ key
 	switch {
 	case n > shortName:
 		// The last block may overlap the words; that only costs a mix.

@@ -20,19 +20,20 @@ const maxProbe = 96
 
 // withKeys indexes peers the way newPeerTable does, with the given keys
 // instead of random ones, so that a fuzz input names its table.
-func withKeys(peers map[string]slot, k0, k1 uint64) peerTable {
+func withKeys(peers map[leaf]slot, k0, k1 uint64) peerTable {
 	size := minPeerTableSize
 	for size < 2*len(peers) {
 		size *= 2
 	}
-	t := peerTable{slots: make([]peerSlot, size), k0: k0, k1: k1}
+	t := peerTable{slots: make([]peerSlot, size), hashKeys: hashKeys{k0: k0, k1: k1}}
 	mask := uint64(size - 1)
-	for peer, sl := range peers {
-		lo, hi, i := t.hash(peer)
+	for k, sl := range peers {
+		key := leafKey(len(k.peer), 0)
+		lo, hi, i := t.hash(k.peer, key)
 		for t.slots[i&mask].slot.e != nil {
 			i++
 		}
-		t.slots[i&mask] = peerSlot{peer: peer, lo: lo, hi: hi, slot: sl}
+		t.slots[i&mask] = peerSlot{peer: k.peer, lo: lo, hi: hi, key: key, slot: sl}
 	}
 	return t
 }

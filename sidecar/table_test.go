@@ -10,39 +10,55 @@ import (
 	"github.com/sluicehq/sluice/pkg/names"
 )
 
-// slotsFor returns a distinct slot for each name; the verdict tells them
-// apart, the counters are shared.
-func slotsFor(peers ...string) map[string]slot {
+// slotsFor returns a distinct slot for each name, of procedure ""; the
+// verdict tells them apart, the counters are shared.
+func slotsFor(peers ...string) map[leaf]slot {
 	e := newEntry("")
-	m := make(map[string]slot, len(peers))
+	m := make(map[leaf]slot, len(peers))
 	for _, p := range peers {
-		m[p] = slot{e: e, v: &verdict{}}
+		m[leaf{p, ""}] = slot{e: e, v: &verdict{}}
 	}
 	return m
 }
 
-// checkAgainstMap fails unless t holds exactly the peers of m: each one with
-// its slot, and none of probes that m lacks.
-func checkAgainstMap(t *testing.T, pt *peerTable, m map[string]slot, probes ...string) {
+// checkAgainstMap fails unless t holds exactly the leaves of m of a service
+// without procedures: each one with its slot, and none of probes that m
+// lacks.
+func checkAgainstMap(t *testing.T, pt *peerTable, m map[leaf]slot, probes ...string) {
 	t.Helper()
-	occupied := 0
+	checkLeaves(t, pt, m, noProcedures, probes...)
+}
+
+// checkLeaves fails unless t holds exactly the current leaves of m under
+// procs: each one with its slot, under its procedure's index, and none of
+// probes, under any index, that m lacks.
+func checkLeaves(t *testing.T, pt *peerTable, m map[leaf]slot, procs *procedures, probes ...string) {
+	t.Helper()
+	occupied, current := 0, 0
 	for _, ps := range pt.slots {
 		if ps.slot.e != nil {
 			occupied++
 		}
 	}
-	if occupied != len(m) {
-		t.Errorf("%d places occupied, want %d", occupied, len(m))
-	}
-	for peer, want := range m {
-		if got, ok := pt.get(peer); !ok || got != want {
-			t.Errorf("get(%q) = %v, %v; want %v, true", peer, got, ok, want)
+	for k, want := range m {
+		idx, ok := procs.index(k.proc)
+		if !ok {
+			continue
+		}
+		current++
+		if got, ok := pt.get(k.peer, idx); !ok || got != want {
+			t.Errorf("get(%q, %d) = %v, %v; want %v, true", k.peer, idx, got, ok, want)
 		}
 	}
+	if occupied != current {
+		t.Errorf("%d places occupied, want %d", occupied, current)
+	}
 	for _, peer := range probes {
-		want, wantOK := m[peer]
-		if got, ok := pt.get(peer); ok != wantOK || got != want {
-			t.Errorf("get(%q) = %v, %v; want %v, %v", peer, got, ok, want, wantOK)
+		for idx, q := range procs.names {
+			want, wantOK := m[leaf{peer, q}]
+			if got, ok := pt.get(peer, uint32(idx)); ok != wantOK || got != want {
+				t.Errorf("get(%q, %d) = %v, %v; want %v, %v", peer, idx, got, ok, want, wantOK)
+			}
 		}
 	}
 }
@@ -81,7 +97,7 @@ func TestPeerTable(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m := slotsFor(tc.peers...)
-			pt := newPeerTable(m)
+			pt := newPeerTable(m, noProcedures)
 			checkAgainstMap(t, &pt, m, tc.probes...)
 		})
 	}
@@ -121,7 +137,7 @@ func TestPeerTableMatchesMap(t *testing.T) {
 			probes = append(probes, p+"a")
 		}
 		m := slotsFor(peers...)
-		pt := newPeerTable(m)
+		pt := newPeerTable(m, noProcedures)
 		checkAgainstMap(t, &pt, m, probes...)
 		return !t.Failed()
 	}
@@ -134,28 +150,43 @@ func FuzzPeerTable(f *testing.F) {
 	f.Add("unknown,_overflow,checkout", "checkou")
 	f.Add("a,aa,aaaa,aaaaaaaa,aaaaaaaaaaaaaaaa,aaaaaaaaaaaaaaaaa", "aaaaaaaaaaaaaaaaaa")
 	f.Add(","+strings.Repeat("x", 40), strings.Repeat("x", 39)+"y")
+	f.Add("web#,web##,web,mobile###,unknown#", "web")
 	f.Fuzz(func(t *testing.T, peers, probe string) {
 		m := slotsFor(strings.Split(peers, ",")...)
-		pt := newPeerTable(m)
+		pt := newPeerTable(m, noProcedures)
 		checkAgainstMap(t, &pt, m, probe, probe+probe)
+
+		// The same names as leaves of a service with procedures: "peer#"
+		// is peer's leaf of the first declared procedure, "peer##" of
+		// the second, "peer" of names.Other; the table must tell every
+		// (name, index) apart.
+		procs := compileProcedures(&Policy{Procedures: []string{"/a.B/C", "get-item"}})
+		leaves := map[leaf]slot{}
+		e := newEntry("")
+		for _, p := range strings.Split(peers, ",") {
+			name := strings.TrimRight(p, "#")
+			leaves[leaf{name, procs.names[(len(p)-len(name))%len(procs.names)]}] = slot{e: e, v: &verdict{}}
+		}
+		lt := newPeerTable(leaves, procs)
+		checkLeaves(t, &lt, leaves, procs, probe, strings.TrimRight(probe, "#"))
 	})
 }
 
 func TestPeerTableHashUsesEveryByte(t *testing.T) {
 	// Names that differ in any single byte must hash apart (but for a
 	// chance of 2^-64 per pair), or callers could make names collide.
-	pt := newPeerTable(nil)
+	pt := newPeerTable(nil, noProcedures)
 	r := rand.New(rand.NewPCG(1, 2))
 	for n := 1; n <= names.MaxLen; n++ {
 		b := make([]byte, n)
 		for i := range b {
 			b[i] = byte(r.Uint32())
 		}
-		_, _, h := pt.hash(string(b))
+		_, _, h := pt.hash(string(b), uint64(n))
 		for i := range b {
 			c := b[i]
 			b[i] ^= 1 << r.IntN(8)
-			if _, _, h2 := pt.hash(string(b)); h2 == h {
+			if _, _, h2 := pt.hash(string(b), uint64(n)); h2 == h {
 				t.Errorf("length %d: changing byte %d leaves the hash at %#x", n, i, h)
 			}
 			b[i] = c
@@ -173,7 +204,7 @@ func TestPeerTableHostileNames(t *testing.T) {
 			peers = append(peers, fmt.Sprintf(shape, i))
 		}
 		m := slotsFor(peers...)
-		pt := newPeerTable(m)
+		pt := newPeerTable(m, noProcedures)
 		checkAgainstMap(t, &pt, m, fmt.Sprintf(shape, -1))
 		longest := 0
 		for _, p := range peers {
@@ -190,7 +221,7 @@ func TestPeerTableHostileNames(t *testing.T) {
 // probeLength returns how many places get looks at to find peer, which t
 // holds.
 func probeLength(t *peerTable, peer string) int {
-	_, _, i := t.hash(peer)
+	_, _, i := t.hash(peer, leafKey(len(peer), 0))
 	for n := 1; ; n++ {
 		if ps := &t.slots[i&uint64(len(t.slots)-1)]; ps.slot.e != nil && ps.peer == peer {
 			return n
@@ -210,10 +241,10 @@ func TestTableIndexFollowsPeers(t *testing.T) {
 		if tb.policy != nil {
 			limited = len(tb.policy.Peers)
 		}
-		if len(tb.peers) != tb.counted+2+limited {
-			t.Fatalf("%s: %d peers, %d observed, %d limited", when, len(tb.peers), tb.counted, limited)
+		if len(tb.leaves) != tb.counted+2+limited {
+			t.Fatalf("%s: %d peers, %d observed, %d limited", when, len(tb.leaves), tb.counted, limited)
 		}
-		t.Run(when, func(t *testing.T) { checkAgainstMap(t, &tb.index, tb.peers, "", "bad name", "never-seen") })
+		t.Run(when, func(t *testing.T) { checkAgainstMap(t, &tb.index, tb.leaves, "", "bad name", "never-seen") })
 	}
 	check("new")
 	for i := range 10 {
@@ -227,14 +258,14 @@ func TestTableIndexFollowsPeers(t *testing.T) {
 	}
 	check("when full")
 	l.Expire(t0)
-	for peer := range s.table.Load().peers {
-		if peer != "more-0" {
-			s.Decide(peer) // more-0 stays idle
+	for k := range s.table.Load().leaves {
+		if k.peer != "more-0" {
+			s.Decide(k.peer) // more-0 stays idle
 		}
 	}
 	l.Expire(t0.Add(DefaultPeerIdle / 2))
 	l.Expire(t0.Add(DefaultPeerIdle))
-	if n := len(s.table.Load().peers); n != 2+2+19 {
+	if n := len(s.table.Load().leaves); n != 2+2+19 {
 		t.Fatalf("%d peers after an eviction, want the reserved, the limited and 19 observed", n)
 	}
 	check("after an eviction")
@@ -246,6 +277,7 @@ func BenchmarkPeerLookup(b *testing.B) {
 	// The map that peerTable replaced on the hot path, and peerTable, at
 	// three name lengths: below 8 bytes, 8 to 16, longer.
 	peers := map[string]slot{}
+	leaves := map[leaf]slot{}
 	for i := range 64 {
 		peers[fmt.Sprintf("caller-%02d", i)] = slot{e: newEntry("")}
 	}
@@ -253,7 +285,10 @@ func BenchmarkPeerLookup(b *testing.B) {
 	for _, k := range keys {
 		peers[k] = slot{e: newEntry("")}
 	}
-	t := newPeerTable(peers)
+	for p, sl := range peers {
+		leaves[leaf{p, ""}] = sl
+	}
+	t := newPeerTable(leaves, noProcedures)
 	var sink slot
 	for _, k := range keys {
 		k = strings.Clone(k) // not the pointer stored in the table
@@ -264,7 +299,7 @@ func BenchmarkPeerLookup(b *testing.B) {
 		})
 		b.Run(fmt.Sprintf("table-%d", len(k)), func(b *testing.B) {
 			for b.Loop() {
-				sink, _ = t.get(k)
+				sink, _ = t.get(k, 0)
 			}
 		})
 	}

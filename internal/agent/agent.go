@@ -30,6 +30,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/agent/proxy"
 	"github.com/sluicehq/sluice/pkg/names"
+	"github.com/sluicehq/sluice/pkg/routes"
 	"github.com/sluicehq/sluice/sidecar"
 	"github.com/sluicehq/sluice/sidecar/reporter"
 	"github.com/sluicehq/sluice/sidecar/xdsclient"
@@ -41,6 +42,11 @@ import (
 // _overflow. A larger table would have every full report lose some of its
 // callers' buckets.
 const MaxPeersBound = 10000 - 2
+
+// MaxLeavesBound is MaxPeersBound for a callee that declares procedures:
+// its reports name each tracked leaf (caller, procedure), and the reserved
+// callers' leaves of every procedure (at most routes.MaxRoutes + 1 each).
+const MaxLeavesBound = 10000 - 2*(routes.MaxRoutes+1)
 
 // Config is the sidecar's configuration.
 type Config struct {
@@ -101,6 +107,11 @@ type Config struct {
 	// policy limits, before the rest share one overflow bucket; at most
 	// MaxPeersBound.
 	MaxPeers int
+	// MaxLeaves is MaxPeers for a callee whose policy declares
+	// procedures: it bounds the distinct leaves (caller, procedure)
+	// tracked besides the ones the policy limits, before a new leaf (c, q)
+	// shares (_overflow, q); at most MaxLeavesBound.
+	MaxLeaves int
 	// PeerIdle is how long a caller the policy does not limit keeps its
 	// place among the MaxPeers without a request (sidecar.LimiterOptions);
 	// at least two report intervals, so that its last requests have been
@@ -150,6 +161,7 @@ func DefaultConfig() Config {
 		TrustDomain:      "cluster.local",
 		CallerMismatch:   "ignore",
 		MaxPeers:         1024,
+		MaxLeaves:        sidecar.DefaultMaxLeaves,
 		Strategy:         "diffuse",
 		RateLimitHeaders: sidecar.NoRateLimitHeaders.String(),
 
@@ -206,6 +218,10 @@ func (c Config) Validate() error {
 		add("caller-header: %q is not a valid header name", c.CallerHeader)
 	}
 	errs = append(errs, c.validateIdentity()...)
+	if c.MaxLeaves < 1 || c.MaxLeaves > MaxLeavesBound {
+		add("max-leaves: %d is outside [1, %d]: a report names every tracked (caller, procedure) leaf, "+
+			"and aggregators fold the entries of a report beyond their --max-peers-per-report (default 10000) into _overflow", c.MaxLeaves, MaxLeavesBound)
+	}
 	if c.MaxPeers < 1 || c.MaxPeers > MaxPeersBound {
 		add("max-peers: %d is outside [1, %d]: a report names every tracked caller, "+
 			"and aggregators fold the callers of a report beyond their --max-peers-per-report (default 10000) into _overflow", c.MaxPeers, MaxPeersBound)
@@ -377,7 +393,7 @@ func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Agent, er
 		strategy = sidecar.Random
 	}
 	a := &Agent{cfg: cfg, log: logger}
-	a.limiter = sidecar.NewLimiter(sidecar.LimiterOptions{MaxPeers: cfg.MaxPeers, PeerIdle: cfg.peerIdle(), Strategy: strategy})
+	a.limiter = sidecar.NewLimiter(sidecar.LimiterOptions{MaxPeers: cfg.MaxPeers, MaxLeaves: cfg.MaxLeaves, PeerIdle: cfg.peerIdle(), Strategy: strategy})
 	a.svc = a.limiter.Service(cfg.Service)
 	if reg != nil {
 		reg.MustRegister(a.limiter.Collector())

@@ -80,6 +80,8 @@ func TestBadConfigNamesTheFlag(t *testing.T) {
 		{"", func(c *Config) { c.MaxPeers = MaxPeersBound }},
 		{"max-peers", func(c *Config) { c.MaxPeers = 0 }},
 		{"max-peers", func(c *Config) { c.MaxPeers = MaxPeersBound + 1 }},
+		{"max-leaves", func(c *Config) { c.MaxLeaves = 0 }},
+		{"max-leaves", func(c *Config) { c.MaxLeaves = MaxLeavesBound + 1 }},
 		{"", func(c *Config) { c.PeerIdle = 2 * c.ReportInterval }},
 		{"", func(c *Config) { c.ReportInterval = reporter.MaxInterval; c.PeerIdle = 0 }},
 		{"peer-idle", func(c *Config) { c.PeerIdle = 2*c.ReportInterval - 1 }},
@@ -135,7 +137,7 @@ func TestBadConfigReportsEveryProblemAtOnce(t *testing.T) {
 	flags := Command().Flags()
 	c := Config{Zone: "zone a"} // every other field zero, and zero is wrong for each
 	want := []string{"service", "id", "zone", "upstream", "aggregators", "controllers",
-		"xds-protocol", "report-interval", "caller-header", "caller-identity", "caller-mismatch", "max-peers", "strategy", "ratelimit-headers",
+		"xds-protocol", "report-interval", "caller-header", "caller-identity", "caller-mismatch", "max-leaves", "max-peers", "strategy", "ratelimit-headers",
 		"proxy-body-timeout", "proxy-max-requests", "proxy-max-connections"}
 	var got []string
 	for _, p := range problems(c.Validate()) {

@@ -115,6 +115,7 @@ func Command() *cobra.Command {
 	f.StringVar(&cfg.CallerHeader, "caller-header", cfg.CallerHeader, "request header that names the caller")
 	addIdentityFlags(f, &cfg)
 	f.IntVar(&cfg.MaxPeers, "max-peers", cfg.MaxPeers, "distinct callers tracked, besides the ones the policy limits, before the rest share the _overflow bucket")
+	f.IntVar(&cfg.MaxLeaves, "max-leaves", cfg.MaxLeaves, "for a callee that declares procedures: distinct (caller, procedure) leaves tracked, besides the ones the policy limits, before a new leaf (c, q) shares (_overflow, q)")
 	duration.Var(f, &cfg.PeerIdle, "peer-idle", cfg.PeerIdle, "how long a caller the policy does not limit keeps its place among --max-peers without a request; at least two --report-interval; 0 means 1m or two --report-interval, whichever is longer")
 	f.StringVar(&cfg.Strategy, "strategy", cfg.Strategy, "drop decision: diffuse (exact error diffusion) or random")
 	f.StringVar(&cfg.RateLimitHeaders, "ratelimit-headers", cfg.RateLimitHeaders, "rate-limit headers on admitted responses: none, draft (RateLimit-Policy and RateLimit) or x-ratelimit (Envoy's X-RateLimit-*, on 429s too)")

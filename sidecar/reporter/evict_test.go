@@ -58,11 +58,20 @@ func TestEvictedPeerSeenAgainInOneWindow(t *testing.T) {
 // up over reports with them.)
 func TestEvictionLosesNoReportedCount(t *testing.T) {
 	for seed := range uint64(20) {
-		t.Run(fmt.Sprint(seed), func(t *testing.T) { evictionRun(t, seed) })
+		t.Run(fmt.Sprint(seed), func(t *testing.T) { evictionRun(t, seed, false) })
 	}
 }
 
-func evictionRun(t *testing.T, seed uint64) {
+// TestEvictionLosesNoReportedCountPerLeaf is TestEvictionLosesNoReportedCount
+// for a callee with procedures: each caller sends two gRPC methods, whose
+// leaves are evicted and come back on their own.
+func TestEvictionLosesNoReportedCountPerLeaf(t *testing.T) {
+	for seed := range uint64(20) {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) { evictionRun(t, seed, true) })
+	}
+}
+
+func evictionRun(t *testing.T, seed uint64, procedures bool) {
 	const (
 		interval = time.Second
 		idle     = 2 * interval // the least the agent accepts
@@ -70,27 +79,33 @@ func evictionRun(t *testing.T, seed uint64) {
 	)
 	rng := rand.New(rand.NewPCG(seed, 13))
 	start := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
-	l := sidecar.NewLimiter(sidecar.LimiterOptions{PeerIdle: idle, MaxPeers: 64})
+	l := sidecar.NewLimiter(sidecar.LimiterOptions{PeerIdle: idle, MaxPeers: 64, MaxLeaves: 64})
 	s := l.Service("checkout")
+	methods := []string{""}
+	if procedures {
+		methods = []string{"/shop.Checkout/Pay", "/shop.Checkout/Get"}
+		l.SetPolicy(&sidecar.Policy{Name: "callee/checkout", Service: "checkout", Procedures: methods})
+	}
 	w := NewWindow(WindowConfig{Header: Header{SidecarID: "s-1", Service: "checkout"}, Interval: interval}, start, l)
 
 	// Each peer is on for a while, then off for a while, at random: off
 	// periods from well under to well over the idle time.
 	type peer struct {
 		name  string
+		proc  string
 		until time.Duration // the current phase ends
 		on    bool
 		inc   uint64 // its incarnation at the last look
 	}
 	peers := make([]*peer, 8)
 	for i := range peers {
-		peers[i] = &peer{name: fmt.Sprintf("caller-%d", i)}
+		peers[i] = &peer{name: fmt.Sprintf("caller-%d", i/len(methods)), proc: methods[i%len(methods)]}
 	}
 	decided := map[string]uint64{}
 	reported := map[string]uint64{}
 	add := func(rep *sluicev1.LoadReport) {
 		for _, p := range rep.GetPeers() {
-			reported[p.GetPeer()] += p.GetOffered()
+			reported[p.GetPeer()+p.GetProcedure()] += p.GetOffered()
 		}
 	}
 	var now time.Duration
@@ -104,14 +119,14 @@ func evictionRun(t *testing.T, seed uint64) {
 			if p.on {
 				n := rng.IntN(20)
 				for range n {
-					s.Decide(p.name)
+					s.DecideGRPC(p.name, p.proc)
 				}
-				decided[p.name] += uint64(n)
+				decided[p.name+p.proc] += uint64(n)
 			}
 		}
 		for _, c := range l.AppendCounts("checkout", nil) {
 			for _, p := range peers {
-				if p.name == c.Peer && p.inc != c.Incarnation {
+				if p.name == c.Peer && p.proc == c.Procedure && p.inc != c.Incarnation {
 					if p.inc != 0 {
 						reincarnated++
 					}

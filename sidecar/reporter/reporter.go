@@ -140,6 +140,8 @@ type Header struct {
 // from two snapshots of cumulative counters, prev at the window's start and
 // cur at its end. It is pure.
 //
+//   - Everything below is per bucket (peer, procedure): one per leaf for a
+//     service with procedures.
 //   - A peer's count in the window is cur minus prev. A peer missing from
 //     prev is new: all of cur counts. A peer whose counters went backwards,
 //     or whose Incarnation changed, was reset: all of cur counts. (A
@@ -148,31 +150,35 @@ type Header struct {
 //     cur, evicted, sent nothing.
 //   - Dropped and shadow-dropped are clamped to what offered allows, since
 //     a snapshot reads a peer's counters one by one while requests go on.
-//   - A peer that fails names.Check is counted as names.Unknown rather than
+//   - A peer that fails names.Check is counted as names.Unknown, and a
+//     procedure that fails names.CheckProcedure as names.Other, rather than
 //     have the aggregator reject the whole report.
 //   - Peers with nothing offered in the window are left out: a report is
 //     the sidecar's complete picture, so a missing peer means rate 0.
 //   - A peer listed more than once in a snapshot is summed.
 //
-// Peers are sorted by name.
+// Entries are sorted by peer, then procedure.
 func Build(h Header, prev, cur []sidecar.PeerCounts, windowStart time.Time, window time.Duration) *sluicev1.LoadReport {
-	before := sumByPeer(prev)
-	deltas := make(map[string]*sluicev1.PeerCounts)
-	for peer, c := range sumByPeer(cur) {
-		b := since(before[peer], c)
+	before := sumByBucket(prev)
+	deltas := make(map[bucket]*sluicev1.PeerCounts)
+	for k, c := range sumByBucket(cur) {
+		b := since(before[k], c)
 		offered := c.Offered - b.Offered
 		if offered == 0 {
 			continue
 		}
 		dropped := min(c.Dropped-b.Dropped, offered)
 		shadow := min(c.ShadowDropped-b.ShadowDropped, offered-dropped)
-		if names.Check(peer) != nil {
-			peer = names.Unknown
+		if names.Check(k.peer) != nil {
+			k.peer = names.Unknown
 		}
-		d := deltas[peer]
+		if k.procedure != "" && names.CheckProcedure(k.procedure) != nil {
+			k.procedure = names.Other
+		}
+		d := deltas[k]
 		if d == nil {
-			d = &sluicev1.PeerCounts{Peer: peer}
-			deltas[peer] = d
+			d = &sluicev1.PeerCounts{Peer: k.peer, Procedure: k.procedure}
+			deltas[k] = d
 		}
 		d.Offered += offered
 		d.Dropped += dropped
@@ -190,13 +196,15 @@ func Build(h Header, prev, cur []sidecar.PeerCounts, windowStart time.Time, wind
 	if h.Interval > 0 {
 		r.Interval = durationpb.New(h.Interval)
 	}
-	slices.SortFunc(r.Peers, func(a, b *sluicev1.PeerCounts) int { return cmp.Compare(a.Peer, b.Peer) })
+	slices.SortFunc(r.Peers, func(a, b *sluicev1.PeerCounts) int {
+		return cmp.Or(cmp.Compare(a.Peer, b.Peer), cmp.Compare(a.Procedure, b.Procedure))
+	})
 	return r
 }
 
-// since returns the counters of b, an earlier snapshot of c's peer, that c
-// counts from: b itself, or zero when c's counters were reset since (a new
-// incarnation, or counters that went backwards).
+// since returns the counters of b, an earlier snapshot of c's bucket, that
+// c counts from: b itself, or zero when c's counters were reset since (a
+// new incarnation, or counters that went backwards).
 func since(b, c sidecar.PeerCounts) sidecar.PeerCounts {
 	if c.Incarnation != b.Incarnation || c.Offered < b.Offered || c.Dropped < b.Dropped || c.ShadowDropped < b.ShadowDropped {
 		return sidecar.PeerCounts{}
@@ -204,17 +212,23 @@ func since(b, c sidecar.PeerCounts) sidecar.PeerCounts {
 	return b
 }
 
-// sumByPeer sums the counters of each peer of s. A peer listed more than
-// once (not by a Limiter) keeps its last entry's incarnation.
-func sumByPeer(s []sidecar.PeerCounts) map[string]sidecar.PeerCounts {
-	m := make(map[string]sidecar.PeerCounts, len(s))
+// bucket is a report entry's key: a peer and a procedure ("" for a service
+// without procedures). Incarnations are per bucket: the Limiter evicts and
+// sees again each leaf on its own.
+type bucket struct{ peer, procedure string }
+
+// sumByBucket sums the counters of each bucket of s. A bucket listed more
+// than once (not by a Limiter) keeps its last entry's incarnation.
+func sumByBucket(s []sidecar.PeerCounts) map[bucket]sidecar.PeerCounts {
+	m := make(map[bucket]sidecar.PeerCounts, len(s))
 	for _, p := range s {
-		t := m[p.Peer]
+		k := bucket{p.Peer, p.Procedure}
+		t := m[k]
 		t.Offered += p.Offered
 		t.Dropped += p.Dropped
 		t.ShadowDropped += p.ShadowDropped
 		t.Incarnation = p.Incarnation
-		m[p.Peer] = t
+		m[k] = t
 	}
 	return m
 }

@@ -3,9 +3,11 @@ package reporter
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"log/slog"
 	"math"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -390,5 +392,31 @@ func TestSeveralReportersOnOneRegistry(t *testing.T) {
 		if len(mf.GetMetric()) != 2 {
 			t.Errorf("%s has %d series, want one per direction", mf.GetName(), len(mf.GetMetric()))
 		}
+	}
+}
+
+// TestBuildPerLeaf: a callee with procedures reports one entry per leaf
+// (peer, procedure), sorted by peer then procedure, each leaf's window
+// from its own incarnation; a procedure that is no name is _other's.
+func TestBuildPerLeaf(t *testing.T) {
+	prev := []sidecar.PeerCounts{
+		{Peer: "web", Procedure: "create-charge", Offered: 10, Incarnation: 1},
+		{Peer: "web", Procedure: "get-item", Offered: 7, Incarnation: 2},
+	}
+	cur := []sidecar.PeerCounts{
+		{Peer: "web", Procedure: "get-item", Offered: 9, Dropped: 1, Incarnation: 2},
+		{Peer: "web", Procedure: "create-charge", Offered: 4, Dropped: 3, Incarnation: 5}, // evicted, seen again
+		{Peer: "web", Procedure: "_other", Offered: 1, Incarnation: 6},
+		{Peer: "mobile", Procedure: "bad procedure", Offered: 2, Incarnation: 7},
+		{Peer: "mobile", Procedure: "/shop.Checkout/Pay", Offered: 3, Incarnation: 8},
+	}
+	rep := Build(Header{SidecarID: "s-1", Service: "checkout"}, prev, cur, time.Unix(0, 0), time.Second)
+	var got []string
+	for _, p := range rep.GetPeers() {
+		got = append(got, fmt.Sprintf("%s/%s=%d/%d", p.GetPeer(), p.GetProcedure(), p.GetOffered(), p.GetDropped()))
+	}
+	want := []string{"mobile//shop.Checkout/Pay=3/0", "mobile/_other=2/0", "web/_other=1/0", "web/create-charge=4/3", "web/get-item=2/1"}
+	if !slices.Equal(got, want) {
+		t.Errorf("report %v, want %v", got, want)
 	}
 }

@@ -61,7 +61,7 @@ type SurgeDetector struct {
 	Factor   float64 // 0 means DefaultSurgeFactor
 	MinCount uint64  // 0 means DefaultSurgeMinCount
 
-	reported  map[string]float64 // offered rate per peer in the last report
+	reported  map[bucket]float64 // offered rate per bucket in the last report
 	window    float64            // the last report's window, seconds
 	following bool               // the last report was a surge report
 	// confirm arms the check after a surge report: see Reported.
@@ -89,7 +89,7 @@ func (d *SurgeDetector) Reported(r *sluicev1.LoadReport) {
 	d.confirm = d.following && !d.confirmed
 	d.confirmed = false
 	if d.reported == nil {
-		d.reported = make(map[string]float64, len(r.GetPeers()))
+		d.reported = make(map[bucket]float64, len(r.GetPeers()))
 	}
 	clear(d.reported)
 	secs := r.GetWindow().AsDuration().Seconds()
@@ -98,7 +98,7 @@ func (d *SurgeDetector) Reported(r *sluicev1.LoadReport) {
 		return
 	}
 	for _, p := range r.GetPeers() {
-		d.reported[p.GetPeer()] += float64(p.GetOffered()) / secs
+		d.reported[bucket{p.GetPeer(), p.GetProcedure()}] += float64(p.GetOffered()) / secs
 	}
 }
 
@@ -161,23 +161,23 @@ func (d *SurgeDetector) surging(prev, cur []sidecar.PeerCounts, elapsed time.Dur
 		fell := want >= float64(minCount) && n*factor <= want && want-n >= noise
 		return rose || fell
 	}
-	before := sumByPeer(prev)
-	now := sumByPeer(cur)
-	for peer, c := range now {
-		b := before[peer]
+	before := sumByBucket(prev)
+	now := sumByBucket(cur)
+	for k, c := range now {
+		b := before[k]
 		if c.Incarnation != b.Incarnation {
 			b = sidecar.PeerCounts{} // evicted and seen again: all new (see Build)
 		}
 		if c.Offered < b.Offered {
 			continue // reset: not a rate
 		}
-		if jumped(float64(c.Offered-b.Offered), d.reported[peer]*e) {
+		if jumped(float64(c.Offered-b.Offered), d.reported[k]*e) {
 			return true
 		}
 	}
 	// A reported peer the snapshot no longer lists sent nothing.
-	for peer, rate := range d.reported {
-		if _, ok := now[peer]; !ok && jumped(0, rate*e) {
+	for k, rate := range d.reported {
+		if _, ok := now[k]; !ok && jumped(0, rate*e) {
 			return true
 		}
 	}
