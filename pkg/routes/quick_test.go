@@ -103,6 +103,18 @@ func witness(pattern string) (method, path string) {
 	return m, "/" + strings.Join(segs, "/")
 }
 
+// checkIndex fails t unless MatchIndex names, in Procedures, the procedure
+// Match returns: -1 for names.Other, else the index of that procedure.
+func checkIndex(t testing.TB, r *Routes, method, path string) {
+	t.Helper()
+	want, i, procs := r.Match(method, path), r.MatchIndex(method, path), r.Procedures()
+	switch {
+	case want == names.Other && i != -1,
+		want != names.Other && (i < 0 || i >= len(procs) || procs[i] != want):
+		t.Fatalf("MatchIndex(%q, %q) = %d (Procedures %q), Match = %q", method, path, i, procs, want)
+	}
+}
+
 // Match agrees with refMatch on random route lists and requests, and
 // CompileRoutes refuses a route exactly when its witness request goes to
 // an earlier route: shadowing as decided is shadowing as it happens.
@@ -136,6 +148,7 @@ func TestMatchAgreesWithReference(t *testing.T) {
 			if got, want := r.Match(m, p), refMatch(routes, m, p); got != want {
 				t.Fatalf("routes %v: Match(%q, %q) = %q, reference %q", routes, m, p, got, want)
 			}
+			checkIndex(t, r, m, p)
 		}
 	}
 	t.Logf("%d routes kept, %d refused as shadowed", kept, refused)
@@ -169,6 +182,7 @@ func TestMatchWideNode(t *testing.T) {
 				if got, want := r.Match(m, path), refMatch(routes, m, path); got != want {
 					t.Errorf("Match(%q, %q) = %q, reference %q", m, path, got, want)
 				}
+				checkIndex(t, r, m, path)
 			}
 		}
 	}
@@ -200,7 +214,8 @@ func TestFuzzRoutesCorpus(t *testing.T) { testkit.CheckCorpus(t, "FuzzRoutes", r
 
 // FuzzRoutes compiles any list of patterns, one a line, and matches any
 // request: CompileRoutes never panics and its error stays printable and
-// bounded per route; a compiled list matches as refMatch does.
+// bounded per route; a compiled list matches as refMatch does, and
+// MatchIndex names the procedure Match returns.
 func FuzzRoutes(f *testing.F) {
 	f.Fuzz(func(t *testing.T, patterns, method, path string) {
 		lines := strings.Split(patterns, "\n")
@@ -221,5 +236,6 @@ func FuzzRoutes(f *testing.F) {
 		if got, want := r.Match(method, path), refMatch(routes, method, path); got != want {
 			t.Fatalf("routes %q: Match(%q, %q) = %q, reference %q", patterns, method, path, got, want)
 		}
+		checkIndex(t, r, method, path)
 	})
 }

@@ -243,6 +243,9 @@ func TestMatchAllocatesNothing(t *testing.T) {
 		if got := testing.AllocsPerRun(1000, func() { r.Match(tc.method, tc.path) }); got != 0 {
 			t.Errorf("Match(%q, %q): %v allocations", tc.method, tc.path, got)
 		}
+		if got := testing.AllocsPerRun(1000, func() { r.MatchIndex(tc.method, tc.path) }); got != 0 {
+			t.Errorf("MatchIndex(%q, %q): %v allocations", tc.method, tc.path, got)
+		}
 	}
 	if got := testing.AllocsPerRun(1000, func() { GRPCProcedure("/shop.Checkout/Pay") }); got != 0 {
 		t.Errorf("GRPCProcedure: %v allocations", got)
