@@ -108,3 +108,15 @@ echo
 run 'configurator enforce checkout/web --actor carol --reason "no would-be drops in a day of shadow"'
 echo
 run 'configurator audit'
+echo
+run 'configurator routes set checkout "POST /v1/charges=create-charge" "GET /v1/items/{id}=get-item" --actor alice --reason "limit charges apart from reads"'
+echo
+run 'configurator history seed --synthetic 4w --force --bucket checkout/web/create-charge=250 --bucket checkout/mobile/create-charge=80 --actor alice --reason "lifecycle demo: procedures"'
+echo
+run 'configurator derive checkout/web/create-charge --actor bob'
+echo
+run 'configurator approve checkout/web/create-charge --actor carol --reason "charges: the 4-week peak with headroom"'
+echo
+run 'configurator set "checkout/*/create-charge" --limit 400 --actor carol --reason "the card processor takes 400 rps"'
+echo
+run 'configurator routes list checkout'

@@ -214,6 +214,8 @@ func writeDerivation(w io.Writer, d Derivation, written []history.Proposal, dryR
 		fmt.Fprint(w, "no proposals")
 	case dryRun:
 		fmt.Fprintf(w, "dry run: %s not written", plural(len(written), "proposal"))
+	case len(written) == 1:
+		fmt.Fprintf(w, "wrote 1 proposal (id %d); review it with `configurator review`", written[0].ID)
 	default:
 		fmt.Fprintf(w, "wrote %s (ids %d–%d); review them with `configurator review`",
 			plural(len(written), "proposal"), minID(written), maxID(written))

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/limits"
 	"github.com/sluicehq/sluice/internal/pgtest"
 	"github.com/sluicehq/sluice/pkg/dropratio"
 	"github.com/sluicehq/sluice/pkg/history"
@@ -232,8 +233,10 @@ func TestReadmeLifecycle(t *testing.T) {
 		proposed[p.Bucket] = p
 	}
 	orders := history.Bucket{Callee: "orders", Caller: "checkout"}
-	if len(ps) != 3 || proposed[web].Status != history.Approved || proposed[mobile].Status != history.Approved || proposed[orders].Status != history.Approved {
-		t.Errorf("proposals: %+v; want web, mobile and orders/checkout, all approved", ps)
+	charges := history.Bucket{Callee: "checkout", Caller: "web", Procedure: "create-charge"}
+	if len(ps) != 4 || proposed[web].Status != history.Approved || proposed[mobile].Status != history.Approved ||
+		proposed[orders].Status != history.Approved || proposed[charges].Status != history.Approved {
+		t.Errorf("proposals: %+v; want web, mobile, orders/checkout and checkout/web/create-charge, all approved", ps)
 	}
 	if f := proposed[mobile].Flags; !slices.Contains(f, FlagStepDown) || !slices.Contains(f, FlagReplacesManual) {
 		t.Errorf("mobile's proposal flags %q; want a step down that replaces the manual limit", f)
@@ -258,6 +261,26 @@ func TestReadmeLifecycle(t *testing.T) {
 			t.Errorf("%s limit %+v; want %v, derived, enforced, by carol", bucketString(b), l, want)
 		}
 	}
+	// The procedure steps: what the controller would load from the store.
+	stored, err := st.Limits(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	set, err := limits.FromHistory(stored)
+	if err != nil {
+		t.Fatalf("the limits the transcript leaves do not load: %v", err)
+	}
+	svc := set.Service("checkout")
+	if got := svc.Declared; !slices.Equal(got, []string{"create-charge", "get-item"}) {
+		t.Errorf("checkout declares %q, want the two routes' procedures", got)
+	}
+	if got, want := svc.LeafLimit("web", "create-charge"), proposed[charges].Proposed; got != want {
+		t.Errorf("checkout/web/create-charge's limit %v, want the approved %v", got, want)
+	}
+	if got := svc.ProcedureCapacity("create-charge"); got != 400 {
+		t.Errorf("create-charge's capacity %v, want 400", got)
+	}
+
 	entries, err := st.Audit(t.Context(), history.Filter{}, time.Time{}, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -266,7 +289,10 @@ func TestReadmeLifecycle(t *testing.T) {
 	for _, e := range entries {
 		count[e.Actor+" "+e.Action]++
 	}
-	want := map[string]int{"alice write_history": 4, "alice set_limit": 1, "bob propose": 3, "carol approve": 3, "carol set_mode": 2}
+	want := map[string]int{
+		"alice write_history": 4 + 6, "alice set_limit": 1, "alice set_routes": 1,
+		"bob propose": 3 + 1, "carol approve": 3 + 1, "carol set_mode": 2, "carol set_limit": 1,
+	}
 	if !maps.Equal(count, want) {
 		t.Errorf("audit log by actor and action: %v, want %v", count, want)
 	}
