@@ -53,7 +53,7 @@ func TestParseCalls(t *testing.T) {
 		{Call{Method: "GET", Path: "/v1/items/43"}, "get-item"},
 		{Call{Method: "DELETE", Path: "/v1/charges"}, names.Other}, // no route for the method
 		{Call{Procedure: "/shop.Checkout/Pay"}, "/shop.Checkout/Pay"},
-		{Call{Procedure: "/shop.Checkout/Refund"}, names.Other}, // not declared
+		{Call{Procedure: "/shop.Checkout/Refund"}, names.Other},                  // not declared
 		{Call{Method: "POST", Path: "/shop.Checkout/Pay"}, "/shop.Checkout/Pay"}, // gRPC through an HTTP proxy
 		{Call{}, names.Other}, // Decide: a callee with procedures counts it in _other
 		{Call{}, ""},          // a callee without procedures: the whole pair
