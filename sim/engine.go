@@ -44,8 +44,8 @@ type Options struct {
 type Result struct {
 	Scenario *Scenario
 	Seed     uint64
-	// Buckets holds the per-second series of every (callee, caller) that
-	// has a flow, sorted by callee and caller.
+	// Buckets holds the per-second series of every bucket (callee, caller,
+	// procedure) that has a flow, sorted by callee, caller and procedure.
 	Buckets []BucketSeries
 	// Pipelines follows, for every bucket whose nominal rate goes over its
 	// allowed rate, its first over-limit episode through the loop.
@@ -91,8 +91,15 @@ type Happening struct {
 // generator, so that Measure treats both modes alike.
 type BucketSeries struct {
 	Callee, Caller string
-	Shadow         bool    // the caller's limit is in shadow mode: never dropped
-	Limit          float64 // the configured limit; +Inf: none
+	// Procedure is the leaf's procedure at a callee that declares
+	// procedures (a declared one or names.Other), "" for the whole
+	// (callee, caller) pair.
+	Procedure string
+	Shadow    bool // the caller's limit is in shadow mode: never dropped
+	// Limit is the configured limit: the caller's for a pair; for a leaf
+	// the lower of its own limit and its caller's across procedures, the
+	// most it may send whatever the others do. +Inf: none.
+	Limit float64
 	// Nominal is the scenario's offered rate for the bin (its rate
 	// functions averaged over the bin): demand without noise or retries.
 	// Measure uses it to tell a change of demand from noise; nil means
@@ -112,7 +119,7 @@ type BucketSeries struct {
 }
 
 // Bucket returns the series' bucket.
-func (b *BucketSeries) Bucket() Bucket { return Bucket{b.Callee, b.Caller} }
+func (b *BucketSeries) Bucket() Bucket { return Bucket{b.Callee, b.Caller, b.Procedure} }
 
 // Pipeline follows one bucket's first surge through the loop, to show where
 // the time to enforce goes. Onset is the first traffic step at which the
@@ -256,8 +263,8 @@ type engine struct {
 type calleeState struct {
 	svc      *Service
 	limits   *limits.Service
-	buckets  []int // indexes into engine.buckets, sorted by caller
-	callers  []string
+	buckets  []int    // indexes into engine.buckets, sorted by caller and procedure
+	leaves   []Bucket // the buckets' keys, in the same order
 	sidecars []*simSidecar
 	// expired counts its sidecars whose policy is expired; expiry is the
 	// index in engine.expiries of the stretch under way while it is above 0.
@@ -304,6 +311,7 @@ type sidecarFlow struct {
 	flow   int
 	bucket int // engine bucket index
 	caller string
+	call   Call
 	share  float64 // of the flow's rate
 	carry  float64 // Deterministic arrivals: the fraction owed
 	retry  *retryRing
@@ -373,11 +381,11 @@ func newEngine(sc *Scenario, seed uint64, opts Options) (*engine, error) {
 		}
 		e.bucketIdx[b] = len(e.buckets)
 		c.buckets = append(c.buckets, len(e.buckets))
-		c.callers = append(c.callers, b.Caller)
+		c.leaves = append(c.leaves, b)
 		e.buckets = append(e.buckets, bs)
 	}
 	for fi, f := range sc.Flows {
-		bs := e.buckets[e.bucketIdx[Bucket{f.Callee, f.Caller}]]
+		bs := e.buckets[e.bucketIdx[f.Bucket()]]
 		bs.flows = append(bs.flows, fi)
 	}
 	e.findOnsets()
@@ -402,8 +410,9 @@ func newEngine(sc *Scenario, seed uint64, opts Options) (*engine, error) {
 					}
 					sf := sidecarFlow{
 						flow:   fi,
-						bucket: e.bucketIdx[Bucket{f.Callee, f.Caller}],
+						bucket: e.bucketIdx[f.Bucket()],
 						caller: f.Caller,
+						call:   f.Call,
 						share:  f.Weights[z] / float64(n),
 					}
 					if f.Retry != nil {
@@ -579,7 +588,7 @@ func (e *engine) offer(s *simSidecar, sf *sidecarFlow, bin int) {
 		n = poisson(e.rng, lambda)
 	}
 	bs := e.buckets[sf.bucket]
-	admitted, dropped := e.decide(s, sf.caller, n)
+	admitted, dropped := e.decide(s, sf, n)
 	bs.offered[bin] += float64(n)
 	bs.admitted[bin] += float64(admitted)
 	bs.dropped[bin] += float64(dropped)
@@ -596,7 +605,7 @@ func (e *engine) offer(s *simSidecar, sf *sidecarFlow, bin int) {
 			continue
 		}
 		rr.due[slot][k] = 0
-		a, d := e.decide(s, sf.caller, m)
+		a, d := e.decide(s, sf, m)
 		bs.offered[bin] += float64(m)
 		bs.retries[bin] += float64(m)
 		bs.admitted[bin] += float64(a)
@@ -618,10 +627,22 @@ func (rr *retryRing) schedule(step int64, k, n int) {
 	rr.due[slot][k] += n
 }
 
-// decide runs n requests from caller through the sidecar's Limiter.
-func (e *engine) decide(s *simSidecar, caller string, n int) (admitted, dropped int) {
+// decide runs n requests of the flow through the sidecar's Limiter, as
+// its HTTP middleware or gRPC interceptor would when the flow names what
+// it calls.
+func (e *engine) decide(s *simSidecar, sf *sidecarFlow, n int) (admitted, dropped int) {
+	c := &sf.call
 	for range n {
-		if s.svc.Decide(caller).Drop {
+		var d sidecar.Decision
+		switch {
+		case c.Procedure != "":
+			d = s.svc.DecideGRPC(sf.caller, c.Procedure)
+		case c.Path != "":
+			d = s.svc.DecideHTTP(sf.caller, c.Method, c.Path)
+		default:
+			d = s.svc.Decide(sf.caller)
+		}
+		if d.Drop {
 			dropped++
 		}
 	}
@@ -649,14 +670,14 @@ func (e *engine) sampleRatios(bin int) {
 }
 
 // meanRatio is the mean drop ratio the bucket's callee's sidecars hold for
-// its caller: the ratio in force (a fresh policy's, decayed in fail mode
+// its caller (its leaf, at a callee with procedures): the ratio in force (a fresh policy's, decayed in fail mode
 // open), 0 where a token bucket decides instead (fail mode local), as the
 // sidecars' sluice_sidecar_drop_ratio says and live mode samples it.
 func (e *engine) meanRatio(bs *bucketState) float64 {
 	c := e.callees[bs.callee]
 	sum := 0.0
 	for _, s := range c.sidecars {
-		if r, ok := s.svc.Ratio(bs.b.Caller); ok {
+		if r, ok := s.svc.LeafRatio(bs.b.Caller, bs.b.Procedure); ok {
 			sum += r
 		}
 	}
@@ -761,7 +782,7 @@ func (e *engine) heldReport(s *simSidecar, rep *sluicev1.LoadReport) {
 	for i, bi := range c.buckets {
 		rate := 0.0
 		for _, p := range rep.GetPeers() {
-			if p.GetPeer() == c.callers[i] {
+			if p.GetPeer() == c.leaves[i].Caller && p.GetProcedure() == c.leaves[i].Procedure {
 				rate = float64(p.GetOffered()) / secs
 			}
 		}
@@ -850,7 +871,7 @@ func (e *engine) heldZoneLoad(a *simAggregator, zl *sluicev1.ZoneLoad) {
 				continue
 			}
 			for _, p := range svc.GetPeers() {
-				if p.GetPeer() == bs.b.Caller {
+				if p.GetPeer() == bs.b.Caller && p.GetProcedure() == bs.b.Procedure {
 					rate = p.GetOfferedRps()
 				}
 			}
@@ -937,7 +958,7 @@ func (e *engine) tickNow(gen int) {
 func (e *engine) checkPublished(c *calleeState, p *sidecar.Policy) {
 	for _, bi := range c.buckets {
 		bs := e.buckets[bi]
-		r := p.Rule(bs.b.Caller)
+		r := p.Leaf(bs.b.Caller, bs.b.Procedure)
 		ratio := 0.0
 		if r != nil {
 			ratio = r.DropRatio
@@ -1110,7 +1131,7 @@ func (e *engine) nominal(bs *bucketState, t time.Duration) (offered, allowed flo
 			me = i
 		}
 	}
-	return rates[me], Allowed(c.limits, c.callers, rates)[me]
+	return rates[me], AllowedLeaves(c.limits, c.leaves, rates)[me]
 }
 
 func (e *engine) nominalOffered(bs *bucketState, t time.Duration) float64 {
@@ -1127,7 +1148,7 @@ func (e *engine) result() *Result {
 	}
 	for _, bs := range e.buckets {
 		r.Buckets = append(r.Buckets, BucketSeries{
-			Callee: bs.b.Callee, Caller: bs.b.Caller,
+			Callee: bs.b.Callee, Caller: bs.b.Caller, Procedure: bs.b.Procedure,
 			Offered: bs.offered, Retries: bs.retries, Admitted: bs.admitted, Dropped: bs.dropped,
 			Ratio: bs.ratio,
 		})

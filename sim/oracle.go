@@ -9,7 +9,7 @@ import (
 )
 
 // Expect fills in what the scenario expects of each series: Limit and
-// Shadow from its limits, Nominal from its rate functions (averaged over
+// Shadow from its limits (see BucketSeries.Limit), Nominal from its rate functions (averaged over
 // each second at the scenario's step, as the simulator offers them), and
 // Allowed from the oracle, given the nominal rates of all the callee's
 // callers in that second. Only Offered's length is read; every series gets
@@ -17,21 +17,25 @@ import (
 // so that both modes are judged by the same yardstick.
 func Expect(sc *Scenario, buckets []BucketSeries) {
 	type callee struct {
-		callers []string
-		idx     []int // into buckets
+		leaves []Bucket
+		idx    []int // into buckets
 	}
 	callees := map[string]*callee{}
 	var order []string
 	for i := range buckets {
 		b := &buckets[i]
-		lb := sc.Limits.Service(b.Callee).Bucket(b.Caller)
+		svc := sc.Limits.Service(b.Callee)
+		lb := svc.Bucket(b.Caller)
 		b.Limit, b.Shadow = lb.Limit, lb.Mode == dropratio.Shadow
+		if svc.HasProcedures() {
+			b.Limit = min(b.Limit, svc.LeafLimit(b.Caller, b.Procedure))
+		}
 		n := len(b.Offered)
 		b.Nominal = make([]float64, n)
 		b.Allowed = make([]float64, n)
 		steps := int(Bin / sc.Step)
 		for _, f := range sc.Flows {
-			if f.Callee != b.Callee || f.Caller != b.Caller {
+			if f.Bucket() != b.Bucket() {
 				continue
 			}
 			for bin := range n {
@@ -47,7 +51,7 @@ func Expect(sc *Scenario, buckets []BucketSeries) {
 			callees[b.Callee] = c
 			order = append(order, b.Callee)
 		}
-		c.callers = append(c.callers, b.Caller)
+		c.leaves = append(c.leaves, b.Bucket())
 		c.idx = append(c.idx, i)
 	}
 	for _, name := range order {
@@ -60,7 +64,7 @@ func Expect(sc *Scenario, buckets []BucketSeries) {
 					nominal[j] = buckets[i].Nominal[bin]
 				}
 			}
-			allowed := Allowed(svc, c.callers, nominal)
+			allowed := AllowedLeaves(svc, c.leaves, nominal)
 			for j, i := range c.idx {
 				if bin < len(buckets[i].Allowed) {
 					buckets[i].Allowed[bin] = allowed[j]
@@ -125,4 +129,97 @@ func fairLevel(demand []float64, capacity float64) float64 {
 		}
 	}
 	return math.Inf(1) // everything fitted after all
+}
+
+// AllowedLeaves is Allowed for the buckets of one callee, which may be
+// leaves (caller, procedure): for a callee that declares procedures it
+// follows the hierarchical law's rules (docs/architecture.md, "The
+// hierarchical law"), written from them with Allowed's water-filling and
+// sharing no code with pkg/dropratio's Filler:
+//
+//  1. each leaf demands d = min(offered, its own limit L_cp); a caller whose
+//     leaves demand more than its limit across procedures L_c has L_c
+//     shared max-min fairly among them, at level λ_c, and each demands
+//     d' = min(d, λ_c) from then on;
+//  2. each procedure demands D_p = min(C_p, Σ d' of its leaves); the
+//     callee's capacity is shared max-min fairly among the procedures by
+//     D_p, and each procedure's share among its leaves by d', at level ν_p.
+//
+// A leaf may send min(L_cp, λ_c, ν_p), with L_c standing for λ_c while its
+// caller's leaves fit in it, and +Inf for a level that does not bind. So a
+// leaf whose offered rate is within that rate is within every level of its
+// limits: a drop of it is collateral. Only the callee's buckets with a flow
+// are leaves here, as only leaves with traffic weigh in the law.
+func AllowedLeaves(svc *limits.Service, leaves []Bucket, offered []float64) []float64 {
+	if !svc.HasProcedures() {
+		callers := make([]string, len(leaves))
+		for i, l := range leaves {
+			callers[i] = l.Caller
+		}
+		return Allowed(svc, callers, offered)
+	}
+	byCaller, byProc := map[string][]int{}, map[string][]int{}
+	var callers, procs []string // in order of first appearance: the levels do not depend on it
+	demand := make([]float64, len(leaves))
+	out := make([]float64, len(leaves))
+	for i, l := range leaves {
+		out[i] = svc.LeafLimit(l.Caller, l.Procedure)
+		demand[i] = math.Min(math.Max(offered[i], 0), out[i])
+		if byCaller[l.Caller] == nil {
+			callers = append(callers, l.Caller)
+		}
+		if byProc[l.Procedure] == nil {
+			procs = append(procs, l.Procedure)
+		}
+		byCaller[l.Caller] = append(byCaller[l.Caller], i)
+		byProc[l.Procedure] = append(byProc[l.Procedure], i)
+	}
+	// 1. The caller limits, bottom-up.
+	for _, c := range callers {
+		idx := byCaller[c]
+		limit := svc.Bucket(c).Limit
+		level := levelOf(demand, idx, limit)
+		for _, i := range idx {
+			out[i] = math.Min(out[i], math.Min(limit, level))
+			demand[i] = math.Min(demand[i], level)
+		}
+	}
+	// 2. The capacities, top-down.
+	procDemand := make([]float64, len(procs))
+	for j, p := range procs {
+		for _, i := range byProc[p] {
+			procDemand[j] += demand[i]
+		}
+		procDemand[j] = math.Min(procDemand[j], svc.ProcedureCapacity(p))
+	}
+	mu := levelOf(procDemand, nil, svc.Capacity)
+	for j, p := range procs {
+		nu := levelOf(demand, byProc[p], math.Min(procDemand[j], mu))
+		for _, i := range byProc[p] {
+			out[i] = math.Min(out[i], nu)
+		}
+	}
+	return out
+}
+
+// levelOf is the max-min fair level of capacity over the demands at idx
+// (all of them when idx is nil): +Inf when they fit in it.
+func levelOf(demand []float64, idx []int, capacity float64) float64 {
+	var ds []float64
+	if idx == nil {
+		ds = demand
+	} else {
+		ds = make([]float64, len(idx))
+		for j, i := range idx {
+			ds[j] = demand[i]
+		}
+	}
+	total := 0.0
+	for _, d := range ds {
+		total += d
+	}
+	if math.IsInf(capacity, 1) || total <= capacity {
+		return math.Inf(1)
+	}
+	return fairLevel(ds, capacity)
 }

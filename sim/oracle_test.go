@@ -7,6 +7,8 @@ import (
 	"testing/quick"
 
 	"github.com/sluicehq/sluice/internal/limits"
+	"github.com/sluicehq/sluice/pkg/dropratio"
+	"github.com/sluicehq/sluice/pkg/names"
 )
 
 var inf = math.Inf(1)
@@ -101,6 +103,134 @@ func TestAllowedMaxMinFair(t *testing.T) {
 		return math.Abs(granted-svc.Capacity) <= 1e-6*svc.Capacity
 	}
 	if err := quick.Check(f, &quick.Config{MaxCount: 500, Rand: nil}); err != nil {
+		t.Error(err)
+	}
+}
+
+// checkout is procedure-surge's callee: create-charge shared by web, mobile
+// and partner, partner's limit across procedures well above its share.
+func checkout() *limits.Service {
+	return &limits.Service{
+		Name: "checkout", Capacity: 20000, DefaultLimit: inf,
+		Callers: map[string]limits.Bucket{"web": {Limit: 2500}, "mobile": {Limit: 2500}, "partner": {Limit: 4000}},
+		Procedures: map[string]*limits.Procedure{
+			"create-charge": {Capacity: 3000},
+			"get-item":      {Capacity: 5000, Callers: map[string]float64{"web": 100}},
+		},
+		Declared: []string{"create-charge", "get-item"},
+	}
+}
+
+func TestAllowedLeaves(t *testing.T) {
+	leaves := []Bucket{
+		{"checkout", "mobile", "create-charge"}, {"checkout", "partner", "create-charge"},
+		{"checkout", "partner", "get-item"}, {"checkout", "web", "create-charge"}, {"checkout", "web", "get-item"},
+	}
+	for _, tc := range []struct {
+		name    string
+		offered []float64
+		want    []float64
+	}{
+		// Everything fits: a leaf may send up to its own limit and its
+		// caller's across procedures.
+		{"fits", []float64{600, 500, 400, 700, 50}, []float64{2500, 4000, 4000, 2500, 100}},
+		// partner surges: its leaves demand 7,900 > 4,000, so λ = 3,600 for
+		// create-charge (get-item keeps 400); create-charge then demands
+		// 600 + 3,600 + 700 > 3,000, and partner gets what is left, 1,700.
+		{"surge", []float64{600, 7500, 400, 700, 50}, []float64{1700, 1700, 3600, 1700, 100}},
+		// web over its leaf limit on get-item: only that leaf is held.
+		{"leaf limit", []float64{600, 500, 400, 700, 300}, []float64{2500, 4000, 4000, 2500, 100}},
+		// Everyone on create-charge wants more than a third of it.
+		{"even split", []float64{2000, 2000, 0, 2000, 0}, []float64{1000, 1000, 4000, 1000, 100}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := AllowedLeaves(checkout(), leaves, tc.offered)
+			for i := range got {
+				if !near(got[i], tc.want[i]) && got[i] != tc.want[i] {
+					t.Errorf("%s: allowed %v, want %v", leaves[i], got[i], tc.want[i])
+				}
+			}
+		})
+	}
+	// A callee without procedures: Allowed, caller by caller.
+	svc := &limits.Service{Capacity: 9000, DefaultLimit: inf, Callers: map[string]limits.Bucket{"batch": {Limit: 5000}}}
+	got := AllowedLeaves(svc, []Bucket{{"c", "batch", ""}, {"c", "web", ""}}, []float64{100000, 3000})
+	if want := Allowed(svc, []string{"batch", "web"}, []float64{100000, 3000}); got[0] != want[0] || got[1] != want[1] {
+		t.Errorf("without procedures: %v, Allowed says %v", got, want)
+	}
+}
+
+// The oracle and the controller's Filler, written apart, admit the same
+// rate in every leaf of random callees with procedures: min(offered,
+// allowed) agrees, the oracle's L_c where its caller fits changing no
+// admitted rate.
+func TestAllowedLeavesAgreesWithFiller(t *testing.T) {
+	var filler dropratio.Filler
+	f := func(seed uint64) bool {
+		r := rand.New(rand.NewPCG(seed, 14))
+		bound := func(of float64) float64 {
+			if r.IntN(3) == 0 {
+				return inf
+			}
+			return of * r.Float64() * 1.2
+		}
+		procs := []string{"a", "b", "/p.S/M", names.Other}[:1+r.IntN(4)]
+		svc := &limits.Service{DefaultLimit: inf, Callers: map[string]limits.Bucket{}, Procedures: map[string]*limits.Procedure{}}
+		tree := &dropratio.Tree{}
+		var leaves []Bucket
+		var offered []float64
+		for c := range 1 + r.IntN(5) {
+			caller := string(rune('m' + c))
+			sum := 0.0
+			for _, p := range procs {
+				if r.IntN(4) == 0 {
+					continue
+				}
+				o := r.ExpFloat64() * 100
+				if svc.Procedures[p] == nil {
+					svc.Procedures[p] = &limits.Procedure{Capacity: inf, Callers: map[string]float64{}}
+				}
+				if r.IntN(3) == 0 {
+					svc.Procedures[p].Callers[caller] = bound(o)
+				}
+				leaves = append(leaves, Bucket{"x", caller, p})
+				offered = append(offered, o)
+				sum += o
+				tree.Leaves = append(tree.Leaves, dropratio.Leaf{Caller: caller, Procedure: p, Offered: o, Limit: svc.LeafLimit(caller, p)})
+			}
+			if l := bound(sum); !math.IsInf(l, 1) {
+				svc.Callers[caller] = limits.Bucket{Limit: l}
+				tree.Callers = append(tree.Callers, dropratio.CallerLimit{Name: caller, Limit: l})
+			}
+		}
+		total := 0.0
+		for _, o := range offered {
+			total += o
+		}
+		for name, p := range svc.Procedures {
+			p.Capacity = bound(total / float64(len(svc.Procedures)))
+			tree.Procedures = append(tree.Procedures, dropratio.Procedure{Name: name, Capacity: p.Capacity})
+			if name != names.Other {
+				svc.Declared = append(svc.Declared, name)
+			}
+		}
+		if len(svc.Declared) == 0 {
+			svc.Declared = []string{"a"} // a callee with only _other leaves still declares one
+		}
+		svc.Capacity = bound(total)
+		tree.Capacity = svc.Capacity
+		got := AllowedLeaves(svc, leaves, offered)
+		shares := filler.Fill(tree)
+		for i := range leaves {
+			a, b := min(offered[i], got[i]), min(offered[i], shares[i].Allowed)
+			if math.Abs(a-b) > 1e-9*total {
+				t.Logf("seed %d: %s admits %v by the oracle (allowed %v), %v by Filler (%+v)", seed, leaves[i], a, got[i], b, shares[i])
+				return false
+			}
+		}
+		return true
+	}
+	if err := quick.Check(f, &quick.Config{MaxCount: 2000}); err != nil {
 		t.Error(err)
 	}
 }

@@ -60,7 +60,7 @@ func WritePNG(w io.Writer, r *Result) error {
 	for i := range r.Buckets {
 		b := &r.Buckets[i]
 		p := plot.New()
-		p.Title.Text = fmt.Sprintf("%s ← %s: offered, admitted and allowed rate (limit %s rps)", b.Callee, b.Caller, rate(b.Limit))
+		p.Title.Text = fmt.Sprintf("%s ← %s: offered, admitted and allowed rate (limit %s rps)", b.Callee, b.Bucket().Leaf(), rate(b.Limit))
 		if i == 0 {
 			p.Title.Text = fmt.Sprintf("%s · seed %d\n%s", sc.Name, r.Seed, p.Title.Text)
 		}
@@ -104,10 +104,14 @@ func WritePNG(w io.Writer, r *Result) error {
 			break
 		}
 	}
-	// A caller of several callees is named with its callee, else by itself.
-	seen := map[string]int{}
+	// A caller of several callees is named with its callee, else by itself
+	// (with its procedure, for a leaf).
+	seen := map[string]map[string]bool{}
 	for _, b := range r.Buckets {
-		seen[b.Caller]++
+		if seen[b.Caller] == nil {
+			seen[b.Caller] = map[string]bool{}
+		}
+		seen[b.Caller][b.Callee] = true
 	}
 	p.Y.Label.Text = "drop ratio"
 	p.X.Label.Text = xlabel
@@ -117,8 +121,8 @@ func WritePNG(w io.Writer, r *Result) error {
 	p.X.Min, p.X.Max = 0, sc.Duration.Seconds()/unit
 	for i := range r.Buckets {
 		b := &r.Buckets[i]
-		name := b.Caller
-		if seen[b.Caller] > 1 {
+		name := b.Bucket().Leaf()
+		if len(seen[b.Caller]) > 1 {
 			name = b.Bucket().String()
 		}
 		if err := addSeries(p, name, binXYs(b.Ratio, unit), palette[i%len(palette)], 1.5, nil); err != nil {
@@ -174,7 +178,7 @@ func zoomPlot(r *Result, pp *Pipeline) (*plot.Plot, error) {
 	z := pp.Zoom
 	p := plot.New()
 	p.Title.Text = fmt.Sprintf("where the time to enforce goes: %s ← %s around its surge, in %v bins; each line marks when a stage of the loop caught up",
-		pp.Bucket.Callee, pp.Bucket.Caller, z.Bin)
+		pp.Bucket.Callee, pp.Bucket.Leaf(), z.Bin)
 	p.Y.Label.Text = "rps"
 	p.X.Label.Text = "time (s)"
 	p.Y.Tick.Marker = compactTicks

@@ -90,16 +90,42 @@ type Service struct {
 }
 
 // Flow is the traffic of one caller to one callee. Several flows may share
-// a bucket (callee, caller), e.g. to move traffic between zones: their
-// traffic adds up.
+// a bucket (callee, caller, procedure), e.g. to move traffic between zones
+// or to send two paths of one route: their traffic adds up.
 type Flow struct {
 	Callee, Caller string
+	// Call is what the flow's requests call, when the flow names it; the
+	// zero Call names nothing, and the sidecar decides the request by its
+	// caller alone (ServiceLimiter.Decide).
+	Call Call
+	// Leaf is the procedure of the flow's bucket, as the callee's limits
+	// resolve Call: "" for a callee that declares no procedures (the whole
+	// (callee, caller) pair), else a declared procedure or names.Other.
+	Leaf string
 	// Weights is the share of the flow's traffic each zone gets, in
 	// Scenario.Zones order, summing to 1. Within a zone the traffic is
 	// split evenly over the callee's sidecars.
 	Weights []float64
 	Rate    Rate
 	Retry   *Retry // nil: dropped requests are not retried
+}
+
+// Call is what a flow's requests call at their callee: a gRPC method
+// (Procedure, decided by ServiceLimiter.DecideGRPC) or an HTTP request
+// (Method and Path, decided by DecideHTTP); at most one of them.
+type Call struct {
+	Procedure    string // a gRPC full method, "/shop.Checkout/Pay"
+	Method, Path string // an HTTP request: "POST", "/v1/charges"
+}
+
+// Named reports whether c names what the flow calls.
+func (c Call) Named() bool { return c.Procedure != "" || c.Path != "" }
+
+func (c Call) String() string {
+	if c.Procedure != "" {
+		return c.Procedure
+	}
+	return c.Method + " " + c.Path
 }
 
 // Retry is how clients retry dropped requests: attempt k (k = 1 for the
@@ -172,12 +198,13 @@ func (s *Scenario) Sidecars() int {
 	return n
 }
 
-// Buckets returns every (callee, caller) that has a flow, sorted.
+// Buckets returns every (callee, caller, procedure) that has a flow,
+// sorted.
 func (s *Scenario) Buckets() []Bucket {
 	seen := map[Bucket]bool{}
 	var out []Bucket
 	for _, f := range s.Flows {
-		b := Bucket{f.Callee, f.Caller}
+		b := f.Bucket()
 		if !seen[b] {
 			seen[b] = true
 			out = append(out, b)
@@ -187,13 +214,38 @@ func (s *Scenario) Buckets() []Bucket {
 	return out
 }
 
-// Bucket is one (callee, caller) pair.
-type Bucket struct{ Callee, Caller string }
+// HasProcedures reports whether a flow names what it calls: the summary,
+// CSV and plot then name buckets by their leaf.
+func (s *Scenario) HasProcedures() bool {
+	for _, f := range s.Flows {
+		if f.Call.Named() {
+			return true
+		}
+	}
+	return false
+}
 
-func (b Bucket) String() string { return b.Callee + "/" + b.Caller }
+// Bucket returns the flow's bucket.
+func (f *Flow) Bucket() Bucket { return Bucket{f.Callee, f.Caller, f.Leaf} }
+
+// Bucket is one (callee, caller) pair or, for a callee that declares
+// procedures, one (callee, caller, procedure) leaf.
+type Bucket struct{ Callee, Caller, Procedure string }
+
+// String is the bucket's path as the configurator names it: callee/caller,
+// or callee/caller/procedure for a leaf.
+func (b Bucket) String() string { return b.Callee + "/" + b.Leaf() }
+
+// Leaf is the bucket without its callee: caller, or caller/procedure.
+func (b Bucket) Leaf() string {
+	if b.Procedure == "" {
+		return b.Caller
+	}
+	return b.Caller + "/" + b.Procedure
+}
 
 func compareBuckets(a, b Bucket) int {
-	return cmp.Or(strings.Compare(a.Callee, b.Callee), strings.Compare(a.Caller, b.Caller))
+	return cmp.Or(strings.Compare(a.Callee, b.Callee), strings.Compare(a.Caller, b.Caller), strings.Compare(a.Procedure, b.Procedure))
 }
 
 // The YAML form. Pointers tell "absent" (take the default) from zero.
@@ -237,11 +289,13 @@ type fileService struct {
 }
 
 type fileFlow struct {
-	Callee string             `yaml:"callee"`
-	Caller string             `yaml:"caller"`
-	Zones  map[string]float64 `yaml:"zones"`
-	Rate   *fileRate          `yaml:"rate"`
-	Retry  *fileRetry         `yaml:"retry"`
+	Callee    string             `yaml:"callee"`
+	Caller    string             `yaml:"caller"`
+	Procedure string             `yaml:"procedure"`
+	Request   string             `yaml:"request"`
+	Zones     map[string]float64 `yaml:"zones"`
+	Rate      *fileRate          `yaml:"rate"`
+	Retry     *fileRetry         `yaml:"retry"`
 }
 
 type fileRate struct {
@@ -530,6 +584,7 @@ func (d *fileScenario) build() (*Scenario, []error) {
 		}
 		if svc != nil {
 			f.Weights = weights(ff.Zones, svc, d.Zones, zoneIndex, path+".zones", bad)
+			f.Call, f.Leaf = buildCall(&ff, sc.Limits.Service(ff.Callee), path, bad)
 		}
 		if ff.Rate == nil {
 			bad(path+".rate", "missing")

@@ -123,7 +123,7 @@ func writeExpiries(b *strings.Builder, r *Result) {
 				continue
 			}
 			if last < first {
-				fmt.Fprintf(tw, "%s\t%s: no whole second\n", head, bs.Caller)
+				fmt.Fprintf(tw, "%s\t%s: no whole second\n", head, bs.Bucket().Leaf())
 				head = "\t\t"
 				continue
 			}
@@ -141,7 +141,7 @@ func writeExpiries(b *strings.Builder, r *Result) {
 			if next := int((x.To + Bin - 1) / Bin); next < len(bs.Admitted) {
 				after = fmt.Sprintf("; %s rps in the first whole second after", rate(bs.Admitted[next]))
 			}
-			fmt.Fprintf(tw, "%s\t%s: %s, admitted %s → %s rps (mean %s, limit %s)%s\n", head, bs.Caller, how,
+			fmt.Fprintf(tw, "%s\t%s: %s, admitted %s → %s rps (mean %s, limit %s)%s\n", head, bs.Bucket().Leaf(), how,
 				rate(bs.Admitted[first]), rate(bs.Admitted[last]), rate(mean), rate(bs.Limit), after)
 			head = "\t\t"
 		}

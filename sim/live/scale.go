@@ -49,13 +49,18 @@ var ErrUnsupported = errors.New("not supported in live mode")
 const maxRetryTime = 4 * time.Second
 
 // Check reports what live mode can not run in sc, wrapping ErrUnsupported.
-// Live mode needs one retry policy per (callee, caller), and retries whose
-// backoffs add up to less than 4 s.
+// Live mode needs one retry policy per (callee, caller), retries whose
+// backoffs add up to less than 4 s, and flows that name no procedure.
 func Check(sc *sim.Scenario) error {
 	var errs []error
 	seen := map[sim.Bucket]*sim.Retry{}
 	for i, f := range sc.Flows {
 		b := sim.Bucket{Callee: f.Callee, Caller: f.Caller}
+		if f.Call.Named() {
+			// The load generator sends one path to every callee and
+			// names only the caller.
+			errs = append(errs, fmt.Errorf("flows[%d]: %s calls %s; live mode's load generator does not name procedures", i, b, f.Call))
+		}
 		r, ok := seen[b]
 		if !ok {
 			seen[b] = f.Retry
