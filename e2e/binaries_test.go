@@ -154,6 +154,9 @@ func TestBinariesBadConfigFailsAtStartup(t *testing.T) {
 	}
 	negativeLimit := write("negative-limit.yaml", "services:\n  x:\n    callers:\n      y: {limit: -5}\n")
 	typo := write("typo.yaml", "tick: 500ms\ntcik: 1s\n")
+	shadowed := write("shadowed-route.yaml", "services:\n  x:\n    routes:\n"+
+		"      - {route: \"GET /v1/items/{id}\", procedure: get-item}\n"+
+		"      - {route: \"GET /v1/items/new\", procedure: new-item}\n")
 
 	for _, tc := range []struct {
 		name   string
@@ -170,6 +173,8 @@ func TestBinariesBadConfigFailsAtStartup(t *testing.T) {
 			[]string{"tick:", "stale-after:", "republish-threshold:", "p-max"}},
 		{"controller negative limit", "controller", []string{"--limits", negativeLimit}, nil,
 			[]string{negativeLimit, "services.x.callers.y.limit", "-5"}},
+		{"controller shadowed route", "controller", []string{"--limits", shadowed}, nil,
+			[]string{shadowed, "services.x.routes[1]", "shadowed by route 0"}},
 		{"controller missing limits file", "controller", []string{"--limits", filepath.Join(dir, "absent.yaml")}, nil,
 			[]string{"read limits", "absent.yaml"}},
 		{"controller bad env var", "controller", nil, []string{"SLUICE_CONTROLLER_TICK=bogus"},
