@@ -125,7 +125,7 @@ func TestProceduresPostgres(t *testing.T) {
 	}{
 		{[]string{"set", "checkout/web/nosuch", "--limit", "1", "--reason", "r"}, "no route of checkout names nosuch"},
 		{[]string{"routes", "set", "checkout", "GET /v1/items/{id}=get-item", "--reason", "r"}, "no route of checkout names create-charge"},
-		{[]string{"set", "checkout", "--enforcement", "upstream", "--reason", "r"}, "enforce per caller only"},
+		{[]string{"set", "checkout", "--enforcement", "upstream", "--reason", "r"}, "can not enforce per (caller, route)"},
 	} {
 		if _, err := runPG(t, url, c.args...); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("configurator %s: %v, want an error saying %q", strings.Join(c.args, " "), err, c.want)

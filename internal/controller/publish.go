@@ -146,7 +146,11 @@ func (s *State) policy(sv dropratio.ServiceVerdict, live uint32, lim *limits.Ser
 // as "count, never drop": they undercount the bucket but do not drop it
 // twice. A shadow bucket stays plain shadow: nothing drops it anywhere, so
 // its callee sees all of it. Only the limits decide, never which clients
-// are connected, so that replicas agree.
+// are connected, so that replicas agree. A leaf is marked as its caller's
+// bucket is, with its own ratio: the limits allow upstream on a callee
+// with procedures only when they are gRPC methods, and a proxyless
+// client's route per method carries each leaf's ratio (Envoy's RTDS
+// carries none of them).
 func markUpstream(pp *sluicev1.PeerPolicy, mode dropratio.Mode, b limits.Bucket) {
 	if mode == dropratio.Enforce && b.Enforcement == dataplane.EnforceUpstream {
 		pp.Mode = sluicev1.Mode_MODE_SHADOW

@@ -115,3 +115,47 @@ services:
 		t.Error("callee/checkout republished though nothing in it changed")
 	}
 }
+
+// A caller enforced upstream of a callee that declares gRPC methods only
+// has each of its leaves marked, each with its own ratio: the proxyless
+// routes carry one per method. Its other callers' leaves are as before.
+func TestUpstreamLeavesAreMarked(t *testing.T) {
+	set := parseLimits(t, `
+services:
+  checkout:
+    callers:
+      web:    {limit: 300, enforcement: upstream} # a proxyless gRPC client
+      mobile: {limit: 300}
+    procedures:
+      /shop.Checkout/Pay:
+        callers:
+          web:    {limit: 40}
+          mobile: {limit: 40}
+`)
+	res := tickOnce(t, set, leafLoad("a", map[string]float64{
+		"checkout/web//shop.Checkout/Pay": 200, "checkout/web/_other": 50, "checkout/mobile//shop.Checkout/Pay": 200,
+	}))
+	p := res.Changed["callee/checkout"]
+	if p == nil {
+		t.Fatalf("callee/checkout not published: %v", slices.Sorted(maps.Keys(res.Changed)))
+	}
+	for _, tc := range []struct {
+		peer, procedure string
+		ratio           float64
+		mode            sluicev1.Mode
+		upstream        bool
+	}{
+		{"web", "/shop.Checkout/Pay", 0.8, sluicev1.Mode_MODE_SHADOW, true},
+		{"web", "_other", 0, sluicev1.Mode_MODE_SHADOW, true}, // listed: web's limit across procedures
+		{"mobile", "/shop.Checkout/Pay", 0.8, sluicev1.Mode_MODE_ENFORCE, false},
+	} {
+		pp := wantRatio(t, p, tc.peer, tc.procedure, tc.ratio)
+		if pp == nil {
+			t.Errorf("%s/%s not listed", tc.peer, tc.procedure)
+			continue
+		}
+		if pp.GetMode() != tc.mode || pp.GetEnforcedUpstream() != tc.upstream {
+			t.Errorf("%s/%s: mode %v, enforced_upstream %v; want %v, %v", tc.peer, tc.procedure, pp.GetMode(), pp.GetEnforcedUpstream(), tc.mode, tc.upstream)
+		}
+	}
+}

@@ -192,7 +192,7 @@ func (b *builder) service(name string, fs fileService) *Service {
 		Callers:      make(map[string]Bucket, len(fs.Callers)),
 	}
 	b.procedures(svc, fs, path)
-	if svc.HasProcedures() && svc.Enforcement == dataplane.EnforceUpstream {
+	if upstreamRefused(svc) && svc.Enforcement == dataplane.EnforceUpstream {
 		b.errs = append(b.errs, fmt.Errorf("%s.enforcement: %w", path, errUpstream))
 	}
 	for _, caller := range slices.Sorted(maps.Keys(fs.Callers)) {
@@ -214,7 +214,7 @@ func (b *builder) service(name string, fs fileService) *Service {
 		}
 		// Only where the caller names it: one inherited from the service
 		// is the service's error.
-		if svc.HasProcedures() && fb.Enforcement != "" && bucket.Enforcement == dataplane.EnforceUpstream {
+		if upstreamRefused(svc) && fb.Enforcement != "" && bucket.Enforcement == dataplane.EnforceUpstream {
 			b.errs = append(b.errs, fmt.Errorf("%s.enforcement: %w", cpath, errUpstream))
 		}
 		svc.Callers[caller] = bucket

@@ -121,7 +121,8 @@ func parseSeeds() map[string]string {
 		"bad-procedure-no-parent":     "services: {s: {routes: [{route: /a, procedure: a}], procedures: {b: {capacity: 1}}}}\n",
 		"bad-procedure-only-other":    "services: {s: {procedures: {_other: {capacity: 1}}}}\n",
 		"bad-procedure-leaf-fields":   "services: {s: {procedures: {/p.S/M: {callers: {web: {mode: shadow}}}}}}\n",
-		"bad-procedure-upstream":      "services: {s: {procedures: {/p.S/M: {}}, callers: {app: {limit: 1, enforcement: upstream}}}}\n",
+		"bad-procedure-upstream":      "services: {s: {routes: [{route: /a, procedure: a}], callers: {app: {limit: 1, enforcement: upstream}}}}\n",
+		"good-procedure-upstream":     "services: {s: {procedures: {/p.S/M: {}}, callers: {app: {limit: 1, enforcement: upstream}}}}\n",
 	}
 	for name, doc := range bombs() {
 		if len(doc) <= 64<<10 { // larger seeds slow every mutation down
@@ -232,7 +233,7 @@ func checkSet(t *testing.T, set *Set) {
 // checkProcedures checks what a service declares: procedures valid,
 // distinct and bounded, _other never among them; routes that compile and
 // name them first; every other one a gRPC method; every leaf named and
-// limited; and nothing enforced upstream.
+// limited; and nothing enforced upstream if it has routes.
 func checkProcedures(t *testing.T, svc *Service) {
 	t.Helper()
 	rateOK := func(v float64) bool { return v >= 0 && !math.IsInf(v, -1) }
@@ -277,12 +278,15 @@ func checkProcedures(t *testing.T, svc *Service) {
 			}
 		}
 	}
+	if len(svc.Routes) == 0 {
+		return // gRPC methods only: upstream is served per method
+	}
 	if svc.Enforcement == dataplane.EnforceUpstream {
-		t.Errorf("%s declares procedures and is enforced upstream", svc.Name)
+		t.Errorf("%s routes HTTP requests to procedures and is enforced upstream", svc.Name)
 	}
 	for caller, b := range svc.Callers {
 		if b.Enforcement == dataplane.EnforceUpstream {
-			t.Errorf("%s declares procedures, and its caller %s is enforced upstream", svc.Name, caller)
+			t.Errorf("%s routes HTTP requests to procedures, and its caller %s is enforced upstream", svc.Name, caller)
 		}
 	}
 }

@@ -13,10 +13,30 @@ import (
 	"github.com/sluicehq/sluice/pkg/routes"
 )
 
-// errUpstream is why a service that declares procedures can not be
-// enforced upstream: proxyless gRPC clients and Envoy's RTDS carry one
-// ratio per caller, not per (caller, procedure) leaf (docs/dataplanes.md).
-var errUpstream = errors.New("upstream: the service declares procedures, and upstream data planes enforce per caller only; use sidecar")
+// errUpstream is why a service with HTTP routes can not be enforced
+// upstream: Envoy's runtime keys carry one ratio per downstream cluster
+// (caller), never one per (caller, route), so nothing upstream could hold
+// such a leaf to its ratio. A proxyless gRPC client can: its routes match
+// the full method (docs/dataplanes.md).
+var errUpstream = errors.New("upstream: the service routes HTTP requests to procedures, and upstream data planes can not enforce per (caller, route); use sidecar, or declare gRPC methods only")
+
+// upstreamRefused reports whether s's callers can not be enforced
+// upstream: s declares procedures and has HTTP routes, or declares a
+// procedure that is not a gRPC full method (which, without routes, only a
+// loader's bug could let through). A callee that declares gRPC methods
+// only is served per method by the proxyless routes. Both loaders ask
+// this, so that a file and the store agree.
+func upstreamRefused(s *Service) bool {
+	if len(s.Routes) > 0 {
+		return s.HasProcedures()
+	}
+	for _, p := range s.Declared {
+		if routes.GRPCProcedure(p) != p {
+			return true
+		}
+	}
+	return false
+}
 
 // procedures fills svc's Routes, Declared and Procedures from fs: the
 // procedures its routes name, in order of first mention, then the keys of

@@ -181,10 +181,10 @@ func TestParseProcedureErrors(t *testing.T) {
 		{"leaf values", `{services: {s: {procedures: {/p.S/M: {capacity: -1, callers: {"bad name": {limit: 1}, app: {}, web: {limit: .nan}}}}}}}`,
 			[]string{`services.s.procedures./p.S/M.capacity: -1 is not a finite rate`, `services.s.procedures./p.S/M.callers.bad name: invalid caller name`,
 				`services.s.procedures./p.S/M.callers.app.limit: missing`, `services.s.procedures./p.S/M.callers.web.limit: NaN is not a finite rate`}},
-		{"upstream service", `{services: {s: {enforcement: upstream, procedures: {/p.S/M: {}}, callers: {web: {limit: 1}}}}}`,
-			[]string{"services.s.enforcement: upstream: the service declares procedures"}},
-		{"upstream caller", `{services: {s: {routes: [{route: "/a", procedure: a}], callers: {web: {limit: 1}, app: {limit: 1, enforcement: upstream}}}}}`,
-			[]string{"services.s.callers.app.enforcement: upstream: the service declares procedures"}},
+		{"upstream service with routes", `{services: {s: {enforcement: upstream, routes: [{route: "/a", procedure: a}], procedures: {/p.S/M: {}}, callers: {web: {limit: 1}}}}}`,
+			[]string{"services.s.enforcement: upstream: the service routes HTTP requests to procedures"}},
+		{"upstream caller with routes", `{services: {s: {routes: [{route: "/a", procedure: a}], callers: {web: {limit: 1}, app: {limit: 1, enforcement: upstream}}}}}`,
+			[]string{"services.s.callers.app.enforcement: upstream: the service routes HTTP requests to procedures"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			set, err := Parse(strings.NewReader(tc.doc))
@@ -198,14 +198,35 @@ func TestParseProcedureErrors(t *testing.T) {
 			}
 		})
 	}
-	// Upstream stays legal on a service without procedures, and the
-	// service's upstream is its error, not each caller's too.
-	_, err := Parse(strings.NewReader(`{services: {s: {enforcement: upstream, procedures: {/p.S/M: {}}, callers: {web: {limit: 1}}}}}`))
+	// The service's upstream is its error, not each caller's too.
+	_, err := Parse(strings.NewReader(`{services: {s: {enforcement: upstream, routes: [{route: "/a", procedure: a}], callers: {web: {limit: 1}}}}}`))
 	if err == nil || strings.Contains(err.Error(), "callers.web") {
 		t.Errorf("an inherited upstream is reported on the caller: %v", err)
 	}
-	if _, err := Parse(strings.NewReader(`{services: {s: {enforcement: upstream, callers: {web: {limit: 1, enforcement: upstream}}}}}`)); err != nil {
-		t.Errorf("upstream without procedures: %v", err)
+}
+
+// Upstream is legal on a service without procedures, as before #14, and
+// on one that declares gRPC methods only: the proxyless routes carry a
+// ratio per method.
+func TestParseUpstreamGRPCMethods(t *testing.T) {
+	up, side := dataplane.EnforceUpstream, dataplane.EnforceSidecar
+	for _, tc := range []struct {
+		doc     string
+		web, pp dataplane.Enforcement // of callers web and app
+	}{
+		{`{services: {s: {enforcement: upstream, callers: {web: {limit: 1, enforcement: upstream}}}}}`, up, up},
+		{`{services: {s: {enforcement: upstream, procedures: {/p.S/M: {}}, callers: {web: {limit: 1}}}}}`, up, up},
+		{`{services: {s: {procedures: {/p.S/M: {callers: {app: {limit: 1}}}, _other: {capacity: 5}}, callers: {web: {limit: 1}, app: {limit: 2, enforcement: upstream}}}}}`, side, up},
+	} {
+		set, err := Parse(strings.NewReader(tc.doc))
+		if err != nil {
+			t.Errorf("%s: %v", tc.doc, err)
+			continue
+		}
+		s := set.Service("s")
+		if w, a := s.Bucket("web").Enforcement, s.Bucket("app").Enforcement; w != tc.web || a != tc.pp {
+			t.Errorf("%s: web %v, app %v; want %v, %v", tc.doc, w, a, tc.web, tc.pp)
+		}
 	}
 }
 

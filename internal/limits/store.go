@@ -86,8 +86,8 @@ func FromHistory(l history.Limits) (*Set, error) {
 // procedures, sorted, each a gRPC full method; names.Other is never
 // declared, and has limits only beside a declared procedure; at most
 // routes.MaxRoutes; and enforcement upstream is refused on a callee that
-// declares procedures. A leaf's own mode and enforcement are not used: it
-// is enforced as its caller is.
+// routes HTTP requests to procedures (upstreamRefused). A leaf's own mode
+// and enforcement are not used: it is enforced as its caller is.
 func storedProcedures(rs []history.ServiceRoutes, leaves []history.BucketLimit, get func(string) *Service, errs *[]error) {
 	touched := map[*Service]bool{}
 	named := map[*Service]map[string]bool{}
@@ -175,12 +175,14 @@ func checkDeclared(s *Service, errs *[]error) {
 	case len(s.Declared) == 0:
 		return
 	}
-	if s.Enforcement == dataplane.EnforceUpstream {
-		*errs = append(*errs, fmt.Errorf("service %s: enforcement: %w", s.Name, errUpstream))
-	}
-	for _, c := range slices.Sorted(maps.Keys(s.Callers)) {
-		if s.Callers[c].Enforcement == dataplane.EnforceUpstream {
-			*errs = append(*errs, fmt.Errorf("limit %s/%s: enforcement: %w", s.Name, c, errUpstream))
+	if upstreamRefused(s) {
+		if s.Enforcement == dataplane.EnforceUpstream {
+			*errs = append(*errs, fmt.Errorf("service %s: enforcement: %w", s.Name, errUpstream))
+		}
+		for _, c := range slices.Sorted(maps.Keys(s.Callers)) {
+			if s.Callers[c].Enforcement == dataplane.EnforceUpstream {
+				*errs = append(*errs, fmt.Errorf("limit %s/%s: enforcement: %w", s.Name, c, errUpstream))
+			}
 		}
 	}
 	if s.Procedures == nil {

@@ -76,7 +76,7 @@ func TestFromHistoryProcedures(t *testing.T) {
 // Stored rows that no limits file could say are errors naming the row.
 func TestFromHistoryRefusesBadProcedures(t *testing.T) {
 	set, err := FromHistory(history.Limits{
-		Services: []history.ServiceLimits{{Callee: "up", Enforcement: new(dataplane.EnforceUpstream)}},
+		Services: []history.ServiceLimits{{Callee: "up", Enforcement: new(dataplane.EnforceUpstream)}, {Callee: "upgrpc", Enforcement: new(dataplane.EnforceUpstream)}},
 		Buckets: []history.BucketLimit{
 			leafLimit("checkout", "web", "create-charge", 50),
 			leafLimit("lonely", history.AnyCaller, "_other", 5),
@@ -85,10 +85,13 @@ func TestFromHistoryRefusesBadProcedures(t *testing.T) {
 			leafLimit("up", "web", "/s.S/M", 5),
 			{Bucket: history.Bucket{Callee: "upcaller", Caller: "app"}, Limit: 1, Enforcement: new(dataplane.EnforceUpstream)},
 			leafLimit("upcaller", history.AnyCaller, "/s.S/M", 5),
+			leafLimit("upgrpc", "web", "/s.S/M", 5), // gRPC methods only: legal
 		},
-		Routes: []history.ServiceRoutes{{Callee: "shadow", Routes: []routes.Route{
-			{Pattern: "/v1/*", Procedure: "all"}, {Pattern: "GET /v1/x", Procedure: "x"},
-		}}},
+		Routes: []history.ServiceRoutes{
+			{Callee: "shadow", Routes: []routes.Route{{Pattern: "/v1/*", Procedure: "all"}, {Pattern: "GET /v1/x", Procedure: "x"}}},
+			{Callee: "up", Routes: []routes.Route{{Pattern: "/v1/*", Procedure: "all"}}},
+			{Callee: "upcaller", Routes: []routes.Route{{Pattern: "/v1/*", Procedure: "all"}}},
+		},
 	})
 	if set != nil || err == nil {
 		t.Fatalf("FromHistory = %v, %v; want an error", set, err)
@@ -98,12 +101,15 @@ func TestFromHistoryRefusesBadProcedures(t *testing.T) {
 		"limits of lonely/*/_other: lonely declares no procedure",
 		`limit names/web/a//b: procedure: procedure "a//b" has an empty part`,
 		"limit names/bad caller//s.S/M: caller:",
-		"service up: enforcement: upstream: the service declares procedures",
+		"service up: enforcement: upstream: the service routes HTTP requests to procedures",
 		"limit upcaller/app: enforcement: upstream",
 		`routes of shadow: route 1 "GET /v1/x": shadowed by route 0`,
 	} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error does not say %s:\n%v", want, err)
 		}
+	}
+	if strings.Contains(err.Error(), "upgrpc") {
+		t.Errorf("upstream refused on a callee that declares gRPC methods only:\n%v", err)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/types/known/emptypb"
 
 	"github.com/sluicehq/sluice/internal/admin"
 	"github.com/sluicehq/sluice/internal/process"
@@ -23,23 +24,45 @@ import (
 // runs sluice in process, the way an app embeds the sidecar library: the
 // inbound server interceptors of a Limiter fed by an xDS client subscribed
 // to "callee/<service>", counted by a reporter that reports INBOUND loads to
-// its zone's aggregator, in front of the standard health service. It is
+// its zone's aggregator, in front of the standard health service and of
+// every other method, which answers an empty message with one. It is
 // what a proxyless gRPC client of the service calls, so that the callee
 // side of its buckets is counted (docs/dataplanes.md).
 type GRPCCallee struct {
 	*Node
 	Limiter *sidecar.Limiter
 
-	mu       sync.Mutex // guards received
+	mu       sync.Mutex // guards received and methods
 	received map[string]int
+	methods  map[[2]string]int // (caller, full method) → calls
 }
 
 // Received is how many calls from caller (the interceptors' caller header;
-// "" for none) reached the health service: those sluice admitted.
+// "" for none) reached the app, health service or other method: those
+// sluice admitted.
 func (g *GRPCCallee) Received(caller string) int {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return g.received[caller]
+}
+
+// ReceivedMethod is how many calls of fullMethod from caller reached the
+// app.
+func (g *GRPCCallee) ReceivedMethod(caller, fullMethod string) int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.methods[[2]string{caller, fullMethod}]
+}
+
+func (g *GRPCCallee) receive(ctx context.Context, key, method string) {
+	var caller string
+	if v := metadata.ValueFromIncomingContext(ctx, key); len(v) > 0 {
+		caller = v[0]
+	}
+	g.mu.Lock()
+	g.received[caller]++
+	g.methods[[2]string{caller, method}]++
+	g.mu.Unlock()
 }
 
 // StartGRPCCallee serves instance id of the cluster's service on ln, in
@@ -58,20 +81,24 @@ func (c *Cluster) StartGRPCCallee(ln net.Listener, id, zone string, opts sidecar
 	log, reg, lim := e.log, e.reg, e.lim
 	in := lim.Service(service)
 
-	gc := &GRPCCallee{Limiter: lim, received: map[string]int{}}
+	gc := &GRPCCallee{Limiter: lim, received: map[string]int{}, methods: map[[2]string]int{}}
 	key := strings.ToLower(cmp.Or(opts.CallerHeader, sidecar.DefaultCallerHeader)) // as the interceptors read it
-	count := func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-		var caller string
-		if v := metadata.ValueFromIncomingContext(ctx, key); len(v) > 0 {
-			caller = v[0]
-		}
-		gc.mu.Lock()
-		gc.received[caller]++
-		gc.mu.Unlock()
+	count := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		gc.receive(ctx, key, info.FullMethod)
 		return h(ctx, req)
 	}
+	// Any other method: one empty message in, one out, as a unary call of
+	// a method with empty messages would be.
+	anyMethod := func(_ any, st grpc.ServerStream) error {
+		m, _ := grpc.MethodFromServerStream(st)
+		gc.receive(st.Context(), key, m)
+		if err := st.RecvMsg(new(emptypb.Empty)); err != nil {
+			return err
+		}
+		return st.SendMsg(new(emptypb.Empty))
+	}
 	g := grpc.NewServer(grpc.ChainUnaryInterceptor(in.UnaryServerInterceptor(opts), count),
-		grpc.StreamInterceptor(in.StreamServerInterceptor(opts)))
+		grpc.StreamInterceptor(in.StreamServerInterceptor(opts)), grpc.UnknownServiceHandler(anyMethod))
 	healthpb.RegisterHealthServer(g, health.NewServer())
 	serve := func(ctx context.Context) error {
 		errc := make(chan error, 1)

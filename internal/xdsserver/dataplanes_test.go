@@ -101,16 +101,16 @@ func TestLoadEndpoints(t *testing.T) {
 	}
 }
 
-// served returns the route version and ppm per callee a caller was last
-// served.
-func (p *proxyless) served(caller string) (string, map[string]uint32) {
+// served returns the route version and routes per callee a caller was
+// last served.
+func (p *proxyless) served(caller string) (string, map[string]servedRoute) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	cr, ok := p.callers[caller]
 	if !ok {
 		return "", nil
 	}
-	return cr.version, cr.ppm
+	return cr.version, cr.routes
 }
 
 // calleePolicy is an inbound policy with the given (caller, ratio) pairs;

@@ -68,8 +68,10 @@ func PPM(ratio float64) uint32 {
 // ignores the headers and downstream_nodes an Envoy would match callers on.
 // Every caller sees the same listeners, clusters and endpoints (built once,
 // one version for the process); only its routes differ, each carrying the
-// abort fraction of its (callee, caller) bucket, under a version of the
-// caller's own. A ratio change therefore resends RDS to that caller only.
+// abort fraction of its (callee, caller) bucket, or for a callee that
+// declares gRPC methods of its (callee, caller, method) leaf, under a
+// version of the caller's own. A ratio change therefore resends RDS to
+// that caller only.
 //
 // It implements cache.Cache so that MuxCache can hand it the four types:
 // a watch from a caller seen for the first time builds that caller's
@@ -93,14 +95,35 @@ type proxyless struct {
 	// mu protects what follows. SetSnapshot is called under it, so a
 	// caller's snapshots are set in version order.
 	mu      sync.Mutex
-	ratios  map[string]map[string]uint32 // callee → caller → ppm, non-zero only
+	ratios  map[string]*calleePPM // callee → its routes' abort fractions
 	callers map[string]*callerRoutes
 	next    uint64 // last route version handed out
 }
 
+// calleePPM is one callee's abort fractions: the gRPC methods with a
+// route of their own, and per caller the ppm of each route, the
+// catch-all's last. Never modified once built: a change builds another.
+type calleePPM struct {
+	methods []string
+	ppm     map[string][]uint32 // caller → len(methods)+1 ppm; callers with some non-zero only
+	zero    []uint32            // len(methods)+1 zeros, for every other caller
+}
+
+// servedRoute is one callee's RouteConfiguration for one caller: its
+// methods and their ppm, the catch-all's last. Its slices are a
+// calleePPM's, shared and never modified.
+type servedRoute struct {
+	methods []string
+	ppm     []uint32
+}
+
+func (a servedRoute) equal(b servedRoute) bool {
+	return slices.Equal(a.methods, b.methods) && slices.Equal(a.ppm, b.ppm)
+}
+
 // callerRoutes is what one caller was last served.
 type callerRoutes struct {
-	ppm     map[string]uint32 // callee → ppm in its route
+	routes  map[string]servedRoute // callee → its route configuration
 	version string
 }
 
@@ -110,7 +133,7 @@ func newProxyless(ctx context.Context, eps Endpoints, prefix string, logger log.
 		prefix:  prefix,
 		callees: slices.Sorted(maps.Keys(eps)),
 		ids:     map[string]bool{},
-		ratios:  map[string]map[string]uint32{},
+		ratios:  map[string]*calleePPM{},
 		callers: map[string]*callerRoutes{},
 	}
 	// Not ADS mode: in ADS mode go-control-plane answers a request only
@@ -166,22 +189,34 @@ func (p *proxyless) ensure(node *core.Node) error {
 	return nil
 }
 
-// routesFor is the ppm per proxyless callee for caller. Call with mu held.
-func (p *proxyless) routesFor(caller string) map[string]uint32 {
-	out := make(map[string]uint32, len(p.callees))
+// noPPM is the routes of a callee without a policy: one route, at 0.
+var noPPM = servedRoute{ppm: []uint32{0}}
+
+// routesFor is the routes per proxyless callee for caller. Call with mu
+// held.
+func (p *proxyless) routesFor(caller string) map[string]servedRoute {
+	out := make(map[string]servedRoute, len(p.callees))
 	for _, c := range p.callees {
-		out[c] = p.ratios[c][caller]
+		cp := p.ratios[c]
+		switch {
+		case cp == nil:
+			out[c] = noPPM
+		case cp.ppm[caller] != nil:
+			out[c] = servedRoute{methods: cp.methods, ppm: cp.ppm[caller]}
+		default:
+			out[c] = servedRoute{methods: cp.methods, ppm: cp.zero}
+		}
 	}
 	return out
 }
 
-// set serves ppm to caller under a new route version. Call with mu held.
-func (p *proxyless) set(caller string, ppm map[string]uint32) error {
+// set serves rs to caller under a new route version. Call with mu held.
+func (p *proxyless) set(caller string, rs map[string]servedRoute) error {
 	p.next++
-	cr := &callerRoutes{ppm: ppm, version: p.prefix + strconv.FormatUint(p.next, 10)}
+	cr := &callerRoutes{routes: rs, version: p.prefix + strconv.FormatUint(p.next, 10)}
 	routes := make([]types.Resource, 0, len(p.callees))
 	for _, c := range p.callees {
-		routes = append(routes, proxylessRoute(c, ppm[c]))
+		routes = append(routes, proxylessRoute(c, rs[c].methods, rs[c].ppm))
 	}
 	var snap cache.Snapshot
 	static := p.prefix + "0"
@@ -199,26 +234,21 @@ func (p *proxyless) set(caller string, ppm map[string]uint32) error {
 }
 
 // update takes the ratios of the callees whose policies changed (callee →
-// caller → ratio, enforced callers only) and of those deleted, and resends
-// routes to the callers whose abort fraction moved by at least one ppm.
-func (p *proxyless) update(changed map[string]map[string]float64, deleted []string) error {
+// its leafRatios, enforced callers only) and of those deleted, and resends
+// routes to the callers of which some route's abort fraction moved by at
+// least one ppm, or whose callee's methods changed.
+func (p *proxyless) update(changed map[string]leafRatios, deleted []string) error {
 	if len(p.callees) == 0 {
 		return nil
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	touched := false
-	for callee, callers := range changed {
+	for callee, lr := range changed {
 		if _, ok := slices.BinarySearch(p.callees, callee); !ok {
 			continue
 		}
-		m := make(map[string]uint32, len(callers))
-		for caller, r := range callers {
-			if v := PPM(r); v > 0 {
-				m[caller] = v
-			}
-		}
-		p.ratios[callee] = m
+		p.ratios[callee] = newCalleePPM(lr)
 		touched = true
 	}
 	for _, callee := range deleted {
@@ -233,7 +263,7 @@ func (p *proxyless) update(changed map[string]map[string]float64, deleted []stri
 	var errs []error
 	for caller, cr := range p.callers {
 		want := p.routesFor(caller)
-		if maps.Equal(want, cr.ppm) {
+		if maps.EqualFunc(want, cr.routes, servedRoute.equal) {
 			continue
 		}
 		if err := p.set(caller, want); err != nil {
@@ -241,6 +271,24 @@ func (p *proxyless) update(changed map[string]map[string]float64, deleted []stri
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// newCalleePPM turns a callee's ratios into ppm, keeping the callers with
+// some route above 0.
+func newCalleePPM(lr leafRatios) *calleePPM {
+	cp := &calleePPM{methods: lr.methods, ppm: make(map[string][]uint32, len(lr.callers)), zero: make([]uint32, len(lr.methods)+1)}
+	for caller, rs := range lr.callers {
+		ppm := make([]uint32, len(rs))
+		some := false
+		for i, r := range rs {
+			ppm[i] = PPM(r)
+			some = some || ppm[i] > 0
+		}
+		if some {
+			cp.ppm[caller] = ppm
+		}
+	}
+	return cp
 }
 
 // CreateWatch implements cache.Cache.
@@ -302,27 +350,43 @@ func proxylessListener(callee string) *listener.Listener {
 	}
 }
 
-// proxylessRoute sends every call to the callee's cluster and aborts ppm
-// of every million with RESOURCE_EXHAUSTED, before it is sent. A ppm of 0
-// keeps the override, so the resource's shape never changes.
-func proxylessRoute(callee string, ppm uint32) *route.RouteConfiguration {
-	abort := &fault.HTTPFault{Abort: &fault.FaultAbort{
-		ErrorType:  &fault.FaultAbort_GrpcStatus{GrpcStatus: uint32(AbortGRPCStatus)},
-		Percentage: &typev3.FractionalPercent{Numerator: ppm, Denominator: typev3.FractionalPercent_MILLION},
-	}}
+// proxylessRoute sends every call to the callee's cluster and aborts
+// ppm[i] of every million calls of methods[i], and ppm[len(methods)] of
+// every other call, with RESOURCE_EXHAUSTED, before it is sent: one route
+// per method, matching its full method exactly, then a catch-all. gRPC-Go
+// takes the first route that matches, as Envoy does, so a declared method
+// never reaches the catch-all, and every other method does, as a sidecar
+// puts it in names.Other. A ppm of 0 keeps the override, so the
+// resource's shape changes only with the methods.
+func proxylessRoute(callee string, methods []string, ppm []uint32) *route.RouteConfiguration {
+	rts := make([]*route.Route, 0, len(methods)+1)
+	for i, m := range methods {
+		rts = append(rts, faultRoute(callee, &route.RouteMatch{PathSpecifier: &route.RouteMatch_Path{Path: m}}, ppm[i]))
+	}
+	rts = append(rts, faultRoute(callee, &route.RouteMatch{PathSpecifier: &route.RouteMatch_Prefix{Prefix: ""}}, ppm[len(methods)]))
 	return &route.RouteConfiguration{
 		Name: callee,
 		VirtualHosts: []*route.VirtualHost{{
 			Name:    callee,
 			Domains: []string{"*"},
-			Routes: []*route.Route{{
-				Match:  &route.RouteMatch{PathSpecifier: &route.RouteMatch_Prefix{Prefix: ""}},
-				Action: &route.Route_Route{Route: &route.RouteAction{ClusterSpecifier: &route.RouteAction_Cluster{Cluster: callee}}},
-				TypedPerFilterConfig: map[string]*anypb.Any{
-					FaultFilterName: mustAny(abort),
-				},
-			}},
+			Routes:  rts,
 		}},
+	}
+}
+
+// faultRoute sends the calls match takes to the callee's cluster, and
+// aborts ppm of every million.
+func faultRoute(callee string, match *route.RouteMatch, ppm uint32) *route.Route {
+	abort := &fault.HTTPFault{Abort: &fault.FaultAbort{
+		ErrorType:  &fault.FaultAbort_GrpcStatus{GrpcStatus: uint32(AbortGRPCStatus)},
+		Percentage: &typev3.FractionalPercent{Numerator: ppm, Denominator: typev3.FractionalPercent_MILLION},
+	}}
+	return &route.Route{
+		Match:  match,
+		Action: &route.Route_Route{Route: &route.RouteAction{ClusterSpecifier: &route.RouteAction_Cluster{Cluster: callee}}},
+		TypedPerFilterConfig: map[string]*anypb.Any{
+			FaultFilterName: mustAny(abort),
+		},
 	}
 }
 

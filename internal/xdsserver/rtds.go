@@ -55,6 +55,11 @@ func newRTDS(prefix string, logger log.Logger) *rtds {
 // layer says what sluice decided for each caller it knows. Callers that no
 // header can name ("unknown", "_overflow") are left out: Envoy would read
 // them only for a downstream cluster of that very name.
+//
+// callers holds buckets of procedure "" only: a leaf of a callee that
+// declares procedures is never in a layer (dataplanes.update), so such a
+// callee's layer is empty. The fault filter's runtime keys are per
+// downstream cluster; a key per (caller, route) does not exist.
 func runtimeLayer(callee string, callers map[string]float64) *runtime.Runtime {
 	fields := make(map[string]*structpb.Value, 2*len(callers))
 	for _, caller := range slices.Sorted(maps.Keys(callers)) {
