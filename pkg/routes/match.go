@@ -160,13 +160,8 @@ func (r *Routes) match1(m uint64, path string) int {
 	}
 	var sl uint64 // bit j: path[j] is a '/' not yet passed
 	for j := 0; j < len(path); j += 8 {
-		var x uint64
-		if j+8 <= len(path) {
-			x = load8(path[j:])
-		} else { // the last bytes, shifted down to start at j
-			x = load8(path[len(path)-8:]) >> ((j + 8 - len(path)) * 8 & 63)
-		}
-		t := x ^ slash*lows
+		l := min(j, len(path)-8) // wordAt, inlined
+		t := load8(path[l:])>>((j-l)*8&63) ^ slash*lows
 		z := ^((t&sevens + sevens) | t | sevens) // the high bit of each zero byte of t
 		sl |= (z >> 7 * gather) >> 56 << (j & 63)
 	}
@@ -186,13 +181,8 @@ func (r *Routes) match1(m uint64, path string) int {
 		case n == 0:
 			b = &pos.empty
 		case pos.slots != nil:
-			var x uint64
-			if i+8 <= len(path) {
-				x = load8(path[i:])
-			} else {
-				x = load8(path[len(path)-8:]) >> ((i + 8 - len(path)) * 8 & 63)
-			}
-			w := x & lowBytes[min(n, 8)]
+			l := min(i, len(path)-8) // wordAt, inlined
+			w := load8(path[l:]) >> ((i - l) * 8 & 63) & lowBytes[min(n, 8)]
 			h := w ^ uint64(n)<<56 // segHash, inlined
 			if n > 8 {
 				h ^= bits.RotateLeft64(load8(path[end-8:]), 29)
@@ -221,6 +211,9 @@ func (r *Routes) match1(m uint64, path string) int {
 	return first(m&r.rest[0], 0, 0, 0)
 }
 
+// wordAt (inlined by hand in match1) returns the 8 bytes of path from i,
+// zeros past its end, for a path of at least 8 bytes: one load, from i or
+// from the last 8 bytes, shifted.
 // tailEqual reports whether a and b, of one length, agree past their first
 // 8 bytes. It inlines.
 func tailEqual(a, b string) bool {
