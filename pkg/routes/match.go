@@ -99,17 +99,27 @@ func (r *Routes) MatchIndex(method, path string) int {
 	if r == nil || path == "" || path[0] != '/' {
 		return -1
 	}
-	if i := r.match(r.methodRoutes(method), path); i >= 0 {
-		return int(r.procIndex[i])
+	var ms *bitset
+	if j := stdMethod(method); j >= 0 {
+		ms = &r.std[j]
+	} else {
+		ms = r.otherMethod(method)
 	}
-	return -1
+	var i int
+	if r.wide {
+		i = r.matchN(ms, path)
+	} else {
+		i = r.match1(ms[0], path)
+	}
+	if i < 0 {
+		return -1
+	}
+	return int(r.procIndex[i])
 }
 
-// methodRoutes returns the routes of method and those of none.
-func (r *Routes) methodRoutes(method string) *bitset {
-	if j := stdMethod(method); j >= 0 {
-		return &r.std[j]
-	}
+// otherMethod returns the routes of method, not one of stdMethods, and
+// those of none.
+func (r *Routes) otherMethod(method string) *bitset {
 	for i := range r.methods {
 		if r.methods[i].method == method {
 			return &r.methods[i].routes
@@ -118,17 +128,9 @@ func (r *Routes) methodRoutes(method string) *bitset {
 	return &r.any
 }
 
-// match returns the first route of ms that matches path, which starts with
-// '/', or -1. It reads each segment once, and none past the len(r.pos)-th:
-// only a "*" route takes more segments, whatever they are.
-func (r *Routes) match(ms *bitset, path string) int {
-	if !r.wide {
-		return r.match1(ms[0], path)
-	}
-	return r.matchN(ms, path)
-}
-
-// matchN is match for any routes and path.
+// matchN returns the first route of ms that matches path, which starts
+// with '/', or -1. It reads each segment once, and none past the
+// len(r.pos)-th: only a "*" route takes more segments, whatever they are.
 func (r *Routes) matchN(ms *bitset, path string) int {
 	m := *ms
 	var sl slashes
@@ -149,7 +151,7 @@ func (r *Routes) matchN(ms *bitset, path string) int {
 	return first(m[0]&r.rest[0], m[1]&r.rest[1], m[2]&r.rest[2], m[3]&r.rest[3])
 }
 
-// match1 is match for at most 64 routes and a path of 8 to 64 bytes, the
+// match1 is matchN for at most 64 routes and a path of 8 to 64 bytes, the
 // common case, in one loop that calls nothing: a call would make it keep
 // its variables on the stack. It finds every '/' first, so that a
 // segment's end costs two instructions that do not wait on reading the
