@@ -79,7 +79,6 @@ type position struct {
 	// past its hash's.
 	slots  []slot
 	mult   uint64 // the hash's odd multiplier, chosen by fill
-	shift  uint8  // 64 - log2(len(slots)): a hash's top bits index slots
 	probes uint16
 	wild   bitset // any non-empty segment: "{name}" at k, or "*" at or before k
 	empty  bitset // an empty segment: "*" at or before k; at k 0 also the root "/"
@@ -189,7 +188,7 @@ func (r *Routes) match1(m uint64, path string) int {
 			if n > 8 {
 				h ^= bits.RotateLeft64(load8(path[end-8:]), 29)
 			}
-			h = h * pos.mult >> (pos.shift & 63)
+			h = h * pos.mult >> hashShift
 			for range pos.probes {
 				s := &pos.slots[h&uint64(len(pos.slots)-1)]
 				if s.word == w && len(s.lit) == n && (n <= 8 || tailEqual(s.lit, path[i:end])) {
@@ -300,7 +299,7 @@ func (pos *position) accept(path string, i, end int) *bitset {
 	}
 	w := word(path, i) & lowBytes[min(n, 8)]
 	seg := path[i:end]
-	h := segHash(seg, w) * pos.mult >> (pos.shift & 63)
+	h := segHash(seg, w) * pos.mult >> hashShift
 	for range pos.probes {
 		s := &pos.slots[h&uint64(len(pos.slots)-1)]
 		if s.word == w && len(s.lit) == n && (n <= 8 || s.lit[8:] == seg[8:]) {
@@ -313,6 +312,10 @@ func (pos *position) accept(path string, i, end int) *bitset {
 	}
 	return &pos.wild
 }
+
+// hashShift keeps the high half of segHash times a position's multiplier,
+// whose low bits index its slots.
+const hashShift = 32
 
 // segHash mixes a segment's first 8 bytes w, its length and its last 8
 // bytes.
@@ -447,7 +450,6 @@ func (pos *position) fill(lits map[string]*bitset) {
 	for size < 2*len(lits) {
 		size *= 2
 	}
-	pos.shift = uint8(64 - bits.TrailingZeros(uint(size)))
 	keys := slices.Sorted(maps.Keys(lits))
 	var best []slot
 	var bestMult uint64
@@ -458,7 +460,7 @@ func (pos *position) fill(lits map[string]*bitset) {
 		probes := 0
 		for _, lit := range keys {
 			w := segWord(lit)
-			h := segHash(lit, segWord(lit)) * mult >> pos.shift
+			h := segHash(lit, segWord(lit)) * mult >> hashShift
 			d := uint64(0)
 			for slots[(h+d)&uint64(size-1)].lit != "" {
 				d++
