@@ -4,6 +4,7 @@ import (
 	"maps"
 	"math/bits"
 	"slices"
+	"strings"
 )
 
 // The matcher is bit-parallel (Shift-And): route i is bit i of a bitset,
@@ -161,7 +162,7 @@ func (r *Routes) match1(m uint64, path string) int {
 	}
 	var sl uint64 // bit j: path[j] is a '/' not yet passed
 	for j := 0; j < len(path); j += 8 {
-		l := min(j, len(path)-8) // wordAt, inlined
+		l := min(j, len(path)-8) // word, inlined: one load, from j or of the last 8 bytes
 		t := load8(path[l:])>>((j-l)*8&63) ^ slash*lows
 		z := ^((t&sevens + sevens) | t | sevens) // the high bit of each zero byte of t
 		sl |= (z >> 7 * gather) >> 56 << (j & 63)
@@ -182,7 +183,7 @@ func (r *Routes) match1(m uint64, path string) int {
 		case n == 0:
 			b = &pos.empty
 		case pos.slots != nil:
-			l := min(i, len(path)-8) // wordAt, inlined
+			l := min(i, len(path)-8) // word, inlined
 			w := load8(path[l:]) >> ((i - l) * 8 & 63) & lowBytes[min(n, 8)]
 			h := w ^ uint64(n)<<56 // segHash, inlined
 			if n > 8 {
@@ -212,9 +213,6 @@ func (r *Routes) match1(m uint64, path string) int {
 	return first(m&r.rest[0], 0, 0, 0)
 }
 
-// wordAt (inlined by hand in match1) returns the 8 bytes of path from i,
-// zeros past its end, for a path of at least 8 bytes: one load, from i or
-// from the last 8 bytes, shifted.
 // tailEqual reports whether a and b, of one length, agree past their first
 // 8 bytes. It inlines.
 func tailEqual(a, b string) bool {
@@ -245,13 +243,20 @@ func (s *slashes) init(path string) {
 	s.base, s.bits = 0, slashMask(path, 0)&^1
 }
 
-// next returns the index of the next '/' of path, or len(path).
+// next returns the index of the next '/' of path, or len(path). Past the
+// window it skips to the next '/' with strings.IndexByte, so a long
+// segment costs what scanning it once does.
 func (s *slashes) next(path string) int {
-	for s.bits == 0 {
+	if s.bits == 0 {
 		if s.base+64 >= len(path) {
 			return len(path)
 		}
-		s.base += 64
+		j := strings.IndexByte(path[s.base+64:], '/')
+		if j < 0 {
+			s.base = len(path)
+			return len(path)
+		}
+		s.base += 64 + j
 		s.bits = slashMask(path, s.base)
 	}
 	j := s.base + bits.TrailingZeros64(s.bits)
@@ -313,8 +318,8 @@ func (pos *position) accept(path string, i, end int) *bitset {
 	return &pos.wild
 }
 
-// hashShift keeps the high half of segHash times a position's multiplier,
-// whose low bits index its slots.
+// hashShift drops the low half of segHash times a position's multiplier;
+// the low bits of the rest index its slots.
 const hashShift = 32
 
 // segHash mixes a segment's first 8 bytes w, its length and its last 8
