@@ -73,8 +73,8 @@ type Route struct {
 // overlap: it looks each segment up once in a table of the literals at its
 // index (see match.go). A lookup reads at most as many slots as there are
 // distinct literals at that index (at most MaxRoutes; compile picks the
-// hash so that it is usually one or two), so no path costs more than reading it once
-// plus MaxSegments such lookups.
+// hash so that it is usually one or two), so no path costs more than
+// reading it once plus MaxSegments such lookups.
 func (r *Routes) Match(method, path string) string {
 	if i := r.MatchIndex(method, path); i >= 0 {
 		return r.distinct[i]
