@@ -239,3 +239,47 @@ func FuzzRoutes(f *testing.F) {
 		checkIndex(t, r, method, path)
 	})
 }
+
+// Match agrees with refMatch on paths of every length, so that both of its
+// walks run (match1 for at most 64 routes and a path of 8 to 64 bytes,
+// matchN otherwise), with segments longer than the 8 bytes a word holds,
+// and on lists of more than 64 routes.
+func TestMatchAgreesOnEveryLength(t *testing.T) {
+	rng := rand.New(rand.NewPCG(14, 2))
+	segs := []string{"a", "b", "", "ab", "abcdefgh", "abcdefghi", "abcdefgha", strings.Repeat("b", 40), "/"}
+	for round := range 400 {
+		var routes []Route
+		if round%4 == 0 { // wide: more than 64 routes
+			for i := range 70 {
+				routes = append(routes, Route{Pattern: fmt.Sprintf("GET /r%d/{x}", i), Procedure: fmt.Sprintf("r%d", i)})
+			}
+		}
+		for i := range 12 {
+			var b strings.Builder
+			b.WriteString([]string{"", "GET "}[rng.IntN(2)])
+			for range 1 + rng.IntN(6) {
+				s := []string{"a", "abcdefgh", "abcdefghi", "abcdefgha", "{x}", "*"}[rng.IntN(6)]
+				b.WriteString("/" + s)
+				if s == "*" {
+					break
+				}
+			}
+			next := append(routes[:len(routes):len(routes)], Route{Pattern: b.String(), Procedure: fmt.Sprintf("p%d", i)})
+			if _, err := CompileRoutes(next); err == nil {
+				routes = next
+			}
+		}
+		r := mustCompile(t, routes...)
+		for range 100 {
+			var b strings.Builder
+			for range rng.IntN(12) {
+				b.WriteString("/" + segs[rng.IntN(len(segs))])
+			}
+			m, p := []string{"GET", "POST"}[rng.IntN(2)], b.String()
+			if got, want := r.Match(m, p), refMatch(routes, m, p); got != want {
+				t.Fatalf("routes %v: Match(%q, %q) = %q, reference %q", routes, m, p, got, want)
+			}
+			checkIndex(t, r, m, p)
+		}
+	}
+}

@@ -16,7 +16,6 @@ package routes
 import (
 	"errors"
 	"fmt"
-	"math"
 	"slices"
 	"strings"
 
@@ -24,10 +23,9 @@ import (
 )
 
 // Bounds on what one callee's policy may declare. Together they bound a
-// compiled Routes: at most (MaxMethods+1) tries of at most
-// MaxRoutes×MaxSegments nodes, about 140,000 nodes, a few MB, for the most
-// hostile policy; a real API's few dozen routes share prefixes and take a
-// few KB.
+// compiled Routes: per segment index (at most MaxSegments), a table of at
+// most 2×MaxRoutes slots of about 64 bytes, some 2 MB for the most hostile
+// policy; a real API's few dozen routes take a few KB.
 const (
 	// MaxRoutes bounds the routes of one callee.
 	MaxRoutes = 256
@@ -62,41 +60,6 @@ type Route struct {
 	Procedure string
 }
 
-// Routes is a compiled, immutable list of routes: safe for concurrent
-// Match calls. A nil *Routes matches nothing.
-type Routes struct {
-	byMethod  []methodRoot // one per method a route names, sorted by first mention
-	any       *node        // the routes with no method, for every other method; nil if none
-	procs     []string     // procedure by route index
-	distinct  []string     // Procedures: the distinct procs, in order of first mention
-	procIndex []int32      // index in distinct, by route index
-}
-
-type methodRoot struct {
-	method string
-	root   *node // the routes of this method and those of none
-}
-
-// noRoute stands for "no route" in a node's end, rest and min, so that "is
-// route i earlier than best" is one comparison whether or not either exists.
-const noRoute = math.MaxInt32
-
-// A node is a position in a segment trie: the segments that led to it are
-// the same for every route below it.
-type node struct {
-	lits  []edge // literal next segments, sorted
-	param *node  // a "{name}" next segment
-	end   int32  // the first route whose template ends here, or noRoute
-	rest  int32  // the first route whose template is these segments then "*", or noRoute
-	min   int32  // the first route at or below this node: a search below it can not beat min
-}
-
-type edge struct {
-	first byte // seg[0], or 0 for the root's ""; kept here to skip most edges without reading seg
-	seg   string
-	n     *node
-}
-
 // Match returns the procedure of the first route, in declaration order,
 // that matches the request, or names.Other. path is the request's path as
 // the callee's router sees it (http.Request.URL.Path), without its query;
@@ -105,146 +68,18 @@ type edge struct {
 // not "/v1/charges", so what a client can send past a route lands in
 // names.Other, whose limit the callee must set as any other's.
 //
-// Match allocates nothing. Its time grows with the path's matched segments
-// and with how many routes overlap, hardly with the number of routes; it
-// visits a trie node at most once (a node's depth fixes the segment it
-// sees), so no path costs more than the trie's size, which the bounds on
-// CompileRoutes' input bound.
+// Match allocates nothing. Its time grows with the path's segments, up to
+// the most a template has, not with the number of routes or how they
+// overlap: it looks each segment up once in a table of the literals at its
+// index (see match.go). A lookup reads at most as many slots as there are
+// distinct literals at that index (at most MaxRoutes; compile picks the
+// hash so that it is usually one or two), so no path costs more than
+// reading it once plus MaxSegments such lookups.
 func (r *Routes) Match(method, path string) string {
 	if i := r.MatchIndex(method, path); i >= 0 {
 		return r.distinct[i]
 	}
 	return names.Other
-}
-
-// MatchIndex is Match for a table indexed by procedure: it returns the
-// index in Procedures of the procedure Match would return, or -1 for
-// names.Other. It allocates nothing.
-func (r *Routes) MatchIndex(method, path string) int {
-	if r == nil || path == "" || path[0] != '/' {
-		return -1
-	}
-	root := r.any
-	for i := range r.byMethod {
-		if r.byMethod[i].method == method {
-			root = r.byMethod[i].root
-			break
-		}
-	}
-	if root == nil {
-		return -1
-	}
-	if best := root.match(path[1:], false, noRoute); best != noRoute {
-		return int(r.procIndex[best])
-	}
-	return -1
-}
-
-// match returns the earlier of best and the first route below n that
-// matches path, the request's segments still to match. done says no
-// segment is left; path "" with done false is one empty segment. Every
-// branch that could match is searched unless its first route is no earlier
-// than best, so the answer is the first route in declaration order, not the
-// most specific one. It loops down the trie and recurses only where both a
-// literal and a parameter could match.
-func (n *node) match(path string, done bool, best int32) int32 {
-	for {
-		if n.rest < best {
-			best = n.rest
-		}
-		if done {
-			return min(best, n.end)
-		}
-		c, cnext, clast := n.child(path)
-		if c != nil && c.min >= best {
-			c = nil
-		}
-		p := n.param
-		if p != nil && (path == "" || path[0] == '/' || p.min >= best) {
-			p = nil // a parameter is never an empty segment
-		}
-		if c != nil {
-			if p == nil {
-				n, path, done = c, cnext, clast
-				continue
-			}
-			if best = c.match(cnext, clast, best); p.min >= best {
-				return best
-			}
-		}
-		if p == nil {
-			return best
-		}
-		// A parameter takes the segment, whatever it is, up to its end.
-		if i := strings.IndexByte(path, '/'); i >= 0 {
-			path = path[i+1:]
-		} else {
-			path, done = "", true
-		}
-		n = p
-	}
-}
-
-// maxScan is the most literal children child compares one by one; a wider
-// node pays for finding the segment's end and a binary search.
-const maxScan = 16
-
-// child returns the literal child that path's first segment leads to, the
-// path after that segment and whether none is left; c is nil if there is
-// no such child. It compares each literal with the path in place, first
-// byte and end of segment before the bytes, so a literal segment is
-// neither split off nor scanned twice.
-func (n *node) child(path string) (c *node, next string, last bool) {
-	lits := n.lits
-	switch {
-	case len(lits) == 0:
-		return nil, "", false
-	case path == "" || path[0] == '/': // an empty segment: only the root template "/" has one
-		if lits[0].seg != "" { // sorted: "" first
-			return nil, "", false
-		}
-		if path == "" {
-			return lits[0].n, "", true
-		}
-		return lits[0].n, path[1:], false
-	case len(lits) > maxScan:
-		return n.search(path)
-	}
-	first := path[0]
-	for i := range lits {
-		e := &lits[i]
-		l := len(e.seg)
-		if e.first != first || l > len(path) || l < len(path) && path[l] != '/' || path[:l] != e.seg {
-			continue
-		}
-		if l == len(path) {
-			return e.n, "", true
-		}
-		return e.n, path[l+1:], false
-	}
-	return nil, "", false
-}
-
-// search is child for a wide node, by binary search on the segment.
-func (n *node) search(path string) (c *node, next string, last bool) {
-	seg, next, last := path, "", true
-	if i := strings.IndexByte(path, '/'); i >= 0 {
-		seg, next, last = path[:i], path[i+1:], false
-	}
-	lits := n.lits
-	lo, hi := 0, len(lits)
-	for lo < hi {
-		m := int(uint(lo+hi) >> 1)
-		if lits[m].seg < seg {
-			lo = m + 1
-		} else {
-			hi = m
-		}
-	}
-	if lo < len(lits) && lits[lo].seg == seg {
-		return lits[lo].n, next, last
-	}
-	return nil, "", false
 }
 
 // Procedures returns the distinct procedures of r's routes in the order
@@ -308,9 +143,8 @@ func CompileRoutes(routes []Route) (*Routes, error) {
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
-	r := &Routes{procs: make([]string, len(routes)), procIndex: make([]int32, len(routes))}
+	r := &Routes{procIndex: make([]int32, len(routes))}
 	for i, rt := range routes {
-		r.procs[i] = rt.Procedure
 		j := slices.Index(r.distinct, rt.Procedure)
 		if j < 0 {
 			j = len(r.distinct)
@@ -318,10 +152,7 @@ func CompileRoutes(routes []Route) (*Routes, error) {
 		}
 		r.procIndex[i] = int32(j)
 	}
-	for _, m := range methods {
-		r.byMethod = append(r.byMethod, methodRoot{method: m, root: build(tmpls, m)})
-	}
-	r.any = build(tmpls, "")
+	r.compile(tmpls, methods)
 	return r, nil
 }
 
@@ -349,52 +180,6 @@ func checkProcedure(p string) error {
 	}
 	return nil
 }
-
-// build returns the trie of the routes of method, and of those with no
-// method, or nil if there are none. Routes go in in declaration order, so
-// the first route to reach a node or an end is the earliest one.
-func build(tmpls []template, method string) *node {
-	var root *node
-	for i, t := range tmpls {
-		if t.method != "" && t.method != method {
-			continue
-		}
-		if root == nil {
-			root = newNode(int32(i))
-		}
-		n := root
-		for _, s := range t.segs {
-			switch s.kind {
-			case rest:
-				n.rest = min(n.rest, int32(i))
-			case param:
-				if n.param == nil {
-					n.param = newNode(int32(i))
-				}
-				n = n.param
-			case literal:
-				k, found := slices.BinarySearchFunc(n.lits, s.lit, func(e edge, lit string) int { return strings.Compare(e.seg, lit) })
-				if !found {
-					n.lits = slices.Insert(n.lits, k, edge{first: firstByte(s.lit), seg: s.lit, n: newNode(int32(i))})
-				}
-				n = n.lits[k].n
-			}
-		}
-		if t.segs[len(t.segs)-1].kind != rest {
-			n.end = min(n.end, int32(i))
-		}
-	}
-	return root
-}
-
-func firstByte(s string) byte {
-	if s == "" {
-		return 0
-	}
-	return s[0]
-}
-
-func newNode(first int32) *node { return &node{end: noRoute, rest: noRoute, min: first} }
 
 // short keeps error messages short when the pattern itself is the problem.
 func short(s string) string {
