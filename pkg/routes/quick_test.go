@@ -11,7 +11,7 @@ import (
 	"github.com/sluicehq/sluice/pkg/names"
 )
 
-// refMatch is Match written the obvious way, independently of the trie and
+// refMatch is Match written the obvious way, independently of the bitset matcher and
 // of parse: route by route in order, the path and each template split with
 // strings.Split.
 func refMatch(routes []Route, method, path string) string {

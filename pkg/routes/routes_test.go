@@ -78,7 +78,7 @@ func TestMatch(t *testing.T) {
 }
 
 // The first route in declaration order wins, not the most specific one: a
-// trie that preferred literals, or returned the first match it walked into,
+// matcher that preferred literals, or returned the first match it found,
 // would answer these differently.
 func TestMatchFirstWins(t *testing.T) {
 	for _, tc := range []struct {
