@@ -38,32 +38,6 @@ services:
           web: {limit: 150}
 `
 
-// leafMetric is the value of a sidecar counter of checkout's (peer,
-// procedure) leaf, by outcome ("" for none); NaN when absent.
-func leafMetric(t *testing.T, g prometheus.Gatherer, name, peer, procedure, outcome string) float64 {
-	t.Helper()
-	mfs, err := g.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := map[string]string{"service": "checkout", "peer": peer, "procedure": procedure, "outcome": outcome}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	metrics:
-		for _, m := range mf.GetMetric() {
-			for _, lp := range m.GetLabel() {
-				if want[lp.GetName()] != lp.GetValue() {
-					continue metrics
-				}
-			}
-			return m.GetCounter().GetValue()
-		}
-	}
-	return math.NaN()
-}
-
 // TestProxylessPerMethodLimits runs the whole loop for a proxyless caller
 // of a callee that declares a gRPC method: a real gRPC-Go xDS client (web)
 // calls /shop.Checkout/Pay at 5× its leaf limit of 150 rps and

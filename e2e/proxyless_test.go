@@ -719,21 +719,21 @@ func (s *ratioSamples) since(t time.Time) []float64 {
 	return out
 }
 
-// limiterMetric is the value of a sidecar metric of the checkout service
-// and peer, by its outcome label ("" for none).
-func limiterMetric(t *testing.T, g prometheus.Gatherer, name, peer, outcome string) float64 {
+// leafMetric is the value of a sidecar counter of checkout's (peer,
+// procedure) leaf, by outcome ("" for none); NaN when absent.
+func leafMetric(t *testing.T, g prometheus.Gatherer, name, peer, procedure, outcome string) float64 {
 	t.Helper()
 	mfs, err := g.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
+	want := map[string]string{"service": "checkout", "peer": peer, "procedure": procedure, "outcome": outcome}
 	for _, mf := range mfs {
 		if mf.GetName() != name {
 			continue
 		}
 	metrics:
 		for _, m := range mf.GetMetric() {
-			want := map[string]string{"service": "checkout", "peer": peer, "outcome": outcome}
 			for _, lp := range m.GetLabel() {
 				if want[lp.GetName()] != lp.GetValue() {
 					continue metrics
@@ -743,6 +743,13 @@ func limiterMetric(t *testing.T, g prometheus.Gatherer, name, peer, outcome stri
 		}
 	}
 	return math.NaN()
+}
+
+// limiterMetric is the value of a sidecar metric of the checkout service
+// and peer, by its outcome label ("" for none): its whole bucket.
+func limiterMetric(t *testing.T, g prometheus.Gatherer, name, peer, outcome string) float64 {
+	t.Helper()
+	return leafMetric(t, g, name, peer, "", outcome)
 }
 
 // TestProxylessCallerCountedAtTheCallee runs the whole loop for a proxyless
