@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
@@ -301,5 +302,65 @@ func TestBadProcedureDropsItsEntry(t *testing.T) {
 	}
 	if d := s.TakeDropped(); d.ByReason["duplicate_peer"] != 1 {
 		t.Errorf("dropped = %+v, want the service entry for a duplicate leaf", d)
+	}
+}
+
+// TestCallerLimitOnLeaves: every inbound leaf of a caller with a limit
+// across procedures carries that limit, beside its own on limit_rps, so
+// that under fail mode local its sidecars share it among the caller's
+// leaves; a caller without one, an outbound policy and a callee without
+// procedures carry none. A change of it alone is published at once.
+func TestCallerLimitOnLeaves(t *testing.T) {
+	set := procLimits(func(s *limits.Service) { s.Procedures["get-item"].Callers = map[string]float64{"batch": 5} })
+	s := warmState(t)
+	now := t0.Add(2 * time.Second)
+	if err := s.Apply(leafLoad("a", map[string]float64{"checkout/web/get-item": 1}), now); err != nil {
+		t.Fatal(err)
+	}
+	p := s.Tick(now, set).Changed["callee/checkout"]
+	for _, pp := range p.GetPeers() {
+		want := map[string]float64{"web": 100, "mobile": 300}[pp.GetPeer()]
+		switch {
+		case want == 0 && pp.CallerLimitRps != nil:
+			t.Errorf("%s/%s = %v, want no caller limit", pp.GetPeer(), pp.GetProcedure(), pp)
+		case want != 0 && (pp.CallerLimitRps == nil || pp.GetCallerLimitRps() != want):
+			t.Errorf("%s/%s = %v, want caller limit %v", pp.GetPeer(), pp.GetProcedure(), pp, want)
+		}
+	}
+	if cc := leafOf(p, "web", "create-charge"); cc.GetLimitRps() != 50 || cc.GetCallerLimitRps() != 100 {
+		t.Errorf("web/create-charge = %v, want its own limit 50 and web's 100", cc)
+	}
+	if pp := leafOf(p, "batch", "get-item"); pp == nil || pp.CallerLimitRps != nil {
+		t.Errorf("batch/get-item = %v, want listed without a caller limit", pp)
+	}
+
+	// Only the caller limit of a leaf differs: due.
+	changed := proto.Clone(p).(*sluicev1.DropPolicy)
+	leafOf(changed, "web", "create-charge").CallerLimitRps = proto.Float64(120)
+	if s.due(proto.Clone(p).(*sluicev1.DropPolicy), now) {
+		t.Error("the published policy itself is due")
+	}
+	if !s.due(changed, now) {
+		t.Error("a changed caller limit is not due")
+	}
+	leafOf(changed, "web", "create-charge").CallerLimitRps = nil
+	if !s.due(changed, now) {
+		t.Error("a caller limit gone is not due")
+	}
+
+	// Outbound: web's whole bucket of checkout, its limit on limit_rps.
+	res := tickOnce(t, set, mixedLoad("a", 1, nil, map[string]float64{"web/checkout": 150}, nil))
+	out := res.Changed["caller/web"]
+	if out == nil || len(out.GetPeers()) != 1 || out.GetPeers()[0].GetLimitRps() != 100 || out.GetPeers()[0].CallerLimitRps != nil {
+		t.Errorf("outbound policy %v, want checkout at web's limit 100, without a caller limit", out)
+	}
+
+	res = tickOnce(t, checkoutLimits(), leafLoad("a", map[string]float64{"checkout/web": 500}))
+	for name, p := range res.Changed {
+		for _, pp := range p.GetPeers() {
+			if pp.CallerLimitRps != nil {
+				t.Errorf("%s: %v, want no caller limit in a callee without procedures", name, pp)
+			}
+		}
 	}
 }

@@ -64,16 +64,21 @@ func listed(pp *sluicev1.PeerPolicy) bool {
 // the wire is the tightest that bounds it alone: its own, else its
 // caller's across procedures; so a leaf whose caller has a limit is
 // listed (dataplane.Listed), and the sidecars keep its counters and a
-// bucket for fail mode local from the first request.
+// bucket for fail mode local from the first request. An inbound leaf
+// also carries its caller's limit across procedures, CallerLimitRps:
+// under fail mode local the sidecars share it out among the caller's
+// leaves, which limit_rps alone would each grant in full.
 func leafPolicy(peer string, v dropratio.Verdict, lim *limits.Service, inbound bool) *sluicev1.PeerPolicy {
 	pp := peerPolicy(peer, v)
 	if v.Procedure == "" {
 		return pp
 	}
+	callerLimit := lim.Bucket(v.Caller).Limit
 	if inbound {
 		pp.Procedure = v.Procedure
+		pp.CallerLimitRps = finiteOrAbsent(callerLimit)
 	}
-	pp.LimitRps = finiteOrAbsent(min(v.Limit, lim.Bucket(v.Caller).Limit))
+	pp.LimitRps = finiteOrAbsent(min(v.Limit, callerLimit))
 	return pp
 }
 
@@ -316,8 +321,9 @@ func (s *State) due(policy *sluicev1.DropPolicy, now time.Time) bool {
 	for i, np := range policy.GetPeers() {
 		op := old.GetPeers()[i]
 		if op.GetPeer() != np.GetPeer() || op.GetProcedure() != np.GetProcedure() || op.GetMode() != np.GetMode() || op.GetEnforcedUpstream() != np.GetEnforcedUpstream() ||
-			(op.LimitRps == nil) != (np.LimitRps == nil) ||
-			op.GetLimitRps() != np.GetLimitRps() || (op.AllowedRps == nil) != (np.AllowedRps == nil) || op.GetReason() != np.GetReason() {
+			(op.LimitRps == nil) != (np.LimitRps == nil) || op.GetLimitRps() != np.GetLimitRps() ||
+			(op.CallerLimitRps == nil) != (np.CallerLimitRps == nil) || op.GetCallerLimitRps() != np.GetCallerLimitRps() ||
+			(op.AllowedRps == nil) != (np.AllowedRps == nil) || op.GetReason() != np.GetReason() {
 			return true
 		}
 		// A ratio that reaches or leaves zero always goes out; otherwise

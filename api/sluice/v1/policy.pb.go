@@ -373,9 +373,16 @@ type PeerPolicy struct {
 	// field reads mode as enforced upstream.
 	EnforcedUpstream bool `protobuf:"varint,8,opt,name=enforced_upstream,json=enforcedUpstream,proto3" json:"enforced_upstream,omitempty"`
 	// The bucket's procedure; empty when the service declares none.
-	Procedure     string `protobuf:"bytes,9,opt,name=procedure,proto3" json:"procedure,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Procedure string `protobuf:"bytes,9,opt,name=procedure,proto3" json:"procedure,omitempty"`
+	// For a leaf of a callee with procedures: its caller's limit across
+	// procedures, in requests per second; absent when the caller has none or
+	// the callee declares no procedures. Under FAIL_MODE_LOCAL the leaves of
+	// one caller share a bucket of this limit's share (limit_rps is the
+	// tightest limit of the leaf alone, min of its own and this one).
+	// Inbound policies only.
+	CallerLimitRps *float64 `protobuf:"fixed64,10,opt,name=caller_limit_rps,json=callerLimitRps,proto3,oneof" json:"caller_limit_rps,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *PeerPolicy) Reset() {
@@ -471,6 +478,13 @@ func (x *PeerPolicy) GetProcedure() string {
 	return ""
 }
 
+func (x *PeerPolicy) GetCallerLimitRps() float64 {
+	if x != nil && x.CallerLimitRps != nil {
+		return *x.CallerLimitRps
+	}
+	return 0
+}
+
 var File_sluice_v1_policy_proto protoreflect.FileDescriptor
 
 const file_sluice_v1_policy_proto_rawDesc = "" +
@@ -494,7 +508,7 @@ const file_sluice_v1_policy_proto_rawDesc = "" +
 	"\x06routes\x18\v \x03(\v2\x10.sluice.v1.RouteR\x06routes\"?\n" +
 	"\x05Route\x12\x18\n" +
 	"\apattern\x18\x01 \x01(\tR\apattern\x12\x1c\n" +
-	"\tprocedure\x18\x02 \x01(\tR\tprocedure\"\xe5\x02\n" +
+	"\tprocedure\x18\x02 \x01(\tR\tprocedure\"\xa9\x03\n" +
 	"\n" +
 	"PeerPolicy\x12\x12\n" +
 	"\x04peer\x18\x01 \x01(\tR\x04peer\x12\x1d\n" +
@@ -508,10 +522,13 @@ const file_sluice_v1_policy_proto_rawDesc = "" +
 	"offeredRps\x12-\n" +
 	"\x06reason\x18\a \x01(\x0e2\x15.sluice.v1.DropReasonR\x06reason\x12+\n" +
 	"\x11enforced_upstream\x18\b \x01(\bR\x10enforcedUpstream\x12\x1c\n" +
-	"\tprocedure\x18\t \x01(\tR\tprocedureB\f\n" +
+	"\tprocedure\x18\t \x01(\tR\tprocedure\x12-\n" +
+	"\x10caller_limit_rps\x18\n" +
+	" \x01(\x01H\x02R\x0ecallerLimitRps\x88\x01\x01B\f\n" +
 	"\n" +
 	"_limit_rpsB\x0e\n" +
-	"\f_allowed_rps*b\n" +
+	"\f_allowed_rpsB\x13\n" +
+	"\x11_caller_limit_rps*b\n" +
 	"\bFailMode\x12\x19\n" +
 	"\x15FAIL_MODE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eFAIL_MODE_OPEN\x10\x01\x12\x12\n" +
