@@ -43,7 +43,14 @@ import (
 //     of such a peer goes to its bucket: one atomic compare-and-swap takes a
 //     token, and a request that finds none is dropped (shadow rules: counted
 //     as shadow dropped) without writing to the bucket. Peers without a limit
-//     are admitted.
+//     are admitted. In a service with procedures, the leaves of a caller
+//     whose limit across procedures is known (Rule.CallerLimitRPS) also
+//     share one bucket of CallerLimitRPS / LiveInstances: a request takes a
+//     token from its leaf's bucket, then one from its caller's, and is
+//     dropped unless it got both. Without the shared bucket each leaf would
+//     admit the caller's whole limit (its LimitRPS is the tightest limit of
+//     the leaf alone), a caller of P procedures P times its limit.
+//     Capacities (the callee's, a procedure's) are not enforced locally.
 //
 // Linear in the ratio is linear in the admitted share 1 − p: the admitted
 // rate climbs at a constant pace from what the last policy let through to
@@ -220,13 +227,49 @@ func (s *ServiceLimiter) expire(now time.Time) {
 // deriveLocked installs p's verdicts for its fail mode. s.mu must be held.
 func (s *ServiceLimiter) deriveLocked(p *Policy) {
 	old := s.table.Load()
+	var callers map[string]*tokenBucket
+	if p.FailMode == dataplane.FailLocal {
+		callers = s.callerBucketsLocked(p)
+	}
 	verdicts := make(map[leaf]*verdict, len(old.verdicts))
 	for k, v := range old.verdicts {
-		verdicts[k] = s.failVerdict(p, v)
+		verdicts[k] = s.failVerdict(p, v, callers)
 	}
 	s.installLocked(p, old.procs, verdicts)
 	s.fail.derived = true
 }
+
+// callerBucketsLocked returns the fail-local buckets that p's callers
+// with a limit across procedures share among their leaves, by caller:
+// one each, at the caller's CallerLimitRPS / LiveInstances. Leaves of one
+// caller that disagree on the limit (no controller sends that) get the
+// least of theirs. s.mu must be held.
+func (s *ServiceLimiter) callerBucketsLocked(p *Policy) map[string]*tokenBucket {
+	var rates map[string]float64
+	for i := range p.Peers {
+		r := &p.Peers[i]
+		if r.Procedure == "" || !isLimit(r.CallerLimitRPS) {
+			continue
+		}
+		if rates == nil {
+			rates = make(map[string]float64)
+		}
+		if old, ok := rates[r.Peer]; !ok || r.CallerLimitRPS < old {
+			rates[r.Peer] = r.CallerLimitRPS
+		}
+	}
+	callers := make(map[string]*tokenBucket, len(rates))
+	for peer, limit := range rates {
+		b := newTokenBucket(limit / float64(max(p.LiveInstances, 1)))
+		s.fail.buckets = append(s.fail.buckets, b)
+		callers[peer] = b
+	}
+	return callers
+}
+
+// isLimit reports whether rate is a limit: not +Inf (none), nor NaN or
+// negative (a hand-built policy; PolicyFromProto refuses them).
+func isLimit(rate float64) bool { return rate >= 0 && !math.IsInf(rate, 1) }
 
 // failVerdict derives v's verdict under p's fail mode, open or local. s.mu
 // must be held.
@@ -237,7 +280,10 @@ func (s *ServiceLimiter) deriveLocked(p *Policy) {
 // over it the caller is. Under fail mode open the ratio in force only falls from
 // there, so Retry-After and the reset may err long, never short; remaining
 // is as old as the policy.
-func (s *ServiceLimiter) failVerdict(p *Policy, v *verdict) *verdict {
+//
+// callers are the buckets shared by each caller's leaves under fail mode
+// local (callerBucketsLocked).
+func (s *ServiceLimiter) failVerdict(p *Policy, v *verdict, callers map[string]*tokenBucket) *verdict {
 	r := v.rule
 	if v.kind == kindUpstream {
 		// This side never drops the peer, fresh or not. The upstream
@@ -247,7 +293,12 @@ func (s *ServiceLimiter) failVerdict(p *Policy, v *verdict) *verdict {
 		return v
 	}
 	if p.FailMode == dataplane.FailLocal {
-		if !(r.LimitRPS >= 0) || math.IsInf(r.LimitRPS, 1) { // no limit (NaN: a hand-built policy)
+		var caller *tokenBucket
+		if r.Procedure != "" {
+			caller = callers[r.Peer]
+		}
+		own := isLimit(r.LimitRPS)
+		if !own && caller == nil {
 			if v.admitsAll() {
 				return v
 			}
@@ -255,8 +306,11 @@ func (s *ServiceLimiter) failVerdict(p *Policy, v *verdict) *verdict {
 			// share of capacity), so none is announced.
 			return &verdict{rule: r, kind: v.kind, shadow: v.shadow}
 		}
-		b := newTokenBucket(r.LimitRPS / float64(max(p.LiveInstances, 1)))
-		s.fail.buckets = append(s.fail.buckets, b)
+		var b *tokenBucket
+		if own {
+			b = newTokenBucket(r.LimitRPS / float64(max(p.LiveInstances, 1)))
+			s.fail.buckets = append(s.fail.buckets, b)
+		}
 		nv := &verdict{
 			rule: r,
 			// Ratio 1: every request is picked, and goes to the bucket.
@@ -267,6 +321,7 @@ func (s *ServiceLimiter) failVerdict(p *Policy, v *verdict) *verdict {
 			http:   v.http, grpcErr: v.grpcErr,
 			admit:  v.admit,
 			bucket: b,
+			caller: caller,
 		}
 		if !nv.shadow && nv.http == nil {
 			nv.http, nv.grpcErr = renderRejection(s.name, p.Direction, r)
@@ -388,6 +443,30 @@ func (b *tokenBucket) take() bool {
 			return true
 		}
 	}
+}
+
+// giveBack returns a token take took for a request that was dropped after
+// all (its caller's bucket was empty), so that a leaf is not charged for
+// requests it never admitted. A refill between the two may have filled the
+// bucket: it then holds one token over its cap until the next refill,
+// which brings it back down.
+func (b *tokenBucket) giveBack() { b.tokens.Add(tokenUnit) }
+
+// takeLocal takes a token from v's own bucket and one from its caller's,
+// each when it has one, and reports whether it got every token it needed;
+// it keeps none when it did not. Lock-free, allocation-free: the request
+// path of fail mode local.
+func (v *verdict) takeLocal() bool {
+	if v.bucket != nil && !v.bucket.take() {
+		return false
+	}
+	if v.caller == nil || v.caller.take() {
+		return true
+	}
+	if v.bucket != nil {
+		v.bucket.giveBack()
+	}
+	return false
 }
 
 // refill adds dt's worth of tokens, up to the burst and a fraction of a

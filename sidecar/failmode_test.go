@@ -2,6 +2,7 @@ package sidecar
 
 import (
 	"math"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -734,5 +735,197 @@ func TestExpiryStep(t *testing.T) {
 		if s.state == Expired && st.FailMode != dataplane.FailHold {
 			t.Fatalf("step %d: fail mode %v, want hold", i, st.FailMode)
 		}
+	}
+}
+
+// Two gRPC procedures of checkout, for the tests of a caller's limit across
+// procedures under fail mode local.
+const (
+	procPay    = "/shop.Checkout/Pay"
+	procRefund = "/shop.Checkout/Refund"
+)
+
+// localProcedures is a fail-local policy of checkout that declares procPay
+// and procRefund, with one live instance: a rate of the rules is this
+// sidecar's share.
+func localProcedures(rules ...Rule) *Policy {
+	p := failPolicy(dataplane.FailLocal, rules...)
+	slices.SortFunc(p.Peers, func(a, b Rule) int { return cmpRule(a.Peer, a.Procedure, leaf{b.Peer, b.Procedure}) })
+	p.Procedures = []string{procPay, procRefund}
+	p.LiveInstances = 1
+	return p
+}
+
+// runLocal offers each of methods 100 rps of web for 10s after s's policy
+// expired (one request of each, in turn, every 10ms), with an Expire every
+// 100ms as the sidecar does, and returns how many of each were admitted.
+func runLocal(l *Limiter, s *ServiceLimiter, methods ...string) []int {
+	start := t0.Add(testTTL)
+	admitted := make([]int, len(methods))
+	for ms := 0; ms < 10000; ms += 10 {
+		if ms%100 == 0 {
+			l.Expire(start.Add(time.Duration(ms) * time.Millisecond))
+		}
+		for i, m := range methods {
+			if !s.DecideGRPC("web", m).Drop {
+				admitted[i]++
+			}
+		}
+	}
+	return admitted
+}
+
+// TestFailLocalCallerLimitAcrossProcedures: under fail mode local the
+// leaves of a caller share its limit across procedures. web's limit is 100
+// rps; each of its leaves carries it as its own LimitRPS too (the
+// controller's min of the two), which alone would admit 100 rps of each.
+func TestFailLocalCallerLimitAcrossProcedures(t *testing.T) {
+	t.Run("leaves without limits of their own", func(t *testing.T) {
+		l := NewLimiter(LimiterOptions{})
+		l.SetPolicyAt(localProcedures(
+			Rule{Peer: "web", Procedure: procPay, LimitRPS: 100, CallerLimitRPS: 100},
+			Rule{Peer: "web", Procedure: procRefund, LimitRPS: 100, CallerLimitRPS: 100},
+		), t0)
+		s := l.Service("checkout")
+		got := runLocal(l, s, procPay, procRefund)
+		// The caller's bucket starts full (10 tokens) and gets 10 per
+		// Expire: 1000 in 10s, shared.
+		if total := got[0] + got[1]; total != 1000 {
+			t.Errorf("admitted %v: %d in 10s, want 1000 (100 rps across both procedures, not 200)", got, total)
+		}
+		if d := got[0] - got[1]; d < -10 || d > 10 {
+			t.Errorf("admitted %v: want the limit shared about evenly by equal demand", got)
+		}
+		fc := s.failCounts()
+		if fc.localAdmitted != 1000 || fc.localDropped != 2000-1000 || fc.localShadow != 0 {
+			t.Errorf("local counters %+v, want 1000 admitted, 1000 dropped", fc)
+		}
+		c := leafCounts(l, "checkout")
+		if a, b := c["web/"+procPay], c["web/"+procRefund]; a.Dropped+b.Dropped != 1000 || a.Offered != 1000 || b.Offered != 1000 {
+			t.Errorf("leaf counts %+v, %+v; want 1000 offered each, 1000 dropped between them", a, b)
+		}
+	})
+	t.Run("a leaf with a tighter limit", func(t *testing.T) {
+		l := NewLimiter(LimiterOptions{})
+		l.SetPolicyAt(localProcedures(
+			Rule{Peer: "web", Procedure: procPay, LimitRPS: 30, CallerLimitRPS: 100},
+			Rule{Peer: "web", Procedure: procRefund, LimitRPS: 100, CallerLimitRPS: 100},
+		), t0)
+		got := runLocal(l, l.Service("checkout"), procPay, procRefund)
+		// Pay is held at its 30 rps; a request its own bucket refuses
+		// takes nothing from web's, which Refund gets the rest of.
+		if d := got[0] - 300; d < -1 || d > 1 {
+			t.Errorf("Pay admitted %d in 10s, want 300 (its own 30 rps)", got[0])
+		}
+		if total := got[0] + got[1]; total != 1000 {
+			t.Errorf("admitted %v: %d in 10s, want web's 1000", got, total)
+		}
+	})
+	t.Run("a callee without procedures", func(t *testing.T) {
+		// One bucket, as before procedures. CallerLimitRPS is 0 here (the
+		// zero Rule): it would block web, but it means nothing without a
+		// procedure.
+		l := NewLimiter(LimiterOptions{})
+		p := failPolicy(dataplane.FailLocal, Rule{Peer: "web", LimitRPS: 100})
+		p.LiveInstances = 1
+		l.SetPolicyAt(p, t0)
+		got := runLocal(l, l.Service("checkout"), procPay, procRefund)
+		if total := got[0] + got[1]; total != 1000 {
+			t.Errorf("admitted %v: %d in 10s, want 1000", got, total)
+		}
+	})
+	t.Run("only a caller limit", func(t *testing.T) {
+		// A leaf without a LimitRPS (no controller sends that; a
+		// hand-built policy may) is bounded by its caller's bucket alone.
+		l := NewLimiter(LimiterOptions{})
+		l.SetPolicyAt(localProcedures(
+			Rule{Peer: "web", Procedure: procPay, LimitRPS: math.Inf(1), CallerLimitRPS: 100},
+			Rule{Peer: "web", Procedure: procRefund, LimitRPS: math.Inf(1), CallerLimitRPS: 100},
+		), t0)
+		got := runLocal(l, l.Service("checkout"), procPay, procRefund)
+		if total := got[0] + got[1]; total != 1000 {
+			t.Errorf("admitted %v: %d in 10s, want 1000", got, total)
+		}
+	})
+}
+
+// TestFailLocalCallerBucketConcurrently: deciders racing on two leaves of
+// a caller admit exactly the caller bucket's tokens, and each leaf's own
+// bucket is charged only for what it admitted: the tokens of requests
+// the caller's bucket refused go back. Run with -race.
+func TestFailLocalCallerBucketConcurrently(t *testing.T) {
+	l := NewLimiter(LimiterOptions{})
+	// The caller's bucket holds 100 tokens (1000 rps, LocalBurst); each
+	// leaf's 100000.
+	l.SetPolicyAt(localProcedures(
+		Rule{Peer: "web", Procedure: procPay, LimitRPS: 1e6, CallerLimitRPS: 1000},
+		Rule{Peer: "web", Procedure: procRefund, LimitRPS: 1e6, CallerLimitRPS: 1000},
+	), t0)
+	s := l.Service("checkout")
+	l.Expire(t0.Add(testTTL)) // derives; no refill after it
+	var admitted [2]atomic.Int64
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Go(func() {
+			for i := range 1000 {
+				k := (g + i) % 2
+				if !s.DecideGRPC("web", []string{procPay, procRefund}[k]).Drop {
+					admitted[k].Add(1)
+				}
+			}
+		})
+	}
+	waitTimeout(t, &wg)
+	if a, b := admitted[0].Load(), admitted[1].Load(); a+b != 100 {
+		t.Errorf("admitted %d + %d, want the caller bucket's 100 tokens", a, b)
+	}
+	tbl := s.table.Load()
+	for k, proc := range []string{procPay, procRefund} {
+		v := tbl.verdicts[leaf{"web", proc}]
+		if v == nil || v.bucket == nil || v.caller == nil {
+			t.Fatalf("web/%s: verdict %+v, want a bucket of its own and its caller's", proc, v)
+		}
+		if got, want := v.bucket.tokens.Load(), v.bucket.burst-admitted[k].Load()*tokenUnit; got != want {
+			t.Errorf("web/%s: %d units left in its own bucket, want %d: charged for refused requests", proc, got, want)
+		}
+	}
+}
+
+// TestDecideAllocatesNothingWithCallerBuckets: fail mode local's decisions
+// of leaves that share their caller's bucket allocate nothing, admitted,
+// dropped by their own bucket, dropped by the caller's (a token given
+// back), and shadow dropped.
+func TestDecideAllocatesNothingWithCallerBuckets(t *testing.T) {
+	for _, strategy := range []Strategy{Diffuse, Random} {
+		t.Run(strategy.String(), func(t *testing.T) {
+			l := NewLimiter(LimiterOptions{Strategy: strategy})
+			l.SetPolicyAt(localProcedures(
+				Rule{Peer: "admitted", Procedure: procPay, LimitRPS: 1e12, CallerLimitRPS: 1e12},
+				Rule{Peer: "own", Procedure: procPay, LimitRPS: 0, CallerLimitRPS: 1e12},
+				Rule{Peer: "caller", Procedure: procPay, LimitRPS: 1e12, CallerLimitRPS: 0},
+				Rule{Peer: "shadow", Procedure: procPay, LimitRPS: 1e12, CallerLimitRPS: 0, Mode: dropratio.Shadow},
+			), t0)
+			s := l.Service("checkout")
+			l.Expire(t0.Add(testTTL))
+			for _, peer := range []string{"admitted", "own", "caller", "shadow"} {
+				s.DecideGRPC(peer, procPay) // first sighting
+				var drops, shadows int
+				got := testing.AllocsPerRun(1000, func() {
+					d := s.DecideGRPC(peer, procPay)
+					if d.Drop {
+						drops++
+					}
+					if d.Shadow {
+						shadows++
+					}
+				})
+				if got != 0 {
+					t.Errorf("%s: %v allocations per DecideGRPC", peer, got)
+				}
+				if want := peer == "own" || peer == "caller"; (drops > 0) != want || peer == "shadow" && shadows == 0 {
+					t.Errorf("%s: %d drops, %d shadow drops", peer, drops, shadows)
+				}
+			}
+		})
 	}
 }

@@ -315,7 +315,8 @@ type verdict struct {
 
 	// Fail modes only (see failmode.go).
 	keep   *atomic.Uint64 // kindOpen: the share of picked requests still dropped, 32.32; Expire lowers it
-	bucket *tokenBucket   // kindLocal
+	bucket *tokenBucket   // kindLocal: the leaf's own; nil when it has no limit of its own
+	caller *tokenBucket   // kindLocal: shared by the caller's leaves (failmode.go); nil: none
 
 	// kindUpstream only: the requests each arrival stands for that the
 	// upstream data plane dropped, p/(1−p), in 1/upstreamOne units:
@@ -330,7 +331,7 @@ const (
 	kindEnforce  verdictKind = iota // dropped: the fresh path
 	kindShadow                      // counted as shadow dropped, admitted
 	kindOpen                        // expired, fail-open: dropped with the decaying share keep, else admitted and counted as fail-open
-	kindLocal                       // expired, fail-local: every request is picked, and the token bucket decides
+	kindLocal                       // expired, fail-local: every request is picked, and the token buckets decide
 	kindUpstream                    // enforced upstream: every request is picked, admitted, and counts upWeight inferred drops
 )
 
@@ -553,7 +554,7 @@ func (v *verdict) hitOther(e *entry, i uint64) Decision {
 		}
 		return Decision{v: v}
 	case kindLocal:
-		if v.bucket.take() {
+		if v.takeLocal() {
 			st.localAdmitted.Add(1)
 			return Decision{v: v}
 		}

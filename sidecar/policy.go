@@ -119,9 +119,16 @@ type Rule struct {
 	Mode        dropratio.Mode
 	Enforcement dataplane.Enforcement
 	LimitRPS    float64 // the bucket's configured limit; +Inf: none, 0: blocked
-	AllowedRPS  float64 // what the bucket may send now; +Inf: unbounded
-	OfferedRPS  float64 // the global offered rate the ratio was computed from
-	Reason      Reason
+	// CallerLimitRPS is, for a leaf (Procedure set), its caller's limit
+	// across procedures, which LimitRPS already bounds the leaf alone by;
+	// +Inf: none, 0: blocked. Under fail mode local the caller's leaves
+	// share a bucket of it. Meaningless when Procedure is "", and left 0
+	// there by PolicyFromProto, so that a whole bucket's Rule is what it
+	// was before procedures.
+	CallerLimitRPS float64
+	AllowedRPS     float64 // what the bucket may send now; +Inf: unbounded
+	OfferedRPS     float64 // the global offered rate the ratio was computed from
+	Reason         Reason
 }
 
 // Limited reports whether r is a peer the policy limits (dataplane.Listed):
@@ -381,7 +388,7 @@ func ruleFromProto(i int, pp *sluicev1.PeerPolicy, dir Direction, seen map[leaf]
 	for _, rate := range []struct {
 		name string
 		v    *float64
-	}{{"limit_rps", pp.LimitRps}, {"allowed_rps", pp.AllowedRps}, {"offered_rps", &pp.OfferedRps}} {
+	}{{"limit_rps", pp.LimitRps}, {"caller_limit_rps", pp.CallerLimitRps}, {"allowed_rps", pp.AllowedRps}, {"offered_rps", &pp.OfferedRps}} {
 		switch {
 		case rate.v == nil:
 		case math.IsNaN(*rate.v) || math.IsInf(*rate.v, 0):
@@ -389,6 +396,13 @@ func ruleFromProto(i int, pp *sluicev1.PeerPolicy, dir Direction, seen map[leaf]
 		case *rate.v < 0:
 			bad(f(rate.name), "%v is negative", *rate.v)
 		}
+	}
+	switch {
+	case r.Procedure != "":
+		r.CallerLimitRPS = rateOrInf(pp.CallerLimitRps)
+	case pp.CallerLimitRps != nil:
+		// A whole (service, peer) bucket: its limit is the caller's.
+		bad(f("caller_limit_rps"), "set on a peer without a procedure")
 	}
 	return r
 }
@@ -469,6 +483,9 @@ func (p *Policy) Proto() *sluicev1.DropPolicy {
 			AllowedRps: rateOrNil(r.AllowedRPS),
 			OfferedRps: r.OfferedRPS,
 			Reason:     sluicev1.DropReason(r.Reason),
+		}
+		if r.Procedure != "" {
+			pp.CallerLimitRps = rateOrNil(r.CallerLimitRPS)
 		}
 		switch {
 		case r.upstream():

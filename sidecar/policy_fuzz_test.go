@@ -86,8 +86,8 @@ func policySeeds(t testing.TB) []seed {
 			m.Peers[1].Procedure = names.Other
 			m.Peers[2].Procedure = "/shop.Checkout/Pay"
 			m.Peers = append(m.Peers,
-				&sluicev1.PeerPolicy{Peer: "web", Procedure: "/shop.Checkout/Pay", DropRatio: 0.5, LimitRps: f64(10), OfferedRps: 20},
-				&sluicev1.PeerPolicy{Peer: "web", Procedure: names.Other, DropRatio: 0.25, LimitRps: f64(1)})
+				&sluicev1.PeerPolicy{Peer: "web", Procedure: "/shop.Checkout/Pay", DropRatio: 0.5, LimitRps: f64(10), CallerLimitRps: f64(100), OfferedRps: 20},
+				&sluicev1.PeerPolicy{Peer: "web", Procedure: names.Other, DropRatio: 0.25, LimitRps: f64(1), CallerLimitRps: f64(100)})
 			if edit != nil {
 				edit(m)
 			}
@@ -151,6 +151,11 @@ func policySeeds(t testing.TB) []seed {
 		{Name: "bad-route-shadowed", Args: b(withProcedures(func(m *sluicev1.DropPolicy) {
 			m.Routes = append(m.Routes, &sluicev1.Route{Pattern: "GET /static/app.js", Procedure: "create-charge"})
 		}))},
+		{Name: "good-procedures-caller-limit-zero", Args: b(withProcedures(func(m *sluicev1.DropPolicy) { m.Peers[0].CallerLimitRps = f64(0) }))},
+		{Name: "bad-caller-limit-without-procedures", Args: b(peer0(func(p *sluicev1.PeerPolicy) { p.CallerLimitRps = f64(100) }))},
+		{Name: "bad-caller-limit-nan", Args: b(withProcedures(func(m *sluicev1.DropPolicy) { m.Peers[3].CallerLimitRps = f64(math.NaN()) }))},
+		{Name: "bad-caller-limit-inf", Args: b(withProcedures(func(m *sluicev1.DropPolicy) { m.Peers[3].CallerLimitRps = f64(math.Inf(1)) }))},
+		{Name: "bad-caller-limit-negative", Args: b(withProcedures(func(m *sluicev1.DropPolicy) { m.Peers[3].CallerLimitRps = f64(-1) }))},
 		{Name: "bad-route-undeclared", Args: b(withProcedures(func(m *sluicev1.DropPolicy) { m.Routes[0].Procedure = "charges" }))},
 		{Name: "wire-invalid-utf8", Args: b(badUTF8)},
 		{Name: "wire-wrong-type", Args: b(wrongWire)},
@@ -273,10 +278,13 @@ func checkPolicy(t *testing.T, m *sluicev1.DropPolicy, p *Policy) {
 			r.upstream() && (r.Mode != dropratio.Enforce || p.Direction != Inbound) {
 			t.Errorf("peers[%d]: accepted mode %v, enforcement %v in a %v policy", i, r.Mode, r.Enforcement, p.Direction)
 		}
-		for _, v := range []float64{r.LimitRPS, r.AllowedRPS} {
+		for _, v := range []float64{r.LimitRPS, r.CallerLimitRPS, r.AllowedRPS} {
 			if !(v >= 0) {
-				t.Errorf("peers[%d]: accepted limit %v, allowed %v", i, r.LimitRPS, r.AllowedRPS)
+				t.Errorf("peers[%d]: accepted limit %v, caller limit %v, allowed %v", i, r.LimitRPS, r.CallerLimitRPS, r.AllowedRPS)
 			}
+		}
+		if r.Procedure == "" && r.CallerLimitRPS != 0 {
+			t.Errorf("peers[%d]: accepted caller limit %v without a procedure", i, r.CallerLimitRPS)
 		}
 		if !(r.OfferedRPS >= 0) || math.IsInf(r.OfferedRPS, 0) {
 			t.Errorf("peers[%d]: accepted offered %v", i, r.OfferedRPS)
@@ -300,6 +308,7 @@ func equalPolicies(t *testing.T, via string, want, got *Policy) {
 		same = a.Peer == b.Peer && a.Procedure == b.Procedure && a.Mode == b.Mode && a.Enforcement == b.Enforcement && a.Reason == b.Reason &&
 			math.Float64bits(a.DropRatio) == math.Float64bits(b.DropRatio) &&
 			math.Float64bits(a.LimitRPS) == math.Float64bits(b.LimitRPS) &&
+			math.Float64bits(a.CallerLimitRPS) == math.Float64bits(b.CallerLimitRPS) &&
 			math.Float64bits(a.AllowedRPS) == math.Float64bits(b.AllowedRPS) &&
 			math.Float64bits(a.OfferedRPS) == math.Float64bits(b.OfferedRPS)
 	}
