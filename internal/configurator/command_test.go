@@ -489,7 +489,7 @@ func TestErrors(t *testing.T) {
 		{[]string{"set", "checkout/", "--limit", "1", "--reason", "r"}, `bucket "checkout/": caller: empty name`},
 		// A leaf of a procedure checkout does not declare: the controller
 		// could not load it.
-		{[]string{"set", "checkout/web/x", "--limit", "1", "--reason", "r"}, `limit checkout/web/x: no route of checkout names x`},
+		{[]string{"set", "checkout/web/x", "--limit", "1", "--reason", "r"}, `limit checkout/web/x: left out: no route of checkout names x`},
 		{[]string{"set", "checkout/web/x/", "--limit", "1", "--reason", "r"}, `bucket "checkout/web/x/": procedure`},
 		{[]string{"set", "checkout/*", "--limit", "1", "--reason", "r"}, `want checkout/*/PROCEDURE`},
 		{[]string{"set", "checkout/web/x", "--limit", "1", "--mode", "shadow", "--reason", "r"}, `--mode: checkout/web/x is enforced as its caller is`},

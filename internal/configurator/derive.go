@@ -11,6 +11,8 @@ import (
 
 	"github.com/sluicehq/sluice/internal/duration"
 	"github.com/sluicehq/sluice/pkg/history"
+	"github.com/sluicehq/sluice/pkg/names"
+	"github.com/sluicehq/sluice/pkg/routes"
 )
 
 // Flags a proposal may carry. Review shows them; approve --all skips
@@ -164,6 +166,10 @@ func Derive(peaks []history.DailyPeak, current history.Limits, cfg DeriveConfig,
 			out.Refusals = append(out.Refusals, Refusal{Bucket: b, Days: covered, Reason: refusalReason(covered, partial, cfg)})
 			continue
 		}
+		if why := lim.undeclared(b); why != "" {
+			out.Refusals = append(out.Refusals, Refusal{Bucket: b, Days: covered, Reason: why})
+			continue
+		}
 
 		proposed := RoundUp(peak * (1 + cfg.Headroom))
 		var flags []string
@@ -242,6 +248,8 @@ func sanitizeRate(v float64) float64 {
 type limitIndex struct {
 	buckets  map[history.Bucket]history.BucketLimit
 	services map[string]history.ServiceLimits
+	routed   map[string]map[string]bool // callee → the procedures its routes name
+	leaves   map[string]bool            // callees with a limit on a procedure
 }
 
 func newLimitIndex(l history.Limits) limitIndex {
@@ -255,7 +263,42 @@ func newLimitIndex(l history.Limits) limitIndex {
 	for _, s := range l.Services {
 		x.services[s.Callee] = s
 	}
+	x.routed = make(map[string]map[string]bool, len(l.Routes))
+	for _, sr := range l.Routes {
+		m := make(map[string]bool, len(sr.Routes))
+		for _, r := range sr.Routes {
+			m[r.Procedure] = true
+		}
+		x.routed[sr.Callee] = m
+	}
+	x.leaves = map[string]bool{}
+	for _, b := range l.Buckets {
+		if b.Procedure != "" {
+			x.leaves[b.Callee] = true
+		}
+	}
 	return x
+}
+
+// undeclared says why a limit on b, a bucket with history, could not be
+// loaded (limits.FromHistory), or "" when it could: history outlives a
+// callee's routes, so a leaf of a procedure its routes no longer name
+// would, once approved, be a limit on a request no route can be. A gRPC
+// method is declared by its limit; names.Other needs a declared procedure
+// beside it.
+func (x limitIndex) undeclared(b history.Bucket) string {
+	switch {
+	case b.Procedure == "" || x.routed[b.Callee][b.Procedure]:
+		return ""
+	case b.Procedure == names.Other:
+		if len(x.routed[b.Callee]) == 0 && !x.leaves[b.Callee] {
+			return fmt.Sprintf("%s declares no procedure now", b.Callee)
+		}
+		return ""
+	case routes.GRPCProcedure(b.Procedure) == b.Procedure:
+		return ""
+	}
+	return fmt.Sprintf("no route of %s names %s now", b.Callee, b.Procedure)
 }
 
 // inForce returns the limit that applies to b: its own, else, for a

@@ -12,6 +12,7 @@ import (
 	"github.com/sluicehq/sluice/pkg/dataplane"
 	"github.com/sluicehq/sluice/pkg/dropratio"
 	"github.com/sluicehq/sluice/pkg/history"
+	"github.com/sluicehq/sluice/pkg/routes"
 )
 
 // now is mid-day, so a 28d look-back overlaps 29 UTC days, today partial.
@@ -247,4 +248,48 @@ func dump(d Derivation) string {
 		s += fmt.Sprintf("\n  unchanged %s/%s", b.Callee, b.Caller)
 	}
 	return s
+}
+
+// TestDeriveRefusesUndeclaredProcedures: history outlives routes. A leaf of
+// a procedure the callee's routes no longer name is refused, with the
+// reason, so that approving what derive proposed can never write a limit
+// the controller could not load; a gRPC method, declared by its limit, and
+// _other beside a route, are proposed.
+func TestDeriveRefusesUndeclaredProcedures(t *testing.T) {
+	renamed := history.Bucket{Callee: "checkout", Caller: "web", Procedure: "create-charge"}
+	capacity := history.Bucket{Callee: "checkout", Caller: history.AnyCaller, Procedure: "create-charge"}
+	routed := history.Bucket{Callee: "checkout", Caller: "web", Procedure: "charges"}
+	other := history.Bucket{Callee: "checkout", Caller: "web", Procedure: "_other"}
+	grpc := history.Bucket{Callee: "checkout", Caller: "web", Procedure: "/shop.Checkout/Pay"}
+	lonely := history.Bucket{Callee: "orders", Caller: "web", Procedure: "_other"}
+	var peaks []history.DailyPeak
+	for _, b := range []history.Bucket{renamed, capacity, routed, other, grpc, lonely} {
+		peaks = append(peaks, full(b, 28, 100)...)
+	}
+	current := history.Limits{Routes: []history.ServiceRoutes{{
+		Callee: "checkout", Routes: []routes.Route{{Pattern: "POST /v1/charges", Procedure: "charges"}},
+	}}}
+	d := Derive(peaks, current, DefaultDeriveConfig(), now)
+	proposed := map[history.Bucket]bool{}
+	for _, p := range d.Proposals {
+		proposed[p.Bucket] = true
+	}
+	for _, b := range []history.Bucket{routed, other, grpc} {
+		if !proposed[b] {
+			t.Errorf("%s not proposed; proposals %+v, refusals %+v", b.Path(), d.Proposals, d.Refusals)
+		}
+	}
+	refused := map[history.Bucket]string{}
+	for _, r := range d.Refusals {
+		refused[r.Bucket] = r.Reason
+	}
+	for b, want := range map[history.Bucket]string{
+		renamed:  "no route of checkout names create-charge now",
+		capacity: "no route of checkout names create-charge now",
+		lonely:   "orders declares no procedure now",
+	} {
+		if refused[b] != want || proposed[b] {
+			t.Errorf("%s: refused %q (proposed %v), want refused %q", b.Path(), refused[b], proposed[b], want)
+		}
+	}
 }
