@@ -195,18 +195,50 @@ func remaining(exact, p, offered float64) int64 {
 }
 
 // policyName is the name the RateLimit-Policy and RateLimit fields give the
-// bucket of rule r of service: "sluice" for a whole (service, peer) bucket,
-// as before procedures, and the bucket's path "service/peer/procedure"
-// (e.g. "checkout/web/create-charge", "checkout/web//shop.Checkout/Pay")
-// for a leaf, so that a caller told no can tell which of its buckets
-// refused. Every byte of a valid name is allowed in a structured field's
-// string unescaped ([A-Za-z0-9._/-]); a hand-built rule's is quoted
-// anyway.
+// bucket of rule r of service that binds it, so that a caller told no can
+// tell which of its buckets refused: "sluice" for a whole (service, peer)
+// bucket, as before procedures; for a leaf, by its Bound, the leaf's path
+// "service/peer/procedure" (e.g. "checkout/web/create-charge",
+// "checkout/web//shop.Checkout/Pay"), its caller's limit across procedures
+// "service/peer", its procedure's capacity "service/*/procedure", or the
+// callee's capacity "service". Every byte of a valid name is allowed in a
+// structured field's string unescaped ([A-Za-z0-9._/*-]); a hand-built
+// rule's is quoted anyway.
 func policyName(service string, r *Rule) string {
 	if r.Procedure == "" {
 		return "sluice"
 	}
+	switch r.Bound {
+	case dropratio.BoundCaller:
+		return service + "/" + r.Peer
+	case dropratio.BoundProcedure:
+		return service + "/*/" + r.Procedure
+	case dropratio.BoundCallee:
+		return service
+	}
 	return service + "/" + r.Peer + "/" + r.Procedure
+}
+
+// target names what a rejection under rule r of service refused access
+// to, in the body of a 429 and the message of a RESOURCE_EXHAUSTED:
+// "service checkout", for a leaf "procedure create-charge of service
+// checkout", and for a leaf bound by a level above it that level's bucket
+// too (see policyName): "procedure create-charge of service checkout
+// (bucket checkout/web: the limit of caller web across procedures)".
+func target(service string, r *Rule) string {
+	if r.Procedure == "" {
+		return "service " + service
+	}
+	t := "procedure " + r.Procedure + " of service " + service
+	switch r.Bound {
+	case dropratio.BoundCaller:
+		return t + " (bucket " + policyName(service, r) + ": the limit of caller " + r.Peer + " across procedures)"
+	case dropratio.BoundProcedure:
+		return t + " (bucket " + policyName(service, r) + ": the capacity of procedure " + r.Procedure + ")"
+	case dropratio.BoundCallee:
+		return t + " (bucket " + policyName(service, r) + ": the capacity of service " + service + ")"
+	}
+	return t
 }
 
 // sfString renders s as a structured field string (RFC 9651): quoted,

@@ -607,3 +607,65 @@ func TestGRPCStreamInterceptorRateLimitHeaders(t *testing.T) {
 	}
 	checkHeaders(t, "admitted", mdGet(header), c.admit[XRateLimitHeaders])
 }
+
+// TestRateLimitHeadersNameTheBindingLevel: a leaf's rejection and its
+// admitted responses name the bucket whose limit binds it (Rule.Bound) in
+// RateLimit-Policy, RateLimit, the body of a 429 and the message of a
+// RESOURCE_EXHAUSTED; the request path stays free of allocations.
+func TestRateLimitHeadersNameTheBindingLevel(t *testing.T) {
+	for _, tc := range []struct {
+		bound      dropratio.Bound
+		name, text string // the bucket, and what the body and message add
+	}{
+		{dropratio.BoundNone, "checkout/web/create-charge", ""},
+		{dropratio.BoundLeaf, "checkout/web/create-charge", ""},
+		{dropratio.BoundCaller, "checkout/web", " (bucket checkout/web: the limit of caller web across procedures)"},
+		{dropratio.BoundProcedure, "checkout/*/create-charge", " (bucket checkout/*/create-charge: the capacity of procedure create-charge)"},
+		{dropratio.BoundCallee, "checkout", " (bucket checkout: the capacity of service checkout)"},
+		{dropratio.Bound(99), "checkout/web/create-charge", ""}, // a hand-built rule
+	} {
+		t.Run(tc.bound.String(), func(t *testing.T) {
+			p := checkoutProcedures()
+			for i := range p.Peers {
+				if r := &p.Peers[i]; r.Peer == "web" && (r.Procedure == "create-charge" || r.Procedure == "get-item") {
+					r.Bound = tc.bound
+				}
+			}
+			l := NewLimiter(LimiterOptions{})
+			l.SetPolicy(p)
+			h := l.Service("checkout").Middleware(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}),
+				HTTPOptions{RateLimitHeaders: DraftRateLimitHeaders})
+
+			rec := httptest.NewRecorder()
+			req := httptest.NewRequest(http.MethodPost, "/v1/charges", nil)
+			req.Header.Set(DefaultCallerHeader, "web")
+			h.ServeHTTP(rec, req)
+			want := "request from caller web to procedure create-charge of service checkout" + tc.text + " was rate limited by sluice\n"
+			if rec.Code != http.StatusTooManyRequests || rec.Body.String() != want {
+				t.Errorf("got %d %q, want 429 %q", rec.Code, rec.Body, want)
+			}
+			checkHeaders(t, "drop", rec.Header().Values, map[string]string{
+				"Ratelimit-Policy": `"` + tc.name + `";q=50;w=1`, "Ratelimit": `"` + tc.name + `";r=0;t=53`,
+				"Retry-After": "53", "X-Envoy-Ratelimited": "true"})
+
+			// An admitted request: get-item, with the same bound.
+			admitName := strings.ReplaceAll(tc.name, "create-charge", "get-item")
+			rec = httptest.NewRecorder()
+			req = httptest.NewRequest(http.MethodGet, "/v1/items/7", nil)
+			req.Header.Set(DefaultCallerHeader, "web")
+			h.ServeHTTP(rec, req)
+			checkHeaders(t, "admit", rec.Header().Values, map[string]string{
+				"Ratelimit-Policy": `"` + admitName + `";q=100;w=1`, "Ratelimit": `"` + admitName + `";r=90;t=1`})
+			w := &discardWriter{h: http.Header{}}
+			if got := testing.AllocsPerRun(100, func() { h.ServeHTTP(w, req) }); got != 0 {
+				t.Errorf("%v allocations per admitted request", got)
+			}
+
+			r := p.Leaf("web", "create-charge")
+			msg := status.Convert(renderGRPC("checkout", r, 53)).Message()
+			if want := "call from caller web to procedure create-charge of service checkout" + tc.text + " was rate limited by sluice"; msg != want {
+				t.Errorf("gRPC message %q, want %q", msg, want)
+			}
+		})
+	}
+}

@@ -292,16 +292,6 @@ func renderHTTP(service string, r *Rule, retry int, grpcErr error) *httpRejectio
 	return h
 }
 
-// target names what a rejection under rule r of service refused access to:
-// "service checkout", or for a leaf "procedure create-charge of service
-// checkout".
-func target(service string, r *Rule) string {
-	if r.Procedure == "" {
-		return "service " + service
-	}
-	return "procedure " + r.Procedure + " of service " + service
-}
-
 // grpcTrailers renders st as grpc-go's server puts a status in trailers:
 // grpc-status, grpc-message percent-encoded, and, when st has details,
 // grpc-status-details-bin as the unpadded base64 of the google.rpc.Status.

@@ -129,6 +129,13 @@ type Rule struct {
 	AllowedRPS     float64 // what the bucket may send now; +Inf: unbounded
 	OfferedRPS     float64 // the global offered rate the ratio was computed from
 	Reason         Reason
+	// Bound is, for a leaf, the level of the callee's limits that sets
+	// AllowedRPS (PeerPolicy.bound), which a rejection names as the
+	// bucket that refused (see policyName). BoundNone, as BoundLeaf, is
+	// the leaf itself; so is a value the wire gives that this sidecar
+	// does not know. Left BoundNone for a whole bucket, which is the one
+	// bucket that binds it.
+	Bound dropratio.Bound
 }
 
 // Limited reports whether r is a peer the policy limits (dataplane.Listed):
@@ -400,11 +407,44 @@ func ruleFromProto(i int, pp *sluicev1.PeerPolicy, dir Direction, seen map[leaf]
 	switch {
 	case r.Procedure != "":
 		r.CallerLimitRPS = rateOrInf(pp.CallerLimitRps)
+		r.Bound = boundFromProto(pp.GetBound())
 	case pp.CallerLimitRps != nil:
 		// A whole (service, peer) bucket: its limit is the caller's.
 		bad(f("caller_limit_rps"), "set on a peer without a procedure")
 	}
 	return r
+}
+
+// boundFromProto reads a leaf's bound. A value it does not know, from a
+// newer controller, is the leaf itself, as before the field: the name of a
+// rejection is advice, not worth refusing a policy for.
+func boundFromProto(b sluicev1.DropBound) dropratio.Bound {
+	switch b {
+	case sluicev1.DropBound_DROP_BOUND_LEAF:
+		return dropratio.BoundLeaf
+	case sluicev1.DropBound_DROP_BOUND_CALLER:
+		return dropratio.BoundCaller
+	case sluicev1.DropBound_DROP_BOUND_PROCEDURE:
+		return dropratio.BoundProcedure
+	case sluicev1.DropBound_DROP_BOUND_CALLEE:
+		return dropratio.BoundCallee
+	}
+	return dropratio.BoundNone
+}
+
+// boundProto is the inverse of boundFromProto for the values it returns.
+func boundProto(b dropratio.Bound) sluicev1.DropBound {
+	switch b {
+	case dropratio.BoundLeaf:
+		return sluicev1.DropBound_DROP_BOUND_LEAF
+	case dropratio.BoundCaller:
+		return sluicev1.DropBound_DROP_BOUND_CALLER
+	case dropratio.BoundProcedure:
+		return sluicev1.DropBound_DROP_BOUND_PROCEDURE
+	case dropratio.BoundCallee:
+		return sluicev1.DropBound_DROP_BOUND_CALLEE
+	}
+	return sluicev1.DropBound_DROP_BOUND_UNSPECIFIED
 }
 
 // timestamp converts an optional proto timestamp; nil is zero.
@@ -486,6 +526,7 @@ func (p *Policy) Proto() *sluicev1.DropPolicy {
 		}
 		if r.Procedure != "" {
 			pp.CallerLimitRps = rateOrNil(r.CallerLimitRPS)
+			pp.Bound = boundProto(r.Bound)
 		}
 		switch {
 		case r.upstream():

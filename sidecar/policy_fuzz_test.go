@@ -156,6 +156,14 @@ func policySeeds(t testing.TB) []seed {
 		{Name: "bad-caller-limit-nan", Args: b(withProcedures(func(m *sluicev1.DropPolicy) { m.Peers[3].CallerLimitRps = f64(math.NaN()) }))},
 		{Name: "bad-caller-limit-inf", Args: b(withProcedures(func(m *sluicev1.DropPolicy) { m.Peers[3].CallerLimitRps = f64(math.Inf(1)) }))},
 		{Name: "bad-caller-limit-negative", Args: b(withProcedures(func(m *sluicev1.DropPolicy) { m.Peers[3].CallerLimitRps = f64(-1) }))},
+		{Name: "good-procedures-bounds", Args: b(withProcedures(func(m *sluicev1.DropPolicy) {
+			m.Peers[0].Bound = sluicev1.DropBound_DROP_BOUND_LEAF
+			m.Peers[1].Bound = sluicev1.DropBound_DROP_BOUND_CALLER
+			m.Peers[2].Bound = sluicev1.DropBound_DROP_BOUND_PROCEDURE
+			m.Peers[3].Bound = sluicev1.DropBound_DROP_BOUND_CALLEE
+			m.Peers[4].Bound = 99 // unknown: the leaf itself
+		}))},
+		{Name: "good-bound-without-procedures", Args: b(peer0(func(p *sluicev1.PeerPolicy) { p.Bound = sluicev1.DropBound_DROP_BOUND_CALLEE }))},
 		{Name: "bad-route-undeclared", Args: b(withProcedures(func(m *sluicev1.DropPolicy) { m.Routes[0].Procedure = "charges" }))},
 		{Name: "wire-invalid-utf8", Args: b(badUTF8)},
 		{Name: "wire-wrong-type", Args: b(wrongWire)},
@@ -283,8 +291,11 @@ func checkPolicy(t *testing.T, m *sluicev1.DropPolicy, p *Policy) {
 				t.Errorf("peers[%d]: accepted limit %v, caller limit %v, allowed %v", i, r.LimitRPS, r.CallerLimitRPS, r.AllowedRPS)
 			}
 		}
-		if r.Procedure == "" && r.CallerLimitRPS != 0 {
-			t.Errorf("peers[%d]: accepted caller limit %v without a procedure", i, r.CallerLimitRPS)
+		if r.Procedure == "" && (r.CallerLimitRPS != 0 || r.Bound != dropratio.BoundNone) {
+			t.Errorf("peers[%d]: accepted caller limit %v, bound %v without a procedure", i, r.CallerLimitRPS, r.Bound)
+		}
+		if r.Bound > dropratio.BoundCallee {
+			t.Errorf("peers[%d]: accepted bound %v", i, r.Bound)
 		}
 		if !(r.OfferedRPS >= 0) || math.IsInf(r.OfferedRPS, 0) {
 			t.Errorf("peers[%d]: accepted offered %v", i, r.OfferedRPS)
@@ -305,7 +316,7 @@ func equalPolicies(t *testing.T, via string, want, got *Policy) {
 	for i := 0; same && i < len(want.Peers); i++ {
 		a, b := want.Peers[i], got.Peers[i]
 		// Bits, not ==: -0 must stay -0.
-		same = a.Peer == b.Peer && a.Procedure == b.Procedure && a.Mode == b.Mode && a.Enforcement == b.Enforcement && a.Reason == b.Reason &&
+		same = a.Peer == b.Peer && a.Procedure == b.Procedure && a.Mode == b.Mode && a.Enforcement == b.Enforcement && a.Reason == b.Reason && a.Bound == b.Bound &&
 			math.Float64bits(a.DropRatio) == math.Float64bits(b.DropRatio) &&
 			math.Float64bits(a.LimitRPS) == math.Float64bits(b.LimitRPS) &&
 			math.Float64bits(a.CallerLimitRPS) == math.Float64bits(b.CallerLimitRPS) &&

@@ -364,3 +364,78 @@ func TestCallerLimitOnLeaves(t *testing.T) {
 		}
 	}
 }
+
+// TestBoundOnLeaves: each inbound leaf names the level of the limits that
+// binds it, so that its sidecars name the bucket that refused: web's
+// create-charge is held by its own limit, mobile's item reads by mobile's
+// limit across procedures, batch's payments by the procedure's capacity,
+// and, once the callee's capacity is short, by that. Whole and outbound
+// buckets carry none; a change of the bound alone is due.
+func TestBoundOnLeaves(t *testing.T) {
+	const (
+		leaf      = sluicev1.DropBound_DROP_BOUND_LEAF
+		caller    = sluicev1.DropBound_DROP_BOUND_CALLER
+		procedure = sluicev1.DropBound_DROP_BOUND_PROCEDURE
+		callee    = sluicev1.DropBound_DROP_BOUND_CALLEE
+	)
+	s := warmState(t)
+	now := t0.Add(2 * time.Second)
+	if err := s.Apply(leafLoad("a", map[string]float64{
+		"checkout/web/create-charge":        150, // own limit 50; web's 100 fits
+		"checkout/web/get-item":             20,
+		"checkout/mobile/get-item":          400, // mobile's limit 300
+		"checkout/batch//shop.Checkout/Pay": 600, // the procedure's capacity 500
+	}), now); err != nil {
+		t.Fatal(err)
+	}
+	p := s.Tick(now, procLimits(nil)).Changed["callee/checkout"]
+	for _, want := range []struct {
+		peer, proc string
+		bound      sluicev1.DropBound
+	}{
+		{"web", "create-charge", leaf},
+		{"mobile", "get-item", caller},
+		{"batch", "/shop.Checkout/Pay", procedure},
+	} {
+		if pp := leafOf(p, want.peer, want.proc); pp == nil || pp.GetBound() != want.bound || pp.GetDropRatio() == 0 {
+			t.Errorf("%s/%s = %v, want dropped, bound %v", want.peer, want.proc, pp, want.bound)
+		}
+	}
+	// web's item reads are under every limit: the bucket itself.
+	if pp := leafOf(p, "web", "get-item"); pp == nil || pp.GetBound() != sluicev1.DropBound_DROP_BOUND_UNSPECIFIED && pp.GetBound() != leaf {
+		t.Errorf("web/get-item = %v, want unbound or its own", pp)
+	}
+
+	// Only the bound of a leaf differs: due.
+	changed := proto.Clone(p).(*sluicev1.DropPolicy)
+	leafOf(changed, "web", "create-charge").Bound = caller
+	if s.due(proto.Clone(p).(*sluicev1.DropPolicy), now) {
+		t.Error("the published policy itself is due")
+	}
+	if !s.due(changed, now) {
+		t.Error("a changed bound is not due")
+	}
+
+	// The callee's capacity, short of what the procedures demand.
+	res := tickOnce(t, procLimits(func(s *limits.Service) { s.Capacity = 100 }),
+		leafLoad("a", map[string]float64{"checkout/batch/get-item": 300}))
+	if pp := leafOf(res.Changed["callee/checkout"], "batch", "get-item"); pp == nil || pp.GetBound() != callee {
+		t.Errorf("batch/get-item = %v, want bound by the callee's capacity", pp)
+	}
+
+	// Outbound and whole buckets: the bucket itself.
+	res = tickOnce(t, procLimits(nil), mixedLoad("a", 1, nil, map[string]float64{"web/checkout": 150}, nil))
+	res2 := tickOnce(t, checkoutLimits(), leafLoad("a", map[string]float64{"checkout/web": 500}))
+	for i, r := range []TickResult{res, res2} {
+		for name, p := range r.Changed {
+			if i == 0 && p.GetDirection() != sluicev1.Direction_DIRECTION_OUTBOUND {
+				continue // checkout's inbound leaves of the same load
+			}
+			for _, pp := range p.GetPeers() {
+				if pp.GetBound() != sluicev1.DropBound_DROP_BOUND_UNSPECIFIED {
+					t.Errorf("%s: %v, want no bound", name, pp)
+				}
+			}
+		}
+	}
+}

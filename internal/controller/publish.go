@@ -67,7 +67,10 @@ func listed(pp *sluicev1.PeerPolicy) bool {
 // bucket for fail mode local from the first request. An inbound leaf
 // also carries its caller's limit across procedures, CallerLimitRps:
 // under fail mode local the sidecars share it out among the caller's
-// leaves, which limit_rps alone would each grant in full.
+// leaves, which limit_rps alone would each grant in full. It also carries
+// the level that binds it, Bound, so that a sidecar's rejection names the
+// bucket that refused: a whole bucket, and an outbound one, is that
+// bucket alone and carries none.
 func leafPolicy(peer string, v dropratio.Verdict, lim *limits.Service, inbound bool) *sluicev1.PeerPolicy {
 	pp := peerPolicy(peer, v)
 	if v.Procedure == "" {
@@ -77,6 +80,7 @@ func leafPolicy(peer string, v dropratio.Verdict, lim *limits.Service, inbound b
 	if inbound {
 		pp.Procedure = v.Procedure
 		pp.CallerLimitRps = finiteOrAbsent(callerLimit)
+		pp.Bound = boundProto(v.Bound)
 	}
 	pp.LimitRps = finiteOrAbsent(min(v.Limit, callerLimit))
 	return pp
@@ -323,7 +327,7 @@ func (s *State) due(policy *sluicev1.DropPolicy, now time.Time) bool {
 		if op.GetPeer() != np.GetPeer() || op.GetProcedure() != np.GetProcedure() || op.GetMode() != np.GetMode() || op.GetEnforcedUpstream() != np.GetEnforcedUpstream() ||
 			(op.LimitRps == nil) != (np.LimitRps == nil) || op.GetLimitRps() != np.GetLimitRps() ||
 			(op.CallerLimitRps == nil) != (np.CallerLimitRps == nil) || op.GetCallerLimitRps() != np.GetCallerLimitRps() ||
-			(op.AllowedRps == nil) != (np.AllowedRps == nil) || op.GetReason() != np.GetReason() {
+			(op.AllowedRps == nil) != (np.AllowedRps == nil) || op.GetReason() != np.GetReason() || op.GetBound() != np.GetBound() {
 			return true
 		}
 		// A ratio that reaches or leaves zero always goes out; otherwise
@@ -391,6 +395,22 @@ func modeProto(m dropratio.Mode) sluicev1.Mode {
 		return sluicev1.Mode_MODE_SHADOW
 	}
 	return sluicev1.Mode_MODE_ENFORCE
+}
+
+// boundProto puts the level that binds a leaf on the wire; none (an
+// unbounded leaf) is the bucket itself.
+func boundProto(b dropratio.Bound) sluicev1.DropBound {
+	switch b {
+	case dropratio.BoundLeaf:
+		return sluicev1.DropBound_DROP_BOUND_LEAF
+	case dropratio.BoundCaller:
+		return sluicev1.DropBound_DROP_BOUND_CALLER
+	case dropratio.BoundProcedure:
+		return sluicev1.DropBound_DROP_BOUND_PROCEDURE
+	case dropratio.BoundCallee:
+		return sluicev1.DropBound_DROP_BOUND_CALLEE
+	}
+	return sluicev1.DropBound_DROP_BOUND_UNSPECIFIED
 }
 
 func reasonProto(r dropratio.Reason, ratio float64) sluicev1.DropReason {

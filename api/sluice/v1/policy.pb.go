@@ -81,6 +81,72 @@ func (FailMode) EnumDescriptor() ([]byte, []int) {
 	return file_sluice_v1_policy_proto_rawDescGZIP(), []int{0}
 }
 
+// DropBound names the level of a callee's limits that sets a leaf's allowed
+// rate: the leaf's own limit, its caller's limit across procedures, its
+// procedure's capacity, or the callee's capacity (the hierarchical law of
+// docs/architecture.md). Each level is a bucket of its own, named
+// "service/caller/procedure", "service/caller", "service/*/procedure" and
+// "service".
+type DropBound int32
+
+const (
+	// The bucket itself; nothing else binds it.
+	DropBound_DROP_BOUND_UNSPECIFIED DropBound = 0
+	// The leaf's own (caller, procedure) limit.
+	DropBound_DROP_BOUND_LEAF DropBound = 1
+	// The leaf's share of its caller's limit across procedures.
+	DropBound_DROP_BOUND_CALLER DropBound = 2
+	// The leaf's share of its procedure's capacity, shared by all callers.
+	DropBound_DROP_BOUND_PROCEDURE DropBound = 3
+	// The leaf's share of the callee's capacity.
+	DropBound_DROP_BOUND_CALLEE DropBound = 4
+)
+
+// Enum value maps for DropBound.
+var (
+	DropBound_name = map[int32]string{
+		0: "DROP_BOUND_UNSPECIFIED",
+		1: "DROP_BOUND_LEAF",
+		2: "DROP_BOUND_CALLER",
+		3: "DROP_BOUND_PROCEDURE",
+		4: "DROP_BOUND_CALLEE",
+	}
+	DropBound_value = map[string]int32{
+		"DROP_BOUND_UNSPECIFIED": 0,
+		"DROP_BOUND_LEAF":        1,
+		"DROP_BOUND_CALLER":      2,
+		"DROP_BOUND_PROCEDURE":   3,
+		"DROP_BOUND_CALLEE":      4,
+	}
+)
+
+func (x DropBound) Enum() *DropBound {
+	p := new(DropBound)
+	*p = x
+	return p
+}
+
+func (x DropBound) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (DropBound) Descriptor() protoreflect.EnumDescriptor {
+	return file_sluice_v1_policy_proto_enumTypes[1].Descriptor()
+}
+
+func (DropBound) Type() protoreflect.EnumType {
+	return &file_sluice_v1_policy_proto_enumTypes[1]
+}
+
+func (x DropBound) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use DropBound.Descriptor instead.
+func (DropBound) EnumDescriptor() ([]byte, []int) {
+	return file_sluice_v1_policy_proto_rawDescGZIP(), []int{1}
+}
+
 // DropReason says which rule produced a drop ratio.
 type DropReason int32
 
@@ -117,11 +183,11 @@ func (x DropReason) String() string {
 }
 
 func (DropReason) Descriptor() protoreflect.EnumDescriptor {
-	return file_sluice_v1_policy_proto_enumTypes[1].Descriptor()
+	return file_sluice_v1_policy_proto_enumTypes[2].Descriptor()
 }
 
 func (DropReason) Type() protoreflect.EnumType {
-	return &file_sluice_v1_policy_proto_enumTypes[1]
+	return &file_sluice_v1_policy_proto_enumTypes[2]
 }
 
 func (x DropReason) Number() protoreflect.EnumNumber {
@@ -130,7 +196,7 @@ func (x DropReason) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use DropReason.Descriptor instead.
 func (DropReason) EnumDescriptor() ([]byte, []int) {
-	return file_sluice_v1_policy_proto_rawDescGZIP(), []int{1}
+	return file_sluice_v1_policy_proto_rawDescGZIP(), []int{2}
 }
 
 // DropPolicy is the xDS resource the controller serves to sidecars, with type
@@ -381,8 +447,16 @@ type PeerPolicy struct {
 	// tightest limit of the leaf alone, min of its own and this one).
 	// Inbound policies only.
 	CallerLimitRps *float64 `protobuf:"fixed64,10,opt,name=caller_limit_rps,json=callerLimitRps,proto3,oneof" json:"caller_limit_rps,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// For a leaf of a callee with procedures: the level of the limits whose
+	// bound sets allowed_rps, so that a refused request can name the bucket
+	// that refused it (the sidecar's RateLimit-Policy). UNSPECIFIED: the
+	// bucket itself, as before this field; also for a whole (service, peer)
+	// bucket, for outbound policies, and for any value a holder does not
+	// know. It changes only when the binding level does. Inbound policies
+	// only.
+	Bound         DropBound `protobuf:"varint,11,opt,name=bound,proto3,enum=sluice.v1.DropBound" json:"bound,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PeerPolicy) Reset() {
@@ -485,6 +559,13 @@ func (x *PeerPolicy) GetCallerLimitRps() float64 {
 	return 0
 }
 
+func (x *PeerPolicy) GetBound() DropBound {
+	if x != nil {
+		return x.Bound
+	}
+	return DropBound_DROP_BOUND_UNSPECIFIED
+}
+
 var File_sluice_v1_policy_proto protoreflect.FileDescriptor
 
 const file_sluice_v1_policy_proto_rawDesc = "" +
@@ -508,7 +589,7 @@ const file_sluice_v1_policy_proto_rawDesc = "" +
 	"\x06routes\x18\v \x03(\v2\x10.sluice.v1.RouteR\x06routes\"?\n" +
 	"\x05Route\x12\x18\n" +
 	"\apattern\x18\x01 \x01(\tR\apattern\x12\x1c\n" +
-	"\tprocedure\x18\x02 \x01(\tR\tprocedure\"\xa9\x03\n" +
+	"\tprocedure\x18\x02 \x01(\tR\tprocedure\"\xd5\x03\n" +
 	"\n" +
 	"PeerPolicy\x12\x12\n" +
 	"\x04peer\x18\x01 \x01(\tR\x04peer\x12\x1d\n" +
@@ -524,7 +605,8 @@ const file_sluice_v1_policy_proto_rawDesc = "" +
 	"\x11enforced_upstream\x18\b \x01(\bR\x10enforcedUpstream\x12\x1c\n" +
 	"\tprocedure\x18\t \x01(\tR\tprocedure\x12-\n" +
 	"\x10caller_limit_rps\x18\n" +
-	" \x01(\x01H\x02R\x0ecallerLimitRps\x88\x01\x01B\f\n" +
+	" \x01(\x01H\x02R\x0ecallerLimitRps\x88\x01\x01\x12*\n" +
+	"\x05bound\x18\v \x01(\x0e2\x14.sluice.v1.DropBoundR\x05boundB\f\n" +
 	"\n" +
 	"_limit_rpsB\x0e\n" +
 	"\f_allowed_rpsB\x13\n" +
@@ -533,7 +615,13 @@ const file_sluice_v1_policy_proto_rawDesc = "" +
 	"\x15FAIL_MODE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eFAIL_MODE_OPEN\x10\x01\x12\x12\n" +
 	"\x0eFAIL_MODE_HOLD\x10\x02\x12\x13\n" +
-	"\x0fFAIL_MODE_LOCAL\x10\x03*Z\n" +
+	"\x0fFAIL_MODE_LOCAL\x10\x03*\x84\x01\n" +
+	"\tDropBound\x12\x1a\n" +
+	"\x16DROP_BOUND_UNSPECIFIED\x10\x00\x12\x13\n" +
+	"\x0fDROP_BOUND_LEAF\x10\x01\x12\x15\n" +
+	"\x11DROP_BOUND_CALLER\x10\x02\x12\x18\n" +
+	"\x14DROP_BOUND_PROCEDURE\x10\x03\x12\x15\n" +
+	"\x11DROP_BOUND_CALLEE\x10\x04*Z\n" +
 	"\n" +
 	"DropReason\x12\x1b\n" +
 	"\x17DROP_REASON_UNSPECIFIED\x10\x00\x12\x15\n" +
@@ -552,34 +640,36 @@ func file_sluice_v1_policy_proto_rawDescGZIP() []byte {
 	return file_sluice_v1_policy_proto_rawDescData
 }
 
-var file_sluice_v1_policy_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_sluice_v1_policy_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
 var file_sluice_v1_policy_proto_msgTypes = make([]protoimpl.MessageInfo, 3)
 var file_sluice_v1_policy_proto_goTypes = []any{
 	(FailMode)(0),                 // 0: sluice.v1.FailMode
-	(DropReason)(0),               // 1: sluice.v1.DropReason
-	(*DropPolicy)(nil),            // 2: sluice.v1.DropPolicy
-	(*Route)(nil),                 // 3: sluice.v1.Route
-	(*PeerPolicy)(nil),            // 4: sluice.v1.PeerPolicy
-	(Direction)(0),                // 5: sluice.v1.Direction
-	(*durationpb.Duration)(nil),   // 6: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 7: google.protobuf.Timestamp
-	(Mode)(0),                     // 8: sluice.v1.Mode
+	(DropBound)(0),                // 1: sluice.v1.DropBound
+	(DropReason)(0),               // 2: sluice.v1.DropReason
+	(*DropPolicy)(nil),            // 3: sluice.v1.DropPolicy
+	(*Route)(nil),                 // 4: sluice.v1.Route
+	(*PeerPolicy)(nil),            // 5: sluice.v1.PeerPolicy
+	(Direction)(0),                // 6: sluice.v1.Direction
+	(*durationpb.Duration)(nil),   // 7: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 8: google.protobuf.Timestamp
+	(Mode)(0),                     // 9: sluice.v1.Mode
 }
 var file_sluice_v1_policy_proto_depIdxs = []int32{
-	5, // 0: sluice.v1.DropPolicy.direction:type_name -> sluice.v1.Direction
-	4, // 1: sluice.v1.DropPolicy.peers:type_name -> sluice.v1.PeerPolicy
-	6, // 2: sluice.v1.DropPolicy.ttl:type_name -> google.protobuf.Duration
-	0, // 3: sluice.v1.DropPolicy.fail_mode:type_name -> sluice.v1.FailMode
-	6, // 4: sluice.v1.DropPolicy.fail_open_decay:type_name -> google.protobuf.Duration
-	7, // 5: sluice.v1.DropPolicy.issued_at:type_name -> google.protobuf.Timestamp
-	3, // 6: sluice.v1.DropPolicy.routes:type_name -> sluice.v1.Route
-	8, // 7: sluice.v1.PeerPolicy.mode:type_name -> sluice.v1.Mode
-	1, // 8: sluice.v1.PeerPolicy.reason:type_name -> sluice.v1.DropReason
-	9, // [9:9] is the sub-list for method output_type
-	9, // [9:9] is the sub-list for method input_type
-	9, // [9:9] is the sub-list for extension type_name
-	9, // [9:9] is the sub-list for extension extendee
-	0, // [0:9] is the sub-list for field type_name
+	6,  // 0: sluice.v1.DropPolicy.direction:type_name -> sluice.v1.Direction
+	5,  // 1: sluice.v1.DropPolicy.peers:type_name -> sluice.v1.PeerPolicy
+	7,  // 2: sluice.v1.DropPolicy.ttl:type_name -> google.protobuf.Duration
+	0,  // 3: sluice.v1.DropPolicy.fail_mode:type_name -> sluice.v1.FailMode
+	7,  // 4: sluice.v1.DropPolicy.fail_open_decay:type_name -> google.protobuf.Duration
+	8,  // 5: sluice.v1.DropPolicy.issued_at:type_name -> google.protobuf.Timestamp
+	4,  // 6: sluice.v1.DropPolicy.routes:type_name -> sluice.v1.Route
+	9,  // 7: sluice.v1.PeerPolicy.mode:type_name -> sluice.v1.Mode
+	2,  // 8: sluice.v1.PeerPolicy.reason:type_name -> sluice.v1.DropReason
+	1,  // 9: sluice.v1.PeerPolicy.bound:type_name -> sluice.v1.DropBound
+	10, // [10:10] is the sub-list for method output_type
+	10, // [10:10] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_sluice_v1_policy_proto_init() }
@@ -594,7 +684,7 @@ func file_sluice_v1_policy_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sluice_v1_policy_proto_rawDesc), len(file_sluice_v1_policy_proto_rawDesc)),
-			NumEnums:      2,
+			NumEnums:      3,
 			NumMessages:   3,
 			NumExtensions: 0,
 			NumServices:   0,
