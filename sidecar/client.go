@@ -27,7 +27,11 @@ import (
 // client marks it: it sets the caller header to its own service name and
 // DecidedHeader to the same name, and the inbound side (Middleware and the
 // server interceptors), when it trusts marks (TrustDecided), neither decides
-// nor counts a request whose DecidedHeader equals its caller. The controller then adds up, per bucket,
+// nor counts a request whose DecidedHeader equals its caller, unless its
+// policy declares procedures: the caller decides per callee, not per
+// procedure, so such a callee decides and counts every request in its leaf,
+// and the controller publishes the caller no rule toward it (the caller
+// admits those calls). The controller then adds up, per bucket,
 // what callers offered outbound and what reached the callee unmarked, and
 // gives both sides the bucket's one ratio (docs/architecture.md, "Outbound
 // enforcement").

@@ -133,12 +133,12 @@ func (in *incoming) decide(ctx context.Context, fullMethod string) (d Decision, 
 	if in.identify != nil {
 		id, res = in.identify(ctx)
 	}
+	t := in.s.table.Load()
 	caller, decided, reject := in.s.resolveCaller(in.rules, callerFromContext(ctx, in.key), id, res,
-		metadata.ValueFromIncomingContext(ctx, DecidedHeader))
+		metadata.ValueFromIncomingContext(ctx, DecidedHeader), t.procs != noProcedures)
 	if reject {
 		return Decision{}, nil, in.refusal
 	}
-	t := in.s.table.Load()
 	idx := t.procs.grpc(fullMethod)
 	if decided {
 		return Decision{}, in.s.verdictOf(t, caller, idx), nil

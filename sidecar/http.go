@@ -41,7 +41,8 @@ type HTTPOptions struct {
 	// TrustDecided lets a request that its caller marked as decided already
 	// (DecidedHeader, set by the caller's outbound enforcement) through
 	// undecided and uncounted when the mark names its caller: with
-	// Identify, its authenticated caller. Otherwise marks are counted
+	// Identify, its authenticated caller, and the policy declares no
+	// procedures (see resolveCaller). Otherwise marks are counted
 	// (sluice_sidecar_decided_ignored_total) and the request is decided
 	// like any other. Set it only for callers trusted to enforce their
 	// own outbound limits: a caller that marks its calls without
@@ -102,12 +103,12 @@ func (s *ServiceLimiter) Middleware(next http.Handler, opts HTTPOptions) http.Ha
 		if opts.Identify != nil {
 			id, res = opts.Identify(r)
 		}
-		caller, decided, reject := s.resolveCaller(rules, header, id, res, r.Header[decidedKey])
+		t := s.table.Load()
+		caller, decided, reject := s.resolveCaller(rules, header, id, res, r.Header[decidedKey], t.procs != noProcedures)
 		if reject {
 			refusal.write(w, grpcRequest(r))
 			return
 		}
-		t := s.table.Load()
 		idx := t.procs.http(r.Method, r.URL.Path)
 		var v *verdict
 		if decided {

@@ -235,6 +235,9 @@ type identityCounts struct {
 	others        [numIdentityResults]atomic.Uint64 // Authenticated unused
 	mismatch      atomic.Uint64                     // caller header disagreed with an authenticated identity
 	decidedIgnore atomic.Uint64                     // DecidedHeader marks not believed
+	// decidedLeaf counts the DecidedHeader marks that would be believed
+	// but for the service's procedures (see resolveCaller).
+	decidedLeaf atomic.Uint64
 }
 
 type paddedCounter struct {
@@ -278,17 +281,23 @@ type callerRules struct {
 
 // resolveCaller applies rules to one request: header is its caller
 // header's value ("" for none), id and res what the Identify function made
-// of it (ignored without one), marks its DecidedHeader values. It returns
-// the caller to decide under; decided when the request's caller decided it
-// already and it passes uncounted (counted in DecidedUpstream); reject when
-// it is to be refused (a mismatch under rejectMismatch). It counts what it
-// did not believe, and allocates nothing.
+// of it (ignored without one), marks its DecidedHeader values, procedures
+// whether the service's policy declares procedures. It returns the caller
+// to decide under; decided when the request's caller decided it already
+// and it passes uncounted (counted in DecidedUpstream); reject when it is
+// to be refused (a mismatch under rejectMismatch). It counts what it did
+// not believe, and allocates nothing.
 //
 // A mark is believed only with trustDecided, and only when it names the
 // caller the request is decided under: with an identity, the
 // authenticated service, so that no one can mark another's calls, and none
-// when there is no authenticated identity.
-func (s *ServiceLimiter) resolveCaller(rules callerRules, header, id string, res IdentityResult, marks []string) (caller string, decided, reject bool) {
+// when there is no authenticated identity. It is never believed when the
+// service declares procedures: a caller's outbound enforcement decides per
+// callee, not per procedure, and the controller publishes it no rule
+// toward such a service and leaves its claims out of the law, so the
+// request is decided and counted here, in its leaf, or no leaf limit or
+// procedure capacity would ever hold for it.
+func (s *ServiceLimiter) resolveCaller(rules callerRules, header, id string, res IdentityResult, marks []string, procedures bool) (caller string, decided, reject bool) {
 	caller = header
 	if rules.authenticated {
 		s.ident.add(res, s.stripeMask)
@@ -303,10 +312,14 @@ func (s *ServiceLimiter) resolveCaller(rules callerRules, header, id string, res
 	if len(marks) == 0 {
 		return caller, false, false
 	}
-	if rules.trustDecided && (!rules.authenticated || res == Authenticated) && decidedUpstream(marks, caller) {
+	switch {
+	case !rules.trustDecided || rules.authenticated && res != Authenticated || !decidedUpstream(marks, caller):
+		s.ident.decidedIgnore.Add(1)
+	case procedures:
+		s.ident.decidedLeaf.Add(1)
+	default:
 		s.upstream.Add(1)
 		return caller, true, false
 	}
-	s.ident.decidedIgnore.Add(1)
 	return caller, false, false
 }

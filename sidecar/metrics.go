@@ -73,9 +73,10 @@ var (
 			"identity, or refused with --caller-mismatch reject. A client forging its caller, or a misconfigured one.",
 		[]string{"service"}, nil)
 	decidedIgnoredDesc = prometheus.NewDesc("sluice_sidecar_decided_ignored_total",
-		"Requests carrying x-sluice-decided that were decided and counted all the same: marks are not trusted "+
-			"(no --trust-decided), or the mark does not name the request's (authenticated) caller.",
-		[]string{"service"}, nil)
+		"Requests carrying x-sluice-decided that were decided and counted all the same, by reason: untrusted, marks "+
+			"are not trusted (no --trust-decided) or the mark does not name the request's (authenticated) caller; "+
+			"procedures, the service declares procedures and decides every request in its leaf.",
+		[]string{"service", "reason"}, nil)
 	decidedUpstreamDesc = prometheus.NewDesc("sluice_sidecar_decided_upstream_total",
 		"Inbound requests admitted without a decision because their caller's outbound enforcement had decided and "+
 			"counted them already (x-sluice-decided); in no other count.",
@@ -166,7 +167,8 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(callerIdentityDesc, prometheus.CounterValue, float64(s.ident.load(res)), name, res.String())
 		}
 		ch <- prometheus.MustNewConstMetric(callerMismatchDesc, prometheus.CounterValue, float64(s.ident.mismatch.Load()), name)
-		ch <- prometheus.MustNewConstMetric(decidedIgnoredDesc, prometheus.CounterValue, float64(s.ident.decidedIgnore.Load()), name)
+		ch <- prometheus.MustNewConstMetric(decidedIgnoredDesc, prometheus.CounterValue, float64(s.ident.decidedIgnore.Load()), name, "untrusted")
+		ch <- prometheus.MustNewConstMetric(decidedIgnoredDesc, prometheus.CounterValue, float64(s.ident.decidedLeaf.Load()), name, "procedures")
 		t := s.table.Load()
 		if p := t.policy; p != nil {
 			ch <- prometheus.MustNewConstMetric(policyPeersDesc, prometheus.GaugeValue, float64(len(p.Peers)), name)

@@ -69,10 +69,12 @@ sluice_sidecar_caller_identity_total{result="untrusted_proxy",service="checkout"
 # TYPE sluice_sidecar_caller_mismatch_total counter
 sluice_sidecar_caller_mismatch_total{service="cart"} 0
 sluice_sidecar_caller_mismatch_total{service="checkout"} 0
-# HELP sluice_sidecar_decided_ignored_total Requests carrying x-sluice-decided that were decided and counted all the same: marks are not trusted (no --trust-decided), or the mark does not name the request's (authenticated) caller.
+# HELP sluice_sidecar_decided_ignored_total Requests carrying x-sluice-decided that were decided and counted all the same, by reason: untrusted, marks are not trusted (no --trust-decided) or the mark does not name the request's (authenticated) caller; procedures, the service declares procedures and decides every request in its leaf.
 # TYPE sluice_sidecar_decided_ignored_total counter
-sluice_sidecar_decided_ignored_total{service="cart"} 0
-sluice_sidecar_decided_ignored_total{service="checkout"} 0
+sluice_sidecar_decided_ignored_total{reason="procedures",service="cart"} 0
+sluice_sidecar_decided_ignored_total{reason="untrusted",service="cart"} 0
+sluice_sidecar_decided_ignored_total{reason="procedures",service="checkout"} 0
+sluice_sidecar_decided_ignored_total{reason="untrusted",service="checkout"} 0
 # HELP sluice_sidecar_decided_upstream_total Inbound requests admitted without a decision because their caller's outbound enforcement had decided and counted them already (x-sluice-decided); in no other count.
 # TYPE sluice_sidecar_decided_upstream_total counter
 sluice_sidecar_decided_upstream_total{service="cart"} 0

@@ -525,3 +525,64 @@ func TestProcedurePolicySwapConcurrentWithDecide(t *testing.T) {
 		t.Errorf("counted %d offered, %d dropped; decisions were %d, %d drops", offered, dropped, calls.Load(), drops.Load())
 	}
 }
+
+// TestDecidedMarkIgnoredWithProcedures (issue 14): a caller enforcing
+// outbound decides per callee, not per procedure, so a service that
+// declares procedures ignores its decided mark even with TrustDecided, and
+// decides and counts the request in its leaf, counting the mark
+// (decided_ignored_total, reason procedures); before this, web's marked
+// charges passed undecided and uncounted, and its create-charge leaf
+// limit never held. Over HTTP and gRPC.
+func TestDecidedMarkIgnoredWithProcedures(t *testing.T) {
+	l := NewLimiter(LimiterOptions{})
+	l.SetPolicy(checkoutProcedures())
+	s := l.Service("checkout")
+	h := s.Middleware(http.NotFoundHandler(), HTTPOptions{TrustDecided: true})
+	for _, tc := range []struct{ method, path, leaf string }{
+		{"POST", "/v1/charges", "web/create-charge"},
+		{"GET", "/v1/items/7", "web/get-item"},
+	} {
+		before := leafCounts(l, "checkout")[tc.leaf]
+		req := httptest.NewRequest(tc.method, tc.path, nil)
+		req.Header.Set(DefaultCallerHeader, "web")
+		req.Header.Set(DecidedHeader, "web")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, req)
+		after := leafCounts(l, "checkout")[tc.leaf]
+		if after.Offered != before.Offered+1 {
+			t.Errorf("%s %s: %s offered %d, want %d: the marked request is counted in its leaf", tc.method, tc.path, tc.leaf, after.Offered, before.Offered+1)
+		}
+		if tc.leaf == "web/create-charge" && (w.Code != http.StatusTooManyRequests || after.Dropped != before.Dropped+1) {
+			t.Errorf("marked charge: status %d, dropped %d; want 429 by its leaf's rule", w.Code, after.Dropped-before.Dropped)
+		}
+	}
+
+	client := startHealthServer(t, s, GRPCOptions{TrustDecided: true})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ctx = metadata.AppendToOutgoingContext(ctx, DefaultCallerHeader, "mobile", DecidedHeader, "mobile")
+	if _, err := client.Check(ctx, &healthpb.HealthCheckRequest{}); status.Code(err) != codes.ResourceExhausted {
+		t.Errorf("marked Check: %v, want RESOURCE_EXHAUSTED by its leaf's rule", err)
+	}
+	if c := leafCounts(l, "checkout")["mobile/"+healthCheck]; c.Offered != 1 || c.Dropped != 1 {
+		t.Errorf("mobile's Check %+v, want one offered and dropped", c)
+	}
+
+	if up := s.DecidedUpstream(); up != 0 {
+		t.Errorf("DecidedUpstream %d, want 0", up)
+	}
+	if n, untrusted := s.ident.decidedLeaf.Load(), s.ident.decidedIgnore.Load(); n != 3 || untrusted != 0 {
+		t.Errorf("marks ignored for procedures %d, untrusted %d; want 3 and 0", n, untrusted)
+	}
+
+	// Without procedures the mark is honoured, as before.
+	l.SetPolicy(policy("checkout", Rule{Peer: "web", DropRatio: math.Nextafter(1, 0)}))
+	req := httptest.NewRequest("POST", "/v1/charges", nil)
+	req.Header.Set(DefaultCallerHeader, "web")
+	req.Header.Set(DecidedHeader, "web")
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, req)
+	if w.Code != http.StatusNotFound || s.DecidedUpstream() != 1 {
+		t.Errorf("without procedures: status %d, DecidedUpstream %d; want the app's 404 and 1", w.Code, s.DecidedUpstream())
+	}
+}

@@ -341,8 +341,13 @@ The limits themselves do not change.`, m, what),
 				return err
 			}
 			n, err := st.SetMode(cmd.Context(), t.filter(), m, a.change(reason))
-			if errors.Is(err, history.ErrNotFound) {
+			switch {
+			case errors.Is(err, history.ErrNotFound):
 				return fmt.Errorf("unknown bucket %s: it has no limit or settings to switch (set one first)", t)
+			case errors.Is(err, history.ErrNoCallerLimit):
+				// Switching its leaves' rows would change nothing: a
+				// leaf is enforced as its caller is.
+				return fmt.Errorf("%s has no limit of its own; its leaves are enforced as it is: set a limit on %s, or set the callee's mode (%s %s)", t, t, m, t.Callee)
 			}
 			if err != nil {
 				return fmt.Errorf("switch %s to %s: %w", t, m, err)

@@ -22,7 +22,7 @@ type metrics struct {
 	rejected      *prometheus.CounterVec
 	svcRejected   *prometheus.CounterVec
 	peerRejected  *prometheus.CounterVec // by reason: ReasonBadProcedure
-	claimsRefused prometheus.Counter
+	claimsRefused *prometheus.CounterVec
 	peersShed     prometheus.Counter
 	streams       prometheus.Gauge
 	limitServices prometheus.Gauge
@@ -65,10 +65,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "sluice_controller_peer_entries_rejected_total",
 			Help: "Peer entries left out of service entries that were applied, by reason: bad_procedure, a procedure that is not a valid name.",
 		}, []string{"reason"}),
-		claimsRefused: prometheus.NewCounter(prometheus.CounterOpts{
+		claimsRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_controller_outbound_claims_refused_total",
-			Help: "Outbound claims left out of the law, once per tick and bucket: the callee has a capacity and the bucket no finite limit.",
-		}),
+			Help: "Outbound claims left out of the law, once per tick and bucket, by reason: no_limit, the callee has a capacity and the bucket no finite limit; " +
+				"callee_procedures, the callee declares procedures and its own sidecars count every call in its leaf.",
+		}, []string{"reason"}),
 		peersShed: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sluice_controller_policy_peers_shed_total",
 			Help: "Peers left out of policies, once per tick and policy, because the policy would list more than a sidecar accepts; ratio 0 and the smallest offered rate go first.",
@@ -152,15 +153,17 @@ const (
 
 // noteRefused counts the outbound claims a tick refused and logs the first,
 // at most once per logEvery.
-func (m *metrics) noteRefused(log *slog.Logger, refused []BucketLoad, now time.Time) {
+func (m *metrics) noteRefused(log *slog.Logger, refused []RefusedClaim, now time.Time) {
 	if len(refused) == 0 {
 		return
 	}
-	m.claimsRefused.Add(float64(len(refused)))
+	for _, c := range refused {
+		m.claimsRefused.WithLabelValues(c.Reason).Inc()
+	}
 	if ok, unlogged := m.badLog.AllowN(logRefused, now, len(refused)); ok {
 		c := refused[0]
-		log.Warn("outbound claims left out of the law: the callee has a capacity and the bucket no limit",
-			"callee", c.Callee, "caller", c.Caller, "claimed_offered_rps", c.Offered, "refused", len(refused), "refused_unlogged_before", unlogged)
+		log.Warn("outbound claims left out of the law",
+			"callee", c.Callee, "caller", c.Caller, "reason", c.Reason, "claimed_offered_rps", c.Offered, "refused", len(refused), "refused_unlogged_before", unlogged)
 	}
 }
 

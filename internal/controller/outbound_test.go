@@ -15,6 +15,7 @@ import (
 	"github.com/sluicehq/sluice/internal/limits"
 	"github.com/sluicehq/sluice/pkg/dataplane"
 	"github.com/sluicehq/sluice/pkg/dropratio"
+	"github.com/sluicehq/sluice/pkg/names"
 	"github.com/sluicehq/sluice/sidecar"
 )
 
@@ -381,7 +382,7 @@ services:
 					offered = p.Offered
 				}
 			}
-			wantRefused := []BucketLoad{{Callee: "checkout", Caller: "abuser", Totals: Totals{Offered: claim}}}
+			wantRefused := []RefusedClaim{{BucketLoad{Callee: "checkout", Caller: "abuser", Totals: Totals{Offered: claim}}, RefusedNoLimit}}
 			if tc.trusted {
 				wantRefused = nil
 				if offered != claim {
@@ -405,5 +406,60 @@ services:
 				}
 			}
 		})
+	}
+}
+
+// TestOutboundTowardProcedures (issue 14): web enforces outbound toward
+// checkout, which declares procedures, and offers it 150 rps of charges;
+// web's _other leaf has a limit of 10. Outbound claims carry no
+// procedure, so before this they all landed in web's _other leaf: its
+// ratio, 0.933, went out as web's outbound rule and cut every call of web
+// to checkout to 10 rps, while web's create-charge leaf limit (50) never
+// applied. Now the controller publishes web no rule toward checkout and
+// leaves its claims out of the law (counted, reason callee_procedures);
+// checkout's sidecars, ignoring the decided mark, count the calls in
+// their leaf, and the leaf limit holds. A callee without procedures keeps
+// its outbound rule.
+func TestOutboundTowardProcedures(t *testing.T) {
+	set := procLimits(func(s *limits.Service) {
+		s.Procedures[names.Other].Callers = map[string]float64{"web": 10}
+	})
+	orders := &limits.Service{Name: "orders", Capacity: math.Inf(1), DefaultLimit: math.Inf(1), FailMode: dataplane.FailOpen,
+		Callers: map[string]limits.Bucket{"web": {Limit: 20, Mode: dropratio.Enforce}}}
+	set = limits.NewSet(map[string]*limits.Service{"checkout": set.Service("checkout"), "orders": orders})
+
+	s := warmState(t)
+	now := t0.Add(2 * time.Second)
+	for _, z := range []*sluicev1.ZoneLoad{
+		mixedLoad("a", 1, nil, map[string]float64{"web/checkout": 150, "web/orders": 40}, nil),
+		leafLoad("b", map[string]float64{"checkout/web/create-charge": 150}),
+	} {
+		if err := s.Apply(z, now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	loads := s.sum(set)
+	for _, p := range loads.buckets["checkout"] {
+		if p.peer == "web" && p.procedure != "create-charge" {
+			t.Errorf("checkout/web/%s offered %v in the law's input, want only the create-charge leaf", p.procedure, p.Offered)
+		}
+	}
+	wantRefused := []RefusedClaim{{BucketLoad{Callee: "checkout", Caller: "web", Totals: Totals{Offered: 150}}, RefusedProcedures}}
+	if !slices.Equal(loads.refused, wantRefused) {
+		t.Errorf("refused %v, want %v", loads.refused, wantRefused)
+	}
+
+	res := s.Tick(now, set)
+	out := res.Changed["caller/web"]
+	if out == nil || len(out.GetPeers()) != 1 || out.GetPeers()[0].GetPeer() != "orders" {
+		t.Fatalf("outbound policy %v, want a rule toward orders alone", out)
+	}
+	if r := out.GetPeers()[0].GetDropRatio(); math.Abs(r-0.5) > 1e-9 {
+		t.Errorf("web's rule toward orders: ratio %v, want 0.5", r)
+	}
+	in := res.Changed["callee/checkout"]
+	wantRatio(t, in, "web", "create-charge", 1-50.0/150)
+	if pp := leafOf(in, "web", names.Other); pp.GetDropRatio() != 0 {
+		t.Errorf("web/_other = %v, want ratio 0: no claim lands there", pp)
 	}
 }

@@ -308,8 +308,8 @@ func TestBadProcedureDropsItsEntry(t *testing.T) {
 // TestCallerLimitOnLeaves: every inbound leaf of a caller with a limit
 // across procedures carries that limit, beside its own on limit_rps, so
 // that under fail mode local its sidecars share it among the caller's
-// leaves; a caller without one, an outbound policy and a callee without
-// procedures carry none. A change of it alone is published at once.
+// leaves; a caller without one and a callee without procedures carry
+// none. A change of it alone is published at once.
 func TestCallerLimitOnLeaves(t *testing.T) {
 	set := procLimits(func(s *limits.Service) { s.Procedures["get-item"].Callers = map[string]float64{"batch": 5} })
 	s := warmState(t)
@@ -348,14 +348,7 @@ func TestCallerLimitOnLeaves(t *testing.T) {
 		t.Error("a caller limit gone is not due")
 	}
 
-	// Outbound: web's whole bucket of checkout, its limit on limit_rps.
-	res := tickOnce(t, set, mixedLoad("a", 1, nil, map[string]float64{"web/checkout": 150}, nil))
-	out := res.Changed["caller/web"]
-	if out == nil || len(out.GetPeers()) != 1 || out.GetPeers()[0].GetLimitRps() != 100 || out.GetPeers()[0].CallerLimitRps != nil {
-		t.Errorf("outbound policy %v, want checkout at web's limit 100, without a caller limit", out)
-	}
-
-	res = tickOnce(t, checkoutLimits(), leafLoad("a", map[string]float64{"checkout/web": 500}))
+	res := tickOnce(t, checkoutLimits(), leafLoad("a", map[string]float64{"checkout/web": 500}))
 	for name, p := range res.Changed {
 		for _, pp := range p.GetPeers() {
 			if pp.CallerLimitRps != nil {

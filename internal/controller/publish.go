@@ -59,29 +59,26 @@ func listed(pp *sluicev1.PeerPolicy) bool {
 }
 
 // leafPolicy renders the verdict of one bucket of callee (limits lim, nil
-// for none) for peer: peerPolicy, with the bucket's procedure in an
-// inbound policy (outbound is "", inbound false). The limit of a leaf on
-// the wire is the tightest that bounds it alone: its own, else its
-// caller's across procedures; so a leaf whose caller has a limit is
+// for none) for peer: peerPolicy, with the bucket's procedure. Only an
+// inbound policy carries leaves (see publishedProcedure). The limit of a
+// leaf on the wire is the tightest that bounds it alone: its own, else
+// its caller's across procedures; so a leaf whose caller has a limit is
 // listed (dataplane.Listed), and the sidecars keep its counters and a
-// bucket for fail mode local from the first request. An inbound leaf
-// also carries its caller's limit across procedures, CallerLimitRps:
-// under fail mode local the sidecars share it out among the caller's
-// leaves, which limit_rps alone would each grant in full. It also carries
-// the level that binds it, Bound, so that a sidecar's rejection names the
-// bucket that refused: a whole bucket, and an outbound one, is that
-// bucket alone and carries none.
-func leafPolicy(peer string, v dropratio.Verdict, lim *limits.Service, inbound bool) *sluicev1.PeerPolicy {
+// bucket for fail mode local from the first request. A leaf also carries
+// its caller's limit across procedures, CallerLimitRps: under fail mode
+// local the sidecars share it out among the caller's leaves, which
+// limit_rps alone would each grant in full. And it carries the level that
+// binds it, Bound, so that a sidecar's rejection names the bucket that
+// refused; a whole bucket is that bucket alone and carries none.
+func leafPolicy(peer string, v dropratio.Verdict, lim *limits.Service) *sluicev1.PeerPolicy {
 	pp := peerPolicy(peer, v)
 	if v.Procedure == "" {
 		return pp
 	}
 	callerLimit := lim.Bucket(v.Caller).Limit
-	if inbound {
-		pp.Procedure = v.Procedure
-		pp.CallerLimitRps = finiteOrAbsent(callerLimit)
-		pp.Bound = boundProto(v.Bound)
-	}
+	pp.Procedure = v.Procedure
+	pp.CallerLimitRps = finiteOrAbsent(callerLimit)
+	pp.Bound = boundProto(v.Bound)
 	pp.LimitRps = finiteOrAbsent(min(v.Limit, callerLimit))
 	return pp
 }
@@ -89,9 +86,11 @@ func leafPolicy(peer string, v dropratio.Verdict, lim *limits.Service, inbound b
 // publishedProcedure reports whether a policy carries v, a verdict of a
 // callee with limits lim (declared: its declared procedures), inbound or
 // outbound. A callee without procedures publishes its buckets of
-// procedure ""; one with procedures its leaves inbound, and outbound the
-// caller's names.Other leaf alone, where outbound claims are counted
-// (foldProcedures). Left out: a bucket the law still releases after the
+// procedure ""; one with procedures its leaves inbound, and nothing
+// outbound: a caller's outbound claims carry no procedure, so its side
+// cannot decide per leaf; they are left out of the law (combine), and the
+// callee's inbound sidecars, ignoring the decided mark, decide and count
+// every call in its leaf. Left out: a bucket the law still releases after the
 // callee's procedures changed, under a procedure the policy no longer
 // declares, which its sidecars would refuse.
 func publishedProcedure(v dropratio.Verdict, lim *limits.Service, declared map[string]bool, inbound bool) bool {
@@ -99,7 +98,7 @@ func publishedProcedure(v dropratio.Verdict, lim *limits.Service, declared map[s
 	case !lim.HasProcedures():
 		return v.Procedure == ""
 	case !inbound:
-		return v.Procedure == names.Other
+		return false
 	}
 	return v.Procedure == names.Other || declared[v.Procedure]
 }
@@ -137,7 +136,7 @@ func (s *State) policy(sv dropratio.ServiceVerdict, live uint32, lim *limits.Ser
 		if !publishedProcedure(v, lim, declared, true) {
 			continue
 		}
-		pp := leafPolicy(v.Caller, v, lim, true)
+		pp := leafPolicy(v.Caller, v, lim)
 		markUpstream(pp, v.Mode, lim.Bucket(v.Caller))
 		if listed(pp) {
 			p.Peers = append(p.Peers, pp)
@@ -172,11 +171,10 @@ func markUpstream(pp *sluicev1.PeerPolicy, mode dropratio.Mode, b limits.Bucket)
 // caller: its rules are the limited buckets' verdicts where it is the
 // caller, one per callee, with the same ratio the callee's inbound policy
 // carries for it (see combine). Verdicts come sorted by callee, so each
-// caller's rules are too. Outbound rules stay per callee: toward a callee
-// that declares procedures, the rule is the caller's names.Other leaf,
-// where its outbound claims are counted (foldProcedures); the callee's
-// per-procedure limits then hold only for the calls its inbound side
-// decides.
+// caller's rules are too. Toward a callee that declares procedures there
+// is no rule (see publishedProcedure): the caller admits its calls
+// unlisted, and the callee's inbound side decides each in its leaf, so
+// that the leaf limits and procedure capacities hold for all of them.
 //
 // A policy has one fail mode while its callees may each have their own: the
 // callees' common fail mode when they agree, else open, the default.
@@ -215,7 +213,7 @@ func (s *State) callerPolicies(verdicts []dropratio.ServiceVerdict, outLive map[
 			if p == nil || !publishedProcedure(v, lim, nil, false) {
 				continue
 			}
-			pp := leafPolicy(sv.Service, v, lim, false)
+			pp := leafPolicy(sv.Service, v, lim)
 			if !listed(pp) {
 				continue
 			}

@@ -37,8 +37,8 @@ type tickLoads struct {
 	live    map[string]uint32 // per callee: live inbound sidecars
 	outLive map[string]uint32 // per caller: live instances enforcing outbound
 	// refused holds the outbound claims left out of buckets, sorted by
-	// callee then caller (see trustClaim).
-	refused []BucketLoad
+	// callee then caller (see combine).
+	refused []RefusedClaim
 }
 
 // sum adds up the live aggregators' loads, in sorted aggregator order: float
@@ -138,27 +138,40 @@ func mergePeers(loads []*sluicev1.ServiceLoad) []peerTotals {
 // caller could not name, or beyond its table) are left out: no limit can
 // name them, and they would make policies for services that do not exist.
 // Claims set does not trust (trustClaim) are left out too, and returned,
-// sorted by callee then caller. Sums are in a fixed order, inbound first,
-// callers sorted.
-func combine(inbound, outbound map[string][]peerTotals, set *limits.Set) (map[string][]peerTotals, []BucketLoad) {
+// sorted by callee then caller. So are all claims toward a callee that
+// declares procedures: they carry no procedure, so the caller's side
+// cannot decide per leaf, and the callee's inbound sidecars ignore the
+// decided mark of such a callee and count every call in its leaf
+// themselves (sidecar.DecidedHeader); counted here as well, each call
+// would count twice. Sums are in a fixed order, inbound first, callers
+// sorted.
+func combine(inbound, outbound map[string][]peerTotals, set *limits.Set) (map[string][]peerTotals, []RefusedClaim) {
 	if len(outbound) == 0 {
 		return inbound, nil
 	}
 	byCallee := map[string][]peerTotals{} // sorted by caller: callers are visited sorted
-	var refused []BucketLoad
+	var refused []RefusedClaim
 	for _, caller := range slices.Sorted(maps.Keys(outbound)) {
 		for _, p := range outbound[caller] {
 			if p.peer == names.Unknown || p.peer == names.Overflow {
 				continue
 			}
-			if !trustClaim(set.Service(p.peer), caller) {
-				refused = append(refused, BucketLoad{Callee: p.peer, Caller: caller, Totals: p.Totals})
+			lim := set.Service(p.peer)
+			reason := ""
+			switch {
+			case lim.HasProcedures():
+				reason = RefusedProcedures
+			case !trustClaim(lim, caller):
+				reason = RefusedNoLimit
+			}
+			if reason != "" {
+				refused = append(refused, RefusedClaim{BucketLoad{Callee: p.peer, Caller: caller, Totals: p.Totals}, reason})
 				continue
 			}
 			byCallee[p.peer] = append(byCallee[p.peer], peerTotals{Totals: p.Totals, peer: caller, procedure: p.procedure})
 		}
 	}
-	slices.SortFunc(refused, func(a, b BucketLoad) int {
+	slices.SortFunc(refused, func(a, b RefusedClaim) int {
 		return cmp.Or(strings.Compare(a.Callee, b.Callee), strings.Compare(a.Caller, b.Caller))
 	})
 	out := make(map[string][]peerTotals, len(inbound)+len(byCallee))
@@ -215,7 +228,7 @@ func combine(inbound, outbound map[string][]peerTotals, set *limits.Set) (map[st
 // callee a default_limit). Buckets enforced upstream need nothing here:
 // their callee's sidecars count every arrival as offered before the
 // upstream drops, in the inbound counts. Refused claims are counted
-// (sluice_controller_outbound_claims_refused_total).
+// (sluice_controller_outbound_claims_refused_total, reason no_limit).
 func trustClaim(lim *limits.Service, caller string) bool {
 	if lim == nil || math.IsInf(lim.Capacity, 1) {
 		return true
@@ -230,8 +243,8 @@ func trustClaim(lim *limits.Service, caller string) bool {
 // hostile sidecar or aggregator sends, folds into names.Other, so that no
 // one grows the law's state, the policies or the metrics by inventing
 // procedures; and so does procedure "", the load of a sidecar that
-// predates procedures or enforces outbound (outbound policies are per
-// callee). For a callee without procedures, every bucket is a whole
+// predates procedures (outbound claims toward such a callee never get
+// here: see combine). For a callee without procedures, every bucket is a whole
 // (callee, caller) pair: a procedure folds into "". Folded loads add up,
 // in bucket order, so that replicas agree.
 func foldProcedures(buckets map[string][]peerTotals, set *limits.Set) {

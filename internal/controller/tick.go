@@ -46,8 +46,8 @@ type TickResult struct {
 	// the history recorder.
 	Loads []BucketLoad
 	// RefusedClaims holds the outbound claims left out of the buckets,
-	// sorted by callee then caller (see trustClaim).
-	RefusedClaims []BucketLoad
+	// sorted by callee then caller (see combine).
+	RefusedClaims []RefusedClaim
 	// Shed holds, per policy over the most peers a policy lists, what was
 	// left out of it (see capPeers), sorted by policy.
 	Shed []ShedPeers
@@ -59,6 +59,23 @@ type BucketLoad struct {
 	Callee, Caller, Procedure string
 	Totals
 }
+
+// RefusedClaim is an outbound claim of Caller toward Callee left out of
+// the law, and why: one of the Refused* reasons, a metric label.
+type RefusedClaim struct {
+	BucketLoad
+	Reason string
+}
+
+// The reasons of RefusedClaim.
+const (
+	// RefusedNoLimit: the callee has a capacity and the bucket no finite
+	// limit (see trustClaim).
+	RefusedNoLimit = "no_limit"
+	// RefusedProcedures: the callee declares procedures, and its own
+	// sidecars decide and count every call in its leaf (see combine).
+	RefusedProcedures = "callee_procedures"
+)
 
 // ServiceProcedure names one procedure of one callee.
 type ServiceProcedure struct{ Service, Procedure string }

@@ -27,6 +27,7 @@ package history
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/sluicehq/sluice/pkg/dataplane"
@@ -216,7 +217,24 @@ var (
 	ErrSchemaTooOld = errors.New("history: database schema is older than this binary; run the migrate command")
 	ErrSchemaTooNew = errors.New("history: database schema is newer than this binary")
 	ErrNotDecidable = errors.New("history: proposal is not pending")
+	// ErrNoCallerLimit: SetMode of a caller that has leaf limits but no
+	// limit of its own (see LimitStore.SetMode).
+	ErrNoCallerLimit = errors.New("history: the caller has no limit of its own")
 )
+
+// callerTarget reports whether f names a caller rather than a leaf or a
+// procedure's capacity: SetMode then switches the caller's own limits
+// (procedure "") alone.
+func (f Filter) callerTarget() bool {
+	return f.Caller != "" && f.Caller != AnyCaller && f.Procedure == ""
+}
+
+// noCallerLimit is the error of SetMode for a leaf b whose caller has no
+// limit of its own.
+func noCallerLimit(b Bucket) error {
+	p := b.Callee + "/" + b.Caller
+	return fmt.Errorf("%s has no limit of its own; its leaves are enforced as it is: set a limit on %s, or set the callee's mode: %w", p, p, ErrNoCallerLimit)
+}
 
 // LoadStore keeps minute rows and their daily rollup.
 type LoadStore interface {
@@ -270,7 +288,13 @@ type LimitStore interface {
 	// SetMode switches the mode of the limits f selects: bucket limits,
 	// and when f.Caller is "" also the selected callees' own settings
 	// (Caller "" with a Callee: the callee's own mode and every bucket of
-	// it). It returns how many limits it selected, those already in mode m
+	// it). With a Caller (not AnyCaller) and no Procedure it selects the
+	// caller's own limits alone, never its leaves': a leaf is enforced as
+	// its caller is (limits.FromHistory), so switching a leaf's mode
+	// would change nothing. When a caller f selects has leaf limits but
+	// no limit of its own, it changes nothing and returns
+	// ErrNoCallerLimit naming it: its leaves are in the callee's mode. It
+	// returns how many limits it selected, those already in mode m
 	// included, and audits ("set_mode") the ones it changed. ErrNotFound
 	// when f selects nothing.
 	SetMode(ctx context.Context, f Filter, m dropratio.Mode, c Change) (int, error)

@@ -337,6 +337,14 @@ func (m *Memory) SetMode(ctx context.Context, f Filter, mode dropratio.Mode, c C
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	callerOnly := f.callerTarget()
+	if callerOnly {
+		for _, b := range slices.SortedFunc(maps.Keys(m.buckets), compareBuckets) {
+			if _, own := m.buckets[Bucket{Callee: b.Callee, Caller: b.Caller}]; b.Procedure != "" && f.matches(b) && !own {
+				return 0, fmt.Errorf("set mode of %s: %w", f, noCallerLimit(b))
+			}
+		}
+	}
 	now := m.opts.clock()
 	var selected, changed int
 	// Services first, then buckets, each in order: the audit reads in the
@@ -359,7 +367,7 @@ func (m *Memory) SetMode(ctx context.Context, f Filter, mode dropratio.Mode, c C
 	}
 	for _, b := range slices.SortedFunc(maps.Keys(m.buckets), compareBuckets) {
 		l := m.buckets[b]
-		if !f.matches(b) {
+		if !f.matches(b) || callerOnly && b.Procedure != "" {
 			continue
 		}
 		selected++

@@ -514,6 +514,12 @@ func (p *Postgres) SetMode(ctx context.Context, f Filter, m dropratio.Mode, c Ch
 			}
 		}
 		sql, args := filterSQL(`SELECT callee, caller, procedure, mode FROM bucket_limits WHERE true`, nil, f)
+		if f.callerTarget() {
+			if err := checkCallerLimits(ctx, tx, f); err != nil {
+				return false, err
+			}
+			sql += ` AND procedure = ''`
+		}
 		rows, err := tx.Query(ctx, sql+` ORDER BY callee, caller, procedure FOR UPDATE`, args...)
 		if err != nil {
 			return false, err
@@ -545,6 +551,25 @@ func (p *Postgres) SetMode(ctx context.Context, f Filter, m dropratio.Mode, c Ch
 		return 0, err
 	}
 	return selected, nil
+}
+
+// checkCallerLimits returns noCallerLimit for the first leaf, in key
+// order, of a caller f selects that has no limit of its own (see
+// LimitStore.SetMode). A leaf set concurrently, after the check, is as if
+// set after the SetMode: the caller's own limits are all it changes.
+func checkCallerLimits(ctx context.Context, tx pgx.Tx, f Filter) error {
+	sql, args := filterSQL(`SELECT callee, caller, procedure FROM bucket_limits l WHERE procedure <> ''`, nil, f)
+	var b Bucket
+	err := tx.QueryRow(ctx, sql+` AND NOT EXISTS (SELECT 1 FROM bucket_limits o
+			WHERE o.callee = l.callee AND o.caller = l.caller AND o.procedure = '')
+		ORDER BY callee, caller, procedure LIMIT 1`, args...).Scan(&b.Callee, &b.Caller, &b.Procedure)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return nil
+	case err != nil:
+		return err
+	}
+	return fmt.Errorf("%s: %w", f, noCallerLimit(b))
 }
 
 // Propose implements LimitStore.

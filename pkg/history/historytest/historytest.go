@@ -61,6 +61,7 @@ func Run(t *testing.T, open func(t *testing.T) history.Store) {
 		{"NotFound", testNotFound},
 		{"ProcedureMinutes", testProcedureMinutes},
 		{"ProcedureLimits", testProcedureLimits},
+		{"CallerModeWithoutLimit", testCallerModeWithoutLimit},
 		{"Routes", testRoutes},
 	}
 	for _, tc := range tests {

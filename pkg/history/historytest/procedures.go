@@ -120,13 +120,48 @@ func testProcedureLimits(t *testing.T, s history.Store) {
 	}
 	eq(t, "procedure's audit", actions, []string{"approve", "propose", "set_limit"})
 
-	// Shadowing a leaf shadows it alone; shadowing a caller, its leaves too.
+	// Shadowing a leaf shadows it alone; shadowing a caller, its own
+	// limit alone (its leaves are enforced as it is).
 	n, err := s.SetMode(ctx, history.Filter{Callee: "checkout", Caller: "web", Procedure: "create-charge"}, dropratio.Shadow, alice)
 	must(t, err)
 	eq(t, "leaf selected", n, 1)
-	n, err = s.SetMode(ctx, history.Filter{Callee: "checkout", Caller: "web"}, dropratio.Shadow, alice)
+	n, err = s.SetMode(ctx, history.Filter{Callee: "checkout", Caller: "web"}, dropratio.Enforce, alice)
 	must(t, err)
-	eq(t, "caller and its leaves selected", n, 3)
+	eq(t, "caller selected", n, 1)
+	if l, _ := bucketLimit(t, s, cWebPay); *l.Mode != dropratio.Shadow {
+		t.Errorf("leaf mode %v after switching its caller, want shadow still: the caller's own limit alone", *l.Mode)
+	}
+}
+
+// testCallerModeWithoutLimit (issue 14): a caller with leaf limits and no
+// limit of its own is in its callee's mode; switching it would rewrite
+// its leaves' rows, which no one reads, and report success. SetMode of it
+// changes nothing and names it, across callees too; with a limit of its
+// own, it switches that alone.
+func testCallerModeWithoutLimit(t *testing.T, s history.Store) {
+	ctx := t.Context()
+	must(t, s.SetLimit(ctx, history.BucketLimit{Bucket: cWebPay, Limit: 50}, alice))
+	must(t, s.SetLimit(ctx, history.BucketLimit{Bucket: history.Bucket{Callee: "orders", Caller: "web"}, Limit: 10}, alice))
+	before := len(audit(t, s, history.Filter{}))
+	for _, f := range []history.Filter{{Callee: "checkout", Caller: "web"}, {Caller: "web"}} {
+		_, err := s.SetMode(ctx, f, dropratio.Shadow, bob)
+		wantErr(t, "SetMode of "+f.String(), err, history.ErrNoCallerLimit, "checkout/web has no limit of its own")
+	}
+	if l, _ := bucketLimit(t, s, cWebPay); *l.Mode != dropratio.Enforce {
+		t.Errorf("leaf mode %v, want enforce: nothing changes", *l.Mode)
+	}
+	eq(t, "audit entries after refused SetModes", len(audit(t, s, history.Filter{})), before)
+
+	must(t, s.SetLimit(ctx, history.BucketLimit{Bucket: cWeb, Limit: 100}, alice))
+	n, err := s.SetMode(ctx, history.Filter{Caller: "web"}, dropratio.Shadow, bob)
+	must(t, err)
+	eq(t, "web's own limits selected", n, 2)
+	if l, _ := bucketLimit(t, s, cWeb); *l.Mode != dropratio.Shadow {
+		t.Errorf("checkout/web mode %v, want shadow", *l.Mode)
+	}
+	if l, _ := bucketLimit(t, s, cWebPay); *l.Mode != dropratio.Enforce {
+		t.Errorf("leaf mode %v, want enforce: its row is not its caller's", *l.Mode)
+	}
 }
 
 // A callee's routes are kept whole and in order, checked as the sidecar
