@@ -13,7 +13,8 @@ const MaxExactLambda = 1 << 50
 // or under with probability q.
 //
 // It is exact, not an approximation: the CDF is evaluated to float64
-// precision (a series or continued fraction for the incomplete gamma
+// precision (a q within a few ulps, ~1e-15 relative, of CDF(k) may land on
+// either side of it) (a series or continued fraction for the incomplete gamma
 // function; Temme's uniform expansion for large counts) and the answer k
 // satisfies CDF(k−1) < q ≤ CDF(k) as computed, with the tail nearer q
 // compared so that neither side loses digits. A Cornish–Fisher guess starts
@@ -61,6 +62,9 @@ func PoissonQuantile(lambda, q float64) uint64 {
 	}
 	for hi-lo > 1 {
 		mid := math.Floor(lo + (hi-lo)/2)
+		if mid <= lo || mid >= hi {
+			break // above 2⁵³, where neighbouring counts are not floats
+		}
 		if reached(mid) {
 			hi = mid
 		} else {
