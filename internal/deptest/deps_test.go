@@ -191,6 +191,14 @@ func TestDependencyDirection(t *testing.T) {
 			return !g.standard(path) && !under(path, mod("pkg/dataplane"))
 		},
 	}, {
+		// Sized on the request path's side (the sidecar) and the
+		// controller's: the Poisson allowance stays pure arithmetic.
+		name:    "pkg/allowance imports only the standard library",
+		applies: func(rel string) bool { return under(rel, "pkg/allowance") },
+		forbidden: func(path string) bool {
+			return !g.standard(path) && !under(path, mod("pkg/allowance"))
+		},
+	}, {
 		// The controller checks a limits file's routes with the code the
 		// sidecar matches with: it must stay light enough for both.
 		name:    "pkg/routes imports only the standard library and pkg/names",
