@@ -59,15 +59,15 @@ func zipf(s float64, n int) func(r *rand.Rand) func() int {
 // stream shapes and a narrow sketch that collides a lot.
 func TestNeverUnderCounts(t *testing.T) {
 	for _, st := range streams {
+		vals := names(st.distinct)
 		for _, counters := range []int{64, 1024, DefaultCounters} {
 			t.Run(fmt.Sprintf("%s/counters-%d", st.name, counters), func(t *testing.T) {
-				vals := names(st.distinct)
-				for seed := range uint64(20) {
+				for seed := range uint64(10) {
 					r := rand.New(rand.NewPCG(seed, 15))
 					next := st.draw(r)
 					s := mustNew(t, Options{Counters: counters})
 					exact := make([]uint32, st.distinct)
-					for range 20000 {
+					for range 10000 {
 						i := next()
 						exact[i]++
 						if got := s.Add(vals[i]); got < exact[i] {
@@ -125,7 +125,7 @@ func TestOverCountWithinBound(t *testing.T) {
 func TestZipfTopValuesAreHeavy(t *testing.T) {
 	const distinct, n, top = 100000, 300000, 10
 	vals := names(distinct)
-	for seed := range uint64(5) {
+	for seed := range uint64(3) {
 		s := mustNew(t, Options{K: 32, Threshold: 200})
 		next := zipf(1.1, distinct)(rand.New(rand.NewPCG(seed, 3)))
 		exact := make([]uint32, distinct)
@@ -166,17 +166,21 @@ func TestZipfTopValuesAreHeavy(t *testing.T) {
 // return each estimate from 1 to the total exactly once, each goroutine's
 // in increasing order, and the final estimate is the total.
 func TestConcurrentAddsOfOneValue(t *testing.T) {
-	const goroutines, each = 4, 20000
+	const goroutines, each = 4, 100000
 	s := mustNew(t, Options{Threshold: 100})
 	got := make([][]uint32, goroutines)
 	var wg sync.WaitGroup
+	start := make(chan struct{}) // so that the goroutines overlap
 	for g := range goroutines {
+		got[g] = make([]uint32, 0, each)
 		wg.Go(func() {
+			<-start
 			for range each {
 				got[g] = append(got[g], s.Add("acme"))
 			}
 		})
 	}
+	close(start)
 	wg.Wait()
 	var all []uint32
 	for g, ns := range got {
@@ -404,7 +408,7 @@ func TestAddAllocatesNothing(t *testing.T) {
 }
 
 // TestMemoryIsFixed: New allocates about Options.Bytes, and counting a
-// million distinct values, many of them churning through the heavy set,
+// quarter of a million distinct values, many of them churning through the heavy set,
 // allocates nothing more.
 func TestMemoryIsFixed(t *testing.T) {
 	o := Options{Counters: 1 << 16, K: 256, MaxValueLen: 256, Threshold: 2}
@@ -421,7 +425,7 @@ func TestMemoryIsFixed(t *testing.T) {
 	if got := m1.TotalAlloc - m0.TotalAlloc; got < uint64(want) || got > uint64(want)*11/10 {
 		t.Errorf("New allocated %d bytes, Bytes() = %d", got, want)
 	}
-	vals := names(1 << 20)
+	vals := names(1 << 18)
 	runtime.ReadMemStats(&m1)
 	for range 2 {
 		for _, v := range vals {
@@ -466,11 +470,11 @@ func TestOptions(t *testing.T) {
 // TestSlotsAgainstMap drives the membership table's insert and delete
 // (backward shift) against a map, in a tiny table where keys collide.
 func TestSlotsAgainstMap(t *testing.T) {
-	for seed := range uint64(50) {
+	for seed := range uint64(20) {
 		r := rand.New(rand.NewPCG(seed, 0))
 		w := newWindow(Rows*16, 16, 8, 8)
 		ref := map[uint64]bool{}
-		for range 2000 {
+		for range 500 {
 			key := r.Uint64N(40)*16 + r.Uint64N(4) | 1 // few homes, many collisions
 			switch {
 			case ref[key]:
