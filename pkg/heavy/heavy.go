@@ -193,14 +193,19 @@ func (s *Sketch) locate(value string) (key uint64, off [Rows]uint32) {
 //
 // It takes no lock and allocates nothing. A value whose estimate is at or
 // above the threshold and not yet in the window's heavy set takes the
-// set's mutex once to enter it (copied into memory reserved at New).
+// set's mutex once to enter it (copied into memory reserved at New); a
+// member of the set is counted in a counter of its own.
 func (s *Sketch) Add(value string) uint32 {
 	if len(value) > s.maxLen {
 		value = Invalid
 	}
 	key, off := s.locate(value)
 	w := s.gen.Load().cur
-	n := w.add(&off)
+	n, unflushed, ok := w.addMember(key, &off)
+	if ok {
+		return n
+	}
+	n = sat32(uint64(w.add(&off, 1)) + unflushed)
 	if th := s.threshold.Load(); n >= th && th != 0 && n > w.floor.Load() && !w.has(key) {
 		s.enter(w, key, &off, value, n)
 	}
@@ -220,9 +225,9 @@ func (s *Sketch) Estimates(value string) (cur, prev uint32) {
 	if len(value) > s.maxLen {
 		value = Invalid
 	}
-	_, off := s.locate(value)
+	key, off := s.locate(value)
 	g := s.gen.Load()
-	return g.cur.estimate(&off), g.prev.estimate(&off)
+	return g.cur.estimateMember(key, &off), g.prev.estimateMember(key, &off)
 }
 
 // SetThreshold sets the estimate at which a value enters the current

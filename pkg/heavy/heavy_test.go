@@ -164,10 +164,12 @@ func TestZipfTopValuesAreHeavy(t *testing.T) {
 
 // TestConcurrentAddsOfOneValue: Adds of one value from several goroutines
 // return each estimate from 1 to the total exactly once, each goroutine's
-// in increasing order, and the final estimate is the total.
+// in increasing order, and the final estimate is the total. (No threshold:
+// this is the rows' guarantee; a heavy member's estimate adds its own
+// counter to its rows, and the next test checks its sum.)
 func TestConcurrentAddsOfOneValue(t *testing.T) {
 	const goroutines, each = 4, 100000
-	s := mustNew(t, Options{Threshold: 100})
+	s := mustNew(t, Options{})
 	got := make([][]uint32, goroutines)
 	var wg sync.WaitGroup
 	start := make(chan struct{}) // so that the goroutines overlap
@@ -197,6 +199,53 @@ func TestConcurrentAddsOfOneValue(t *testing.T) {
 	}
 	if est := s.Estimate("acme"); est != goroutines*each {
 		t.Errorf("Estimate = %d, want %d", est, goroutines*each)
+	}
+}
+
+// TestEvictionRacingAdds: two values take turns in a heavy set of one,
+// each evicted while its own Adds run; their estimates end exactly at
+// their counts (their rows collide with nothing else), in the set and out.
+func TestEvictionRacingAdds(t *testing.T) {
+	phases := []struct{ a, b int }{ // Adds per goroutine, two goroutines per value
+		{2000, 0},     // a enters
+		{500, 10000},  // b overtakes a and evicts it while a is counted
+		{20000, 500},  // a evicts b while b is counted
+		{1000, 30000}, // and b a again
+	}
+	for trial := range 10 {
+		s := mustNew(t, Options{K: 1, Threshold: 10})
+		var total [2]uint32
+		for _, p := range phases {
+			var wg sync.WaitGroup
+			start := make(chan struct{})
+			for g := range 4 {
+				v, n := "a", p.a
+				if g >= 2 {
+					v, n = "b", p.b
+				}
+				total[g/2] += uint32(n)
+				wg.Go(func() {
+					<-start
+					for range n {
+						s.Add(v)
+					}
+				})
+			}
+			close(start)
+			wg.Wait()
+		}
+		if got := s.Stats(); got.Evicted < 3 {
+			t.Fatalf("trial %d: Stats = %+v, want at least 3 evictions: the test checks less than it says", trial, got)
+		}
+		a, b := s.Estimate("a"), s.Estimate("b")
+		if a != total[0] || b != total[1] {
+			t.Fatalf("trial %d: Estimate(a) = %d, Estimate(b) = %d; want %d, %d", trial, a, b, total[0], total[1])
+		}
+		s.Rotate()
+		want := []Entry{{"b", total[1]}}
+		if got := s.AppendHeavy(nil); !slices.Equal(got, want) {
+			t.Fatalf("trial %d: AppendHeavy = %v, want %v", trial, got, want)
+		}
 	}
 }
 
@@ -258,8 +307,9 @@ func TestRotate(t *testing.T) {
 }
 
 // TestRotateRacingAdds: Adds racing with one Rotate count toward exactly
-// one of the two windows: current and previous sum to the total, and both
-// windows got some (the Adders' second halves start as Rotate does).
+// one of the two windows: current and previous sum to the total, and the
+// previous holds at least the Adders' first halves (their second halves
+// start as Rotate does, and race with it).
 func TestRotateRacingAdds(t *testing.T) {
 	const goroutines, each = 4, 10000
 	for trial := range 20 {
@@ -473,20 +523,21 @@ func TestSlotsAgainstMap(t *testing.T) {
 	for seed := range uint64(20) {
 		r := rand.New(rand.NewPCG(seed, 0))
 		w := newWindow(Rows*16, 16, 8, 8)
-		ref := map[uint64]bool{}
+		ref := map[uint64]*entry{}
 		for range 500 {
 			key := r.Uint64N(40)*16 + r.Uint64N(4) | 1 // few homes, many collisions
 			switch {
-			case ref[key]:
+			case ref[key] != nil:
 				w.deleteKey(key)
 				delete(ref, key)
 			case len(ref) < 8:
-				w.insertKey(key)
-				ref[key] = true
+				i := r.IntN(8)
+				w.insertKey(key, i)
+				ref[key] = &w.entries[i]
 			}
 			for k := uint64(1); k < 40*16+4; k += 2 {
-				if w.has(k) != ref[k] {
-					t.Fatalf("seed %d: has(%d) = %v, want %v", seed, k, w.has(k), ref[k])
+				if e, ok := w.member(k); ok != (ref[k] != nil) || e != ref[k] {
+					t.Fatalf("seed %d: member(%d) = %p, %v; want %p", seed, k, e, ok, ref[k])
 				}
 			}
 		}

@@ -11,69 +11,95 @@ import (
 )
 
 // window is one window's count-min sketch and heavy set.
+//
+// A member of the heavy set is counted in its own counter (entry.word), one
+// atomic operation instead of a compare-and-swap on each of its rows, which
+// a heavy value, alone in its counters, would otherwise pay on every Add.
+// Its estimate is its rows' minimum plus that count. A member leaves the set
+// only by eviction, which closes its counter, adds the count to its rows
+// (flushes it) and only then removes it from slots.
 type window struct {
 	counters []atomic.Uint32 // Rows rows of Width counters, row after row
 
-	// slots is the heavy set's membership, read without a lock: an
-	// open-addressing table of keys (0: empty), linear probing. Written
-	// only under mu. A reader may miss a key while mu's holder moves it;
-	// it then takes mu and finds it there.
-	slots []atomic.Uint64
+	// slots and slotEntry are the heavy set's membership, read without a
+	// lock: an open-addressing table of keys (0: empty), linear probing,
+	// and the index in entries of each slot's key. Written only under mu,
+	// the index before the key. A reader may miss a key while mu's holder
+	// moves it; it then counts in the rows, which is only slower.
+	slots     []atomic.Uint64
+	slotEntry []atomic.Uint32
 	// floor is, once the set is full, the smallest estimate a value must
 	// exceed to be worth taking mu for (the smallest member's estimate
 	// when last computed, plus slack); 0 while the set has room.
 	floor atomic.Uint32
 
-	mu      sync.Mutex // guards entries, arena and writes to slots
-	entries []entry    // len: members; cap: K
+	mu      sync.Mutex // guards n, entries' off and len, arena, writes to slots
+	n       int        // members: entries[:n]
+	entries []entry    // K
 	arena   []byte     // K × MaxValueLen: member i's value at i×MaxValueLen
 	maxLen  int
 }
 
 // entry is a member of the heavy set; its value is in the arena.
 type entry struct {
-	key uint64
-	off [Rows]uint32
-	n   uint16 // value length
+	key  atomic.Uint64 // read by Adds to check a slot's index is still theirs
+	word atomic.Uint64 // generation | flushed | closed | count
+	off  [Rows]uint32
+	len  uint16
 }
 
-const entrySize = 8 + 4*Rows + 8 // with padding
+// An entry's word: the count of Adds since the value entered (no window
+// sees 2⁴⁸), closed once eviction began (Adds then count in the rows),
+// flushed once the count is in the rows, and a generation bumped each time
+// the entry is reused, so that a compare-and-swap of a word read before
+// the entry changed hands fails.
+const (
+	countMask = 1<<48 - 1
+	closed    = 1 << 48
+	flushed   = 1 << 49
+	genUnit   = 1 << 50
+)
+
+const entrySize = 8 + 8 + 4*Rows + 8 // with padding
 
 func newWindow(counters, slots, k, maxLen int) *window {
 	return &window{
-		counters: make([]atomic.Uint32, counters),
-		slots:    make([]atomic.Uint64, slots),
-		entries:  make([]entry, 0, k),
-		arena:    make([]byte, k*maxLen),
-		maxLen:   maxLen,
+		counters:  make([]atomic.Uint32, counters),
+		slots:     make([]atomic.Uint64, slots),
+		slotEntry: make([]atomic.Uint32, slots),
+		entries:   make([]entry, k),
+		arena:     make([]byte, k*maxLen),
+		maxLen:    maxLen,
 	}
 }
 
-// add increments the value at off by conservative update and returns its
-// new estimate: each row at the minimum e is raised to e+1 by a
-// compare-and-swap from e, the others are left alone; a lost
-// compare-and-swap starts over. Rows are raised in row order, so two Adds
-// of one value can not both succeed from the same e: successful Adds of a
-// value get distinct estimates, and the last leaves every row at least at
-// its own, hence at least at the number of successful Adds. A saturated
-// value (e = 2³²−1) stays there.
-func (w *window) add(off *[Rows]uint32) uint32 {
-	c := w.counters
-	c0, c1, c2, c3 := &c[off[0]], &c[off[1]], &c[off[2]], &c[off[3]]
+func sat32(n uint64) uint32 { return uint32(min(n, math.MaxUint32)) }
+
+// add adds c to the value at off by conservative update and returns its
+// new estimate in the rows: with e the rows' minimum, each row under e+c is
+// raised to e+c by a compare-and-swap from the value read; a lost
+// compare-and-swap starts over. Rows are raised in row order, so two
+// successful adds of one value never raise from overlapping ranges: the
+// rows end at least at the sum of the successful adds, and each add
+// returns at least the sum of those that completed before it began, plus
+// its own. Counters saturate at 2³²−1.
+func (w *window) add(off *[Rows]uint32, c uint32) uint32 {
+	cs := w.counters
+	c0, c1, c2, c3 := &cs[off[0]], &cs[off[1]], &cs[off[2]], &cs[off[3]]
 	for {
 		v0, v1, v2, v3 := c0.Load(), c1.Load(), c2.Load(), c3.Load()
 		e := min(v0, v1, v2, v3)
 		if e == math.MaxUint32 {
 			return e
 		}
-		n := e + 1
-		if (v0 == e && !c0.CompareAndSwap(e, n)) ||
-			(v1 == e && !c1.CompareAndSwap(e, n)) ||
-			(v2 == e && !c2.CompareAndSwap(e, n)) ||
-			(v3 == e && !c3.CompareAndSwap(e, n)) {
+		t := e + min(c, math.MaxUint32-e)
+		if (v0 < t && !c0.CompareAndSwap(v0, t)) ||
+			(v1 < t && !c1.CompareAndSwap(v1, t)) ||
+			(v2 < t && !c2.CompareAndSwap(v2, t)) ||
+			(v3 < t && !c3.CompareAndSwap(v3, t)) {
 			continue
 		}
-		return n
+		return t
 	}
 }
 
@@ -82,27 +108,70 @@ func (w *window) estimate(off *[Rows]uint32) uint32 {
 	return min(c[off[0]].Load(), c[off[1]].Load(), c[off[2]].Load(), c[off[3]].Load())
 }
 
-// has reports whether key is in the heavy set, without a lock.
-func (w *window) has(key uint64) bool {
+// member returns key's entry, if key is in the heavy set; without a lock.
+func (w *window) member(key uint64) (*entry, bool) {
 	mask := uint64(len(w.slots) - 1)
 	for i := key & mask; ; i = (i + 1) & mask {
 		switch w.slots[i].Load() {
 		case key:
-			return true
+			return &w.entries[w.slotEntry[i].Load()], true
 		case 0:
-			return false
+			return nil, false
 		}
 	}
 }
 
-// insertKey puts key into slots; w.mu held, key absent, a free slot left.
-func (w *window) insertKey(key uint64) {
-	mask := uint64(len(w.slots) - 1)
-	i := key & mask
-	for w.slots[i].Load() != 0 {
-		i = (i + 1) & mask
+func (w *window) has(key uint64) bool {
+	_, ok := w.member(key)
+	return ok
+}
+
+// addMember counts an Add of key in its member counter, if key is a
+// member, and returns its estimate. Otherwise the Add counts in the rows,
+// plus unflushed: the count of a member being evicted, not yet in its rows.
+func (w *window) addMember(key uint64, off *[Rows]uint32) (n uint32, unflushed uint64, ok bool) {
+	e, ok := w.member(key)
+	if !ok {
+		return 0, 0, false
 	}
-	w.slots[i].Store(key)
+	for {
+		v := e.word.Load()
+		if e.key.Load() != key { // evicted and reused since the slot was read
+			return 0, 0, false
+		}
+		if v&closed != 0 {
+			if v&flushed == 0 {
+				return 0, v & countMask, false
+			}
+			return 0, 0, false
+		}
+		if e.word.CompareAndSwap(v, v+1) {
+			return sat32(uint64(w.estimate(off)) + v&countMask + 1), 0, true
+		}
+	}
+}
+
+// estimateMember returns key's estimate in w, member or not.
+func (w *window) estimateMember(key uint64, off *[Rows]uint32) uint32 {
+	n := uint64(w.estimate(off))
+	if e, ok := w.member(key); ok {
+		if v := e.word.Load(); e.key.Load() == key && v&flushed == 0 {
+			n += v & countMask
+		}
+	}
+	return sat32(n)
+}
+
+// insertKey puts key, member i, into slots; w.mu held, key absent, a free
+// slot left.
+func (w *window) insertKey(key uint64, i int) {
+	mask := uint64(len(w.slots) - 1)
+	s := key & mask
+	for w.slots[s].Load() != 0 {
+		s = (s + 1) & mask
+	}
+	w.slotEntry[s].Store(uint32(i))
+	w.slots[s].Store(key)
 }
 
 // deleteKey removes key from slots by backward shift (no tombstones, so
@@ -120,6 +189,7 @@ func (w *window) deleteKey(key uint64) {
 		}
 		// k may move back to i unless its home lies cyclically in (i, j].
 		if home := k & mask; (j-home)&mask >= (j-i)&mask {
+			w.slotEntry[i].Store(w.slotEntry[j].Load())
 			w.slots[i].Store(k)
 			i = j
 		}
@@ -130,7 +200,7 @@ func (w *window) deleteKey(key uint64) {
 // value returns member i's value, backed by the arena; w.mu held.
 func (w *window) value(i int) []byte {
 	at := i * w.maxLen
-	return w.arena[at : at+int(w.entries[i].n)]
+	return w.arena[at : at+int(w.entries[i].len)]
 }
 
 // enter is the slow path of an Add whose estimate n reached the
@@ -148,11 +218,11 @@ func (s *Sketch) enter(w *window, key uint64, off *[Rows]uint32, value string, n
 	if w.has(key) {
 		return // another Add of value got here first
 	}
-	if len(w.entries) < cap(w.entries) {
-		w.entries = append(w.entries, entry{})
-		w.put(len(w.entries)-1, key, off, value)
+	if w.n < len(w.entries) {
+		w.n++
+		w.put(w.n-1, key, off, value)
 		s.entered.Add(1)
-		if len(w.entries) == cap(w.entries) {
+		if w.n == len(w.entries) {
 			_, least := w.smallest()
 			w.floor.Store(least + slack(least))
 		}
@@ -164,7 +234,7 @@ func (s *Sketch) enter(w *window, key uint64, off *[Rows]uint32, value string, n
 		s.turnedAway.Add(1)
 		return
 	}
-	w.deleteKey(w.entries[i].key)
+	w.evict(i)
 	w.put(i, key, off, value)
 	s.evicted.Add(1)
 	s.entered.Add(1)
@@ -172,19 +242,45 @@ func (s *Sketch) enter(w *window, key uint64, off *[Rows]uint32, value string, n
 	w.floor.Store(least + slack(least))
 }
 
-// put stores member i; w.mu held.
+// evict closes member i's counter, adds its count to its rows and removes
+// it from slots, in that order: an Add that finds it closed but not yet
+// flushed adds the count to the estimate it returns; w.mu held.
+func (w *window) evict(i int) {
+	e := &w.entries[i]
+	v := e.word.Or(closed)
+	if c := v & countMask; c > 0 {
+		w.add(&e.off, sat32(c))
+	}
+	e.word.Or(flushed)
+	w.deleteKey(e.key.Load())
+}
+
+// put makes value member i, in an entry unused or evicted; w.mu held.
 func (w *window) put(i int, key uint64, off *[Rows]uint32, value string) {
-	w.entries[i] = entry{key: key, off: *off, n: uint16(len(value))}
+	e := &w.entries[i]
+	e.off, e.len = *off, uint16(len(value))
 	copy(w.arena[i*w.maxLen:], value)
-	w.insertKey(key)
+	e.key.Store(key)
+	e.word.Store((e.word.Load() &^ (genUnit - 1)) + genUnit) // a new generation, count 0, open
+	w.insertKey(key, i)
+}
+
+// estimateOf returns member i's estimate; w.mu held.
+func (w *window) estimateOf(i int) uint32 {
+	e := &w.entries[i]
+	n := uint64(w.estimate(&e.off))
+	if v := e.word.Load(); v&flushed == 0 {
+		n += v & countMask
+	}
+	return sat32(n)
 }
 
 // smallest returns the member with the smallest estimate now, and that
 // estimate; w.mu held, the set not empty.
 func (w *window) smallest() (int, uint32) {
 	at, least := 0, uint32(math.MaxUint32)
-	for i := range w.entries {
-		if e := w.estimate(&w.entries[i].off); e < least {
+	for i := range w.n {
+		if e := w.estimateOf(i); e < least {
 			at, least = i, e
 		}
 	}
@@ -215,7 +311,10 @@ func (w *window) reset() {
 	for i := range w.slots {
 		w.slots[i].Store(0)
 	}
-	w.entries = w.entries[:0]
+	for i := range w.n {
+		w.entries[i].key.Store(0)
+	}
+	w.n = 0
 	w.floor.Store(0)
 }
 
@@ -235,8 +334,8 @@ func (s *Sketch) AppendHeavy(dst []Entry) []Entry {
 	w := s.gen.Load().prev
 	w.mu.Lock()
 	start := len(dst)
-	for i := range w.entries {
-		dst = append(dst, Entry{Value: string(w.value(i)), Estimate: w.estimate(&w.entries[i].off)})
+	for i := range w.n {
+		dst = append(dst, Entry{Value: string(w.value(i)), Estimate: w.estimateOf(i)})
 	}
 	w.mu.Unlock()
 	slices.SortFunc(dst[start:], func(a, b Entry) int {
@@ -266,5 +365,5 @@ func (s *Sketch) Heavy() (n, k int) {
 	w := s.gen.Load().cur
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return len(w.entries), s.k
+	return w.n, s.k
 }
