@@ -22,7 +22,9 @@
 //     default Counters (2¹⁶, Width 2¹⁴) ε ≈ 1.7·10⁻⁴. Conservative update
 //     makes the over-count much smaller than that on skewed streams.
 //   - Concurrent Adds of one value that collides with no other sum
-//     exactly; concurrent Adds in general keep the guarantee above.
+//     exactly; concurrent Adds in general keep the guarantee above. An Add
+//     or Estimate racing with the eviction of its value from the heavy set
+//     may over-count by the value's count as a member, never under.
 //   - An Add counts toward exactly one window: the one current when it
 //     began. Rotate clears a window one full window after it stopped being
 //     current, so only an Add stalled for longer than a window (a
@@ -33,11 +35,12 @@
 //
 // Add is a hash of the value (hash/maphash, 4 to 9 ns for a short value
 // here), four loads, and one compare-and-swap per row at the minimum: one
-// for a value that shares its counters with others (the usual case once a
-// window has counted many more values than its width), up to four for a
-// value alone in its counters (a fresh window, or a heavy value that
-// dominates them). A locked instruction costs about 7 ns on the
-// development machine, so that is the price of counting exactly under
+// for a value whose counters differ, up to four for a value alone in its
+// counters (a fresh window, or a heavy value that dominates them). A
+// member of the heavy set is counted instead by one atomic add on a
+// counter of its own (its estimate: its rows' minimum plus that count), so
+// the values counted most pay least. A locked instruction costs about 7 ns
+// on the development machine: that is the price of counting exactly under
 // concurrency; see docs/benchmarks.md. Keep Rows × Width × 8 bytes (both
 // windows) within the L2 cache: past it every Add waits on memory four
 // times.

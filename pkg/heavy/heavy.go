@@ -93,7 +93,7 @@ func (o Options) slots() int {
 func (o Options) Bytes() int {
 	o = o.withDefaults()
 	perWindow := Rows*o.Width()*4 + // counters
-		o.slots()*8 + // membership table
+		o.slots()*(8+4) + // membership table: keys and entry indices
 		o.K*o.MaxValueLen + // value arena
 		o.K*entrySize // entry metadata
 	return 2 * perWindow

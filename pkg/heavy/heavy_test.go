@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"unsafe"
 )
 
 func mustNew(t testing.TB, o Options) *Sketch {
@@ -462,7 +463,10 @@ func TestAddAllocatesNothing(t *testing.T) {
 // allocates nothing more.
 func TestMemoryIsFixed(t *testing.T) {
 	o := Options{Counters: 1 << 16, K: 256, MaxValueLen: 256, Threshold: 2}
-	want := 2 * (1<<16*4 + 512*8 + 256*256 + 256*entrySize)
+	want := 2 * (1<<16*4 + 512*12 + 256*256 + 256*40)
+	if unsafe.Sizeof(entry{}) != entrySize {
+		t.Fatalf("an entry is %d bytes, entrySize says %d", unsafe.Sizeof(entry{}), entrySize)
+	}
 	if got := o.Bytes(); got != want {
 		t.Fatalf("Bytes() = %d, want %d", got, want)
 	}

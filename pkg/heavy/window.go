@@ -60,7 +60,7 @@ const (
 	genUnit   = 1 << 50
 )
 
-const entrySize = 8 + 8 + 4*Rows + 8 // with padding
+const entrySize = 8 + 8 + 4*Rows + 8 // key, word, off, len (padded)
 
 func newWindow(counters, slots, k, maxLen int) *window {
 	return &window{
