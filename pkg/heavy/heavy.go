@@ -28,6 +28,7 @@ const (
 	maxCounters = 1 << 30
 	maxK        = 1 << 16
 	maxValueLen = math.MaxUint16
+	maxArena    = 64 << 20 // a window's copies of its heavy values
 )
 
 // Options sizes a Sketch. The zero value of a field means its default.
@@ -72,6 +73,9 @@ func (o Options) Validate() error {
 	}
 	if o.MaxValueLen < len(Invalid) || o.MaxValueLen > maxValueLen {
 		errs = append(errs, fmt.Errorf("heavy: MaxValueLen %d: must be in [%d, %d]", o.MaxValueLen, len(Invalid), maxValueLen))
+	}
+	if o.K*o.MaxValueLen > maxArena {
+		errs = append(errs, fmt.Errorf("heavy: K × MaxValueLen = %d: must be at most %d bytes", o.K*o.MaxValueLen, maxArena))
 	}
 	return errors.Join(errs...)
 }

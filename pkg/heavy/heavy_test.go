@@ -61,7 +61,7 @@ func zipf(s float64, n int) func(r *rand.Rand) func() int {
 func TestNeverUnderCounts(t *testing.T) {
 	for _, st := range streams {
 		vals := names(st.distinct)
-		for _, counters := range []int{64, 1024, DefaultCounters} {
+		for _, counters := range []int{64, 1024, DefaultCounters, Rows << 17} { // the last: Width > 2¹⁶, two hashes
 			t.Run(fmt.Sprintf("%s/counters-%d", st.name, counters), func(t *testing.T) {
 				for seed := range uint64(10) {
 					r := rand.New(rand.NewPCG(seed, 15))
@@ -508,6 +508,7 @@ func TestOptions(t *testing.T) {
 		{Options{Counters: 1 << 31}, 0, "Counters"},
 		{Options{K: -1, MaxValueLen: 4}, 0, "K -1"},
 		{Options{K: -1, MaxValueLen: 4}, 0, "MaxValueLen 4"},
+		{Options{K: 1 << 16, MaxValueLen: 4096}, 0, "K × MaxValueLen"},
 	} {
 		err := c.o.Validate()
 		switch {
