@@ -199,6 +199,14 @@ func TestDependencyDirection(t *testing.T) {
 			return !g.standard(path) && !under(path, mod("pkg/allowance"))
 		},
 	}, {
+		// The sidecar counts descriptor values with it on the request
+		// path; the simulator runs it too.
+		name:    "pkg/heavy imports only the standard library",
+		applies: func(rel string) bool { return under(rel, "pkg/heavy") },
+		forbidden: func(path string) bool {
+			return !g.standard(path) && !under(path, mod("pkg/heavy"))
+		},
+	}, {
 		// The controller checks a limits file's routes with the code the
 		// sidecar matches with: it must stay light enough for both.
 		name:    "pkg/routes imports only the standard library and pkg/names",

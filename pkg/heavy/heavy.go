@@ -1,0 +1,260 @@
+package heavy
+
+import (
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"math"
+	"math/bits"
+	"sync"
+	"sync/atomic"
+	"unicode/utf8"
+)
+
+const (
+	// Rows is the number of rows of each window's count-min sketch: the
+	// bound on over-counting fails with probability δ = e⁻⁴ ≈ 1.8 %.
+	Rows = 4
+
+	DefaultCounters    = 1 << 16 // per window, all rows together: 256 KiB
+	DefaultK           = 256
+	DefaultMaxValueLen = 256
+
+	// Invalid is the reserved key of values that are too long or not valid
+	// UTF-8. Add counts a too-long value under it by itself.
+	Invalid = "_invalid"
+
+	minCounters = Rows * 16
+	maxCounters = 1 << 30
+	maxK        = 1 << 16
+	maxValueLen = math.MaxUint16
+	maxArena    = 64 << 20 // a window's copies of its heavy values
+)
+
+// Options sizes a Sketch. The zero value of a field means its default.
+type Options struct {
+	// Counters is the number of counters per window, all rows together:
+	// each row's width is the largest power of two at most Counters/Rows.
+	// Memory is about 8 bytes per counter (4 per window, two windows).
+	Counters int
+	// K bounds the heavy set of each window.
+	K int
+	// MaxValueLen is the longest value Add hashes and the heavy set stores,
+	// in bytes.
+	MaxValueLen int
+	// Threshold is the estimate at which a value enters the heavy set, until
+	// SetThreshold changes it; 0: no value enters.
+	Threshold uint32
+}
+
+func (o Options) withDefaults() Options {
+	if o.Counters == 0 {
+		o.Counters = DefaultCounters
+	}
+	if o.K == 0 {
+		o.K = DefaultK
+	}
+	if o.MaxValueLen == 0 {
+		o.MaxValueLen = DefaultMaxValueLen
+	}
+	return o
+}
+
+// Validate reports every field out of its bounds (zero fields take their
+// defaults and are valid).
+func (o Options) Validate() error {
+	o = o.withDefaults()
+	var errs []error
+	if o.Counters < minCounters || o.Counters > maxCounters {
+		errs = append(errs, fmt.Errorf("heavy: Counters %d: must be in [%d, %d]", o.Counters, minCounters, maxCounters))
+	}
+	if o.K < 1 || o.K > maxK {
+		errs = append(errs, fmt.Errorf("heavy: K %d: must be in [1, %d]", o.K, maxK))
+	}
+	if o.MaxValueLen < len(Invalid) || o.MaxValueLen > maxValueLen {
+		errs = append(errs, fmt.Errorf("heavy: MaxValueLen %d: must be in [%d, %d]", o.MaxValueLen, len(Invalid), maxValueLen))
+	}
+	if o.K*o.MaxValueLen > maxArena {
+		errs = append(errs, fmt.Errorf("heavy: K × MaxValueLen = %d: must be at most %d bytes", o.K*o.MaxValueLen, maxArena))
+	}
+	return errors.Join(errs...)
+}
+
+// Width returns the number of counters of each row.
+func (o Options) Width() int {
+	o = o.withDefaults()
+	return 1 << (bits.Len(uint(o.Counters/Rows)) - 1)
+}
+
+// slots is the size of a heavy set's hash table: at most half full.
+func (o Options) slots() int {
+	o = o.withDefaults()
+	return 1 << bits.Len(uint(2*o.K-1))
+}
+
+// Bytes returns the memory a Sketch built from o holds, whatever it
+// counts: both windows' counters, heavy-set tables and value arenas.
+func (o Options) Bytes() int {
+	o = o.withDefaults()
+	perWindow := Rows*o.Width()*4 + // counters
+		o.slots()*(8+4) + // membership table: keys and entry indices
+		o.K*o.MaxValueLen + // value arena
+		o.K*entrySize // entry metadata
+	return 2 * perWindow
+}
+
+// Valid reports whether value may be counted and reported under its own
+// name with the default MaxValueLen: at most DefaultMaxValueLen bytes of
+// valid UTF-8. It allocates nothing.
+func Valid(value string) bool {
+	return len(value) <= DefaultMaxValueLen && utf8.ValidString(value)
+}
+
+// Sketch counts values per window; see the package documentation. All its
+// methods are safe for concurrent use.
+type Sketch struct {
+	gen       atomic.Pointer[generation]
+	gens      [2]generation // gens[i].cur = windows[i], .prev = windows[1-i]
+	windows   [2]*window
+	threshold atomic.Uint32
+	seed      maphash.Seed
+	seed2     maphash.Seed // the last two rows' indices, when Width > 2¹⁶
+	mask      uint32       // Width − 1
+	width     uint32
+	wide      bool
+	maxLen    int
+	k         int
+
+	mu sync.Mutex // serialises Rotate and AppendHeavy, which read prev
+
+	entered, evicted, turnedAway atomic.Uint64
+}
+
+// generation names the current and previous windows: immutable, swapped
+// whole so that a reader never sees the same window as both.
+type generation struct{ cur, prev *window }
+
+// New returns a Sketch sized by o.
+func New(o Options) (*Sketch, error) {
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	o = o.withDefaults()
+	w := o.Width()
+	s := &Sketch{
+		seed:   maphash.MakeSeed(),
+		seed2:  maphash.MakeSeed(),
+		mask:   uint32(w - 1),
+		width:  uint32(w),
+		wide:   w > 1<<16,
+		maxLen: o.MaxValueLen,
+		k:      o.K,
+	}
+	for i := range s.windows {
+		s.windows[i] = newWindow(Rows*w, o.slots(), o.K, o.MaxValueLen)
+	}
+	s.gens[0] = generation{cur: s.windows[0], prev: s.windows[1]}
+	s.gens[1] = generation{cur: s.windows[1], prev: s.windows[0]}
+	s.gen.Store(&s.gens[0])
+	s.threshold.Store(o.Threshold)
+	return s, nil
+}
+
+// Valid is the package's Valid with this Sketch's MaxValueLen.
+func (s *Sketch) Valid(value string) bool {
+	return len(value) <= s.maxLen && utf8.ValidString(value)
+}
+
+// locate hashes value to its heavy-set key (never 0) and its counter in
+// each row (offsets into window.counters). With an ideal hash the rows'
+// indices are independent: each takes its own bits of the hash.
+func (s *Sketch) locate(value string) (key uint64, off [Rows]uint32) {
+	h := maphash.String(s.seed, value)
+	m, w := s.mask, s.width
+	if !s.wide {
+		off = [Rows]uint32{
+			uint32(h) & m,
+			uint32(h>>16)&m + w,
+			uint32(h>>32)&m + 2*w,
+			uint32(h>>48)&m + 3*w,
+		}
+	} else {
+		h2 := maphash.String(s.seed2, value)
+		off = [Rows]uint32{
+			uint32(h) & m,
+			uint32(h>>32)&m + w,
+			uint32(h2)&m + 2*w,
+			uint32(h2>>32)&m + 3*w,
+		}
+	}
+	return h | 1, off
+}
+
+// Add counts one occurrence of value in the current window and returns
+// its estimate there, this Add included: at least the number of Adds of
+// value that completed in the window before this one began, plus one. A
+// value longer than MaxValueLen is counted under Invalid.
+//
+// It takes no lock and allocates nothing. A value whose estimate is at or
+// above the threshold and not yet in the window's heavy set takes the
+// set's mutex once to enter it (copied into memory reserved at New); a
+// member of the set is counted in a counter of its own.
+func (s *Sketch) Add(value string) uint32 {
+	if len(value) > s.maxLen {
+		value = Invalid
+	}
+	key, off := s.locate(value)
+	w := s.gen.Load().cur
+	n, unflushed, ok := w.addMember(key, &off)
+	if ok {
+		return n
+	}
+	n = sat32(uint64(w.add(&off, 1)) + unflushed)
+	if th := s.threshold.Load(); n >= th && th != 0 && n > w.floor.Load() && !w.has(key) {
+		s.enter(w, key, &off, value, n)
+	}
+	return n
+}
+
+// Estimate returns value's count in the current window.
+func (s *Sketch) Estimate(value string) uint32 {
+	cur, _ := s.Estimates(value)
+	return cur
+}
+
+// Estimates returns value's count in the current and the previous window:
+// a caller may smooth a rate over both (prev·(1−f) + cur, f the elapsed
+// fraction of the current window).
+func (s *Sketch) Estimates(value string) (cur, prev uint32) {
+	if len(value) > s.maxLen {
+		value = Invalid
+	}
+	key, off := s.locate(value)
+	g := s.gen.Load()
+	return g.cur.estimateMember(key, &off), g.prev.estimateMember(key, &off)
+}
+
+// SetThreshold sets the estimate at which a value enters the current
+// window's heavy set, from now on; 0: no value enters. The reporter sets it
+// for each window, before Rotate.
+func (s *Sketch) SetThreshold(n uint32) { s.threshold.Store(n) }
+
+// Rotate ends the current window: it becomes the previous one, and the
+// older window, cleared, becomes current. Call it off the request path
+// (the reporter's tick); it costs a pass over one window's counters.
+//
+// An Add racing with Rotate counts toward the window it loaded: the one
+// that was current when it began, which is previous after Rotate. It is
+// never counted in both, and the window it counted in is cleared only at
+// the next Rotate.
+func (s *Sketch) Rotate() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	g := s.gen.Load()
+	g.prev.reset()
+	if g == &s.gens[0] {
+		s.gen.Store(&s.gens[1])
+	} else {
+		s.gen.Store(&s.gens[0])
+	}
+}

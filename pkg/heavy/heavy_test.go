@@ -1,0 +1,550 @@
+package heavy
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"unsafe"
+)
+
+func mustNew(t testing.TB, o Options) *Sketch {
+	t.Helper()
+	s, err := New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// names returns n distinct values shaped like tenant ids.
+func names(n int) []string {
+	v := make([]string, n)
+	for i := range v {
+		v[i] = fmt.Sprintf("tenant-%07d", i)
+	}
+	return v
+}
+
+// stream is a named way to draw value indices from [0, distinct).
+type stream struct {
+	name     string
+	distinct int
+	draw     func(r *rand.Rand) func() int
+}
+
+var streams = []stream{
+	{"uniform-10", 10, uniform(10)},
+	{"uniform-2k", 2000, uniform(2000)},
+	{"uniform-50k", 50000, uniform(50000)},
+	{"zipf-50k", 50000, zipf(1.1, 50000)},
+}
+
+func uniform(n int) func(r *rand.Rand) func() int {
+	return func(r *rand.Rand) func() int { return func() int { return r.IntN(n) } }
+}
+
+func zipf(s float64, n int) func(r *rand.Rand) func() int {
+	return func(r *rand.Rand) func() int {
+		z := rand.NewZipf(r, s, 1, uint64(n-1))
+		return func() int { return int(z.Uint64()) }
+	}
+}
+
+// TestNeverUnderCounts checks, against an exact count, that no Add returns
+// and no Estimate reads less than the value's true count, over many seeds,
+// stream shapes and a narrow sketch that collides a lot.
+func TestNeverUnderCounts(t *testing.T) {
+	for _, st := range streams {
+		vals := names(st.distinct)
+		for _, counters := range []int{64, 1024, DefaultCounters, Rows << 17} { // the last: Width > 2¹⁶, two hashes
+			t.Run(fmt.Sprintf("%s/counters-%d", st.name, counters), func(t *testing.T) {
+				for seed := range uint64(10) {
+					r := rand.New(rand.NewPCG(seed, 15))
+					next := st.draw(r)
+					s := mustNew(t, Options{Counters: counters})
+					exact := make([]uint32, st.distinct)
+					for range 10000 {
+						i := next()
+						exact[i]++
+						if got := s.Add(vals[i]); got < exact[i] {
+							t.Fatalf("seed %d: Add(%s) = %d after %d adds", seed, vals[i], got, exact[i])
+						}
+					}
+					for i, want := range exact {
+						if got := s.Estimate(vals[i]); got < want {
+							t.Fatalf("seed %d: Estimate(%s) = %d, true count %d", seed, vals[i], got, want)
+						}
+					}
+				}
+			})
+		}
+	}
+}
+
+// TestOverCountWithinBound checks the stated bound: a value's estimate
+// exceeds its count by more than ε·N (ε = e/Width) for at most δ = e⁻⁴ of
+// the values. The sketch is narrow (Width 256) so that collisions matter;
+// with the default width there would be none to speak of.
+func TestOverCountWithinBound(t *testing.T) {
+	const n, distinct = 50000, 5000
+	vals := names(distinct)
+	for _, st := range []stream{{"uniform", distinct, uniform(distinct)}, {"zipf", distinct, zipf(1.1, distinct)}} {
+		t.Run(st.name, func(t *testing.T) {
+			for seed := range uint64(10) {
+				s := mustNew(t, Options{Counters: Rows * 256})
+				next := st.draw(rand.New(rand.NewPCG(seed, 7)))
+				exact := map[int]uint32{}
+				for range n {
+					i := next()
+					exact[i]++
+					s.Add(vals[i])
+				}
+				bound := math.E * n / float64(Options{Counters: Rows * 256}.Width())
+				over := 0
+				for i, c := range exact {
+					if float64(s.Estimate(vals[i])-c) > bound {
+						over++
+					}
+				}
+				if frac := float64(over) / float64(len(exact)); frac > math.Exp(-Rows) {
+					t.Errorf("seed %d: %d of %d values (%.3f) over-counted by more than ε·N = %.0f; δ = %.3f",
+						seed, over, len(exact), frac, bound, math.Exp(-Rows))
+				}
+			}
+		})
+	}
+}
+
+// TestZipfTopValuesAreHeavy checks that the true top values of a Zipf
+// stream over 100,000 values are in the heavy set, with estimates no lower
+// than their counts, largest first.
+func TestZipfTopValuesAreHeavy(t *testing.T) {
+	const distinct, n, top = 100000, 300000, 10
+	vals := names(distinct)
+	for seed := range uint64(3) {
+		s := mustNew(t, Options{K: 32, Threshold: 200})
+		next := zipf(1.1, distinct)(rand.New(rand.NewPCG(seed, 3)))
+		exact := make([]uint32, distinct)
+		for range n {
+			i := next()
+			exact[i]++
+			s.Add(vals[i])
+		}
+		s.Rotate()
+		got := s.AppendHeavy(nil)
+		if len(got) == 0 || len(got) > 32 {
+			t.Fatalf("seed %d: %d heavy values, want 1 to K = 32", seed, len(got))
+		}
+		if !slices.IsSortedFunc(got, func(a, b Entry) int { return int(b.Estimate) - int(a.Estimate) }) {
+			t.Errorf("seed %d: heavy values not largest first: %v", seed, got)
+		}
+		heavy := map[string]uint32{}
+		for _, e := range got {
+			heavy[e.Value] = e.Estimate
+		}
+		order := make([]int, distinct)
+		for i := range order {
+			order[i] = i
+		}
+		slices.SortFunc(order, func(a, b int) int { return int(exact[b]) - int(exact[a]) })
+		for _, i := range order[:top] {
+			est, ok := heavy[vals[i]]
+			if !ok {
+				t.Errorf("seed %d: %s (count %d) not among the heavy values %v", seed, vals[i], exact[i], got)
+			} else if est < exact[i] {
+				t.Errorf("seed %d: %s: heavy estimate %d below its count %d", seed, vals[i], est, exact[i])
+			}
+		}
+	}
+}
+
+// TestConcurrentAddsOfOneValue: Adds of one value from several goroutines
+// return each estimate from 1 to the total exactly once, each goroutine's
+// in increasing order, and the final estimate is the total. (No threshold:
+// this is the rows' guarantee; a heavy member's estimate adds its own
+// counter to its rows, and the next test checks its sum.)
+func TestConcurrentAddsOfOneValue(t *testing.T) {
+	const goroutines, each = 4, 100000
+	s := mustNew(t, Options{})
+	got := make([][]uint32, goroutines)
+	var wg sync.WaitGroup
+	start := make(chan struct{}) // so that the goroutines overlap
+	for g := range goroutines {
+		got[g] = make([]uint32, 0, each)
+		wg.Go(func() {
+			<-start
+			for range each {
+				got[g] = append(got[g], s.Add("acme"))
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	var all []uint32
+	for g, ns := range got {
+		if !slices.IsSorted(ns) {
+			t.Errorf("goroutine %d: estimates not increasing", g)
+		}
+		all = append(all, ns...)
+	}
+	slices.Sort(all)
+	for i, n := range all {
+		if n != uint32(i+1) {
+			t.Fatalf("the %d-th smallest estimate returned is %d, want %d: lost or doubled Adds", i+1, n, i+1)
+		}
+	}
+	if est := s.Estimate("acme"); est != goroutines*each {
+		t.Errorf("Estimate = %d, want %d", est, goroutines*each)
+	}
+}
+
+// TestEvictionRacingAdds: two values take turns in a heavy set of one,
+// each evicted while its own Adds run; their estimates end exactly at
+// their counts (their rows collide with nothing else), in the set and out.
+func TestEvictionRacingAdds(t *testing.T) {
+	phases := []struct{ a, b int }{ // Adds per goroutine, two goroutines per value
+		{2000, 0},     // a enters
+		{500, 10000},  // b overtakes a and evicts it while a is counted
+		{20000, 500},  // a evicts b while b is counted
+		{1000, 30000}, // and b a again
+	}
+	for trial := range 10 {
+		s := mustNew(t, Options{K: 1, Threshold: 10})
+		var total [2]uint32
+		for _, p := range phases {
+			var wg sync.WaitGroup
+			start := make(chan struct{})
+			for g := range 4 {
+				v, n := "a", p.a
+				if g >= 2 {
+					v, n = "b", p.b
+				}
+				total[g/2] += uint32(n)
+				wg.Go(func() {
+					<-start
+					for range n {
+						s.Add(v)
+					}
+				})
+			}
+			close(start)
+			wg.Wait()
+		}
+		if got := s.Stats(); got.Evicted < 3 {
+			t.Fatalf("trial %d: Stats = %+v, want at least 3 evictions: the test checks less than it says", trial, got)
+		}
+		a, b := s.Estimate("a"), s.Estimate("b")
+		if a != total[0] || b != total[1] {
+			t.Fatalf("trial %d: Estimate(a) = %d, Estimate(b) = %d; want %d, %d", trial, a, b, total[0], total[1])
+		}
+		s.Rotate()
+		want := []Entry{{"b", total[1]}}
+		if got := s.AppendHeavy(nil); !slices.Equal(got, want) {
+			t.Fatalf("trial %d: AppendHeavy = %v, want %v", trial, got, want)
+		}
+	}
+}
+
+// TestConcurrentAddsNeverUnderCount: goroutines add overlapping values on
+// a narrow sketch; every estimate ends at or above the total count.
+func TestConcurrentAddsNeverUnderCount(t *testing.T) {
+	const goroutines, each, distinct = 4, 20000, 300
+	vals := names(distinct)
+	s := mustNew(t, Options{Counters: 256, K: 8, Threshold: 50})
+	counts := make([][]uint32, goroutines)
+	var wg sync.WaitGroup
+	for g := range goroutines {
+		counts[g] = make([]uint32, distinct)
+		wg.Go(func() {
+			r := rand.New(rand.NewPCG(uint64(g), 1))
+			for range each {
+				i := r.IntN(distinct)
+				counts[g][i]++
+				s.Add(vals[i])
+			}
+		})
+	}
+	wg.Wait()
+	for i, v := range vals {
+		var want uint32
+		for g := range goroutines {
+			want += counts[g][i]
+		}
+		if got := s.Estimate(v); got < want {
+			t.Errorf("Estimate(%s) = %d, true count %d", v, got, want)
+		}
+	}
+}
+
+func TestRotate(t *testing.T) {
+	s := mustNew(t, Options{Threshold: 2})
+	check := func(step string, wantCur, wantPrev uint32, wantHeavy ...Entry) {
+		t.Helper()
+		if cur, prev := s.Estimates("a"); cur != wantCur || prev != wantPrev {
+			t.Errorf("%s: Estimates(a) = %d, %d; want %d, %d", step, cur, prev, wantCur, wantPrev)
+		}
+		if got := s.AppendHeavy(nil); !slices.Equal(got, wantHeavy) {
+			t.Errorf("%s: AppendHeavy = %v, want %v", step, got, wantHeavy)
+		}
+	}
+	for range 3 {
+		s.Add("a")
+	}
+	s.Add("b")
+	check("window 1", 3, 0)
+	s.Rotate()
+	check("after 1st Rotate", 0, 3, Entry{"a", 3})
+	s.Add("a")
+	check("window 2", 1, 3, Entry{"a", 3})
+	s.Rotate()
+	check("after 2nd Rotate", 0, 1)
+	s.Rotate()
+	check("after 3rd Rotate", 0, 0)
+}
+
+// TestRotateRacingAdds: Adds racing with one Rotate count toward exactly
+// one of the two windows: current and previous sum to the total, and the
+// previous holds at least the Adders' first halves (their second halves
+// start as Rotate does, and race with it).
+func TestRotateRacingAdds(t *testing.T) {
+	const goroutines, each = 4, 10000
+	for trial := range 20 {
+		s := mustNew(t, Options{})
+		var half, done sync.WaitGroup
+		rotating := make(chan struct{})
+		half.Add(goroutines)
+		for range goroutines {
+			done.Go(func() {
+				for range each / 2 {
+					s.Add("v")
+				}
+				half.Done()
+				<-rotating
+				for range each - each/2 {
+					s.Add("v")
+				}
+			})
+		}
+		half.Wait()
+		close(rotating)
+		s.Rotate()
+		done.Wait()
+		cur, prev := s.Estimates("v")
+		if cur+prev != goroutines*each || prev < goroutines*each/2 {
+			t.Fatalf("trial %d: current %d + previous %d, want a total of %d with at least %d previous",
+				trial, cur, prev, goroutines*each, goroutines*each/2)
+		}
+	}
+}
+
+func TestHeavySetKeepsTheLargest(t *testing.T) {
+	s := mustNew(t, Options{K: 2, Threshold: 1})
+	add := func(v string, n int) {
+		for range n {
+			s.Add(v)
+		}
+	}
+	add("a", 100)
+	add("b", 50)
+	add("c", 52) // within slack of b (50 + 50/16 + 1): turned away once, then the floor is 54
+	if st := s.Stats(); st != (Stats{Entered: 2, TurnedAway: 1}) {
+		t.Errorf("after a, b, c: Stats = %+v, want 2 entered, 1 turned away", st)
+	}
+	add("c", 10) // 62 > 50 + 50/16 + 1: replaces b
+	add("d", 5)  // under the floor: never takes the mutex
+	before := s.Stats()
+	add("e", 3)
+	if s.Stats() != before {
+		t.Errorf("a value under the floor changed Stats: %+v, then %+v", before, s.Stats())
+	}
+	if n, k := s.Heavy(); n != 2 || k != 2 {
+		t.Errorf("Heavy() = %d, %d; want 2, 2", n, k)
+	}
+	s.Rotate()
+	want := []Entry{{"a", 100}, {"c", 62}}
+	if got := s.AppendHeavy(nil); !slices.Equal(got, want) {
+		t.Errorf("AppendHeavy = %v, want %v", got, want)
+	}
+	if st := s.Stats(); st.Entered != 3 || st.Evicted != 1 {
+		t.Errorf("Stats = %+v, want 3 entered, 1 evicted", st)
+	}
+}
+
+func TestBadInput(t *testing.T) {
+	long := strings.Repeat("x", DefaultMaxValueLen+1)
+	for _, c := range []struct {
+		v    string
+		want bool
+	}{
+		{"acme", true},
+		{"", true},
+		{"ünïcode", true},
+		{strings.Repeat("x", DefaultMaxValueLen), true},
+		{long, false},
+		{"a\xff", false},
+		{"a\xc3", false},
+	} {
+		if got := Valid(c.v); got != c.want {
+			t.Errorf("Valid(%.20q) = %v, want %v", c.v, got, c.want)
+		}
+	}
+	s := mustNew(t, Options{MaxValueLen: 16, Threshold: 1})
+	if s.Valid(strings.Repeat("x", 17)) || !s.Valid(strings.Repeat("x", 16)) {
+		t.Error("Sketch.Valid does not use MaxValueLen")
+	}
+	s.Add(strings.Repeat("x", 17))
+	s.Add(strings.Repeat("y", 100))
+	if got := s.Estimate(Invalid); got != 2 {
+		t.Errorf("Estimate(Invalid) = %d after two too-long values, want 2", got)
+	}
+	s.Add("a\xff")
+	s.Rotate()
+	want := []Entry{{Invalid, 2}}
+	if got := s.AppendHeavy(nil); !slices.Equal(got, want) {
+		t.Errorf("AppendHeavy = %+v, want %+v (invalid UTF-8 is never stored)", got, want)
+	}
+	if st := s.Stats(); st.TurnedAway != 1 {
+		t.Errorf("Stats().TurnedAway = %d, want 1 (the invalid UTF-8)", st.TurnedAway)
+	}
+}
+
+func TestSaturates(t *testing.T) {
+	s := mustNew(t, Options{})
+	_, off := s.locate("a")
+	w := s.gen.Load().cur
+	for _, o := range off {
+		w.counters[o].Store(math.MaxUint32 - 1)
+	}
+	if got := s.Add("a"); got != math.MaxUint32 {
+		t.Errorf("Add = %d, want %d", got, uint32(math.MaxUint32))
+	}
+	if got := s.Add("a"); got != math.MaxUint32 {
+		t.Errorf("Add past saturation = %d, want %d (never wraps)", got, uint32(math.MaxUint32))
+	}
+}
+
+// TestAddAllocatesNothing covers every request-path case: light values,
+// heavy members, and values entering a full set or turned away from it.
+func TestAddAllocatesNothing(t *testing.T) {
+	vals := names(10000)
+	for _, c := range []struct {
+		name string
+		o    Options
+	}{
+		{"light", Options{Threshold: math.MaxUint32}},
+		{"no-threshold", Options{}},
+		{"heavy-churn", Options{K: 4, Threshold: 1}},
+		{"wide", Options{Counters: 1 << 20, Threshold: 1}},
+	} {
+		s := mustNew(t, c.o)
+		i := 0
+		if a := testing.AllocsPerRun(20000, func() {
+			s.Add(vals[i%len(vals)])
+			i++
+		}); a != 0 {
+			t.Errorf("%s: Add allocates %v per call", c.name, a)
+		}
+		if a := testing.AllocsPerRun(1000, func() { s.Estimates(vals[0]) }); a != 0 {
+			t.Errorf("%s: Estimates allocates %v per call", c.name, a)
+		}
+	}
+	if a := testing.AllocsPerRun(1000, func() { Valid("tenant-ünïcode") }); a != 0 {
+		t.Errorf("Valid allocates %v per call", a)
+	}
+}
+
+// TestMemoryIsFixed: New allocates about Options.Bytes, and counting a
+// quarter of a million distinct values, many of them churning through the heavy set,
+// allocates nothing more.
+func TestMemoryIsFixed(t *testing.T) {
+	o := Options{Counters: 1 << 16, K: 256, MaxValueLen: 256, Threshold: 2}
+	want := 2 * (1<<16*4 + 512*12 + 256*256 + 256*40)
+	if unsafe.Sizeof(entry{}) != entrySize {
+		t.Fatalf("an entry is %d bytes, entrySize says %d", unsafe.Sizeof(entry{}), entrySize)
+	}
+	if got := o.Bytes(); got != want {
+		t.Fatalf("Bytes() = %d, want %d", got, want)
+	}
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	var m0, m1, m2 runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&m0)
+	s := mustNew(t, o)
+	runtime.ReadMemStats(&m1)
+	if got := m1.TotalAlloc - m0.TotalAlloc; got < uint64(want) || got > uint64(want)*11/10 {
+		t.Errorf("New allocated %d bytes, Bytes() = %d", got, want)
+	}
+	vals := names(1 << 18)
+	runtime.ReadMemStats(&m1)
+	for range 2 {
+		for _, v := range vals {
+			s.Add(v)
+		}
+	}
+	runtime.ReadMemStats(&m2)
+	if got := m2.Mallocs - m1.Mallocs; got != 0 {
+		t.Errorf("counting %d distinct values twice made %d allocations (%d bytes)", len(vals), got, m2.TotalAlloc-m1.TotalAlloc)
+	}
+	if st := s.Stats(); st.Entered < 256 {
+		t.Errorf("Stats = %+v: the heavy set never filled; the test checks less than it says", st)
+	}
+}
+
+func TestOptions(t *testing.T) {
+	for _, c := range []struct {
+		o         Options
+		width     int
+		wantError string
+	}{
+		{Options{}, 1 << 14, ""},
+		{Options{Counters: 1000}, 128, ""},
+		{Options{Counters: 64}, 16, ""},
+		{Options{Counters: 32}, 0, "Counters 32"},
+		{Options{Counters: 1 << 31}, 0, "Counters"},
+		{Options{K: -1, MaxValueLen: 4}, 0, "K -1"},
+		{Options{K: -1, MaxValueLen: 4}, 0, "MaxValueLen 4"},
+		{Options{K: 1 << 16, MaxValueLen: 4096}, 0, "K × MaxValueLen"},
+	} {
+		err := c.o.Validate()
+		switch {
+		case c.wantError == "" && err != nil:
+			t.Errorf("%+v: Validate() = %v", c.o, err)
+		case c.wantError != "" && (err == nil || !strings.Contains(err.Error(), c.wantError)):
+			t.Errorf("%+v: Validate() = %v, want an error naming %q", c.o, err, c.wantError)
+		case c.wantError == "" && c.o.Width() != c.width:
+			t.Errorf("%+v: Width() = %d, want %d", c.o, c.o.Width(), c.width)
+		}
+	}
+}
+
+// TestSlotsAgainstMap drives the membership table's insert and delete
+// (backward shift) against a map, in a tiny table where keys collide.
+func TestSlotsAgainstMap(t *testing.T) {
+	for seed := range uint64(20) {
+		r := rand.New(rand.NewPCG(seed, 0))
+		w := newWindow(Rows*16, 16, 8, 8)
+		ref := map[uint64]*entry{}
+		for range 500 {
+			key := r.Uint64N(40)*16 + r.Uint64N(4) | 1 // few homes, many collisions
+			switch {
+			case ref[key] != nil:
+				w.deleteKey(key)
+				delete(ref, key)
+			case len(ref) < 8:
+				i := r.IntN(8)
+				w.insertKey(key, i)
+				ref[key] = &w.entries[i]
+			}
+			for k := uint64(1); k < 40*16+4; k += 2 {
+				if e, ok := w.member(k); ok != (ref[k] != nil) || e != ref[k] {
+					t.Fatalf("seed %d: member(%d) = %p, %v; want %p", seed, k, e, ok, ref[k])
+				}
+			}
+		}
+	}
+}
