@@ -20,6 +20,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/testkit"
 	"github.com/sluicehq/sluice/pkg/names"
 )
 
@@ -219,10 +220,12 @@ func TestDeltaNamed(t *testing.T) {
 	}
 	eventually(t, func() bool { return metric(t, reg, "sluice_controller_xds_nacks_total") == 1 })
 	// The NACK carries no node (only the first request does); the log
-	// still names it.
-	if l := logs.String(); !strings.Contains(l, "node_id=pod-1") || !strings.Contains(l, "error_detail=bad") {
-		t.Fatalf("NACK log %q lacks node_id=pod-1 and error_detail=bad", l)
-	}
+	// still names it. The counter goes up before the line is written
+	// (callbacks.nack), so wait for the line too.
+	testkit.WaitFor(t, waitFor, "the NACK's log line names node_id=pod-1 and error_detail=bad", func() bool {
+		l := logs.String()
+		return strings.Contains(l, "node_id=pod-1") && strings.Contains(l, "error_detail=bad")
+	})
 
 	// A batch touching b (not subscribed) and c (subscribed, new): only c.
 	if err := s.Update(map[string]*sluicev1.DropPolicy{
