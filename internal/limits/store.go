@@ -96,17 +96,16 @@ func storedProcedures(rs []history.ServiceRoutes, leaves []history.BucketLimit, 
 	named := map[*Service]map[string]bool{}
 	for _, sr := range rs {
 		s := get(sr.Callee)
-		if _, err := routes.CompileRoutes(sr.Routes); err != nil {
+		compiled, err := routes.CompileRoutes(sr.Routes)
+		if err != nil {
 			*errs = append(*errs, fmt.Errorf("routes of %s: %w", sr.Callee, err))
 			continue
 		}
 		s.Routes = slices.Clone(sr.Routes)
+		s.Declared = compiled.Procedures() // in order of first mention
 		named[s] = map[string]bool{}
-		for _, r := range sr.Routes {
-			if !named[s][r.Procedure] {
-				named[s][r.Procedure] = true
-				s.Declared = append(s.Declared, r.Procedure)
-			}
+		for _, p := range s.Declared {
+			named[s][p] = true
 		}
 		touched[s] = true
 	}
