@@ -3,22 +3,15 @@
 package e2e
 
 import (
-	"log/slog"
 	"math"
-	"net"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 
 	"github.com/sluicehq/sluice/internal/controller"
-	"github.com/sluicehq/sluice/internal/limits"
-	"github.com/sluicehq/sluice/internal/testbed"
 	"github.com/sluicehq/sluice/internal/testkit"
-	"github.com/sluicehq/sluice/internal/xdsserver"
 	"github.com/sluicehq/sluice/pkg/dataplane"
 	"github.com/sluicehq/sluice/pkg/names"
 	"github.com/sluicehq/sluice/sidecar"
@@ -72,35 +65,8 @@ func TestProxylessPerMethodLimits(t *testing.T) {
 		settleTicks = 3
 		tol         = 0.10
 	)
-	set, err := limits.Parse(strings.NewReader(proxylessMethodLimits))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := controller.DefaultConfig()
-	cfg.Warmup = 0
-	cfg.Proxyless = xdsserver.Endpoints{"checkout": {ln.Addr().String()}}
-	logs := &testLog{w: t.Output()}
-	t.Cleanup(logs.close)
-	c, err := testbed.Start(testbed.Options{
-		Service: "checkout", Zones: []string{"zone-a"}, NoSidecars: true,
-		Limits: set, Controller: &cfg,
-		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn})),
-	})
-	if err != nil {
-		ln.Close()
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	callee, err := c.StartGRPCCallee(ln, "checkout-0", "zone-a", sidecar.GRPCOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	reg := prometheus.NewPedanticRegistry()
-	reg.MustRegister(callee.Limiter.Collector())
+	c, callee, reg := startProxylessCallee(t, proxylessMethodLimits, sidecar.GRPCOptions{})
+	tick := controller.DefaultConfig().Tick // startProxylessCallee's controller's
 	testkit.WaitFor(t, 15*time.Second, "the callee holds web's Pay leaf as enforced upstream", func() bool {
 		p := callee.Limiter.Policy("checkout")
 		return p != nil && p.Leaf("web", pay) != nil && p.Leaf("web", pay).Enforcement == dataplane.EnforceUpstream
@@ -143,7 +109,7 @@ func TestProxylessPerMethodLimits(t *testing.T) {
 	})
 	// The window: whole seconds of the load from settleTicks ticks after
 	// the ratio was up, to one second before its end.
-	held := int(time.Since(start).Seconds()+settleTicks*cfg.Tick.Seconds()) + 1
+	held := int(time.Since(start).Seconds()+settleTicks*tick.Seconds()) + 1
 	end := runFor - 1
 	if end-held < 10 {
 		t.Fatalf("Pay's ratio was up only %v after the load started: no 10 s window left", time.Since(start).Round(time.Millisecond))

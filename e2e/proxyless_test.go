@@ -788,42 +788,13 @@ func TestProxylessCallerCountedAtTheCallee(t *testing.T) {
 		rateTol    = 0.05
 		window     = 15 * time.Second
 	)
-	set, err := limits.Parse(strings.NewReader(`
+	c, callee, reg := startProxylessCallee(t, `
 services:
   checkout:
     callers:
       web: {limit: 210, enforcement: upstream} # a proxyless gRPC client
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The callee's listener first: the controller's proxyless endpoints
-	// name it.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := controller.DefaultConfig()
-	cfg.Warmup = 0
-	cfg.Proxyless = xdsserver.Endpoints{"checkout": {ln.Addr().String()}}
-	logs := &testLog{w: t.Output()}
-	t.Cleanup(logs.close)
-	c, err := testbed.Start(testbed.Options{
-		Service: "checkout", Zones: []string{"zone-a"}, NoSidecars: true,
-		Limits: set, Controller: &cfg,
-		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn})),
-	})
-	if err != nil {
-		ln.Close()
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	callee, err := c.StartGRPCCallee(ln, "checkout-0", "zone-a", sidecar.GRPCOptions{CallerHeader: callerHeader})
-	if err != nil {
-		t.Fatal(err)
-	}
-	reg := prometheus.NewPedanticRegistry()
-	reg.MustRegister(callee.Limiter.Collector())
+`, sidecar.GRPCOptions{CallerHeader: callerHeader})
+	tick := controller.DefaultConfig().Tick // startProxylessCallee's controller's
 
 	// The callee holds its policy before the first call, so that every
 	// call of web is counted as enforced upstream.
@@ -849,7 +820,7 @@ services:
 	up := time.Now()
 	t.Logf("web's ratio reached %.3f %v after the load started", ratios.last(), up.Sub(begin).Round(time.Millisecond))
 	// Three ticks to settle, then the window.
-	time.Sleep(3 * cfg.Tick)
+	time.Sleep(3 * tick)
 	counts := func() (sidecar.PeerCounts, int) {
 		for _, pc := range callee.Limiter.AppendCounts("checkout", nil) {
 			if pc.Peer == "web" {
@@ -938,4 +909,44 @@ services:
 		t.Errorf("callee counted %v own drops, %v upstream arrivals for %d received, %v inferred drops; want 0, all, > 0",
 			ownDrops, arrivals, callee.Received("web"), inferred)
 	}
+}
+
+// startProxylessCallee runs a controller (no warm-up) with limitsDoc that
+// serves checkout's proxyless routes, an aggregator in zone-a, and
+// checkout-0: a gRPC server behind sluice's inbound interceptors (opts),
+// listening where those routes point. reg gathers the callee's limiter.
+func startProxylessCallee(t *testing.T, limitsDoc string, opts sidecar.GRPCOptions) (*testbed.Cluster, *testbed.GRPCCallee, *prometheus.Registry) {
+	t.Helper()
+	set, err := limits.Parse(strings.NewReader(limitsDoc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The callee's listener first: the controller's proxyless endpoints
+	// name it.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := controller.DefaultConfig()
+	cfg.Warmup = 0
+	cfg.Proxyless = xdsserver.Endpoints{"checkout": {ln.Addr().String()}}
+	logs := &testLog{w: t.Output()}
+	t.Cleanup(logs.close)
+	c, err := testbed.Start(testbed.Options{
+		Service: "checkout", Zones: []string{"zone-a"}, NoSidecars: true,
+		Limits: set, Controller: &cfg,
+		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn})),
+	})
+	if err != nil {
+		ln.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	callee, err := c.StartGRPCCallee(ln, "checkout-0", "zone-a", opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(callee.Limiter.Collector())
+	return c, callee, reg
 }
