@@ -29,7 +29,7 @@ func buildCall(ff *fileFlow, svc *limits.Service, path string, bad func(string, 
 		bad(path, "names both a procedure and a request; a flow calls one")
 		return Call{}, ""
 	case ff.Procedure != "":
-		if routes.GRPCProcedure(ff.Procedure) != ff.Procedure || ff.Procedure == names.Other {
+		if !routes.IsGRPCMethod(ff.Procedure) {
 			bad(path+".procedure", "%q is not a gRPC full method, /package.Service/Method", short(ff.Procedure))
 			return Call{}, ""
 		}

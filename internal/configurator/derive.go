@@ -295,7 +295,7 @@ func (x limitIndex) undeclared(b history.Bucket) string {
 			return fmt.Sprintf("%s declares no procedure now", b.Callee)
 		}
 		return ""
-	case routes.GRPCProcedure(b.Procedure) == b.Procedure:
+	case routes.IsGRPCMethod(b.Procedure):
 		return ""
 	}
 	return fmt.Sprintf("no route of %s names %s now", b.Callee, b.Procedure)

@@ -31,7 +31,7 @@ func upstreamRefused(s *Service) bool {
 		return s.HasProcedures()
 	}
 	for _, p := range s.Declared {
-		if routes.GRPCProcedure(p) != p {
+		if !routes.IsGRPCMethod(p) {
 			return true
 		}
 	}
@@ -63,7 +63,7 @@ func (b *builder) procedures(svc *Service, fs fileService, path string) {
 			b.errs = append(b.errs, fmt.Errorf("%s: invalid procedure name: %v", ppath, err))
 			continue
 		}
-		if routes.GRPCProcedure(proc) != proc {
+		if !routes.IsGRPCMethod(proc) {
 			b.errs = append(b.errs, fmt.Errorf("%s: no route names it and it is not a gRPC full method (/pkg.Service/Method): no request could be it", ppath))
 			continue
 		}

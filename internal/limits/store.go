@@ -118,7 +118,7 @@ func storedProcedures(rs []history.ServiceRoutes, leaves []history.BucketLimit, 
 		}
 		p := s.Procedures[b.Procedure]
 		if p == nil {
-			orphan := b.Procedure != names.Other && !named[s][b.Procedure] && routes.GRPCProcedure(b.Procedure) != b.Procedure
+			orphan := b.Procedure != names.Other && !named[s][b.Procedure] && !routes.IsGRPCMethod(b.Procedure)
 			if orphan {
 				// Legal to reach (history outlives routes: an approved
 				// proposal, a route renamed since), so it costs its own

@@ -149,7 +149,7 @@ func newLeafRatios(p *sluicev1.DropPolicy) leafRatios {
 		if len(lr.methods) == routes.MaxRoutes {
 			break
 		}
-		if _, dup := lr.index[proc]; dup || routes.GRPCProcedure(proc) != proc {
+		if _, dup := lr.index[proc]; dup || !routes.IsGRPCMethod(proc) {
 			continue
 		}
 		if lr.index == nil {

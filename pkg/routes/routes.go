@@ -105,6 +105,11 @@ func GRPCProcedure(fullMethod string) string {
 	return fullMethod
 }
 
+// IsGRPCMethod reports whether s is a gRPC full method, the only procedure
+// a callee declares without a route: what GRPCProcedure keeps as it is.
+// names.Other, which GRPCProcedure also returns as it is, is not one.
+func IsGRPCMethod(s string) bool { return s != names.Other && GRPCProcedure(s) == s }
+
 // CompileRoutes checks routes and compiles them for Match. It reports
 // every problem at once, each naming the route's index and pattern: a bad
 // method, an empty or relative path, a bad segment, a bad procedure, too

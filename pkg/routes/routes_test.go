@@ -251,3 +251,21 @@ func TestMatchAllocatesNothing(t *testing.T) {
 		t.Errorf("GRPCProcedure: %v allocations", got)
 	}
 }
+
+// IsGRPCMethod is the one test of "may a callee declare this without a
+// route": a full method is, names.Other (which GRPCProcedure keeps as it
+// is) and a route's procedure name are not.
+func TestIsGRPCMethod(t *testing.T) {
+	for s, want := range map[string]bool{
+		"/shop.Checkout/Pay": true,
+		names.Other:          false,
+		"create-charge":      false,
+		"/shop.Checkout":     false,
+		"/a/b/c":             false,
+		"":                   false,
+	} {
+		if got := IsGRPCMethod(s); got != want {
+			t.Errorf("IsGRPCMethod(%q) = %v, want %v", s, got, want)
+		}
+	}
+}
