@@ -95,6 +95,13 @@ type slot struct {
 // MatchIndex is Match for a table indexed by procedure: it returns the
 // index in Procedures of the procedure Match would return, or -1 for
 // names.Other. It allocates nothing.
+//
+// For at most 64 routes and a path of 8 to 64 bytes, the common case, it
+// matches in one loop that calls nothing: a call costs about as much as a
+// segment's lookup, and would make the loop keep its variables on the
+// stack. It finds every '/' first, so that a segment's end costs two
+// instructions that do not wait on reading the segment, and the lookups of
+// successive segments overlap. Other cases go to matchN.
 func (r *Routes) MatchIndex(method, path string) int {
 	if r == nil || path == "" || path[0] != '/' {
 		return -1
@@ -105,12 +112,72 @@ func (r *Routes) MatchIndex(method, path string) int {
 	} else {
 		ms = r.otherMethod(method)
 	}
-	var i int
-	if r.wide {
-		i = r.matchN(ms, path)
-	} else {
-		i = r.match1(ms[0], path)
+	if r.wide || len(path) < 8 || len(path) > 64 {
+		return r.index(r.matchN(ms, path))
 	}
+	m := ms[0]
+	var sl uint64 // bit j: path[j] is a '/' not yet passed
+	for j := 0; j < len(path); j += 8 {
+		l := min(j, len(path)-8) // word, inlined: one load, from j or of the last 8 bytes
+		t := load8(path[l:])>>((j-l)*8&63) ^ slash*lows
+		z := ^((t&sevens + sevens) | t | sevens) // the high bit of each zero byte of t
+		sl |= (z >> 7 * gather) >> 56 << (j & 63)
+	}
+	sl &^= 1 // the leading '/'
+	stars := r.rest[0] != 0
+	for k, i := 0, 1; k < len(r.pos); k++ {
+		end := len(path)
+		if sl != 0 {
+			end = bits.TrailingZeros64(sl)
+			sl &= sl - 1
+		}
+		pos := &r.pos[k]
+		if stars && m&-m&pos.star[0] != 0 { // the first route left takes the rest of the path
+			return int(r.procIndex[bits.TrailingZeros64(m)])
+		}
+		b := &pos.wild
+		switch n := end - i; {
+		case n == 0:
+			b = &pos.empty
+		case pos.slots != nil:
+			l := min(i, len(path)-8) // word, inlined
+			w := load8(path[l:]) >> ((i - l) * 8 & 63) & lowBytes[min(n, 8)]
+			h := w ^ uint64(n)<<56 // segHash, inlined
+			if n > 8 {
+				h ^= bits.RotateLeft64(load8(path[end-8:]), 29)
+			}
+			h = h * pos.mult >> hashShift
+			for range pos.probes {
+				s := &pos.slots[h&uint64(len(pos.slots)-1)]
+				if s.word == w && len(s.lit) == n && (n <= 8 || tailEqual(s.lit, path[i:end])) {
+					b = &s.routes
+					break
+				}
+				if s.lit == "" {
+					break
+				}
+				h++
+			}
+		}
+		if m &= b[0]; m == 0 {
+			return -1
+		}
+		if end == len(path) {
+			m &= r.end[k+1][0]
+			goto done
+		}
+		i = end + 1
+	}
+	m &= r.rest[0]
+done:
+	if m == 0 {
+		return -1
+	}
+	return int(r.procIndex[bits.TrailingZeros64(m)])
+}
+
+// index returns the procedure index of route i, or -1 for none.
+func (r *Routes) index(i int) int {
 	if i < 0 {
 		return -1
 	}
@@ -149,68 +216,6 @@ func (r *Routes) matchN(ms *bitset, path string) int {
 		i = end + 1
 	}
 	return first(m[0]&r.rest[0], m[1]&r.rest[1], m[2]&r.rest[2], m[3]&r.rest[3])
-}
-
-// match1 is matchN for at most 64 routes and a path of 8 to 64 bytes, the
-// common case, in one loop that calls nothing: a call would make it keep
-// its variables on the stack. It finds every '/' first, so that a
-// segment's end costs two instructions that do not wait on reading the
-// segment, and the lookups of successive segments overlap.
-func (r *Routes) match1(m uint64, path string) int {
-	if len(path) < 8 || len(path) > 64 {
-		return r.matchN(&bitset{m}, path)
-	}
-	var sl uint64 // bit j: path[j] is a '/' not yet passed
-	for j := 0; j < len(path); j += 8 {
-		l := min(j, len(path)-8) // word, inlined: one load, from j or of the last 8 bytes
-		t := load8(path[l:])>>((j-l)*8&63) ^ slash*lows
-		z := ^((t&sevens + sevens) | t | sevens) // the high bit of each zero byte of t
-		sl |= (z >> 7 * gather) >> 56 << (j & 63)
-	}
-	sl &^= 1 // the leading '/'
-	for k, i := 0, 1; k < len(r.pos); k++ {
-		end := len(path)
-		if sl != 0 {
-			end = bits.TrailingZeros64(sl)
-			sl &= sl - 1
-		}
-		pos := &r.pos[k]
-		if m&-m&pos.star[0] != 0 { // the first route left takes the rest of the path
-			return bits.TrailingZeros64(m)
-		}
-		b := &pos.wild
-		switch n := end - i; {
-		case n == 0:
-			b = &pos.empty
-		case pos.slots != nil:
-			l := min(i, len(path)-8) // word, inlined
-			w := load8(path[l:]) >> ((i - l) * 8 & 63) & lowBytes[min(n, 8)]
-			h := w ^ uint64(n)<<56 // segHash, inlined
-			if n > 8 {
-				h ^= bits.RotateLeft64(load8(path[end-8:]), 29)
-			}
-			h = h * pos.mult >> hashShift
-			for range pos.probes {
-				s := &pos.slots[h&uint64(len(pos.slots)-1)]
-				if s.word == w && len(s.lit) == n && (n <= 8 || tailEqual(s.lit, path[i:end])) {
-					b = &s.routes
-					break
-				}
-				if s.lit == "" {
-					break
-				}
-				h++
-			}
-		}
-		if m &= b[0]; m == 0 {
-			return -1
-		}
-		if end == len(path) {
-			return first(m&r.end[k+1][0], 0, 0, 0)
-		}
-		i = end + 1
-	}
-	return first(m&r.rest[0], 0, 0, 0)
 }
 
 // tailEqual reports whether a and b, of one length, agree past their first

@@ -241,9 +241,9 @@ func FuzzRoutes(f *testing.F) {
 }
 
 // Match agrees with refMatch on paths of every length, so that both of its
-// walks run (match1 for at most 64 routes and a path of 8 to 64 bytes,
-// matchN otherwise), with segments longer than the 8 bytes a word holds,
-// and on lists of more than 64 routes.
+// walks run (MatchIndex's own loop for at most 64 routes and a path of 8 to
+// 64 bytes, matchN otherwise), with segments longer than the 8 bytes a word
+// holds, and on lists of more than 64 routes.
 func TestMatchAgreesOnEveryLength(t *testing.T) {
 	rng := rand.New(rand.NewPCG(14, 2))
 	segs := []string{"a", "b", "", "ab", "abcdefgh", "abcdefghi", "abcdefgha", strings.Repeat("b", 40), "/"}
