@@ -14,6 +14,7 @@ import (
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/pkg/dataplane"
+	"github.com/sluicehq/sluice/pkg/descriptor"
 	"github.com/sluicehq/sluice/pkg/dropratio"
 	"github.com/sluicehq/sluice/pkg/names"
 	"github.com/sluicehq/sluice/pkg/routes"
@@ -97,6 +98,49 @@ type Policy struct {
 	// compiled is Routes compiled by PolicyFromProto, so that installing
 	// the policy does not compile them again; nil: compiled on install.
 	compiled *routes.Routes
+
+	// Descriptors are the service's descriptor limits (issue #15), at most
+	// descriptor.MaxPerService, each name at most once: a request its
+	// bucket admits is admitted only if every descriptor admits its value
+	// too. Inbound policies only.
+	Descriptors []DescriptorPolicy
+}
+
+// DescriptorPolicy is one descriptor limit: a limit per value of one
+// request attribute, and the verdicts of the values the controller found
+// heavy. A value it lists is decided by its rule; any other by the
+// sidecar's local allowance, sized from the value's limit, the policy's
+// LiveInstances, the report window and Quantile (pkg/allowance).
+type DescriptorPolicy struct {
+	Name   string            // descriptor.CheckName
+	Source descriptor.Source // where a request's value comes from
+	// LimitRPS is every value's global limit unless overridden; 0 blocks.
+	LimitRPS float64
+	// MissingLimitRPS is the limit of descriptor.Missing, the requests
+	// without the attribute.
+	MissingLimitRPS float64
+	// Overrides are the values with a limit of their own, sorted by
+	// Value, each at most once.
+	Overrides []ValueLimit
+	// Quantile is the allowance's quantile, in (0, 1).
+	Quantile float64
+	// Values are the heavy values' verdicts, sorted by Value, each at most
+	// once.
+	Values []ValueRule
+}
+
+// ValueLimit is a descriptor value's own limit.
+type ValueLimit struct {
+	Value    string
+	LimitRPS float64
+}
+
+// ValueRule is the controller's verdict for one heavy descriptor value.
+type ValueRule struct {
+	Value      string
+	DropRatio  float64 // in [0, 1)
+	LimitRPS   float64 // the value's limit: LimitRPS, an override or MissingLimitRPS
+	OfferedRPS float64 // its global offered rate the ratio was computed from
 }
 
 // Rule is the verdict for one bucket (Service, Peer, Procedure).

@@ -199,6 +199,14 @@ func TestDependencyDirection(t *testing.T) {
 			return !g.standard(path) && !under(path, mod("pkg/allowance"))
 		},
 	}, {
+		// Limits files, the controller, the sidecar and the simulator
+		// share its vocabulary of descriptors.
+		name:    "pkg/descriptor imports only the standard library",
+		applies: func(rel string) bool { return under(rel, "pkg/descriptor") },
+		forbidden: func(path string) bool {
+			return !g.standard(path) && !under(path, mod("pkg/descriptor"))
+		},
+	}, {
 		// The sidecar counts descriptor values with it on the request
 		// path; the simulator runs it too.
 		name:    "pkg/heavy imports only the standard library",

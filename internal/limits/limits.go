@@ -12,6 +12,7 @@ import (
 	"sort"
 
 	"github.com/sluicehq/sluice/pkg/dataplane"
+	"github.com/sluicehq/sluice/pkg/descriptor"
 	"github.com/sluicehq/sluice/pkg/dropratio"
 	"github.com/sluicehq/sluice/pkg/names"
 	"github.com/sluicehq/sluice/pkg/routes"
@@ -75,6 +76,27 @@ type Service struct {
 	// excluded: what the service's policy carries. Empty when the service
 	// declares none, and then Procedures is empty too.
 	Declared []string
+
+	// Descriptors are the service's descriptor limits (issue #15), sorted
+	// by name, at most descriptor.MaxPerService.
+	Descriptors []Descriptor
+}
+
+// Descriptor is a limit per value of one request attribute with many
+// values: "every tenant may send 50 rps, acme 500".
+type Descriptor struct {
+	Name   string            // descriptor.CheckName; the key in the file
+	Source descriptor.Source // "header x-tenant-id", "client-ip", "xff 1"
+	// Limit is every value's global limit in rps; 0 blocks.
+	Limit float64
+	// Missing is the limit of requests without the attribute
+	// (descriptor.Missing); the file's default is Limit.
+	Missing float64
+	// Overrides are the values with a limit of their own.
+	Overrides map[string]float64
+	// Quantile sizes a sidecar's local allowance for unlisted values
+	// (pkg/allowance); the file's default is DefaultQuantile.
+	Quantile float64
 }
 
 // Procedure holds the limits of one procedure of one callee.

@@ -97,7 +97,12 @@ type LoadReport struct {
 	// Set on a report sent before its interval was up because a peer's rate
 	// jumped, up or down: the aggregator passes the zone's load on at once
 	// rather than at its next flush.
-	Urgent        bool `protobuf:"varint,9,opt,name=urgent,proto3" json:"urgent,omitempty"`
+	Urgent bool `protobuf:"varint,9,opt,name=urgent,proto3" json:"urgent,omitempty"`
+	// The heavy values of each descriptor the sidecar's policy names, in the
+	// policy's order of descriptors, each descriptor at most once. Bounded
+	// by the sidecar's heavy-set size per descriptor, never by the number of
+	// distinct values it saw.
+	Descriptors   []*DescriptorCounts `protobuf:"bytes,10,rep,name=descriptors,proto3" json:"descriptors,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -195,6 +200,150 @@ func (x *LoadReport) GetUrgent() bool {
 	return false
 }
 
+func (x *LoadReport) GetDescriptors() []*DescriptorCounts {
+	if x != nil {
+		return x.Descriptors
+	}
+	return nil
+}
+
+// DescriptorCounts are what one sidecar counted of one descriptor (a
+// request attribute with many values: tenant, API key, client IP) in one
+// window.
+type DescriptorCounts struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The descriptor's name, as the limits and the policy give it ("tenant").
+	Descriptor_ string `protobuf:"bytes,1,opt,name=descriptor,proto3" json:"descriptor,omitempty"`
+	// Every request the descriptor decided, whatever its value.
+	Offered uint64 `protobuf:"varint,2,opt,name=offered,proto3" json:"offered,omitempty"`
+	// Of those, the requests the descriptor's limits dropped.
+	Dropped uint64 `protobuf:"varint,3,opt,name=dropped,proto3" json:"dropped,omitempty"`
+	// The values whose count passed the report threshold (or that the
+	// policy lists), each at most once, at most the sidecar's heavy-set
+	// size. "_missing" and "_invalid" are reserved: a request without the
+	// attribute, and one whose value was too long, not UTF-8 or not an
+	// address.
+	Values        []*ValueCounts `protobuf:"bytes,4,rep,name=values,proto3" json:"values,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DescriptorCounts) Reset() {
+	*x = DescriptorCounts{}
+	mi := &file_sluice_v1_load_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DescriptorCounts) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DescriptorCounts) ProtoMessage() {}
+
+func (x *DescriptorCounts) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_load_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DescriptorCounts.ProtoReflect.Descriptor instead.
+func (*DescriptorCounts) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_load_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *DescriptorCounts) GetDescriptor_() string {
+	if x != nil {
+		return x.Descriptor_
+	}
+	return ""
+}
+
+func (x *DescriptorCounts) GetOffered() uint64 {
+	if x != nil {
+		return x.Offered
+	}
+	return 0
+}
+
+func (x *DescriptorCounts) GetDropped() uint64 {
+	if x != nil {
+		return x.Dropped
+	}
+	return 0
+}
+
+func (x *DescriptorCounts) GetValues() []*ValueCounts {
+	if x != nil {
+		return x.Values
+	}
+	return nil
+}
+
+// ValueCounts are the requests of one descriptor value one sidecar saw in
+// one window.
+type ValueCounts struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Value string                 `protobuf:"bytes,1,opt,name=value,proto3" json:"value,omitempty"`
+	// Every request with the value, dropped ones included. A sketch's
+	// estimate: never below the true count, rarely above it. (What a value
+	// lost is not counted per value: that would be state per value; the
+	// descriptor's dropped holds them all.)
+	Offered       uint64 `protobuf:"varint,2,opt,name=offered,proto3" json:"offered,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ValueCounts) Reset() {
+	*x = ValueCounts{}
+	mi := &file_sluice_v1_load_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ValueCounts) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ValueCounts) ProtoMessage() {}
+
+func (x *ValueCounts) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_load_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ValueCounts.ProtoReflect.Descriptor instead.
+func (*ValueCounts) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_load_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ValueCounts) GetValue() string {
+	if x != nil {
+		return x.Value
+	}
+	return ""
+}
+
+func (x *ValueCounts) GetOffered() uint64 {
+	if x != nil {
+		return x.Offered
+	}
+	return 0
+}
+
 // PeerCounts are the requests of one bucket seen by one sidecar in one window.
 type PeerCounts struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -218,7 +367,7 @@ type PeerCounts struct {
 
 func (x *PeerCounts) Reset() {
 	*x = PeerCounts{}
-	mi := &file_sluice_v1_load_proto_msgTypes[2]
+	mi := &file_sluice_v1_load_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -230,7 +379,7 @@ func (x *PeerCounts) String() string {
 func (*PeerCounts) ProtoMessage() {}
 
 func (x *PeerCounts) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_load_proto_msgTypes[2]
+	mi := &file_sluice_v1_load_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -243,7 +392,7 @@ func (x *PeerCounts) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerCounts.ProtoReflect.Descriptor instead.
 func (*PeerCounts) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_load_proto_rawDescGZIP(), []int{2}
+	return file_sluice_v1_load_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *PeerCounts) GetPeer() string {
@@ -298,7 +447,7 @@ type StreamLoadReportsResponse struct {
 
 func (x *StreamLoadReportsResponse) Reset() {
 	*x = StreamLoadReportsResponse{}
-	mi := &file_sluice_v1_load_proto_msgTypes[3]
+	mi := &file_sluice_v1_load_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -310,7 +459,7 @@ func (x *StreamLoadReportsResponse) String() string {
 func (*StreamLoadReportsResponse) ProtoMessage() {}
 
 func (x *StreamLoadReportsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_load_proto_msgTypes[3]
+	mi := &file_sluice_v1_load_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -323,7 +472,7 @@ func (x *StreamLoadReportsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamLoadReportsResponse.ProtoReflect.Descriptor instead.
 func (*StreamLoadReportsResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_load_proto_rawDescGZIP(), []int{3}
+	return file_sluice_v1_load_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *StreamLoadReportsResponse) GetAccepted() bool {
@@ -360,7 +509,7 @@ const file_sluice_v1_load_proto_rawDesc = "" +
 	"\n" +
 	"\x14sluice/v1/load.proto\x12\tsluice.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16sluice/v1/common.proto\"I\n" +
 	"\x18StreamLoadReportsRequest\x12-\n" +
-	"\x06report\x18\x01 \x01(\v2\x15.sluice.v1.LoadReportR\x06report\"\xfb\x02\n" +
+	"\x06report\x18\x01 \x01(\v2\x15.sluice.v1.LoadReportR\x06report\"\xba\x03\n" +
 	"\n" +
 	"LoadReport\x12\x1d\n" +
 	"\n" +
@@ -372,7 +521,19 @@ const file_sluice_v1_load_proto_rawDesc = "" +
 	"\x06window\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\x06window\x12+\n" +
 	"\x05peers\x18\a \x03(\v2\x15.sluice.v1.PeerCountsR\x05peers\x125\n" +
 	"\binterval\x18\b \x01(\v2\x19.google.protobuf.DurationR\binterval\x12\x16\n" +
-	"\x06urgent\x18\t \x01(\bR\x06urgent\"\x99\x01\n" +
+	"\x06urgent\x18\t \x01(\bR\x06urgent\x12=\n" +
+	"\vdescriptors\x18\n" +
+	" \x03(\v2\x1b.sluice.v1.DescriptorCountsR\vdescriptors\"\x96\x01\n" +
+	"\x10DescriptorCounts\x12\x1e\n" +
+	"\n" +
+	"descriptor\x18\x01 \x01(\tR\n" +
+	"descriptor\x12\x18\n" +
+	"\aoffered\x18\x02 \x01(\x04R\aoffered\x12\x18\n" +
+	"\adropped\x18\x03 \x01(\x04R\adropped\x12.\n" +
+	"\x06values\x18\x04 \x03(\v2\x16.sluice.v1.ValueCountsR\x06values\"=\n" +
+	"\vValueCounts\x12\x14\n" +
+	"\x05value\x18\x01 \x01(\tR\x05value\x12\x18\n" +
+	"\aoffered\x18\x02 \x01(\x04R\aoffered\"\x99\x01\n" +
 	"\n" +
 	"PeerCounts\x12\x12\n" +
 	"\x04peer\x18\x01 \x01(\tR\x04peer\x12\x18\n" +
@@ -400,30 +561,34 @@ func file_sluice_v1_load_proto_rawDescGZIP() []byte {
 	return file_sluice_v1_load_proto_rawDescData
 }
 
-var file_sluice_v1_load_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
+var file_sluice_v1_load_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
 var file_sluice_v1_load_proto_goTypes = []any{
 	(*StreamLoadReportsRequest)(nil),  // 0: sluice.v1.StreamLoadReportsRequest
 	(*LoadReport)(nil),                // 1: sluice.v1.LoadReport
-	(*PeerCounts)(nil),                // 2: sluice.v1.PeerCounts
-	(*StreamLoadReportsResponse)(nil), // 3: sluice.v1.StreamLoadReportsResponse
-	(Direction)(0),                    // 4: sluice.v1.Direction
-	(*timestamppb.Timestamp)(nil),     // 5: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),       // 6: google.protobuf.Duration
+	(*DescriptorCounts)(nil),          // 2: sluice.v1.DescriptorCounts
+	(*ValueCounts)(nil),               // 3: sluice.v1.ValueCounts
+	(*PeerCounts)(nil),                // 4: sluice.v1.PeerCounts
+	(*StreamLoadReportsResponse)(nil), // 5: sluice.v1.StreamLoadReportsResponse
+	(Direction)(0),                    // 6: sluice.v1.Direction
+	(*timestamppb.Timestamp)(nil),     // 7: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),       // 8: google.protobuf.Duration
 }
 var file_sluice_v1_load_proto_depIdxs = []int32{
 	1, // 0: sluice.v1.StreamLoadReportsRequest.report:type_name -> sluice.v1.LoadReport
-	4, // 1: sluice.v1.LoadReport.direction:type_name -> sluice.v1.Direction
-	5, // 2: sluice.v1.LoadReport.window_start:type_name -> google.protobuf.Timestamp
-	6, // 3: sluice.v1.LoadReport.window:type_name -> google.protobuf.Duration
-	2, // 4: sluice.v1.LoadReport.peers:type_name -> sluice.v1.PeerCounts
-	6, // 5: sluice.v1.LoadReport.interval:type_name -> google.protobuf.Duration
-	0, // 6: sluice.v1.LoadReportService.StreamLoadReports:input_type -> sluice.v1.StreamLoadReportsRequest
-	3, // 7: sluice.v1.LoadReportService.StreamLoadReports:output_type -> sluice.v1.StreamLoadReportsResponse
-	7, // [7:8] is the sub-list for method output_type
-	6, // [6:7] is the sub-list for method input_type
-	6, // [6:6] is the sub-list for extension type_name
-	6, // [6:6] is the sub-list for extension extendee
-	0, // [0:6] is the sub-list for field type_name
+	6, // 1: sluice.v1.LoadReport.direction:type_name -> sluice.v1.Direction
+	7, // 2: sluice.v1.LoadReport.window_start:type_name -> google.protobuf.Timestamp
+	8, // 3: sluice.v1.LoadReport.window:type_name -> google.protobuf.Duration
+	4, // 4: sluice.v1.LoadReport.peers:type_name -> sluice.v1.PeerCounts
+	8, // 5: sluice.v1.LoadReport.interval:type_name -> google.protobuf.Duration
+	2, // 6: sluice.v1.LoadReport.descriptors:type_name -> sluice.v1.DescriptorCounts
+	3, // 7: sluice.v1.DescriptorCounts.values:type_name -> sluice.v1.ValueCounts
+	0, // 8: sluice.v1.LoadReportService.StreamLoadReports:input_type -> sluice.v1.StreamLoadReportsRequest
+	5, // 9: sluice.v1.LoadReportService.StreamLoadReports:output_type -> sluice.v1.StreamLoadReportsResponse
+	9, // [9:10] is the sub-list for method output_type
+	8, // [8:9] is the sub-list for method input_type
+	8, // [8:8] is the sub-list for extension type_name
+	8, // [8:8] is the sub-list for extension extendee
+	0, // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_sluice_v1_load_proto_init() }
@@ -438,7 +603,7 @@ func file_sluice_v1_load_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sluice_v1_load_proto_rawDesc), len(file_sluice_v1_load_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   4,
+			NumMessages:   6,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -240,7 +240,12 @@ type DropPolicy struct {
 	Procedures []string `protobuf:"bytes,10,rep,name=procedures,proto3" json:"procedures,omitempty"`
 	// The service's HTTP routes, in order: the first that matches a request
 	// names its procedure, one of procedures.
-	Routes        []*Route `protobuf:"bytes,11,rep,name=routes,proto3" json:"routes,omitempty"`
+	Routes []*Route `protobuf:"bytes,11,rep,name=routes,proto3" json:"routes,omitempty"`
+	// The service's descriptor limits: per-value limits on a request
+	// attribute with many values (tenant, API key, client IP). A request is
+	// admitted only when its bucket (peers) and every descriptor admit it.
+	// At most four. Inbound policies only.
+	Descriptors   []*DescriptorPolicy `protobuf:"bytes,12,rep,name=descriptors,proto3" json:"descriptors,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -352,6 +357,248 @@ func (x *DropPolicy) GetRoutes() []*Route {
 	return nil
 }
 
+func (x *DropPolicy) GetDescriptors() []*DescriptorPolicy {
+	if x != nil {
+		return x.Descriptors
+	}
+	return nil
+}
+
+// DescriptorPolicy is one descriptor limit of a service and the verdicts of
+// its heavy values.
+type DescriptorPolicy struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The descriptor's name ("tenant"): its key in the limits, in reports
+	// and in metrics.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Where a request's value comes from: "header <name>" (an HTTP header,
+	// or gRPC metadata of that name), "client-ip" (the connection's remote
+	// address) or "xff <n>" (X-Forwarded-For behind n trusted proxies: the
+	// n-th address from its right).
+	Source string `protobuf:"bytes,2,opt,name=source,proto3" json:"source,omitempty"`
+	// Every value's limit in requests per second, globally, unless
+	// overridden; 0 blocks.
+	LimitRps float64 `protobuf:"fixed64,3,opt,name=limit_rps,json=limitRps,proto3" json:"limit_rps,omitempty"`
+	// The limit of requests without the attribute ("_missing").
+	MissingLimitRps float64 `protobuf:"fixed64,4,opt,name=missing_limit_rps,json=missingLimitRps,proto3" json:"missing_limit_rps,omitempty"`
+	// Values with a limit of their own, sorted by value, each at most once.
+	Overrides []*ValueLimit `protobuf:"bytes,5,rep,name=overrides,proto3" json:"overrides,omitempty"`
+	// The quantile of the Poisson count, at a value's limit, that a sidecar
+	// admits of a value the policy does not list, per report window (see
+	// pkg/allowance). In (0, 1).
+	Quantile float64 `protobuf:"fixed64,6,opt,name=quantile,proto3" json:"quantile,omitempty"`
+	// The heavy values' verdicts, sorted by value, each at most once, at
+	// most the controller's bound. A value listed here is decided by its
+	// drop_ratio; any other by the sidecar's local allowance.
+	Values        []*ValuePolicy `protobuf:"bytes,7,rep,name=values,proto3" json:"values,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DescriptorPolicy) Reset() {
+	*x = DescriptorPolicy{}
+	mi := &file_sluice_v1_policy_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DescriptorPolicy) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DescriptorPolicy) ProtoMessage() {}
+
+func (x *DescriptorPolicy) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_policy_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DescriptorPolicy.ProtoReflect.Descriptor instead.
+func (*DescriptorPolicy) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_policy_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *DescriptorPolicy) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *DescriptorPolicy) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *DescriptorPolicy) GetLimitRps() float64 {
+	if x != nil {
+		return x.LimitRps
+	}
+	return 0
+}
+
+func (x *DescriptorPolicy) GetMissingLimitRps() float64 {
+	if x != nil {
+		return x.MissingLimitRps
+	}
+	return 0
+}
+
+func (x *DescriptorPolicy) GetOverrides() []*ValueLimit {
+	if x != nil {
+		return x.Overrides
+	}
+	return nil
+}
+
+func (x *DescriptorPolicy) GetQuantile() float64 {
+	if x != nil {
+		return x.Quantile
+	}
+	return 0
+}
+
+func (x *DescriptorPolicy) GetValues() []*ValuePolicy {
+	if x != nil {
+		return x.Values
+	}
+	return nil
+}
+
+// ValueLimit is a value's own limit.
+type ValueLimit struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Value         string                 `protobuf:"bytes,1,opt,name=value,proto3" json:"value,omitempty"`
+	LimitRps      float64                `protobuf:"fixed64,2,opt,name=limit_rps,json=limitRps,proto3" json:"limit_rps,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ValueLimit) Reset() {
+	*x = ValueLimit{}
+	mi := &file_sluice_v1_policy_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ValueLimit) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ValueLimit) ProtoMessage() {}
+
+func (x *ValueLimit) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_policy_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ValueLimit.ProtoReflect.Descriptor instead.
+func (*ValueLimit) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_policy_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ValueLimit) GetValue() string {
+	if x != nil {
+		return x.Value
+	}
+	return ""
+}
+
+func (x *ValueLimit) GetLimitRps() float64 {
+	if x != nil {
+		return x.LimitRps
+	}
+	return 0
+}
+
+// ValuePolicy is the verdict for one heavy descriptor value.
+type ValuePolicy struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Value string                 `protobuf:"bytes,1,opt,name=value,proto3" json:"value,omitempty"`
+	// Probability in [0, 1) with which a request with the value is dropped.
+	DropRatio float64 `protobuf:"fixed64,2,opt,name=drop_ratio,json=dropRatio,proto3" json:"drop_ratio,omitempty"`
+	// The value's limit (the descriptor's, an override, or the missing one).
+	LimitRps float64 `protobuf:"fixed64,3,opt,name=limit_rps,json=limitRps,proto3" json:"limit_rps,omitempty"`
+	// The value's global offered rate the ratio was computed from.
+	OfferedRps    float64 `protobuf:"fixed64,4,opt,name=offered_rps,json=offeredRps,proto3" json:"offered_rps,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ValuePolicy) Reset() {
+	*x = ValuePolicy{}
+	mi := &file_sluice_v1_policy_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ValuePolicy) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ValuePolicy) ProtoMessage() {}
+
+func (x *ValuePolicy) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_policy_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ValuePolicy.ProtoReflect.Descriptor instead.
+func (*ValuePolicy) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_policy_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ValuePolicy) GetValue() string {
+	if x != nil {
+		return x.Value
+	}
+	return ""
+}
+
+func (x *ValuePolicy) GetDropRatio() float64 {
+	if x != nil {
+		return x.DropRatio
+	}
+	return 0
+}
+
+func (x *ValuePolicy) GetLimitRps() float64 {
+	if x != nil {
+		return x.LimitRps
+	}
+	return 0
+}
+
+func (x *ValuePolicy) GetOfferedRps() float64 {
+	if x != nil {
+		return x.OfferedRps
+	}
+	return 0
+}
+
 // Route names the procedure of the HTTP requests that match a pattern.
 type Route struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -366,7 +613,7 @@ type Route struct {
 
 func (x *Route) Reset() {
 	*x = Route{}
-	mi := &file_sluice_v1_policy_proto_msgTypes[1]
+	mi := &file_sluice_v1_policy_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -378,7 +625,7 @@ func (x *Route) String() string {
 func (*Route) ProtoMessage() {}
 
 func (x *Route) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_policy_proto_msgTypes[1]
+	mi := &file_sluice_v1_policy_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -391,7 +638,7 @@ func (x *Route) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Route.ProtoReflect.Descriptor instead.
 func (*Route) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_policy_proto_rawDescGZIP(), []int{1}
+	return file_sluice_v1_policy_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Route) GetPattern() string {
@@ -461,7 +708,7 @@ type PeerPolicy struct {
 
 func (x *PeerPolicy) Reset() {
 	*x = PeerPolicy{}
-	mi := &file_sluice_v1_policy_proto_msgTypes[2]
+	mi := &file_sluice_v1_policy_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -473,7 +720,7 @@ func (x *PeerPolicy) String() string {
 func (*PeerPolicy) ProtoMessage() {}
 
 func (x *PeerPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_policy_proto_msgTypes[2]
+	mi := &file_sluice_v1_policy_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -486,7 +733,7 @@ func (x *PeerPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerPolicy.ProtoReflect.Descriptor instead.
 func (*PeerPolicy) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_policy_proto_rawDescGZIP(), []int{2}
+	return file_sluice_v1_policy_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *PeerPolicy) GetPeer() string {
@@ -570,7 +817,7 @@ var File_sluice_v1_policy_proto protoreflect.FileDescriptor
 
 const file_sluice_v1_policy_proto_rawDesc = "" +
 	"\n" +
-	"\x16sluice/v1/policy.proto\x12\tsluice.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16sluice/v1/common.proto\"\xe7\x03\n" +
+	"\x16sluice/v1/policy.proto\x12\tsluice.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16sluice/v1/common.proto\"\xa6\x04\n" +
 	"\n" +
 	"DropPolicy\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
@@ -586,7 +833,27 @@ const file_sluice_v1_policy_proto_rawDesc = "" +
 	"procedures\x18\n" +
 	" \x03(\tR\n" +
 	"procedures\x12(\n" +
-	"\x06routes\x18\v \x03(\v2\x10.sluice.v1.RouteR\x06routes\"?\n" +
+	"\x06routes\x18\v \x03(\v2\x10.sluice.v1.RouteR\x06routes\x12=\n" +
+	"\vdescriptors\x18\f \x03(\v2\x1b.sluice.v1.DescriptorPolicyR\vdescriptors\"\x88\x02\n" +
+	"\x10DescriptorPolicy\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
+	"\x06source\x18\x02 \x01(\tR\x06source\x12\x1b\n" +
+	"\tlimit_rps\x18\x03 \x01(\x01R\blimitRps\x12*\n" +
+	"\x11missing_limit_rps\x18\x04 \x01(\x01R\x0fmissingLimitRps\x123\n" +
+	"\toverrides\x18\x05 \x03(\v2\x15.sluice.v1.ValueLimitR\toverrides\x12\x1a\n" +
+	"\bquantile\x18\x06 \x01(\x01R\bquantile\x12.\n" +
+	"\x06values\x18\a \x03(\v2\x16.sluice.v1.ValuePolicyR\x06values\"?\n" +
+	"\n" +
+	"ValueLimit\x12\x14\n" +
+	"\x05value\x18\x01 \x01(\tR\x05value\x12\x1b\n" +
+	"\tlimit_rps\x18\x02 \x01(\x01R\blimitRps\"\x80\x01\n" +
+	"\vValuePolicy\x12\x14\n" +
+	"\x05value\x18\x01 \x01(\tR\x05value\x12\x1d\n" +
+	"\n" +
+	"drop_ratio\x18\x02 \x01(\x01R\tdropRatio\x12\x1b\n" +
+	"\tlimit_rps\x18\x03 \x01(\x01R\blimitRps\x12\x1f\n" +
+	"\voffered_rps\x18\x04 \x01(\x01R\n" +
+	"offeredRps\"?\n" +
 	"\x05Route\x12\x18\n" +
 	"\apattern\x18\x01 \x01(\tR\apattern\x12\x1c\n" +
 	"\tprocedure\x18\x02 \x01(\tR\tprocedure\"\xd5\x03\n" +
@@ -641,35 +908,41 @@ func file_sluice_v1_policy_proto_rawDescGZIP() []byte {
 }
 
 var file_sluice_v1_policy_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_sluice_v1_policy_proto_msgTypes = make([]protoimpl.MessageInfo, 3)
+var file_sluice_v1_policy_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
 var file_sluice_v1_policy_proto_goTypes = []any{
 	(FailMode)(0),                 // 0: sluice.v1.FailMode
 	(DropBound)(0),                // 1: sluice.v1.DropBound
 	(DropReason)(0),               // 2: sluice.v1.DropReason
 	(*DropPolicy)(nil),            // 3: sluice.v1.DropPolicy
-	(*Route)(nil),                 // 4: sluice.v1.Route
-	(*PeerPolicy)(nil),            // 5: sluice.v1.PeerPolicy
-	(Direction)(0),                // 6: sluice.v1.Direction
-	(*durationpb.Duration)(nil),   // 7: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 8: google.protobuf.Timestamp
-	(Mode)(0),                     // 9: sluice.v1.Mode
+	(*DescriptorPolicy)(nil),      // 4: sluice.v1.DescriptorPolicy
+	(*ValueLimit)(nil),            // 5: sluice.v1.ValueLimit
+	(*ValuePolicy)(nil),           // 6: sluice.v1.ValuePolicy
+	(*Route)(nil),                 // 7: sluice.v1.Route
+	(*PeerPolicy)(nil),            // 8: sluice.v1.PeerPolicy
+	(Direction)(0),                // 9: sluice.v1.Direction
+	(*durationpb.Duration)(nil),   // 10: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 11: google.protobuf.Timestamp
+	(Mode)(0),                     // 12: sluice.v1.Mode
 }
 var file_sluice_v1_policy_proto_depIdxs = []int32{
-	6,  // 0: sluice.v1.DropPolicy.direction:type_name -> sluice.v1.Direction
-	5,  // 1: sluice.v1.DropPolicy.peers:type_name -> sluice.v1.PeerPolicy
-	7,  // 2: sluice.v1.DropPolicy.ttl:type_name -> google.protobuf.Duration
+	9,  // 0: sluice.v1.DropPolicy.direction:type_name -> sluice.v1.Direction
+	8,  // 1: sluice.v1.DropPolicy.peers:type_name -> sluice.v1.PeerPolicy
+	10, // 2: sluice.v1.DropPolicy.ttl:type_name -> google.protobuf.Duration
 	0,  // 3: sluice.v1.DropPolicy.fail_mode:type_name -> sluice.v1.FailMode
-	7,  // 4: sluice.v1.DropPolicy.fail_open_decay:type_name -> google.protobuf.Duration
-	8,  // 5: sluice.v1.DropPolicy.issued_at:type_name -> google.protobuf.Timestamp
-	4,  // 6: sluice.v1.DropPolicy.routes:type_name -> sluice.v1.Route
-	9,  // 7: sluice.v1.PeerPolicy.mode:type_name -> sluice.v1.Mode
-	2,  // 8: sluice.v1.PeerPolicy.reason:type_name -> sluice.v1.DropReason
-	1,  // 9: sluice.v1.PeerPolicy.bound:type_name -> sluice.v1.DropBound
-	10, // [10:10] is the sub-list for method output_type
-	10, // [10:10] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	10, // 4: sluice.v1.DropPolicy.fail_open_decay:type_name -> google.protobuf.Duration
+	11, // 5: sluice.v1.DropPolicy.issued_at:type_name -> google.protobuf.Timestamp
+	7,  // 6: sluice.v1.DropPolicy.routes:type_name -> sluice.v1.Route
+	4,  // 7: sluice.v1.DropPolicy.descriptors:type_name -> sluice.v1.DescriptorPolicy
+	5,  // 8: sluice.v1.DescriptorPolicy.overrides:type_name -> sluice.v1.ValueLimit
+	6,  // 9: sluice.v1.DescriptorPolicy.values:type_name -> sluice.v1.ValuePolicy
+	12, // 10: sluice.v1.PeerPolicy.mode:type_name -> sluice.v1.Mode
+	2,  // 11: sluice.v1.PeerPolicy.reason:type_name -> sluice.v1.DropReason
+	1,  // 12: sluice.v1.PeerPolicy.bound:type_name -> sluice.v1.DropBound
+	13, // [13:13] is the sub-list for method output_type
+	13, // [13:13] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_sluice_v1_policy_proto_init() }
@@ -678,14 +951,14 @@ func file_sluice_v1_policy_proto_init() {
 		return
 	}
 	file_sluice_v1_common_proto_init()
-	file_sluice_v1_policy_proto_msgTypes[2].OneofWrappers = []any{}
+	file_sluice_v1_policy_proto_msgTypes[5].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sluice_v1_policy_proto_rawDesc), len(file_sluice_v1_policy_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   3,
+			NumMessages:   6,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

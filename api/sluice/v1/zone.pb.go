@@ -164,7 +164,11 @@ type ServiceLoad struct {
 	// How many of its sidecars reported within their last three intervals.
 	LiveSidecars uint32 `protobuf:"varint,3,opt,name=live_sidecars,json=liveSidecars,proto3" json:"live_sidecars,omitempty"`
 	// One entry per bucket, each (peer, procedure) at most once.
-	Peers         []*PeerRate `protobuf:"bytes,4,rep,name=peers,proto3" json:"peers,omitempty"`
+	Peers []*PeerRate `protobuf:"bytes,4,rep,name=peers,proto3" json:"peers,omitempty"`
+	// The heavy values of each descriptor, summed over the zone's live
+	// sidecars, each descriptor at most once; at most the aggregator's bound
+	// of values per descriptor, the largest by offered rate.
+	Descriptors   []*DescriptorRates `protobuf:"bytes,5,rep,name=descriptors,proto3" json:"descriptors,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -227,6 +231,148 @@ func (x *ServiceLoad) GetPeers() []*PeerRate {
 	return nil
 }
 
+func (x *ServiceLoad) GetDescriptors() []*DescriptorRates {
+	if x != nil {
+		return x.Descriptors
+	}
+	return nil
+}
+
+// DescriptorRates are the rates of one descriptor in one zone.
+type DescriptorRates struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Descriptor_ string                 `protobuf:"bytes,1,opt,name=descriptor,proto3" json:"descriptor,omitempty"`
+	// Requests per second the descriptor decided, over all its values.
+	OfferedRps float64 `protobuf:"fixed64,2,opt,name=offered_rps,json=offeredRps,proto3" json:"offered_rps,omitempty"`
+	// Of those, requests per second its limits dropped.
+	DroppedRps float64 `protobuf:"fixed64,3,opt,name=dropped_rps,json=droppedRps,proto3" json:"dropped_rps,omitempty"`
+	// The heavy values, each at most once.
+	Values []*ValueRate `protobuf:"bytes,4,rep,name=values,proto3" json:"values,omitempty"`
+	// How many values the zone's sidecars reported that the aggregator's
+	// bound left out; their rates are in offered_rps only.
+	ValuesCut     uint32 `protobuf:"varint,5,opt,name=values_cut,json=valuesCut,proto3" json:"values_cut,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DescriptorRates) Reset() {
+	*x = DescriptorRates{}
+	mi := &file_sluice_v1_zone_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DescriptorRates) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DescriptorRates) ProtoMessage() {}
+
+func (x *DescriptorRates) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_zone_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DescriptorRates.ProtoReflect.Descriptor instead.
+func (*DescriptorRates) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_zone_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *DescriptorRates) GetDescriptor_() string {
+	if x != nil {
+		return x.Descriptor_
+	}
+	return ""
+}
+
+func (x *DescriptorRates) GetOfferedRps() float64 {
+	if x != nil {
+		return x.OfferedRps
+	}
+	return 0
+}
+
+func (x *DescriptorRates) GetDroppedRps() float64 {
+	if x != nil {
+		return x.DroppedRps
+	}
+	return 0
+}
+
+func (x *DescriptorRates) GetValues() []*ValueRate {
+	if x != nil {
+		return x.Values
+	}
+	return nil
+}
+
+func (x *DescriptorRates) GetValuesCut() uint32 {
+	if x != nil {
+		return x.ValuesCut
+	}
+	return 0
+}
+
+// ValueRate is the rate of one descriptor value in one zone.
+type ValueRate struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Value         string                 `protobuf:"bytes,1,opt,name=value,proto3" json:"value,omitempty"`
+	OfferedRps    float64                `protobuf:"fixed64,2,opt,name=offered_rps,json=offeredRps,proto3" json:"offered_rps,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ValueRate) Reset() {
+	*x = ValueRate{}
+	mi := &file_sluice_v1_zone_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ValueRate) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ValueRate) ProtoMessage() {}
+
+func (x *ValueRate) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_zone_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ValueRate.ProtoReflect.Descriptor instead.
+func (*ValueRate) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_zone_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *ValueRate) GetValue() string {
+	if x != nil {
+		return x.Value
+	}
+	return ""
+}
+
+func (x *ValueRate) GetOfferedRps() float64 {
+	if x != nil {
+		return x.OfferedRps
+	}
+	return 0
+}
+
 // PeerRate is the rate of one bucket in one zone, in requests per second.
 type PeerRate struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -247,7 +393,7 @@ type PeerRate struct {
 
 func (x *PeerRate) Reset() {
 	*x = PeerRate{}
-	mi := &file_sluice_v1_zone_proto_msgTypes[3]
+	mi := &file_sluice_v1_zone_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -259,7 +405,7 @@ func (x *PeerRate) String() string {
 func (*PeerRate) ProtoMessage() {}
 
 func (x *PeerRate) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_zone_proto_msgTypes[3]
+	mi := &file_sluice_v1_zone_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -272,7 +418,7 @@ func (x *PeerRate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerRate.ProtoReflect.Descriptor instead.
 func (*PeerRate) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_zone_proto_rawDescGZIP(), []int{3}
+	return file_sluice_v1_zone_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *PeerRate) GetPeer() string {
@@ -323,7 +469,7 @@ type StreamZoneLoadsResponse struct {
 
 func (x *StreamZoneLoadsResponse) Reset() {
 	*x = StreamZoneLoadsResponse{}
-	mi := &file_sluice_v1_zone_proto_msgTypes[4]
+	mi := &file_sluice_v1_zone_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -335,7 +481,7 @@ func (x *StreamZoneLoadsResponse) String() string {
 func (*StreamZoneLoadsResponse) ProtoMessage() {}
 
 func (x *StreamZoneLoadsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_zone_proto_msgTypes[4]
+	mi := &file_sluice_v1_zone_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -348,7 +494,7 @@ func (x *StreamZoneLoadsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamZoneLoadsResponse.ProtoReflect.Descriptor instead.
 func (*StreamZoneLoadsResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_zone_proto_rawDescGZIP(), []int{4}
+	return file_sluice_v1_zone_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *StreamZoneLoadsResponse) GetAccepted() bool {
@@ -377,12 +523,28 @@ const file_sluice_v1_zone_proto_rawDesc = "" +
 	"\x04zone\x18\x02 \x01(\tR\x04zone\x125\n" +
 	"\binterval\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\binterval\x122\n" +
 	"\bservices\x18\x04 \x03(\v2\x16.sluice.v1.ServiceLoadR\bservices\x12\x16\n" +
-	"\x06urgent\x18\x05 \x01(\bR\x06urgent\"\xab\x01\n" +
+	"\x06urgent\x18\x05 \x01(\bR\x06urgent\"\xe9\x01\n" +
 	"\vServiceLoad\x12\x18\n" +
 	"\aservice\x18\x01 \x01(\tR\aservice\x122\n" +
 	"\tdirection\x18\x02 \x01(\x0e2\x14.sluice.v1.DirectionR\tdirection\x12#\n" +
 	"\rlive_sidecars\x18\x03 \x01(\rR\fliveSidecars\x12)\n" +
-	"\x05peers\x18\x04 \x03(\v2\x13.sluice.v1.PeerRateR\x05peers\"\xac\x01\n" +
+	"\x05peers\x18\x04 \x03(\v2\x13.sluice.v1.PeerRateR\x05peers\x12<\n" +
+	"\vdescriptors\x18\x05 \x03(\v2\x1a.sluice.v1.DescriptorRatesR\vdescriptors\"\xc0\x01\n" +
+	"\x0fDescriptorRates\x12\x1e\n" +
+	"\n" +
+	"descriptor\x18\x01 \x01(\tR\n" +
+	"descriptor\x12\x1f\n" +
+	"\voffered_rps\x18\x02 \x01(\x01R\n" +
+	"offeredRps\x12\x1f\n" +
+	"\vdropped_rps\x18\x03 \x01(\x01R\n" +
+	"droppedRps\x12,\n" +
+	"\x06values\x18\x04 \x03(\v2\x14.sluice.v1.ValueRateR\x06values\x12\x1d\n" +
+	"\n" +
+	"values_cut\x18\x05 \x01(\rR\tvaluesCut\"B\n" +
+	"\tValueRate\x12\x14\n" +
+	"\x05value\x18\x01 \x01(\tR\x05value\x12\x1f\n" +
+	"\voffered_rps\x18\x02 \x01(\x01R\n" +
+	"offeredRps\"\xac\x01\n" +
 	"\bPeerRate\x12\x12\n" +
 	"\x04peer\x18\x01 \x01(\tR\x04peer\x12\x1f\n" +
 	"\voffered_rps\x18\x02 \x01(\x01R\n" +
@@ -409,29 +571,33 @@ func file_sluice_v1_zone_proto_rawDescGZIP() []byte {
 	return file_sluice_v1_zone_proto_rawDescData
 }
 
-var file_sluice_v1_zone_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_sluice_v1_zone_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
 var file_sluice_v1_zone_proto_goTypes = []any{
 	(*StreamZoneLoadsRequest)(nil),  // 0: sluice.v1.StreamZoneLoadsRequest
 	(*ZoneLoad)(nil),                // 1: sluice.v1.ZoneLoad
 	(*ServiceLoad)(nil),             // 2: sluice.v1.ServiceLoad
-	(*PeerRate)(nil),                // 3: sluice.v1.PeerRate
-	(*StreamZoneLoadsResponse)(nil), // 4: sluice.v1.StreamZoneLoadsResponse
-	(*durationpb.Duration)(nil),     // 5: google.protobuf.Duration
-	(Direction)(0),                  // 6: sluice.v1.Direction
+	(*DescriptorRates)(nil),         // 3: sluice.v1.DescriptorRates
+	(*ValueRate)(nil),               // 4: sluice.v1.ValueRate
+	(*PeerRate)(nil),                // 5: sluice.v1.PeerRate
+	(*StreamZoneLoadsResponse)(nil), // 6: sluice.v1.StreamZoneLoadsResponse
+	(*durationpb.Duration)(nil),     // 7: google.protobuf.Duration
+	(Direction)(0),                  // 8: sluice.v1.Direction
 }
 var file_sluice_v1_zone_proto_depIdxs = []int32{
 	1, // 0: sluice.v1.StreamZoneLoadsRequest.load:type_name -> sluice.v1.ZoneLoad
-	5, // 1: sluice.v1.ZoneLoad.interval:type_name -> google.protobuf.Duration
+	7, // 1: sluice.v1.ZoneLoad.interval:type_name -> google.protobuf.Duration
 	2, // 2: sluice.v1.ZoneLoad.services:type_name -> sluice.v1.ServiceLoad
-	6, // 3: sluice.v1.ServiceLoad.direction:type_name -> sluice.v1.Direction
-	3, // 4: sluice.v1.ServiceLoad.peers:type_name -> sluice.v1.PeerRate
-	0, // 5: sluice.v1.ZoneLoadService.StreamZoneLoads:input_type -> sluice.v1.StreamZoneLoadsRequest
-	4, // 6: sluice.v1.ZoneLoadService.StreamZoneLoads:output_type -> sluice.v1.StreamZoneLoadsResponse
-	6, // [6:7] is the sub-list for method output_type
-	5, // [5:6] is the sub-list for method input_type
-	5, // [5:5] is the sub-list for extension type_name
-	5, // [5:5] is the sub-list for extension extendee
-	0, // [0:5] is the sub-list for field type_name
+	8, // 3: sluice.v1.ServiceLoad.direction:type_name -> sluice.v1.Direction
+	5, // 4: sluice.v1.ServiceLoad.peers:type_name -> sluice.v1.PeerRate
+	3, // 5: sluice.v1.ServiceLoad.descriptors:type_name -> sluice.v1.DescriptorRates
+	4, // 6: sluice.v1.DescriptorRates.values:type_name -> sluice.v1.ValueRate
+	0, // 7: sluice.v1.ZoneLoadService.StreamZoneLoads:input_type -> sluice.v1.StreamZoneLoadsRequest
+	6, // 8: sluice.v1.ZoneLoadService.StreamZoneLoads:output_type -> sluice.v1.StreamZoneLoadsResponse
+	8, // [8:9] is the sub-list for method output_type
+	7, // [7:8] is the sub-list for method input_type
+	7, // [7:7] is the sub-list for extension type_name
+	7, // [7:7] is the sub-list for extension extendee
+	0, // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_sluice_v1_zone_proto_init() }
@@ -446,7 +612,7 @@ func file_sluice_v1_zone_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sluice_v1_zone_proto_rawDesc), len(file_sluice_v1_zone_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   5,
+			NumMessages:   7,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
