@@ -24,14 +24,14 @@ import (
 // EntryBadProcedure. A value's rate left out is lost to the zone's value
 // sums but stays in its descriptor's offered rate.
 const (
-	EntryBadDescriptor        = "bad_descriptor"        // its name fails descriptor.CheckName
-	EntryBadDescriptorCounts  = "bad_descriptor_counts" // dropped above offered, or an offered rate above MaxRate
-	EntryDuplicateDescriptor  = "duplicate_descriptor"  // a name listed again: the first is kept
-	EntryTooManyDescriptors   = "too_many_descriptors"  // beyond descriptor.MaxPerService good ones
-	EntryOutboundDescriptor   = "outbound_descriptor"   // in an outbound report: descriptors limit callees' inbound requests only
-	EntryBadValue             = "bad_value"             // not what a sidecar sends: descriptor.Value(v) != v
-	EntryDuplicateValue       = "duplicate_value"       // a value listed again in one descriptor: the first is kept
-	EntryTooManyValues        = "too_many_values"       // beyond MaxReportValues in one descriptor
+	EntryBadDescriptor       = "bad_descriptor"        // its name fails descriptor.CheckName
+	EntryBadDescriptorCounts = "bad_descriptor_counts" // dropped above offered, or an offered rate above MaxRate
+	EntryDuplicateDescriptor = "duplicate_descriptor"  // a name listed again: the first is kept
+	EntryTooManyDescriptors  = "too_many_descriptors"  // beyond descriptor.MaxPerService good ones
+	EntryOutboundDescriptor  = "outbound_descriptor"   // in an outbound report: descriptors limit callees' inbound requests only
+	EntryBadValue            = "bad_value"             // not what a sidecar sends: descriptor.Value(v) != v
+	EntryDuplicateValue      = "duplicate_value"       // a value listed again in one descriptor: the first is kept
+	EntryTooManyValues       = "too_many_values"       // beyond MaxReportValues in one descriptor
 )
 
 // maxZoneDescriptors bounds the descriptors of one (service, direction) in
