@@ -830,8 +830,9 @@ func (s *State) TakeStale() []string {
 	return stale
 }
 
-// Capped returns how many (service, direction, peer, procedure) sums the last Flush
-// capped at zoneload.MaxRate, the most the controller accepts.
+// Capped returns how many sums the last Flush capped at zoneload.MaxRate,
+// the most the controller accepts: (service, direction, peer, procedure)
+// sums, and descriptors' and their values'.
 func (s *State) Capped() int { return s.capped }
 
 // Flush first drops every sidecar that has been silent for more than
