@@ -330,3 +330,15 @@ func BenchmarkFlushDescriptors(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/(300*256), "ns/value")
 }
+
+func TestDescriptorBoundsValidate(t *testing.T) {
+	err := Bounds{MaxReportValues: -1, MaxDescriptorValues: maxValuesBound + 1}.Validate()
+	for _, flag := range []string{"max-report-values", "max-descriptor-values"} {
+		if err == nil || !strings.Contains(err.Error(), flag) {
+			t.Errorf("error %v does not name %s", err, flag)
+		}
+	}
+	if err := (Bounds{MaxReportValues: maxValuesBound, MaxDescriptorValues: 1}).Validate(); err != nil {
+		t.Errorf("bounds within range: %v", err)
+	}
+}
