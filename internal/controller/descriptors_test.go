@@ -361,3 +361,58 @@ func TestDescriptorMetrics(t *testing.T) {
 		t.Errorf("%d series left of a descriptor the limits no longer give", n)
 	}
 }
+
+// BenchmarkTickDescriptors: one tick of a service with the most
+// descriptors, each with a full list of values from each of 10 zones, a
+// tenth of them over their limit; half of each zone's values are its own.
+func BenchmarkTickDescriptors(b *testing.B) {
+	const zones = 10
+	set := apiLimits()
+	api := set.Service("api")
+	for i := 1; i < descriptor.MaxPerService; i++ {
+		d := api.Descriptors[0]
+		d.Name = fmt.Sprintf("tenant%d", i)
+		api.Descriptors = append(api.Descriptors, d)
+	}
+	s, err := NewState(testConfig(), t0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	now := t0.Add(3 * time.Second)
+	apply := func() {
+		for z := range zones {
+			load := zoneLoad(fmt.Sprintf("agg-%d", z), fmt.Sprintf("zone-%d", z), 10, map[string]float64{"api/web": 1})
+			for _, d := range api.Descriptors {
+				dr := &sluicev1.DescriptorRates{Descriptor_: d.Name}
+				for v := range DefaultMaxDescriptorValues {
+					owner, rate := "shared", 4.0
+					if v%2 == 1 {
+						owner = fmt.Sprintf("z%d", z)
+					}
+					if v%10 == 0 {
+						rate = 40
+					}
+					dr.Values = append(dr.Values, &sluicev1.ValueRate{Value: fmt.Sprintf("%s-%d", owner, v), OfferedRps: rate})
+				}
+				load.Services[0].Descriptors = append(load.Services[0].Descriptors, dr)
+			}
+			if err := s.Apply(load, now); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	apply()
+	s.Tick(now, set)
+	b.ResetTimer()
+	for range b.N {
+		now = now.Add(time.Second)
+		b.StopTimer()
+		apply()
+		b.StartTimer()
+		s.Tick(now, set)
+	}
+	b.StopTimer()
+	res := s.Tick(now.Add(time.Second), set)
+	b.ReportMetric(float64(res.Descriptors[0].Abusive), "abusive/descriptor")
+	b.ReportMetric(float64(res.Descriptors[0].Cut), "cut/descriptor")
+}
