@@ -169,7 +169,11 @@ func (s *Sketch) Valid(value string) bool {
 // each row (offsets into window.counters). With an ideal hash the rows'
 // indices are independent: each takes its own bits of the hash.
 func (s *Sketch) locate(value string) (key uint64, off [Rows]uint32) {
-	h := maphash.String(s.seed, value)
+	return s.locateHash(maphash.String(s.seed, value), value)
+}
+
+// locateHash is locate for h = maphash.String(s.seed, value).
+func (s *Sketch) locateHash(h uint64, value string) (key uint64, off [Rows]uint32) {
 	m, w := s.mask, s.width
 	if !s.wide {
 		off = [Rows]uint32{
@@ -203,7 +207,33 @@ func (s *Sketch) Add(value string) uint32 {
 	if len(value) > s.maxLen {
 		value = Invalid
 	}
-	key, off := s.locate(value)
+	return s.add(maphash.String(s.seed, value), value)
+}
+
+// Hash returns the hash under which the Sketch counts value (a value longer
+// than MaxValueLen: Invalid's), for AddHash: a caller that also looks value
+// up in a table of its own keyed by this hash hashes it once. It is keyed
+// by a seed drawn at New and constant for the Sketch's life, so a table
+// built from it stays valid, and values can not be chosen to collide in
+// it. It allocates nothing.
+func (s *Sketch) Hash(value string) uint64 {
+	if len(value) > s.maxLen {
+		value = Invalid
+	}
+	return maphash.String(s.seed, value)
+}
+
+// AddHash is Add of value for h = s.Hash(value), without hashing value
+// again.
+func (s *Sketch) AddHash(h uint64, value string) uint32 {
+	if len(value) > s.maxLen {
+		value = Invalid
+	}
+	return s.add(h, value)
+}
+
+func (s *Sketch) add(h uint64, value string) uint32 {
+	key, off := s.locateHash(h, value)
 	w := s.gen.Load().cur
 	n, unflushed, ok := w.addMember(key, &off)
 	if ok {
