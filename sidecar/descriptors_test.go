@@ -7,6 +7,9 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/sluicehq/sluice/pkg/allowance"
 	"github.com/sluicehq/sluice/pkg/descriptor"
 	"github.com/sluicehq/sluice/pkg/names"
@@ -303,4 +306,64 @@ func TestDescriptorRace(t *testing.T) {
 	if reported != workers*per {
 		t.Errorf("reported %d offered, decided %d", reported, workers*per)
 	}
+}
+
+func TestDescriptorMetrics(t *testing.T) {
+	l, s := newDescLimiter(t, tenantPolicy(func(d *DescriptorPolicy) {
+		d.Values = []ValueRule{{Value: "evil", DropRatio: 0.5}}
+	}))
+	listed := decideValue(t, s, "evil", 100)
+	local := decideValue(t, s, "busy", 100)
+	decideValue(t, s, "\xff", 3)
+	reg := prometheus.NewPedanticRegistry()
+	if err := reg.Register(l.Collector()); err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf(`
+# HELP sluice_sidecar_descriptor_dropped_total %s
+# TYPE sluice_sidecar_descriptor_dropped_total counter
+sluice_sidecar_descriptor_dropped_total{descriptor="tenant",reason="listed",service="api"} %d
+sluice_sidecar_descriptor_dropped_total{descriptor="tenant",reason="local",service="api"} %d
+# HELP sluice_sidecar_descriptor_invalid_total %s
+# TYPE sluice_sidecar_descriptor_invalid_total counter
+sluice_sidecar_descriptor_invalid_total{descriptor="tenant",service="api"} 3
+# HELP sluice_sidecar_descriptor_offered_total %s
+# TYPE sluice_sidecar_descriptor_offered_total counter
+sluice_sidecar_descriptor_offered_total{descriptor="tenant",service="api"} 203
+# HELP sluice_sidecar_descriptor_sketch_bytes %s
+# TYPE sluice_sidecar_descriptor_sketch_bytes gauge
+sluice_sidecar_descriptor_sketch_bytes{descriptor="tenant",service="api"} %d
+`, help(descDroppedDesc), listed, local, help(descInvalidDesc), help(descOfferedDesc), help(descBytesDesc), LimiterOptions{}.descOptions().Bytes())
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want),
+		"sluice_sidecar_descriptor_dropped_total", "sluice_sidecar_descriptor_invalid_total",
+		"sluice_sidecar_descriptor_offered_total", "sluice_sidecar_descriptor_sketch_bytes"); err != nil {
+		t.Error(err)
+	}
+	// Two heavy values (evil, busy; the threshold is 9) of K.
+	if got, want := testutil.ToFloat64(gauge(t, reg, "sluice_sidecar_descriptor_heavy_fullness")), 2.0/DefaultDescriptorHeavy; got != want {
+		t.Errorf("heavy fullness %v, want %v", got, want)
+	}
+}
+
+// help returns a Desc's help text.
+func help(d *prometheus.Desc) string {
+	s := d.String()
+	i := strings.Index(s, `help: "`) + len(`help: "`)
+	return s[i : i+strings.Index(s[i:], `"`)]
+}
+
+// gauge returns the one series of name in reg, as a collector.
+func gauge(t *testing.T, reg *prometheus.Registry, name string) prometheus.Collector {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+			return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "x", Help: "x"}, func() float64 { return mf.GetMetric()[0].GetGauge().GetValue() })
+		}
+	}
+	t.Fatalf("no single series %s", name)
+	return nil
 }
