@@ -324,16 +324,20 @@ func (s *ServiceLimiter) DecideDescriptor(i int, value string) Decision {
 	}
 	d := &dt.descs[i]
 	v := descriptor.Value(value)
+	sk := d.st.sk
+	h := sk.Hash(v)
+	// Every load that may miss the cache (the value's slot, the sketch's
+	// counters) before the first locked instruction, which would hold
+	// them back until it completes: they then wait on memory together.
+	vs := d.values.get(h, v)
+	n := uint64(sk.AddHash(h, v))
 	st := &d.st.stripes[stackStripe()&s.stripeMask]
 	st.offered.Add(1)
 	if len(v) == len(descriptor.Invalid) && v == descriptor.Invalid {
 		st.invalid.Add(1)
 	}
-	sk := d.st.sk
-	h := sk.Hash(v)
-	n := uint64(sk.AddHash(h, v))
 	allow := d.allow
-	if vs := d.values.get(h, v); vs != nil {
+	if vs != nil {
 		if vs.listed {
 			if !diffuseHit(n, vs.step) {
 				return Decision{}
