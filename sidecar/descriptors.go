@@ -142,13 +142,18 @@ type compiledDesc struct {
 // valueTable maps the listed and overridden values of a descriptor, by the
 // sketch's hash of the value (heavy.Sketch.Hash), to their verdict: open
 // addressing, linear probing, at most half full; built once per policy.
-// The probe reads keys alone, 8 bytes a slot (32 KiB for the controller's
+// The probe reads keys alone, 4 bytes a slot (16 KiB for the controller's
 // default 1,024 listed values, within L1), so that the common case, a value
 // the policy does not list, touches one cache line.
 type valueTable struct {
-	keys  []uint64    // h|1 of the slot's value; 0: free. A power of two long; nil: empty
+	keys  []uint32    // tag(h) of the slot's value; 0: free. A power of two long; nil: empty
 	slots []valueSlot // by the index of its key
 }
+
+// tag is the key of hash h in a valueTable: bits the slot's index does not
+// use (a table has far fewer than 2³² slots), never 0. Values whose tags
+// match are compared.
+func tag(h uint64) uint32 { return uint32(h>>32) | 1 }
 
 type valueSlot struct {
 	value string
@@ -163,12 +168,12 @@ func newValueTable(n int) valueTable {
 		return valueTable{}
 	}
 	size := 1 << bits.Len(uint(2*n-1))
-	return valueTable{keys: make([]uint64, size), slots: make([]valueSlot, size)}
+	return valueTable{keys: make([]uint32, size), slots: make([]valueSlot, size)}
 }
 
 // put adds or replaces vs's value, whose hash is h.
 func (t *valueTable) put(h uint64, vs valueSlot) {
-	mask, key := uint64(len(t.keys)-1), h|1
+	mask, key := uint64(len(t.keys)-1), tag(h)
 	i := h & mask
 	for t.keys[i] != 0 && !(t.keys[i] == key && t.slots[i].value == vs.value) {
 		i = (i + 1) & mask
@@ -182,7 +187,7 @@ func (t *valueTable) get(h uint64, value string) *valueSlot {
 	if len(t.keys) == 0 {
 		return nil
 	}
-	mask, key := uint64(len(t.keys)-1), h|1
+	mask, key := uint64(len(t.keys)-1), tag(h)
 	for i := h & mask; ; i = (i + 1) & mask {
 		switch t.keys[i] {
 		case 0:
