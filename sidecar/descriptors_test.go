@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -366,4 +367,34 @@ func gauge(t *testing.T, reg *prometheus.Registry, name string) prometheus.Colle
 	}
 	t.Fatalf("no single series %s", name)
 	return nil
+}
+
+func TestLimiterOptionsValidate(t *testing.T) {
+	for _, c := range []struct {
+		o    LimiterOptions
+		want []string // fields the error names; none: valid
+	}{
+		{LimiterOptions{}, nil},
+		{LimiterOptions{DescriptorCounters: 1 << 20, DescriptorHeavy: 1024, DescriptorWindow: 5 * time.Second}, nil},
+		{LimiterOptions{DescriptorCounters: 10}, []string{"DescriptorCounters 10"}},
+		{LimiterOptions{DescriptorHeavy: -1, DescriptorWindow: -time.Second}, []string{"DescriptorHeavy -1", "DescriptorWindow -1s"}},
+		{LimiterOptions{DescriptorHeavy: 1 << 17}, []string{"DescriptorHeavy 131072"}},
+	} {
+		err := c.o.Validate()
+		if (err == nil) != (c.want == nil) {
+			t.Errorf("%+v: Validate() = %v", c.o, err)
+			continue
+		}
+		for _, w := range c.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("%+v: Validate() = %v, want it to name %q", c.o, err, w)
+			}
+		}
+	}
+	// NewLimiter takes the defaults in place of what Validate rejects.
+	l := NewLimiter(LimiterOptions{DescriptorCounters: 10, DescriptorWindow: -time.Second, OneStripe: true})
+	l.SetPolicy(tenantPolicy(nil))
+	if d := l.Service("api").DecideDescriptor(0, "x"); d.Drop {
+		t.Errorf("first request of a value dropped: %+v", d)
+	}
 }
