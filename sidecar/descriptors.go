@@ -145,9 +145,20 @@ type compiledDesc struct {
 // The probe reads keys alone, 4 bytes a slot (16 KiB for the controller's
 // default 1,024 listed values, within L1), so that the common case, a value
 // the policy does not list, touches one cache line.
+//
+// In front of it, a one-bit filter, 4 bits a slot, set for each value's
+// hash: a value the policy does not list reads one of its few lines, which
+// every decision touches and so stay in the L1 cache, and passes to the
+// keys only on a false positive (one in eight at most).
 type valueTable struct {
-	keys  []uint32    // tag(h) of the slot's value; 0: free. A power of two long; nil: empty
-	slots []valueSlot // by the index of its key
+	filter []uint64    // bit h>>58 of word (h>>32)&fmask; len(keys)/16 words
+	keys   []uint32    // tag(h) of the slot's value; 0: free. A power of two long; nil: empty
+	slots  []valueSlot // by the index of its key
+}
+
+// filterBit returns the word and the bit of h in a filter of mask+1 words.
+func filterBit(h, mask uint64) (word uint64, bit uint64) {
+	return (h >> 32) & mask, 1 << (h >> 58)
 }
 
 // tag is the key of hash h in a valueTable: bits the slot's index does not
@@ -167,8 +178,8 @@ func newValueTable(n int) valueTable {
 	if n == 0 {
 		return valueTable{}
 	}
-	size := 1 << bits.Len(uint(2*n-1))
-	return valueTable{keys: make([]uint32, size), slots: make([]valueSlot, size)}
+	size := max(1<<bits.Len(uint(2*n-1)), 16)
+	return valueTable{filter: make([]uint64, size/16), keys: make([]uint32, size), slots: make([]valueSlot, size)}
 }
 
 // put adds or replaces vs's value, whose hash is h.
@@ -179,12 +190,17 @@ func (t *valueTable) put(h uint64, vs valueSlot) {
 		i = (i + 1) & mask
 	}
 	t.keys[i], t.slots[i] = key, vs
+	w, b := filterBit(h, uint64(len(t.filter)-1))
+	t.filter[w] |= b
 }
 
 // get returns value's slot, nil if it has none. It allocates nothing; the
 // probe ends because at least half of the slots are free.
 func (t *valueTable) get(h uint64, value string) *valueSlot {
 	if len(t.keys) == 0 {
+		return nil
+	}
+	if w, b := filterBit(h, uint64(len(t.filter)-1)); t.filter[w]&b == 0 {
 		return nil
 	}
 	mask, key := uint64(len(t.keys)-1), tag(h)
