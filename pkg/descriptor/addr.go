@@ -131,13 +131,22 @@ func address(e string) string {
 		}
 		host, zoned = host[:i], true
 	}
-	a, ok := parseAddr(host)
-	if !ok || a.Is4() && (zoned || bracketed) {
+	switch i := strings.IndexAny(host, ".:"); {
+	case i < 0:
+		return Invalid
+	case host[i] == '.': // IPv4, which takes neither zone nor brackets
+		if !validIPv4(host) || zoned || bracketed {
+			return Invalid
+		}
+		return host
+	case !validIPv6(host):
 		return Invalid
 	}
-	if a.Is4In6() {
-		if i := strings.LastIndexByte(host, ':'); strings.IndexByte(host[i+1:], '.') >= 0 {
-			return host[i+1:]
+	if strings.IndexByte(host, '.') >= 0 {
+		// A dotted tail: an IPv4-mapped address is the IPv4 one. host is
+		// valid, so netip parses it without allocating.
+		if a, _ := netip.ParseAddr(host); a.Is4In6() {
+			return host[strings.LastIndexByte(host, ':')+1:]
 		}
 	}
 	return host
@@ -157,17 +166,6 @@ func isPort(s string) bool {
 		n = n*10 + int(s[i]-'0')
 	}
 	return n <= 65535
-}
-
-// parseAddr parses s, without a zone, as netip.ParseAddr would, but
-// without allocating when s is not an address: it accepts what netip
-// accepts and then leaves the parsing to it.
-func parseAddr(s string) (netip.Addr, bool) {
-	if i := strings.IndexAny(s, ".:"); i < 0 || s[i] == '.' && !validIPv4(s) || s[i] == ':' && !validIPv6(s) {
-		return netip.Addr{}, false
-	}
-	a, err := netip.ParseAddr(s)
-	return a, err == nil
 }
 
 // validIPv4 reports whether s is four decimal fields of at most 255,
