@@ -15,13 +15,15 @@ import (
 )
 
 // The edges' half of descriptors (issue #15): where a request's value comes
-// from. The middleware and
-// the server interceptors decide a request's descriptors once its bucket
-// admitted it (or its caller decided the bucket: see resolveCaller; callers
-// decide no descriptors of their callees), every descriptor, so that each
-// counts the request as the reports must, even after one dropped it. The
-// request is admitted only if all admit; the first that dropped it gives
-// the answer, its rejection rendered by the limiter.
+// from. The middleware and the server interceptors decide a request's
+// descriptors once its bucket admitted it (or its caller decided the
+// bucket: see resolveCaller; callers decide no descriptors of their
+// callees), every descriptor, so that each counts the request as the
+// reports must, even after one dropped it. The request is admitted only if
+// all admit; the first that dropped it gives the answer, its rejection
+// rendered by the limiter. The edges keep nothing of a request: a value
+// goes to DecideDescriptor as the request's own text, and descriptor.Value
+// bounds it there before anything keeps it.
 //
 // An X-Forwarded-For source reads the header as the request brought it to
 // the sidecar: the middleware runs before the sidecar's own proxy
