@@ -566,6 +566,12 @@ func (s *State) checkPeers(r *sluicev1.LoadReport) (peers []peerRate, badProcedu
 			shadow:  float64(sh) / secs,
 		})
 	}
+	if badProcedures > 0 {
+		// The sidecar holds what it keeps: MaxEntriesPerIdentity counts
+		// entries, so no room for the ones left out stays behind (up to
+		// absurdPeersFactor × MaxPeersPerReport of them).
+		peers = slices.Clone(peers)
+	}
 	slices.SortFunc(peers, comparePeerRates)
 	for i := 1; i < len(peers); i++ {
 		if peers[i].leaf == peers[i-1].leaf {
