@@ -32,6 +32,7 @@ const (
 	EntryBadValue            = "bad_value"             // not what a sidecar sends: descriptor.Value(v) != v
 	EntryDuplicateValue      = "duplicate_value"       // a value listed again in one descriptor: the first is kept
 	EntryTooManyValues       = "too_many_values"       // beyond MaxReportValues in one descriptor
+	EntryQuotaValues         = "quota_values"          // beyond its identity's MaxValuesPerIdentity: the smallest of the report
 )
 
 // maxZoneDescriptors bounds the descriptors of one (service, direction) in
@@ -136,7 +137,87 @@ func (s *State) checkValues(vs []*sluicev1.ValueCounts, total uint64, secs float
 		}
 		kept = append(kept, v)
 	}
-	return slices.Clip(kept)
+	if len(kept) < cap(out) {
+		// The sidecar holds what it keeps: its share of MaxValuesPerIdentity
+		// counts values, so no room for the ones left out stays behind.
+		return slices.Clone(kept)
+	}
+	return kept
+}
+
+// capValues makes descs, a report's checked descriptors, fit the values
+// its identity (il, nil for none yet) may hold once they replace its
+// sidecar's old ones (old, nil for a new sidecar), and returns them. It
+// never rejects: the values beyond MaxValuesPerIdentity are left out and
+// counted in bad (EntryQuotaValues), their rates staying in their
+// descriptors' totals. The reserved values are always kept, then the
+// report's values by largerRanked: the largest, whichever descriptor they
+// belong to, since a value that matters to a limit is a heavy one, and a
+// flood of made-up values spreads thin. Only the report's own values
+// compete: what the identity's other sidecars hold stays theirs, so a
+// flood costs the sidecars that came last and only their identity.
+func (s *State) capValues(il *identityLoad, old *sidecarLoad, descs []descriptorRate, bad *RejectedEntries) []descriptorRate {
+	n := heldValues(descs)
+	others := 0
+	if il != nil {
+		others = il.values
+	}
+	if old != nil {
+		others -= heldValues(old.descriptors)
+	}
+	room := max(0, s.bounds.MaxValuesPerIdentity-others)
+	if n <= room {
+		return descs
+	}
+	bad.QuotaValues += n - room
+	var cut rankedValue // the last value kept, if room > 0
+	if room > 0 {
+		ranked := make([]rankedValue, 0, n)
+		for _, d := range descs {
+			for _, v := range d.values {
+				if !descriptor.Reserved(v.value) {
+					ranked = append(ranked, rankedValue{d.name, v})
+				}
+			}
+		}
+		slices.SortFunc(ranked, largerRanked)
+		cut = ranked[room-1]
+	}
+	for i := range descs {
+		d := &descs[i]
+		d.values = slices.Clone(slices.DeleteFunc(d.values, func(v valueRate) bool {
+			return !descriptor.Reserved(v.value) && (room == 0 || largerRanked(rankedValue{d.name, v}, cut) > 0)
+		}))
+	}
+	return descs
+}
+
+// rankedValue is a value of a report's descriptor, as capValues ranks it.
+type rankedValue struct {
+	descriptor string
+	valueRate
+}
+
+// largerRanked orders values by offered rate, largest first, then by
+// descriptor and value: a total order over a report's values, so that the
+// same report and state keep the same ones.
+func largerRanked(a, b rankedValue) int {
+	return cmp.Or(cmp.Compare(b.offered, a.offered), strings.Compare(a.descriptor, b.descriptor), strings.Compare(a.value, b.value))
+}
+
+// heldValues counts the values of descs that MaxValuesPerIdentity counts:
+// all but the reserved ones.
+func heldValues(descs []descriptorRate) int {
+	n := 0
+	for _, d := range descs {
+		n += len(d.values)
+		for _, v := range d.values {
+			if descriptor.Reserved(v.value) {
+				n--
+			}
+		}
+	}
+	return n
 }
 
 // keepDescriptors returns the descriptors a sidecar keeps after report r

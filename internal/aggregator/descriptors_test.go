@@ -256,7 +256,7 @@ func TestDescriptorsPerServiceBounded(t *testing.T) {
 // TestRejectedEntriesByReason: ByReason follows EntryReasons.
 func TestRejectedEntriesByReason(t *testing.T) {
 	e := RejectedEntries{BadProcedure: 1, BadDescriptor: 2, BadDescriptorCounts: 3, DuplicateDescriptor: 4, TooManyDescriptors: 5,
-		OutboundDescriptor: 6, BadValue: 7, DuplicateValue: 8, TooManyValues: 9, ValueClamped: 100}
+		OutboundDescriptor: 6, BadValue: 7, DuplicateValue: 8, TooManyValues: 9, QuotaValues: 10, ValueClamped: 100}
 	by := e.ByReason()
 	if len(by) != len(EntryReasons) {
 		t.Fatalf("ByReason has %d counts, EntryReasons %d", len(by), len(EntryReasons))
@@ -266,8 +266,8 @@ func TestRejectedEntriesByReason(t *testing.T) {
 			t.Errorf("ByReason()[%d] (%s) = %d, want %d", i, EntryReasons[i], n, i+1)
 		}
 	}
-	if e.Total() != 45 {
-		t.Errorf("Total = %d, want 45", e.Total())
+	if e.Total() != 55 {
+		t.Errorf("Total = %d, want 55", e.Total())
 	}
 }
 

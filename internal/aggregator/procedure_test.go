@@ -63,6 +63,17 @@ func TestBadProcedureLeavesOutItsEntry(t *testing.T) {
 			t.Fatalf("procedure %q: got %v\nwant %v", bad, got, want)
 		}
 	}
+	// The entries left out leave no room behind in what the sidecar
+	// holds, which the identity's quota could not count.
+	r := report("c1", "checkout", in, time.Second, pcp("web", "get-item", 10, 0, 0))
+	for range 1000 {
+		r.Peers = append(r.Peers, pcp("web", "a//b", 1, 0, 0))
+	}
+	apply(t, s, t0, r)
+	s.TakeRejectedEntries()
+	if sc := s.sidecars[sidecarKey{"checkout", "c1"}]; len(sc.peers) != 1 || cap(sc.peers) != 1 {
+		t.Errorf("holds %d peers in room for %d", len(sc.peers), cap(sc.peers))
+	}
 	wantReason(t, s.Apply(report("c1", "checkout", in, time.Second, pcp("web", "get-item", 1, 0, 0), pcp("web", "get-item", 2, 0, 0)), t0), ReasonDuplicatePeer)
 	// A rejected report counts none of its bad entries.
 	wantReason(t, s.Apply(report("c1", "checkout", in, time.Second, pcp("web", "a//b", 1, 0, 0), pc("-x", 1, 0, 0)), t0), ReasonBadName)

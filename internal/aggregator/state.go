@@ -68,6 +68,20 @@ type Bounds struct {
 	// kept for one identity, besides the reserved ones' (four per
 	// sidecar), about 56 bytes each: its memory. Default 1000000.
 	MaxEntriesPerIdentity int
+	// MaxValuesPerIdentity bounds the (sidecar, descriptor, value) rates
+	// kept for one identity, besides the reserved values
+	// (descriptor.Reserved: at most two per descriptor of a sidecar): its
+	// memory for descriptors. A held value costs at most about 280 bytes:
+	// its 24-byte rate and its string of up to descriptor.MaxValueLen
+	// bytes, allocated apart. The default, 200000, is about 56 MB, what
+	// MaxEntriesPerIdentity's million entries of 56 bytes hold; without
+	// it one identity could hold MaxSidecarsPerIdentity ×
+	// descriptor.MaxPerService × MaxReportValues = 2000 × 4 × 4096 values,
+	// about 9 GB. A report that would take its identity past it keeps its
+	// largest values, the rest left out and counted (EntryQuotaValues; see
+	// State.capValues). Default 200000: 2000 sidecars reporting 100
+	// values each, or 780 sidecars a full heavy set of 256.
+	MaxValuesPerIdentity int
 
 	// MaxReportValues bounds the values of one descriptor in one report:
 	// entries beyond it are left out and counted (EntryTooManyValues).
@@ -94,6 +108,7 @@ func DefaultBounds() Bounds {
 		MaxSidecarsPerIdentity: 2000,
 		MaxPeersPerIdentity:    10000,
 		MaxEntriesPerIdentity:  1000000,
+		MaxValuesPerIdentity:   200000,
 
 		MaxReportValues:     4096,
 		MaxDescriptorValues: 1024,
@@ -111,6 +126,7 @@ func (b Bounds) withDefaults() Bounds {
 	b.MaxSidecarsPerIdentity = cmp.Or(b.MaxSidecarsPerIdentity, d.MaxSidecarsPerIdentity)
 	b.MaxPeersPerIdentity = cmp.Or(b.MaxPeersPerIdentity, d.MaxPeersPerIdentity)
 	b.MaxEntriesPerIdentity = cmp.Or(b.MaxEntriesPerIdentity, d.MaxEntriesPerIdentity)
+	b.MaxValuesPerIdentity = cmp.Or(b.MaxValuesPerIdentity, d.MaxValuesPerIdentity)
 	b.MaxReportValues = cmp.Or(b.MaxReportValues, d.MaxReportValues)
 	b.MaxDescriptorValues = cmp.Or(b.MaxDescriptorValues, d.MaxDescriptorValues)
 	return b
@@ -151,6 +167,7 @@ func (b Bounds) Validate() error {
 		{"max-sidecars-per-identity", b.MaxSidecarsPerIdentity},
 		{"max-peers-per-identity", b.MaxPeersPerIdentity},
 		{"max-entries-per-identity", b.MaxEntriesPerIdentity},
+		{"max-values-per-identity", b.MaxValuesPerIdentity},
 	} {
 		if q.v < 0 {
 			errs = append(errs, fmt.Errorf("%s: must be >= 0 (0 for the default), got %d", q.flag, q.v))
@@ -208,7 +225,7 @@ const EntryBadProcedure = "bad_procedure"
 var EntryReasons = []string{
 	EntryBadProcedure,
 	EntryBadDescriptor, EntryBadDescriptorCounts, EntryDuplicateDescriptor, EntryTooManyDescriptors, EntryOutboundDescriptor,
-	EntryBadValue, EntryDuplicateValue, EntryTooManyValues,
+	EntryBadValue, EntryDuplicateValue, EntryTooManyValues, EntryQuotaValues,
 }
 
 // Reasons a peer of an accepted report is folded into names.Overflow: the
@@ -337,6 +354,10 @@ type identityLoad struct {
 	// goes when the last report listing it is replaced or removed, so a
 	// leaf that no report names any more gives its place back.
 	peers map[leaf]*peerRef
+	// values is the descriptor values its sidecars hold, summed, the
+	// reserved ones left out (heldValues): what MaxValuesPerIdentity
+	// bounds.
+	values int
 }
 
 // reserved reports whether l is one of the leaves that every sidecar may
@@ -432,7 +453,7 @@ func (s *State) ApplyFrom(from Sender, r *sluicev1.LoadReport, now time.Time) er
 		return err
 	}
 	bad := RejectedEntries{BadProcedure: badProcedures}
-	descs, descsSeen := keepDescriptors(old, r, s.checkDescriptors(r, &bad), now)
+	descs, descsSeen := keepDescriptors(old, r, s.capValues(il, old, s.checkDescriptors(r, &bad), &bad), now)
 	s.badEntries.add(bad)
 	peers = s.fold(il, old, peers)
 
@@ -448,6 +469,7 @@ func (s *State) ApplyFrom(from Sender, r *sluicev1.LoadReport, now time.Time) er
 	}
 	il.hold(peers)
 	il.release(old.peers)
+	il.values += heldValues(descs) - heldValues(old.descriptors)
 	if r.GetUrgent() {
 		s.urgent, s.urgentFlush = true, true
 	}
@@ -544,6 +566,12 @@ func (s *State) checkPeers(r *sluicev1.LoadReport) (peers []peerRate, badProcedu
 			shadow:  float64(sh) / secs,
 		})
 	}
+	if badProcedures > 0 {
+		// The sidecar holds what it keeps: MaxEntriesPerIdentity counts
+		// entries, so no room for the ones left out stays behind (up to
+		// absurdPeersFactor × MaxPeersPerReport of them).
+		peers = slices.Clone(peers)
+	}
 	slices.SortFunc(peers, comparePeerRates)
 	for i := 1; i < len(peers); i++ {
 		if peers[i].leaf == peers[i-1].leaf {
@@ -566,6 +594,7 @@ type RejectedEntries struct {
 	BadValue            int // EntryBadValue
 	DuplicateValue      int // EntryDuplicateValue
 	TooManyValues       int // EntryTooManyValues
+	QuotaValues         int // EntryQuotaValues
 
 	// ValueClamped counts values kept but clamped to their descriptor's
 	// offered total, which they claimed to exceed: not left out.
@@ -574,10 +603,10 @@ type RejectedEntries struct {
 
 // ByReason returns the counts of the entries left out, in EntryReasons'
 // order (ValueClamped is not one).
-func (e RejectedEntries) ByReason() [9]int {
+func (e RejectedEntries) ByReason() [10]int {
 	return [...]int{e.BadProcedure,
 		e.BadDescriptor, e.BadDescriptorCounts, e.DuplicateDescriptor, e.TooManyDescriptors, e.OutboundDescriptor,
-		e.BadValue, e.DuplicateValue, e.TooManyValues}
+		e.BadValue, e.DuplicateValue, e.TooManyValues, e.QuotaValues}
 }
 
 // Total is every entry left out.
@@ -599,6 +628,7 @@ func (e *RejectedEntries) add(o RejectedEntries) {
 	e.BadValue += o.BadValue
 	e.DuplicateValue += o.DuplicateValue
 	e.TooManyValues += o.TooManyValues
+	e.QuotaValues += o.QuotaValues
 	e.ValueClamped += o.ValueClamped
 }
 
@@ -813,6 +843,7 @@ func (s *State) remove(k sidecarKey, sc *sidecarLoad) {
 	s.order = nil
 	il := s.identities[k.identity]
 	il.release(sc.peers)
+	il.values -= heldValues(sc.descriptors)
 	if il.sidecars--; il.sidecars == 0 {
 		delete(s.identities, k.identity)
 	}

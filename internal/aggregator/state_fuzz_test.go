@@ -28,7 +28,7 @@ type seed = testkit.Seed
 
 var (
 	fuzzNow    = time.Date(2026, 11, 30, 3, 3, 0, 0, time.UTC)
-	fuzzBounds = aggregator.Bounds{MaxPeersPerReport: 8, MaxSidecars: 2, MaxPeersPerIdentity: 6, MaxReportValues: 4, MaxDescriptorValues: 3}
+	fuzzBounds = aggregator.Bounds{MaxPeersPerReport: 8, MaxSidecars: 2, MaxPeersPerIdentity: 6, MaxValuesPerIdentity: 5, MaxReportValues: 4, MaxDescriptorValues: 3}
 )
 
 const (
