@@ -58,8 +58,11 @@ type Result struct {
 	// Expiries lists every stretch in which a callee's sidecars held an
 	// expired policy, in order: its fail mode was in force.
 	Expiries []Expiry
-	// Decisions is the number of Decide calls the run made.
+	// Decisions is the number of Decide calls the run made for the flows.
 	Decisions int64
+	// Tenants is the run's tenant traffic and its oracle's counts; nil
+	// when the scenario has none.
+	Tenants *TenantResult
 }
 
 // Expiry is a stretch of time in which a callee's sidecars held an expired
@@ -258,6 +261,7 @@ type engine struct {
 	timeline  []Happening
 	expiries  []Expiry
 	decisions int64
+	tenants   *tenantRun // nil: no tenants
 }
 
 type calleeState struct {
@@ -305,6 +309,7 @@ type simSidecar struct {
 	pending *sluicev1.LoadReport
 	flows   []sidecarFlow
 	held    []float64 // per bucket of the callee (calleeState.buckets order): rate its aggregator holds
+	desc    int       // the tenants' descriptor's index in its policy, -1: none
 }
 
 type sidecarFlow struct {
@@ -401,6 +406,7 @@ func newEngine(sc *Scenario, seed uint64, opts Options) (*engine, error) {
 					lim:    sidecar.NewLimiter(sidecar.LimiterOptions{OneStripe: true}),
 					agg:    z,
 					held:   make([]float64, len(c.buckets)),
+					desc:   -1,
 				}
 				s.svc = s.lim.Service(c.svc.Name)
 				s.expiry = sidecar.Expiry{Limiter: s.lim, Service: c.svc.Name}
@@ -477,6 +483,7 @@ func newEngine(sc *Scenario, seed uint64, opts Options) (*engine, error) {
 			e.at(ev.At, func() { e.restartController(ev.Down) })
 		}
 	}
+	e.newTenantRun()
 	e.at(0, e.step)
 	return e, nil
 }
@@ -547,6 +554,7 @@ func (e *engine) run() {
 	}
 	e.now = e.sc.Duration
 	e.sampleRatios(e.nbins - 1)
+	e.endTenantSecond(e.nbins - 1)
 	if e.opts.Progress != nil && e.err == nil {
 		e.opts.Progress(e.now, e.sc.Duration)
 	}
@@ -558,6 +566,7 @@ func (e *engine) step() {
 	t := e.now
 	if t%Bin == 0 && t > 0 {
 		e.sampleRatios(int(t/Bin) - 1)
+		e.endTenantSecond(int(t/Bin) - 1)
 		if e.opts.Progress != nil {
 			e.opts.Progress(t, e.sc.Duration)
 		}
@@ -571,6 +580,7 @@ func (e *engine) step() {
 			e.offer(s, &s.flows[i], bin)
 		}
 	}
+	e.offerTenants()
 	e.steps++
 	if next := t + e.sc.Step; next < e.sc.Duration {
 		e.at(next, e.step)
@@ -933,6 +943,7 @@ func (e *engine) tickNow(gen int) {
 			// received: fresh, its TTL running from now.
 			for _, s := range c.sidecars {
 				s.lim.SetPolicyAt(p, Epoch.Add(e.now))
+				e.installed(s, p)
 				e.replaced(s)
 			}
 		})
@@ -945,6 +956,7 @@ func (e *engine) tickNow(gen int) {
 				e.after(e.sc.Loop.PushDelay, func() {
 					for _, s := range c.sidecars {
 						s.lim.RemovePolicy(c.svc.Name)
+						e.installed(s, nil)
 						e.replaced(s)
 					}
 				})
@@ -1140,7 +1152,7 @@ func (e *engine) nominalOffered(bs *bucketState, t time.Duration) float64 {
 }
 
 func (e *engine) result() *Result {
-	r := &Result{Scenario: e.sc, Seed: e.seed, ControlPlane: e.cp, FastPath: e.fast, Timeline: e.timeline, Expiries: e.expiries, Decisions: e.decisions}
+	r := &Result{Scenario: e.sc, Seed: e.seed, ControlPlane: e.cp, FastPath: e.fast, Timeline: e.timeline, Expiries: e.expiries, Decisions: e.decisions, Tenants: e.tenantResult()}
 	for i := range r.Expiries {
 		if r.Expiries[i].To < 0 {
 			r.Expiries[i].To = e.sc.Duration

@@ -57,8 +57,11 @@ type Scenario struct {
 	Services    []Service // the callees, sorted by name
 	Limits      *limits.Set
 	Flows       []Flow
-	Events      []Event // sorted by At, in file order at equal times
-	Targets     Targets
+	// Tenants, when set, is a population of tenants sending to one callee
+	// with a descriptor limit (see Tenants).
+	Tenants *Tenants
+	Events  []Event // sorted by At, in file order at equal times
+	Targets Targets
 }
 
 // Loop holds the settings of the production loop. Defaults are DESIGN.md's.
@@ -261,6 +264,7 @@ type fileScenario struct {
 	Services    map[string]fileService `yaml:"services"`
 	Limits      yaml.Node              `yaml:"limits"`
 	Flows       []fileFlow             `yaml:"flows"`
+	Tenants     *fileTenants           `yaml:"tenants"`
 	Events      []fileEvent            `yaml:"events"`
 	Targets     fileTargets            `yaml:"targets"`
 }
@@ -567,8 +571,8 @@ func (d *fileScenario) build() (*Scenario, []error) {
 	}
 
 	// Flows.
-	if len(d.Flows) == 0 {
-		bad("flows", "at least one flow is required")
+	if len(d.Flows) == 0 && d.Tenants == nil {
+		bad("flows", "at least one flow (or tenants) is required")
 	}
 	for i, ff := range d.Flows {
 		path := fmt.Sprintf("flows[%d]", i)
@@ -595,6 +599,10 @@ func (d *fileScenario) build() (*Scenario, []error) {
 			f.Retry = buildRetry(ff.Retry, sc.Step, path+".retry", bad)
 		}
 		sc.Flows = append(sc.Flows, f)
+	}
+
+	if d.Tenants != nil {
+		sc.Tenants = d.Tenants.build(sc, bad)
 	}
 
 	// Events.

@@ -71,6 +71,10 @@ func WriteSummary(w io.Writer, r *Result) error {
 		writePipeline(&b, r, &p)
 	}
 
+	if r.Tenants != nil {
+		writeTenants(&b, r.Tenants)
+	}
+
 	d := sc.Duration.Seconds()
 	cp := r.ControlPlane
 	fmt.Fprintf(&b, "\ncontrol plane: sidecars→aggregators %s (%s reports/s) · aggregators→controller %s (%s zone loads/s) · controller→sidecars %s (%s policy deliveries/s)\n",
