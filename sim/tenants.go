@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/internal/duration"
+	"github.com/sluicehq/sluice/internal/limits"
 	"github.com/sluicehq/sluice/pkg/names"
 )
 
@@ -375,7 +376,11 @@ func (ft *fileTenants) build(sc *Scenario, bad func(string, string, ...any)) *Te
 		bad(path+".caller", "invalid caller name: %v", errOr(err, "reserved"))
 	}
 	found := false
-	for _, d := range sc.Limits.Service(t.Callee).Descriptors {
+	var descs []limits.Descriptor
+	if ls := sc.Limits.Service(t.Callee); ls != nil {
+		descs = ls.Descriptors
+	}
+	for _, d := range descs {
 		if d.Name == t.Descriptor {
 			found = true
 			t.Limit, t.Overrides = d.Limit, d.Overrides
@@ -452,4 +457,53 @@ func verdict(met bool) string {
 		return "met"
 	}
 	return "NOT MET"
+}
+
+// TenantCosts are what a run's descriptor cost the sidecars and each link:
+// the numbers the number of tenants must not drive (issue #15).
+type TenantCosts struct {
+	SketchBytes int // one sidecar's sketch for the descriptor
+	Listed      int // the most values one policy listed
+	// Bytes per second on each link, all services together (proto.Size).
+	Reports, ZoneLoads, Policies float64
+}
+
+// Costs returns r's tenant costs; ok is false when r has no tenants.
+func Costs(r *Result) (c TenantCosts, ok bool) {
+	if r.Tenants == nil {
+		return c, false
+	}
+	d := r.Scenario.Duration
+	return TenantCosts{
+		SketchBytes: r.Tenants.Resources.SketchBytes,
+		Listed:      r.Tenants.Resources.Listed,
+		Reports:     r.ControlPlane.Reports.PerSecond(d),
+		ZoneLoads:   r.ControlPlane.ZoneLoads.PerSecond(d),
+		Policies:    r.ControlPlane.Policies.PerSecond(d),
+	}, true
+}
+
+// CostDifference is one cost of two runs: the relative difference,
+// |a − b| / max(a, b) (0 when both are 0).
+type CostDifference struct {
+	Name string
+	A, B float64
+	Diff float64
+}
+
+// CompareCosts sets two runs' costs side by side, sidecar memory first.
+func CompareCosts(a, b TenantCosts) []CostDifference {
+	out := []CostDifference{
+		{Name: "sidecar sketch bytes", A: float64(a.SketchBytes), B: float64(b.SketchBytes)},
+		{Name: "values listed in a policy (most)", A: float64(a.Listed), B: float64(b.Listed)},
+		{Name: "sidecars→aggregators B/s", A: a.Reports, B: b.Reports},
+		{Name: "aggregators→controller B/s", A: a.ZoneLoads, B: b.ZoneLoads},
+		{Name: "controller→sidecars B/s", A: a.Policies, B: b.Policies},
+	}
+	for i := range out {
+		if m := max(out[i].A, out[i].B); m > 0 {
+			out[i].Diff = math.Abs(out[i].A-out[i].B) / m
+		}
+	}
+	return out
 }
