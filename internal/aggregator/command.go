@@ -99,6 +99,8 @@ flags win over the environment, the environment over the file.`,
 	f.IntVar(&cfg.Bounds.MaxSidecarsPerIdentity, "max-sidecars-per-identity", cfg.Bounds.MaxSidecarsPerIdentity, "most sidecar ids one identity (service) holds; reports for more are rejected")
 	f.IntVar(&cfg.Bounds.MaxPeersPerIdentity, "max-peers-per-identity", cfg.Bounds.MaxPeersPerIdentity, "most distinct callers across one identity's sidecars besides unknown and _overflow; new callers beyond it fold into _overflow (rates kept, counted)")
 	f.IntVar(&cfg.Bounds.MaxEntriesPerIdentity, "max-entries-per-identity", cfg.Bounds.MaxEntriesPerIdentity, "most (sidecar, caller) rates kept for one identity besides unknown and _overflow, about 40 bytes each; callers beyond it fold into _overflow (rates kept, counted)")
+	f.IntVar(&cfg.Bounds.MaxReportValues, "max-report-values", cfg.Bounds.MaxReportValues, "most values of one descriptor taken from one report; the rest are left out (counted)")
+	f.IntVar(&cfg.Bounds.MaxDescriptorValues, "max-descriptor-values", cfg.Bounds.MaxDescriptorValues, "most values of one (service, descriptor) in a zone load, the largest by rate; the rest are counted in its values_cut")
 	f.IntVar(&cfg.MaxZoneLoadSize, "max-zone-load-size", cfg.MaxZoneLoadSize, "largest zone load sent, in bytes: the controller's receive limit; the services with the most callers are left out until it fits")
 	tlsFlags.AddFlags(f)
 	logging.AddFlags(f)

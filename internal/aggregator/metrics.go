@@ -24,6 +24,13 @@ type metrics struct {
 	shedServices       prometheus.Counter
 	folded             map[string]prometheus.Counter // by bound; every FoldReasons up front
 	entriesRejected    map[string]prometheus.Counter // by reason; every EntryReasons up front
+	valuesClamped      prometheus.Counter
+	// descriptorValues is per (service, descriptor) of the last zone load
+	// only: Service.noteDescriptors deletes the series of those gone, so
+	// its series are bounded as the zone load is.
+	descriptorValues *prometheus.GaugeVec
+	valuesCut        prometheus.Counter
+	descriptorsCut   prometheus.Counter
 }
 
 func (m *metrics) rejected(reason string) prometheus.Counter {
@@ -45,7 +52,7 @@ func newMetrics[Req, Resp any](reg prometheus.Registerer, logger *slog.Logger, u
 	}, []string{"bound"})
 	entries := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: ns, Subsystem: sub, Name: "entries_rejected_total",
-		Help: "Entries of accepted load reports left out (their load lost), by reason; the rest of each report was applied.",
+		Help: "Entries of accepted load reports left out (their load lost), by reason; the rest of each report was applied. A descriptor value's load stays in its descriptor's total.",
 	}, []string{"reason"})
 	m := metrics{
 		reports: prometheus.NewCounter(prometheus.CounterOpts{
@@ -80,6 +87,22 @@ func newMetrics[Req, Resp any](reg prometheus.Registerer, logger *slog.Logger, u
 			Namespace: ns, Subsystem: sub, Name: "sums_capped_total",
 			Help: "Per-(service, caller, procedure) sums above the most the controller accepts (1e10 rps), capped at it.",
 		}),
+		valuesClamped: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "descriptor_values_clamped_total",
+			Help: "Descriptor values of accepted load reports that claimed more requests than their descriptor's total, clamped to it.",
+		}),
+		descriptorValues: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "descriptor_values",
+			Help: "Distinct values of a descriptor that the zone's live sidecars reported, at the last flush, before the cut to --max-descriptor-values.",
+		}, []string{"service", "descriptor"}),
+		valuesCut: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "descriptor_values_cut_total",
+			Help: "Descriptor values left out of zone loads beyond --max-descriptor-values, the smallest first; once per value per flush.",
+		}),
+		descriptorsCut: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "descriptors_cut_total",
+			Help: "Descriptors of a service left out of zone loads beyond twice the most a service may declare, the smallest first; once per descriptor per flush.",
+		}),
 		shedServices: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "zone_load_shed_services_total",
 			Help: "Services left out of a zone load, the largest first, to fit the controller's receive limit; once per service per flush.",
@@ -100,6 +123,7 @@ func newMetrics[Req, Resp any](reg prometheus.Registerer, logger *slog.Logger, u
 	for _, c := range append([]prometheus.Collector{
 		m.reports, rejected, m.sidecars, m.streams, m.flushes, m.flushBuckets, m.controllerRejected,
 		m.sumsCapped, m.shedServices, folded, entries,
+		m.valuesClamped, m.descriptorValues, m.valuesCut, m.descriptorsCut,
 	}, uplinkCollectors(ups)...) {
 		// Registering is best effort, as in the other services: a second
 		// aggregator on the same registry must not fail or panic. Its

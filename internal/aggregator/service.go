@@ -205,6 +205,11 @@ type Service struct {
 	holders   atomic.Uint64    // the last stream's Sender.Holder
 	open      atomic.Int64     // load-report streams open, bounded by Bounds.MaxSidecars
 	badMsgLog recvfail.Log     // reports that ended their stream undecoded
+
+	// seriesMu protects series: the (service, descriptor) series of
+	// m.descriptorValues the last flush set.
+	seriesMu sync.Mutex
+	series   map[[2]string]bool
 }
 
 // stream is the identity of one StreamLoadReports call.
@@ -329,7 +334,9 @@ func (s *Service) FlushNow() *sluicev1.ZoneLoad {
 	n := s.state.Sidecars()
 	stale := s.state.TakeStale()
 	capped := s.state.Capped()
+	descriptorsCut := s.state.DescriptorsCut()
 	s.mu.Unlock()
+	s.noteDescriptors(zl, descriptorsCut)
 	for _, id := range stale {
 		s.log.Warn("sidecar went silent; its load left the zone's sums", "sidecar_id", id)
 	}
@@ -397,13 +404,7 @@ func (s *Service) apply(st *stream, r *sluicev1.LoadReport) error {
 	if folds.Total() > 0 {
 		s.noteFolds(st.sender, folds)
 	}
-	if bad.BadProcedure > 0 {
-		s.m.entriesRejected[EntryBadProcedure].Add(float64(bad.BadProcedure))
-		if s.reportLog.Allow(EntryBadProcedure, time.Now()) {
-			s.log.Warn("load report entries with a bad procedure left out; the rest of the report applied",
-				"entries", bad.BadProcedure, "service", uplink.Truncate(r.GetService()), "sidecar_id", uplink.Truncate(r.GetSidecarId()))
-		}
-	}
+	s.noteRejectedEntries(r, bad)
 	var rej *RejectError
 	if errors.As(err, &rej) && operatorReasons[rej.Reason] && s.reportLog.Allow(rej.Reason, time.Now()) {
 		s.log.Warn("load report rejected", "reason", rej.Reason, "detail", uplink.Truncate(rej.Detail),
@@ -418,6 +419,49 @@ func (s *Service) apply(st *stream, r *sluicev1.LoadReport) error {
 var operatorReasons = map[string]bool{
 	ReasonIDInUse: true, ReasonQuotaSidecars: true, ReasonTooManyPeers: true,
 	ReasonIdentityMismatch: true, ReasonTooManySidecars: true,
+}
+
+// noteRejectedEntries counts the entries of r left out, by reason, and
+// logs each reason at most once a minute.
+func (s *Service) noteRejectedEntries(r *sluicev1.LoadReport, bad RejectedEntries) {
+	s.m.valuesClamped.Add(float64(bad.ValueClamped))
+	for i, n := range bad.ByReason() {
+		if n == 0 {
+			continue
+		}
+		reason := EntryReasons[i]
+		s.m.entriesRejected[reason].Add(float64(n))
+		if s.reportLog.Allow(reason, time.Now()) {
+			s.log.Warn("load report entries left out; the rest of the report applied", "reason", reason,
+				"entries", n, "service", uplink.Truncate(r.GetService()), "sidecar_id", uplink.Truncate(r.GetSidecarId()))
+		}
+	}
+}
+
+// noteDescriptors sets the descriptor gauges from zl, a zone load before
+// FitZoneLoad, and deletes the series of descriptors it no longer holds.
+func (s *Service) noteDescriptors(zl *sluicev1.ZoneLoad, descriptorsCut int) {
+	s.m.descriptorsCut.Add(float64(descriptorsCut))
+	s.seriesMu.Lock()
+	defer s.seriesMu.Unlock()
+	now := make(map[[2]string]bool, len(s.series))
+	for _, sl := range zl.GetServices() {
+		for _, d := range sl.GetDescriptors() {
+			k := [2]string{sl.GetService(), d.GetDescriptor_()}
+			if now[k] {
+				continue // both directions of a service: descriptors are inbound
+			}
+			now[k] = true
+			s.m.descriptorValues.WithLabelValues(k[0], k[1]).Set(float64(len(d.GetValues()) + int(d.GetValuesCut())))
+			s.m.valuesCut.Add(float64(d.GetValuesCut()))
+		}
+	}
+	for k := range s.series {
+		if !now[k] {
+			s.m.descriptorValues.DeleteLabelValues(k[0], k[1])
+		}
+	}
+	s.series = now
 }
 
 // noteFolds counts the peers of identity's report folded into

@@ -12,13 +12,14 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/pkg/descriptor"
 	"github.com/sluicehq/sluice/pkg/names"
 )
 
 // TestMaxReportSizeHoldsTheLargestValidReport: the gRPC receive limit
 // derived from the bounds lets through the largest report they accept.
 func TestMaxReportSizeHoldsTheLargestValidReport(t *testing.T) {
-	for _, b := range []Bounds{{}, {MaxPeersPerReport: 1}, {MaxPeersPerReport: 20000}} {
+	for _, b := range []Bounds{{}, {MaxPeersPerReport: 1, MaxReportValues: 1}, {MaxPeersPerReport: 20000, MaxReportValues: 5000}} {
 		long := strings.Repeat("n", names.MaxLen)
 		r := &sluicev1.LoadReport{
 			SidecarId: long, Service: long, Zone: long, Direction: out, Urgent: true,
@@ -30,14 +31,40 @@ func TestMaxReportSizeHoldsTheLargestValidReport(t *testing.T) {
 			r.Peers = append(r.Peers, &sluicev1.PeerCounts{Peer: fmt.Sprintf("%0253d", i), Procedure: fmt.Sprintf("/%0252d", i),
 				Offered: math.MaxUint64, Dropped: math.MaxUint64, ShadowDropped: math.MaxUint64})
 		}
+		for i := range descriptor.MaxPerService {
+			d := &sluicev1.DescriptorCounts{Descriptor_: fmt.Sprintf("d%062d", i), Offered: math.MaxUint64, Dropped: math.MaxUint64}
+			for j := range b.withDefaults().MaxReportValues {
+				d.Values = append(d.Values, &sluicev1.ValueCounts{Value: fmt.Sprintf("%0256d", j), Offered: math.MaxUint64})
+			}
+			r.Descriptors = append(r.Descriptors, d)
+		}
 		size := proto.Size(&sluicev1.StreamLoadReportsRequest{Report: r})
 		if limit := b.MaxReportSize(); size > limit || limit > size+reportHeaderSlack {
-			t.Errorf("%d peers: the largest report is %d bytes, MaxReportSize %d", len(r.Peers), size, limit)
+			t.Errorf("%d peers, %d values: the largest report is %d bytes, MaxReportSize %d", len(r.Peers), len(r.Descriptors[0].Values), size, limit)
 		}
 	}
-	// Procedures of the longest names doubled it from under 3 MiB.
-	if got := DefaultBounds().MaxReportSize(); got > 6<<20 {
-		t.Errorf("default MaxReportSize = %d, want under 6 MiB", got)
+	// Procedures of the longest names doubled it from under 3 MiB;
+	// descriptors' values took it from 5.3 to 9.5 MiB.
+	if got := DefaultBounds().MaxReportSize(); got > 10<<20 {
+		t.Errorf("default MaxReportSize = %d, want under 10 MiB", got)
+	}
+}
+
+// TestMaxDescriptorRatesSize: the bound size.go documents holds the
+// largest DescriptorRates a flush builds, and is what it says.
+func TestMaxDescriptorRatesSize(t *testing.T) {
+	b := Bounds{MaxDescriptorValues: 3}
+	d := &sluicev1.DescriptorRates{Descriptor_: strings.Repeat("d", descriptor.MaxNameLen),
+		OfferedRps: 1e10, DroppedRps: 1e10, ValuesCut: math.MaxUint32}
+	for i := range 3 {
+		d.Values = append(d.Values, &sluicev1.ValueRate{Value: fmt.Sprintf("%0256d", i), OfferedRps: 1e10})
+	}
+	size := proto.Size(&sluicev1.ServiceLoad{Descriptors: []*sluicev1.DescriptorRates{d}})
+	if got := b.maxDescriptorRatesSize(); got != size {
+		t.Errorf("maxDescriptorRatesSize = %d, the largest is %d", got, size)
+	}
+	if got := DefaultBounds().maxDescriptorRatesSize() * maxZoneDescriptors; got > 2200<<10 {
+		t.Errorf("a service's descriptors take up to %d bytes, documented as about 2.1 MiB", got)
 	}
 }
 

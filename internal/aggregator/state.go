@@ -68,6 +68,17 @@ type Bounds struct {
 	// kept for one identity, besides the reserved ones' (four per
 	// sidecar), about 56 bytes each: its memory. Default 1000000.
 	MaxEntriesPerIdentity int
+
+	// MaxReportValues bounds the values of one descriptor in one report:
+	// entries beyond it are left out and counted (EntryTooManyValues).
+	// A sidecar sends at most its heavy set (pkg/heavy, default 256).
+	// Default 4096, at most 65536.
+	MaxReportValues int
+	// MaxDescriptorValues bounds the values of one (service, descriptor)
+	// in a zone load: the largest by offered rate are kept, the rest
+	// counted in values_cut. Default 1024, at most 65536. See size.go for
+	// what it costs a zone load.
+	MaxDescriptorValues int
 }
 
 // DefaultBounds returns the bounds that zero fields take.
@@ -83,6 +94,9 @@ func DefaultBounds() Bounds {
 		MaxSidecarsPerIdentity: 2000,
 		MaxPeersPerIdentity:    10000,
 		MaxEntriesPerIdentity:  1000000,
+
+		MaxReportValues:     4096,
+		MaxDescriptorValues: 1024,
 	}
 }
 
@@ -97,6 +111,8 @@ func (b Bounds) withDefaults() Bounds {
 	b.MaxSidecarsPerIdentity = cmp.Or(b.MaxSidecarsPerIdentity, d.MaxSidecarsPerIdentity)
 	b.MaxPeersPerIdentity = cmp.Or(b.MaxPeersPerIdentity, d.MaxPeersPerIdentity)
 	b.MaxEntriesPerIdentity = cmp.Or(b.MaxEntriesPerIdentity, d.MaxEntriesPerIdentity)
+	b.MaxReportValues = cmp.Or(b.MaxReportValues, d.MaxReportValues)
+	b.MaxDescriptorValues = cmp.Or(b.MaxDescriptorValues, d.MaxDescriptorValues)
 	return b
 }
 
@@ -140,6 +156,17 @@ func (b Bounds) Validate() error {
 			errs = append(errs, fmt.Errorf("%s: must be >= 0 (0 for the default), got %d", q.flag, q.v))
 		}
 	}
+	for _, q := range []struct {
+		flag string
+		v    int
+	}{
+		{"max-report-values", b.MaxReportValues},
+		{"max-descriptor-values", b.MaxDescriptorValues},
+	} {
+		if q.v < 0 || q.v > maxValuesBound {
+			errs = append(errs, fmt.Errorf("%s: must be in [0, %d] (0 for the default), got %d", q.flag, maxValuesBound, q.v))
+		}
+	}
 	return errors.Join(errs...)
 }
 
@@ -177,8 +204,12 @@ var Reasons = []string{
 const EntryBadProcedure = "bad_procedure"
 
 // EntryReasons lists every reason an entry is left out, for metrics
-// resolved up front.
-var EntryReasons = []string{EntryBadProcedure}
+// resolved up front. The descriptors' are in descriptors.go.
+var EntryReasons = []string{
+	EntryBadProcedure,
+	EntryBadDescriptor, EntryBadDescriptorCounts, EntryDuplicateDescriptor, EntryTooManyDescriptors, EntryOutboundDescriptor,
+	EntryBadValue, EntryDuplicateValue, EntryTooManyValues,
+}
 
 // Reasons a peer of an accepted report is folded into names.Overflow: the
 // bound it would have taken the report or its identity past. They are
@@ -248,6 +279,10 @@ type State struct {
 	// badEntries counts the entries Apply left out of accepted reports
 	// since the last TakeRejectedEntries.
 	badEntries RejectedEntries
+	// descriptorsCut counts the descriptors the last Flush left out.
+	descriptorsCut int
+	// scratch is Flush's, reused from one flush to the next.
+	scratch descriptorScratch
 	// urgent is set by Apply when a report shows a surge; see TakeUrgent.
 	// urgentFlush marks the next Flush's zone load urgent, so that the
 	// controller acts on it at once too.
@@ -270,6 +305,10 @@ type sidecarLoad struct {
 	interval  time.Duration // the sidecar's report interval (else its window), for staleness
 	seen      time.Time     // when the report was applied, by the aggregator's clock
 	peers     []peerRate    // sorted by leaf
+	// descriptors are those of the last report that carried them (see
+	// keepDescriptors), reported at descriptorsSeen; nil for none.
+	descriptors     []descriptorRate
+	descriptorsSeen time.Time
 }
 
 // leaf is a bucket of a report: a peer, and the procedure its requests
@@ -388,11 +427,13 @@ func (s *State) ApplyFrom(from Sender, r *sluicev1.LoadReport, now time.Time) er
 			return reject(ReasonQuotaSidecars, "%q already holds %d sidecar ids, at most %d", uplink.Truncate(k.identity), il.sidecars, s.bounds.MaxSidecarsPerIdentity)
 		}
 	}
-	peers, bad, err := s.checkPeers(r)
+	peers, badProcedures, err := s.checkPeers(r)
 	if err != nil {
 		return err
 	}
-	s.badEntries.BadProcedure += bad
+	bad := RejectedEntries{BadProcedure: badProcedures}
+	descs, descsSeen := keepDescriptors(old, r, s.checkDescriptors(r, &bad), now)
+	s.badEntries.add(bad)
 	peers = s.fold(il, old, peers)
 
 	if il == nil {
@@ -411,7 +452,7 @@ func (s *State) ApplyFrom(from Sender, r *sluicev1.LoadReport, now time.Time) er
 		s.urgent, s.urgentFlush = true, true
 	}
 	*old = sidecarLoad{holder: from.Holder, service: r.GetService(), direction: r.GetDirection(),
-		interval: s.staleInterval(r), seen: now, peers: peers}
+		interval: s.staleInterval(r), seen: now, peers: peers, descriptors: descs, descriptorsSeen: descsSeen}
 	return nil
 }
 
@@ -516,6 +557,49 @@ func (s *State) checkPeers(r *sluicev1.LoadReport) (peers []peerRate, badProcedu
 // reason.
 type RejectedEntries struct {
 	BadProcedure int // EntryBadProcedure
+
+	BadDescriptor       int // EntryBadDescriptor
+	BadDescriptorCounts int // EntryBadDescriptorCounts
+	DuplicateDescriptor int // EntryDuplicateDescriptor
+	TooManyDescriptors  int // EntryTooManyDescriptors
+	OutboundDescriptor  int // EntryOutboundDescriptor
+	BadValue            int // EntryBadValue
+	DuplicateValue      int // EntryDuplicateValue
+	TooManyValues       int // EntryTooManyValues
+
+	// ValueClamped counts values kept but clamped to their descriptor's
+	// offered total, which they claimed to exceed: not left out.
+	ValueClamped int
+}
+
+// ByReason returns the counts of the entries left out, in EntryReasons'
+// order (ValueClamped is not one).
+func (e RejectedEntries) ByReason() [9]int {
+	return [...]int{e.BadProcedure,
+		e.BadDescriptor, e.BadDescriptorCounts, e.DuplicateDescriptor, e.TooManyDescriptors, e.OutboundDescriptor,
+		e.BadValue, e.DuplicateValue, e.TooManyValues}
+}
+
+// Total is every entry left out.
+func (e RejectedEntries) Total() int {
+	n := 0
+	for _, c := range e.ByReason() {
+		n += c
+	}
+	return n
+}
+
+func (e *RejectedEntries) add(o RejectedEntries) {
+	e.BadProcedure += o.BadProcedure
+	e.BadDescriptor += o.BadDescriptor
+	e.BadDescriptorCounts += o.BadDescriptorCounts
+	e.DuplicateDescriptor += o.DuplicateDescriptor
+	e.TooManyDescriptors += o.TooManyDescriptors
+	e.OutboundDescriptor += o.OutboundDescriptor
+	e.BadValue += o.BadValue
+	e.DuplicateValue += o.DuplicateValue
+	e.TooManyValues += o.TooManyValues
+	e.ValueClamped += o.ValueClamped
 }
 
 // TakeRejectedEntries returns the entries left out since the last call,
@@ -746,14 +830,16 @@ func (s *State) TakeStale() []string {
 	return stale
 }
 
-// Capped returns how many (service, direction, peer, procedure) sums the last Flush
-// capped at zoneload.MaxRate, the most the controller accepts.
+// Capped returns how many sums the last Flush capped at zoneload.MaxRate,
+// the most the controller accepts: (service, direction, peer, procedure)
+// sums, and descriptors' and their values'.
 func (s *State) Capped() int { return s.capped }
 
 // Flush first drops every sidecar that has been silent for more than
 // staleAfter of its own windows at now, then returns the zone's complete
-// picture: per (service, direction), sorted, the number of live sidecars
-// and per (peer, procedure) leaf, sorted, the sum of their rates. interval is the flush
+// picture: per (service, direction), sorted, the number of live sidecars,
+// per (peer, procedure) leaf, sorted, the sum of their rates, and per
+// descriptor, sorted, its sums (sumDescriptors). interval is the flush
 // interval the controller is told. The same sidecars with the same reports
 // give an identical ZoneLoad whatever order they arrived in.
 //
@@ -772,8 +858,9 @@ func (s *State) Flush(now time.Time, interval time.Duration) *sluicev1.ZoneLoad 
 	}
 
 	type sums struct {
-		live  uint32
-		peers map[leaf]*sluicev1.PeerRate
+		live        uint32
+		peers       map[leaf]*sluicev1.PeerRate
+		descriptors []*sidecarLoad // the sidecars whose descriptors count
 	}
 	buckets := make(map[bucketKey]*sums)
 	for _, k := range s.order {
@@ -785,6 +872,9 @@ func (s *State) Flush(now time.Time, interval time.Duration) *sluicev1.ZoneLoad 
 			buckets[bk] = b
 		}
 		b.live = min(b.live+1, zoneload.MaxLiveSidecars)
+		if s.descriptorsLive(sc, now) {
+			b.descriptors = append(b.descriptors, sc)
+		}
 		for _, p := range sc.peers {
 			pr := b.peers[p.leaf]
 			if pr == nil {
@@ -808,7 +898,7 @@ func (s *State) Flush(now time.Time, interval time.Duration) *sluicev1.ZoneLoad 
 		Urgent:       s.urgentFlush,
 	}
 	s.urgentFlush = false
-	s.capped = 0
+	s.capped, s.descriptorsCut = 0, 0
 	for _, k := range keys {
 		b := buckets[k]
 		sl := &sluicev1.ServiceLoad{
@@ -824,6 +914,7 @@ func (s *State) Flush(now time.Time, interval time.Duration) *sluicev1.ZoneLoad 
 			}
 			sl.Peers = append(sl.Peers, pr)
 		}
+		sl.Descriptors = s.sumDescriptors(b.descriptors)
 		out.Services = append(out.Services, sl)
 	}
 	return out

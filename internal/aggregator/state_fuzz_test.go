@@ -17,6 +17,7 @@ import (
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/aggregator"
 	"github.com/sluicehq/sluice/internal/controller"
+	"github.com/sluicehq/sluice/pkg/descriptor"
 	"github.com/sluicehq/sluice/pkg/names"
 
 	"github.com/sluicehq/sluice/internal/testkit"
@@ -27,7 +28,7 @@ type seed = testkit.Seed
 
 var (
 	fuzzNow    = time.Date(2026, 11, 30, 3, 3, 0, 0, time.UTC)
-	fuzzBounds = aggregator.Bounds{MaxPeersPerReport: 8, MaxSidecars: 2, MaxPeersPerIdentity: 6}
+	fuzzBounds = aggregator.Bounds{MaxPeersPerReport: 8, MaxSidecars: 2, MaxPeersPerIdentity: 6, MaxReportValues: 4, MaxDescriptorValues: 3}
 )
 
 const (
@@ -44,6 +45,15 @@ func pcs(peers ...any) []*sluicev1.PeerCounts {
 	return out
 }
 
+// dcs is a descriptor's counts; values are (value, offered) pairs.
+func dcs(name string, offered, dropped uint64, values ...any) *sluicev1.DescriptorCounts {
+	d := &sluicev1.DescriptorCounts{Descriptor_: name, Offered: offered, Dropped: dropped}
+	for i := 0; i+1 < len(values); i += 2 {
+		d.Values = append(d.Values, &sluicev1.ValueCounts{Value: values[i].(string), Offered: uint64(values[i+1].(int))})
+	}
+	return d
+}
+
 // baseReport is the report every fuzzed state holds before the fuzzed ones
 // arrive, so that a rejected report has something to leave alone.
 func baseReport() *sluicev1.LoadReport {
@@ -52,6 +62,9 @@ func baseReport() *sluicev1.LoadReport {
 		WindowStart: timestamppb.New(fuzzNow.Add(-time.Second)), Window: durationpb.New(time.Second),
 		Interval: durationpb.New(time.Second),
 		Peers:    pcs("web", uint64(1000), uint64(900), uint64(0), "batch", uint64(50), uint64(0), uint64(25)),
+		Descriptors: []*sluicev1.DescriptorCounts{
+			dcs("tenant", 1050, 900, "acme", 900, "beta", 100, descriptor.Missing, 50),
+		},
 	}
 }
 
@@ -141,6 +154,30 @@ func loadReportSeeds(t testing.TB) []seed {
 				r.Peers = append(r.Peers, pcs(fmt.Sprintf("caller-%d", i), uint64(7-i), uint64(0), uint64(7-i))...)
 			}
 		}),
+		// Descriptors: a bad entry costs itself alone, never the report.
+		one("good-descriptors", func(r *sluicev1.LoadReport) {
+			r.Descriptors = append(r.Descriptors, dcs("ip", 1050, 0, "10.0.0.1", 600, "10.0.0.2", 400, descriptor.Invalid, 2))
+		}),
+		one("good-descriptors-cut", func(r *sluicev1.LoadReport) {
+			r.Descriptors[0].Values = append(r.Descriptors[0].Values, &sluicev1.ValueCounts{Value: "gamma", Offered: 100})
+		}),
+		one("good-bad-descriptor-entries", func(r *sluicev1.LoadReport) {
+			r.Descriptors = append(r.Descriptors,
+				dcs("Tenant", 5, 0, "x", 5),                            // bad name
+				dcs("tenant", 5, 0, "x", 5),                            // duplicate
+				dcs("ip", 5, 6, "x", 5),                                // dropped above offered
+				dcs("key", 1e8, 0, "x", 5),                             // absurd rate
+				dcs("a", 9, 0, "", 1, "x", 2, "x", 3, "y", 10),         // bad value, duplicate value, clamped
+				dcs("b", 9, 0, "1", 1, "2", 1, "3", 1, "4", 1, "5", 1), // too many values
+				dcs("c", 1, 0), dcs("d", 1, 0),                         // too many descriptors
+				dcs(strings.Repeat("v", 64), 1, 0), // a name too long
+				dcs("e", 9, 0, strings.Repeat("v", descriptor.MaxValueLen+1), 1),
+			)
+		}),
+		one("good-outbound-descriptors", func(r *sluicev1.LoadReport) { r.Direction = outbound }),
+		{Name: "good-surge-keeps-descriptors", Args: []any{rb(nil), rb(func(r *sluicev1.LoadReport) {
+			r.Urgent, r.Window, r.Descriptors = true, durationpb.New(100*time.Millisecond), nil
+		})}},
 		one("bad-absurdly-many-peers", func(r *sluicev1.LoadReport) {
 			r.Peers = nil
 			for i := range 81 {
@@ -301,8 +338,53 @@ func checkZoneLoad(t *testing.T, zl *sluicev1.ZoneLoad, sidecars int) {
 				t.Errorf("%s/%s: dropped %v + shadow %v above offered %v", svc.GetService(), p.GetPeer(), d, sh, o)
 			}
 		}
+		checkDescriptors(t, svc)
 	}
 	if live != sidecars {
 		t.Errorf("live sidecars add up to %d, the state keeps %d", live, sidecars)
+	}
+}
+
+// checkDescriptors checks what the controller may assume of a service's
+// descriptors: inbound only, at most twice descriptor.MaxPerService, each
+// named validly, once, sorted; rates finite, non-negative, dropped and
+// every value within offered; at most MaxDescriptorValues values, each
+// what a sidecar would send, once, sorted.
+func checkDescriptors(t *testing.T, svc *sluicev1.ServiceLoad) {
+	t.Helper()
+	ds := svc.GetDescriptors()
+	if len(ds) > 0 && svc.GetDirection() != inbound {
+		t.Errorf("%s: descriptors in %v load", svc.GetService(), svc.GetDirection())
+	}
+	if len(ds) > 2*descriptor.MaxPerService {
+		t.Errorf("%s: %d descriptors", svc.GetService(), len(ds))
+	}
+	ok := func(v float64) bool { return v >= 0 && !math.IsInf(v, 0) }
+	for i, d := range ds {
+		name := d.GetDescriptor_()
+		if err := descriptor.CheckName(name); err != nil {
+			t.Errorf("%s: %v", svc.GetService(), err)
+		}
+		if i > 0 && ds[i-1].GetDescriptor_() >= name {
+			t.Errorf("%s: descriptors not sorted or repeated at %q", svc.GetService(), name)
+		}
+		o := d.GetOfferedRps()
+		if !ok(o) || !ok(d.GetDroppedRps()) || d.GetDroppedRps() > o*(1+1e-12) {
+			t.Errorf("%s/%s: offered %v, dropped %v", svc.GetService(), name, o, d.GetDroppedRps())
+		}
+		if len(d.GetValues()) > fuzzBounds.MaxDescriptorValues {
+			t.Errorf("%s/%s: %d values", svc.GetService(), name, len(d.GetValues()))
+		}
+		for j, v := range d.GetValues() {
+			if descriptor.Value(v.GetValue()) != v.GetValue() {
+				t.Errorf("%s/%s: value %q", svc.GetService(), name, v.GetValue())
+			}
+			if j > 0 && d.GetValues()[j-1].GetValue() >= v.GetValue() {
+				t.Errorf("%s/%s: values not sorted or repeated at %q", svc.GetService(), name, v.GetValue())
+			}
+			if !ok(v.GetOfferedRps()) || v.GetOfferedRps() > o*(1+1e-12) {
+				t.Errorf("%s/%s/%s: offered %v, the descriptor's %v", svc.GetService(), name, v.GetValue(), v.GetOfferedRps(), o)
+			}
+		}
 	}
 }

@@ -211,6 +211,7 @@ func addFlags(f *pflag.FlagSet, cfg *Config, fl *Flags) {
 	duration.Var(f, &cfg.FailOpenDecay, "fail-open-decay", cfg.FailOpenDecay, "how long sidecars in fail mode open take to decay ratios to 0")
 	f.Float64Var(&cfg.RepublishThreshold, "republish-threshold", cfg.RepublishThreshold, "relative change of a caller's admitted share that is pushed before the refresh is due")
 	f.IntVar(&cfg.MaxAggregators, "max-aggregators", cfg.MaxAggregators, "most aggregators whose loads are held")
+	f.IntVar(&cfg.MaxDescriptorValues, "max-descriptor-values", cfg.MaxDescriptorValues, "most values of one descriptor a policy lists (and a zone load may carry): reserved, then dropped, then compliant, largest first")
 	f.Float64Var(&cfg.Law.PMax, "p-max", cfg.Law.PMax, "highest drop ratio ever pushed, in (0, 1)")
 	f.Float64Var(&cfg.Law.MinRate, "min-rate", cfg.Law.MinRate, "offered rps below which a caller is never dropped")
 	f.Float64Var(&cfg.Law.ReleaseRate, "release-rate", cfg.Law.ReleaseRate, "slow release: factor by which a caller's admitted share may grow per second, > 1")

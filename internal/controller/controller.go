@@ -63,11 +63,12 @@ func DefaultConfig() Config {
 			// TTL), and a restarted controller publishes a warm-up after
 			// it starts. 30s leaves 10s for the restart itself; at 10s
 			// there was none (TestFaultControllerKilledAndRestarted).
-			PolicyTTL:          30 * time.Second,
-			FailOpenDecay:      30 * time.Second,
-			RepublishThreshold: 0.005,
-			MaxAggregators:     1000,
-			Law:                dropratio.DefaultConfig(),
+			PolicyTTL:           30 * time.Second,
+			FailOpenDecay:       30 * time.Second,
+			RepublishThreshold:  0.005,
+			MaxAggregators:      1000,
+			MaxDescriptorValues: DefaultMaxDescriptorValues,
+			Law:                 dropratio.DefaultConfig(),
 		},
 	}
 }
@@ -93,6 +94,8 @@ func (c Config) Validate() error {
 	check(c.FailOpenDecay >= 0, "fail-open-decay: %v is negative", c.FailOpenDecay)
 	check(c.RepublishThreshold >= 0 && c.RepublishThreshold < 1, "republish-threshold: %v is outside [0, 1)", c.RepublishThreshold)
 	check(c.MaxAggregators >= 1, "max-aggregators: %d must be at least 1", c.MaxAggregators)
+	check(c.MaxDescriptorValues >= 1 && c.MaxDescriptorValues <= MaxDescriptorValuesBound,
+		"max-descriptor-values: %d is outside [1, %d]", c.MaxDescriptorValues, MaxDescriptorValuesBound)
 	// The law's own Validate names its Go fields; the flags are what an
 	// operator typed. It runs again in dropratio.New as the last word.
 	check(c.Law.PMax > 0 && c.Law.PMax < 1, "p-max: %v is outside (0, 1)", c.Law.PMax)

@@ -29,6 +29,15 @@ type metrics struct {
 	offered       *prometheus.GaugeVec
 	dropped       *prometheus.GaugeVec
 
+	// Per (service, descriptor), both bounded by the limits
+	// (descriptor.MaxPerService per service).
+	descRejected *prometheus.CounterVec // by reason: the ReasonDescriptor* and ReasonValue* labels
+	descListed   *prometheus.GaugeVec
+	descCut      *prometheus.GaugeVec
+	descAbusive  *prometheus.GaugeVec
+	descZoneCut  *prometheus.GaugeVec
+	descSeen     map[descriptorKey]bool
+
 	// badLog throttles the lines about what the controller left out
 	// (logDropped, logRefused, logShed), each at most once per logEvery:
 	// a hostile or broken aggregator sends one zone load per flush.
@@ -85,11 +94,33 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Global rate of enforced drops per callee and procedure (empty for a callee without procedures), as sidecars reported them.",
 		}, []string{"service", "procedure"}),
 		seen: map[ServiceProcedure]bool{},
+		descRejected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_controller_descriptor_entries_rejected_total",
+			Help: "Descriptor entries, or values of them, left out of zone loads' service entries that were applied, by reason.",
+		}, []string{"reason"}),
+		descListed: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "sluice_controller_descriptor_values",
+			Help: "Values of a descriptor listed in its service's policy in the last tick, at most --max-descriptor-values.",
+		}, []string{"service", "descriptor"}),
+		descCut: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "sluice_controller_descriptor_values_cut",
+			Help: "Values of a descriptor with a verdict that --max-descriptor-values left out of its policy in the last tick; compliant and smallest first.",
+		}, []string{"service", "descriptor"}),
+		descAbusive: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "sluice_controller_descriptor_abusive_values",
+			Help: "Values of a descriptor with a drop ratio above 0 in the last tick, listed or not.",
+		}, []string{"service", "descriptor"}),
+		descZoneCut: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "sluice_controller_descriptor_zone_values_cut",
+			Help: "Values of a descriptor the aggregators' bound left out of their zone loads, summed over live zones, in the last tick.",
+		}, []string{"service", "descriptor"}),
+		descSeen: map[descriptorKey]bool{},
 	}
 	m.peerRejected.WithLabelValues(ReasonBadProcedure) // at zero from the start
 	if reg != nil {
 		reg.MustRegister(m.tickSeconds, m.aggregators, m.buckets, m.warm, m.published, m.deleted, m.publishErrors,
-			m.accepted, m.rejected, m.svcRejected, m.peerRejected, m.claimsRefused, m.peersShed, m.streams, m.limitServices, m.offered, m.dropped)
+			m.accepted, m.rejected, m.svcRejected, m.peerRejected, m.claimsRefused, m.peersShed, m.streams, m.limitServices, m.offered, m.dropped,
+			m.descRejected, m.descListed, m.descCut, m.descAbusive, m.descZoneCut)
 	}
 	return m
 }
@@ -119,6 +150,29 @@ func (m *metrics) observeTick(res TickResult, set *limits.Set, took time.Duratio
 			delete(m.seen, k)
 		}
 	}
+	m.observeDescriptors(res.Descriptors)
+}
+
+// observeDescriptors sets the descriptor gauges of a tick and deletes the
+// series of descriptors the limits no longer give.
+func (m *metrics) observeDescriptors(stats []DescriptorStat) {
+	current := make(map[descriptorKey]bool, len(stats))
+	for _, st := range stats {
+		m.descListed.WithLabelValues(st.Service, st.Descriptor).Set(float64(st.Listed))
+		m.descCut.WithLabelValues(st.Service, st.Descriptor).Set(float64(st.Cut))
+		m.descAbusive.WithLabelValues(st.Service, st.Descriptor).Set(float64(st.Abusive))
+		m.descZoneCut.WithLabelValues(st.Service, st.Descriptor).Set(float64(st.ZoneCut))
+		k := descriptorKey{st.Service, st.Descriptor}
+		current[k], m.descSeen[k] = true, true
+	}
+	for k := range m.descSeen {
+		if !current[k] {
+			for _, g := range []*prometheus.GaugeVec{m.descListed, m.descCut, m.descAbusive, m.descZoneCut} {
+				g.DeleteLabelValues(k.service, k.descriptor)
+			}
+			delete(m.descSeen, k)
+		}
+	}
 }
 
 // noteDropped counts the service entries dropped from a zone load and logs
@@ -126,6 +180,17 @@ func (m *metrics) observeTick(res TickResult, set *limits.Set, took time.Duratio
 // unlogged: a hostile or broken aggregator sends one per flush.
 func (m *metrics) noteDropped(log *slog.Logger, d Dropped, now time.Time) {
 	m.peerRejected.WithLabelValues(ReasonBadProcedure).Add(float64(d.BadProcedures))
+	nd := 0
+	for reason, c := range d.BadDescriptors {
+		m.descRejected.WithLabelValues(reason).Add(float64(c))
+		nd += c
+	}
+	if nd > 0 {
+		if ok, unlogged := m.badLog.AllowN(logDescriptors, now, nd); ok {
+			log.Warn("descriptor entries or values left out of a zone load; the rest of the zone was applied",
+				"aggregator_id", d.AggregatorID, "first", d.FirstDescriptor, "dropped", nd, "dropped_unlogged_before", unlogged)
+		}
+	}
 	n := 0
 	for reason, c := range d.ByReason {
 		m.svcRejected.WithLabelValues(reason).Add(float64(c))
@@ -149,6 +214,8 @@ const (
 	logDropped = "service_entries_dropped"
 	logRefused = "outbound_claims_refused"
 	logShed    = "policy_peers_shed"
+	// logDescriptors: noteDropped's descriptor entries and values.
+	logDescriptors = "descriptor_entries_dropped"
 )
 
 // noteRefused counts the outbound claims a tick refused and logs the first,

@@ -320,6 +320,9 @@ func (s *State) due(policy *sluicev1.DropPolicy, now time.Time) bool {
 		return true
 	}
 	th := s.cfg.RepublishThreshold
+	if descriptorsDue(old.GetDescriptors(), policy.GetDescriptors(), th) {
+		return true
+	}
 	for i, np := range policy.GetPeers() {
 		op := old.GetPeers()[i]
 		if op.GetPeer() != np.GetPeer() || op.GetProcedure() != np.GetProcedure() || op.GetMode() != np.GetMode() || op.GetEnforcedUpstream() != np.GetEnforcedUpstream() ||

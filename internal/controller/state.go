@@ -36,6 +36,10 @@ type StateConfig struct {
 	// (see capPeers). 0, and anything above dataplane.MaxPolicyPeers, the
 	// most a sidecar accepts, mean that bound.
 	MaxPolicyPeers int
+	// MaxDescriptorValues bounds the values of one descriptor that a
+	// policy lists, and that a zone load may carry (the largest are kept);
+	// 0 means DefaultMaxDescriptorValues. See rankValues.
+	MaxDescriptorValues int
 	// Law configures the control law.
 	Law dropratio.Config
 }
@@ -47,6 +51,9 @@ type State struct {
 	cfg   StateConfig
 	start time.Time
 	law   *dropratio.Law
+	// descLaw runs the law over descriptor values: one service per
+	// (service, descriptor), one caller per value (stepDescriptors).
+	descLaw *dropratio.Law
 
 	aggs map[string]*aggregatorLoad
 
@@ -71,10 +78,15 @@ func NewState(cfg StateConfig, now time.Time) (*State, error) {
 	if err != nil {
 		return nil, err
 	}
+	descLaw, err := dropratio.New(cfg.Law)
+	if err != nil {
+		return nil, err
+	}
 	return &State{
 		cfg:       cfg,
 		start:     now,
 		law:       law,
+		descLaw:   descLaw,
 		aggs:      map[string]*aggregatorLoad{},
 		published: map[string]*published{},
 	}, nil
@@ -97,6 +109,13 @@ func (s *State) Apply(load *sluicev1.ZoneLoad, now time.Time) error {
 	errs, badProcedures := keepValidServices(load)
 	s.dropped.add(id, errs)
 	s.dropped.BadProcedures += badProcedures
+	hadBad := s.dropped.BadDescriptors != nil
+	for _, svc := range load.GetServices() {
+		keepValidDescriptors(svc, s.maxDescriptorValues(), &s.dropped)
+	}
+	if !hadBad && s.dropped.BadDescriptors != nil {
+		s.dropped.FirstDescriptor = "aggregator " + id + ": " + s.dropped.FirstDescriptor
+	}
 	if !ok {
 		s.lastJoin = now
 		s.urgent = s.urgent || load.GetUrgent()
@@ -134,6 +153,12 @@ type Dropped struct {
 	// First is the first one, with its aggregator, for a log line.
 	First        *RejectError
 	AggregatorID string
+	// BadDescriptors counts the descriptor entries, and values of them,
+	// left out of service entries that were kept, by reason (the
+	// ReasonDescriptor* and ReasonValue* labels); FirstDescriptor tells
+	// the first one, for a log line.
+	BadDescriptors  map[string]int
+	FirstDescriptor string
 }
 
 func (d *Dropped) add(aggregatorID string, errs []*RejectError) {

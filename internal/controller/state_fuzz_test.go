@@ -18,6 +18,7 @@ import (
 	"github.com/sluicehq/sluice/internal/limits"
 	"github.com/sluicehq/sluice/internal/zoneload"
 	"github.com/sluicehq/sluice/pkg/dataplane"
+	"github.com/sluicehq/sluice/pkg/descriptor"
 	"github.com/sluicehq/sluice/pkg/dropratio"
 	"github.com/sluicehq/sluice/pkg/names"
 	"github.com/sluicehq/sluice/pkg/routes"
@@ -41,12 +42,18 @@ const (
 var (
 	rejectReasons = []string{"bad_name", "bad_interval", "too_many_aggregators"}
 	dropReasons   = []string{"bad_name", "bad_direction", "duplicate_service", "duplicate_peer", "bad_rate", "dropped_above_offered", "bad_live_sidecars"}
+	// descriptorReasons are those it may leave a descriptor entry or value
+	// out for.
+	descriptorReasons = []string{controller.ReasonDescriptorOutbound, controller.ReasonDescriptorName, controller.ReasonDescriptorDuplicate,
+		controller.ReasonDescriptorTooMany, controller.ReasonDescriptorRate, controller.ReasonValue, controller.ReasonValueRate,
+		controller.ReasonValueDuplicate, controller.ReasonValueTooMany}
 )
 
 func fuzzConfig() controller.StateConfig {
 	cfg := controller.DefaultConfig().StateConfig
 	cfg.Warmup = 0 // tick at once, before a zone load with a short interval goes stale
 	cfg.MaxAggregators = 2
+	cfg.MaxDescriptorValues = 4
 	return cfg
 }
 
@@ -72,6 +79,10 @@ func fuzzLimits() *limits.Set {
 		}},
 		"orders": {Name: "orders", Capacity: inf, DefaultLimit: inf, FailMode: dataplane.FailLocal, Callers: map[string]limits.Bucket{
 			"abuser": {Limit: 0},
+		}, Descriptors: []limits.Descriptor{
+			{Name: "ip", Source: descriptor.Source{Kind: descriptor.ClientIP}, Limit: 0, Missing: 0, Quantile: 0.5},
+			{Name: "tenant", Source: descriptor.Source{Kind: descriptor.Header, Header: "x-tenant"}, Limit: 10, Missing: 2, Quantile: 0.95,
+				Overrides: map[string]float64{"vip": 100, "zero": 0}},
 		}},
 	})
 }
@@ -172,6 +183,28 @@ func zoneLoadSeeds(t testing.TB) []seed {
 		one("drop-duplicate-leaf", func(z *sluicev1.ZoneLoad) {
 			z.Services[0].Peers = leafRates("web", "create-charge", 1.0, "web", "create-charge", 2.0)
 		}),
+		// A callee with descriptors: values summed and listed; bad
+		// entries and values cost themselves.
+		one("good-descriptors", func(z *sluicev1.ZoneLoad) {
+			z.Services[1].Descriptors = []*sluicev1.DescriptorRates{
+				{Descriptor_: "tenant", OfferedRps: 500, DroppedRps: 10, ValuesCut: 7, Values: []*sluicev1.ValueRate{
+					{Value: "acme", OfferedRps: 300}, {Value: descriptor.Missing, OfferedRps: 50}, {Value: descriptor.Invalid, OfferedRps: 5},
+					{Value: "vip", OfferedRps: 90}}},
+				{Descriptor_: "ip", OfferedRps: 3, Values: []*sluicev1.ValueRate{{Value: "10.0.0.1", OfferedRps: 3}}},
+				{Descriptor_: "unknown_to_limits", OfferedRps: 3, Values: []*sluicev1.ValueRate{{Value: "x", OfferedRps: 3}}},
+			}
+		}),
+		one("drop-descriptors", func(z *sluicev1.ZoneLoad) {
+			z.Services[1].Descriptors = []*sluicev1.DescriptorRates{
+				{Descriptor_: "tenant", OfferedRps: 500, Values: []*sluicev1.ValueRate{
+					{Value: "a", OfferedRps: 300}, {Value: "", OfferedRps: 1}, {Value: strings.Repeat("v", descriptor.MaxValueLen+1), OfferedRps: 1}, {Value: "b", OfferedRps: math.NaN()},
+					{Value: "c", OfferedRps: 1}, {Value: "c", OfferedRps: 2}, {Value: "d", OfferedRps: 1}, {Value: "e", OfferedRps: 1},
+					{Value: "f", OfferedRps: 1}, {Value: "g", OfferedRps: 1}}},
+				{Descriptor_: "ip", OfferedRps: 1, DroppedRps: 2},
+				{Descriptor_: "Tenant"},
+			}
+			z.Services[0].Descriptors = []*sluicev1.DescriptorRates{{Descriptor_: "tenant"}, {Descriptor_: "tenant"}}
+		}),
 		one("bad-no-interval", func(z *sluicev1.ZoneLoad) { z.Interval = nil }),
 		one("bad-interval-invalid", func(z *sluicev1.ZoneLoad) { z.Interval = &durationpb.Duration{Seconds: -1, Nanos: 5} }),
 		one("bad-interval-long", func(z *sluicev1.ZoneLoad) { z.Interval = durationpb.New(time.Minute + 1) }),
@@ -205,6 +238,9 @@ func TestFuzzZoneLoadCorpus(t *testing.T) {
 			d := st.TakeDropped()
 			dropped += d.BadProcedures
 			for _, n := range d.ByReason {
+				dropped += n
+			}
+			for _, n := range d.BadDescriptors {
 				dropped += n
 			}
 		}
@@ -257,9 +293,15 @@ func FuzzZoneLoad(f *testing.F) {
 				}
 				continue
 			}
-			for reason := range got.TakeDropped().ByReason {
+			d := got.TakeDropped()
+			for reason := range d.ByReason {
 				if !slices.Contains(dropReasons, reason) {
 					t.Fatalf("zone load %d: service entry dropped for an unknown reason %q", i, reason)
+				}
+			}
+			for reason := range d.BadDescriptors {
+				if !slices.Contains(descriptorReasons, reason) {
+					t.Fatalf("zone load %d: descriptor entry dropped for an unknown reason %q", i, reason)
 				}
 			}
 			if err := twin.Apply(z, now); err != nil {
@@ -325,6 +367,7 @@ func checkTick(t *testing.T, tick int, res controller.TickResult, live map[strin
 	}
 	for name, m := range res.Changed {
 		checkProcedures(t, tick, m)
+		checkDescriptors(t, tick, m)
 		p, err := sidecar.PolicyFromProto(m)
 		if err != nil {
 			t.Fatalf("tick %d: published a policy the sidecars refuse: %v\n%v", tick, err, m)
@@ -393,6 +436,44 @@ func checkProcedures(t *testing.T, tick int, m *sluicev1.DropPolicy) {
 		}
 		if !(pp.GetDropRatio() >= 0 && pp.GetDropRatio() < 1) {
 			t.Errorf("tick %d: %s: peers[%d] ratio %v", tick, m.GetName(), i, pp.GetDropRatio())
+		}
+	}
+}
+
+// checkDescriptors checks what a policy says of descriptors: only an
+// inbound policy of a callee whose limits give descriptors has them, all
+// of them, with their limits; each lists at most the bound of values,
+// sorted, each once, valid, with a ratio in [0, 1) and its own limit.
+func checkDescriptors(t *testing.T, tick int, m *sluicev1.DropPolicy) {
+	t.Helper()
+	var want []limits.Descriptor
+	if lim := fuzzLimits().Service(m.GetService()); lim != nil && m.GetDirection() == inbound && len(m.GetPeers())+len(m.GetDescriptors()) > 0 {
+		want = lim.Descriptors
+	}
+	if len(m.GetDescriptors()) != len(want) {
+		t.Fatalf("tick %d: %s: descriptors %v, want %d", tick, m.GetName(), m.GetDescriptors(), len(want))
+	}
+	for i, dp := range m.GetDescriptors() {
+		d := want[i]
+		if dp.GetName() != d.Name || dp.GetSource() != d.Source.String() || dp.GetLimitRps() != d.Limit || dp.GetMissingLimitRps() != d.Missing ||
+			dp.GetQuantile() != d.Quantile || len(dp.GetOverrides()) != len(d.Overrides) {
+			t.Errorf("tick %d: %s: descriptor %v, want %+v", tick, m.GetName(), dp, d)
+		}
+		if len(dp.GetValues()) > fuzzConfig().MaxDescriptorValues {
+			t.Errorf("tick %d: %s/%s: %d values", tick, m.GetName(), d.Name, len(dp.GetValues()))
+		}
+		for j, v := range dp.GetValues() {
+			val := v.GetValue()
+			limit := d.Limit
+			if l, ok := d.Overrides[val]; ok {
+				limit = l
+			} else if val == descriptor.Missing {
+				limit = d.Missing
+			}
+			if descriptor.Value(val) != val || j > 0 && dp.GetValues()[j-1].GetValue() >= val ||
+				!(v.GetDropRatio() >= 0 && v.GetDropRatio() < 1) || v.GetLimitRps() != limit || !(v.GetOfferedRps() >= 0) {
+				t.Errorf("tick %d: %s/%s: values[%d] %v", tick, m.GetName(), d.Name, j, v)
+			}
 		}
 	}
 }

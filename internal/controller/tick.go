@@ -51,6 +51,9 @@ type TickResult struct {
 	// Shed holds, per policy over the most peers a policy lists, what was
 	// left out of it (see capPeers), sorted by policy.
 	Shed []ShedPeers
+	// Descriptors holds what each configured descriptor listed, sorted by
+	// service then descriptor, for metrics.
+	Descriptors []DescriptorStat
 }
 
 // BucketLoad is one bucket's global load in one tick: a leaf's when
@@ -114,6 +117,8 @@ func (s *State) Tick(now time.Time, set *limits.Set) TickResult {
 	}
 	s.lastStep = now
 	verdicts := s.law.Step(dt, services)
+	descriptors, dstats := s.stepDescriptors(dt, set)
+	res.Descriptors = dstats
 
 	res.Changed = map[string]*sluicev1.DropPolicy{}
 	res.Services = make(map[string]Totals, len(verdicts))
@@ -132,6 +137,7 @@ func (s *State) Tick(now time.Time, set *limits.Set) TickResult {
 		res.Services[sv.Service] = tot
 		res.Buckets += len(sv.Verdicts)
 		policy := s.policy(sv, live[sv.Service], set.Service(sv.Service), now)
+		policy.Descriptors = descriptors[sv.Service]
 		if sp, ok := s.capPeers(policy); ok {
 			res.Shed = append(res.Shed, sp)
 		}

@@ -244,6 +244,11 @@ func (d *decoder) service(n *yaml.Node, path string) fileService {
 			d.mapping(v, p, func(proc string, _, v *yaml.Node) {
 				fs.Procedures[proc] = d.procedure(v, p+"."+proc)
 			})
+		case "descriptors":
+			fs.Descriptors = map[string]fileDescriptor{}
+			d.mapping(v, p, func(name string, _, v *yaml.Node) {
+				fs.Descriptors[name] = d.descriptor(v, p+"."+name)
+			})
 		default:
 			d.errorf(path, k, "field %s not found", key)
 		}

@@ -49,6 +49,14 @@ import (
 //	          web: {limit: 50}     # the (web, create-charge) leaf
 //	      /pay.Payments/Refund: {capacity: 50} # gRPC: declared by its full method
 //	      _other: {capacity: 20}
+//	  api:
+//	    descriptors:           # limits per value (issue #15), at most 4
+//	      tenant:
+//	        from: header x-tenant-id # or "client-ip", or "xff 1"
+//	        limit: 50          # rps per value, globally; required; 0 blocks
+//	        missing: 10        # rps of requests without it; default: limit
+//	        quantile: 0.95     # the local allowance's (pkg/allowance)
+//	        overrides: {acme: 500}
 //
 // A service declares procedures by its routes and by the keys of its
 // procedures; its requests then fall in (caller, procedure) leaves (see
@@ -59,6 +67,8 @@ import (
 // its requests reach the callee's sidecar, by the caller's proxyless gRPC
 // client or the callee's Envoy; the service-level value is the default of
 // its callers but unknown and _overflow, which must name it themselves.
+// A service with descriptors can not be enforced upstream: only its own
+// sidecars decide a request's descriptors.
 type fileDoc struct {
 	Services map[string]fileService `yaml:"services"`
 }
@@ -78,6 +88,8 @@ type fileService struct {
 	// before them.
 	Routes     []fileRoute              `yaml:"routes,omitempty"`
 	Procedures map[string]fileProcedure `yaml:"procedures,omitempty"`
+	// Descriptors are the service's descriptor limits (fileDescriptor).
+	Descriptors map[string]fileDescriptor `yaml:"descriptors,omitempty"`
 }
 
 type fileRoute struct {
@@ -192,8 +204,10 @@ func (b *builder) service(name string, fs fileService) *Service {
 		Callers:      make(map[string]Bucket, len(fs.Callers)),
 	}
 	b.procedures(svc, fs, path)
-	if upstreamRefused(svc) && svc.Enforcement == dataplane.EnforceUpstream {
-		b.errs = append(b.errs, fmt.Errorf("%s.enforcement: %w", path, errUpstream))
+	b.descriptors(svc, fs.Descriptors, path)
+	upErr := upstreamErr(svc)
+	if upErr != nil && svc.Enforcement == dataplane.EnforceUpstream {
+		b.errs = append(b.errs, fmt.Errorf("%s.enforcement: %w", path, upErr))
 	}
 	for _, caller := range slices.Sorted(maps.Keys(fs.Callers)) {
 		if b.stopped() {
@@ -214,8 +228,8 @@ func (b *builder) service(name string, fs fileService) *Service {
 		}
 		// Only where the caller names it: one inherited from the service
 		// is the service's error.
-		if upstreamRefused(svc) && fb.Enforcement != "" && bucket.Enforcement == dataplane.EnforceUpstream {
-			b.errs = append(b.errs, fmt.Errorf("%s.enforcement: %w", cpath, errUpstream))
+		if upErr != nil && fb.Enforcement != "" && bucket.Enforcement == dataplane.EnforceUpstream {
+			b.errs = append(b.errs, fmt.Errorf("%s.enforcement: %w", cpath, upErr))
 		}
 		svc.Callers[caller] = bucket
 	}

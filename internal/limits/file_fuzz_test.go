@@ -12,7 +12,9 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/sluicehq/sluice/pkg/allowance"
 	"github.com/sluicehq/sluice/pkg/dataplane"
+	"github.com/sluicehq/sluice/pkg/descriptor"
 	"github.com/sluicehq/sluice/pkg/dropratio"
 	"github.com/sluicehq/sluice/pkg/names"
 	"github.com/sluicehq/sluice/pkg/routes"
@@ -123,6 +125,14 @@ func parseSeeds() map[string]string {
 		"bad-procedure-leaf-fields":   "services: {s: {procedures: {/p.S/M: {callers: {web: {mode: shadow}}}}}}\n",
 		"bad-procedure-upstream":      "services: {s: {routes: [{route: /a, procedure: a}], callers: {app: {limit: 1, enforcement: upstream}}}}\n",
 		"good-procedure-upstream":     "services: {s: {procedures: {/p.S/M: {}}, callers: {app: {limit: 1, enforcement: upstream}}}}\n",
+
+		"good-descriptors":         withDescriptors,
+		"good-descriptor-extremes": "services: {s: {descriptors: {t: {from: xff 16, limit: 5e-324, missing: 1.7976931348623157e308, quantile: 1e-300, overrides: {\"\\u00e9t\\u00e9\": 0, \"a b\": 1}}}}}\n",
+		"bad-descriptor-upstream":  "services: {s: {enforcement: upstream, descriptors: {t: {from: client-ip, limit: 1}}}}\n",
+		"bad-descriptor-missing":   "services: {s: {descriptors: {t: {from: client-ip, limit: 1, overrides: {_missing: 2}}}}}\n",
+		"bad-descriptor-source":    "services: {s: {descriptors: {t: {from: header, limit: 1}}}}\n",
+		"bad-descriptor-quantile":  "services: {s: {descriptors: {t: {from: client-ip, limit: 1, quantile: 0}}}}\n",
+		"bad-descriptor-too-many":  "services: {s: {descriptors: {a: &d {from: client-ip, limit: 1}, b: *d, c: *d, d: *d, e: *d}}}\n",
 	}
 	for name, doc := range bombs() {
 		if len(doc) <= 64<<10 { // larger seeds slow every mutation down
@@ -216,6 +226,7 @@ func checkSet(t *testing.T, set *Set) {
 			t.Errorf("%s: mode %v, fail mode %v", name, svc.Mode, svc.FailMode)
 		}
 		checkProcedures(t, svc)
+		checkDescriptors(t, svc)
 		for caller, b := range svc.Callers {
 			if err := names.Check(caller); err != nil {
 				t.Errorf("%s: accepted caller %q: %v", name, caller, err)
@@ -291,6 +302,45 @@ func checkProcedures(t *testing.T, svc *Service) {
 	}
 }
 
+// checkDescriptors checks a service's descriptors: bounded, sorted,
+// named, sourced, limited and with a quantile, overrides being values a
+// request can carry; and nothing enforced upstream.
+func checkDescriptors(t *testing.T, svc *Service) {
+	t.Helper()
+	ds := svc.Descriptors
+	if len(ds) > descriptor.MaxPerService || !slices.IsSortedFunc(ds, func(a, b Descriptor) int { return strings.Compare(a.Name, b.Name) }) {
+		t.Errorf("%s: descriptors %+v", svc.Name, ds)
+	}
+	finite := func(v float64) bool { return v >= 0 && !math.IsInf(v, 1) }
+	for i, d := range ds {
+		if err := descriptor.CheckName(d.Name); err != nil || i > 0 && ds[i-1].Name == d.Name {
+			t.Errorf("%s: descriptor %q: %v", svc.Name, d.Name, err)
+		}
+		if src, err := descriptor.ParseSource(d.Source.String()); err != nil || src != d.Source {
+			t.Errorf("%s/%s: source %+v: %v", svc.Name, d.Name, d.Source, err)
+		}
+		if !finite(d.Limit) || !finite(d.Missing) || allowance.CheckQuantile(d.Quantile) != nil {
+			t.Errorf("%s/%s: limit %v, missing %v, quantile %v", svc.Name, d.Name, d.Limit, d.Missing, d.Quantile)
+		}
+		for v, l := range d.Overrides {
+			if err := descriptor.CheckValue(v); err != nil || v == descriptor.Missing || !finite(l) {
+				t.Errorf("%s/%s: override %q: %v, %v", svc.Name, d.Name, v, l, err)
+			}
+		}
+	}
+	if len(ds) == 0 {
+		return
+	}
+	if svc.Enforcement == dataplane.EnforceUpstream {
+		t.Errorf("%s has descriptors and is enforced upstream", svc.Name)
+	}
+	for caller, b := range svc.Callers {
+		if b.Enforcement == dataplane.EnforceUpstream {
+			t.Errorf("%s has descriptors, and its caller %s is enforced upstream", svc.Name, caller)
+		}
+	}
+}
+
 // render writes a set in the file's format.
 func render(set *Set) fileDoc {
 	doc := fileDoc{Services: map[string]fileService{}}
@@ -319,6 +369,19 @@ func render(set *Set) fileDoc {
 				fp.Callers[caller] = fileLeaf{Limit: rate(l)}
 			}
 			fs.Procedures[proc] = fp
+		}
+		for _, d := range svc.Descriptors {
+			if fs.Descriptors == nil {
+				fs.Descriptors = map[string]fileDescriptor{}
+			}
+			fd := fileDescriptor{From: d.Source.String(), Limit: rate(d.Limit), Missing: rate(d.Missing), Quantile: &d.Quantile}
+			for v, l := range d.Overrides {
+				if fd.Overrides == nil {
+					fd.Overrides = map[string]*float64{}
+				}
+				fd.Overrides[v] = rate(l)
+			}
+			fs.Descriptors[d.Name] = fd
 		}
 		doc.Services[name] = fs
 	}
@@ -350,6 +413,12 @@ func equalSets(a, b *Set) bool {
 			if !ok || px.Capacity != py.Capacity || !maps.Equal(px.Callers, py.Callers) {
 				return false
 			}
+		}
+		if !slices.EqualFunc(x.Descriptors, y.Descriptors, func(a, b Descriptor) bool {
+			return a.Name == b.Name && a.Source == b.Source && a.Limit == b.Limit && a.Missing == b.Missing &&
+				a.Quantile == b.Quantile && maps.Equal(a.Overrides, b.Overrides)
+		}) {
+			return false
 		}
 	}
 	return true

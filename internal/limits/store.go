@@ -30,6 +30,10 @@ import (
 // A callee's routes and its limits with a procedure (history.Limits)
 // declare its procedures by the limits file's rules (procedures): they are
 // checked here again, each problem naming its row.
+//
+// The store holds no descriptor limits (issue #15): a Set read from it has
+// none, and a controller on --database-url publishes none. Descriptors
+// come from the limits file only, which excludes the store.
 func FromHistory(l history.Limits) (*Set, error) {
 	services := map[string]*Service{}
 	get := func(callee string) *Service {

@@ -37,6 +37,12 @@ type Caller struct {
 	// Method and Path, when set, replace GET and Options.Path for this
 	// caller: one of several procedures a caller uses.
 	Method, Path string
+	// Vary, when set, is called with the number of each of the caller's
+	// requests (0, 1, …, in the order they are sent) and the request's
+	// headers, after Header: a caller whose requests carry many values
+	// (a tenant each, a client address each). It is called from many
+	// goroutines at once.
+	Vary func(n uint64, h http.Header)
 }
 
 // Options configures a Generator.
@@ -75,7 +81,8 @@ type Generator struct {
 	opts   Options
 	client *http.Client
 	sem    chan struct{}
-	next   atomic.Uint64 // round-robin target index
+	next   atomic.Uint64   // round-robin target index
+	sent   []atomic.Uint64 // by caller: requests numbered so far, for Caller.Vary
 	start  time.Time
 
 	// counts[caller][second] are updated with atomics by request goroutines.
@@ -133,6 +140,7 @@ func New(opts Options) (*Generator, error) {
 		},
 		sem:    make(chan struct{}, opts.MaxInFlight),
 		counts: make([][]counters, len(opts.Callers)),
+		sent:   make([]atomic.Uint64, len(opts.Callers)),
 	}
 	for i := range g.counts {
 		g.counts[i] = make([]counters, seconds)
@@ -222,6 +230,7 @@ func (g *Generator) send(ctx context.Context, caller, sec int) {
 		return
 	}
 	c.sent.Add(1)
+	n := g.sent[caller].Add(1) - 1
 	target := g.opts.Targets[g.next.Add(1)%uint64(len(g.opts.Targets))]
 	g.wg.Add(1)
 	go func() {
@@ -238,6 +247,9 @@ func (g *Generator) send(ctx context.Context, caller, sec int) {
 		req.Header.Set(g.opts.Header, cl.Name)
 		for k, v := range cl.Header {
 			req.Header[http.CanonicalHeaderKey(k)] = v
+		}
+		if cl.Vary != nil {
+			cl.Vary(n, req.Header)
 		}
 		client := g.client
 		if cl.Client != nil {

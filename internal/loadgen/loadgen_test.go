@@ -2,9 +2,11 @@ package loadgen
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -164,5 +166,39 @@ func TestCallerMethodAndPath(t *testing.T) {
 	c, i := g.Sum("web-charges", 0, 2), g.Sum("web-items", 0, 2)
 	if c.Errors != 0 || i.Errors != 0 || c.Admitted != charges.Load() || i.Admitted != items.Load() || c.Admitted == 0 || i.Admitted == 0 {
 		t.Errorf("charges %+v (app saw %d), items %+v (app saw %d): want every request on its own method and path", c, charges.Load(), i, items.Load())
+	}
+}
+
+// Vary numbers a caller's requests from 0 without a gap or a repeat, so
+// that a test can give each one a value of its own.
+func TestCallerVary(t *testing.T) {
+	var mu sync.Mutex
+	seen := map[string]int{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		seen[r.Header.Get("X-Tenant")]++
+		mu.Unlock()
+	}))
+	defer srv.Close()
+	g, err := New(Options{
+		Targets: []string{srv.URL},
+		Callers: []Caller{{Name: "crowd", Rate: func(time.Duration) float64 { return 200 },
+			Vary: func(n uint64, h http.Header) { h.Set("X-Tenant", fmt.Sprint("t", n)) }}},
+		Duration: time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Run(context.Background(), nil); err != nil {
+		t.Fatal(err)
+	}
+	s := g.Sum("crowd", 0, 2)
+	if s.Errors != 0 || s.Admitted == 0 || int(s.Admitted) != len(seen) {
+		t.Fatalf("%+v, %d distinct tenants: want one per request", s, len(seen))
+	}
+	for i := range len(seen) {
+		if seen[fmt.Sprint("t", i)] != 1 {
+			t.Fatalf("tenant t%d seen %d times; numbers must run 0..%d", i, seen[fmt.Sprint("t", i)], len(seen)-1)
+		}
 	}
 }
