@@ -202,10 +202,11 @@ func Run(sc *Scenario, seed uint64, opts Options) (*Result, error) {
 		return nil, fmt.Errorf("%s seed %d: %w", sc.Name, seed, err)
 	}
 	e.run()
+	r := e.result()
 	if e.err != nil {
 		return nil, fmt.Errorf("%s seed %d: at %v: %w", sc.Name, seed, e.now, e.err)
 	}
-	return e.result(), nil
+	return r, nil
 }
 
 type event struct {

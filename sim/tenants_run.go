@@ -1,6 +1,10 @@
 package sim
 
 import (
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/sluicehq/sluice/sidecar"
 )
 
@@ -105,5 +109,38 @@ func (e *engine) tenantResult() *TenantResult {
 	r := e.tenants.oracle.result()
 	r.Requests = e.tenants.requests
 	r.Resources.Listed = e.tenants.listed
+	r.Resources.SketchBytes = e.sketchBytes()
 	return r
 }
+
+// sketchBytes reads one of the tenants' sidecars' descriptor sketch memory
+// from its metrics, as an operator would read
+// sluice_sidecar_descriptor_sketch_bytes; 0 if it reports none.
+func (e *engine) sketchBytes() int {
+	tr := e.tenants
+	reg := prometheus.NewRegistry()
+	if err := reg.Register(tr.sidecars[0].lim.Collector()); err != nil {
+		e.fail(fmt.Errorf("register a sidecar's metrics: %w", err))
+		return 0
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		e.fail(fmt.Errorf("gather a sidecar's metrics: %w", err))
+		return 0
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != sketchBytesMetric {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "descriptor" && l.GetValue() == tr.pop.t.Descriptor {
+					return int(m.GetGauge().GetValue())
+				}
+			}
+		}
+	}
+	return 0
+}
+
+const sketchBytesMetric = "sluice_sidecar_descriptor_sketch_bytes"
