@@ -286,6 +286,7 @@ type fileLoop struct {
 	PMax                 *float64        `yaml:"p_max"`
 	MinRate              *float64        `yaml:"min_rate"`
 	ReleaseRate          *float64        `yaml:"release_rate"`
+	MaxDescriptorValues  *int            `yaml:"max_descriptor_values"`
 }
 
 type fileService struct {
@@ -439,6 +440,7 @@ func (d *fileScenario) build() (*Scenario, []error) {
 	cfg.Law.PMax = deref(l.PMax, cfg.Law.PMax)
 	cfg.Law.MinRate = deref(l.MinRate, cfg.Law.MinRate)
 	cfg.Law.ReleaseRate = deref(l.ReleaseRate, cfg.Law.ReleaseRate)
+	cfg.MaxDescriptorValues = deref(l.MaxDescriptorValues, cfg.MaxDescriptorValues)
 	report := derefDuration(l.ReportInterval, time.Second)
 	sc.Loop = Loop{
 		ReportInterval:       report,
@@ -477,6 +479,9 @@ func (d *fileScenario) build() (*Scenario, []error) {
 	}
 	if !(cfg.Law.ReleaseRate > 1) || math.IsInf(cfg.Law.ReleaseRate, 0) {
 		bad("loop.release_rate", "%v must be a finite factor > 1", cfg.Law.ReleaseRate)
+	}
+	if n := cfg.MaxDescriptorValues; n < 1 || n > controller.MaxDescriptorValuesBound {
+		bad("loop.max_descriptor_values", "%d is outside [1, %d]", n, controller.MaxDescriptorValuesBound)
 	}
 	if err := cfg.Validate(); err != nil && len(errs) == nerr {
 		bad("loop", "%v", err) // a bound this file does not know yet
