@@ -351,8 +351,8 @@ type fileTenants struct {
 	AbuseFrom   *duration.Value `yaml:"abuse_from"`
 }
 
-// MaxTenants bounds a scenario's tenants: the oracle holds 13 bytes and the
-// sampler 20 per tenant.
+// MaxTenants bounds a scenario's tenants: the sampler, the population and
+// the oracle hold about 45 bytes per tenant.
 const MaxTenants = 10_000_000
 
 // build checks the tenants against the scenario built so far (services and
