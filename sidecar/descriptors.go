@@ -1,7 +1,24 @@
 package sidecar
 
 import (
+	"cmp"
+	"errors"
+	"fmt"
+	"math"
+	"math/bits"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/sluicehq/sluice/pkg/allowance"
 	"github.com/sluicehq/sluice/pkg/descriptor"
+	"github.com/sluicehq/sluice/pkg/heavy"
 )
 
 // Descriptors (issue #15): the API the data plane's edges call. The HTTP
@@ -9,18 +26,455 @@ import (
 // request by its source, in the order DescriptorSources gives, and call
 // DecideDescriptor for each one after the request's bucket admitted it.
 //
-// CONTRACT STUB: the bodies below are placeholders of this session's
-// contract commit, replaced by the descriptor limiter.
+// What a sidecar keeps per descriptor: one heavy.Sketch per descriptor name
+// per ServiceLimiter (sized by LimiterOptions.DescriptorCounters and
+// DescriptorHeavy, fixed whatever the number of values), created when a
+// policy first names the descriptor and kept across policy swaps while the
+// name stays, and striped counters of what it decided. What a policy
+// snapshot adds (compiled once in setPolicy, never per request): the
+// sources, a hash table of the listed values and overrides, and the
+// allowances of every other value and of descriptor.Missing
+// (pkg/allowance, from the limit, the policy's LiveInstances,
+// LimiterOptions.DescriptorWindow and the quantile).
+//
+// Per request (DecideDescriptor): v := descriptor.Value(raw); one hash of v
+// serves both the sketch and the table; n := the sketch's count of v in
+// this window, this request included. A listed value is dropped by its
+// ratio, diffused over n (the k-th request of a value in a window is
+// dropped when round(k·p) steps up); any other by the local rule,
+// LocalDropRatio(A, n) = 1 − A/n once n > A, with a coin drawn from a hash
+// of (v, n, the window's salt): no state per value, no allocation, no lock.
+// Each regular report rotates the sketch (RotateDescriptors).
+
+// Descriptor defaults; see LimiterOptions.
+const (
+	DefaultDescriptorCounters = heavy.DefaultCounters
+	DefaultDescriptorHeavy    = heavy.DefaultK
+	DefaultDescriptorWindow   = time.Second
+)
+
+// descOptions returns the sketch options of o, defaults filled in.
+func (o LimiterOptions) descOptions() heavy.Options {
+	return heavy.Options{
+		Counters:    cmp.Or(o.DescriptorCounters, DefaultDescriptorCounters),
+		K:           cmp.Or(o.DescriptorHeavy, DefaultDescriptorHeavy),
+		MaxValueLen: descriptor.MaxValueLen,
+	}
+}
+
+// Validate reports every option out of its bounds, naming it; zero fields
+// take their defaults and are valid. NewLimiter does not fail: it takes
+// the descriptor defaults in place of sizes Validate rejects, so a binary
+// should call Validate at start-up.
+func (o LimiterOptions) Validate() error {
+	var errs []error
+	ho := o.descOptions()
+	if err := (heavy.Options{Counters: ho.Counters}).Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("DescriptorCounters %d: %w", o.DescriptorCounters, err))
+	}
+	if err := (heavy.Options{K: ho.K, MaxValueLen: ho.MaxValueLen}).Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("DescriptorHeavy %d: %w", o.DescriptorHeavy, err))
+	}
+	if o.DescriptorWindow < 0 {
+		errs = append(errs, fmt.Errorf("DescriptorWindow %v: must not be negative", o.DescriptorWindow))
+	}
+	return errors.Join(errs...)
+}
+
+// descState is what a ServiceLimiter keeps of one descriptor name across
+// policies: its sketch and its counters. Created in setPolicy under the
+// ServiceLimiter's mu, dropped when a policy no longer names it.
+type descState struct {
+	name    string
+	sk      *heavy.Sketch
+	stripes [nStripes]descStripe
+	// salt changes at every rotation, so that the local rule's coin for
+	// a value's n-th request is not the same in every window.
+	salt atomic.Uint64
+
+	mu       sync.Mutex    // serialises RotateDescriptors; guards reported
+	reported descTotals    // the totals the last rotation reported up to
+	listed   []heavy.Entry // scratch of RotateDescriptors
+}
+
+// descStripe is one cache line of a descriptor's counters (see stripe).
+type descStripe struct {
+	offered atomic.Uint64 // every request decided
+	listed  atomic.Uint64 // dropped by a listed value's ratio
+	local   atomic.Uint64 // dropped by the local allowance
+	invalid atomic.Uint64 // values descriptor.Value made descriptor.Invalid
+	_       [32]byte
+}
+
+type descTotals struct{ offered, listed, local, invalid uint64 }
+
+func (d *descState) totals() (t descTotals) {
+	for i := range d.stripes {
+		st := &d.stripes[i]
+		// Drops before offered: a snapshot never has more dropped than
+		// offered (see AppendCounts).
+		t.listed += st.listed.Load()
+		t.local += st.local.Load()
+		t.invalid += st.invalid.Load()
+		t.offered += st.offered.Load()
+	}
+	return t
+}
+
+// descTable is a policy's descriptors compiled for the request path:
+// immutable, held by the table snapshot.
+type descTable struct {
+	sources []descriptor.Source
+	descs   []compiledDesc
+}
+
+// compiledDesc is one descriptor of a policy.
+type compiledDesc struct {
+	st     *descState
+	values valueTable
+	allow  uint64   // the allowance of a value neither listed nor overridden
+	v      *verdict // what a dropped request is told; see Decision.Descriptor
+	// threshold is the sketch's report threshold under this policy.
+	threshold uint32
+	pol       *DescriptorPolicy
+}
+
+// valueTable maps the listed and overridden values of a descriptor, by the
+// sketch's hash of the value (heavy.Sketch.Hash), to their verdict: open
+// addressing, linear probing, at most half full; built once per policy.
+// The probe reads keys alone, 4 bytes a slot (16 KiB for the controller's
+// default 1,024 listed values, within L1), so that the common case, a value
+// the policy does not list, touches one cache line.
+//
+// In front of it, a one-bit filter, 4 bits a slot, set for each value's
+// hash: a value the policy does not list reads one of its few lines, which
+// every decision touches and so stay in the L1 cache, and passes to the
+// keys only on a false positive (one in eight at most).
+type valueTable struct {
+	filter []uint64    // bit h>>58 of word (h>>32)&fmask; len(keys)/16 words
+	keys   []uint32    // tag(h) of the slot's value; 0: free. A power of two long; nil: empty
+	slots  []valueSlot // by the index of its key
+}
+
+// filterBit returns the word and the bit of h in a filter of mask+1 words.
+func filterBit(h, mask uint64) (word uint64, bit uint64) {
+	return (h >> 32) & mask, 1 << (h >> 58)
+}
+
+// tag is the key of hash h in a valueTable: bits the slot's index does not
+// use (a table has far fewer than 2³² slots), never 0. Values whose tags
+// match are compared.
+func tag(h uint64) uint32 { return uint32(h>>32) | 1 }
+
+type valueSlot struct {
+	value string
+	// step is a listed value's ratio in 32.32 fixed point (see
+	// diffuseHit); allow an unlisted override's allowance.
+	step, allow uint64
+	listed      bool
+}
+
+func newValueTable(n int) valueTable {
+	if n == 0 {
+		return valueTable{}
+	}
+	size := max(1<<bits.Len(uint(2*n-1)), 16)
+	return valueTable{filter: make([]uint64, size/16), keys: make([]uint32, size), slots: make([]valueSlot, size)}
+}
+
+// put adds or replaces vs's value, whose hash is h.
+func (t *valueTable) put(h uint64, vs valueSlot) {
+	mask, key := uint64(len(t.keys)-1), tag(h)
+	i := h & mask
+	for t.keys[i] != 0 && !(t.keys[i] == key && t.slots[i].value == vs.value) {
+		i = (i + 1) & mask
+	}
+	t.keys[i], t.slots[i] = key, vs
+	w, b := filterBit(h, uint64(len(t.filter)-1))
+	t.filter[w] |= b
+}
+
+// get returns value's slot, nil if it has none. It allocates nothing; the
+// probe ends because at least half of the slots are free.
+func (t *valueTable) get(h uint64, value string) *valueSlot {
+	if len(t.keys) == 0 {
+		return nil
+	}
+	if w, b := filterBit(h, uint64(len(t.filter)-1)); t.filter[w]&b == 0 {
+		return nil
+	}
+	mask, key := uint64(len(t.keys)-1), tag(h)
+	for i := h & mask; ; i = (i + 1) & mask {
+		switch t.keys[i] {
+		case 0:
+			return nil
+		case key:
+			if vs := &t.slots[i]; vs.value == value {
+				return vs
+			}
+		}
+	}
+}
+
+// compileDescriptors compiles p's descriptors; s.mu held. It creates the
+// state of a name no earlier policy named, keeps the others', and forgets
+// the states of names p no longer names (a decision in flight on the old
+// table may still count in one, unreported).
+func (s *ServiceLimiter) compileDescriptors(p *Policy) *descTable {
+	if p == nil || len(p.Descriptors) == 0 {
+		s.descStates = nil
+		return nil
+	}
+	states := make(map[string]*descState, len(p.Descriptors))
+	dt := &descTable{}
+	for i := range p.Descriptors {
+		d := &p.Descriptors[i]
+		st := s.descStates[d.Name]
+		if st == nil {
+			st = newDescState(d.Name, s.descOpts)
+		}
+		states[d.Name] = st
+		dt.sources = append(dt.sources, d.Source)
+		dt.descs = append(dt.descs, compileDescriptor(s.name, st, d, p.LiveInstances, s.descWindow))
+		st.sk.SetThreshold(dt.descs[i].threshold)
+	}
+	s.descStates = states
+	return dt
+}
+
+// newDescState returns a descriptor's state with a fresh sketch. o was
+// validated or is the defaults: an invalid size falls back to them.
+func newDescState(name string, o heavy.Options) *descState {
+	sk, err := heavy.New(o)
+	if err != nil {
+		sk, _ = heavy.New(LimiterOptions{}.descOptions())
+	}
+	st := &descState{name: strings.Clone(name), sk: sk}
+	st.salt.Store(uint64(time.Now().UnixNano()))
+	return st
+}
+
+// compileDescriptor compiles one descriptor of a policy of service whose
+// sidecars number live, with allowances per window of window.
+func compileDescriptor(service string, st *descState, d *DescriptorPolicy, live int, window time.Duration) compiledDesc {
+	q := d.Quantile
+	if allowance.CheckQuantile(q) != nil { // hand-built policies only
+		q = allowance.DefaultQuantile
+	}
+	allow := func(limit float64) uint64 { return allowance.Allowance(limit, live, window, q) }
+	c := compiledDesc{st: st, allow: allow(d.LimitRPS), pol: d}
+	c.values = newValueTable(len(d.Overrides) + len(d.Values) + 1)
+	// The missing limit, then overrides (which may name Missing too), then
+	// the listed values: each replaces what came before for its value.
+	c.values.put(st.sk.Hash(descriptor.Missing), valueSlot{value: descriptor.Missing, allow: allow(d.MissingLimitRPS)})
+	for _, o := range d.Overrides {
+		c.values.put(st.sk.Hash(o.Value), valueSlot{value: o.Value, allow: allow(o.LimitRPS)})
+	}
+	for _, v := range d.Values {
+		c.values.put(st.sk.Hash(v.Value), valueSlot{value: v.Value, step: uint64(clampRatio(v.DropRatio) * (1 << 32)), listed: true})
+	}
+	// The report threshold of the smallest positive limit: a value with a
+	// low override must reach the controller as soon as one at the
+	// descriptor's limit would. All limits 0: everything is dropped
+	// locally, nothing needs reporting, and 0 lets no value in.
+	least := math.Inf(1)
+	for _, l := range append([]float64{d.LimitRPS, d.MissingLimitRPS}, overrideLimits(d)...) {
+		if l > 0 {
+			least = min(least, l)
+		}
+	}
+	if !math.IsInf(least, 1) {
+		c.threshold = uint32(min(allowance.ReportThreshold(least, live, window, q), math.MaxUint32))
+	}
+	c.v = &verdict{desc: d}
+	c.v.http, c.v.grpcErr = renderDescriptorRejection(service, d.Name)
+	return c
+}
+
+func overrideLimits(d *DescriptorPolicy) []float64 {
+	ls := make([]float64, len(d.Overrides))
+	for i, o := range d.Overrides {
+		ls[i] = o.LimitRPS
+	}
+	return ls
+}
+
+// renderDescriptorRejection renders what a request a descriptor of
+// service dropped gets: a 429 or RESOURCE_EXHAUSTED naming the descriptor
+// (never the value: it came from the request), told to come back after
+// MinRetryAfter, one report window, when the local allowance starts again
+// and a listed ratio may have changed.
+func renderDescriptorRejection(service, name string) (*httpRejection, error) {
+	msg := "request to service " + service + " was rate limited by sluice: its " + name + " is over its limit"
+	grpcErr := status.New(codes.ResourceExhausted, msg).Err()
+	h := &httpRejection{retryAfter: seconds[MinRetryAfter], body: []byte(msg + "\n")}
+	h.contentLength = []string{strconv.Itoa(len(h.body))}
+	h.grpcTrailerDraft = envoyRateLimitedMD
+	h.grpcTrailerX = envoyRateLimitedMD
+	h.grpcStatus, h.grpcMessage, h.grpcDetails = grpcTrailers(status.Convert(grpcErr))
+	return h, grpcErr
+}
 
 // DescriptorSources returns where the current policy's descriptors take
 // their values from, in the policy's order: index i is DecideDescriptor's
 // i. Nil when the policy names none. The slice belongs to the policy
 // snapshot: callers must not modify it. It allocates nothing.
-func (s *ServiceLimiter) DescriptorSources() []descriptor.Source { return nil }
+func (s *ServiceLimiter) DescriptorSources() []descriptor.Source {
+	if dt := s.table.Load().desc; dt != nil {
+		return dt.sources
+	}
+	return nil
+}
 
 // DecideDescriptor decides one request's value of descriptor i (an index
 // of DescriptorSources; a policy swap in between is harmless: an index the
 // new policy does not have admits) and counts it. value is the raw
 // attribute, "" when the request has none: DecideDescriptor maps it with
 // descriptor.Value. It allocates nothing and takes no lock.
-func (s *ServiceLimiter) DecideDescriptor(i int, value string) Decision { return Decision{} }
+//
+// A dropped request's Decision has Drop set and names the descriptor
+// (Decision.Descriptor); its rejection is rendered once per policy, like a
+// bucket's. An admitted one is the zero Decision. Concurrent callers may
+// assume that every call is counted once, in offered and, if dropped, in
+// one of the listed or local drops. BenchmarkDecideDescriptor measures
+// the cost.
+func (s *ServiceLimiter) DecideDescriptor(i int, value string) Decision {
+	dt := s.table.Load().desc
+	if dt == nil || uint(i) >= uint(len(dt.descs)) {
+		return Decision{}
+	}
+	d := &dt.descs[i]
+	v := descriptor.Value(value)
+	sk := d.st.sk
+	h := sk.Hash(v)
+	// Every load that may miss the cache (the value's slot, the sketch's
+	// counters) before the first locked instruction, which would hold
+	// them back until it completes: they then wait on memory together.
+	vs := d.values.get(h, v)
+	n := uint64(sk.AddHash(h, v))
+	st := &d.st.stripes[stackStripe()&s.stripeMask]
+	st.offered.Add(1)
+	if len(v) == len(descriptor.Invalid) && v == descriptor.Invalid {
+		st.invalid.Add(1)
+	}
+	allow := d.allow
+	if vs != nil {
+		if vs.listed {
+			if !diffuseHit(n, vs.step) {
+				return Decision{}
+			}
+			st.listed.Add(1)
+			return Decision{Drop: true, v: d.v}
+		}
+		allow = vs.allow
+	}
+	if n <= allow || !localHit(h^d.st.salt.Load(), n, allow) {
+		return Decision{}
+	}
+	st.local.Add(1)
+	return Decision{Drop: true, v: d.v}
+}
+
+// localHit reports whether the local rule drops a value's n-th request of
+// a window (n > allow): with probability 1 − allow/n, from a coin that is
+// a hash of the value's hash (salted per window) and n. u·n / 2⁶⁴ is
+// uniform over [0, n) for a uniform u, and below n − allow with that
+// probability.
+func localHit(h, n, allow uint64) bool {
+	u := mix(h^n*0x9e3779b97f4a7c15, h+n)
+	hi, _ := bits.Mul64(u, n)
+	return hi < n-allow
+}
+
+// Descriptor returns the name of the descriptor that dropped the request,
+// "" when it was not a descriptor's decision (a bucket's, or an admission).
+// The edges name it in their answer; Rule is nil for such a decision.
+func (d Decision) Descriptor() string {
+	if d.v == nil || d.v.desc == nil {
+		return ""
+	}
+	return d.v.desc.Name
+}
+
+// DescriptorCounts is what one descriptor counted in one report window:
+// the requests it decided, dropped, and its heavy values.
+type DescriptorCounts struct {
+	Descriptor string
+	Offered    uint64
+	Dropped    uint64 // listed and local drops
+	// Values are the window's heavy values, largest estimate first, at
+	// most the sketch's heavy-set size (LimiterOptions.DescriptorHeavy),
+	// listed values included while there is room.
+	Values []heavy.Entry
+}
+
+// RotateDescriptors ends the report window of service's descriptors: for
+// each descriptor of the current policy, in its order, it sets the
+// sketch's report threshold, rotates the sketch and appends what the
+// window counted to dst, reusing dst's Values slices (dst[:cap]), and
+// returns it. Only a service with a policy naming descriptors appends.
+//
+// It is the regular report's step (sidecar/reporter calls it once per
+// report interval, never for urgent reports): each call starts a new window
+// of the sketches and of the totals, so one holder must call it, and call
+// it about once per LimiterOptions.DescriptorWindow, the window the
+// allowances are sized for.
+func (l *Limiter) RotateDescriptors(service string, dst []DescriptorCounts) []DescriptorCounts {
+	s := l.lookup(service)
+	if s == nil {
+		return dst
+	}
+	dt := s.table.Load().desc
+	if dt == nil {
+		return dst
+	}
+	for i := range dt.descs {
+		var out *DescriptorCounts
+		if len(dst) < cap(dst) {
+			dst = dst[:len(dst)+1]
+			out = &dst[len(dst)-1]
+		} else {
+			dst = append(dst, DescriptorCounts{})
+			out = &dst[len(dst)-1]
+		}
+		dt.descs[i].rotate(out)
+	}
+	return dst
+}
+
+// rotate ends d's window and puts what it counted in out.
+func (d *compiledDesc) rotate(out *DescriptorCounts) {
+	st := d.st
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.sk.SetThreshold(d.threshold)
+	st.sk.Rotate()
+	st.salt.Add(0x9e3779b97f4a7c15)
+	t := st.totals()
+	out.Descriptor = st.name
+	out.Offered = t.offered - st.reported.offered
+	out.Dropped = min(t.listed-st.reported.listed+t.local-st.reported.local, out.Offered)
+	st.reported = t
+	out.Values = st.sk.AppendHeavy(out.Values[:0])
+	// Listed values are reported whatever their count, while the heavy
+	// set's bound leaves room: the controller needs a listed value's
+	// rate on every sidecar to keep its ratio right.
+	_, k := st.sk.Heavy()
+	if len(out.Values) >= k || len(d.pol.Values) == 0 {
+		return
+	}
+	st.listed = st.listed[:0]
+	for _, v := range d.pol.Values {
+		if _, prev := st.sk.Estimates(v.Value); prev > 0 && !slices.ContainsFunc(out.Values, func(e heavy.Entry) bool { return e.Value == v.Value }) {
+			st.listed = append(st.listed, heavy.Entry{Value: v.Value, Estimate: prev})
+		}
+	}
+	if len(st.listed) == 0 {
+		return
+	}
+	out.Values = append(out.Values, st.listed...)
+	slices.SortFunc(out.Values, func(a, b heavy.Entry) int {
+		return cmp.Or(cmp.Compare(b.Estimate, a.Estimate), strings.Compare(a.Value, b.Value))
+	})
+	out.Values = out.Values[:min(len(out.Values), k)]
+}

@@ -62,7 +62,11 @@ func (o GRPCOptions) key() string {
 // opts.TrustDecided, a call whose DecidedHeader names its caller reaches the
 // handler undecided and uncounted (see Middleware). With opts.Identify and
 // opts.RejectMismatch, a call whose caller header disagrees with its
-// identity fails with PERMISSION_DENIED.
+// identity fails with PERMISSION_DENIED. A call the bucket admits is then
+// decided by the policy's descriptors, which read its incoming metadata
+// (x-forwarded-for for an xff source) and its peer's address: one that any
+// drops fails with the descriptor's RESOURCE_EXHAUSTED status
+// (DecideDescriptor renders it) and the trailers of a drop.
 //
 // The decision and the headers are rendered when the policy is installed;
 // sluice allocates nothing per call for them, but grpc-go copies metadata
@@ -81,6 +85,10 @@ func (s *ServiceLimiter) UnaryServerInterceptor(opts GRPCOptions) grpc.UnaryServ
 			// goes back.
 			_ = grpc.SetTrailer(ctx, d.v.http.grpcTrailer(opts.RateLimitHeaders))
 			return nil, d.v.grpcErr
+		}
+		if dv := in.descriptors.decideGRPC(ctx); dv != nil {
+			_ = grpc.SetTrailer(ctx, dv.http.grpcTrailer(opts.RateLimitHeaders)) // as above
+			return nil, dv.grpcErr
 		}
 		if md := v.admitHeader(opts.RateLimitHeaders); md != nil {
 			_ = grpc.SetHeader(ctx, md) // as above; or the handler has sent headers: it has not run yet
@@ -102,6 +110,10 @@ func (s *ServiceLimiter) StreamServerInterceptor(opts GRPCOptions) grpc.StreamSe
 			ss.SetTrailer(d.v.http.grpcTrailer(opts.RateLimitHeaders))
 			return d.v.grpcErr
 		}
+		if dv := in.descriptors.decideGRPC(ss.Context()); dv != nil {
+			ss.SetTrailer(dv.http.grpcTrailer(opts.RateLimitHeaders))
+			return dv.grpcErr
+		}
 		if md := v.admitHeader(opts.RateLimitHeaders); md != nil {
 			_ = ss.SetHeader(md) // fails only once headers are sent, and the handler has not run
 		}
@@ -116,10 +128,14 @@ type incoming struct {
 	identify IdentifyContext
 	rules    callerRules
 	refusal  error // PERMISSION_DENIED for a mismatch under RejectMismatch
+	// descriptors decides the calls the bucket admitted by the policy's
+	// descriptors (see descriptor_edges.go).
+	descriptors *descriptorEdge
 }
 
 func (s *ServiceLimiter) incoming(opts GRPCOptions) *incoming {
-	return &incoming{s: s, key: opts.key(), identify: opts.Identify, rules: opts.rules(), refusal: renderRefusal(s.name).grpcErr}
+	return &incoming{s: s, key: opts.key(), identify: opts.Identify, rules: opts.rules(), refusal: renderRefusal(s.name).grpcErr,
+		descriptors: newDescriptorEdge(s)}
 }
 
 // decide decides an inbound call of fullMethod, in the leaf of that

@@ -85,15 +85,25 @@ func (o HTTPOptions) rules() callerRules {
 // A gRPC call's caller is its metadata key opts.CallerHeader, which is the
 // HTTP/2 header of that name.
 //
+// A request the bucket admits is then decided by each of the policy's
+// descriptors (issue #15), each taking its value from the request by its
+// source: a header, r.RemoteAddr, or X-Forwarded-For as r arrived (see
+// descriptor_edges.go). One that any descriptor drops gets a drop's answer
+// as above, the descriptor's (DecideDescriptor renders it); admitted, it
+// goes on as above, without allocating.
+//
 // With opts.TrustDecided, a request whose DecidedHeader names its caller
 // was decided and counted by the caller's outbound enforcement: it reaches
-// next undecided and uncounted (but in DecidedUpstream). It gets the
-// rate-limit headers its caller's rule announces all the same.
+// next undecided and uncounted by its bucket (but in DecidedUpstream). It
+// gets the rate-limit headers its caller's rule announces all the same, and
+// its descriptors, which only the callee's policy has, decide it as any
+// other's.
 func (s *ServiceLimiter) Middleware(next http.Handler, opts HTTPOptions) http.Handler {
 	key := textproto.CanonicalMIMEHeaderKey(cmp.Or(opts.CallerHeader, DefaultCallerHeader))
 	form := opts.RateLimitHeaders
 	rules := opts.rules()
 	refusal := renderRefusal(s.name)
+	descriptors := newDescriptorEdge(s)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var header, id string
 		if v := r.Header[key]; len(v) > 0 {
@@ -126,6 +136,14 @@ func (s *ServiceLimiter) Middleware(next http.Handler, opts HTTPOptions) http.Ha
 				return
 			}
 			v = d.v
+		}
+		if dv := descriptors.decideHTTP(r); dv != nil {
+			if grpcRequest(r) {
+				dv.http.writeGRPC(w, form)
+			} else {
+				dv.http.write(w, form)
+			}
+			return
 		}
 		if form != NoRateLimitHeaders && v != nil && v.admit != nil {
 			v.admit.setHTTP(w.Header(), form)

@@ -1,6 +1,7 @@
 package sidecar
 
 import (
+	"cmp"
 	"maps"
 	"math"
 	"math/rand/v2"
@@ -12,6 +13,7 @@ import (
 	"unsafe"
 
 	"github.com/sluicehq/sluice/pkg/dropratio"
+	"github.com/sluicehq/sluice/pkg/heavy"
 	"github.com/sluicehq/sluice/pkg/names"
 )
 
@@ -87,6 +89,20 @@ type LimiterOptions struct {
 	// whatever the addresses of its goroutine's stack: the simulator needs
 	// that. It costs contention when several cores decide at once.
 	OneStripe bool
+
+	// DescriptorCounters is the number of counters of each descriptor's
+	// sketch per window (heavy.Options.Counters): memory is about 8 bytes
+	// per counter per descriptor, whatever the number of values. 0 means
+	// DefaultDescriptorCounters.
+	DescriptorCounters int
+	// DescriptorHeavy bounds the heavy values of each descriptor's sketch
+	// per window (heavy.Options.K), and so the values of a descriptor in
+	// one report. 0 means DefaultDescriptorHeavy.
+	DescriptorHeavy int
+	// DescriptorWindow is the window the local allowances are sized for:
+	// the interval between RotateDescriptors calls, the sidecar's report
+	// interval. 0 means DefaultDescriptorWindow.
+	DescriptorWindow time.Duration
 }
 
 // Limiter decides requests locally from the drop policies it holds and counts
@@ -107,6 +123,8 @@ type Limiter struct {
 	peerIdle   time.Duration // < 0: never evict
 	random     bool
 	stripeMask uint64 // nStripes-1, or 0 with OneStripe
+	descOpts   heavy.Options
+	descWindow time.Duration
 
 	// services is an immutable map, replaced (copy on write) under mu when a
 	// service is added. Services are never removed.
@@ -129,6 +147,10 @@ func NewLimiter(opts LimiterOptions) *Limiter {
 	}
 	if l.peerIdle == 0 {
 		l.peerIdle = DefaultPeerIdle
+	}
+	l.descOpts, l.descWindow = opts.descOptions(), cmp.Or(opts.DescriptorWindow, DefaultDescriptorWindow)
+	if l.descWindow < 0 {
+		l.descWindow = DefaultDescriptorWindow
 	}
 	m := map[string]*ServiceLimiter{}
 	l.services.Store(&m)
@@ -163,6 +185,7 @@ func (l *Limiter) Service(name string) *ServiceLimiter {
 	}
 	s := newServiceLimiter(strings.Clone(name), l.maxPeers, l.random, l.stripeMask)
 	s.peerIdle, s.maxLeaves = l.peerIdle, l.maxLeaves
+	s.descOpts, s.descWindow = l.descOpts, l.descWindow
 	m := maps.Clone(old)
 	m[s.name] = s
 	l.services.Store(&m)
@@ -269,7 +292,9 @@ func (l *Limiter) Services() []string {
 type Decision struct {
 	Drop   bool // reject the request: an enforced ratio picked it
 	Shadow bool // a shadow ratio picked it; the request is admitted
-	v      *verdict
+	// v is the verdict the request was decided under: a bucket's, or a
+	// descriptor's (v.desc set) for a drop by DecideDescriptor.
+	v *verdict
 }
 
 // Rule returns the rule the decision was made under, nil when the policy did
@@ -288,6 +313,9 @@ func (d Decision) Rule() *Rule {
 // atomics that the fail modes of an expired policy keep in it.
 type verdict struct {
 	rule *Rule
+	// desc is set, and rule nil, on the verdict of a descriptor's drops
+	// (see DecideDescriptor): its rejection names the descriptor.
+	desc *DescriptorPolicy
 	// step is the ratio in 32.32 fixed point: Diffuse drops the k-th
 	// request of a stripe when (k-1)·step + ½ and k·step + ½ have different
 	// integer parts.
@@ -631,6 +659,7 @@ type table struct {
 	limit    int         // MaxPeers, or MaxLeaves for a service with procedures
 	policy   *Policy
 	verdicts map[leaf]*verdict // the policy compiled, by leaf, for leaves added later
+	desc     *descTable        // the policy's descriptors compiled; nil: none
 }
 
 // ServiceLimiter is a Limiter bound to one service: it skips the service
@@ -656,6 +685,10 @@ type ServiceLimiter struct {
 	invalidPeers atomic.Uint64 // requests whose peer name failed the name check
 	upstream     atomic.Uint64 // inbound requests their caller had decided already (DecidedHeader); see client.go
 	ident        identityCounts
+
+	descOpts   heavy.Options
+	descWindow time.Duration
+	descStates map[string]*descState // by descriptor name, those the current policy names; guarded by mu
 }
 
 func newServiceLimiter(name string, maxPeers int, random bool, stripeMask uint64) *ServiceLimiter {
@@ -844,13 +877,13 @@ func (s *ServiceLimiter) setPolicy(p *Policy, received time.Time) {
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.installLocked(p, procs, verdicts)
+	s.installLocked(p, procs, verdicts, s.compileDescriptors(p))
 	s.fail.reset(p, received)
 }
 
 // installLocked installs p with its procedures and verdicts, by leaf, as
 // one new table. s.mu must be held.
-func (s *ServiceLimiter) installLocked(p *Policy, procs *procedures, verdicts map[leaf]*verdict) {
+func (s *ServiceLimiter) installLocked(p *Policy, procs *procedures, verdicts map[leaf]*verdict, desc *descTable) {
 	old := s.table.Load()
 	nt := &table{
 		leaves:   make(map[leaf]slot, len(old.leaves)),
@@ -858,6 +891,7 @@ func (s *ServiceLimiter) installLocked(p *Policy, procs *procedures, verdicts ma
 		limit:    s.maxPeers,
 		policy:   p,
 		verdicts: verdicts,
+		desc:     desc,
 	}
 	if procs != noProcedures {
 		nt.limit = s.maxLeaves

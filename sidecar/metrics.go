@@ -83,6 +83,50 @@ var (
 		[]string{"service"}, nil)
 )
 
+// Descriptor metrics (issue #15): labelled by service and descriptor name,
+// which the policy bounds (descriptor.MaxPerService per service), never by
+// a value.
+var (
+	descOfferedDesc = prometheus.NewDesc("sluice_sidecar_descriptor_offered_total",
+		"Requests a descriptor decided (its bucket had admitted them), whatever their value.",
+		[]string{"service", "descriptor"}, nil)
+	descDroppedDesc = prometheus.NewDesc("sluice_sidecar_descriptor_dropped_total",
+		"Requests a descriptor dropped, by reason: listed, by the ratio the controller listed for the value; local, "+
+			"by the sidecar's allowance for a value the policy does not list.",
+		[]string{"service", "descriptor", "reason"}, nil)
+	descInvalidDesc = prometheus.NewDesc("sluice_sidecar_descriptor_invalid_total",
+		"Requests whose descriptor value was unusable (too long, not UTF-8): counted and decided as _invalid, never stored.",
+		[]string{"service", "descriptor"}, nil)
+	descHeavyDesc = prometheus.NewDesc("sluice_sidecar_descriptor_heavy_fullness",
+		"Share of the descriptor sketch's heavy set (--descriptor-heavy values) the current window fills, 0 to 1; "+
+			"at 1, values at the report threshold compete for a place and the smallest are not reported.",
+		[]string{"service", "descriptor"}, nil)
+	descBytesDesc = prometheus.NewDesc("sluice_sidecar_descriptor_sketch_bytes",
+		"Memory of the descriptor's sketch (both windows' counters, heavy sets and values), set by --descriptor-counters "+
+			"and --descriptor-heavy, whatever the number of values.",
+		[]string{"service", "descriptor"}, nil)
+)
+
+// collectDescriptors sends the metrics of s's current descriptors.
+func collectDescriptors(ch chan<- prometheus.Metric, s *ServiceLimiter) {
+	dt := s.table.Load().desc
+	if dt == nil {
+		return
+	}
+	bytes := float64(s.descOpts.Bytes())
+	for i := range dt.descs {
+		st := dt.descs[i].st
+		t := st.totals()
+		n, k := st.sk.Heavy()
+		ch <- prometheus.MustNewConstMetric(descOfferedDesc, prometheus.CounterValue, float64(t.offered), s.name, st.name)
+		ch <- prometheus.MustNewConstMetric(descDroppedDesc, prometheus.CounterValue, float64(t.listed), s.name, st.name, "listed")
+		ch <- prometheus.MustNewConstMetric(descDroppedDesc, prometheus.CounterValue, float64(t.local), s.name, st.name, "local")
+		ch <- prometheus.MustNewConstMetric(descInvalidDesc, prometheus.CounterValue, float64(t.invalid), s.name, st.name)
+		ch <- prometheus.MustNewConstMetric(descHeavyDesc, prometheus.GaugeValue, float64(n)/float64(k), s.name, st.name)
+		ch <- prometheus.MustNewConstMetric(descBytesDesc, prometheus.GaugeValue, bytes, s.name, st.name)
+	}
+}
+
 // The states the policy state gauge has a series for.
 var gaugedStates = [...]PolicyState{Fresh, Stale, Expired}
 
@@ -132,6 +176,11 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- decidedIgnoredDesc
 	ch <- upstreamArrivalsDesc
 	ch <- upstreamDroppedDesc
+	ch <- descOfferedDesc
+	ch <- descDroppedDesc
+	ch <- descInvalidDesc
+	ch <- descHeavyDesc
+	ch <- descBytesDesc
 }
 
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
@@ -198,6 +247,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		if st.State != NoPolicy && !st.Received.IsZero() {
 			ch <- prometheus.MustNewConstMetric(policyAgeDesc, prometheus.GaugeValue, st.Age.Seconds(), name)
 		}
+		collectDescriptors(ch, s)
 		fc := s.failCounts()
 		ch <- prometheus.MustNewConstMetric(failOpenDesc, prometheus.CounterValue, float64(fc.failOpen), name)
 		ch <- prometheus.MustNewConstMetric(localDecisionsDesc, prometheus.CounterValue, float64(fc.localAdmitted+fc.localShadow), name, "admitted")

@@ -302,6 +302,7 @@ func PolicyFromProto(m *sluicev1.DropPolicy) (*Policy, error) {
 		}
 		p.Peers = append(p.Peers, r)
 	}
+	p.Descriptors = descriptorsFromProto(m.GetDescriptors(), p.Direction, bad)
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("invalid drop policy %q: %w", m.GetName(), err)
 	}
@@ -583,6 +584,7 @@ func (p *Policy) Proto() *sluicev1.DropPolicy {
 		}
 		m.Peers = append(m.Peers, pp)
 	}
+	m.Descriptors = descriptorsProto(p.Descriptors)
 	return m
 }
 

@@ -20,6 +20,7 @@ import (
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/testkit"
 	"github.com/sluicehq/sluice/pkg/dataplane"
+	"github.com/sluicehq/sluice/pkg/descriptor"
 	"github.com/sluicehq/sluice/pkg/dropratio"
 	"github.com/sluicehq/sluice/pkg/names"
 	"github.com/sluicehq/sluice/pkg/routes"
@@ -93,7 +94,54 @@ func policySeeds(t testing.TB) []seed {
 			}
 		})
 	}
+	withDescriptors := func(edit func(*sluicev1.DropPolicy)) []byte {
+		return good(func(m *sluicev1.DropPolicy) {
+			m.Descriptors = []*sluicev1.DescriptorPolicy{
+				{Name: "tenant", Source: "header x-tenant-id", LimitRps: 50, MissingLimitRps: 10, Quantile: 0.95,
+					Overrides: []*sluicev1.ValueLimit{{Value: "_missing", LimitRps: 5}, {Value: "acme", LimitRps: 500}},
+					Values: []*sluicev1.ValuePolicy{
+						{Value: "_invalid", DropRatio: 0.5, LimitRps: 50, OfferedRps: 100},
+						{Value: "acme", LimitRps: 500, OfferedRps: 400},
+						{Value: "evil", DropRatio: 0.9, LimitRps: 50, OfferedRps: 500},
+					}},
+				{Name: "ip", Source: "xff 2", LimitRps: 0, Quantile: 0.99},
+			}
+			if edit != nil {
+				edit(m)
+			}
+		})
+	}
+	desc0 := func(edit func(*sluicev1.DescriptorPolicy)) []byte {
+		return withDescriptors(func(m *sluicev1.DropPolicy) { edit(m.Descriptors[0]) })
+	}
 	return []seed{
+		{Name: "good-descriptors", Args: b(withDescriptors(nil))},
+		{Name: "good-descriptor-client-ip", Args: b(desc0(func(d *sluicev1.DescriptorPolicy) { d.Source = "client-ip"; d.Overrides, d.Values = nil, nil }))},
+		{Name: "bad-descriptor-name", Args: b(desc0(func(d *sluicev1.DescriptorPolicy) { d.Name = "Tenant" }))},
+		{Name: "bad-descriptor-duplicate", Args: b(withDescriptors(func(m *sluicev1.DropPolicy) { m.Descriptors[1].Name = "tenant" }))},
+		{Name: "bad-descriptor-too-many", Args: b(withDescriptors(func(m *sluicev1.DropPolicy) {
+			for _, n := range []string{"a", "b", "c"} {
+				m.Descriptors = append(m.Descriptors, &sluicev1.DescriptorPolicy{Name: n, Source: "client-ip", Quantile: 0.5})
+			}
+		}))},
+		{Name: "bad-descriptor-outbound", Args: b(withDescriptors(func(m *sluicev1.DropPolicy) {
+			m.Name, m.Direction = "caller/checkout", sluicev1.Direction_DIRECTION_OUTBOUND
+		}))},
+		{Name: "bad-descriptor-source", Args: b(desc0(func(d *sluicev1.DescriptorPolicy) { d.Source = "cookie session" }))},
+		{Name: "bad-descriptor-limit-nan", Args: b(desc0(func(d *sluicev1.DescriptorPolicy) { d.LimitRps = math.NaN() }))},
+		{Name: "bad-descriptor-missing-negative", Args: b(desc0(func(d *sluicev1.DescriptorPolicy) { d.MissingLimitRps = -1 }))},
+		{Name: "bad-descriptor-quantile-one", Args: b(desc0(func(d *sluicev1.DescriptorPolicy) { d.Quantile = 1 }))},
+		{Name: "bad-descriptor-quantile-unset", Args: b(desc0(func(d *sluicev1.DescriptorPolicy) { d.Quantile = 0 }))},
+		{Name: "bad-descriptor-overrides-unsorted", Args: b(desc0(func(d *sluicev1.DescriptorPolicy) {
+			d.Overrides[0], d.Overrides[1] = d.Overrides[1], d.Overrides[0]
+		}))},
+		{Name: "bad-descriptor-override-invalid", Args: b(desc0(func(d *sluicev1.DescriptorPolicy) { d.Overrides[0].Value = "_invalid" }))},
+		{Name: "bad-descriptor-override-inf", Args: b(desc0(func(d *sluicev1.DescriptorPolicy) { d.Overrides[1].LimitRps = math.Inf(1) }))},
+		{Name: "bad-descriptor-value-duplicate", Args: b(desc0(func(d *sluicev1.DescriptorPolicy) { d.Values[2].Value = "acme" }))},
+		{Name: "bad-descriptor-value-long", Args: b(desc0(func(d *sluicev1.DescriptorPolicy) { d.Values[2].Value = strings.Repeat("z", 257) }))},
+		{Name: "bad-descriptor-value-empty", Args: b(desc0(func(d *sluicev1.DescriptorPolicy) { d.Values[0].Value = "" }))},
+		{Name: "bad-descriptor-ratio-one", Args: b(desc0(func(d *sluicev1.DescriptorPolicy) { d.Values[2].DropRatio = 1 }))},
+		{Name: "bad-descriptor-offered-nan", Args: b(desc0(func(d *sluicev1.DescriptorPolicy) { d.Values[1].OfferedRps = math.NaN() }))},
 		{Name: "good", Args: b(good(nil))},
 		{Name: "good-outbound", Args: b(good(func(m *sluicev1.DropPolicy) {
 			m.Name, m.Direction = "caller/checkout", sluicev1.Direction_DIRECTION_OUTBOUND
@@ -266,6 +314,7 @@ func checkPolicy(t *testing.T, m *sluicev1.DropPolicy, p *Policy) {
 	if _, err := routes.CompileRoutes(p.Routes); err != nil {
 		t.Errorf("accepted routes that do not compile: %v", err)
 	}
+	checkDescriptors(t, p)
 	for i, r := range p.Peers {
 		if names.Check(r.Peer) != nil {
 			t.Errorf("peers[%d]: accepted name %q", i, r.Peer)
@@ -323,8 +372,47 @@ func equalPolicies(t *testing.T, via string, want, got *Policy) {
 			math.Float64bits(a.AllowedRPS) == math.Float64bits(b.AllowedRPS) &&
 			math.Float64bits(a.OfferedRPS) == math.Float64bits(b.OfferedRPS)
 	}
+	same = same && slices.EqualFunc(want.Descriptors, got.Descriptors, func(a, b DescriptorPolicy) bool {
+		return a.Name == b.Name && a.Source == b.Source &&
+			math.Float64bits(a.LimitRPS) == math.Float64bits(b.LimitRPS) &&
+			math.Float64bits(a.MissingLimitRPS) == math.Float64bits(b.MissingLimitRPS) &&
+			math.Float64bits(a.Quantile) == math.Float64bits(b.Quantile) &&
+			slices.Equal(a.Overrides, b.Overrides) && slices.Equal(a.Values, b.Values)
+	})
 	if !same {
 		t.Fatalf("round trip through %s changed the policy:\n was %+v\n now %+v", via, want, got)
+	}
+}
+
+// checkDescriptors checks what every accepted policy's descriptors must
+// hold: what the Limiter and the reports rely on.
+func checkDescriptors(t *testing.T, p *Policy) {
+	t.Helper()
+	if len(p.Descriptors) > descriptor.MaxPerService || len(p.Descriptors) > 0 && p.Direction != Inbound {
+		t.Errorf("accepted %d descriptors in a %v policy", len(p.Descriptors), p.Direction)
+	}
+	for i, d := range p.Descriptors {
+		if descriptor.CheckName(d.Name) != nil || slices.IndexFunc(p.Descriptors, func(e DescriptorPolicy) bool { return e.Name == d.Name }) != i {
+			t.Errorf("descriptors[%d]: accepted name %q", i, d.Name)
+		}
+		if back, err := descriptor.ParseSource(d.Source.String()); err != nil || back != d.Source {
+			t.Errorf("descriptors[%d]: accepted source %+v", i, d.Source)
+		}
+		if !(d.LimitRPS >= 0) || !(d.MissingLimitRPS >= 0) || math.IsInf(d.LimitRPS, 0) || math.IsInf(d.MissingLimitRPS, 0) ||
+			!(d.Quantile > 0 && d.Quantile < 1) {
+			t.Errorf("descriptors[%d]: accepted limit %v, missing %v, quantile %v", i, d.LimitRPS, d.MissingLimitRPS, d.Quantile)
+		}
+		for j, o := range d.Overrides {
+			if descriptor.CheckValue(o.Value) != nil || j > 0 && o.Value <= d.Overrides[j-1].Value || !(o.LimitRPS >= 0) || math.IsInf(o.LimitRPS, 0) {
+				t.Errorf("descriptors[%d].overrides[%d]: accepted %+v", i, j, o)
+			}
+		}
+		for j, v := range d.Values {
+			if descriptor.CheckValue(v.Value) != nil && !descriptor.Reserved(v.Value) || j > 0 && v.Value <= d.Values[j-1].Value ||
+				!(v.DropRatio >= 0 && v.DropRatio < 1) || !(v.LimitRPS >= 0) || math.IsInf(v.LimitRPS, 0) || !(v.OfferedRPS >= 0) || math.IsInf(v.OfferedRPS, 0) {
+				t.Errorf("descriptors[%d].values[%d]: accepted %+v", i, j, v)
+			}
+		}
 	}
 }
 
@@ -380,6 +468,7 @@ func enforce(t *testing.T, p *Policy) {
 		send(r.Peer, requestPath(r.Procedure))
 	}
 	send("never-listed-peer-x", "/")
+	enforceDescriptors(t, l, p)
 
 	var offered uint64
 	counts := l.AppendCounts(p.Service, nil)
@@ -449,5 +538,42 @@ func checkRejection(t *testing.T, rec *httptest.ResponseRecorder, service string
 	n, err := strconv.ParseInt(q, 10, 64)
 	if !ok || !ok2 || err != nil || n < 0 || n > maxSFInteger || float64(n) > quota {
 		t.Errorf("RateLimit-Policy %q for quota %v", pol, quota)
+	}
+}
+
+// enforceDescriptors decides each listed value and override of p's
+// descriptors, an unlisted one and a missing one, and checks what the
+// Limiter counted and reports.
+func enforceDescriptors(t *testing.T, l *Limiter, p *Policy) {
+	t.Helper()
+	s := l.Service(p.Service)
+	if got := s.DescriptorSources(); len(got) != len(p.Descriptors) {
+		t.Fatalf("DescriptorSources() = %v for %d descriptors", got, len(p.Descriptors))
+	}
+	sent := make([]uint64, len(p.Descriptors))
+	for i, d := range p.Descriptors {
+		vals := []string{"", "never-listed-value", strings.Repeat("x", 300)}
+		for _, v := range d.Values {
+			vals = append(vals, v.Value)
+		}
+		for _, o := range d.Overrides {
+			vals = append(vals, o.Value)
+		}
+		for _, v := range vals {
+			if dec := s.DecideDescriptor(i, v); dec.Drop && dec.Descriptor() != d.Name {
+				t.Fatalf("descriptor %q dropped %.20q naming %q", d.Name, v, dec.Descriptor())
+			}
+			sent[i]++
+		}
+	}
+	for i, c := range l.RotateDescriptors(p.Service, nil) {
+		if c.Descriptor != p.Descriptors[i].Name || c.Offered != sent[i] || c.Dropped > c.Offered {
+			t.Errorf("descriptor %d: reported %+v, sent %d", i, c, sent[i])
+		}
+		for _, e := range c.Values {
+			if descriptor.Value(e.Value) != e.Value {
+				t.Errorf("descriptor %d: reported value %.20q", i, e.Value)
+			}
+		}
 	}
 }

@@ -415,6 +415,10 @@ func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Agent, er
 	if err != nil {
 		return nil, err
 	}
+	// The middleware decides, descriptors included, before the proxy
+	// rewrites anything: an "xff N" descriptor reads X-Forwarded-For as it
+	// arrived, so N counts the proxies in front of the sidecar, not the
+	// sidecar, and the app then sees the header with the caller appended.
 	a.handler = a.svc.Middleware(p, sidecar.HTTPOptions{
 		CallerHeader:     cfg.CallerHeader,
 		Identify:         identify,

@@ -18,9 +18,14 @@
 //     completed in the window (until a counter saturates at 2³²−1).
 //   - It over-counts only through collisions with other values: serially,
 //     by at most ε·N with probability at least 1−δ, where N is the window's
-//     number of Adds, ε = e/Width and δ = e⁻⁴ ≈ 1.8 % (Rows = 4). With the
-//     default Counters (2¹⁶, Width 2¹⁴) ε ≈ 1.7·10⁻⁴. Conservative update
-//     makes the over-count much smaller than that on skewed streams.
+//     number of Adds, ε = e/Width and δ = e⁻³ ≈ 5 % (Rows = 3). With the
+//     default Counters (3·2¹⁵, Width 2¹⁵) ε ≈ 8.3·10⁻⁵. Conservative update
+//     makes the over-count much smaller than that on skewed streams. (Four
+//     rows gave δ = 1.8 % but cost a load and up to a compare-and-swap
+//     more per Add, about a sixth of a descriptor's decision. Three rows
+//     of 2¹⁵ (384 KiB a window) over-count a value's first Add less often
+//     than the former default, four of 2¹⁴ (256 KiB), and more often than
+//     four of 2¹⁵: see docs/benchmarks.md.)
 //   - Concurrent Adds of one value that collides with no other sum
 //     exactly; concurrent Adds in general keep the guarantee above. An Add
 //     or Estimate racing with the eviction of its value from the heavy set
@@ -34,15 +39,15 @@
 // # Cost
 //
 // Add is a hash of the value (hash/maphash, 4 to 9 ns for a short value
-// here), four loads, and one compare-and-swap per row at the minimum: one
-// for a value whose counters differ, up to four for a value alone in its
+// here), three loads, and one compare-and-swap per row at the minimum: one
+// for a value whose counters differ, up to three for a value alone in its
 // counters (a fresh window, or a heavy value that dominates them). A
 // member of the heavy set is counted instead by one atomic add on a
 // counter of its own (its estimate: its rows' minimum plus that count), so
 // the values counted most pay least. A locked instruction costs about 7 ns
 // on the development machine: that is the price of counting exactly under
 // concurrency; see docs/benchmarks.md. Keep Rows × Width × 8 bytes (both
-// windows) within the L2 cache: past it every Add waits on memory four
+// windows) within the L2 cache: past it every Add waits on memory three
 // times.
 //
 // # Bad input

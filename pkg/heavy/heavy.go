@@ -13,10 +13,10 @@ import (
 
 const (
 	// Rows is the number of rows of each window's count-min sketch: the
-	// bound on over-counting fails with probability δ = e⁻⁴ ≈ 1.8 %.
-	Rows = 4
+	// bound on over-counting fails with probability δ = e⁻³ ≈ 5 %.
+	Rows = 3
 
-	DefaultCounters    = 1 << 16 // per window, all rows together: 256 KiB
+	DefaultCounters    = 3 << 15 // per window, all rows together: Width 2¹⁵, 384 KiB
 	DefaultK           = 256
 	DefaultMaxValueLen = 256
 
@@ -118,7 +118,7 @@ type Sketch struct {
 	windows   [2]*window
 	threshold atomic.Uint32
 	seed      maphash.Seed
-	seed2     maphash.Seed // the last two rows' indices, when Width > 2¹⁶
+	seed2     maphash.Seed // the last row's index, when Width > 2¹⁶
 	mask      uint32       // Width − 1
 	width     uint32
 	wide      bool
@@ -169,14 +169,17 @@ func (s *Sketch) Valid(value string) bool {
 // each row (offsets into window.counters). With an ideal hash the rows'
 // indices are independent: each takes its own bits of the hash.
 func (s *Sketch) locate(value string) (key uint64, off [Rows]uint32) {
-	h := maphash.String(s.seed, value)
+	return s.locateHash(maphash.String(s.seed, value), value)
+}
+
+// locateHash is locate for h = maphash.String(s.seed, value).
+func (s *Sketch) locateHash(h uint64, value string) (key uint64, off [Rows]uint32) {
 	m, w := s.mask, s.width
 	if !s.wide {
 		off = [Rows]uint32{
 			uint32(h) & m,
 			uint32(h>>16)&m + w,
 			uint32(h>>32)&m + 2*w,
-			uint32(h>>48)&m + 3*w,
 		}
 	} else {
 		h2 := maphash.String(s.seed2, value)
@@ -184,7 +187,6 @@ func (s *Sketch) locate(value string) (key uint64, off [Rows]uint32) {
 			uint32(h) & m,
 			uint32(h>>32)&m + w,
 			uint32(h2)&m + 2*w,
-			uint32(h2>>32)&m + 3*w,
 		}
 	}
 	return h | 1, off
@@ -203,7 +205,33 @@ func (s *Sketch) Add(value string) uint32 {
 	if len(value) > s.maxLen {
 		value = Invalid
 	}
-	key, off := s.locate(value)
+	return s.add(maphash.String(s.seed, value), value)
+}
+
+// Hash returns the hash under which the Sketch counts value (a value longer
+// than MaxValueLen: Invalid's), for AddHash: a caller that also looks value
+// up in a table of its own keyed by this hash hashes it once. It is keyed
+// by a seed drawn at New and constant for the Sketch's life, so a table
+// built from it stays valid, and values can not be chosen to collide in
+// it. It allocates nothing.
+func (s *Sketch) Hash(value string) uint64 {
+	if len(value) > s.maxLen {
+		value = Invalid
+	}
+	return maphash.String(s.seed, value)
+}
+
+// AddHash is Add of value for h = s.Hash(value), without hashing value
+// again.
+func (s *Sketch) AddHash(h uint64, value string) uint32 {
+	if len(value) > s.maxLen {
+		value = Invalid
+	}
+	return s.add(h, value)
+}
+
+func (s *Sketch) add(h uint64, value string) uint32 {
+	key, off := s.locateHash(h, value)
 	w := s.gen.Load().cur
 	n, unflushed, ok := w.addMember(key, &off)
 	if ok {

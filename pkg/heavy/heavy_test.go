@@ -462,8 +462,8 @@ func TestAddAllocatesNothing(t *testing.T) {
 // quarter of a million distinct values, many of them churning through the heavy set,
 // allocates nothing more.
 func TestMemoryIsFixed(t *testing.T) {
-	o := Options{Counters: 1 << 16, K: 256, MaxValueLen: 256, Threshold: 2}
-	want := 2 * (1<<16*4 + 512*12 + 256*256 + 256*40)
+	o := Options{Counters: 3 << 14, K: 256, MaxValueLen: 256, Threshold: 2}
+	want := 2 * (3<<14*4 + 512*12 + 256*256 + 256*32)
 	if unsafe.Sizeof(entry{}) != entrySize {
 		t.Fatalf("an entry is %d bytes, entrySize says %d", unsafe.Sizeof(entry{}), entrySize)
 	}
@@ -501,8 +501,8 @@ func TestOptions(t *testing.T) {
 		width     int
 		wantError string
 	}{
-		{Options{}, 1 << 14, ""},
-		{Options{Counters: 1000}, 128, ""},
+		{Options{}, 1 << 15, ""},
+		{Options{Counters: 1000}, 256, ""},
 		{Options{Counters: 64}, 16, ""},
 		{Options{Counters: 32}, 0, "Counters 32"},
 		{Options{Counters: 1 << 31}, 0, "Counters"},

@@ -60,7 +60,7 @@ const (
 	genUnit   = 1 << 50
 )
 
-const entrySize = 8 + 8 + 4*Rows + 8 // key, word, off, len (padded)
+const entrySize = (8 + 8 + 4*Rows + 2 + 7) / 8 * 8 // key, word, off, len, padded to a word
 
 func newWindow(counters, slots, k, maxLen int) *window {
 	return &window{
@@ -85,18 +85,17 @@ func sat32(n uint64) uint32 { return uint32(min(n, math.MaxUint32)) }
 // its own. Counters saturate at 2³²−1.
 func (w *window) add(off *[Rows]uint32, c uint32) uint32 {
 	cs := w.counters
-	c0, c1, c2, c3 := &cs[off[0]], &cs[off[1]], &cs[off[2]], &cs[off[3]]
+	c0, c1, c2 := &cs[off[0]], &cs[off[1]], &cs[off[2]]
 	for {
-		v0, v1, v2, v3 := c0.Load(), c1.Load(), c2.Load(), c3.Load()
-		e := min(v0, v1, v2, v3)
+		v0, v1, v2 := c0.Load(), c1.Load(), c2.Load()
+		e := min(v0, v1, v2)
 		if e == math.MaxUint32 {
 			return e
 		}
 		t := e + min(c, math.MaxUint32-e)
 		if (v0 < t && !c0.CompareAndSwap(v0, t)) ||
 			(v1 < t && !c1.CompareAndSwap(v1, t)) ||
-			(v2 < t && !c2.CompareAndSwap(v2, t)) ||
-			(v3 < t && !c3.CompareAndSwap(v3, t)) {
+			(v2 < t && !c2.CompareAndSwap(v2, t)) {
 			continue
 		}
 		return t
@@ -105,7 +104,7 @@ func (w *window) add(off *[Rows]uint32, c uint32) uint32 {
 
 func (w *window) estimate(off *[Rows]uint32) uint32 {
 	c := w.counters
-	return min(c[off[0]].Load(), c[off[1]].Load(), c[off[2]].Load(), c[off[3]].Load())
+	return min(c[off[0]].Load(), c[off[1]].Load(), c[off[2]].Load())
 }
 
 // member returns key's entry, if key is in the heavy set; without a lock.

@@ -41,6 +41,18 @@ type Source interface {
 	AppendCounts(service string, dst []sidecar.PeerCounts) []sidecar.PeerCounts
 }
 
+// DescriptorSource is a Source that also counts descriptor values
+// (issue #15); sidecar.Limiter implements it. A Window whose Source
+// implements it puts the service's descriptors in every regular report
+// (never in urgent ones): RotateDescriptors ends the descriptors' window,
+// and returns what it counted, reusing dst. Each call starts a new window,
+// so a Limiter's service has one such reader: its Window (the reporter's,
+// or the simulator's, which gets descriptors the same way by handing the
+// Limiter to NewWindow).
+type DescriptorSource interface {
+	RotateDescriptors(service string, dst []sidecar.DescriptorCounts) []sidecar.DescriptorCounts
+}
+
 // Bounds of Config.Interval. They match the aggregator's defaults (its
 // shortest window, its --max-report-interval): a report outside them would
 // be rejected. The longest interval bounds how long one report keeps a
@@ -422,4 +434,24 @@ func directionProto(d sidecar.Direction) sluicev1.Direction {
 		return sluicev1.Direction_DIRECTION_OUTBOUND
 	}
 	return sluicev1.Direction_DIRECTION_INBOUND
+}
+
+// descriptorsProto puts a window's descriptor counts on the wire. The
+// Limiter bounds them: at most descriptor.MaxPerService descriptors, each
+// with at most its heavy-set size of values, names checked by its policy
+// and values by descriptor.Value before they were counted.
+func descriptorsProto(ds []sidecar.DescriptorCounts) []*sluicev1.DescriptorCounts {
+	if len(ds) == 0 {
+		return nil
+	}
+	out := make([]*sluicev1.DescriptorCounts, len(ds))
+	for i, d := range ds {
+		m := &sluicev1.DescriptorCounts{Descriptor_: d.Descriptor, Offered: d.Offered, Dropped: d.Dropped}
+		m.Values = make([]*sluicev1.ValueCounts, len(d.Values))
+		for j, e := range d.Values {
+			m.Values[j] = &sluicev1.ValueCounts{Value: e.Value, Offered: uint64(e.Estimate)}
+		}
+		out[i] = m
+	}
+	return out
 }

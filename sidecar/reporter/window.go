@@ -46,6 +46,8 @@ type Window struct {
 	// scratch, swapped with prev when a report goes out.
 	prev, checked, cur []sidecar.PeerCounts
 	prevAt, checkedAt  time.Time
+	// descs is the scratch of the descriptors' counts, reused.
+	descs []sidecar.DescriptorCounts
 }
 
 // NewWindow starts the first report window at now: src's counters as they
@@ -57,6 +59,10 @@ func NewWindow(cfg WindowConfig, now time.Time, src Source) *Window {
 		checks:    cfg.SurgeChecks,
 		prev:      src.AppendCounts(cfg.Header.Service, nil),
 		prevAt:    now,
+	}
+	if ds, ok := src.(DescriptorSource); ok {
+		// The baseline, as for the counters: a window starts now.
+		w.descs = ds.RotateDescriptors(cfg.Header.Service, w.descs[:0])
 	}
 	if w.checks {
 		w.checked, w.checkedAt = slices.Clone(w.prev), now
@@ -77,7 +83,12 @@ func (w *Window) Tick(now time.Time, src Source) *sluicev1.LoadReport {
 		return nil
 	}
 	w.cur = src.AppendCounts(w.hdr.Service, w.cur[:0])
-	return w.send(w.prev, w.prevAt, now, false)
+	rep := w.send(w.prev, w.prevAt, now, false)
+	if ds, ok := src.(DescriptorSource); ok {
+		w.descs = ds.RotateDescriptors(w.hdr.Service, w.descs[:0])
+		rep.Descriptors = descriptorsProto(w.descs)
+	}
+	return rep
 }
 
 // Check is a surge check's step at now: an urgent report when a peer's rate

@@ -1,0 +1,79 @@
+package reporter
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/pkg/allowance"
+	"github.com/sluicehq/sluice/pkg/descriptor"
+	"github.com/sluicehq/sluice/pkg/names"
+	"github.com/sluicehq/sluice/sidecar"
+)
+
+// TestWindowReportsDescriptors runs a real Limiter with a descriptor under
+// a Window: regular reports carry the window's descriptor counts, bounded
+// by the heavy-set size; urgent ones carry none; what came before the
+// Window is its baseline.
+func TestWindowReportsDescriptors(t *testing.T) {
+	const k = 8
+	l := sidecar.NewLimiter(sidecar.LimiterOptions{DescriptorHeavy: k})
+	l.SetPolicy(&sidecar.Policy{
+		Name: names.Callee("api"), Service: "api", LiveInstances: 1,
+		Descriptors: []sidecar.DescriptorPolicy{{
+			Name: "tenant", Source: descriptor.Source{Kind: descriptor.Header, Header: "x-tenant-id"},
+			LimitRPS: 20, MissingLimitRPS: 20, Quantile: allowance.DefaultQuantile,
+		}},
+	})
+	s := l.Service("api")
+	decide := func(value string, n int) {
+		for range n {
+			s.Decide("web")
+			s.DecideDescriptor(0, value)
+		}
+	}
+	decide("before", 100) // the baseline: never reported
+	start := time.Unix(0, 0)
+	w := NewWindow(WindowConfig{Header: Header{SidecarID: "a", Service: "api"}, Interval: time.Second, SurgeChecks: true}, start, l)
+
+	for v := range 3 * k {
+		decide(fmt.Sprint("heavy-", v), 50+v)
+	}
+	for v := range 1000 {
+		decide(fmt.Sprint("light-", v), 1)
+	}
+	offered := uint64(1000)
+	for v := range 3 * k {
+		offered += uint64(50 + v)
+	}
+	rep := w.Tick(start.Add(time.Second), l)
+	if len(rep.GetDescriptors()) != 1 {
+		t.Fatalf("report has descriptors %v, want tenant", rep.GetDescriptors())
+	}
+	d := rep.GetDescriptors()[0]
+	if d.GetDescriptor_() != "tenant" || d.GetOffered() != offered || d.GetDropped() == 0 || d.GetDropped() > offered {
+		t.Errorf("tenant: offered %d dropped %d, want offered %d and some dropped", d.GetOffered(), d.GetDropped(), offered)
+	}
+	if len(d.GetValues()) != k {
+		t.Fatalf("%d values, want the heavy-set bound %d", len(d.GetValues()), k)
+	}
+	for i, v := range d.GetValues() {
+		// The largest, largest first: heavy-23 … heavy-16.
+		if want := fmt.Sprint("heavy-", 3*k-1-i); v.GetValue() != want || v.GetOffered() < uint64(50+3*k-1-i) {
+			t.Errorf("values[%d] = %s=%d, want %s", i, v.GetValue(), v.GetOffered(), want)
+		}
+	}
+
+	// A surge report carries no descriptors, and leaves their window
+	// running.
+	decide("burst", 2000)
+	urgent := w.Check(start.Add(1100*time.Millisecond), l)
+	if urgent == nil || !urgent.GetUrgent() || len(urgent.GetDescriptors()) != 0 {
+		t.Fatalf("surge check: %v", urgent)
+	}
+	rep = w.Tick(start.Add(2*time.Second), l)
+	d = rep.GetDescriptors()[0]
+	if d.GetOffered() != 2000 || len(d.GetValues()) != 1 || d.GetValues()[0].GetValue() != "burst" {
+		t.Errorf("after the surge: %v", d)
+	}
+}
