@@ -404,10 +404,12 @@ func newEngine(sc *Scenario, seed uint64, opts Options) (*engine, error) {
 					id:     fmt.Sprintf("%s-%s-%d", c.svc.Name, sc.Zones[z], i),
 					callee: ci,
 					zone:   z,
-					lim:    sidecar.NewLimiter(sidecar.LimiterOptions{OneStripe: true}),
-					agg:    z,
-					held:   make([]float64, len(c.buckets)),
-					desc:   -1,
+					// The allowances are sized for the report interval: the
+					// reporter rotates the descriptors' sketches at each report.
+					lim:  sidecar.NewLimiter(sidecar.LimiterOptions{OneStripe: true, DescriptorWindow: sc.Loop.ReportInterval}),
+					agg:  z,
+					held: make([]float64, len(c.buckets)),
+					desc: -1,
 				}
 				s.svc = s.lim.Service(c.svc.Name)
 				s.expiry = sidecar.Expiry{Limiter: s.lim, Service: c.svc.Name}

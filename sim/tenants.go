@@ -18,7 +18,7 @@ import (
 // caller, each request carrying its tenant as the value of one of the
 // callee's descriptors (issue #15): the traffic of a per-tenant limit.
 //
-// Tenant i (i = 1..Count, named TenantName) sends Rate·i^-Exponent/H rps,
+// Tenant i (i = 1..Count, named TenantName(i)) sends Rate·i^-Exponent/H rps,
 // H = Σ_j j^-Exponent: a Zipf law whose rates add up to Rate. Arrivals are
 // Poisson. A Sticky share of the tenants, picked at random, is pinned to one
 // sidecar of the callee, picked at random: all its requests go there
@@ -45,11 +45,12 @@ type Tenants struct {
 }
 
 // TenantName returns the value tenant i (1-based) sends: "t" and i
-// zero-padded to the width of count, so that every name has one length.
-func TenantName(i, count int) string {
-	w := len(strconv.Itoa(count))
-	return fmt.Sprintf("t%0*d", w, i)
-}
+// zero-padded to the digits of MaxTenants, so that every name has one
+// length whatever the scenario's count, and runs with different counts put
+// the same bytes per value on the wire (a real tenant ID has one format).
+func TenantName(i int) string { return fmt.Sprintf("t%0*d", tenantDigits, i) }
+
+var tenantDigits = len(strconv.Itoa(MaxTenants))
 
 // tenantPop is a run's population: who is pinned where, who abuses, and
 // every tenant's name, as flat arrays indexed by rank (0-based: tenant
@@ -70,14 +71,14 @@ func newTenantPop(t *Tenants, sidecars int, r *rand.Rand) *tenantPop {
 	p := &tenantPop{
 		t:         t,
 		zipf:      newZipf(t.Count, t.Exponent),
-		width:     len(TenantName(t.Count, t.Count)),
+		width:     len(TenantName(t.Count)),
 		pin:       make([]int32, t.Count),
 		abuse:     make([]int32, t.Count),
 		overrides: map[int32]float64{},
 	}
 	buf := make([]byte, 0, p.width*t.Count)
 	for i := range t.Count {
-		buf = append(buf, TenantName(i+1, t.Count)...)
+		buf = append(buf, TenantName(i+1)...)
 		p.pin[i] = -1
 		p.abuse[i] = -1
 		if r.Float64() < t.Sticky {

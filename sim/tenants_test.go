@@ -12,7 +12,7 @@ func testTenants(count int) *Tenants {
 		Callee: "api", Caller: "web", Descriptor: "tenant",
 		Count: count, Exponent: 1, Rate: 100, Sticky: 0.25,
 		Abusers: 2, AbuseFactor: 10, AbuseFrom: 2 * time.Second,
-		Limit: 5, Overrides: map[string]float64{"t02": 2, "acme": 500},
+		Limit: 5, Overrides: map[string]float64{"t00000002": 2, "acme": 500},
 	}
 }
 
@@ -23,7 +23,7 @@ func TestTenantOracleExact(t *testing.T) {
 	r := rand.New(rand.NewPCG(3, 4))
 	pop := newTenantPop(ts, 7, r)
 	if got := pop.limit(1); got != 2 {
-		t.Fatalf("t02's limit = %v, want its override 2", got)
+		t.Fatalf("t00000002's limit = %v, want its override 2", got)
 	}
 	const nbins = 5
 	o := newTenantOracle(pop, nbins)
@@ -94,7 +94,7 @@ func TestTenantPop(t *testing.T) {
 	ts := testTenants(10000)
 	ts.Abusers = 50
 	pop := newTenantPop(ts, 300, rand.New(rand.NewPCG(1, 1)))
-	if pop.name(0) != "t00001" || pop.name(9999) != "t10000" {
+	if pop.name(0) != "t00000001" || pop.name(9999) != "t00010000" {
 		t.Fatalf("names %q, %q", pop.name(0), pop.name(9999))
 	}
 	for _, i := range []int{0, 41, 9999} {
