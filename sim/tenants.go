@@ -144,6 +144,9 @@ type TenantResult struct {
 	// (every tenant but the abusers, and the abusers before AbuseFrom),
 	// Abusive the abusers' from AbuseFrom on.
 	Compliant, Abusive TenantCounts
+	// Pinned is the part of Compliant sent by tenants pinned to one
+	// sidecar, whose whole rate meets one sidecar's local allowance.
+	Pinned TenantCounts
 	// Abusers holds each abuser's series, one entry per Bin.
 	Abusers []AbuserSeries
 	// Resources are the loop's costs that the number of tenants must not
@@ -156,6 +159,13 @@ type TenantResult struct {
 type TenantCounts struct {
 	Offered, Admitted              int64
 	WronglyLimited, WronglyAllowed float64
+}
+
+func (c *TenantCounts) add(offered, admitted uint32, ideal float64) {
+	c.Offered += int64(offered)
+	c.Admitted += int64(admitted)
+	c.WronglyLimited += max(0, ideal-float64(admitted))
+	c.WronglyAllowed += max(0, float64(admitted)-ideal)
 }
 
 // AbuserSeries is one abusive tenant's traffic.
@@ -233,10 +243,10 @@ func (o *tenantOracle) endSecond(bin int) {
 			o.res.Abusers[a].Offered[bin] = float64(off)
 			o.res.Abusers[a].Admitted[bin] = float64(adm)
 		}
-		c.Offered += int64(off)
-		c.Admitted += int64(adm)
-		c.WronglyLimited += max(0, ideal-float64(adm))
-		c.WronglyAllowed += max(0, float64(adm)-ideal)
+		c.add(off, adm, ideal)
+		if c == &o.res.Compliant && o.pop.pin[i] >= 0 {
+			o.res.Pinned.add(off, adm, ideal)
+		}
 	}
 	o.touched = o.touched[:0]
 }
@@ -279,8 +289,9 @@ type TenantMeasures struct {
 	// requests: Σ over tenants and seconds of max(0, min(offered, limit) −
 	// admitted), resp. max(0, admitted − min(offered, limit)), over Σ
 	// offered. CompliantLimited is the wrongly limited share of the
-	// compliant requests alone.
-	WronglyLimited, WronglyAllowed, CompliantLimited float64
+	// compliant requests alone, PinnedLimited of the pinned compliant
+	// tenants' requests.
+	WronglyLimited, WronglyAllowed, CompliantLimited, PinnedLimited float64
 	// AbuserError is the mean over the enforced abusers of |mean admitted
 	// rate − limit| / limit over their seconds from enforcement to the end
 	// of the run; NaN if none was enforced.
@@ -288,9 +299,10 @@ type TenantMeasures struct {
 	// TimeToEnforce is, per abuser, from AbuseFrom to the first second from
 	// which every second's admitted count stays within AbuserTolerance of
 	// its limit (0: from the first second of abuse); the mean and the
-	// slowest over the enforced abusers. Unenforced counts the others.
+	// slowest over the enforced abusers. Unenforced counts the others,
+	// Slow the enforced ones slower than GoalTimeToEnforce.
 	MeanTimeToEnforce, MaxTimeToEnforce time.Duration
-	Unenforced                          int
+	Unenforced, Slow                    int
 }
 
 // MeasureTenants computes a run's tenant measures.
@@ -303,6 +315,9 @@ func MeasureTenants(r *TenantResult) TenantMeasures {
 	}
 	if c.Offered > 0 {
 		m.CompliantLimited = c.WronglyLimited / float64(c.Offered)
+	}
+	if p := r.Pinned; p.Offered > 0 {
+		m.PinnedLimited = p.WronglyLimited / float64(p.Offered)
 	}
 	from := int(r.Tenants.AbuseFrom / Bin)
 	var errSum float64
@@ -329,6 +344,9 @@ func MeasureTenants(r *TenantResult) TenantMeasures {
 		tte := time.Duration(s0-from) * Bin
 		tteSum += tte
 		m.MaxTimeToEnforce = max(m.MaxTimeToEnforce, tte)
+		if tte > GoalTimeToEnforce {
+			m.Slow++
+		}
 		enforced++
 	}
 	if enforced > 0 {
@@ -443,11 +461,12 @@ func writeTenants(b *strings.Builder, r *TenantResult) {
 	fmt.Fprintln(tw, "  MEASURE\tGOT\tGOAL\t")
 	fmt.Fprintf(tw, "  wrongly limited (all requests)\t%s\t< %s\t%s\n", pct(m.WronglyLimited), goalPct(GoalWronglyLimited), verdict(m.WronglyLimited < GoalWronglyLimited))
 	fmt.Fprintf(tw, "  wrongly limited (compliant tenants' requests)\t%s\t\t\n", pct(m.CompliantLimited))
+	fmt.Fprintf(tw, "  wrongly limited (pinned compliant tenants' requests)\t%s\t\t\n", pct(m.PinnedLimited))
 	fmt.Fprintf(tw, "  wrongly allowed (all requests)\t%s\t\t\n", pct(m.WronglyAllowed))
 	fmt.Fprintf(tw, "  abusers' admitted rate, mean error\t%s\t≤ %s\t%s\n", pct(m.AbuserError), goalPct(GoalAbuserError), verdict(m.AbuserError <= GoalAbuserError))
 	fmt.Fprintf(tw, "  time to enforce an abuser, mean / slowest\t%s / %s\t≤ %s\t%s\n", tte, maxTTE, dur(GoalTimeToEnforce),
 		verdict(m.MaxTimeToEnforce >= 0 && m.MaxTimeToEnforce <= GoalTimeToEnforce && m.Unenforced == 0))
-	fmt.Fprintf(tw, "  abusers never enforced\t%d\t0\t\n", m.Unenforced)
+	fmt.Fprintf(tw, "  abusers enforced later than %s / never\t%d / %d\t0\t\n", dur(GoalTimeToEnforce), m.Slow, m.Unenforced)
 	_ = tw.Flush()
 	res := r.Resources
 	fmt.Fprintf(b, "  sidecar memory: descriptor sketch %s bytes · most values a policy listed: %d\n", count(float64(res.SketchBytes)), res.Listed)
