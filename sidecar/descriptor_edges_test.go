@@ -21,8 +21,6 @@ import (
 	"github.com/sluicehq/sluice/pkg/names"
 )
 
-const needsLimiter = "needs the descriptor limiter (wt-dcore)"
-
 var (
 	tenantSource = descriptor.Source{Kind: descriptor.Header, Header: "x-tenant-id"}
 	clientSource = descriptor.Source{Kind: descriptor.ClientIP}
@@ -157,7 +155,6 @@ func edgeLimiter(t testing.TB) *ServiceLimiter {
 // admitted, by the value its source gives, and one drop refuses it with
 // the descriptor's answer.
 func TestMiddlewareDescriptors(t *testing.T) {
-	t.Skip(needsLimiter)
 	s := edgeLimiter(t)
 	reached := 0
 	srv := httptest.NewServer(s.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -227,7 +224,6 @@ func TestMiddlewareDescriptors(t *testing.T) {
 // The admitted path allocates nothing with descriptors of every source,
 // and a hostile value costs nothing either.
 func TestMiddlewareDescriptorAllocs(t *testing.T) {
-	t.Skip(needsLimiter)
 	s := edgeLimiter(t)
 	reached := 0
 	h := s.Middleware(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { reached++ }), HTTPOptions{})
@@ -253,7 +249,6 @@ func TestMiddlewareDescriptorAllocs(t *testing.T) {
 // TestGRPCInterceptorDescriptors: the interceptors take values from
 // metadata and the peer's address, on loopback.
 func TestGRPCInterceptorDescriptors(t *testing.T) {
-	t.Skip(needsLimiter)
 	s := edgeLimiter(t)
 	client := startHealthServer(t, s, GRPCOptions{})
 	for _, tc := range []struct {
@@ -328,7 +323,6 @@ func BenchmarkGRPCValue(b *testing.B) {
 // three descriptors of edgePolicy, next to BenchmarkMiddlewareDecide's
 // without.
 func BenchmarkMiddlewareDescriptors(b *testing.B) {
-	b.Skip(needsLimiter)
 	h := edgeLimiter(b).Middleware(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}), HTTPOptions{})
 	req := httptest.NewRequest(http.MethodGet, "/", nil)
 	req.RemoteAddr = "127.0.0.1:5555"
@@ -344,7 +338,6 @@ func BenchmarkMiddlewareDescriptors(b *testing.B) {
 // A request its caller decided (TrustDecided) passes its bucket uncounted,
 // but not the callee's descriptors, which no caller decides.
 func TestMiddlewareDescriptorsDecidedUpstream(t *testing.T) {
-	t.Skip(needsLimiter)
 	s := edgeLimiter(t)
 	h := s.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}), HTTPOptions{TrustDecided: true})
 	for tenant, want := range map[string]int{"acme": http.StatusOK, "other": http.StatusTooManyRequests} {

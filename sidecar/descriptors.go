@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/sluicehq/sluice/pkg/allowance"
+	"github.com/sluicehq/sluice/pkg/dataplane"
 	"github.com/sluicehq/sluice/pkg/descriptor"
 	"github.com/sluicehq/sluice/pkg/heavy"
 )
@@ -137,6 +138,34 @@ type compiledDesc struct {
 	// threshold is the sketch's report threshold under this policy.
 	threshold uint32
 	pol       *DescriptorPolicy
+	// keep, under an expired policy's fail mode open, is the share of
+	// each listed ratio still in force (of 2³², as failState.keep); nil
+	// otherwise.
+	keep *atomic.Uint64
+}
+
+// failDescriptors returns dt as an expired policy p's fail mode has it:
+// under open, listed ratios decay with keep, as the buckets' do; under
+// local, nothing is listed, and every value is decided by the allowance,
+// which is the local share of its limit; under hold, dt. The sketches and
+// counters stay: they are the descriptors' own, whatever decides.
+func (s *ServiceLimiter) failDescriptors(dt *descTable, p *Policy, keep *atomic.Uint64) *descTable {
+	if dt == nil || p.FailMode == dataplane.FailHold {
+		return dt
+	}
+	nt := &descTable{sources: dt.sources, descs: slices.Clone(dt.descs)}
+	for i := range nt.descs {
+		c := &nt.descs[i]
+		if p.FailMode != dataplane.FailLocal {
+			c.keep = keep
+			continue
+		}
+		unlisted := *c.pol
+		unlisted.Values = nil
+		*c = compileDescriptor(s.name, c.st, &unlisted, p.LiveInstances, s.descWindow)
+		c.v = dt.descs[i].v // the same answer, rendered once
+	}
+	return nt
 }
 
 // valueTable maps the listed and overridden values of a descriptor, by the
@@ -360,7 +389,11 @@ func (s *ServiceLimiter) DecideDescriptor(i int, value string) Decision {
 	allow := d.allow
 	if vs != nil {
 		if vs.listed {
-			if !diffuseHit(n, vs.step) {
+			step := vs.step
+			if d.keep != nil { // an expired policy, failing open
+				step = step * d.keep.Load() >> 32
+			}
+			if !diffuseHit(n, step) {
 				return Decision{}
 			}
 			st.listed.Add(1)

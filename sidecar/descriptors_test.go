@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/sluicehq/sluice/pkg/allowance"
+	"github.com/sluicehq/sluice/pkg/dataplane"
 	"github.com/sluicehq/sluice/pkg/descriptor"
 	"github.com/sluicehq/sluice/pkg/names"
 )
@@ -396,5 +397,53 @@ func TestLimiterOptionsValidate(t *testing.T) {
 	l.SetPolicy(tenantPolicy(nil))
 	if d := l.Service("api").DecideDescriptor(0, "x"); d.Drop {
 		t.Errorf("first request of a value dropped: %+v", d)
+	}
+}
+
+// An expired policy's fail mode reaches its descriptors: open decays a
+// listed value's ratio as it decays a bucket's, hold keeps it, and local
+// forgets the list and decides every value by its allowance, the local
+// share of its limit.
+func TestDescriptorFailModes(t *testing.T) {
+	for _, tc := range []struct {
+		mode dataplane.FailMode
+		// at is when, after the TTL, the listed value is decided; want is
+		// the share of its requests dropped then.
+		at   time.Duration
+		want float64
+	}{
+		{dataplane.FailOpen, testDecay / 2, 0.4},
+		{dataplane.FailOpen, testDecay, 0},
+		{dataplane.FailHold, testDecay, 0.8},
+		{dataplane.FailLocal, testDecay, 0.8},
+	} {
+		t.Run(fmt.Sprintf("%v-%v", tc.mode, tc.at), func(t *testing.T) {
+			p := tenantPolicy(func(d *DescriptorPolicy) {
+				// The listed value's ratio is 0.8; its allowance (10 rps
+				// over one sidecar, 1 s windows) would drop 0.8 of 50 too.
+				d.Values = []ValueRule{{Value: "acme", DropRatio: 0.8, LimitRPS: 10, OfferedRPS: 50}}
+			})
+			p.TTL, p.FailMode, p.FailOpenDecay = testTTL, tc.mode, testDecay
+			l := NewLimiter(LimiterOptions{OneStripe: true})
+			l.SetPolicyAt(p, t0)
+			s := l.Service("api")
+			l.Expire(t0.Add(testTTL + tc.at))
+			if st := s.Status(); st.State != Expired {
+				t.Fatalf("status %+v, want expired", st)
+			}
+			const n = 1000
+			got := float64(decideValue(t, s, "acme", n)) / n
+			tolerance := 0.01
+			if tc.mode == dataplane.FailLocal {
+				// 1 − A/k for the k-th request past the allowance A: the
+				// share over n requests is 1 − A(1 + ln(n/A))/n.
+				a := float64(allowance.Allowance(10, 1, time.Second, allowance.DefaultQuantile))
+				tc.want = 1 - a*(1+math.Log(n/a))/n
+				tolerance = 0.05
+			}
+			if math.Abs(got-tc.want) > tolerance {
+				t.Errorf("acme lost %.3f of its requests, want %.3f ± %v", got, tc.want, tolerance)
+			}
+		})
 	}
 }

@@ -235,7 +235,7 @@ func (s *ServiceLimiter) deriveLocked(p *Policy) {
 	for k, v := range old.verdicts {
 		verdicts[k] = s.failVerdict(p, v, callers)
 	}
-	s.installLocked(p, old.procs, verdicts, old.desc)
+	s.installLocked(p, old.procs, verdicts, s.failDescriptors(old.desc, p, s.fail.keep))
 	s.fail.derived = true
 }
 

@@ -112,6 +112,11 @@ type Config struct {
 	// tracked besides the ones the policy limits, before a new leaf (c, q)
 	// shares (_overflow, q); at most MaxLeavesBound.
 	MaxLeaves int
+	// DescriptorCounters and DescriptorHeavy size each descriptor's
+	// sketch (sidecar.LimiterOptions): the counters of one window, and the
+	// heavy values it holds and reports. Memory is set by them, never by
+	// the number of distinct values.
+	DescriptorCounters, DescriptorHeavy int
 	// PeerIdle is how long a caller the policy does not limit keeps its
 	// place among the MaxPeers without a request (sidecar.LimiterOptions);
 	// at least two report intervals, so that its last requests have been
@@ -149,21 +154,23 @@ func DefaultConfig() Config {
 		host = "sidecar"
 	}
 	return Config{
-		ID:               host + "-" + strconv.Itoa(os.Getpid()),
-		Upstream:         "http://127.0.0.1:8080",
-		Aggregators:      []string{"127.0.0.1:18100"},
-		Controllers:      []string{"127.0.0.1:18000"},
-		XDSProtocol:      "delta",
-		ReportInterval:   time.Second,
-		CallerHeader:     "x-sluice-caller",
-		CallerIdentity:   "header",
-		TrustedProxies:   []string{"127.0.0.1/32", "::1/128", "127.0.0.6/32", "::6/128"}, // inject.XFCCTrustedProxies too
-		TrustDomain:      "cluster.local",
-		CallerMismatch:   "ignore",
-		MaxPeers:         1024,
-		MaxLeaves:        sidecar.DefaultMaxLeaves,
-		Strategy:         "diffuse",
-		RateLimitHeaders: sidecar.NoRateLimitHeaders.String(),
+		ID:                 host + "-" + strconv.Itoa(os.Getpid()),
+		Upstream:           "http://127.0.0.1:8080",
+		Aggregators:        []string{"127.0.0.1:18100"},
+		Controllers:        []string{"127.0.0.1:18000"},
+		XDSProtocol:        "delta",
+		ReportInterval:     time.Second,
+		CallerHeader:       "x-sluice-caller",
+		CallerIdentity:     "header",
+		TrustedProxies:     []string{"127.0.0.1/32", "::1/128", "127.0.0.6/32", "::6/128"}, // inject.XFCCTrustedProxies too
+		TrustDomain:        "cluster.local",
+		CallerMismatch:     "ignore",
+		MaxPeers:           1024,
+		MaxLeaves:          sidecar.DefaultMaxLeaves,
+		DescriptorCounters: sidecar.DefaultDescriptorCounters,
+		DescriptorHeavy:    sidecar.DefaultDescriptorHeavy,
+		Strategy:           "diffuse",
+		RateLimitHeaders:   sidecar.NoRateLimitHeaders.String(),
 
 		ProxyBodyTimeout: proxy.DefaultBodyTimeout,
 		ProxyMinBodyRate: proxy.DefaultMinBodyRate,
@@ -221,6 +228,9 @@ func (c Config) Validate() error {
 	if c.MaxLeaves < 1 || c.MaxLeaves > MaxLeavesBound {
 		add("max-leaves: %d is outside [1, %d]: a report names every tracked (caller, procedure) leaf, "+
 			"and aggregators fold the entries of a report beyond their --max-peers-per-report (default 10000) into _overflow", c.MaxLeaves, MaxLeavesBound)
+	}
+	if err := c.limiterOptions(sidecar.Diffuse).Validate(); err != nil {
+		add("descriptor-counters/descriptor-heavy: %v", err)
 	}
 	if c.MaxPeers < 1 || c.MaxPeers > MaxPeersBound {
 		add("max-peers: %d is outside [1, %d]: a report names every tracked caller, "+
@@ -393,7 +403,7 @@ func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Agent, er
 		strategy = sidecar.Random
 	}
 	a := &Agent{cfg: cfg, log: logger}
-	a.limiter = sidecar.NewLimiter(sidecar.LimiterOptions{MaxPeers: cfg.MaxPeers, MaxLeaves: cfg.MaxLeaves, PeerIdle: cfg.peerIdle(), Strategy: strategy})
+	a.limiter = sidecar.NewLimiter(cfg.limiterOptions(strategy))
 	a.svc = a.limiter.Service(cfg.Service)
 	if reg != nil {
 		reg.MustRegister(a.limiter.Collector())
@@ -524,3 +534,11 @@ func (a *Agent) Close() { a.proxy.Close() }
 // without a policy admits everything, so it must not hold the pod out of
 // service while the controller is away.
 func (a *Agent) Ready() error { return nil }
+
+// limiterOptions are the Limiter's options of c, with strategy. A
+// descriptor's window is the report interval: the sketch rotates as each
+// regular report goes out, so a window's heavy values are what it reports.
+func (c Config) limiterOptions(strategy sidecar.Strategy) sidecar.LimiterOptions {
+	return sidecar.LimiterOptions{MaxPeers: c.MaxPeers, MaxLeaves: c.MaxLeaves, PeerIdle: c.peerIdle(), Strategy: strategy,
+		DescriptorCounters: c.DescriptorCounters, DescriptorHeavy: c.DescriptorHeavy, DescriptorWindow: c.ReportInterval}
+}

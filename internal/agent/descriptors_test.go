@@ -22,7 +22,6 @@ import (
 // its caller's address for the app, so hops count the proxies in front of
 // the sidecar, and what a client wrote left of them is never read.
 func TestDescriptorsThroughTheProxy(t *testing.T) {
-	t.Skip("needs the descriptor limiter (wt-dcore)")
 	seen := make(chan string, 1)
 	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		seen <- r.Header.Get("X-Forwarded-For")

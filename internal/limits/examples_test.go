@@ -4,12 +4,15 @@ import (
 	"context"
 	"math"
 	"os"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/pkg/allowance"
 	"github.com/sluicehq/sluice/pkg/dataplane"
+	"github.com/sluicehq/sluice/pkg/descriptor"
 	"github.com/sluicehq/sluice/pkg/dropratio"
 	"github.com/sluicehq/sluice/pkg/names"
 	"github.com/sluicehq/sluice/pkg/routes"
@@ -25,8 +28,8 @@ func TestExampleLimitsFile(t *testing.T) {
 		t.Fatalf("the controller would not start with --limits %s: %v", path, err)
 	}
 	set := f.Limits()
-	if got := strings.Join(set.Services(), ","); got != "checkout,payments" {
-		t.Fatalf("services %s, want checkout,payments", got)
+	if got := strings.Join(set.Services(), ","); got != "api,checkout,payments" {
+		t.Fatalf("services %s, want api,checkout,payments", got)
 	}
 	if w := set.Warnings(); len(w) != 0 {
 		t.Errorf("the example warns: %q", w)
@@ -54,6 +57,7 @@ func TestExampleLimitsFile(t *testing.T) {
 		t.Errorf("checkout declares procedures %q", co.Declared)
 	}
 	checkExamplePayments(t, set.Service("payments"))
+	checkExampleAPI(t, set.Service("api"))
 	if got := set.Service("orders").Bucket("web"); !math.IsInf(got.Limit, 1) {
 		t.Errorf("a callee the file does not name is limited: %+v", got)
 	}
@@ -120,5 +124,21 @@ func checkExamplePayments(t *testing.T, pay *Service) {
 	}
 	if pay.Capacity != 500 || pay.Bucket("_overflow") != (Bucket{20, dropratio.Enforce, dataplane.EnforceSidecar}) {
 		t.Errorf("payments = %+v", pay)
+	}
+}
+
+// checkExampleAPI checks the example's callee with descriptors.
+func checkExampleAPI(t *testing.T, api *Service) {
+	t.Helper()
+	want := []Descriptor{
+		{Name: "client_ip", Source: descriptor.Source{Kind: descriptor.ForwardedFor, Hops: 1}, Limit: 100, Missing: 100, Quantile: 0.95},
+		{Name: "tenant", Source: descriptor.Source{Kind: descriptor.Header, Header: "x-tenant-id"}, Limit: 50, Missing: 10,
+			Overrides: map[string]float64{"acme": 500}, Quantile: allowance.DefaultQuantile},
+	}
+	if !reflect.DeepEqual(api.Descriptors, want) {
+		t.Errorf("api's descriptors = %+v, want %+v", api.Descriptors, want)
+	}
+	if b := api.Bucket("web"); !math.IsInf(b.Limit, 1) {
+		t.Errorf("api limits its callers: %+v", b)
 	}
 }
