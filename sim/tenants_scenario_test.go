@@ -5,6 +5,7 @@ import (
 	"flag"
 	"slices"
 	"testing"
+	"time"
 )
 
 var tenantsFull = flag.Bool("tenants", false, "TestTenantsZipf: run tenants-zipf-10k and tenants-zipf as they are (300 sidecars for 60 s, about a minute without -race), not shrunk")
@@ -17,8 +18,9 @@ var tenantsFull = flag.Bool("tenants", false, "TestTenantsZipf: run tenants-zipf
 // what the loop achieves (docs/simulation.md).
 //
 // By default both run shrunk to a tenth of their sidecars and half their
-// duration (see shrink), so that `go test ./sim` stays quick; -tenants runs
-// them as they are, as docs/simulation.md's table was measured.
+// duration (a hundredth and a third under -race; see shrink), so that
+// `go test ./sim` stays quick; -tenants runs them as they are, as
+// docs/simulation.md's table was measured.
 //
 // The runs are not byte-for-byte repeatable, so they have no golden file:
 // the sidecar's descriptor sketch hashes with a seed drawn at start-up
@@ -32,8 +34,12 @@ func TestTenantsZipf(t *testing.T) {
 	var costs []TenantCosts
 	for _, name := range []string{"tenants-zipf-10k", "tenants-zipf"} {
 		sc := loadBuiltin(t, name)
-		if !*tenantsFull {
-			sc = shrink(sc)
+		switch {
+		case *tenantsFull:
+		case raceEnabled: // the race detector slows the sketches' rotations tenfold
+			sc = shrink(sc, 100, 3)
+		default:
+			sc = shrink(sc, 10, 2)
 		}
 		r := run(t, sc, sc.Seed)
 		checkTenantBooks(t, r)
@@ -83,25 +89,25 @@ func checkTenantBooks(t *testing.T, r *Result) {
 	}
 }
 
-// shrink returns a tenant scenario with a tenth of its sidecars (at least
-// one per zone that has any) and half its duration, the abuse starting
-// half as late: what it costs to run is mostly each sidecar's, per report
-// (rotating its sketch, installing 1,024-value policies), not each
-// tenant's.
-func shrink(sc *Scenario) *Scenario {
+// shrink returns a tenant scenario with 1/sidecars of its sidecars (at
+// least one per zone that has any) and 1/duration of its duration, the
+// abuse starting as much earlier: what it costs to run is mostly each
+// sidecar's, per report (rotating its sketch, installing policies), not
+// each tenant's.
+func shrink(sc *Scenario, sidecars, duration int) *Scenario {
 	c := *sc
-	c.Duration = sc.Duration / 2
+	c.Duration = (sc.Duration / time.Duration(duration)).Truncate(Bin)
 	c.Services = slices.Clone(sc.Services)
 	for i := range c.Services {
 		c.Services[i].Sidecars = slices.Clone(sc.Services[i].Sidecars)
 		for z, n := range c.Services[i].Sidecars {
 			if n > 0 {
-				c.Services[i].Sidecars[z] = max(1, n/10)
+				c.Services[i].Sidecars[z] = max(1, n/sidecars)
 			}
 		}
 	}
 	t := *sc.Tenants
-	t.AbuseFrom = (sc.Tenants.AbuseFrom / 2).Truncate(Bin)
+	t.AbuseFrom = (sc.Tenants.AbuseFrom / time.Duration(duration)).Truncate(Bin)
 	c.Tenants = &t
 	return &c
 }
