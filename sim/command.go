@@ -199,8 +199,12 @@ func runOne(cmd *cobra.Command, sc *Scenario, seed uint64, csvDir, pngDir string
 	if err := write(pngDir, "png", WritePNG); err != nil {
 		return err
 	}
+	decisions := r.Decisions
+	if r.Tenants != nil {
+		decisions += r.Tenants.Requests
+	}
 	fmt.Fprintf(errOut, "%s seed %d: %v simulated in %v wall time, %.1fM decisions\n",
-		sc.Name, seed, sc.Duration, elapsed.Round(time.Millisecond), float64(r.Decisions)/1e6)
+		sc.Name, seed, sc.Duration, elapsed.Round(time.Millisecond), float64(decisions)/1e6)
 	return nil
 }
 

@@ -6,7 +6,10 @@
 // clock, with arrivals drawn from a seeded random source. Nothing in the
 // loop is a copy of production logic, and nothing touches the wall clock,
 // a socket or another goroutine, so the same scenario and seed give the
-// same output, byte for byte.
+// same output, byte for byte — except where a scenario sends tenants
+// (Tenants): the sidecar's descriptor sketch hashes with a seed drawn at
+// start-up and salts its coins with the wall clock, so those runs differ
+// in the last digits of their measures.
 //
 // A Scenario (a YAML file, see Parse and the files in scenarios/) describes
 // the topology, the loop's intervals, the limits, the traffic and the

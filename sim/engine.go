@@ -58,8 +58,11 @@ type Result struct {
 	// Expiries lists every stretch in which a callee's sidecars held an
 	// expired policy, in order: its fail mode was in force.
 	Expiries []Expiry
-	// Decisions is the number of Decide calls the run made.
+	// Decisions is the number of Decide calls the run made for the flows.
 	Decisions int64
+	// Tenants is the run's tenant traffic and its oracle's counts; nil
+	// when the scenario has none.
+	Tenants *TenantResult
 }
 
 // Expiry is a stretch of time in which a callee's sidecars held an expired
@@ -199,10 +202,11 @@ func Run(sc *Scenario, seed uint64, opts Options) (*Result, error) {
 		return nil, fmt.Errorf("%s seed %d: %w", sc.Name, seed, err)
 	}
 	e.run()
+	r := e.result()
 	if e.err != nil {
 		return nil, fmt.Errorf("%s seed %d: at %v: %w", sc.Name, seed, e.now, e.err)
 	}
-	return e.result(), nil
+	return r, nil
 }
 
 type event struct {
@@ -258,6 +262,7 @@ type engine struct {
 	timeline  []Happening
 	expiries  []Expiry
 	decisions int64
+	tenants   *tenantRun // nil: no tenants
 }
 
 type calleeState struct {
@@ -305,6 +310,7 @@ type simSidecar struct {
 	pending *sluicev1.LoadReport
 	flows   []sidecarFlow
 	held    []float64 // per bucket of the callee (calleeState.buckets order): rate its aggregator holds
+	desc    int       // the tenants' descriptor's index in its policy, -1: none
 }
 
 type sidecarFlow struct {
@@ -398,9 +404,12 @@ func newEngine(sc *Scenario, seed uint64, opts Options) (*engine, error) {
 					id:     fmt.Sprintf("%s-%s-%d", c.svc.Name, sc.Zones[z], i),
 					callee: ci,
 					zone:   z,
-					lim:    sidecar.NewLimiter(sidecar.LimiterOptions{OneStripe: true}),
-					agg:    z,
-					held:   make([]float64, len(c.buckets)),
+					// The allowances are sized for the report interval: the
+					// reporter rotates the descriptors' sketches at each report.
+					lim:  sidecar.NewLimiter(sidecar.LimiterOptions{OneStripe: true, DescriptorWindow: sc.Loop.ReportInterval}),
+					agg:  z,
+					held: make([]float64, len(c.buckets)),
+					desc: -1,
 				}
 				s.svc = s.lim.Service(c.svc.Name)
 				s.expiry = sidecar.Expiry{Limiter: s.lim, Service: c.svc.Name}
@@ -477,6 +486,7 @@ func newEngine(sc *Scenario, seed uint64, opts Options) (*engine, error) {
 			e.at(ev.At, func() { e.restartController(ev.Down) })
 		}
 	}
+	e.newTenantRun()
 	e.at(0, e.step)
 	return e, nil
 }
@@ -547,6 +557,7 @@ func (e *engine) run() {
 	}
 	e.now = e.sc.Duration
 	e.sampleRatios(e.nbins - 1)
+	e.endTenantSecond(e.nbins - 1)
 	if e.opts.Progress != nil && e.err == nil {
 		e.opts.Progress(e.now, e.sc.Duration)
 	}
@@ -558,6 +569,7 @@ func (e *engine) step() {
 	t := e.now
 	if t%Bin == 0 && t > 0 {
 		e.sampleRatios(int(t/Bin) - 1)
+		e.endTenantSecond(int(t/Bin) - 1)
 		if e.opts.Progress != nil {
 			e.opts.Progress(t, e.sc.Duration)
 		}
@@ -571,6 +583,7 @@ func (e *engine) step() {
 			e.offer(s, &s.flows[i], bin)
 		}
 	}
+	e.offerTenants()
 	e.steps++
 	if next := t + e.sc.Step; next < e.sc.Duration {
 		e.at(next, e.step)
@@ -933,6 +946,7 @@ func (e *engine) tickNow(gen int) {
 			// received: fresh, its TTL running from now.
 			for _, s := range c.sidecars {
 				s.lim.SetPolicyAt(p, Epoch.Add(e.now))
+				e.installed(s, p)
 				e.replaced(s)
 			}
 		})
@@ -945,6 +959,7 @@ func (e *engine) tickNow(gen int) {
 				e.after(e.sc.Loop.PushDelay, func() {
 					for _, s := range c.sidecars {
 						s.lim.RemovePolicy(c.svc.Name)
+						e.installed(s, nil)
 						e.replaced(s)
 					}
 				})
@@ -1140,7 +1155,7 @@ func (e *engine) nominalOffered(bs *bucketState, t time.Duration) float64 {
 }
 
 func (e *engine) result() *Result {
-	r := &Result{Scenario: e.sc, Seed: e.seed, ControlPlane: e.cp, FastPath: e.fast, Timeline: e.timeline, Expiries: e.expiries, Decisions: e.decisions}
+	r := &Result{Scenario: e.sc, Seed: e.seed, ControlPlane: e.cp, FastPath: e.fast, Timeline: e.timeline, Expiries: e.expiries, Decisions: e.decisions, Tenants: e.tenantResult()}
 	for i := range r.Expiries {
 		if r.Expiries[i].To < 0 {
 			r.Expiries[i].To = e.sc.Duration

@@ -57,8 +57,11 @@ type Scenario struct {
 	Services    []Service // the callees, sorted by name
 	Limits      *limits.Set
 	Flows       []Flow
-	Events      []Event // sorted by At, in file order at equal times
-	Targets     Targets
+	// Tenants, when set, is a population of tenants sending to one callee
+	// with a descriptor limit (see Tenants).
+	Tenants *Tenants
+	Events  []Event // sorted by At, in file order at equal times
+	Targets Targets
 }
 
 // Loop holds the settings of the production loop. Defaults are DESIGN.md's.
@@ -261,6 +264,7 @@ type fileScenario struct {
 	Services    map[string]fileService `yaml:"services"`
 	Limits      yaml.Node              `yaml:"limits"`
 	Flows       []fileFlow             `yaml:"flows"`
+	Tenants     *fileTenants           `yaml:"tenants"`
 	Events      []fileEvent            `yaml:"events"`
 	Targets     fileTargets            `yaml:"targets"`
 }
@@ -282,6 +286,7 @@ type fileLoop struct {
 	PMax                 *float64        `yaml:"p_max"`
 	MinRate              *float64        `yaml:"min_rate"`
 	ReleaseRate          *float64        `yaml:"release_rate"`
+	MaxDescriptorValues  *int            `yaml:"max_descriptor_values"`
 }
 
 type fileService struct {
@@ -435,6 +440,7 @@ func (d *fileScenario) build() (*Scenario, []error) {
 	cfg.Law.PMax = deref(l.PMax, cfg.Law.PMax)
 	cfg.Law.MinRate = deref(l.MinRate, cfg.Law.MinRate)
 	cfg.Law.ReleaseRate = deref(l.ReleaseRate, cfg.Law.ReleaseRate)
+	cfg.MaxDescriptorValues = deref(l.MaxDescriptorValues, cfg.MaxDescriptorValues)
 	report := derefDuration(l.ReportInterval, time.Second)
 	sc.Loop = Loop{
 		ReportInterval:       report,
@@ -473,6 +479,9 @@ func (d *fileScenario) build() (*Scenario, []error) {
 	}
 	if !(cfg.Law.ReleaseRate > 1) || math.IsInf(cfg.Law.ReleaseRate, 0) {
 		bad("loop.release_rate", "%v must be a finite factor > 1", cfg.Law.ReleaseRate)
+	}
+	if n := cfg.MaxDescriptorValues; n < 1 || n > controller.MaxDescriptorValuesBound {
+		bad("loop.max_descriptor_values", "%d is outside [1, %d]", n, controller.MaxDescriptorValuesBound)
 	}
 	if err := cfg.Validate(); err != nil && len(errs) == nerr {
 		bad("loop", "%v", err) // a bound this file does not know yet
@@ -567,8 +576,8 @@ func (d *fileScenario) build() (*Scenario, []error) {
 	}
 
 	// Flows.
-	if len(d.Flows) == 0 {
-		bad("flows", "at least one flow is required")
+	if len(d.Flows) == 0 && d.Tenants == nil {
+		bad("flows", "at least one flow (or tenants) is required")
 	}
 	for i, ff := range d.Flows {
 		path := fmt.Sprintf("flows[%d]", i)
@@ -595,6 +604,10 @@ func (d *fileScenario) build() (*Scenario, []error) {
 			f.Retry = buildRetry(ff.Retry, sc.Step, path+".retry", bad)
 		}
 		sc.Flows = append(sc.Flows, f)
+	}
+
+	if d.Tenants != nil {
+		sc.Tenants = d.Tenants.build(sc, bad)
 	}
 
 	// Events.

@@ -29,46 +29,18 @@ func WriteSummary(w io.Writer, r *Result) error {
 	}
 	b.WriteString("\n")
 
-	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "CALLER\tLIMIT\tPEAK OFFERED\tOVER LIMIT\tTIME TO ENFORCE\tPEAK OVERSHOOT\tSTEADY ERR\tCOLLATERAL\tWRONGLY DROPPED\tWRONGLY ALLOWED")
-	for _, m := range s.Callers {
-		name := m.Bucket.String()
-		if m.Shadow {
-			name += " (shadow)"
+	if len(s.Callers) > 0 { // a scenario of tenants alone has no flows
+		if err := writeCallers(&b, s); err != nil {
+			return err
 		}
-		over, tte := "-", "-"
-		if m.Over() {
-			over = secs(m.OverBins)
-			if m.Episodes > 1 {
-				over += fmt.Sprintf(" in %d", m.Episodes)
-			}
-			tte = "never"
-			if m.TimeToEnforce >= 0 {
-				tte = m.TimeToEnforce.String()
-				if m.Unenforced > 0 {
-					tte += fmt.Sprintf(" (%d never)", m.Unenforced)
-				}
-			}
-		}
-		extra := ""
-		if m.Retries > 0 {
-			extra = fmt.Sprintf("  (%s of the offered were retries)", pct(m.Retries/m.Offered))
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s%s\n", name, rate(m.Limit), rate(m.PeakOffered),
-			over, tte, signedPct(m.PeakOvershoot), pct(m.SteadyStateError), pct(m.Collateral),
-			pct(m.WronglyDropped), pct(m.WronglyAllowed), extra)
-	}
-	bys := "-"
-	if s.Bystanders > 0 {
-		bys = pct(s.BystanderCollateral) + " (bystanders)"
-	}
-	fmt.Fprintf(tw, "all callers\t\t\t\t\t\t\t%s\t%s\t%s\n", bys, pct(s.WronglyDropped), pct(s.WronglyAllowed))
-	if err := tw.Flush(); err != nil {
-		return err
 	}
 
 	for _, p := range r.Pipelines {
 		writePipeline(&b, r, &p)
+	}
+
+	if r.Tenants != nil {
+		writeTenants(&b, r.Tenants)
 	}
 
 	d := sc.Duration.Seconds()
@@ -102,6 +74,45 @@ func WriteSummary(w io.Writer, r *Result) error {
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// writeCallers writes the table of the callers' measures.
+func writeCallers(b *strings.Builder, s Summary) error {
+	tw := tabwriter.NewWriter(b, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "CALLER\tLIMIT\tPEAK OFFERED\tOVER LIMIT\tTIME TO ENFORCE\tPEAK OVERSHOOT\tSTEADY ERR\tCOLLATERAL\tWRONGLY DROPPED\tWRONGLY ALLOWED")
+	for _, m := range s.Callers {
+		name := m.Bucket.String()
+		if m.Shadow {
+			name += " (shadow)"
+		}
+		over, tte := "-", "-"
+		if m.Over() {
+			over = secs(m.OverBins)
+			if m.Episodes > 1 {
+				over += fmt.Sprintf(" in %d", m.Episodes)
+			}
+			tte = "never"
+			if m.TimeToEnforce >= 0 {
+				tte = m.TimeToEnforce.String()
+				if m.Unenforced > 0 {
+					tte += fmt.Sprintf(" (%d never)", m.Unenforced)
+				}
+			}
+		}
+		extra := ""
+		if m.Retries > 0 {
+			extra = fmt.Sprintf("  (%s of the offered were retries)", pct(m.Retries/m.Offered))
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s%s\n", name, rate(m.Limit), rate(m.PeakOffered),
+			over, tte, signedPct(m.PeakOvershoot), pct(m.SteadyStateError), pct(m.Collateral),
+			pct(m.WronglyDropped), pct(m.WronglyAllowed), extra)
+	}
+	bys := "-"
+	if s.Bystanders > 0 {
+		bys = pct(s.BystanderCollateral) + " (bystanders)"
+	}
+	fmt.Fprintf(tw, "all callers\t\t\t\t\t\t\t%s\t%s\t%s\n", bys, pct(s.WronglyDropped), pct(s.WronglyAllowed))
+	return tw.Flush()
 }
 
 // writeExpiries says what each callee's sidecars did while their policy was

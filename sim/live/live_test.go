@@ -306,6 +306,12 @@ func TestCheck(t *testing.T) {
 			t.Fatal(err)
 		}
 		err = Check(sc)
+		if sc.Tenants != nil {
+			if !errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), "descriptor values") {
+				t.Errorf("%s: %v, want ErrUnsupported for its tenants", name, err)
+			}
+			continue
+		}
 		if sc.HasProcedures() {
 			// The load generator names no procedure.
 			if !errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), "does not name procedures") {

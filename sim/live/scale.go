@@ -73,6 +73,11 @@ func Check(sc *sim.Scenario) error {
 			}
 		}
 	}
+	if sc.Tenants != nil {
+		// e2e's TestTenantLimitsAsProcesses runs tenants against the
+		// binaries instead.
+		errs = append(errs, errors.New("tenants: live mode's load generator does not send descriptor values"))
+	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("%s: %w: %w", sc.Name, ErrUnsupported, err)
 	}
