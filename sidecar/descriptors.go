@@ -313,7 +313,9 @@ func compileDescriptor(service string, st *descState, d *DescriptorPolicy, live 
 		}
 	}
 	if !math.IsInf(least, 1) {
-		c.threshold = uint32(min(allowance.ReportThreshold(least, live, window, q), math.MaxUint32))
+		// ReportThreshold is the count a value must pass; the sketch
+		// takes a value in once its count reaches the threshold.
+		c.threshold = uint32(min(allowance.ReportThreshold(least, live, window, q), math.MaxUint32-1) + 1)
 	}
 	c.v = &verdict{desc: d}
 	c.v.http, c.v.grpcErr = renderDescriptorRejection(service, d.Name)
@@ -393,7 +395,7 @@ func (s *ServiceLimiter) DecideDescriptor(i int, value string) Decision {
 			if d.keep != nil { // an expired policy, failing open
 				step = step * d.keep.Load() >> 32
 			}
-			if !diffuseHit(n, step) {
+			if !phasedHit(n, step, h^d.st.salt.Load()) {
 				return Decision{}
 			}
 			st.listed.Add(1)
@@ -406,6 +408,19 @@ func (s *ServiceLimiter) DecideDescriptor(i int, value string) Decision {
 	}
 	st.local.Add(1)
 	return Decision{Drop: true, v: d.v}
+}
+
+// phasedHit reports whether a listed value's n-th request of a window is
+// dropped at ratio step/2³²: error diffusion over the value's own count,
+// as diffuseHit, but from a phase hashed from the value and the window
+// (h, salted). A value spread over many sidecars has a count of one or two
+// on each in a window: diffusion from a fixed phase would drop each one's
+// first requests, nearly all of them at a high ratio; from a random phase
+// each request is dropped with probability step/2³² exactly, and a value
+// concentrated on one sidecar still loses n·step/2³² ± 1 of n.
+func phasedHit(n, step, h uint64) bool {
+	x := (n-1)*step + uint64(uint32(mix(h, h>>32^0x9e3779b97f4a7c15)))
+	return (x+step)>>32 != x>>32
 }
 
 // localHit reports whether the local rule drops a value's n-th request of

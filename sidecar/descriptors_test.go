@@ -3,6 +3,7 @@ package sidecar
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -445,5 +446,48 @@ func TestDescriptorFailModes(t *testing.T) {
 				t.Errorf("acme lost %.3f of its requests, want %.3f ± %v", got, tc.want, tolerance)
 			}
 		})
+	}
+}
+
+// A listed value spread over many sidecars has a count of one or two on
+// each in a window: it still loses its ratio of its requests, not the
+// first requests of every window (what diffusion from a fixed phase
+// dropped: nearly all of them at a high ratio).
+func TestListedValueSpreadThin(t *testing.T) {
+	const ratio, windows = 0.9, 20000
+	l := NewLimiter(LimiterOptions{OneStripe: true, DescriptorCounters: 3 * 1024}) // a rotation clears them
+	l.SetPolicy(tenantPolicy(func(d *DescriptorPolicy) {
+		d.Values = []ValueRule{{Value: "acme", DropRatio: ratio, LimitRPS: 10, OfferedRPS: 100}}
+	}))
+	s := l.Service("api")
+	for _, perWindow := range []int{1, 2} {
+		drops := 0
+		for range windows {
+			drops += decideValue(t, s, "acme", perWindow)
+			l.RotateDescriptors("api", nil)
+		}
+		n := float64(windows * perWindow)
+		// Binomial at worst (one request a window): 5 standard deviations.
+		if got, tol := float64(drops), 5*math.Sqrt(n*ratio*(1-ratio)); math.Abs(got-ratio*n) > tol {
+			t.Errorf("%d a window: %v of %v dropped, want %v ± %.0f", perWindow, got, n, ratio*n, tol)
+		}
+	}
+}
+
+// The report threshold is the count a value must pass to be reported
+// (allowance.ReportThreshold): a value at it is not heavy, one past it is.
+func TestReportThresholdIsPassed(t *testing.T) {
+	p := tenantPolicy(nil)
+	l, s := newDescLimiter(t, p)
+	th := allowance.ReportThreshold(p.Descriptors[0].LimitRPS, p.LiveInstances, DefaultDescriptorWindow, allowance.DefaultQuantile)
+	decideValue(t, s, "at", int(th))
+	decideValue(t, s, "past", int(th)+1)
+	c := l.RotateDescriptors("api", nil)
+	var got []string
+	for _, v := range c[0].Values {
+		got = append(got, v.Value)
+	}
+	if !slices.Equal(got, []string{"past"}) {
+		t.Errorf("threshold %d: reported %q, want only the value past it", th, got)
 	}
 }
