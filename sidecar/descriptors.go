@@ -315,7 +315,7 @@ func compileDescriptor(service string, st *descState, d *DescriptorPolicy, live 
 	if !math.IsInf(least, 1) {
 		// ReportThreshold is the count a value must pass; the sketch
 		// takes a value in once its count reaches the threshold.
-		c.threshold = uint32(min(allowance.ReportThreshold(least, live, window, q), math.MaxUint32-1) + 1)
+		c.threshold = uint32(min(allowance.ReportThreshold(least, live, window, allowance.DefaultQuantile), math.MaxUint32-1) + 1)
 	}
 	c.v = &verdict{desc: d}
 	c.v.http, c.v.grpcErr = renderDescriptorRejection(service, d.Name)
