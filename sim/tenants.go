@@ -147,6 +147,10 @@ type TenantResult struct {
 	// Pinned is the part of Compliant sent by tenants pinned to one
 	// sidecar, whose whole rate meets one sidecar's local allowance.
 	Pinned TenantCounts
+	// Warm is the part of Compliant from AbuseFrom on: a fleet whose
+	// tenants did not all start at once, at the simulation's first
+	// second, with nothing listed.
+	Warm TenantCounts
 	// Abusers holds each abuser's series, one entry per Bin.
 	Abusers []AbuserSeries
 	// Resources are the loop's costs that the number of tenants must not
@@ -155,17 +159,30 @@ type TenantResult struct {
 }
 
 // TenantCounts are one class's totals. WronglyLimited and WronglyAllowed
-// are Cloudflare's measures, per tenant and second (see MeasureTenants).
+// are Cloudflare's measures, per tenant and second (see MeasureTenants);
+// Shortfall is what seconds over the limit admitted below it.
 type TenantCounts struct {
-	Offered, Admitted              int64
-	WronglyLimited, WronglyAllowed float64
+	Offered, Admitted                         int64
+	WronglyLimited, WronglyAllowed, Shortfall float64
 }
 
-func (c *TenantCounts) add(offered, admitted uint32, ideal float64) {
+// add counts a tenant's second: offered requests, admitted of them, under
+// limit (its limit times the second). In a second within the limit every
+// drop was wrong (Cloudflare's false positive: a request limited though
+// its client was under the threshold). In a second over it, every request
+// admitted beyond the limit was wrongly allowed, and the requests the
+// limit would have admitted but the loop dropped are a shortfall: an error
+// of the abuser's admitted rate, which AbuserError measures, not a request
+// of a client under its threshold.
+func (c *TenantCounts) add(offered, admitted uint32, limit float64) {
 	c.Offered += int64(offered)
 	c.Admitted += int64(admitted)
-	c.WronglyLimited += max(0, ideal-float64(admitted))
-	c.WronglyAllowed += max(0, float64(admitted)-ideal)
+	if float64(offered) <= limit {
+		c.WronglyLimited += float64(offered - admitted)
+		return
+	}
+	c.WronglyAllowed += max(0, float64(admitted)-limit)
+	c.Shortfall += max(0, limit-float64(admitted))
 }
 
 // AbuserSeries is one abusive tenant's traffic.
@@ -225,15 +242,14 @@ func (o *tenantOracle) count(i int, admitted bool) {
 	}
 }
 
-// endSecond folds second bin into the totals and clears it. Tenant i's
-// ideal in the second is min(offered, limit·1s): a request dropped below
-// it was wrongly limited, one admitted above it wrongly allowed.
+// endSecond folds second bin into the totals and clears it (see
+// TenantCounts.add).
 func (o *tenantOracle) endSecond(bin int) {
 	for _, i := range o.touched {
 		off, adm := o.offered[i], o.admitted[i]
 		o.offered[i], o.admitted[i] = 0, 0
 		o.seen[i/64] |= 1 << (i % 64)
-		ideal := min(float64(off), o.pop.limit(int(i))*Bin.Seconds())
+		limit := o.pop.limit(int(i)) * Bin.Seconds()
 		c := &o.res.Compliant
 		if a := o.pop.abuse[i]; a >= 0 && bin >= o.abuseBin {
 			c = &o.res.Abusive
@@ -243,9 +259,12 @@ func (o *tenantOracle) endSecond(bin int) {
 			o.res.Abusers[a].Offered[bin] = float64(off)
 			o.res.Abusers[a].Admitted[bin] = float64(adm)
 		}
-		c.add(off, adm, ideal)
+		c.add(off, adm, limit)
 		if c == &o.res.Compliant && o.pop.pin[i] >= 0 {
-			o.res.Pinned.add(off, adm, ideal)
+			o.res.Pinned.add(off, adm, limit)
+		}
+		if c == &o.res.Compliant && bin >= o.abuseBin {
+			o.res.Warm.add(off, adm, limit)
 		}
 	}
 	o.touched = o.touched[:0]
@@ -286,12 +305,14 @@ func abuserWithin(admitted, limit float64) bool {
 type TenantMeasures struct {
 	Requests int64
 	// WronglyLimited and WronglyAllowed are shares of all the tenants'
-	// requests: Σ over tenants and seconds of max(0, min(offered, limit) −
-	// admitted), resp. max(0, admitted − min(offered, limit)), over Σ
-	// offered. CompliantLimited is the wrongly limited share of the
-	// compliant requests alone, PinnedLimited of the pinned compliant
-	// tenants' requests.
-	WronglyLimited, WronglyAllowed, CompliantLimited, PinnedLimited float64
+	// requests, per tenant and second: the drops of seconds within the
+	// limit, resp. what seconds over it admitted beyond it, over Σ offered
+	// (TenantCounts.add). Shortfall is the share seconds over the limit
+	// admitted below it. CompliantLimited is the wrongly limited share of
+	// the compliant requests alone, PinnedLimited of the pinned compliant
+	// tenants' requests, WarmLimited of the compliant requests from
+	// AbuseFrom on.
+	WronglyLimited, WronglyAllowed, Shortfall, CompliantLimited, PinnedLimited, WarmLimited float64
 	// AbuserError is the mean over the enforced abusers of |mean admitted
 	// rate − limit| / limit over their seconds from enforcement to the end
 	// of the run; NaN if none was enforced.
@@ -312,12 +333,16 @@ func MeasureTenants(r *TenantResult) TenantMeasures {
 	if m.Requests > 0 {
 		m.WronglyLimited = (c.WronglyLimited + a.WronglyLimited) / float64(m.Requests)
 		m.WronglyAllowed = (c.WronglyAllowed + a.WronglyAllowed) / float64(m.Requests)
+		m.Shortfall = (c.Shortfall + a.Shortfall) / float64(m.Requests)
 	}
 	if c.Offered > 0 {
 		m.CompliantLimited = c.WronglyLimited / float64(c.Offered)
 	}
 	if p := r.Pinned; p.Offered > 0 {
 		m.PinnedLimited = p.WronglyLimited / float64(p.Offered)
+	}
+	if w := r.Warm; w.Offered > 0 {
+		m.WarmLimited = w.WronglyLimited / float64(w.Offered)
 	}
 	from := int(r.Tenants.AbuseFrom / Bin)
 	var errSum float64
@@ -462,7 +487,9 @@ func writeTenants(b *strings.Builder, r *TenantResult) {
 	fmt.Fprintf(tw, "  wrongly limited (all requests)\t%s\t< %s\t%s\n", pct(m.WronglyLimited), goalPct(GoalWronglyLimited), verdict(m.WronglyLimited < GoalWronglyLimited))
 	fmt.Fprintf(tw, "  wrongly limited (compliant tenants' requests)\t%s\t\t\n", pct(m.CompliantLimited))
 	fmt.Fprintf(tw, "  wrongly limited (pinned compliant tenants' requests)\t%s\t\t\n", pct(m.PinnedLimited))
+	fmt.Fprintf(tw, "  wrongly limited (compliant tenants' requests from %s, the fleet warm)\t%s\t\t\n", at(t.AbuseFrom), pct(m.WarmLimited))
 	fmt.Fprintf(tw, "  wrongly allowed (all requests)\t%s\t\t\n", pct(m.WronglyAllowed))
+	fmt.Fprintf(tw, "  admitted below the limit in seconds over it (all requests)\t%s\t\t\n", pct(m.Shortfall))
 	fmt.Fprintf(tw, "  abusers' admitted rate, mean error\t%s\t≤ %s\t%s\n", pct(m.AbuserError), goalPct(GoalAbuserError), verdict(m.AbuserError <= GoalAbuserError))
 	fmt.Fprintf(tw, "  time to enforce an abuser, mean / slowest\t%s / %s\t≤ %s\t%s\n", tte, maxTTE, dur(GoalTimeToEnforce),
 		verdict(m.MaxTimeToEnforce >= 0 && m.MaxTimeToEnforce <= GoalTimeToEnforce && m.Unenforced == 0))

@@ -56,21 +56,24 @@ func TestTenantOracleExact(t *testing.T) {
 	}
 	var want [2]TenantCounts // compliant, abusive
 	for k, n := range off {
-		a := adm[k]
-		ideal := min(n, pop.limit(k.tenant))
+		a, limit := adm[k], pop.limit(k.tenant)
 		c := &want[0]
 		if pop.abuse[k.tenant] >= 0 && k.bin >= 2 {
 			c = &want[1]
 		}
 		c.Offered += int64(n)
 		c.Admitted += int64(a)
-		c.WronglyLimited += max(0, ideal-a)
-		c.WronglyAllowed += max(0, a-ideal)
+		if n <= limit { // under the threshold: every drop was wrong
+			c.WronglyLimited += n - a
+		} else {
+			c.WronglyAllowed += max(0, a-limit)
+			c.Shortfall += max(0, limit-a)
+		}
 	}
 	for i, got := range []TenantCounts{res.Compliant, res.Abusive} {
 		w := want[i]
-		if got.Offered != w.Offered || got.Admitted != w.Admitted ||
-			math.Abs(got.WronglyLimited-w.WronglyLimited) > 1e-9 || math.Abs(got.WronglyAllowed-w.WronglyAllowed) > 1e-9 {
+		if got.Offered != w.Offered || got.Admitted != w.Admitted || math.Abs(got.WronglyLimited-w.WronglyLimited) > 1e-9 ||
+			math.Abs(got.WronglyAllowed-w.WronglyAllowed) > 1e-9 || math.Abs(got.Shortfall-w.Shortfall) > 1e-9 {
 			t.Errorf("class %d: got %+v, want %+v", i, got, w)
 		}
 	}
