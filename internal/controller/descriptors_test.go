@@ -205,7 +205,7 @@ func TestDescriptorListBound(t *testing.T) {
 	vs := []dropratio.Verdict{{Caller: "a", Offered: 90}, {Caller: "b", Ratio: 0.1, Offered: 10}, {Caller: "c", Ratio: 0.2, Offered: 20},
 		{Caller: "_missing", Offered: 1}, {Caller: "e", Ratio: 0.2, Offered: 20}}
 	var ranked []string
-	kept, cut := rankValues(vs, 3)
+	kept, cut := rankValues(vs, nil, 3)
 	for _, v := range kept {
 		ranked = append(ranked, v.Caller)
 	}
