@@ -68,6 +68,7 @@ func DefaultConfig() Config {
 			RepublishThreshold:  0.005,
 			MaxAggregators:      1000,
 			MaxDescriptorValues: DefaultMaxDescriptorValues,
+			DescriptorHold:      30 * time.Second,
 			Law:                 dropratio.DefaultConfig(),
 		},
 	}
@@ -96,6 +97,7 @@ func (c Config) Validate() error {
 	check(c.MaxAggregators >= 1, "max-aggregators: %d must be at least 1", c.MaxAggregators)
 	check(c.MaxDescriptorValues >= 1 && c.MaxDescriptorValues <= MaxDescriptorValuesBound,
 		"max-descriptor-values: %d is outside [1, %d]", c.MaxDescriptorValues, MaxDescriptorValuesBound)
+	check(c.DescriptorHold >= 0 && c.DescriptorHold <= maxDescriptorHold, "descriptor-hold: %v is outside [0, %v]", c.DescriptorHold, maxDescriptorHold)
 	// The law's own Validate names its Go fields; the flags are what an
 	// operator typed. It runs again in dropratio.New as the last word.
 	check(c.Law.PMax > 0 && c.Law.PMax < 1, "p-max: %v is outside (0, 1)", c.Law.PMax)

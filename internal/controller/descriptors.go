@@ -22,8 +22,9 @@ import (
 // bucket with the value's limit, run in a Law of its own (descLaw) so that
 // fast attack, slow release, MinRate and PMax are the callers'. No state is
 // kept per value beyond the zone loads themselves (each bounded by
-// MaxDescriptorValues per descriptor) and the law's ratios above zero, which
-// only values that were in those loads can have.
+// MaxDescriptorValues per descriptor), the law's ratios above zero, which
+// only values that were in those loads can have, and the compliant values
+// listed at the last tick (State.held, as bounded as the list).
 
 // DefaultMaxDescriptorValues is the default of StateConfig's
 // MaxDescriptorValues, the figure.
@@ -32,6 +33,10 @@ const DefaultMaxDescriptorValues = 1024
 // MaxDescriptorValuesBound is the highest MaxDescriptorValues may be: every
 // sidecar of the service holds each value of each of its descriptors.
 const MaxDescriptorValuesBound = 65536
+
+// maxDescriptorHold bounds StateConfig's DescriptorHold: a value held
+// longer is more likely gone than flapping.
+const maxDescriptorHold = time.Hour
 
 // The reasons a descriptor entry, or a value of one, is left out of a zone
 // load; metric labels.
@@ -233,14 +238,15 @@ type DescriptorStat struct {
 	Listed              int     // values in the policy
 	Cut                 int     // values with a verdict left out of it (MaxDescriptorValues)
 	Abusive             int     // values with a ratio above 0, listed or not
+	Held                int     // compliant values listed though no zone reported them (DescriptorHold)
 	ZoneCut             uint64  // values the aggregators left out, summed over zones
 	Offered, Dropped    float64 // over all values
 }
 
-// stepDescriptors runs descLaw over every configured descriptor, dt after
-// the last tick, and renders each service's DescriptorPolicy list, sorted
-// by name as the limits are.
-func (s *State) stepDescriptors(dt time.Duration, set *limits.Set) (map[string][]*sluicev1.DescriptorPolicy, []DescriptorStat) {
+// stepDescriptors runs descLaw over every configured descriptor at now, dt
+// after the last tick, and renders each service's DescriptorPolicy list,
+// sorted by name as the limits are.
+func (s *State) stepDescriptors(now time.Time, dt time.Duration, set *limits.Set) (map[string][]*sluicev1.DescriptorPolicy, []DescriptorStat) {
 	loads := s.sumDescriptors(set)
 	keys := slices.SortedFunc(maps.Keys(loads), func(a, b descriptorKey) int {
 		return cmp.Or(strings.Compare(a.service, b.service), strings.Compare(a.descriptor, b.descriptor))
@@ -261,21 +267,104 @@ func (s *State) stepDescriptors(dt time.Duration, set *limits.Set) (map[string][
 	}
 	policies := map[string][]*sluicev1.DescriptorPolicy{}
 	stats := make([]DescriptorStat, 0, len(keys))
+	var held map[descriptorKey]map[string]heldValue
+	if s.cfg.DescriptorHold > 0 {
+		held = make(map[descriptorKey]map[string]heldValue, len(keys))
+	}
 	for _, k := range keys {
 		d := findDescriptor(set.Service(k.service), k.descriptor)
 		vs := verdicts[k.lawName()]
-		kept, cut := rankValues(vs, s.maxDescriptorValues())
-		st := DescriptorStat{Service: k.service, Descriptor: k.descriptor, Listed: len(kept), Cut: cut,
+		st := DescriptorStat{Service: k.service, Descriptor: k.descriptor,
 			ZoneCut: loads[k].zoneCut, Offered: loads[k].offered, Dropped: loads[k].dropped}
 		for _, v := range vs {
 			if v.Ratio > 0 {
 				st.Abusive++
 			}
 		}
+		vs, holding := s.withHeld(k, d, vs, now)
+		kept, cut := rankValues(vs, holding, s.maxDescriptorValues())
+		st.Listed, st.Cut = len(kept), cut
+		if held != nil {
+			held[k] = s.nextHeld(k, d, kept, loads[k].values, holding, now)
+			for _, v := range kept {
+				if holding[v.Caller] {
+					st.Held++
+				}
+			}
+		}
 		stats = append(stats, st)
 		policies[k.service] = append(policies[k.service], descriptorPolicy(d, kept))
 	}
+	s.held = held
 	return policies, stats
+}
+
+// heldValue is a compliant value listed at the last tick.
+type heldValue struct {
+	offered float64   // its offered rps at its last report, listed while held
+	limit   float64   // its limit then; held only while it stays the same
+	seen    time.Time // the last tick a zone reported it
+}
+
+// withHeld returns vs, the law's verdicts of k, with a verdict at ratio 0
+// added for every value held for k that no zone reported and the law does
+// not hold (it was compliant when last reported), and the set of those
+// values: a value whose per-sidecar count hovers around the report
+// threshold is reported in some windows and not in others, and a
+// compliant one pinned to a sidecar (sticky routing) would lose requests
+// to the local allowance in each of the others. A held value is one last
+// reported less than DescriptorHold before now, under the limit it has now;
+// its entry is the one listed when last reported (ratio 0, that offered
+// rate), so holding it changes no policy and pushes none, while its expiry
+// does. vs is sorted by value, as the law returns it.
+func (s *State) withHeld(k descriptorKey, d *limits.Descriptor, vs []dropratio.Verdict, now time.Time) ([]dropratio.Verdict, map[string]bool) {
+	prev := s.held[k]
+	if len(prev) == 0 {
+		return vs, nil
+	}
+	in := make(map[string]bool, len(vs))
+	for _, v := range vs {
+		in[v.Caller] = true
+	}
+	var holding map[string]bool
+	out := vs
+	for value, h := range prev {
+		if in[value] || now.Sub(h.seen) >= s.cfg.DescriptorHold || valueLimit(d, value) != h.limit {
+			continue
+		}
+		if holding == nil {
+			holding = map[string]bool{}
+			out = slices.Clip(vs) // never append into the law's array
+		}
+		holding[value] = true
+		out = append(out, dropratio.Verdict{Caller: value, Offered: h.offered, Limit: h.limit, Mode: dropratio.Enforce})
+	}
+	if holding != nil {
+		slices.SortFunc(out, func(a, b dropratio.Verdict) int { return strings.Compare(a.Caller, b.Caller) })
+	}
+	return out, holding
+}
+
+// nextHeld returns what to hold of k after this tick: the compliant values
+// kept in its list that a zone reported (reported, their offered rps),
+// seen now, and those held (holding), as they were. A value listed with a
+// ratio above 0 is the law's to release, as any dropped value, and is not
+// held; nor is a value the law lists at 0 on its way down without a report.
+// Taken from the list, it is bounded by it.
+func (s *State) nextHeld(k descriptorKey, d *limits.Descriptor, kept []dropratio.Verdict, reported map[string]float64, holding map[string]bool, now time.Time) map[string]heldValue {
+	next := map[string]heldValue{}
+	for _, v := range kept {
+		switch {
+		case v.Ratio > 0:
+		case holding[v.Caller]:
+			next[v.Caller] = s.held[k][v.Caller]
+		default:
+			if _, ok := reported[v.Caller]; ok {
+				next[v.Caller] = heldValue{offered: v.Offered, limit: valueLimit(d, v.Caller), seen: now}
+			}
+		}
+	}
+	return next
 }
 
 func findDescriptor(lim *limits.Service, name string) *limits.Descriptor {
@@ -290,18 +379,21 @@ func findDescriptor(lim *limits.Service, name string) *limits.Descriptor {
 // rankValues returns the values a policy lists, at most max, sorted by
 // value, and how many it left out. First the reserved values (requests
 // without the attribute or with an unusable one: few and often large),
-// then the values being dropped, then compliant ones, each by offered
-// rate, largest first, ties by value. A compliant value listed at ratio 0
-// is exempt from the sidecars' local allowance, which protects a compliant
-// value pinned to one sidecar (sticky routing) from being cut locally; a
-// dropped value left out would be admitted up to the allowance, so those
-// go before the compliant.
-func rankValues(vs []dropratio.Verdict, max int) (kept []dropratio.Verdict, cut int) {
+// then the values being dropped, then compliant ones, then the held ones
+// (withHeld), each by offered rate, largest first, ties by value. A
+// compliant value listed at ratio 0 is exempt from the sidecars' local
+// allowance, which protects a compliant value pinned to one sidecar
+// (sticky routing) from being cut locally; a dropped value left out would
+// be admitted up to the allowance, so those go before the compliant; a
+// held value may be gone, so it goes last.
+func rankValues(vs []dropratio.Verdict, held map[string]bool, max int) (kept []dropratio.Verdict, cut int) {
 	if len(vs) <= max {
-		return vs, 0 // the law returns them sorted by value
+		return vs, 0 // sorted by value, as the law returns them
 	}
 	class := func(v *dropratio.Verdict) int {
 		switch {
+		case held[v.Caller]:
+			return 3
 		case descriptor.Reserved(v.Caller):
 			return 0
 		case v.Ratio > 0:

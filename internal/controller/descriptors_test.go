@@ -205,7 +205,7 @@ func TestDescriptorListBound(t *testing.T) {
 	vs := []dropratio.Verdict{{Caller: "a", Offered: 90}, {Caller: "b", Ratio: 0.1, Offered: 10}, {Caller: "c", Ratio: 0.2, Offered: 20},
 		{Caller: "_missing", Offered: 1}, {Caller: "e", Ratio: 0.2, Offered: 20}}
 	var ranked []string
-	kept, cut := rankValues(vs, 3)
+	kept, cut := rankValues(vs, nil, 3)
 	for _, v := range kept {
 		ranked = append(ranked, v.Caller)
 	}
@@ -415,4 +415,184 @@ func BenchmarkTickDescriptors(b *testing.B) {
 	res := s.Tick(now.Add(time.Second), set)
 	b.ReportMetric(float64(res.Descriptors[0].Abusive), "abusive/descriptor")
 	b.ReportMetric(float64(res.Descriptors[0].Cut), "cut/descriptor")
+}
+
+// holdState is a warm state holding compliant values for hold, with a
+// TTL long enough that no refresh falls in a test, and at most max values
+// listed per descriptor (0: the default).
+func holdState(t *testing.T, hold time.Duration, max int) *State {
+	t.Helper()
+	cfg := testConfig()
+	cfg.DescriptorHold = hold
+	cfg.PolicyTTL = time.Hour
+	cfg.MaxDescriptorValues = max
+	s, err := NewState(cfg, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Warm(t0.Add(2 * time.Second))
+	return s
+}
+
+// tickTenants applies one zone load of tenant values at now and ticks;
+// it returns the tick and the tenant policy in force after it.
+func tickTenants(t *testing.T, s *State, now time.Time, lim *limits.Set, vals map[string]float64) (TickResult, *sluicev1.DescriptorPolicy) {
+	t.Helper()
+	if err := s.Apply(tenantLoad("a", vals), now); err != nil {
+		t.Fatal(err)
+	}
+	res := s.Tick(now, lim)
+	p := s.published["callee/api"]
+	if p == nil || len(p.policy.GetDescriptors()) != 1 {
+		t.Fatalf("callee/api = %v", p)
+	}
+	return res, p.policy.GetDescriptors()[0]
+}
+
+func listedValues(dp *sluicev1.DescriptorPolicy) []string {
+	var out []string
+	for _, v := range dp.GetValues() {
+		out = append(out, v.GetValue())
+	}
+	return out
+}
+
+// A compliant value reported in some ticks and not in others stays
+// listed, ratio 0 at its last offered rate, through gaps shorter than the
+// hold, and is not pushed again while held; it leaves the list, and the
+// policy is pushed, the first tick the hold after its last report.
+func TestDescriptorHoldThroughGaps(t *testing.T) {
+	s := holdState(t, 5*time.Second, 0)
+	lim := apiLimits()
+	now := t0.Add(3 * time.Second)
+	res, dp := tickTenants(t, s, now, lim, map[string]float64{"flap": 3, "steady": 4})
+	if res.Changed["callee/api"] == nil || !slices.Equal(listedValues(dp), []string{"flap", "steady"}) {
+		t.Fatalf("first tick listed %q", listedValues(dp))
+	}
+	// Three gaps of 1 to 4 ticks: flap stays listed as last reported.
+	for _, gap := range []int{1, 4, 2} {
+		for i := range gap {
+			now = now.Add(time.Second)
+			res, dp := tickTenants(t, s, now, lim, map[string]float64{"steady": 4})
+			v := values(dp)["flap"]
+			if v == nil || v.GetDropRatio() != 0 || v.GetOfferedRps() != 3 || v.GetLimitRps() != 50 {
+				t.Fatalf("gap of %d, tick %d: flap = %v, want held at 0, 3 rps", gap, i+1, v)
+			}
+			if res.Changed["callee/api"] != nil {
+				t.Errorf("gap of %d, tick %d: pushed again while nothing changed", gap, i+1)
+			}
+			if st := res.Descriptors[0]; st.Held != 1 || st.Listed != 2 {
+				t.Errorf("gap of %d, tick %d: stats %+v, want 1 held of 2 listed", gap, i+1, st)
+			}
+		}
+		now = now.Add(time.Second)
+		res, dp := tickTenants(t, s, now, lim, map[string]float64{"flap": 2, "steady": 4})
+		// Its rate moved, not its ratio: nothing to push.
+		if v := values(dp)["flap"]; v == nil || res.Descriptors[0].Held != 0 || res.Changed["callee/api"] != nil {
+			t.Fatalf("flap reported again = %v, stats %+v, pushed %v; want listed, reported, not pushed", v, res.Descriptors[0], res.Changed["callee/api"] != nil)
+		}
+	}
+	// Held for 4 ticks after its last report, gone at 5.
+	for i := 1; i <= 5; i++ {
+		now = now.Add(time.Second)
+		res, dp := tickTenants(t, s, now, lim, map[string]float64{"steady": 4})
+		v := values(dp)["flap"]
+		switch {
+		case i < 5 && (v == nil || res.Changed["callee/api"] != nil):
+			t.Errorf("%ds after its last report: flap = %v, pushed %v; want held, not pushed", i, v, res.Changed["callee/api"] != nil)
+		case i == 5 && (v != nil || res.Changed["callee/api"] == nil):
+			t.Errorf("at the hold: flap = %v, pushed %v; want gone and pushed", v, res.Changed["callee/api"] != nil)
+		}
+	}
+	if n := len(s.held[descriptorKey{"api", "tenant"}]); n != 1 {
+		t.Errorf("%d values held, want steady only", n)
+	}
+}
+
+// The same loads with a hold and without it list the same values when no
+// compliant value goes unreported: hold 0 lists a value only while it is
+// reported, and a dropped value, held or not, releases as the law has it.
+func TestDescriptorHoldZeroAndAbusers(t *testing.T) {
+	lim := apiLimits()
+	off, on := holdState(t, 0, 0), holdState(t, 30*time.Second, 0)
+	// evil is dropped, stops, is released to 0 by the law, comes back.
+	loads := []map[string]float64{{"evil": 200, "good": 5}, {"evil": 200, "good": 5}}
+	for range 20 {
+		loads = append(loads, map[string]float64{"good": 5})
+	}
+	loads = append(loads, map[string]float64{"evil": 300, "good": 5}, map[string]float64{"good": 5})
+	now := t0.Add(3 * time.Second)
+	for i, vals := range loads {
+		_, a := tickTenants(t, off, now, lim, vals)
+		_, b := tickTenants(t, on, now, lim, vals)
+		if !slices.EqualFunc(a.GetValues(), b.GetValues(), func(x, y *sluicev1.ValuePolicy) bool {
+			return x.GetValue() == y.GetValue() && x.GetDropRatio() == y.GetDropRatio()
+		}) {
+			t.Errorf("tick %d: without hold %v, with it %v", i, a.GetValues(), b.GetValues())
+		}
+		now = now.Add(time.Second)
+	}
+	if off.held != nil {
+		t.Errorf("hold 0 keeps %v", off.held)
+	}
+	// Without a hold an unreported compliant value leaves at once.
+	_, a := tickTenants(t, off, now, lim, map[string]float64{"evil": 300})
+	_, b := tickTenants(t, on, now, lim, map[string]float64{"evil": 300})
+	if values(a)["good"] != nil || values(b)["good"] == nil {
+		t.Errorf("good unreported: without hold %v, with it %v; want it listed with the hold only", listedValues(a), listedValues(b))
+	}
+}
+
+// Held values rank after the reported ones and are displaced first when
+// the list is full; what is held is what was listed, so never more than
+// the bound; a reported value is simply reported; a held value's limit
+// changing, or its descriptor leaving the limits, ends its hold.
+func TestDescriptorHoldBound(t *testing.T) {
+	s := holdState(t, 30*time.Second, 3)
+	lim := apiLimits()
+	k := descriptorKey{"api", "tenant"}
+	now := t0.Add(3 * time.Second)
+	tickTenants(t, s, now, lim, map[string]float64{"a": 40, "b": 30, "c": 20})
+	now = now.Add(time.Second)
+	res, dp := tickTenants(t, s, now, lim, map[string]float64{"d": 10, "e": 5})
+	if got := listedValues(dp); !slices.Equal(got, []string{"a", "d", "e"}) {
+		t.Errorf("listed %q, want a (held, largest), d, e", got)
+	}
+	if st := res.Descriptors[0]; st.Held != 1 || st.Cut != 2 || st.Listed != 3 {
+		t.Errorf("stats %+v, want 1 held, 2 cut", st)
+	}
+	if n := len(s.held[k]); n != 3 {
+		t.Errorf("%d values held, want the 3 listed", n)
+	}
+	// A dropped value and two compliant ones displace every held one.
+	now = now.Add(time.Second)
+	_, dp = tickTenants(t, s, now, lim, map[string]float64{"x": 500, "y": 1, "z": 1})
+	if got := listedValues(dp); !slices.Equal(got, []string{"x", "y", "z"}) {
+		t.Errorf("listed %q, want x, y, z", got)
+	}
+	if n := len(s.held[k]); n != 2 {
+		t.Errorf("%d values held, want y and z (x is dropped: the law's)", n)
+	}
+	// Reported again: listed at its new rate, not as held.
+	now = now.Add(time.Second)
+	res, dp = tickTenants(t, s, now, lim, map[string]float64{"y": 7})
+	if v := values(dp)["y"]; v == nil || v.GetOfferedRps() != 7 || res.Descriptors[0].Held != 1 {
+		t.Errorf("y = %v, stats %+v; want reported at 7, z held", v, res.Descriptors[0])
+	}
+	// z's limit changes: its hold ends.
+	lim2 := apiLimits()
+	lim2.Service("api").Descriptors[0].Overrides["z"] = 2
+	now = now.Add(time.Second)
+	if _, dp = tickTenants(t, s, now, lim2, map[string]float64{"y": 7}); values(dp)["z"] != nil {
+		t.Errorf("z held past its limit's change: %v", listedValues(dp))
+	}
+	// The descriptor leaves the limits: nothing is held.
+	noDesc := apiLimits()
+	noDesc.Service("api").Descriptors = nil
+	now = now.Add(time.Second)
+	s.Apply(tenantLoad("a", map[string]float64{"y": 7}), now)
+	s.Tick(now, noDesc)
+	if len(s.held) != 0 {
+		t.Errorf("held %v after the descriptor left the limits", s.held)
+	}
 }

@@ -36,6 +36,7 @@ type metrics struct {
 	descCut      *prometheus.GaugeVec
 	descAbusive  *prometheus.GaugeVec
 	descZoneCut  *prometheus.GaugeVec
+	descHeld     *prometheus.GaugeVec
 	descSeen     map[descriptorKey]bool
 
 	// badLog throttles the lines about what the controller left out
@@ -114,13 +115,17 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "sluice_controller_descriptor_zone_values_cut",
 			Help: "Values of a descriptor the aggregators' bound left out of their zone loads, summed over live zones, in the last tick.",
 		}, []string{"service", "descriptor"}),
+		descHeld: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "sluice_controller_descriptor_held_values",
+			Help: "Compliant values of a descriptor listed in its policy in the last tick though no zone reported them, within --descriptor-hold of their last report.",
+		}, []string{"service", "descriptor"}),
 		descSeen: map[descriptorKey]bool{},
 	}
 	m.peerRejected.WithLabelValues(ReasonBadProcedure) // at zero from the start
 	if reg != nil {
 		reg.MustRegister(m.tickSeconds, m.aggregators, m.buckets, m.warm, m.published, m.deleted, m.publishErrors,
 			m.accepted, m.rejected, m.svcRejected, m.peerRejected, m.claimsRefused, m.peersShed, m.streams, m.limitServices, m.offered, m.dropped,
-			m.descRejected, m.descListed, m.descCut, m.descAbusive, m.descZoneCut)
+			m.descRejected, m.descListed, m.descCut, m.descAbusive, m.descZoneCut, m.descHeld)
 	}
 	return m
 }
@@ -162,12 +167,13 @@ func (m *metrics) observeDescriptors(stats []DescriptorStat) {
 		m.descCut.WithLabelValues(st.Service, st.Descriptor).Set(float64(st.Cut))
 		m.descAbusive.WithLabelValues(st.Service, st.Descriptor).Set(float64(st.Abusive))
 		m.descZoneCut.WithLabelValues(st.Service, st.Descriptor).Set(float64(st.ZoneCut))
+		m.descHeld.WithLabelValues(st.Service, st.Descriptor).Set(float64(st.Held))
 		k := descriptorKey{st.Service, st.Descriptor}
 		current[k], m.descSeen[k] = true, true
 	}
 	for k := range m.descSeen {
 		if !current[k] {
-			for _, g := range []*prometheus.GaugeVec{m.descListed, m.descCut, m.descAbusive, m.descZoneCut} {
+			for _, g := range []*prometheus.GaugeVec{m.descListed, m.descCut, m.descAbusive, m.descZoneCut, m.descHeld} {
 				g.DeleteLabelValues(k.service, k.descriptor)
 			}
 			delete(m.descSeen, k)

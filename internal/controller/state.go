@@ -40,6 +40,13 @@ type StateConfig struct {
 	// policy lists, and that a zone load may carry (the largest are kept);
 	// 0 means DefaultMaxDescriptorValues. See rankValues.
 	MaxDescriptorValues int
+	// DescriptorHold is how long a compliant descriptor value stays listed
+	// (ratio 0, its last offered rate) after the last tick in which a zone
+	// reported it, so that a value whose count hovers around the sidecars'
+	// report threshold is not dropped by their local allowance in every
+	// window it goes unreported; 0 lists a value only while it is
+	// reported. See holdValues.
+	DescriptorHold time.Duration
 	// Law configures the control law.
 	Law dropratio.Config
 }
@@ -54,6 +61,11 @@ type State struct {
 	// descLaw runs the law over descriptor values: one service per
 	// (service, descriptor), one caller per value (stepDescriptors).
 	descLaw *dropratio.Law
+	// held holds, per descriptor, the compliant values its policy listed
+	// at the last tick, with their last report: rebuilt every tick from
+	// the list, so at most MaxDescriptorValues per descriptor and only of
+	// descriptors the limits give. Nil while DescriptorHold is 0.
+	held map[descriptorKey]map[string]heldValue
 
 	aggs map[string]*aggregatorLoad
 

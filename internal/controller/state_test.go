@@ -433,11 +433,12 @@ func TestConfigValidateNamesEveryField(t *testing.T) {
 	c.StaleAfter = 0
 	c.RepublishThreshold = 2
 	c.Law.PMax = 1.5
+	c.DescriptorHold = -time.Second
 	err := c.Validate()
 	if err == nil {
 		t.Fatal("want errors")
 	}
-	for _, field := range []string{"tick", "stale-after", "republish-threshold", "p-max"} {
+	for _, field := range []string{"tick", "stale-after", "republish-threshold", "p-max", "descriptor-hold"} {
 		if !strings.Contains(err.Error(), field) {
 			t.Errorf("error %q does not name %s", err, field)
 		}

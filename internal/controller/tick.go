@@ -117,7 +117,7 @@ func (s *State) Tick(now time.Time, set *limits.Set) TickResult {
 	}
 	s.lastStep = now
 	verdicts := s.law.Step(dt, services)
-	descriptors, dstats := s.stepDescriptors(dt, set)
+	descriptors, dstats := s.stepDescriptors(now, dt, set)
 	res.Descriptors = dstats
 
 	res.Changed = map[string]*sluicev1.DropPolicy{}
