@@ -491,3 +491,19 @@ func TestReportThresholdIsPassed(t *testing.T) {
 		t.Errorf("threshold %d: reported %q, want only the value past it", th, got)
 	}
 }
+
+// An unlisted value is decided against what it may send when all of its
+// traffic lands on this sidecar (sticky routing), whatever the number of
+// live sidecars: a compliant value pinned to one of 300 is not dropped, and
+// one past its limit on this sidecar alone is.
+func TestAllowanceAssumesAPinnedValue(t *testing.T) {
+	p := tenantPolicy(func(d *DescriptorPolicy) { d.LimitRPS = 50 })
+	p.LiveInstances = 300
+	_, s := newDescLimiter(t, p)
+	if drops := decideValue(t, s, "pinned-compliant", 50); drops != 0 {
+		t.Errorf("a value at its limit, all on one sidecar of 300: %d of 50 dropped in a window, want 0", drops)
+	}
+	if drops := decideValue(t, s, "pinned-abuser", 500); drops < 200 {
+		t.Errorf("a value at 10× its limit on one sidecar: %d of 500 dropped in a window, want most of the excess", drops)
+	}
+}
