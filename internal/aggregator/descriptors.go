@@ -73,6 +73,16 @@ func (s *State) checkDescriptors(r *sluicev1.LoadReport, bad *RejectedEntries) [
 		return nil
 	}
 	secs := r.GetWindow().AsDuration().Seconds()
+	if dw := r.GetDescriptorWindow(); dw != nil {
+		// The sketch's window, which a surge report does not cut short:
+		// at least the report's, at most the longest window taken.
+		w := dw.AsDuration()
+		if dw.CheckValid() != nil || w < r.GetWindow().AsDuration() || w > s.bounds.MaxWindow {
+			bad.BadDescriptorCounts += len(ds)
+			return nil
+		}
+		secs = w.Seconds()
+	}
 	out := make([]descriptorRate, 0, min(len(ds), descriptor.MaxPerService))
 	for _, d := range ds {
 		name := d.GetDescriptor_()

@@ -342,3 +342,31 @@ func TestDescriptorBoundsValidate(t *testing.T) {
 		t.Errorf("bounds within range: %v", err)
 	}
 }
+
+// The descriptors' rates are over their own window when the report gives
+// one: a surge report since the last regular one cut the report's window
+// short, not the sketch's. A descriptor window shorter than the report's,
+// or beyond the longest, is bad: the report's descriptors are left out,
+// counted, and the rest of it counts.
+func TestDescriptorWindow(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		window time.Duration
+		want   []*sluicev1.DescriptorRates
+	}{
+		{"its own", 2 * time.Second, []*sluicev1.DescriptorRates{dr("tenant", 100, 0, 0, "acme", 50)}},
+		{"shorter than the report's", 500 * time.Millisecond, nil},
+		{"too long", time.Hour, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := NewState("zone-a", "agg-1", 3, Bounds{})
+			r := withDescriptors(report("c1", "api", in, time.Second, pc("web", 100, 0, 0)), dc("tenant", 200, 0, "acme", 100))
+			r.DescriptorWindow = durationpb.New(tc.window)
+			apply(t, s, t0, r)
+			wantDescriptors(t, descriptorsOf(t, s, t0), tc.want...)
+			if bad := s.TakeRejectedEntries().BadDescriptorCounts; (tc.want == nil) != (bad == 1) {
+				t.Errorf("bad_descriptor_counts = %d", bad)
+			}
+		})
+	}
+}

@@ -76,4 +76,9 @@ func TestWindowReportsDescriptors(t *testing.T) {
 	if d.GetOffered() != 2000 || len(d.GetValues()) != 1 || d.GetValues()[0].GetValue() != "burst" {
 		t.Errorf("after the surge: %v", d)
 	}
+	// The report's window is since the surge report; the descriptors' is
+	// since the last regular one, over which their counts ran.
+	if rw, dw := rep.GetWindow().AsDuration(), rep.GetDescriptorWindow().AsDuration(); rw != 900*time.Millisecond || dw != time.Second {
+		t.Errorf("after the surge: window %v, descriptor window %v; want 900ms and 1s", rw, dw)
+	}
 }

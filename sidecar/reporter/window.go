@@ -6,6 +6,7 @@ import (
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/sidecar"
+	"google.golang.org/protobuf/types/known/durationpb"
 )
 
 // WindowConfig configures a Window.
@@ -46,8 +47,10 @@ type Window struct {
 	// scratch, swapped with prev when a report goes out.
 	prev, checked, cur []sidecar.PeerCounts
 	prevAt, checkedAt  time.Time
-	// descs is the scratch of the descriptors' counts, reused.
-	descs []sidecar.DescriptorCounts
+	// descs is the scratch of the descriptors' counts, reused; descAt is
+	// when they were last rotated, the start of their window.
+	descs  []sidecar.DescriptorCounts
+	descAt time.Time
 }
 
 // NewWindow starts the first report window at now: src's counters as they
@@ -63,6 +66,7 @@ func NewWindow(cfg WindowConfig, now time.Time, src Source) *Window {
 	if ds, ok := src.(DescriptorSource); ok {
 		// The baseline, as for the counters: a window starts now.
 		w.descs = ds.RotateDescriptors(cfg.Header.Service, w.descs[:0])
+		w.descAt = now
 	}
 	if w.checks {
 		w.checked, w.checkedAt = slices.Clone(w.prev), now
@@ -87,6 +91,12 @@ func (w *Window) Tick(now time.Time, src Source) *sluicev1.LoadReport {
 	if ds, ok := src.(DescriptorSource); ok {
 		w.descs = ds.RotateDescriptors(w.hdr.Service, w.descs[:0])
 		rep.Descriptors = descriptorsProto(w.descs)
+		if len(w.descs) > 0 {
+			// The sketch counted since the last rotation, which a surge
+			// report since then did not move: its own window.
+			rep.DescriptorWindow = durationpb.New(now.Sub(w.descAt))
+		}
+		w.descAt = now
 	}
 	return rep
 }

@@ -102,9 +102,14 @@ type LoadReport struct {
 	// policy's order of descriptors, each descriptor at most once. Bounded
 	// by the sidecar's heavy-set size per descriptor, never by the number of
 	// distinct values it saw.
-	Descriptors   []*DescriptorCounts `protobuf:"bytes,10,rep,name=descriptors,proto3" json:"descriptors,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Descriptors []*DescriptorCounts `protobuf:"bytes,10,rep,name=descriptors,proto3" json:"descriptors,omitempty"`
+	// How long the descriptors' counts were counted: since the previous report
+	// that carried descriptors. A sketch's window runs from one regular report
+	// to the next, and a surge report in between cuts the report's window
+	// short, not the sketch's. Absent: the report's window.
+	DescriptorWindow *durationpb.Duration `protobuf:"bytes,11,opt,name=descriptor_window,json=descriptorWindow,proto3" json:"descriptor_window,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *LoadReport) Reset() {
@@ -203,6 +208,13 @@ func (x *LoadReport) GetUrgent() bool {
 func (x *LoadReport) GetDescriptors() []*DescriptorCounts {
 	if x != nil {
 		return x.Descriptors
+	}
+	return nil
+}
+
+func (x *LoadReport) GetDescriptorWindow() *durationpb.Duration {
+	if x != nil {
+		return x.DescriptorWindow
 	}
 	return nil
 }
@@ -509,7 +521,7 @@ const file_sluice_v1_load_proto_rawDesc = "" +
 	"\n" +
 	"\x14sluice/v1/load.proto\x12\tsluice.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16sluice/v1/common.proto\"I\n" +
 	"\x18StreamLoadReportsRequest\x12-\n" +
-	"\x06report\x18\x01 \x01(\v2\x15.sluice.v1.LoadReportR\x06report\"\xba\x03\n" +
+	"\x06report\x18\x01 \x01(\v2\x15.sluice.v1.LoadReportR\x06report\"\x82\x04\n" +
 	"\n" +
 	"LoadReport\x12\x1d\n" +
 	"\n" +
@@ -523,7 +535,8 @@ const file_sluice_v1_load_proto_rawDesc = "" +
 	"\binterval\x18\b \x01(\v2\x19.google.protobuf.DurationR\binterval\x12\x16\n" +
 	"\x06urgent\x18\t \x01(\bR\x06urgent\x12=\n" +
 	"\vdescriptors\x18\n" +
-	" \x03(\v2\x1b.sluice.v1.DescriptorCountsR\vdescriptors\"\x96\x01\n" +
+	" \x03(\v2\x1b.sluice.v1.DescriptorCountsR\vdescriptors\x12F\n" +
+	"\x11descriptor_window\x18\v \x01(\v2\x19.google.protobuf.DurationR\x10descriptorWindow\"\x96\x01\n" +
 	"\x10DescriptorCounts\x12\x1e\n" +
 	"\n" +
 	"descriptor\x18\x01 \x01(\tR\n" +
@@ -574,21 +587,22 @@ var file_sluice_v1_load_proto_goTypes = []any{
 	(*durationpb.Duration)(nil),       // 8: google.protobuf.Duration
 }
 var file_sluice_v1_load_proto_depIdxs = []int32{
-	1, // 0: sluice.v1.StreamLoadReportsRequest.report:type_name -> sluice.v1.LoadReport
-	6, // 1: sluice.v1.LoadReport.direction:type_name -> sluice.v1.Direction
-	7, // 2: sluice.v1.LoadReport.window_start:type_name -> google.protobuf.Timestamp
-	8, // 3: sluice.v1.LoadReport.window:type_name -> google.protobuf.Duration
-	4, // 4: sluice.v1.LoadReport.peers:type_name -> sluice.v1.PeerCounts
-	8, // 5: sluice.v1.LoadReport.interval:type_name -> google.protobuf.Duration
-	2, // 6: sluice.v1.LoadReport.descriptors:type_name -> sluice.v1.DescriptorCounts
-	3, // 7: sluice.v1.DescriptorCounts.values:type_name -> sluice.v1.ValueCounts
-	0, // 8: sluice.v1.LoadReportService.StreamLoadReports:input_type -> sluice.v1.StreamLoadReportsRequest
-	5, // 9: sluice.v1.LoadReportService.StreamLoadReports:output_type -> sluice.v1.StreamLoadReportsResponse
-	9, // [9:10] is the sub-list for method output_type
-	8, // [8:9] is the sub-list for method input_type
-	8, // [8:8] is the sub-list for extension type_name
-	8, // [8:8] is the sub-list for extension extendee
-	0, // [0:8] is the sub-list for field type_name
+	1,  // 0: sluice.v1.StreamLoadReportsRequest.report:type_name -> sluice.v1.LoadReport
+	6,  // 1: sluice.v1.LoadReport.direction:type_name -> sluice.v1.Direction
+	7,  // 2: sluice.v1.LoadReport.window_start:type_name -> google.protobuf.Timestamp
+	8,  // 3: sluice.v1.LoadReport.window:type_name -> google.protobuf.Duration
+	4,  // 4: sluice.v1.LoadReport.peers:type_name -> sluice.v1.PeerCounts
+	8,  // 5: sluice.v1.LoadReport.interval:type_name -> google.protobuf.Duration
+	2,  // 6: sluice.v1.LoadReport.descriptors:type_name -> sluice.v1.DescriptorCounts
+	8,  // 7: sluice.v1.LoadReport.descriptor_window:type_name -> google.protobuf.Duration
+	3,  // 8: sluice.v1.DescriptorCounts.values:type_name -> sluice.v1.ValueCounts
+	0,  // 9: sluice.v1.LoadReportService.StreamLoadReports:input_type -> sluice.v1.StreamLoadReportsRequest
+	5,  // 10: sluice.v1.LoadReportService.StreamLoadReports:output_type -> sluice.v1.StreamLoadReportsResponse
+	10, // [10:11] is the sub-list for method output_type
+	9,  // [9:10] is the sub-list for method input_type
+	9,  // [9:9] is the sub-list for extension type_name
+	9,  // [9:9] is the sub-list for extension extendee
+	0,  // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_sluice_v1_load_proto_init() }
