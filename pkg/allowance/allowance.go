@@ -12,30 +12,30 @@
 //	λ = limit · window / sidecars     the value's mean count on one sidecar
 //	allowance = PoissonQuantile(λ, q)  q = 0.95 by default, at least 1
 //
-// The assumption is random load balancing: a value's requests spread
-// independently over the live sidecars, so its count on one sidecar in one
-// window is Poisson(λ). Sticky routing (a client pinned to one pod, consistent
-// hashing on the tenant) breaks it on purpose: all of a value's traffic lands
-// on one sidecar, its count there is sidecars × λ, far over the allowance,
-// and it becomes a heavy hitter at once. That is the design's answer, not a
-// defect: such a value is reported in its first window and the controller,
-// which sees its global rate, lists it with an exact ratio; meanwhile the
-// local rule drops only the excess over the allowance.
+// The functions take the number of sidecars the value's traffic spreads
+// over. The sidecar calls Allowance with 1: a value whose traffic all lands
+// on it (sticky routing, consistent hashing on the tenant), the one routing
+// under which the local rule must still never over-enforce a compliant
+// value. Sized for the even spread over 300 sidecars instead, the issue's
+// 50 rps in 1 s windows gave λ = 0.17 and an allowance of 1, and compliant
+// tenants pinned to one sidecar lost 3.6 % of their requests in the
+// simulator (docs/simulation.md, tenants-zipf). ReportThreshold is sized
+// for the even spread over the live sidecars: it asks which values could
+// matter globally, and must catch an abuser spread thin.
 //
-// # How the tiers will use it
+// # How the tiers use it
 //
 //   - Sidecar, per request of an unlisted value: count it in the heavy-hitter
 //     sketch, then drop with probability LocalDropRatio(allowance, count).
 //     Allowance and ReportThreshold are computed when a policy arrives (they
 //     depend on the limit, the live sidecars the policy carries and the
 //     window), never per request (PoissonQuantile takes 0.2–1.3 µs).
-//   - Reporter, per window: send the values whose count exceeds
-//     ReportThreshold (within the configured top-K bound) as heavy candidates.
-//     Listed values are reported whatever their count.
+//   - Reporter, per window: send the values whose count passes
+//     ReportThreshold (within the configured top-K bound) as heavy
+//     candidates.
 //   - Aggregator: sums candidates' rates like any bucket's; nothing here.
-//   - Controller: lists the candidates whose global rate nears their limit and
-//     computes their ratios with pkg/dropratio; it may use ExpectedDropShare
-//     to publish what the local rule costs compliant values.
+//   - Controller: lists the candidates with their ratios, compliant ones at
+//     0 (a listed value is exempt from the allowance).
 //
 // # Over-enforcement
 //
@@ -67,12 +67,11 @@
 // the issue's own numbers (50 rps over 300 sidecars in 1 s windows, λ =
 // 0.17, A = 1) a value at half its limit loses 2 %, because the local view
 // cannot tell one request from a burst and the floor A ≥ 1 drops the second
-// request of a window half the time. The levers are configuration: a longer
-// window (λ grows with it: 30 s gives λ = 5), a higher q, or listing such
-// values through the controller rather than deciding them locally; their
-// cost in time-to-enforce is the simulator's (tenants-zipf) to measure. A
-// hard cut at A instead of the soft ratio roughly doubles to tenfolds every
-// share above (λ = 10, q = 0.95: 1 % instead of 0.12 %).
+// request of a window half the time. That is why the sidecar sizes its
+// allowance for a pinned value, λ = limit · window (50 at those numbers:
+// the last rows), and leaves values spread thin to the controller's list.
+// A hard cut at A instead of the soft ratio roughly doubles to tenfolds
+// every share above (λ = 10, q = 0.95: 1 % instead of 0.12 %).
 //
 // Everything here is pure: no clocks, no goroutines, no allocation.
 package allowance
