@@ -82,3 +82,61 @@ func TestWindowReportsDescriptors(t *testing.T) {
 		t.Errorf("after the surge: window %v, descriptor window %v; want 900ms and 1s", rw, dw)
 	}
 }
+
+// TestWindowFoldedTickLeavesDescriptorsDue: a tick that folds its window
+// into the next (a surge report came less than half an interval before)
+// leaves the descriptors due, and the next report carries them, a surge
+// report included; a surge report after that carries none again. Without
+// it a sidecar surging just before each tick reported no descriptors, and
+// rotated no sketch, while it surged.
+func TestWindowFoldedTickLeavesDescriptorsDue(t *testing.T) {
+	l := sidecar.NewLimiter(sidecar.LimiterOptions{})
+	l.SetPolicy(&sidecar.Policy{
+		Name: names.Callee("api"), Service: "api", LiveInstances: 1,
+		Descriptors: []sidecar.DescriptorPolicy{{
+			Name: "tenant", Source: descriptor.Source{Kind: descriptor.Header, Header: "x-tenant-id"},
+			LimitRPS: 20, MissingLimitRPS: 20, Quantile: allowance.DefaultQuantile,
+		}},
+	})
+	s := l.Service("api")
+	decide := func(value string, n int) {
+		for range n {
+			s.Decide("web")
+			s.DecideDescriptor(0, value)
+		}
+	}
+	start := time.Unix(0, 0)
+	at := func(ms int) time.Time { return start.Add(time.Duration(ms) * time.Millisecond) }
+	w := NewWindow(WindowConfig{Header: Header{SidecarID: "a", Service: "api"}, Interval: time.Second, SurgeChecks: true}, start, l)
+	decide("calm", 100)
+	if rep := w.Tick(at(1000), l); len(rep.GetDescriptors()) != 1 {
+		t.Fatalf("first tick: %v", rep)
+	}
+	decide("calm", 90)
+	if rep := w.Check(at(1900), l); rep != nil {
+		t.Fatalf("calm check: %v", rep)
+	}
+	decide("abuser", 500)
+	if rep := w.Check(at(1950), l); rep == nil || !rep.GetUrgent() || len(rep.GetDescriptors()) != 0 {
+		t.Fatalf("surge before the tick: %v", rep)
+	}
+	if rep := w.Tick(at(2000), l); rep != nil {
+		t.Fatalf("tick 50ms after a surge report: %v, want it folded", rep)
+	}
+	decide("abuser", 500)
+	rep := w.Check(at(2050), l)
+	if rep == nil || !rep.GetUrgent() || len(rep.GetDescriptors()) != 1 {
+		t.Fatalf("surge after the folded tick: %v, want the descriptors", rep)
+	}
+	d := rep.GetDescriptors()[0]
+	if d.GetOffered() != 1090 || len(d.GetValues()) == 0 || d.GetValues()[0].GetValue() != "abuser" {
+		t.Errorf("descriptors after the folded tick: %v", d)
+	}
+	if rw, dw := rep.GetWindow().AsDuration(), rep.GetDescriptorWindow().AsDuration(); rw != 100*time.Millisecond || dw != 1050*time.Millisecond {
+		t.Errorf("window %v, descriptor window %v; want 100ms and 1.05s", rw, dw)
+	}
+	decide("abuser", 5000)
+	if rep := w.Check(at(2150), l); rep == nil || !rep.GetUrgent() || len(rep.GetDescriptors()) != 0 {
+		t.Fatalf("next surge: %v, want no descriptors", rep)
+	}
+}

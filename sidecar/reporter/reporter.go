@@ -43,9 +43,10 @@ type Source interface {
 
 // DescriptorSource is a Source that also counts descriptor values
 // (issue #15); sidecar.Limiter implements it. A Window whose Source
-// implements it puts the service's descriptors in every regular report
-// (never in urgent ones): RotateDescriptors ends the descriptors' window,
-// and returns what it counted, reusing dst. Each call starts a new window,
+// implements it puts the service's descriptors in every regular report,
+// and in an urgent one only when the tick before it folded (Window.Tick):
+// RotateDescriptors ends the descriptors' window, and returns what it
+// counted, reusing dst. Each call starts a new window,
 // so a Limiter's service has one such reader: its Window (the reporter's,
 // or the simulator's, which gets descriptors the same way by handing the
 // Limiter to NewWindow).

@@ -48,9 +48,12 @@ type Window struct {
 	prev, checked, cur []sidecar.PeerCounts
 	prevAt, checkedAt  time.Time
 	// descs is the scratch of the descriptors' counts, reused; descAt is
-	// when they were last rotated, the start of their window.
-	descs  []sidecar.DescriptorCounts
-	descAt time.Time
+	// when they were last rotated, the start of their window. descDue says
+	// that a tick folded its window: the next report, urgent or not,
+	// carries the descriptors (see Tick).
+	descs   []sidecar.DescriptorCounts
+	descAt  time.Time
+	descDue bool
 }
 
 // NewWindow starts the first report window at now: src's counters as they
@@ -82,27 +85,47 @@ func NewWindow(cfg WindowConfig, now time.Time, src Source) *Window {
 // mean little (the aggregator rejects windows under MinInterval), so it
 // folds into the next window instead. The window is measured, not assumed:
 // a late tick makes a longer window and the rate stays right.
+//
+// A report Tick sends carries the descriptors' counts; a tick that folds
+// leaves them due, and the next report, a surge check's included, carries
+// them. Otherwise a sidecar whose surge reports keep falling within half
+// an interval before its ticks (one a surging tenant is pinned to) would
+// report no descriptors, and rotate no sketch, for as long as it surges:
+// the tenant's value reached no policy, and the local allowance, sized
+// for one interval, counted over several and then started afresh
+// (tenants-zipf: a pinned abuser admitted ~140 rps four seconds in).
 func (w *Window) Tick(now time.Time, src Source) *sluicev1.LoadReport {
 	if now.Sub(w.prevAt) < w.minWindow {
+		w.descDue = true
 		return nil
 	}
 	w.cur = src.AppendCounts(w.hdr.Service, w.cur[:0])
 	rep := w.send(w.prev, w.prevAt, now, false)
-	if ds, ok := src.(DescriptorSource); ok {
-		w.descs = ds.RotateDescriptors(w.hdr.Service, w.descs[:0])
-		rep.Descriptors = descriptorsProto(w.descs)
-		if len(w.descs) > 0 {
-			// The sketch counted since the last rotation, which a surge
-			// report since then did not move: its own window.
-			rep.DescriptorWindow = durationpb.New(now.Sub(w.descAt))
-		}
-		w.descAt = now
-	}
+	w.addDescriptors(rep, now, src)
 	return rep
 }
 
+// addDescriptors ends the descriptors' window at now and puts what src
+// counted in it in rep, if src counts descriptors.
+func (w *Window) addDescriptors(rep *sluicev1.LoadReport, now time.Time, src Source) {
+	w.descDue = false
+	ds, ok := src.(DescriptorSource)
+	if !ok {
+		return
+	}
+	w.descs = ds.RotateDescriptors(w.hdr.Service, w.descs[:0])
+	rep.Descriptors = descriptorsProto(w.descs)
+	if len(w.descs) > 0 {
+		// The sketch counted since the last rotation, which a surge
+		// report since then did not move: its own window.
+		rep.DescriptorWindow = durationpb.New(now.Sub(w.descAt))
+	}
+	w.descAt = now
+}
+
 // Check is a surge check's step at now: an urgent report when a peer's rate
-// jumped (see SurgeDetector), to be sent at once, or nil. It is nil too for a
+// jumped (see SurgeDetector), to be sent at once, or nil; it carries the
+// descriptors only when a tick left them due. It is nil too for a
 // check less than MinInterval after the last one or after a report (a late
 // tick's successor, or a check that coincides with a report): too short a
 // window for a rate the aggregator accepts, so it is left to grow.
@@ -115,7 +138,7 @@ func (w *Window) Check(now time.Time, src Source) *sluicev1.LoadReport {
 		// Report the check window alone: its rate is the surge's, not
 		// diluted by the calm before it. The aggregator keeps rates, so
 		// the earlier part of the window is not missed.
-		return w.send(w.checked, w.checkedAt, now, true)
+		return w.sendUrgent(w.checked, w.checkedAt, now, src)
 	}
 	if !w.checkedAt.Equal(w.prevAt) && w.surge.SurgingSinceReport(w.prev, w.cur, now.Sub(w.prevAt)) {
 		// A sidecar with a few requests per check window never sees
@@ -124,11 +147,23 @@ func (w *Window) Check(now time.Time, src Source) *sluicev1.LoadReport {
 		// later. Reported over the last checks that hold MinCount
 		// requests, not the whole window: its rate is then the surge's.
 		from, fromAt := w.trail.Since(w.cur, surgeMinCount(w.surge))
-		return w.send(from, fromAt, now, true)
+		return w.sendUrgent(from, fromAt, now, src)
 	}
 	w.checked, w.checkedAt = append(w.checked[:0], w.cur...), now
 	w.trail.Add(w.cur, now)
 	return nil
+}
+
+// sendUrgent sends a surge report as send does. It carries the
+// descriptors only when a tick left them due (see Tick): otherwise their
+// window runs on to the next tick, whose interval the sidecars'
+// allowances are sized for.
+func (w *Window) sendUrgent(from []sidecar.PeerCounts, fromAt, now time.Time, src Source) *sluicev1.LoadReport {
+	rep := w.send(from, fromAt, now, true)
+	if w.descDue {
+		w.addDescriptors(rep, now, src)
+	}
+	return rep
 }
 
 // send builds the report of the window from the snapshot from, taken at
