@@ -54,21 +54,33 @@ const procedureLimits = `services:
 // policy that declares procedures.
 func startProcedureLoop(t *testing.T, limitsDoc, upstream string) (ctl *node, sidecars []*node) {
 	t.Helper()
+	ctl, _, sidecars = startCheckoutLoop(t, limitsDoc, upstream, "checkout's procedures", func(p *sluicev1.DropPolicy) bool {
+		return len(p.GetProcedures()) > 0
+	})
+	return ctl, sidecars
+}
+
+// startCheckoutLoop runs a controller with limitsDoc, one aggregator and
+// two checkout sidecars in front of upstream, and waits until the
+// controller publishes a policy for checkout that published says it has
+// (what, for the message), and both sidecars hold a policy.
+func startCheckoutLoop(t *testing.T, limitsDoc, upstream, what string, published func(*sluicev1.DropPolicy) bool) (ctl, agg *node, sidecars []*node) {
+	t.Helper()
 	limitsFile := filepath.Join(t.TempDir(), "limits.yaml")
 	if err := os.WriteFile(limitsFile, []byte(limitsDoc), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	ctl = startController(t, "--limits="+limitsFile, "--warmup=1s")
 	waitReady(t, ctl.proc, ctl.admin)
-	agg := startAggregator(t, "zone-a", ctl.addr)
+	agg = startAggregator(t, "zone-a", ctl.addr)
 	waitReady(t, agg.proc, agg.admin)
 	for _, id := range []string{"sidecar-1", "sidecar-2"} {
 		s := startSidecar(t, id, "zone-a", upstream, agg.addr, ctl.addr)
 		waitReady(t, s.proc, s.admin)
 		sidecars = append(sidecars, s)
 	}
-	testkit.WaitFor(t, startTimeout, "the controller publishes checkout's procedures", func() bool {
-		return len(policy(t, ctl.admin, "callee/checkout").GetProcedures()) > 0
+	testkit.WaitFor(t, startTimeout, "the controller publishes "+what, func() bool {
+		return published(policy(t, ctl.admin, "callee/checkout"))
 	})
 	for _, s := range sidecars {
 		testkit.WaitFor(t, startTimeout, s.Name()+" holds a policy for checkout", func() bool {
@@ -76,7 +88,7 @@ func startProcedureLoop(t *testing.T, limitsDoc, upstream string) (ctl *node, si
 			return ok
 		})
 	}
-	return ctl, sidecars
+	return ctl, agg, sidecars
 }
 
 // leafRatio is the drop ratio of the (peer, procedure) leaf in p; NaN when

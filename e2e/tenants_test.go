@@ -9,45 +9,21 @@ import (
 	"math"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/loadgen"
-	"github.com/sluicehq/sluice/internal/testkit"
 )
 
-// startDescriptorLoop runs a controller with limitsDoc, one aggregator and
-// two checkout sidecars in front of upstream, and waits until both hold a
-// policy that names a descriptor.
+// startDescriptorLoop is startCheckoutLoop until checkout's policy names
+// a descriptor.
 func startDescriptorLoop(t *testing.T, limitsDoc, upstream string) (ctl, agg *node, sidecars []*node) {
 	t.Helper()
-	limitsFile := filepath.Join(t.TempDir(), "limits.yaml")
-	if err := os.WriteFile(limitsFile, []byte(limitsDoc), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	ctl = startController(t, "--limits="+limitsFile, "--warmup=1s")
-	waitReady(t, ctl.proc, ctl.admin)
-	agg = startAggregator(t, "zone-a", ctl.addr)
-	waitReady(t, agg.proc, agg.admin)
-	for _, id := range []string{"sidecar-1", "sidecar-2"} {
-		s := startSidecar(t, id, "zone-a", upstream, agg.addr, ctl.addr)
-		waitReady(t, s.proc, s.admin)
-		sidecars = append(sidecars, s)
-	}
-	testkit.WaitFor(t, startTimeout, "the controller publishes checkout's descriptors", func() bool {
-		return len(policy(t, ctl.admin, "callee/checkout").GetDescriptors()) > 0
+	return startCheckoutLoop(t, limitsDoc, upstream, "checkout's descriptors", func(p *sluicev1.DropPolicy) bool {
+		return len(p.GetDescriptors()) > 0
 	})
-	for _, s := range sidecars {
-		testkit.WaitFor(t, startTimeout, s.Name()+" holds a policy for checkout", func() bool {
-			_, ok := metric(t, s.admin, "sluice_sidecar_policy_peers", `service="checkout"`)
-			return ok
-		})
-	}
-	return ctl, agg, sidecars
 }
 
 // valueRatio is the drop ratio p's descriptor gives value; NaN when p does
