@@ -96,6 +96,9 @@ type descState struct {
 	mu       sync.Mutex    // serialises RotateDescriptors; guards reported
 	reported descTotals    // the totals the last rotation reported up to
 	listed   []heavy.Entry // scratch of RotateDescriptors
+	// counts are the listed values' exact counts, by value: those of the
+	// current policy's list, replaced (under mu) when a policy installs.
+	counts map[string]*listedCount
 }
 
 // descStripe is one cache line of a descriptor's counters (see stripe).
@@ -145,25 +148,21 @@ type compiledDesc struct {
 }
 
 // failDescriptors returns dt as an expired policy p's fail mode has it:
-// under open, listed ratios decay with keep, as the buckets' do; under
-// local, nothing is listed, and every value is decided by the allowance,
-// which is the local share of its limit; under hold, dt. The sketches and
-// counters stay: they are the descriptors' own, whatever decides.
+// under open, listed ratios decay with keep, as the buckets' do, and give
+// way to the values' allowances; under hold and local, dt: the listed
+// ratios stay. (Under local a bucket gets its share of the limit, limit /
+// live; a listed value's ratio is that share already, computed from its
+// global rate, where the allowance, sized for a value pinned to one
+// sidecar, would let a value spread over the fleet send live × its limit.)
+// The sketches and counters stay: they are the descriptors' own, whatever
+// decides.
 func (s *ServiceLimiter) failDescriptors(dt *descTable, p *Policy, keep *atomic.Uint64) *descTable {
-	if dt == nil || p.FailMode == dataplane.FailHold {
+	if dt == nil || p.FailMode == dataplane.FailHold || p.FailMode == dataplane.FailLocal {
 		return dt
 	}
 	nt := &descTable{sources: dt.sources, descs: slices.Clone(dt.descs)}
 	for i := range nt.descs {
-		c := &nt.descs[i]
-		if p.FailMode != dataplane.FailLocal {
-			c.keep = keep
-			continue
-		}
-		unlisted := *c.pol
-		unlisted.Values = nil
-		*c = compileDescriptor(s.name, c.st, &unlisted, p.LiveInstances, s.descWindow)
-		c.v = dt.descs[i].v // the same answer, rendered once
+		nt.descs[i].keep = keep
 	}
 	return nt
 }
@@ -198,9 +197,26 @@ func tag(h uint64) uint32 { return uint32(h>>32) | 1 }
 type valueSlot struct {
 	value string
 	// step is a listed value's ratio in 32.32 fixed point (see
-	// diffuseHit); allow an unlisted override's allowance.
+	// phasedHit); allow the value's allowance (a listed value's decides
+	// it only while an expired policy fails open).
 	step, allow uint64
 	listed      bool
+	// count is a listed value's exact count, reported whatever the
+	// sketch estimates (see listedCount).
+	count *listedCount
+}
+
+// listedCount counts one listed value's requests exactly: the sketch's
+// estimate of a value that is not in its heavy set is its counters'
+// minimum, which collisions alone raise (with 30,000 distinct values a
+// window, a value that sent nothing here reads 1 a fifth of the time), and
+// which, summed over a fleet, would give every listed value a rate it
+// does not send. Kept in the descState by value across policies, so a
+// policy swap loses no count; one atomic add per request of a listed
+// value.
+type listedCount struct {
+	n        atomic.Uint64 // requests, cumulative
+	reported uint64        // n at the last rotation; descState.mu
 }
 
 func newValueTable(n int) valueTable {
@@ -263,12 +279,31 @@ func (s *ServiceLimiter) compileDescriptors(p *Policy) *descTable {
 			st = newDescState(d.Name, s.descOpts)
 		}
 		states[d.Name] = st
+		st.listValues(d.Values)
 		dt.sources = append(dt.sources, d.Source)
 		dt.descs = append(dt.descs, compileDescriptor(s.name, st, d, p.LiveInstances, s.descWindow))
 		st.sk.SetThreshold(dt.descs[i].threshold)
 	}
 	s.descStates = states
 	return dt
+}
+
+// listValues makes st count exactly the values of vs: their counts of the
+// previous list kept, a newly listed value's from 0, and those no longer
+// listed dropped (their requests since the last rotation go unreported
+// as exact counts; the sketch counted them too).
+func (st *descState) listValues(vs []ValueRule) {
+	counts := make(map[string]*listedCount, len(vs))
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	for _, v := range vs {
+		c := st.counts[v.Value]
+		if c == nil {
+			c = new(listedCount)
+		}
+		counts[v.Value] = c
+	}
+	st.counts = counts
 }
 
 // newDescState returns a descriptor's state with a fresh sketch. o was
@@ -310,7 +345,15 @@ func compileDescriptor(service string, st *descState, d *DescriptorPolicy, live 
 		c.values.put(st.sk.Hash(o.Value), valueSlot{value: o.Value, allow: allow(o.LimitRPS)})
 	}
 	for _, v := range d.Values {
-		c.values.put(st.sk.Hash(v.Value), valueSlot{value: v.Value, step: uint64(clampRatio(v.DropRatio) * (1 << 32)), listed: true})
+		step := uint64(clampRatio(v.DropRatio) * (1 << 32))
+		if v.LimitRPS == 0 && v.DropRatio > 0 {
+			step = 1 << 32 // blocked: the law's ratio stops at PMax, a block does not
+		}
+		cnt := st.counts[v.Value] // listValues made it, under st.mu, before
+		if cnt == nil {
+			cnt = new(listedCount)
+		}
+		c.values.put(st.sk.Hash(v.Value), valueSlot{value: v.Value, step: step, allow: allow(v.LimitRPS), listed: true, count: cnt})
 	}
 	// The report threshold of the smallest positive limit: a value with a
 	// low override must reach the controller as soon as one at the
@@ -400,18 +443,24 @@ func (s *ServiceLimiter) DecideDescriptor(i int, value string) Decision {
 	}
 	allow := d.allow
 	if vs != nil {
+		allow = vs.allow
 		if vs.listed {
+			vs.count.n.Add(1)
 			step := vs.step
 			if d.keep != nil { // an expired policy, failing open
 				step = step * d.keep.Load() >> 32
 			}
-			if !phasedHit(n, step, h^d.st.salt.Load()) {
+			if phasedHit(n, step, h^d.st.salt.Load()) {
+				st.listed.Add(1)
+				return Decision{Drop: true, v: d.v}
+			}
+			if d.keep == nil {
 				return Decision{}
 			}
-			st.listed.Add(1)
-			return Decision{Drop: true, v: d.v}
+			// Failing open, the decayed ratio gives way to the value's
+			// allowance, as for any value the policy does not list: the
+			// heaviest values are not the ones left unlimited.
 		}
-		allow = vs.allow
 	}
 	if n <= allow || !localHit(h^d.st.salt.Load(), n, allow) {
 		return Decision{}
@@ -514,25 +563,29 @@ func (d *compiledDesc) rotate(out *DescriptorCounts) {
 	out.Dropped = min(t.listed-st.reported.listed+t.local-st.reported.local, out.Offered)
 	st.reported = t
 	out.Values = st.sk.AppendHeavy(out.Values[:0])
-	// Listed values are reported whatever their count, while the heavy
-	// set's bound leaves room: the controller needs a listed value's
-	// rate on every sidecar to keep its ratio right.
-	_, k := st.sk.Heavy()
-	if len(out.Values) >= k || len(d.pol.Values) == 0 {
+	// Listed values are reported whenever they sent a request here, by
+	// their exact count, beside the heavy set and outside its bound (the
+	// list bounds them): the controller needs a listed value's rate on
+	// every sidecar to keep its ratio right, and a value spread thin has
+	// a count of one or two on most. A listed value in the heavy set
+	// keeps the larger of its two counts: the exact count of a value
+	// listed during the window began when it was listed, the heavy set's
+	// when it became heavy.
+	if len(st.counts) == 0 {
 		return
 	}
-	st.listed = st.listed[:0]
-	for _, v := range d.pol.Values {
-		if _, prev := st.sk.Estimates(v.Value); prev > 0 && !slices.ContainsFunc(out.Values, func(e heavy.Entry) bool { return e.Value == v.Value }) {
-			st.listed = append(st.listed, heavy.Entry{Value: v.Value, Estimate: prev})
+	heavyN := len(out.Values)
+	for v, c := range st.counts {
+		n := c.n.Load()
+		exact := uint32(min(n-c.reported, math.MaxUint32))
+		c.reported = n
+		if i := slices.IndexFunc(out.Values[:heavyN], func(e heavy.Entry) bool { return e.Value == v }); i >= 0 {
+			out.Values[i].Estimate = max(out.Values[i].Estimate, exact)
+		} else if exact > 0 {
+			out.Values = append(out.Values, heavy.Entry{Value: v, Estimate: exact})
 		}
 	}
-	if len(st.listed) == 0 {
-		return
-	}
-	out.Values = append(out.Values, st.listed...)
 	slices.SortFunc(out.Values, func(a, b heavy.Entry) int {
 		return cmp.Or(cmp.Compare(b.Estimate, a.Estimate), strings.Compare(a.Value, b.Value))
 	})
-	out.Values = out.Values[:min(len(out.Values), k)]
 }

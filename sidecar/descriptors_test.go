@@ -82,7 +82,7 @@ func TestDescriptorListedRatio(t *testing.T) {
 // turns at ratio 0.5 must each lose half).
 func TestDescriptorListedIgnoresOthers(t *testing.T) {
 	_, s := newDescLimiter(t, tenantPolicy(func(d *DescriptorPolicy) {
-		d.Values = []ValueRule{{Value: "a", DropRatio: 0.5}, {Value: "b", DropRatio: 0.5}}
+		d.Values = []ValueRule{{Value: "a", DropRatio: 0.5, LimitRPS: 10}, {Value: "b", DropRatio: 0.5, LimitRPS: 10}}
 	}))
 	da, db := 0, 0
 	for range 1000 {
@@ -229,18 +229,18 @@ func TestDescriptorReportListedAndBounded(t *testing.T) {
 		decideValue(t, s, fmt.Sprint("heavy-", v), 100+v)
 	}
 	c := l.RotateDescriptors("api", nil)
-	if len(c[0].Values) != k {
-		t.Fatalf("%d values reported, want the heavy-set bound %d", len(c[0].Values), k)
+	if len(c[0].Values) != k+1 {
+		t.Fatalf("%d values reported, want the heavy-set bound %d and the listed value", len(c[0].Values), k)
 	}
 	for _, e := range c[0].Values {
-		if !strings.HasPrefix(e.Value, "heavy-") {
+		if !strings.HasPrefix(e.Value, "heavy-") && (e.Value != "quiet" || e.Estimate != 3) {
 			t.Errorf("reported %+v", e)
 		}
 	}
-	// With room, a listed value is reported whatever its count.
+	// A listed value is reported by its exact count, whatever it is.
 	decideValue(t, s, "quiet", 3)
 	c = l.RotateDescriptors("api", c[:0])
-	if len(c[0].Values) != 1 || c[0].Values[0].Value != "quiet" || c[0].Values[0].Estimate < 3 {
+	if len(c[0].Values) != 1 || c[0].Values[0].Value != "quiet" || c[0].Values[0].Estimate != 3 {
 		t.Errorf("reported %+v, want quiet alone", c[0].Values)
 	}
 }
@@ -402,27 +402,31 @@ func TestLimiterOptionsValidate(t *testing.T) {
 }
 
 // An expired policy's fail mode reaches its descriptors: open decays a
-// listed value's ratio as it decays a bucket's, hold keeps it, and local
-// forgets the list and decides every value by its allowance, the local
-// share of its limit.
+// listed value's ratio as it decays a bucket's, and then the value's
+// allowance decides it, as any value's; hold and local keep the ratio
+// (local: a listed ratio is the value's local share already).
 func TestDescriptorFailModes(t *testing.T) {
 	for _, tc := range []struct {
 		mode dataplane.FailMode
-		// at is when, after the TTL, the listed value is decided; want is
-		// the share of its requests dropped then.
-		at   time.Duration
-		want float64
+		// limit is the listed value's; at is when, after the TTL, it is
+		// decided; want is the share of its requests dropped then.
+		limit float64
+		at    time.Duration
+		want  float64
 	}{
-		{dataplane.FailOpen, testDecay / 2, 0.4},
-		{dataplane.FailOpen, testDecay, 0},
-		{dataplane.FailHold, testDecay, 0.8},
-		{dataplane.FailLocal, testDecay, 0.8},
+		// A limit whose allowance 1,000 requests do not reach: the ratio
+		// alone decides.
+		{dataplane.FailOpen, 10000, testDecay / 2, 0.4},
+		{dataplane.FailOpen, 10000, testDecay, 0},
+		{dataplane.FailHold, 10000, testDecay, 0.8},
+		{dataplane.FailLocal, 10000, testDecay, 0.8},
+		// Decayed, a value over its allowance is limited by it: 1 − A/k
+		// for the k-th request past A, 1 − A(1 + ln(n/A))/n over n.
+		{dataplane.FailOpen, 10, testDecay, -1},
 	} {
-		t.Run(fmt.Sprintf("%v-%v", tc.mode, tc.at), func(t *testing.T) {
+		t.Run(fmt.Sprintf("%v-%v-%v", tc.mode, tc.limit, tc.at), func(t *testing.T) {
 			p := tenantPolicy(func(d *DescriptorPolicy) {
-				// The listed value's ratio is 0.8; its allowance (10 rps
-				// over one sidecar, 1 s windows) would drop 0.8 of 50 too.
-				d.Values = []ValueRule{{Value: "acme", DropRatio: 0.8, LimitRPS: 10, OfferedRPS: 50}}
+				d.Values = []ValueRule{{Value: "acme", DropRatio: 0.8, LimitRPS: tc.limit, OfferedRPS: 5 * tc.limit}}
 			})
 			p.TTL, p.FailMode, p.FailOpenDecay = testTTL, tc.mode, testDecay
 			l := NewLimiter(LimiterOptions{OneStripe: true})
@@ -434,18 +438,48 @@ func TestDescriptorFailModes(t *testing.T) {
 			}
 			const n = 1000
 			got := float64(decideValue(t, s, "acme", n)) / n
-			tolerance := 0.01
-			if tc.mode == dataplane.FailLocal {
-				// 1 − A/k for the k-th request past the allowance A: the
-				// share over n requests is 1 − A(1 + ln(n/A))/n.
-				a := float64(allowance.Allowance(10, 1, time.Second, allowance.DefaultQuantile))
-				tc.want = 1 - a*(1+math.Log(n/a))/n
-				tolerance = 0.05
+			want, tolerance := tc.want, 0.01
+			if want < 0 {
+				a := float64(allowance.Allowance(tc.limit, 1, time.Second, allowance.DefaultQuantile))
+				want, tolerance = 1-a*(1+math.Log(n/a))/n, 0.05
 			}
-			if math.Abs(got-tc.want) > tolerance {
-				t.Errorf("acme lost %.3f of its requests, want %.3f ± %v", got, tc.want, tolerance)
+			if math.Abs(got-want) > tolerance {
+				t.Errorf("acme lost %.3f of its requests, want %.3f ± %v", got, want, tolerance)
 			}
 		})
+	}
+}
+
+// A listed value is reported by its exact count, beside the heavy set and
+// outside its bound, whenever it sent a request: not by the sketch's
+// estimate, which collisions raise for a value that sent nothing.
+func TestListedValuesReportedExactly(t *testing.T) {
+	const k = 4
+	l := NewLimiter(LimiterOptions{OneStripe: true, DescriptorHeavy: k, DescriptorCounters: 3 * 16})
+	l.SetPolicy(tenantPolicy(func(d *DescriptorPolicy) {
+		d.Values = []ValueRule{{Value: "quiet", DropRatio: 0.5, LimitRPS: 10, OfferedRPS: 20},
+			{Value: "thin", DropRatio: 0.5, LimitRPS: 10, OfferedRPS: 20}}
+	}))
+	s := l.Service("api")
+	// 48 counters, 2,000 distinct values: every counter is far above 0,
+	// and a heavy set of 4 is full of them.
+	for i := range 2000 {
+		decideValue(t, s, fmt.Sprint("noise-", i), 3)
+	}
+	decideValue(t, s, "thin", 1)
+	c := l.RotateDescriptors("api", nil)
+	got := map[string]uint32{}
+	for _, v := range c[0].Values {
+		got[v.Value] = v.Estimate
+	}
+	if got["thin"] != 1 {
+		t.Errorf("thin, listed, sent 1: reported %d", got["thin"])
+	}
+	if n, ok := got["quiet"]; ok {
+		t.Errorf("quiet, listed, sent nothing: reported %d", n)
+	}
+	if len(c[0].Values) != k+1 {
+		t.Errorf("%d values reported, want the heavy set's %d and thin", len(c[0].Values), k)
 	}
 }
 
@@ -505,5 +539,16 @@ func TestAllowanceAssumesAPinnedValue(t *testing.T) {
 	}
 	if drops := decideValue(t, s, "pinned-abuser", 500); drops < 200 {
 		t.Errorf("a value at 10× its limit on one sidecar: %d of 500 dropped in a window, want most of the excess", drops)
+	}
+}
+
+// A listed value whose limit is 0 is blocked: the law's ratio stops at
+// PMax, the block does not let its 1 % through.
+func TestListedBlockedValue(t *testing.T) {
+	_, s := newDescLimiter(t, tenantPolicy(func(d *DescriptorPolicy) {
+		d.Values = []ValueRule{{Value: "banned", DropRatio: 0.99, LimitRPS: 0, OfferedRPS: 100}}
+	}))
+	if drops := decideValue(t, s, "banned", 1000); drops != 1000 {
+		t.Errorf("a blocked value lost %d of 1000", drops)
 	}
 }

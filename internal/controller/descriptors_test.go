@@ -596,3 +596,27 @@ func TestDescriptorHoldBound(t *testing.T) {
 		t.Errorf("held %v after the descriptor left the limits", s.held)
 	}
 }
+
+// A per-value limit under the law's MinRate (1 rps) holds: a client
+// address limited to 0.1 rps that sends 0.8 is dropped 7/8, where a
+// caller at that rate would be spared as noise.
+func TestDescriptorLimitUnderMinRate(t *testing.T) {
+	s := warmState(t)
+	now := t0.Add(3 * time.Second)
+	set := limits.NewSet(map[string]*limits.Service{
+		"api": {
+			Name: "api", Capacity: math.Inf(1), DefaultLimit: math.Inf(1), FailMode: dataplane.FailOpen,
+			Descriptors: []limits.Descriptor{{
+				Name: "tenant", Source: descriptor.Source{Kind: descriptor.Header, Header: "x-tenant-id"},
+				Limit: 0.1, Missing: 0.1, Quantile: 0.95,
+			}},
+		},
+	})
+	if err := s.Apply(tenantLoad("a", map[string]float64{"login-storm": 0.8}), now); err != nil {
+		t.Fatal(err)
+	}
+	got := values(tenantPolicy(t, s.Tick(now, set)))["login-storm"]
+	if want := 1 - 0.1/0.8; got == nil || math.Abs(got.GetDropRatio()-want) > 1e-12 {
+		t.Errorf("login-storm = %v, want ratio %v", got, want)
+	}
+}

@@ -90,7 +90,12 @@ func NewState(cfg StateConfig, now time.Time) (*State, error) {
 	if err != nil {
 		return nil, err
 	}
-	descLaw, err := dropratio.New(cfg.Law)
+	// Descriptor values are spared no minimum rate: MinRate matters only
+	// when a limit is under it (1 rps by default), and a per-value limit
+	// of 0.1 rps (logins per client address) is one that must hold.
+	descCfg := cfg.Law
+	descCfg.MinRate = 0
+	descLaw, err := dropratio.New(descCfg)
 	if err != nil {
 		return nil, err
 	}
