@@ -93,9 +93,9 @@ type descState struct {
 	// a value's n-th request is not the same in every window.
 	salt atomic.Uint64
 
-	mu       sync.Mutex    // serialises RotateDescriptors; guards reported
-	reported descTotals    // the totals the last rotation reported up to
-	listed   []heavy.Entry // scratch of RotateDescriptors
+	mu        sync.Mutex // serialises RotateDescriptors; guards reported and rotations
+	reported  descTotals // the totals the last rotation reported up to
+	rotations uint64     // rotations so far
 	// counts are the listed values' exact counts, by value: those of the
 	// current policy's list, replaced (under mu) when a policy installs.
 	counts map[string]*listedCount
@@ -217,6 +217,16 @@ type valueSlot struct {
 type listedCount struct {
 	n        atomic.Uint64 // requests, cumulative
 	reported uint64        // n at the last rotation; descState.mu
+	heavyAt  uint64        // the rotation that reported it in the heavy set's entry; descState.mu
+}
+
+// take returns the requests since the last take and starts the next
+// count; descState.mu held.
+func (c *listedCount) take() uint32 {
+	n := c.n.Load()
+	d := n - c.reported
+	c.reported = n
+	return uint32(min(d, math.MaxUint32))
 }
 
 func newValueTable(n int) valueTable {
@@ -279,7 +289,6 @@ func (s *ServiceLimiter) compileDescriptors(p *Policy) *descTable {
 			st = newDescState(d.Name, s.descOpts)
 		}
 		states[d.Name] = st
-		st.listValues(d.Values)
 		dt.sources = append(dt.sources, d.Source)
 		dt.descs = append(dt.descs, compileDescriptor(s.name, st, d, p.LiveInstances, s.descWindow))
 		st.sk.SetThreshold(dt.descs[i].threshold)
@@ -288,11 +297,12 @@ func (s *ServiceLimiter) compileDescriptors(p *Policy) *descTable {
 	return dt
 }
 
-// listValues makes st count exactly the values of vs: their counts of the
-// previous list kept, a newly listed value's from 0, and those no longer
-// listed dropped (their requests since the last rotation go unreported
-// as exact counts; the sketch counted them too).
-func (st *descState) listValues(vs []ValueRule) {
+// listValues makes st count exactly the values of vs, and returns their
+// counters: their counts of the previous list kept, a newly listed value's
+// from 0, and those no longer listed dropped (their requests since the
+// last rotation go unreported as exact counts; the sketch counted them
+// too).
+func (st *descState) listValues(vs []ValueRule) map[string]*listedCount {
 	counts := make(map[string]*listedCount, len(vs))
 	st.mu.Lock()
 	defer st.mu.Unlock()
@@ -304,6 +314,7 @@ func (st *descState) listValues(vs []ValueRule) {
 		counts[v.Value] = c
 	}
 	st.counts = counts
+	return counts
 }
 
 // newDescState returns a descriptor's state with a fresh sketch. o was
@@ -337,6 +348,7 @@ func compileDescriptor(service string, st *descState, d *DescriptorPolicy, live 
 	// the spread, makes sure it hears of it at once.
 	allow := func(limit float64) uint64 { return allowance.Allowance(limit, 1, window, q) }
 	c := compiledDesc{st: st, allow: allow(d.LimitRPS), pol: d}
+	counts := st.listValues(d.Values)
 	c.values = newValueTable(len(d.Overrides) + len(d.Values) + 1)
 	// The missing limit, then overrides (which may name Missing too), then
 	// the listed values: each replaces what came before for its value.
@@ -349,11 +361,7 @@ func compileDescriptor(service string, st *descState, d *DescriptorPolicy, live 
 		if v.LimitRPS == 0 && v.DropRatio > 0 {
 			step = 1 << 32 // blocked: the law's ratio stops at PMax, a block does not
 		}
-		cnt := st.counts[v.Value] // listValues made it, under st.mu, before
-		if cnt == nil {
-			cnt = new(listedCount)
-		}
-		c.values.put(st.sk.Hash(v.Value), valueSlot{value: v.Value, step: step, allow: allow(v.LimitRPS), listed: true, count: cnt})
+		c.values.put(st.sk.Hash(v.Value), valueSlot{value: v.Value, step: step, allow: allow(v.LimitRPS), listed: true, count: counts[v.Value]})
 	}
 	// The report threshold of the smallest positive limit: a value with a
 	// low override must reach the controller as soon as one at the
@@ -574,15 +582,19 @@ func (d *compiledDesc) rotate(out *DescriptorCounts) {
 	if len(st.counts) == 0 {
 		return
 	}
-	heavyN := len(out.Values)
+	st.rotations++
+	for i := range out.Values {
+		if c := st.counts[out.Values[i].Value]; c != nil {
+			out.Values[i].Estimate = max(out.Values[i].Estimate, c.take())
+			c.heavyAt = st.rotations
+		}
+	}
 	for v, c := range st.counts {
-		n := c.n.Load()
-		exact := uint32(min(n-c.reported, math.MaxUint32))
-		c.reported = n
-		if i := slices.IndexFunc(out.Values[:heavyN], func(e heavy.Entry) bool { return e.Value == v }); i >= 0 {
-			out.Values[i].Estimate = max(out.Values[i].Estimate, exact)
-		} else if exact > 0 {
-			out.Values = append(out.Values, heavy.Entry{Value: v, Estimate: exact})
+		if c.heavyAt == st.rotations {
+			continue // reported in its heavy-set entry above
+		}
+		if n := c.take(); n > 0 {
+			out.Values = append(out.Values, heavy.Entry{Value: v, Estimate: n})
 		}
 	}
 	slices.SortFunc(out.Values, func(a, b heavy.Entry) int {
