@@ -4,9 +4,6 @@ import (
 	"context"
 	"net"
 	"net/http"
-	"net/textproto"
-	"sync/atomic"
-	"unsafe"
 
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
@@ -37,67 +34,32 @@ const (
 	xffMetadata = "x-forwarded-for"
 )
 
-// descriptorEdge is what one middleware or pair of interceptors keeps to
-// decide descriptors. Safe for concurrent use.
-type descriptorEdge struct {
-	s *ServiceLimiter
-	// keys holds the http.Header keys of the last DescriptorSources slice
-	// seen, replaced (never modified) when the policy brings another one:
-	// a policy swap costs one rendering per edge, a request none.
-	keys atomic.Pointer[headerKeys]
-}
-
-// headerKeys are the http.Header keys of one DescriptorSources slice's
-// Header sources, by index: canonical, as the server stores them
-// (textproto's canonical form allocates when it changes the name, so it
-// is done here, once). Immutable.
-type headerKeys struct {
-	sources *descriptor.Source // the slice's first element: its identity
-	keys    []string
-}
-
-func newDescriptorEdge(s *ServiceLimiter) *descriptorEdge { return &descriptorEdge{s: s} }
-
-// headerKeys returns the keys of srcs, the current DescriptorSources,
-// rendering them when they are not the ones the edge has.
-func (e *descriptorEdge) headerKeys(srcs []descriptor.Source) []string {
-	first := unsafe.SliceData(srcs)
-	if k := e.keys.Load(); k != nil && k.sources == first && len(k.keys) == len(srcs) {
-		return k.keys
-	}
-	k := &headerKeys{sources: first, keys: make([]string, len(srcs))}
-	for i, src := range srcs {
-		if src.Kind == descriptor.Header {
-			k.keys[i] = textproto.CanonicalMIMEHeaderKey(src.Header)
-		}
-	}
-	e.keys.Store(k)
-	return k.keys
-}
-
-// decideHTTP decides r's descriptors: nil when every one admits it, else
-// the verdict of the first that dropped it, whose rejection names it. It
-// allocates nothing.
-func (e *descriptorEdge) decideHTTP(r *http.Request) *verdict {
-	srcs := e.s.DescriptorSources()
-	if len(srcs) == 0 {
+// decideDescriptorsHTTP decides r's descriptors: nil when every one admits
+// it, else the verdict of the first that dropped it, whose rejection names
+// it. The values are taken by the sources of the one policy snapshot they
+// are decided under. It allocates nothing.
+func (s *ServiceLimiter) decideDescriptorsHTTP(r *http.Request) *verdict {
+	dt := s.table.Load().desc
+	if dt == nil {
 		return nil
 	}
-	keys := e.headerKeys(srcs)
 	var drop *verdict
-	for i, src := range srcs {
-		drop = firstDrop(drop, e.s.DecideDescriptor(i, httpValue(r, src, keys[i])))
+	for i, src := range dt.sources {
+		drop = firstDrop(drop, s.decideDescriptor(dt, i, httpValue(r, src, dt.headerKeys[i])))
 	}
 	return drop
 }
 
-// decideGRPC decides the descriptors of the call of ctx: see decideHTTP.
-// It allocates what grpcValue does.
-func (e *descriptorEdge) decideGRPC(ctx context.Context) *verdict {
-	srcs := e.s.DescriptorSources()
+// decideDescriptorsGRPC decides the descriptors of the call of ctx: see
+// decideDescriptorsHTTP. It allocates what grpcValue does.
+func (s *ServiceLimiter) decideDescriptorsGRPC(ctx context.Context) *verdict {
+	dt := s.table.Load().desc
+	if dt == nil {
+		return nil
+	}
 	var drop *verdict
-	for i, src := range srcs {
-		drop = firstDrop(drop, e.s.DecideDescriptor(i, grpcValue(ctx, src)))
+	for i, src := range dt.sources {
+		drop = firstDrop(drop, s.decideDescriptor(dt, i, grpcValue(ctx, src)))
 	}
 	return drop
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/bits"
+	"net/textproto"
 	"slices"
 	"strconv"
 	"strings"
@@ -129,7 +130,12 @@ func (d *descState) totals() (t descTotals) {
 // immutable, held by the table snapshot.
 type descTable struct {
 	sources []descriptor.Source
-	descs   []compiledDesc
+	// headerKeys are the sources' http.Header keys, by index: canonical,
+	// as the server stores them (textproto's canonical form allocates
+	// when it changes the name, so it is done here, once a policy); ""
+	// for a source that is no header.
+	headerKeys []string
+	descs      []compiledDesc
 }
 
 // compiledDesc is one descriptor of a policy.
@@ -290,6 +296,11 @@ func (s *ServiceLimiter) compileDescriptors(p *Policy) *descTable {
 		}
 		states[d.Name] = st
 		dt.sources = append(dt.sources, d.Source)
+		key := ""
+		if d.Source.Kind == descriptor.Header {
+			key = textproto.CanonicalMIMEHeaderKey(d.Source.Header)
+		}
+		dt.headerKeys = append(dt.headerKeys, key)
 		dt.descs = append(dt.descs, compileDescriptor(s.name, st, d, p.LiveInstances, s.descWindow))
 		st.sk.SetThreshold(dt.descs[i].threshold)
 	}
@@ -419,8 +430,10 @@ func (s *ServiceLimiter) DescriptorSources() []descriptor.Source {
 }
 
 // DecideDescriptor decides one request's value of descriptor i (an index
-// of DescriptorSources; a policy swap in between is harmless: an index the
-// new policy does not have admits) and counts it. value is the raw
+// of DescriptorSources) and counts it. A policy swap between the two calls
+// may give i to another descriptor, or to none (then it admits); the
+// middleware and the interceptors take the sources and decide under one
+// snapshot. value is the raw
 // attribute, "" when the request has none: DecideDescriptor maps it with
 // descriptor.Value. It allocates nothing and takes no lock.
 //
@@ -431,7 +444,13 @@ func (s *ServiceLimiter) DescriptorSources() []descriptor.Source {
 // one of the listed or local drops. BenchmarkDecideDescriptor measures
 // the cost.
 func (s *ServiceLimiter) DecideDescriptor(i int, value string) Decision {
-	dt := s.table.Load().desc
+	return s.decideDescriptor(s.table.Load().desc, i, value)
+}
+
+// decideDescriptor is DecideDescriptor of descriptor i of dt, one policy's
+// descriptors: the edges decide all of a request's under the snapshot
+// whose sources they took its values by.
+func (s *ServiceLimiter) decideDescriptor(dt *descTable, i int, value string) Decision {
 	if dt == nil || uint(i) >= uint(len(dt.descs)) {
 		return Decision{}
 	}

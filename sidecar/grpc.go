@@ -86,7 +86,7 @@ func (s *ServiceLimiter) UnaryServerInterceptor(opts GRPCOptions) grpc.UnaryServ
 			_ = grpc.SetTrailer(ctx, d.v.http.grpcTrailer(opts.RateLimitHeaders))
 			return nil, d.v.grpcErr
 		}
-		if dv := in.descriptors.decideGRPC(ctx); dv != nil {
+		if dv := in.s.decideDescriptorsGRPC(ctx); dv != nil {
 			_ = grpc.SetTrailer(ctx, dv.http.grpcTrailer(opts.RateLimitHeaders)) // as above
 			return nil, dv.grpcErr
 		}
@@ -110,7 +110,7 @@ func (s *ServiceLimiter) StreamServerInterceptor(opts GRPCOptions) grpc.StreamSe
 			ss.SetTrailer(d.v.http.grpcTrailer(opts.RateLimitHeaders))
 			return d.v.grpcErr
 		}
-		if dv := in.descriptors.decideGRPC(ss.Context()); dv != nil {
+		if dv := in.s.decideDescriptorsGRPC(ss.Context()); dv != nil {
 			ss.SetTrailer(dv.http.grpcTrailer(opts.RateLimitHeaders))
 			return dv.grpcErr
 		}
@@ -128,14 +128,10 @@ type incoming struct {
 	identify IdentifyContext
 	rules    callerRules
 	refusal  error // PERMISSION_DENIED for a mismatch under RejectMismatch
-	// descriptors decides the calls the bucket admitted by the policy's
-	// descriptors (see descriptor_edges.go).
-	descriptors *descriptorEdge
 }
 
 func (s *ServiceLimiter) incoming(opts GRPCOptions) *incoming {
-	return &incoming{s: s, key: opts.key(), identify: opts.Identify, rules: opts.rules(), refusal: renderRefusal(s.name).grpcErr,
-		descriptors: newDescriptorEdge(s)}
+	return &incoming{s: s, key: opts.key(), identify: opts.Identify, rules: opts.rules(), refusal: renderRefusal(s.name).grpcErr}
 }
 
 // decide decides an inbound call of fullMethod, in the leaf of that

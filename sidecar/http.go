@@ -103,7 +103,6 @@ func (s *ServiceLimiter) Middleware(next http.Handler, opts HTTPOptions) http.Ha
 	form := opts.RateLimitHeaders
 	rules := opts.rules()
 	refusal := renderRefusal(s.name)
-	descriptors := newDescriptorEdge(s)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var header, id string
 		if v := r.Header[key]; len(v) > 0 {
@@ -137,7 +136,7 @@ func (s *ServiceLimiter) Middleware(next http.Handler, opts HTTPOptions) http.Ha
 			}
 			v = d.v
 		}
-		if dv := descriptors.decideHTTP(r); dv != nil {
+		if dv := s.decideDescriptorsHTTP(r); dv != nil {
 			if grpcRequest(r) {
 				dv.http.writeGRPC(w, form)
 			} else {
