@@ -505,8 +505,7 @@ func (s *ServiceLimiter) decideDescriptor(dt *descTable, i int, value string) De
 // each request is dropped with probability step/2³² exactly, and a value
 // concentrated on one sidecar still loses n·step/2³² ± 1 of n.
 func phasedHit(n, step, h uint64) bool {
-	x := (n-1)*step + uint64(uint32(mix(h, h>>32^0x9e3779b97f4a7c15)))
-	return (x+step)>>32 != x>>32
+	return diffuseFrom(n, step, uint64(uint32(mix(h, h>>32^0x9e3779b97f4a7c15))))
 }
 
 // localHit reports whether the local rule drops a value's n-th request of

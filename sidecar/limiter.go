@@ -636,11 +636,15 @@ func stackStripe() uint64 {
 }
 
 // diffuseHit reports whether the k-th request (k ≥ 1) at ratio step/2^32 is
-// dropped: whether round(k·p) > round((k-1)·p), rounding half up. Computed
-// in wrapping fixed point: only whether the integer part changes matters,
-// and a wrap past 2^64 is such a change.
-func diffuseHit(k, step uint64) bool {
-	x := (k-1)*step + 1<<31
+// dropped: whether round(k·p) > round((k-1)·p), rounding half up.
+func diffuseHit(k, step uint64) bool { return diffuseFrom(k, step, 1<<31) }
+
+// diffuseFrom is error diffusion from phase (of 2^32; 2^31 rounds half
+// up): whether the integer part of phase + k·p passes one more step at the
+// k-th request. Computed in wrapping fixed point: only whether the integer
+// part changes matters, and a wrap past 2^64 is such a change. It inlines.
+func diffuseFrom(k, step, phase uint64) bool {
+	x := (k-1)*step + phase
 	return (x+step)>>32 != x>>32
 }
 
