@@ -78,6 +78,65 @@ func (Direction) EnumDescriptor() ([]byte, []int) {
 	return file_sluice_v1_common_proto_rawDescGZIP(), []int{0}
 }
 
+// Criticality is a request's tier (Google's four, highest first). When a
+// capacity binds, it goes to tiers from the top down, max-min fairly within
+// a tier; within a caller's own limit its lower tiers are shed first.
+// UNSPECIFIED: the callee declares no tiers, and the bucket is untiered.
+type Criticality int32
+
+const (
+	Criticality_CRITICALITY_UNSPECIFIED    Criticality = 0
+	Criticality_CRITICALITY_CRITICAL_PLUS  Criticality = 1
+	Criticality_CRITICALITY_CRITICAL       Criticality = 2
+	Criticality_CRITICALITY_SHEDDABLE_PLUS Criticality = 3
+	Criticality_CRITICALITY_SHEDDABLE      Criticality = 4
+)
+
+// Enum value maps for Criticality.
+var (
+	Criticality_name = map[int32]string{
+		0: "CRITICALITY_UNSPECIFIED",
+		1: "CRITICALITY_CRITICAL_PLUS",
+		2: "CRITICALITY_CRITICAL",
+		3: "CRITICALITY_SHEDDABLE_PLUS",
+		4: "CRITICALITY_SHEDDABLE",
+	}
+	Criticality_value = map[string]int32{
+		"CRITICALITY_UNSPECIFIED":    0,
+		"CRITICALITY_CRITICAL_PLUS":  1,
+		"CRITICALITY_CRITICAL":       2,
+		"CRITICALITY_SHEDDABLE_PLUS": 3,
+		"CRITICALITY_SHEDDABLE":      4,
+	}
+)
+
+func (x Criticality) Enum() *Criticality {
+	p := new(Criticality)
+	*p = x
+	return p
+}
+
+func (x Criticality) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Criticality) Descriptor() protoreflect.EnumDescriptor {
+	return file_sluice_v1_common_proto_enumTypes[1].Descriptor()
+}
+
+func (Criticality) Type() protoreflect.EnumType {
+	return &file_sluice_v1_common_proto_enumTypes[1]
+}
+
+func (x Criticality) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Criticality.Descriptor instead.
+func (Criticality) EnumDescriptor() ([]byte, []int) {
+	return file_sluice_v1_common_proto_rawDescGZIP(), []int{1}
+}
+
 // Mode says whether a limit is enforced or only observed.
 type Mode int32
 
@@ -114,11 +173,11 @@ func (x Mode) String() string {
 }
 
 func (Mode) Descriptor() protoreflect.EnumDescriptor {
-	return file_sluice_v1_common_proto_enumTypes[1].Descriptor()
+	return file_sluice_v1_common_proto_enumTypes[2].Descriptor()
 }
 
 func (Mode) Type() protoreflect.EnumType {
-	return &file_sluice_v1_common_proto_enumTypes[1]
+	return &file_sluice_v1_common_proto_enumTypes[2]
 }
 
 func (x Mode) Number() protoreflect.EnumNumber {
@@ -127,7 +186,7 @@ func (x Mode) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Mode.Descriptor instead.
 func (Mode) EnumDescriptor() ([]byte, []int) {
-	return file_sluice_v1_common_proto_rawDescGZIP(), []int{1}
+	return file_sluice_v1_common_proto_rawDescGZIP(), []int{2}
 }
 
 var File_sluice_v1_common_proto protoreflect.FileDescriptor
@@ -138,7 +197,13 @@ const file_sluice_v1_common_proto_rawDesc = "" +
 	"\tDirection\x12\x19\n" +
 	"\x15DIRECTION_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11DIRECTION_INBOUND\x10\x01\x12\x16\n" +
-	"\x12DIRECTION_OUTBOUND\x10\x02*?\n" +
+	"\x12DIRECTION_OUTBOUND\x10\x02*\x9e\x01\n" +
+	"\vCriticality\x12\x1b\n" +
+	"\x17CRITICALITY_UNSPECIFIED\x10\x00\x12\x1d\n" +
+	"\x19CRITICALITY_CRITICAL_PLUS\x10\x01\x12\x18\n" +
+	"\x14CRITICALITY_CRITICAL\x10\x02\x12\x1e\n" +
+	"\x1aCRITICALITY_SHEDDABLE_PLUS\x10\x03\x12\x19\n" +
+	"\x15CRITICALITY_SHEDDABLE\x10\x04*?\n" +
 	"\x04Mode\x12\x14\n" +
 	"\x10MODE_UNSPECIFIED\x10\x00\x12\x10\n" +
 	"\fMODE_ENFORCE\x10\x01\x12\x0f\n" +
@@ -156,10 +221,11 @@ func file_sluice_v1_common_proto_rawDescGZIP() []byte {
 	return file_sluice_v1_common_proto_rawDescData
 }
 
-var file_sluice_v1_common_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_sluice_v1_common_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
 var file_sluice_v1_common_proto_goTypes = []any{
-	(Direction)(0), // 0: sluice.v1.Direction
-	(Mode)(0),      // 1: sluice.v1.Mode
+	(Direction)(0),   // 0: sluice.v1.Direction
+	(Criticality)(0), // 1: sluice.v1.Criticality
+	(Mode)(0),        // 2: sluice.v1.Mode
 }
 var file_sluice_v1_common_proto_depIdxs = []int32{
 	0, // [0:0] is the sub-list for method output_type
@@ -179,7 +245,7 @@ func file_sluice_v1_common_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sluice_v1_common_proto_rawDesc), len(file_sluice_v1_common_proto_rawDesc)),
-			NumEnums:      2,
+			NumEnums:      3,
 			NumMessages:   0,
 			NumExtensions: 0,
 			NumServices:   0,

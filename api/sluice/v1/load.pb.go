@@ -372,7 +372,11 @@ type PeerCounts struct {
 	// procedure the callee's policy declares (a gRPC full method or the name
 	// of an HTTP route) or "_other". Empty when the callee declares no
 	// procedures: the bucket is the whole (callee, caller) pair.
-	Procedure     string `protobuf:"bytes,5,opt,name=procedure,proto3" json:"procedure,omitempty"`
+	Procedure string `protobuf:"bytes,5,opt,name=procedure,proto3" json:"procedure,omitempty"`
+	// The requests' tier, the bucket key's fourth part, as the callee's
+	// policy resolved it (header, else the defaults); UNSPECIFIED when the
+	// callee declares no tiers.
+	Criticality   Criticality `protobuf:"varint,6,opt,name=criticality,proto3,enum=sluice.v1.Criticality" json:"criticality,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -440,6 +444,13 @@ func (x *PeerCounts) GetProcedure() string {
 		return x.Procedure
 	}
 	return ""
+}
+
+func (x *PeerCounts) GetCriticality() Criticality {
+	if x != nil {
+		return x.Criticality
+	}
+	return Criticality_CRITICALITY_UNSPECIFIED
 }
 
 // StreamLoadReportsResponse acknowledges one report.
@@ -546,14 +557,15 @@ const file_sluice_v1_load_proto_rawDesc = "" +
 	"\x06values\x18\x04 \x03(\v2\x16.sluice.v1.ValueCountsR\x06values\"=\n" +
 	"\vValueCounts\x12\x14\n" +
 	"\x05value\x18\x01 \x01(\tR\x05value\x12\x18\n" +
-	"\aoffered\x18\x02 \x01(\x04R\aoffered\"\x99\x01\n" +
+	"\aoffered\x18\x02 \x01(\x04R\aoffered\"\xd3\x01\n" +
 	"\n" +
 	"PeerCounts\x12\x12\n" +
 	"\x04peer\x18\x01 \x01(\tR\x04peer\x12\x18\n" +
 	"\aoffered\x18\x02 \x01(\x04R\aoffered\x12\x18\n" +
 	"\adropped\x18\x03 \x01(\x04R\adropped\x12%\n" +
 	"\x0eshadow_dropped\x18\x04 \x01(\x04R\rshadowDropped\x12\x1c\n" +
-	"\tprocedure\x18\x05 \x01(\tR\tprocedure\"\x95\x01\n" +
+	"\tprocedure\x18\x05 \x01(\tR\tprocedure\x128\n" +
+	"\vcriticality\x18\x06 \x01(\x0e2\x16.sluice.v1.CriticalityR\vcriticality\"\x95\x01\n" +
 	"\x19StreamLoadReportsResponse\x12\x1a\n" +
 	"\baccepted\x18\x01 \x01(\bR\baccepted\x12#\n" +
 	"\rreject_reason\x18\x02 \x01(\tR\frejectReason\x12\x12\n" +
@@ -585,6 +597,7 @@ var file_sluice_v1_load_proto_goTypes = []any{
 	(Direction)(0),                    // 6: sluice.v1.Direction
 	(*timestamppb.Timestamp)(nil),     // 7: google.protobuf.Timestamp
 	(*durationpb.Duration)(nil),       // 8: google.protobuf.Duration
+	(Criticality)(0),                  // 9: sluice.v1.Criticality
 }
 var file_sluice_v1_load_proto_depIdxs = []int32{
 	1,  // 0: sluice.v1.StreamLoadReportsRequest.report:type_name -> sluice.v1.LoadReport
@@ -596,13 +609,14 @@ var file_sluice_v1_load_proto_depIdxs = []int32{
 	2,  // 6: sluice.v1.LoadReport.descriptors:type_name -> sluice.v1.DescriptorCounts
 	8,  // 7: sluice.v1.LoadReport.descriptor_window:type_name -> google.protobuf.Duration
 	3,  // 8: sluice.v1.DescriptorCounts.values:type_name -> sluice.v1.ValueCounts
-	0,  // 9: sluice.v1.LoadReportService.StreamLoadReports:input_type -> sluice.v1.StreamLoadReportsRequest
-	5,  // 10: sluice.v1.LoadReportService.StreamLoadReports:output_type -> sluice.v1.StreamLoadReportsResponse
-	10, // [10:11] is the sub-list for method output_type
-	9,  // [9:10] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	9,  // 9: sluice.v1.PeerCounts.criticality:type_name -> sluice.v1.Criticality
+	0,  // 10: sluice.v1.LoadReportService.StreamLoadReports:input_type -> sluice.v1.StreamLoadReportsRequest
+	5,  // 11: sluice.v1.LoadReportService.StreamLoadReports:output_type -> sluice.v1.StreamLoadReportsResponse
+	11, // [11:12] is the sub-list for method output_type
+	10, // [10:11] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_sluice_v1_load_proto_init() }

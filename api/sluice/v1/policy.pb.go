@@ -245,7 +245,11 @@ type DropPolicy struct {
 	// attribute with many values (tenant, API key, client IP). A request is
 	// admitted only when its bucket (peers) and every descriptor admit it.
 	// At most four. Inbound policies only.
-	Descriptors   []*DescriptorPolicy `protobuf:"bytes,12,rep,name=descriptors,proto3" json:"descriptors,omitempty"`
+	Descriptors []*DescriptorPolicy `protobuf:"bytes,12,rep,name=descriptors,proto3" json:"descriptors,omitempty"`
+	// The service's tiers: how a sidecar finds a request's criticality.
+	// Absent: the service declares none, and its buckets are untiered.
+	// Inbound policies only.
+	Criticality   *CriticalityPolicy `protobuf:"bytes,13,opt,name=criticality,proto3" json:"criticality,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -364,6 +368,214 @@ func (x *DropPolicy) GetDescriptors() []*DescriptorPolicy {
 	return nil
 }
 
+func (x *DropPolicy) GetCriticality() *CriticalityPolicy {
+	if x != nil {
+		return x.Criticality
+	}
+	return nil
+}
+
+// CriticalityPolicy says how a request's tier is found: the header (gRPC
+// metadata) if it names a tier the caller may claim, else the most
+// specific default: the procedure's, the caller's, the service's.
+type CriticalityPolicy struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The lower-case header or metadata key that carries the tier name
+	// ("CRITICAL_PLUS", "CRITICAL", "SHEDDABLE_PLUS", "SHEDDABLE").
+	Header string `protobuf:"bytes,1,opt,name=header,proto3" json:"header,omitempty"`
+	// The tier of a request whose header is absent or names no tier.
+	DefaultTier Criticality `protobuf:"varint,2,opt,name=default_tier,json=defaultTier,proto3,enum=sluice.v1.Criticality" json:"default_tier,omitempty"`
+	// Per procedure, a default over the service's and the caller's.
+	Procedures []*ProcedureCriticality `protobuf:"bytes,3,rep,name=procedures,proto3" json:"procedures,omitempty"`
+	// Per caller, a default and the highest tier it may claim.
+	Callers []*CallerCriticality `protobuf:"bytes,4,rep,name=callers,proto3" json:"callers,omitempty"`
+	// The highest tier a caller not listed in callers may claim; a higher
+	// claim is lowered to it (and counted).
+	MaxTier       Criticality `protobuf:"varint,5,opt,name=max_tier,json=maxTier,proto3,enum=sluice.v1.Criticality" json:"max_tier,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CriticalityPolicy) Reset() {
+	*x = CriticalityPolicy{}
+	mi := &file_sluice_v1_policy_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CriticalityPolicy) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CriticalityPolicy) ProtoMessage() {}
+
+func (x *CriticalityPolicy) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_policy_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CriticalityPolicy.ProtoReflect.Descriptor instead.
+func (*CriticalityPolicy) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_policy_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *CriticalityPolicy) GetHeader() string {
+	if x != nil {
+		return x.Header
+	}
+	return ""
+}
+
+func (x *CriticalityPolicy) GetDefaultTier() Criticality {
+	if x != nil {
+		return x.DefaultTier
+	}
+	return Criticality_CRITICALITY_UNSPECIFIED
+}
+
+func (x *CriticalityPolicy) GetProcedures() []*ProcedureCriticality {
+	if x != nil {
+		return x.Procedures
+	}
+	return nil
+}
+
+func (x *CriticalityPolicy) GetCallers() []*CallerCriticality {
+	if x != nil {
+		return x.Callers
+	}
+	return nil
+}
+
+func (x *CriticalityPolicy) GetMaxTier() Criticality {
+	if x != nil {
+		return x.MaxTier
+	}
+	return Criticality_CRITICALITY_UNSPECIFIED
+}
+
+// ProcedureCriticality is one procedure's default tier.
+type ProcedureCriticality struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Procedure     string                 `protobuf:"bytes,1,opt,name=procedure,proto3" json:"procedure,omitempty"`
+	DefaultTier   Criticality            `protobuf:"varint,2,opt,name=default_tier,json=defaultTier,proto3,enum=sluice.v1.Criticality" json:"default_tier,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProcedureCriticality) Reset() {
+	*x = ProcedureCriticality{}
+	mi := &file_sluice_v1_policy_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProcedureCriticality) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProcedureCriticality) ProtoMessage() {}
+
+func (x *ProcedureCriticality) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_policy_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProcedureCriticality.ProtoReflect.Descriptor instead.
+func (*ProcedureCriticality) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_policy_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ProcedureCriticality) GetProcedure() string {
+	if x != nil {
+		return x.Procedure
+	}
+	return ""
+}
+
+func (x *ProcedureCriticality) GetDefaultTier() Criticality {
+	if x != nil {
+		return x.DefaultTier
+	}
+	return Criticality_CRITICALITY_UNSPECIFIED
+}
+
+// CallerCriticality is one caller's default tier and the highest tier it
+// may claim. UNSPECIFIED leaves the service's.
+type CallerCriticality struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Caller        string                 `protobuf:"bytes,1,opt,name=caller,proto3" json:"caller,omitempty"`
+	DefaultTier   Criticality            `protobuf:"varint,2,opt,name=default_tier,json=defaultTier,proto3,enum=sluice.v1.Criticality" json:"default_tier,omitempty"`
+	MaxTier       Criticality            `protobuf:"varint,3,opt,name=max_tier,json=maxTier,proto3,enum=sluice.v1.Criticality" json:"max_tier,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CallerCriticality) Reset() {
+	*x = CallerCriticality{}
+	mi := &file_sluice_v1_policy_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CallerCriticality) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CallerCriticality) ProtoMessage() {}
+
+func (x *CallerCriticality) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_policy_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CallerCriticality.ProtoReflect.Descriptor instead.
+func (*CallerCriticality) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_policy_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *CallerCriticality) GetCaller() string {
+	if x != nil {
+		return x.Caller
+	}
+	return ""
+}
+
+func (x *CallerCriticality) GetDefaultTier() Criticality {
+	if x != nil {
+		return x.DefaultTier
+	}
+	return Criticality_CRITICALITY_UNSPECIFIED
+}
+
+func (x *CallerCriticality) GetMaxTier() Criticality {
+	if x != nil {
+		return x.MaxTier
+	}
+	return Criticality_CRITICALITY_UNSPECIFIED
+}
+
 // DescriptorPolicy is one descriptor limit of a service and the verdicts of
 // its heavy values.
 type DescriptorPolicy struct {
@@ -397,7 +609,7 @@ type DescriptorPolicy struct {
 
 func (x *DescriptorPolicy) Reset() {
 	*x = DescriptorPolicy{}
-	mi := &file_sluice_v1_policy_proto_msgTypes[1]
+	mi := &file_sluice_v1_policy_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -409,7 +621,7 @@ func (x *DescriptorPolicy) String() string {
 func (*DescriptorPolicy) ProtoMessage() {}
 
 func (x *DescriptorPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_policy_proto_msgTypes[1]
+	mi := &file_sluice_v1_policy_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -422,7 +634,7 @@ func (x *DescriptorPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescriptorPolicy.ProtoReflect.Descriptor instead.
 func (*DescriptorPolicy) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_policy_proto_rawDescGZIP(), []int{1}
+	return file_sluice_v1_policy_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *DescriptorPolicy) GetName() string {
@@ -485,7 +697,7 @@ type ValueLimit struct {
 
 func (x *ValueLimit) Reset() {
 	*x = ValueLimit{}
-	mi := &file_sluice_v1_policy_proto_msgTypes[2]
+	mi := &file_sluice_v1_policy_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -497,7 +709,7 @@ func (x *ValueLimit) String() string {
 func (*ValueLimit) ProtoMessage() {}
 
 func (x *ValueLimit) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_policy_proto_msgTypes[2]
+	mi := &file_sluice_v1_policy_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -510,7 +722,7 @@ func (x *ValueLimit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ValueLimit.ProtoReflect.Descriptor instead.
 func (*ValueLimit) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_policy_proto_rawDescGZIP(), []int{2}
+	return file_sluice_v1_policy_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ValueLimit) GetValue() string {
@@ -543,7 +755,7 @@ type ValuePolicy struct {
 
 func (x *ValuePolicy) Reset() {
 	*x = ValuePolicy{}
-	mi := &file_sluice_v1_policy_proto_msgTypes[3]
+	mi := &file_sluice_v1_policy_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -555,7 +767,7 @@ func (x *ValuePolicy) String() string {
 func (*ValuePolicy) ProtoMessage() {}
 
 func (x *ValuePolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_policy_proto_msgTypes[3]
+	mi := &file_sluice_v1_policy_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -568,7 +780,7 @@ func (x *ValuePolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ValuePolicy.ProtoReflect.Descriptor instead.
 func (*ValuePolicy) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_policy_proto_rawDescGZIP(), []int{3}
+	return file_sluice_v1_policy_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ValuePolicy) GetValue() string {
@@ -613,7 +825,7 @@ type Route struct {
 
 func (x *Route) Reset() {
 	*x = Route{}
-	mi := &file_sluice_v1_policy_proto_msgTypes[4]
+	mi := &file_sluice_v1_policy_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -625,7 +837,7 @@ func (x *Route) String() string {
 func (*Route) ProtoMessage() {}
 
 func (x *Route) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_policy_proto_msgTypes[4]
+	mi := &file_sluice_v1_policy_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -638,7 +850,7 @@ func (x *Route) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Route.ProtoReflect.Descriptor instead.
 func (*Route) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_policy_proto_rawDescGZIP(), []int{4}
+	return file_sluice_v1_policy_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Route) GetPattern() string {
@@ -701,14 +913,18 @@ type PeerPolicy struct {
 	// bucket, for outbound policies, and for any value a holder does not
 	// know. It changes only when the binding level does. Inbound policies
 	// only.
-	Bound         DropBound `protobuf:"varint,11,opt,name=bound,proto3,enum=sluice.v1.DropBound" json:"bound,omitempty"`
+	Bound DropBound `protobuf:"varint,11,opt,name=bound,proto3,enum=sluice.v1.DropBound" json:"bound,omitempty"`
+	// The bucket's tier; UNSPECIFIED when the service declares no tiers.
+	// A service with tiers lists a (peer, procedure) once per tier it has
+	// seen or limits. Inbound policies only.
+	Criticality   Criticality `protobuf:"varint,12,opt,name=criticality,proto3,enum=sluice.v1.Criticality" json:"criticality,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PeerPolicy) Reset() {
 	*x = PeerPolicy{}
-	mi := &file_sluice_v1_policy_proto_msgTypes[5]
+	mi := &file_sluice_v1_policy_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -720,7 +936,7 @@ func (x *PeerPolicy) String() string {
 func (*PeerPolicy) ProtoMessage() {}
 
 func (x *PeerPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_policy_proto_msgTypes[5]
+	mi := &file_sluice_v1_policy_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -733,7 +949,7 @@ func (x *PeerPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerPolicy.ProtoReflect.Descriptor instead.
 func (*PeerPolicy) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_policy_proto_rawDescGZIP(), []int{5}
+	return file_sluice_v1_policy_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *PeerPolicy) GetPeer() string {
@@ -813,11 +1029,18 @@ func (x *PeerPolicy) GetBound() DropBound {
 	return DropBound_DROP_BOUND_UNSPECIFIED
 }
 
+func (x *PeerPolicy) GetCriticality() Criticality {
+	if x != nil {
+		return x.Criticality
+	}
+	return Criticality_CRITICALITY_UNSPECIFIED
+}
+
 var File_sluice_v1_policy_proto protoreflect.FileDescriptor
 
 const file_sluice_v1_policy_proto_rawDesc = "" +
 	"\n" +
-	"\x16sluice/v1/policy.proto\x12\tsluice.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16sluice/v1/common.proto\"\xa6\x04\n" +
+	"\x16sluice/v1/policy.proto\x12\tsluice.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16sluice/v1/common.proto\"\xe6\x04\n" +
 	"\n" +
 	"DropPolicy\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
@@ -834,7 +1057,23 @@ const file_sluice_v1_policy_proto_rawDesc = "" +
 	" \x03(\tR\n" +
 	"procedures\x12(\n" +
 	"\x06routes\x18\v \x03(\v2\x10.sluice.v1.RouteR\x06routes\x12=\n" +
-	"\vdescriptors\x18\f \x03(\v2\x1b.sluice.v1.DescriptorPolicyR\vdescriptors\"\x88\x02\n" +
+	"\vdescriptors\x18\f \x03(\v2\x1b.sluice.v1.DescriptorPolicyR\vdescriptors\x12>\n" +
+	"\vcriticality\x18\r \x01(\v2\x1c.sluice.v1.CriticalityPolicyR\vcriticality\"\x92\x02\n" +
+	"\x11CriticalityPolicy\x12\x16\n" +
+	"\x06header\x18\x01 \x01(\tR\x06header\x129\n" +
+	"\fdefault_tier\x18\x02 \x01(\x0e2\x16.sluice.v1.CriticalityR\vdefaultTier\x12?\n" +
+	"\n" +
+	"procedures\x18\x03 \x03(\v2\x1f.sluice.v1.ProcedureCriticalityR\n" +
+	"procedures\x126\n" +
+	"\acallers\x18\x04 \x03(\v2\x1c.sluice.v1.CallerCriticalityR\acallers\x121\n" +
+	"\bmax_tier\x18\x05 \x01(\x0e2\x16.sluice.v1.CriticalityR\amaxTier\"o\n" +
+	"\x14ProcedureCriticality\x12\x1c\n" +
+	"\tprocedure\x18\x01 \x01(\tR\tprocedure\x129\n" +
+	"\fdefault_tier\x18\x02 \x01(\x0e2\x16.sluice.v1.CriticalityR\vdefaultTier\"\x99\x01\n" +
+	"\x11CallerCriticality\x12\x16\n" +
+	"\x06caller\x18\x01 \x01(\tR\x06caller\x129\n" +
+	"\fdefault_tier\x18\x02 \x01(\x0e2\x16.sluice.v1.CriticalityR\vdefaultTier\x121\n" +
+	"\bmax_tier\x18\x03 \x01(\x0e2\x16.sluice.v1.CriticalityR\amaxTier\"\x88\x02\n" +
 	"\x10DescriptorPolicy\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06source\x18\x02 \x01(\tR\x06source\x12\x1b\n" +
@@ -856,7 +1095,7 @@ const file_sluice_v1_policy_proto_rawDesc = "" +
 	"offeredRps\"?\n" +
 	"\x05Route\x12\x18\n" +
 	"\apattern\x18\x01 \x01(\tR\apattern\x12\x1c\n" +
-	"\tprocedure\x18\x02 \x01(\tR\tprocedure\"\xd5\x03\n" +
+	"\tprocedure\x18\x02 \x01(\tR\tprocedure\"\x8f\x04\n" +
 	"\n" +
 	"PeerPolicy\x12\x12\n" +
 	"\x04peer\x18\x01 \x01(\tR\x04peer\x12\x1d\n" +
@@ -873,7 +1112,8 @@ const file_sluice_v1_policy_proto_rawDesc = "" +
 	"\tprocedure\x18\t \x01(\tR\tprocedure\x12-\n" +
 	"\x10caller_limit_rps\x18\n" +
 	" \x01(\x01H\x02R\x0ecallerLimitRps\x88\x01\x01\x12*\n" +
-	"\x05bound\x18\v \x01(\x0e2\x14.sluice.v1.DropBoundR\x05boundB\f\n" +
+	"\x05bound\x18\v \x01(\x0e2\x14.sluice.v1.DropBoundR\x05bound\x128\n" +
+	"\vcriticality\x18\f \x01(\x0e2\x16.sluice.v1.CriticalityR\vcriticalityB\f\n" +
 	"\n" +
 	"_limit_rpsB\x0e\n" +
 	"\f_allowed_rpsB\x13\n" +
@@ -908,41 +1148,54 @@ func file_sluice_v1_policy_proto_rawDescGZIP() []byte {
 }
 
 var file_sluice_v1_policy_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_sluice_v1_policy_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_sluice_v1_policy_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_sluice_v1_policy_proto_goTypes = []any{
 	(FailMode)(0),                 // 0: sluice.v1.FailMode
 	(DropBound)(0),                // 1: sluice.v1.DropBound
 	(DropReason)(0),               // 2: sluice.v1.DropReason
 	(*DropPolicy)(nil),            // 3: sluice.v1.DropPolicy
-	(*DescriptorPolicy)(nil),      // 4: sluice.v1.DescriptorPolicy
-	(*ValueLimit)(nil),            // 5: sluice.v1.ValueLimit
-	(*ValuePolicy)(nil),           // 6: sluice.v1.ValuePolicy
-	(*Route)(nil),                 // 7: sluice.v1.Route
-	(*PeerPolicy)(nil),            // 8: sluice.v1.PeerPolicy
-	(Direction)(0),                // 9: sluice.v1.Direction
-	(*durationpb.Duration)(nil),   // 10: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 11: google.protobuf.Timestamp
-	(Mode)(0),                     // 12: sluice.v1.Mode
+	(*CriticalityPolicy)(nil),     // 4: sluice.v1.CriticalityPolicy
+	(*ProcedureCriticality)(nil),  // 5: sluice.v1.ProcedureCriticality
+	(*CallerCriticality)(nil),     // 6: sluice.v1.CallerCriticality
+	(*DescriptorPolicy)(nil),      // 7: sluice.v1.DescriptorPolicy
+	(*ValueLimit)(nil),            // 8: sluice.v1.ValueLimit
+	(*ValuePolicy)(nil),           // 9: sluice.v1.ValuePolicy
+	(*Route)(nil),                 // 10: sluice.v1.Route
+	(*PeerPolicy)(nil),            // 11: sluice.v1.PeerPolicy
+	(Direction)(0),                // 12: sluice.v1.Direction
+	(*durationpb.Duration)(nil),   // 13: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 14: google.protobuf.Timestamp
+	(Criticality)(0),              // 15: sluice.v1.Criticality
+	(Mode)(0),                     // 16: sluice.v1.Mode
 }
 var file_sluice_v1_policy_proto_depIdxs = []int32{
-	9,  // 0: sluice.v1.DropPolicy.direction:type_name -> sluice.v1.Direction
-	8,  // 1: sluice.v1.DropPolicy.peers:type_name -> sluice.v1.PeerPolicy
-	10, // 2: sluice.v1.DropPolicy.ttl:type_name -> google.protobuf.Duration
+	12, // 0: sluice.v1.DropPolicy.direction:type_name -> sluice.v1.Direction
+	11, // 1: sluice.v1.DropPolicy.peers:type_name -> sluice.v1.PeerPolicy
+	13, // 2: sluice.v1.DropPolicy.ttl:type_name -> google.protobuf.Duration
 	0,  // 3: sluice.v1.DropPolicy.fail_mode:type_name -> sluice.v1.FailMode
-	10, // 4: sluice.v1.DropPolicy.fail_open_decay:type_name -> google.protobuf.Duration
-	11, // 5: sluice.v1.DropPolicy.issued_at:type_name -> google.protobuf.Timestamp
-	7,  // 6: sluice.v1.DropPolicy.routes:type_name -> sluice.v1.Route
-	4,  // 7: sluice.v1.DropPolicy.descriptors:type_name -> sluice.v1.DescriptorPolicy
-	5,  // 8: sluice.v1.DescriptorPolicy.overrides:type_name -> sluice.v1.ValueLimit
-	6,  // 9: sluice.v1.DescriptorPolicy.values:type_name -> sluice.v1.ValuePolicy
-	12, // 10: sluice.v1.PeerPolicy.mode:type_name -> sluice.v1.Mode
-	2,  // 11: sluice.v1.PeerPolicy.reason:type_name -> sluice.v1.DropReason
-	1,  // 12: sluice.v1.PeerPolicy.bound:type_name -> sluice.v1.DropBound
-	13, // [13:13] is the sub-list for method output_type
-	13, // [13:13] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	13, // 4: sluice.v1.DropPolicy.fail_open_decay:type_name -> google.protobuf.Duration
+	14, // 5: sluice.v1.DropPolicy.issued_at:type_name -> google.protobuf.Timestamp
+	10, // 6: sluice.v1.DropPolicy.routes:type_name -> sluice.v1.Route
+	7,  // 7: sluice.v1.DropPolicy.descriptors:type_name -> sluice.v1.DescriptorPolicy
+	4,  // 8: sluice.v1.DropPolicy.criticality:type_name -> sluice.v1.CriticalityPolicy
+	15, // 9: sluice.v1.CriticalityPolicy.default_tier:type_name -> sluice.v1.Criticality
+	5,  // 10: sluice.v1.CriticalityPolicy.procedures:type_name -> sluice.v1.ProcedureCriticality
+	6,  // 11: sluice.v1.CriticalityPolicy.callers:type_name -> sluice.v1.CallerCriticality
+	15, // 12: sluice.v1.CriticalityPolicy.max_tier:type_name -> sluice.v1.Criticality
+	15, // 13: sluice.v1.ProcedureCriticality.default_tier:type_name -> sluice.v1.Criticality
+	15, // 14: sluice.v1.CallerCriticality.default_tier:type_name -> sluice.v1.Criticality
+	15, // 15: sluice.v1.CallerCriticality.max_tier:type_name -> sluice.v1.Criticality
+	8,  // 16: sluice.v1.DescriptorPolicy.overrides:type_name -> sluice.v1.ValueLimit
+	9,  // 17: sluice.v1.DescriptorPolicy.values:type_name -> sluice.v1.ValuePolicy
+	16, // 18: sluice.v1.PeerPolicy.mode:type_name -> sluice.v1.Mode
+	2,  // 19: sluice.v1.PeerPolicy.reason:type_name -> sluice.v1.DropReason
+	1,  // 20: sluice.v1.PeerPolicy.bound:type_name -> sluice.v1.DropBound
+	15, // 21: sluice.v1.PeerPolicy.criticality:type_name -> sluice.v1.Criticality
+	22, // [22:22] is the sub-list for method output_type
+	22, // [22:22] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_sluice_v1_policy_proto_init() }
@@ -951,14 +1204,14 @@ func file_sluice_v1_policy_proto_init() {
 		return
 	}
 	file_sluice_v1_common_proto_init()
-	file_sluice_v1_policy_proto_msgTypes[5].OneofWrappers = []any{}
+	file_sluice_v1_policy_proto_msgTypes[8].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sluice_v1_policy_proto_rawDesc), len(file_sluice_v1_policy_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   6,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

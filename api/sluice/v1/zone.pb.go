@@ -386,7 +386,9 @@ type PeerRate struct {
 	ShadowDroppedRps float64 `protobuf:"fixed64,4,opt,name=shadow_dropped_rps,json=shadowDroppedRps,proto3" json:"shadow_dropped_rps,omitempty"`
 	// The bucket's procedure, as in PeerCounts.procedure; empty when the
 	// callee declares none.
-	Procedure     string `protobuf:"bytes,5,opt,name=procedure,proto3" json:"procedure,omitempty"`
+	Procedure string `protobuf:"bytes,5,opt,name=procedure,proto3" json:"procedure,omitempty"`
+	// The bucket's tier, as in PeerCounts.criticality.
+	Criticality   Criticality `protobuf:"varint,6,opt,name=criticality,proto3,enum=sluice.v1.Criticality" json:"criticality,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -454,6 +456,13 @@ func (x *PeerRate) GetProcedure() string {
 		return x.Procedure
 	}
 	return ""
+}
+
+func (x *PeerRate) GetCriticality() Criticality {
+	if x != nil {
+		return x.Criticality
+	}
+	return Criticality_CRITICALITY_UNSPECIFIED
 }
 
 // StreamZoneLoadsResponse acknowledges one flush.
@@ -544,7 +553,7 @@ const file_sluice_v1_zone_proto_rawDesc = "" +
 	"\tValueRate\x12\x14\n" +
 	"\x05value\x18\x01 \x01(\tR\x05value\x12\x1f\n" +
 	"\voffered_rps\x18\x02 \x01(\x01R\n" +
-	"offeredRps\"\xac\x01\n" +
+	"offeredRps\"\xe6\x01\n" +
 	"\bPeerRate\x12\x12\n" +
 	"\x04peer\x18\x01 \x01(\tR\x04peer\x12\x1f\n" +
 	"\voffered_rps\x18\x02 \x01(\x01R\n" +
@@ -552,7 +561,8 @@ const file_sluice_v1_zone_proto_rawDesc = "" +
 	"\vdropped_rps\x18\x03 \x01(\x01R\n" +
 	"droppedRps\x12,\n" +
 	"\x12shadow_dropped_rps\x18\x04 \x01(\x01R\x10shadowDroppedRps\x12\x1c\n" +
-	"\tprocedure\x18\x05 \x01(\tR\tprocedure\"Z\n" +
+	"\tprocedure\x18\x05 \x01(\tR\tprocedure\x128\n" +
+	"\vcriticality\x18\x06 \x01(\x0e2\x16.sluice.v1.CriticalityR\vcriticality\"Z\n" +
 	"\x17StreamZoneLoadsResponse\x12\x1a\n" +
 	"\baccepted\x18\x01 \x01(\bR\baccepted\x12#\n" +
 	"\rreject_reason\x18\x02 \x01(\tR\frejectReason2o\n" +
@@ -582,6 +592,7 @@ var file_sluice_v1_zone_proto_goTypes = []any{
 	(*StreamZoneLoadsResponse)(nil), // 6: sluice.v1.StreamZoneLoadsResponse
 	(*durationpb.Duration)(nil),     // 7: google.protobuf.Duration
 	(Direction)(0),                  // 8: sluice.v1.Direction
+	(Criticality)(0),                // 9: sluice.v1.Criticality
 }
 var file_sluice_v1_zone_proto_depIdxs = []int32{
 	1, // 0: sluice.v1.StreamZoneLoadsRequest.load:type_name -> sluice.v1.ZoneLoad
@@ -591,13 +602,14 @@ var file_sluice_v1_zone_proto_depIdxs = []int32{
 	5, // 4: sluice.v1.ServiceLoad.peers:type_name -> sluice.v1.PeerRate
 	3, // 5: sluice.v1.ServiceLoad.descriptors:type_name -> sluice.v1.DescriptorRates
 	4, // 6: sluice.v1.DescriptorRates.values:type_name -> sluice.v1.ValueRate
-	0, // 7: sluice.v1.ZoneLoadService.StreamZoneLoads:input_type -> sluice.v1.StreamZoneLoadsRequest
-	6, // 8: sluice.v1.ZoneLoadService.StreamZoneLoads:output_type -> sluice.v1.StreamZoneLoadsResponse
-	8, // [8:9] is the sub-list for method output_type
-	7, // [7:8] is the sub-list for method input_type
-	7, // [7:7] is the sub-list for extension type_name
-	7, // [7:7] is the sub-list for extension extendee
-	0, // [0:7] is the sub-list for field type_name
+	9, // 7: sluice.v1.PeerRate.criticality:type_name -> sluice.v1.Criticality
+	0, // 8: sluice.v1.ZoneLoadService.StreamZoneLoads:input_type -> sluice.v1.StreamZoneLoadsRequest
+	6, // 9: sluice.v1.ZoneLoadService.StreamZoneLoads:output_type -> sluice.v1.StreamZoneLoadsResponse
+	9, // [9:10] is the sub-list for method output_type
+	8, // [8:9] is the sub-list for method input_type
+	8, // [8:8] is the sub-list for extension type_name
+	8, // [8:8] is the sub-list for extension extendee
+	0, // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_sluice_v1_zone_proto_init() }
