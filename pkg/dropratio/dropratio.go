@@ -148,6 +148,7 @@ func (c Config) Validate() error {
 type Caller struct {
 	Name      string
 	Procedure string  // "" when the callee declares no procedures
+	Tier      uint8   // criticality: 0 untiered; 1 (CRITICAL_PLUS) to 4 (SHEDDABLE), a larger number shed first
 	Offered   float64 // global offered rate, rps, dropped requests included
 	Limit     float64 // rps; math.Inf(1) means no limit; 0 means block (ratio PMax)
 	Mode      Mode
@@ -191,6 +192,7 @@ type Service struct {
 type Verdict struct {
 	Caller    string
 	Procedure string  // "" for the implicit procedure
+	Tier      uint8   // echo of Caller.Tier
 	Ratio     float64 // the drop ratio to push, after slow release, in [0, PMax]
 	Target    float64 // p*, the ratio before slow release
 	Allowed   float64 // rps the caller may send now: min(its limit, its fair share of capacity); math.Inf(1) when unbounded
@@ -204,5 +206,5 @@ type Verdict struct {
 // ServiceVerdict holds the verdicts of one callee.
 type ServiceVerdict struct {
 	Service  string
-	Verdicts []Verdict // sorted by Caller, then Procedure
+	Verdicts []Verdict // sorted by Caller, then Procedure, then Tier
 }

@@ -52,6 +52,7 @@ func (b Bound) Reason() Reason {
 type Leaf struct {
 	Caller    string
 	Procedure string  // "" is the callee's implicit procedure
+	Tier      uint8   // as Caller.Tier
 	Offered   float64 // rps, dropped requests included
 	Limit     float64 // L_cp, rps; +Inf means none, 0 blocks
 }

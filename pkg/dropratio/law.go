@@ -40,7 +40,10 @@ type serviceState struct {
 
 // leafKey names a bucket within a service; procedure "" is the implicit
 // one of a callee that declares none.
-type leafKey struct{ caller, procedure string }
+type leafKey struct {
+	caller, procedure string
+	tier              uint8
+}
 
 type bucket struct {
 	ratio float64 // last ratio returned, in (0, PMax]
@@ -52,6 +55,7 @@ type bucket struct {
 type row struct {
 	name      string
 	procedure string
+	tier      uint8
 	offered   float64
 	limit     float64
 	mode      Mode
@@ -82,7 +86,7 @@ func (l *Law) Ratio(service, caller string) float64 { return l.LeafRatio(service
 // procedure), 0 if none.
 func (l *Law) LeafRatio(service, caller, procedure string) float64 {
 	if st := l.services[service]; st != nil {
-		return st.callers[leafKey{caller, procedure}].ratio
+		return st.callers[leafKey{caller, procedure, 0}].ratio
 	}
 	return 0
 }
@@ -106,7 +110,7 @@ func (l *Law) SeedLeaf(service, caller, procedure string, ratio float64) {
 		st = &serviceState{callers: make(map[leafKey]bucket), step: l.step}
 		l.services[service] = st
 	}
-	key := leafKey{caller, procedure}
+	key := leafKey{caller, procedure, 0}
 	if _, ok := st.callers[key]; ok {
 		return
 	}
@@ -172,6 +176,7 @@ func (l *Law) Step(dt time.Duration, services []Service) []ServiceVerdict {
 				l.input = append(l.input, row{
 					name:      c.Name,
 					procedure: c.Procedure,
+					tier:      c.Tier,
 					offered:   sanitizeOffered(c.Offered),
 					limit:     sanitizeLimit(c.Limit),
 					mode:      c.Mode,
@@ -220,7 +225,7 @@ func (l *Law) stepService(name string, capacity, release float64, out []Verdict)
 		st.step = l.step
 		found := 0
 		for k := range rows {
-			if b, ok := st.callers[leafKey{rows[k].name, rows[k].procedure}]; ok {
+			if b, ok := st.callers[leafKey{rows[k].name, rows[k].procedure, rows[k].tier}]; ok {
 				rows[k].prev, rows[k].hasPrev = b.ratio, true
 				found++
 			}
@@ -229,7 +234,7 @@ func (l *Law) stepService(name string, capacity, release float64, out []Verdict)
 			n := len(rows)
 			for key, b := range st.callers {
 				if _, ok := slices.BinarySearchFunc(rows[:n], key, compareRowKey); !ok {
-					rows = append(rows, row{name: key.caller, procedure: key.procedure, limit: b.limit, mode: b.mode, prev: b.ratio, hasPrev: true, carried: true})
+					rows = append(rows, row{name: key.caller, procedure: key.procedure, tier: key.tier, limit: b.limit, mode: b.mode, prev: b.ratio, hasPrev: true, carried: true})
 				}
 			}
 			slices.SortFunc(rows, func(a, b row) int { return compareRows(&a, &b) })
@@ -245,6 +250,7 @@ func (l *Law) stepService(name string, capacity, release float64, out []Verdict)
 		out = append(out, Verdict{
 			Caller:    r.name,
 			Procedure: r.procedure,
+			Tier:      r.tier,
 			Ratio:     ratio,
 			Target:    target,
 			Allowed:   r.allowed,
@@ -264,9 +270,9 @@ func (l *Law) stepService(name string, capacity, release float64, out []Verdict)
 			if !r.hasPrev {
 				l.buckets++
 			}
-			st.callers[leafKey{r.name, r.procedure}] = bucket{ratio: ratio, limit: r.limit, mode: r.mode}
+			st.callers[leafKey{r.name, r.procedure, r.tier}] = bucket{ratio: ratio, limit: r.limit, mode: r.mode}
 		case r.hasPrev:
-			delete(st.callers, leafKey{r.name, r.procedure})
+			delete(st.callers, leafKey{r.name, r.procedure, r.tier})
 			l.buckets--
 		}
 	}
@@ -303,7 +309,7 @@ func (l *Law) allocate(rows []row, capacity float64) {
 	l.tree.Leaves = l.tree.Leaves[:0]
 	for k := range rows {
 		r := &rows[k]
-		l.tree.Leaves = append(l.tree.Leaves, Leaf{Caller: r.name, Procedure: r.procedure, Offered: r.offered, Limit: r.limit})
+		l.tree.Leaves = append(l.tree.Leaves, Leaf{Caller: r.name, Procedure: r.procedure, Tier: r.tier, Offered: r.offered, Limit: r.limit})
 	}
 	for k, s := range l.filler.Fill(&l.tree) {
 		rows[k].allowed, rows[k].bound = s.Allowed, s.Bound
@@ -396,7 +402,7 @@ func (l *Law) release(r *row, target, release float64) float64 {
 	return min(max(target, eased, 0), l.cfg.PMax)
 }
 
-// compareRows orders rows by name and procedure, and duplicates by value,
+// compareRows orders rows by name, procedure and tier, and duplicates by value,
 // so that merging sums them in the same order whatever the input order was.
 func compareRows(a, b *row) int {
 	if c := strings.Compare(a.name, b.name); c != 0 {
@@ -404,6 +410,9 @@ func compareRows(a, b *row) int {
 	}
 	if c := strings.Compare(a.procedure, b.procedure); c != 0 {
 		return c
+	}
+	if a.tier != b.tier {
+		return int(a.tier) - int(b.tier)
 	}
 	switch {
 	case a.offered != b.offered:
@@ -425,13 +434,16 @@ func compareRowKey(r row, k leafKey) int {
 	if c := strings.Compare(r.name, k.caller); c != 0 {
 		return c
 	}
-	return strings.Compare(r.procedure, k.procedure)
+	if c := strings.Compare(r.procedure, k.procedure); c != 0 {
+		return c
+	}
+	return int(r.tier) - int(k.tier)
 }
 
 // merge appends r to rows, which are sorted by name, or merges it into the
 // last row if that has the same name, by the rule documented on Service.
 func merge(rows []row, r *row) []row {
-	if len(rows) == 0 || rows[len(rows)-1].name != r.name || rows[len(rows)-1].procedure != r.procedure {
+	if len(rows) == 0 || rows[len(rows)-1].name != r.name || rows[len(rows)-1].procedure != r.procedure || rows[len(rows)-1].tier != r.tier {
 		return append(rows, *r)
 	}
 	m := &rows[len(rows)-1]
