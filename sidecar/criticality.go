@@ -304,13 +304,9 @@ func (c *critTable) resolve(caller string, proc uint32, raw string) (criticality
 }
 
 // tierIndex returns the table index of a request of peer to procedure
-// index proc with header value raw under t: proc for a service without
-// criticality, else proc with the resolved tier, counting an invalid
-// header or a lowered claim.
+// index proc with header value raw under t, which has criticality: proc
+// with the resolved tier, counting an invalid header or a lowered claim.
 func (s *ServiceLimiter) tierIndex(t *table, peer string, proc uint32, raw string) uint32 {
-	if t.crit == nil {
-		return proc
-	}
 	tier, out := t.crit.resolve(peer, proc, raw)
 	switch out {
 	case critInvalid:

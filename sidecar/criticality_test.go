@@ -434,3 +434,28 @@ func TestGRPCInterceptorsDecideByTier(t *testing.T) {
 		t.Errorf("counts %v, invalid %d", c, s.critInvalid.Load())
 	}
 }
+
+// BenchmarkDecideTier measures a decision of a service with criticality:
+// the header parsed, the caller looked up among the listed ones (web) or
+// not (mobile), the leaf found by its tier.
+func BenchmarkDecideTier(b *testing.B) {
+	p, err := PolicyFromProto(tieredPolicy())
+	if err != nil {
+		b.Fatal(err)
+	}
+	l := NewLimiter(LimiterOptions{})
+	l.SetPolicy(p)
+	s := l.Service("payments")
+	for _, bc := range []struct{ name, peer, tier string }{
+		{"listed-caller", "web", "CRITICAL"},
+		{"unlisted-caller", "mobile", "SHEDDABLE_PLUS"},
+		{"no-header", "mobile", ""},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				s.DecideGRPCTier(bc.peer, healthCheck, bc.tier)
+			}
+		})
+	}
+}

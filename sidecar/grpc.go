@@ -154,15 +154,16 @@ func (in *incoming) decide(ctx context.Context, fullMethod string) (d Decision, 
 		return Decision{}, nil, in.refusal
 	}
 	idx := t.procs.grpc(fullMethod)
+	if decided { // never with criticality: see fineLeaves
+		return Decision{}, in.s.verdictOf(t, caller, idx), nil
+	}
+	var tier string
 	if t.crit != nil {
 		// grpc-go copies the value's slice: one small allocation, for
 		// services with criticality only (see grpcValue).
-		idx = in.s.tierIndex(t, caller, idx, callerFromContext(ctx, t.crit.header))
+		tier = callerFromContext(ctx, t.crit.header)
 	}
-	if decided {
-		return Decision{}, in.s.verdictOf(t, caller, idx), nil
-	}
-	d = in.s.decide(t, caller, idx)
+	d = in.s.decide(t, caller, idx, tier)
 	return d, d.v, nil
 }
 

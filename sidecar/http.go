@@ -121,12 +121,11 @@ func (s *ServiceLimiter) Middleware(next http.Handler, opts HTTPOptions) http.Ha
 			return
 		}
 		idx := t.procs.http(r.Method, r.URL.Path)
+		var tier string // decided requests have none: see fineLeaves
 		if t.crit != nil {
-			var raw string
 			if v := r.Header[t.crit.httpKey]; len(v) > 0 {
-				raw = v[0]
+				tier = v[0]
 			}
-			idx = s.tierIndex(t, caller, idx, raw)
 		}
 		var v *verdict
 		if decided {
@@ -134,7 +133,7 @@ func (s *ServiceLimiter) Middleware(next http.Handler, opts HTTPOptions) http.Ha
 				v = s.verdictOf(t, caller, idx)
 			}
 		} else {
-			d := s.decide(t, caller, idx)
+			d := s.decide(t, caller, idx, tier)
 			if d.Drop {
 				if grpcRequest(r) {
 					d.v.http.writeGRPC(w, form)

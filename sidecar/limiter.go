@@ -751,13 +751,7 @@ func (s *ServiceLimiter) Policy() *Policy { return s.table.Load().policy }
 // An expired policy's fail mode (see Limiter.Expire) costs nothing on this
 // path: it is a different verdict in the table, and its work starts where
 // a drop's would (see hitOther).
-func (s *ServiceLimiter) Decide(peer string) Decision {
-	t := s.table.Load()
-	if t.crit == nil {
-		return s.decide(t, peer, 0)
-	}
-	return s.decide(t, peer, s.tierIndex(t, peer, 0, ""))
-}
+func (s *ServiceLimiter) Decide(peer string) Decision { return s.decide(s.table.Load(), peer, 0, "") }
 
 // DecideTier is Decide for a request whose tier header (CriticalityHeader)
 // has the value tierValue, "" when it has none: for a service with
@@ -766,8 +760,7 @@ func (s *ServiceLimiter) Decide(peer string) Decision {
 // claim lowered to the caller's max); for a service without it is
 // Decide. No allocation.
 func (s *ServiceLimiter) DecideTier(peer, tierValue string) Decision {
-	t := s.table.Load()
-	return s.decide(t, peer, s.tierIndex(t, peer, 0, tierValue))
+	return s.decide(s.table.Load(), peer, 0, tierValue)
 }
 
 // DecideHTTP is Decide for an HTTP request of method to path (its
@@ -789,7 +782,7 @@ func (s *ServiceLimiter) DecideHTTP(peer, method, path string) Decision {
 // DecideTier. No allocation.
 func (s *ServiceLimiter) DecideHTTPTier(peer, method, path, tierValue string) Decision {
 	t := s.table.Load()
-	return s.decide(t, peer, s.tierIndex(t, peer, t.procs.http(method, path), tierValue))
+	return s.decide(t, peer, t.procs.http(method, path), tierValue)
 }
 
 // DecideGRPC is Decide for a gRPC call of fullMethod ("/pkg.Service/Method",
@@ -809,12 +802,19 @@ func (s *ServiceLimiter) DecideGRPC(peer, fullMethod string) Decision {
 // DecideTier. No allocation.
 func (s *ServiceLimiter) DecideGRPCTier(peer, fullMethod, tierValue string) Decision {
 	t := s.table.Load()
-	return s.decide(t, peer, s.tierIndex(t, peer, t.procs.grpc(fullMethod), tierValue))
+	return s.decide(t, peer, t.procs.grpc(fullMethod), tierValue)
 }
 
-// decide decides a request of the leaf (peer, index idx of t: a procedure
-// index and a tier, see leafIndex).
-func (s *ServiceLimiter) decide(t *table, peer string, idx uint32) Decision {
+// decide decides a request of peer to the procedure of index proc of t,
+// whose tier header has the value tierValue ("": none), in its leaf: for
+// a service with criticality, the leaf of the tier tierIndex resolves;
+// else index proc's. The tier is resolved here, not by the callers, so
+// that Decide stays small enough to inline.
+func (s *ServiceLimiter) decide(t *table, peer string, proc uint32, tierValue string) Decision {
+	idx := proc
+	if t.crit != nil {
+		idx = s.tierIndex(t, peer, proc, tierValue)
+	}
 	var sl slot
 	ok := false
 	if len(peer) <= names.MaxLen { // do not hash a hostile megabyte
