@@ -143,9 +143,10 @@ var gaugedStates = [...]PolicyState{Fresh, Stale, Expired}
 // Collector returns a prometheus.Collector that reads the Limiter's counters
 // and policies when scraped; deciding a request does no metric work at all.
 // Label cardinality is bounded by MaxPeers + 2 per service, or for a
-// service with procedures by MaxLeaves + 2·(procedures + 1): a procedure
-// label is a declared procedure, names.Other, or "" (none declared), never
-// a name taken from a request.
+// service with procedures or criticality by MaxLeaves + 2·(procedures +
+// 1)·tiers: a procedure label is a declared procedure, names.Other, or ""
+// (none declared), and a criticality label one of the four tiers or ""
+// (none declared), never a name or a value taken from a request.
 func (l *Limiter) Collector() prometheus.Collector {
 	return &collector{l: l, admitted: map[bucket]admitted{}}
 }
