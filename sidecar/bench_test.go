@@ -206,7 +206,7 @@ func procedurePolicy(nGRPC, nRoutes int) *Policy {
 	for _, q := range append([]string{names.Other}, p.Procedures...) {
 		p.Peers = append(p.Peers, Rule{Peer: "caller-a", Procedure: q, DropRatio: 0.01})
 	}
-	slices.SortFunc(p.Peers, func(a, b Rule) int { return cmpRule(a.Peer, a.Procedure, leaf{b.Peer, b.Procedure}) })
+	slices.SortFunc(p.Peers, func(a, b Rule) int { return cmpRule(a.Peer, a.Procedure, a.Tier, leaf{b.Peer, b.Procedure, b.Tier}) })
 	return p
 }
 

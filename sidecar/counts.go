@@ -2,8 +2,10 @@
 // from a drop policy it already holds, and counts what it saw.
 package sidecar
 
+import "github.com/sluicehq/sluice/pkg/criticality"
+
 // PeerCounts are cumulative counters of one bucket (service, peer,
-// procedure) since the Limiter first saw it. Counters only grow; a reporter
+// procedure, tier) since the Limiter first saw it. Counters only grow; a reporter
 // turns successive snapshots into per-window counts.
 type PeerCounts struct {
 	Peer string
@@ -11,7 +13,11 @@ type PeerCounts struct {
 	// procedures (a declared one or names.Other), "" for a service without
 	// and for outbound limiters, whose peers' procedures are the callee's
 	// business.
-	Procedure     string
+	Procedure string
+	// Tier is the leaf's tier for a service whose policy has criticality,
+	// as the request's header and the policy's defaults resolved it;
+	// None for a service without and for outbound limiters.
+	Tier          criticality.Tier
 	Offered       uint64 // every request seen, dropped ones included, and for a peer enforced upstream the inferred upstream drops
 	Dropped       uint64 // dropped by an enforced ratio, or inferred dropped upstream (rules enforced upstream); a subset of Offered
 	ShadowDropped uint64 // a shadow ratio would have dropped; admitted

@@ -25,7 +25,7 @@ func (t *table) observed(k leaf, sl slot) bool {
 	if k.peer == names.Unknown || k.peer == names.Overflow {
 		return false
 	}
-	if _, ok := t.procs.index(k.proc); !ok {
+	if !t.current(k) {
 		return false
 	}
 	return sl.v == nil || sl.v.rule == nil || !sl.v.rule.Limited()
@@ -34,7 +34,7 @@ func (t *table) observed(k leaf, sl slot) bool {
 // evictable reports whether evictIdle may evict the leaf k once idle: an
 // observed leaf, or a stale one, whatever its peer.
 func (t *table) evictable(k leaf, sl slot) bool {
-	if _, ok := t.procs.index(k.proc); !ok {
+	if !t.current(k) {
 		return true
 	}
 	return t.observed(k, sl)
@@ -96,7 +96,7 @@ func (s *ServiceLimiter) evictIdle(now time.Time) {
 		}
 		delete(nt.leaves, k)
 	}
-	nt.index = newPeerTable(nt.leaves, nt.procs)
+	nt.index = newPeerTable(nt.leaves, nt.procs, nt.crit)
 	s.table.Store(&nt)
 	s.evicted.Add(uint64(len(idle)))
 }

@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sluicehq/sluice/pkg/criticality"
 	"github.com/sluicehq/sluice/pkg/dataplane"
 )
 
@@ -51,6 +52,14 @@ import (
 //     admit the caller's whole limit (its LimitRPS is the tightest limit of
 //     the leaf alone), a caller of P procedures P times its limit.
 //     Capacities (the callee's, a procedure's) are not enforced locally.
+//     In a service with criticality, the tiers of one (peer, procedure)
+//     share its leaf's bucket, since limits are not per tier: each tier
+//     with a bucket of its own would admit the limit once per tier. The
+//     shared bucket serves tiers first come first served: it does not
+//     shed the lower tiers first, as the controller's ratios do (the
+//     local fallback holds the limit, not the tiers' order). A tier the
+//     policy does not list (a sibling not seen before the controller
+//     went quiet) has no verdict and is admitted, as an unlisted peer.
 //
 // Linear in the ratio is linear in the admitted share 1 − p: the admitted
 // rate climbs at a constant pace from what the last policy let through to
@@ -227,15 +236,16 @@ func (s *ServiceLimiter) expire(now time.Time) {
 // deriveLocked installs p's verdicts for its fail mode. s.mu must be held.
 func (s *ServiceLimiter) deriveLocked(p *Policy) {
 	old := s.table.Load()
-	var callers map[string]*tokenBucket
+	var b localBuckets
 	if p.FailMode == dataplane.FailLocal {
-		callers = s.callerBucketsLocked(p)
+		b.callers = s.callerBucketsLocked(p)
+		b.leaves = make(map[leaf]*tokenBucket)
 	}
 	verdicts := make(map[leaf]*verdict, len(old.verdicts))
 	for k, v := range old.verdicts {
-		verdicts[k] = s.failVerdict(p, v, callers)
+		verdicts[k] = s.failVerdict(p, v, b)
 	}
-	s.installLocked(p, old.procs, verdicts, s.failDescriptors(old.desc, p, s.fail.keep))
+	s.installLocked(p, old.procs, old.crit, verdicts, s.failDescriptors(old.desc, p, s.fail.keep))
 	s.fail.derived = true
 }
 
@@ -267,6 +277,14 @@ func (s *ServiceLimiter) callerBucketsLocked(p *Policy) map[string]*tokenBucket 
 	return callers
 }
 
+// localBuckets are the fail-local buckets shared by several leaves: by
+// caller (callerBucketsLocked), and by (peer, procedure) with tier None,
+// which the tiers of a leaf share (see the fail modes above).
+type localBuckets struct {
+	callers map[string]*tokenBucket
+	leaves  map[leaf]*tokenBucket
+}
+
 // isLimit reports whether rate is a limit: not +Inf (none), nor NaN or
 // negative (a hand-built policy; PolicyFromProto refuses them).
 func isLimit(rate float64) bool { return rate >= 0 && !math.IsInf(rate, 1) }
@@ -281,9 +299,8 @@ func isLimit(rate float64) bool { return rate >= 0 && !math.IsInf(rate, 1) }
 // there, so Retry-After and the reset may err long, never short; remaining
 // is as old as the policy.
 //
-// callers are the buckets shared by each caller's leaves under fail mode
-// local (callerBucketsLocked).
-func (s *ServiceLimiter) failVerdict(p *Policy, v *verdict, callers map[string]*tokenBucket) *verdict {
+// b are the buckets shared under fail mode local.
+func (s *ServiceLimiter) failVerdict(p *Policy, v *verdict, b localBuckets) *verdict {
 	r := v.rule
 	if v.kind == kindUpstream {
 		// This side never drops the peer, fresh or not. The upstream
@@ -295,7 +312,7 @@ func (s *ServiceLimiter) failVerdict(p *Policy, v *verdict, callers map[string]*
 	if p.FailMode == dataplane.FailLocal {
 		var caller *tokenBucket
 		if r.Procedure != "" {
-			caller = callers[r.Peer]
+			caller = b.callers[r.Peer]
 		}
 		own := isLimit(r.LimitRPS)
 		if !own && caller == nil {
@@ -306,10 +323,17 @@ func (s *ServiceLimiter) failVerdict(p *Policy, v *verdict, callers map[string]*
 			// share of capacity), so none is announced.
 			return &verdict{rule: r, kind: v.kind, shadow: v.shadow}
 		}
-		var b *tokenBucket
+		var bucket *tokenBucket
 		if own {
-			b = newTokenBucket(r.LimitRPS / float64(max(p.LiveInstances, 1)))
-			s.fail.buckets = append(s.fail.buckets, b)
+			// Shared by the leaf's tiers; a leaf without tiers is its
+			// own one. Siblings that disagree on the limit (no
+			// controller sends that) share the first one's.
+			k := leaf{r.Peer, r.Procedure, 0}
+			if bucket = b.leaves[k]; bucket == nil {
+				bucket = newTokenBucket(r.LimitRPS / float64(max(p.LiveInstances, 1)))
+				s.fail.buckets = append(s.fail.buckets, bucket)
+				b.leaves[k] = bucket
+			}
 		}
 		nv := &verdict{
 			rule: r,
@@ -320,7 +344,7 @@ func (s *ServiceLimiter) failVerdict(p *Policy, v *verdict, callers map[string]*
 			shadow: v.shadow,
 			http:   v.http, grpcErr: v.grpcErr,
 			admit:  v.admit,
-			bucket: b,
+			bucket: bucket,
 			caller: caller,
 		}
 		if !nv.shadow && nv.http == nil {
@@ -357,13 +381,19 @@ func (s *ServiceLimiter) Status() PolicyStatus {
 // without a policy. Under fail mode local a peer with a limit has no ratio, a
 // token bucket decides: ok is false.
 func (s *ServiceLimiter) Ratio(peer string) (ratio float64, ok bool) {
-	return s.table.Load().ratio(leaf{peer, ""})
+	return s.table.Load().ratio(leaf{peer, "", criticality.None})
 }
 
 // LeafRatio is Ratio for the leaf (peer, procedure) of a service with
 // procedures.
 func (s *ServiceLimiter) LeafRatio(peer, procedure string) (ratio float64, ok bool) {
-	return s.table.Load().ratio(leaf{peer, procedure})
+	return s.LeafTierRatio(peer, procedure, criticality.None)
+}
+
+// LeafTierRatio is Ratio for the leaf (peer, procedure, tier) of a service
+// with criticality.
+func (s *ServiceLimiter) LeafTierRatio(peer, procedure string, tier criticality.Tier) (ratio float64, ok bool) {
+	return s.table.Load().ratio(leaf{peer, procedure, tier})
 }
 
 func (t *table) ratio(k leaf) (float64, bool) {

@@ -486,7 +486,7 @@ func TestLocalWithoutLiveInstances(t *testing.T) {
 	p.LiveInstances = 0
 	l.SetPolicyAt(p, t0)
 	l.Expire(t0.Add(testTTL))
-	if got := l.Service("checkout").table.Load().verdicts[leaf{"web", ""}].bucket.perSec; got != 100*tokenUnit {
+	if got := l.Service("checkout").table.Load().verdicts[leaf{"web", "", 0}].bucket.perSec; got != 100*tokenUnit {
 		t.Errorf("bucket rate %v tokens/s, want 100", got/tokenUnit)
 	}
 }
@@ -666,10 +666,10 @@ func TestFailModeMetrics(t *testing.T) {
 	l.Expire(t0.Add(testTTL + testDecay*3/4))
 	drops, _ := decideN(s, "web", 1000) // 800 picked, a quarter of them dropped
 	ratios := metricValues(t, reg, "sluice_sidecar_drop_ratio")
-	if got := ratios["mode=enforce,peer=web,procedure=,service=checkout"]; math.Abs(got-0.2) > 1e-9 {
+	if got := ratios["criticality=,mode=enforce,peer=web,procedure=,service=checkout"]; math.Abs(got-0.2) > 1e-9 {
 		t.Errorf("drop_ratio{web} = %v, want 0.2", got)
 	}
-	if got := ratios["mode=shadow,peer=batch,procedure=,service=checkout"]; math.Abs(got-0.1) > 1e-9 {
+	if got := ratios["criticality=,mode=shadow,peer=batch,procedure=,service=checkout"]; math.Abs(got-0.1) > 1e-9 {
 		t.Errorf("drop_ratio{batch} = %v, want 0.1", got)
 	}
 	if got := metricValues(t, reg, "sluice_sidecar_fail_open_total")["service=checkout"]; got != float64(800-drops) || drops != 200 {
@@ -750,7 +750,7 @@ const (
 // sidecar's share.
 func localProcedures(rules ...Rule) *Policy {
 	p := failPolicy(dataplane.FailLocal, rules...)
-	slices.SortFunc(p.Peers, func(a, b Rule) int { return cmpRule(a.Peer, a.Procedure, leaf{b.Peer, b.Procedure}) })
+	slices.SortFunc(p.Peers, func(a, b Rule) int { return cmpRule(a.Peer, a.Procedure, a.Tier, leaf{b.Peer, b.Procedure, b.Tier}) })
 	p.Procedures = []string{procPay, procRefund}
 	p.LiveInstances = 1
 	return p
@@ -881,7 +881,7 @@ func TestFailLocalCallerBucketConcurrently(t *testing.T) {
 	}
 	tbl := s.table.Load()
 	for k, proc := range []string{procPay, procRefund} {
-		v := tbl.verdicts[leaf{"web", proc}]
+		v := tbl.verdicts[leaf{"web", proc, 0}]
 		if v == nil || v.bucket == nil || v.caller == nil {
 			t.Fatalf("web/%s: verdict %+v, want a bucket of its own and its caller's", proc, v)
 		}

@@ -135,7 +135,9 @@ func (s *ServiceLimiter) incoming(opts GRPCOptions) *incoming {
 }
 
 // decide decides an inbound call of fullMethod, in the leaf of that
-// procedure when the policy declares it (see DecideGRPC), unless its caller
+// procedure when the policy declares it (see DecideGRPC) and of the tier
+// its criticality metadata and the policy's defaults give it when the
+// policy has criticality (see DecideGRPCTier), unless its caller
 // decided it already (see resolveCaller): then it admits it uncounted. v is
 // the verdict of the caller's rule either way (nil: none), for the headers
 // of an admitted call; err refuses the call before any decision.
@@ -147,15 +149,21 @@ func (in *incoming) decide(ctx context.Context, fullMethod string) (d Decision, 
 	}
 	t := in.s.table.Load()
 	caller, decided, reject := in.s.resolveCaller(in.rules, callerFromContext(ctx, in.key), id, res,
-		metadata.ValueFromIncomingContext(ctx, DecidedHeader), t.procs != noProcedures)
+		metadata.ValueFromIncomingContext(ctx, DecidedHeader), t.fineLeaves())
 	if reject {
 		return Decision{}, nil, in.refusal
 	}
 	idx := t.procs.grpc(fullMethod)
-	if decided {
+	if decided { // never with criticality: see fineLeaves
 		return Decision{}, in.s.verdictOf(t, caller, idx), nil
 	}
-	d = in.s.decide(t, caller, idx)
+	var tier string
+	if t.crit != nil {
+		// grpc-go copies the value's slice: one small allocation, for
+		// services with criticality only (see grpcValue).
+		tier = callerFromContext(ctx, t.crit.header)
+	}
+	d = in.s.decide(t, caller, idx, tier)
 	return d, d.v, nil
 }
 
@@ -175,6 +183,8 @@ func streamMethod(info *grpc.StreamServerInfo) string {
 	return info.FullMethod
 }
 
+// callerFromContext returns the first value of the incoming metadata key
+// of ctx, "" when it has none: the caller's name, or a tier.
 func callerFromContext(ctx context.Context, key string) string {
 	if v := metadata.ValueFromIncomingContext(ctx, key); len(v) > 0 {
 		return v[0]

@@ -62,8 +62,10 @@ func (o HTTPOptions) rules() callerRules {
 // Middleware enforces s's policy on inbound HTTP requests: the peer is the
 // caller named by opts.Identify, or else by opts.CallerHeader, and the
 // procedure, when the policy declares procedures, the one its routes give
-// the request's method and path (see DecideHTTP). A dropped request never
-// reaches next.
+// the request's method and path (see DecideHTTP), and, when the policy has
+// criticality, the tier its criticality header and the policy's defaults
+// give it (see DecideHTTPTier; the header is the policy's, read afresh
+// with each policy). A dropped request never reaches next.
 // It gets 429 Too Many Requests with Retry-After (see retryAfter),
 // x-envoy-ratelimited: true (so that Envoy does not retry it, see
 // envoyRateLimited), the RateLimit-Policy / RateLimit headers of
@@ -113,19 +115,25 @@ func (s *ServiceLimiter) Middleware(next http.Handler, opts HTTPOptions) http.Ha
 			id, res = opts.Identify(r)
 		}
 		t := s.table.Load()
-		caller, decided, reject := s.resolveCaller(rules, header, id, res, r.Header[decidedKey], t.procs != noProcedures)
+		caller, decided, reject := s.resolveCaller(rules, header, id, res, r.Header[decidedKey], t.fineLeaves())
 		if reject {
 			refusal.write(w, grpcRequest(r))
 			return
 		}
 		idx := t.procs.http(r.Method, r.URL.Path)
+		var tier string // decided requests have none: see fineLeaves
+		if t.crit != nil {
+			if v := r.Header[t.crit.httpKey]; len(v) > 0 {
+				tier = v[0]
+			}
+		}
 		var v *verdict
 		if decided {
 			if form != NoRateLimitHeaders {
 				v = s.verdictOf(t, caller, idx)
 			}
 		} else {
-			d := s.decide(t, caller, idx)
+			d := s.decide(t, caller, idx, tier)
 			if d.Drop {
 				if grpcRequest(r) {
 					d.v.http.writeGRPC(w, form)

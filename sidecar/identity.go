@@ -282,7 +282,8 @@ type callerRules struct {
 // resolveCaller applies rules to one request: header is its caller
 // header's value ("" for none), id and res what the Identify function made
 // of it (ignored without one), marks its DecidedHeader values, procedures
-// whether the service's policy declares procedures. It returns the caller
+// whether the service's policy declares procedures or criticality (see
+// table.fineLeaves). It returns the caller
 // to decide under; decided when the request's caller decided it already
 // and it passes uncounted (counted in DecidedUpstream); reject when it is
 // to be refused (a mismatch under rejectMismatch). It counts what it did
@@ -296,7 +297,9 @@ type callerRules struct {
 // callee, not per procedure, and the controller publishes it no rule
 // toward such a service and leaves its claims out of the law, so the
 // request is decided and counted here, in its leaf, or no leaf limit or
-// procedure capacity would ever hold for it.
+// procedure capacity would ever hold for it. Likewise when it declares
+// criticality: the caller decides no tier, and the mark is counted under
+// reason "procedures" too (a leaf finer than the callee).
 func (s *ServiceLimiter) resolveCaller(rules callerRules, header, id string, res IdentityResult, marks []string, procedures bool) (caller string, decided, reject bool) {
 	caller = header
 	if rules.authenticated {

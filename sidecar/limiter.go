@@ -12,6 +12,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/sluicehq/sluice/pkg/criticality"
 	"github.com/sluicehq/sluice/pkg/dropratio"
 	"github.com/sluicehq/sluice/pkg/heavy"
 	"github.com/sluicehq/sluice/pkg/names"
@@ -66,11 +67,12 @@ type LimiterOptions struct {
 	// peers names.Unknown and names.Overflow. 0 means DefaultMaxPeers.
 	MaxPeers int
 	// MaxLeaves is MaxPeers for a service whose policy declares
-	// procedures: it bounds the distinct observed leaves (peer,
-	// procedure) the service keeps counters for. Once a service has
-	// MaxLeaves of them, a request of any other unlimited leaf (c, q) is
-	// counted and judged as (names.Overflow, q). Leaves the policy limits,
-	// and the reserved peers' leaves of every procedure, do not count
+	// procedures or criticality: it bounds the distinct observed leaves
+	// (peer, procedure, tier) the service keeps counters for; a caller
+	// of four tiers fills four. Once a service has MaxLeaves of them, a
+	// request of any other unlimited leaf (c, q, t) is counted and judged
+	// as (names.Overflow, q, t). Leaves the policy limits, and the
+	// reserved peers' leaves of every procedure and tier, do not count
 	// against it. 0 means DefaultMaxLeaves.
 	MaxLeaves int
 	// PeerIdle is how long an observed peer keeps its counters without a
@@ -273,7 +275,7 @@ func (l *Limiter) Policy(service string) *Policy {
 
 // AppendCounts appends the cumulative counters of every bucket of service
 // (names.Unknown and names.Overflow included, even at zero) to dst, sorted by
-// peer then procedure, and returns the extended slice. An unknown service appends nothing.
+// peer, procedure and tier, and returns the extended slice. An unknown service appends nothing.
 // An evicted peer is left out; see PeerCounts.Incarnation.
 func (l *Limiter) AppendCounts(service string, dst []PeerCounts) []PeerCounts {
 	if s := l.lookup(service); s != nil {
@@ -657,10 +659,11 @@ type table struct {
 	leaves   map[leaf]slot
 	index    peerTable   // the current (not stale) leaves, for Decide's lookup
 	procs    *procedures // the policy's procedures; noProcedures without
-	unknown  []slot      // by procedure index: leaves[{names.Unknown, procs.names[i]}]
-	overflow []slot      // by procedure index: leaves[{names.Overflow, procs.names[i]}]
+	crit     *critTable  // the policy's criticality; nil without
+	unknown  []slot      // by reservedAt(index): leaves[{names.Unknown, procedure, tier}]
+	overflow []slot      // by reservedAt(index): leaves[{names.Overflow, procedure, tier}]
 	counted  int         // observed leaves (see observed); new ones are added while it is under limit
-	limit    int         // MaxPeers, or MaxLeaves for a service with procedures
+	limit    int         // MaxPeers, or MaxLeaves for a service with procedures or criticality
 	policy   *Policy
 	verdicts map[leaf]*verdict // the policy compiled, by leaf, for leaves added later
 	desc     *descTable        // the policy's descriptors compiled; nil: none
@@ -687,6 +690,8 @@ type ServiceLimiter struct {
 	evicted atomic.Uint64
 
 	invalidPeers atomic.Uint64 // requests whose peer name failed the name check
+	critInvalid  atomic.Uint64 // requests whose tier header named no tier: see critTable.resolve
+	critLowered  atomic.Uint64 // requests whose tier claim was above their caller's max
 	upstream     atomic.Uint64 // inbound requests their caller had decided already (DecidedHeader); see client.go
 	ident        identityCounts
 
@@ -699,13 +704,13 @@ func newServiceLimiter(name string, maxPeers int, random bool, stripeMask uint64
 	s := &ServiceLimiter{name: name, maxPeers: maxPeers, maxLeaves: DefaultMaxLeaves, random: random, stripeMask: stripeMask}
 	unknown, overflow := slot{e: newEntry(names.Unknown)}, slot{e: newEntry(names.Overflow)}
 	t := &table{
-		leaves:   map[leaf]slot{{names.Unknown, ""}: unknown, {names.Overflow, ""}: overflow},
+		leaves:   map[leaf]slot{{names.Unknown, "", criticality.None}: unknown, {names.Overflow, "", criticality.None}: overflow},
 		procs:    noProcedures,
 		unknown:  []slot{unknown},
 		overflow: []slot{overflow},
 		limit:    maxPeers,
 	}
-	t.index = newPeerTable(t.leaves, t.procs)
+	t.index = newPeerTable(t.leaves, t.procs, t.crit)
 	s.table.Store(t)
 	return s
 }
@@ -733,7 +738,8 @@ func (s *ServiceLimiter) Policy() *Policy { return s.table.Load().policy }
 // Decide knows no procedure: for a service whose policy declares
 // procedures it counts and decides the request in the leaf (peer,
 // names.Other). Requests whose procedure is known go through DecideHTTP
-// or DecideGRPC.
+// or DecideGRPC. Nor does it know a tier header: for a service with
+// criticality the request takes the defaults (see DecideTier).
 //
 // Concurrent callers may assume that every call is counted exactly once and
 // that the decision follows one policy snapshot.
@@ -745,7 +751,17 @@ func (s *ServiceLimiter) Policy() *Policy { return s.table.Load().policy }
 // An expired policy's fail mode (see Limiter.Expire) costs nothing on this
 // path: it is a different verdict in the table, and its work starts where
 // a drop's would (see hitOther).
-func (s *ServiceLimiter) Decide(peer string) Decision { return s.decide(s.table.Load(), peer, 0) }
+func (s *ServiceLimiter) Decide(peer string) Decision { return s.decide(s.table.Load(), peer, 0, "") }
+
+// DecideTier is Decide for a request whose tier header (CriticalityHeader)
+// has the value tierValue, "" when it has none: for a service with
+// criticality the leaf is the request's tier's (see CriticalityPolicy),
+// and a value that names no tier takes the default (counted, as is a
+// claim lowered to the caller's max); for a service without it is
+// Decide. No allocation.
+func (s *ServiceLimiter) DecideTier(peer, tierValue string) Decision {
+	return s.decide(s.table.Load(), peer, 0, tierValue)
+}
 
 // DecideHTTP is Decide for an HTTP request of method to path (its
 // URL.Path, without the query): the leaf is peer's of the procedure the
@@ -754,9 +770,19 @@ func (s *ServiceLimiter) Decide(peer string) Decision { return s.decide(s.table.
 // HTTP proxy, is that procedure's; any other request is names.Other's. For
 // a service without procedures it is Decide. No allocation; the match adds
 // its cost to Decide's (BenchmarkDecideProcedure).
+//
+// For a service with criticality the request takes the defaults; an edge
+// that has the request's headers calls DecideHTTPTier.
 func (s *ServiceLimiter) DecideHTTP(peer, method, path string) Decision {
+	return s.DecideHTTPTier(peer, method, path, "")
+}
+
+// DecideHTTPTier is DecideHTTP for a request whose tier header
+// (CriticalityHeader) has the value tierValue, "" when it has none: see
+// DecideTier. No allocation.
+func (s *ServiceLimiter) DecideHTTPTier(peer, method, path, tierValue string) Decision {
 	t := s.table.Load()
-	return s.decide(t, peer, t.procs.http(method, path))
+	return s.decide(t, peer, t.procs.http(method, path), tierValue)
 }
 
 // DecideGRPC is Decide for a gRPC call of fullMethod ("/pkg.Service/Method",
@@ -764,13 +790,31 @@ func (s *ServiceLimiter) DecideHTTP(peer, method, path string) Decision {
 // when the policy declares it, else of names.Other. For a service without
 // procedures it is Decide. No allocation: the method is looked up in a
 // hash table of the declared names built once per policy.
+//
+// For a service with criticality the call takes the defaults; an edge that
+// has the call's metadata calls DecideGRPCTier.
 func (s *ServiceLimiter) DecideGRPC(peer, fullMethod string) Decision {
-	t := s.table.Load()
-	return s.decide(t, peer, t.procs.grpc(fullMethod))
+	return s.DecideGRPCTier(peer, fullMethod, "")
 }
 
-// decide decides a request of the leaf (peer, procedure index idx of t).
-func (s *ServiceLimiter) decide(t *table, peer string, idx uint32) Decision {
+// DecideGRPCTier is DecideGRPC for a call whose tier metadata
+// (CriticalityHeader) has the value tierValue, "" when it has none: see
+// DecideTier. No allocation.
+func (s *ServiceLimiter) DecideGRPCTier(peer, fullMethod, tierValue string) Decision {
+	t := s.table.Load()
+	return s.decide(t, peer, t.procs.grpc(fullMethod), tierValue)
+}
+
+// decide decides a request of peer to the procedure of index proc of t,
+// whose tier header has the value tierValue ("": none), in its leaf: for
+// a service with criticality, the leaf of the tier tierIndex resolves;
+// else index proc's. The tier is resolved here, not by the callers, so
+// that Decide stays small enough to inline.
+func (s *ServiceLimiter) decide(t *table, peer string, proc uint32, tierValue string) Decision {
+	idx := proc
+	if t.crit != nil {
+		idx = s.tierIndex(t, peer, proc, tierValue)
+	}
 	var sl slot
 	ok := false
 	if len(peer) <= names.MaxLen { // do not hash a hostile megabyte
@@ -810,55 +854,79 @@ func (s *ServiceLimiter) verdictOf(t *table, peer string, idx uint32) *verdict {
 	}
 	switch {
 	case peer == "" || !validName(peer):
-		return t.unknown[idx].v
+		return t.unknown[t.reservedAt(idx)].v
 	case t.counted >= t.limit:
-		return t.overflow[idx].v
+		return t.overflow[t.reservedAt(idx)].v
 	}
-	return t.verdicts[leaf{peer, t.procs.names[idx]}]
+	return t.verdicts[t.leafAt(peer, idx)]
 }
 
 // miss resolves a leaf (peer, idx) that is not in the table t.
 func (s *ServiceLimiter) miss(t *table, peer string, idx uint32) slot {
 	if peer == "" {
-		return t.unknown[idx]
+		return t.unknown[t.reservedAt(idx)]
 	}
 	if !validName(peer) {
 		s.invalidPeers.Add(1)
-		return t.unknown[idx]
+		return t.unknown[t.reservedAt(idx)]
 	}
 	if t.counted >= t.limit {
-		return t.overflow[idx]
+		// An overflowing leaf keeps its procedure and its tier: the
+		// sheddable requests of callers beyond the bound are still
+		// shed before critical ones.
+		return t.overflow[t.reservedAt(idx)]
 	}
-	return s.addLeaf(peer, t.procs.names[idx])
+	return s.addLeaf(t.leafAt(peer, idx))
 }
 
-// addLeaf adds the leaf (peer, proc) to the table, copy on write. Each
-// insertion copies the map and indexes it again, so filling a table costs
-// O(limit²) map operations and hashes once, off the steady state. A policy
-// installed since the caller's snapshot may no longer declare proc: then
-// the request is names.Other's.
-func (s *ServiceLimiter) addLeaf(peer, proc string) slot {
+// leafAt returns the leaf of peer at index idx of t.
+func (t *table) leafAt(peer string, idx uint32) leaf {
+	return leaf{peer, t.procs.names[idx&procMask], criticality.Tier(idx >> tierShift)}
+}
+
+// reservedAt returns the place of index idx in t.unknown and t.overflow:
+// the procedure index without criticality, else the procedure's four
+// tiers side by side. idx's tier is one of the four then (tierIndex
+// resolves none to None).
+func (t *table) reservedAt(idx uint32) uint32 {
+	if t.crit == nil {
+		return idx
+	}
+	return (idx&procMask)*criticality.Count + (idx>>tierShift - 1)
+}
+
+// addLeaf adds the leaf k to the table, copy on write. Each insertion
+// copies the map and indexes it again, so filling a table costs
+// O(limit²) map operations and hashes once, off the steady state. A
+// policy installed since the caller's snapshot may no longer declare k's
+// procedure: then the request is names.Other's; nor have k's tier: then
+// the request takes the new policy's service default (None without
+// criticality).
+func (s *ServiceLimiter) addLeaf(k leaf) slot {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	t := s.table.Load()
-	idx, ok := t.procs.index(proc)
+	proc, ok := t.procs.index(k.proc)
 	if !ok {
-		idx, proc = 0, t.procs.names[0]
+		proc, k.proc = 0, t.procs.names[0]
 	}
-	if sl, ok := t.leaves[leaf{peer, proc}]; ok {
+	if !t.crit.current(k.tier) {
+		k.tier = t.crit.fallback()
+	}
+	if sl, ok := t.leaves[k]; ok {
 		return sl
 	}
 	if t.counted >= t.limit {
-		return t.overflow[idx]
+		return t.overflow[t.reservedAt(leafIndex(proc, k.tier))]
 	}
 	// Not a limited leaf: installLocked gave those their counters. Clone:
 	// peer may point into a larger request buffer.
-	k := leaf{strings.Clone(peer), proc}
+	k.peer = strings.Clone(k.peer)
 	sl := slot{e: newEntry(k.peer), v: t.verdicts[k]}
 	nt := *t
 	nt.leaves = maps.Clone(t.leaves)
 	nt.leaves[k] = sl
-	nt.index = newPeerTable(nt.leaves, nt.procs)
+	nt.index = newPeerTable(nt.leaves, nt.procs, nt.crit)
 	nt.counted++
 	s.table.Store(&nt)
 	return sl
@@ -868,40 +936,42 @@ func (s *ServiceLimiter) addLeaf(peer, proc string) slot {
 // (zero: at the next Expire).
 func (s *ServiceLimiter) setPolicy(p *Policy, received time.Time) {
 	procs := compileProcedures(p)
+	crit := compileCriticality(p, procs)
 	var verdicts map[leaf]*verdict
 	if p != nil {
 		verdicts = make(map[leaf]*verdict, len(p.Peers))
 		for i := range p.Peers {
 			r := &p.Peers[i]
-			if _, ok := procs.index(r.Procedure); ok && validName(r.Peer) {
-				verdicts[leaf{r.Peer, r.Procedure}] = compile(s.name, p.Direction, r)
+			if _, ok := procs.index(r.Procedure); ok && crit.current(r.Tier) && validName(r.Peer) {
+				verdicts[leaf{r.Peer, r.Procedure, r.Tier}] = compile(s.name, p.Direction, r)
 			}
 		}
 	}
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.installLocked(p, procs, verdicts, s.compileDescriptors(p))
+	s.installLocked(p, procs, crit, verdicts, s.compileDescriptors(p))
 	s.fail.reset(p, received)
 }
 
-// installLocked installs p with its procedures and verdicts, by leaf, as
-// one new table. s.mu must be held.
-func (s *ServiceLimiter) installLocked(p *Policy, procs *procedures, verdicts map[leaf]*verdict, desc *descTable) {
+// installLocked installs p with its procedures, criticality and verdicts,
+// by leaf, as one new table. s.mu must be held.
+func (s *ServiceLimiter) installLocked(p *Policy, procs *procedures, crit *critTable, verdicts map[leaf]*verdict, desc *descTable) {
 	old := s.table.Load()
 	nt := &table{
 		leaves:   make(map[leaf]slot, len(old.leaves)),
 		procs:    procs,
+		crit:     crit,
 		limit:    s.maxPeers,
 		policy:   p,
 		verdicts: verdicts,
 		desc:     desc,
 	}
-	if procs != noProcedures {
+	if procs != noProcedures || crit != nil {
 		nt.limit = s.maxLeaves
 	}
 	for k, sl := range old.leaves {
-		if _, current := procs.index(k.proc); !current && sl.e.offered() == 0 {
+		if !nt.current(k) && sl.e.offered() == 0 {
 			// Stale and never counted (the reserved leaves of the
 			// procedures before): nothing to report, gone now. A
 			// decision in flight on the old table may still count
@@ -910,12 +980,20 @@ func (s *ServiceLimiter) installLocked(p *Policy, procs *procedures, verdicts ma
 		}
 		nt.leaves[k] = slot{e: sl.e, v: verdicts[k]}
 	}
-	// The reserved peers have a leaf of every procedure, from the start.
-	nt.unknown = make([]slot, len(procs.names))
-	nt.overflow = make([]slot, len(procs.names))
+	// The reserved peers have a leaf of every procedure and tier, from
+	// the start.
+	tiers := []criticality.Tier{criticality.None}
+	if crit != nil {
+		tiers = criticality.Tiers[:]
+	}
+	nt.unknown = make([]slot, len(procs.names)*len(tiers))
+	nt.overflow = make([]slot, len(procs.names)*len(tiers))
 	for i, q := range procs.names {
-		nt.unknown[i] = nt.reserved(leaf{names.Unknown, q})
-		nt.overflow[i] = nt.reserved(leaf{names.Overflow, q})
+		for _, tier := range tiers {
+			at := nt.reservedAt(leafIndex(uint32(i), tier))
+			nt.unknown[at] = nt.reserved(leaf{names.Unknown, q, tier})
+			nt.overflow[at] = nt.reserved(leaf{names.Overflow, q, tier})
+		}
 	}
 	// Limited leaves get their counters now, whatever the number of
 	// observed ones: their first request is already allocation free, and
@@ -936,8 +1014,22 @@ func (s *ServiceLimiter) installLocked(p *Policy, procs *procedures, verdicts ma
 			nt.counted++
 		}
 	}
-	nt.index = newPeerTable(nt.leaves, procs)
+	nt.index = newPeerTable(nt.leaves, procs, crit)
 	s.table.Store(nt)
+}
+
+// fineLeaves reports whether t decides requests in leaves finer than a
+// (service, peer) bucket: by procedure or by tier. A caller's outbound
+// decision, per callee, can not stand for such a leaf (see
+// resolveCaller).
+func (t *table) fineLeaves() bool { return t.procs != noProcedures || t.crit != nil }
+
+// current reports whether the leaf k is one of t's current leaves, whose
+// procedure t's policy declares and whose tier it may have; any other is
+// stale (see table.leaves).
+func (t *table) current(k leaf) bool {
+	_, ok := t.procs.index(k.proc)
+	return ok && t.crit.current(k.tier)
 }
 
 // reserved returns the slot of a reserved peer's leaf k, giving it
@@ -952,9 +1044,10 @@ func (t *table) reserved(k leaf) slot {
 }
 
 // AppendCounts appends the cumulative counters of every bucket (names.Unknown
-// and names.Overflow included, even at zero) to dst, sorted by peer then
-// procedure: one per leaf for a service with procedures, Procedure "" for
-// one without (see PeerCounts.Procedure).
+// and names.Overflow included, even at zero) to dst, sorted by peer,
+// procedure and tier: one per leaf for a service with procedures or
+// criticality, Procedure "" and Tier None for one without (see
+// PeerCounts.Procedure and PeerCounts.Tier).
 //
 // Each counter only grows between calls, and within one PeerCounts Dropped
 // and ShadowDropped never exceed Offered, even while requests are being
@@ -970,11 +1063,13 @@ func (s *ServiceLimiter) AppendCounts(dst []PeerCounts) []PeerCounts {
 	start := len(dst)
 	for k, sl := range t.leaves {
 		c, _, _ := sl.e.counts()
-		c.Peer, c.Procedure = k.peer, k.proc
+		c.Peer, c.Procedure, c.Tier = k.peer, k.proc, k.tier
 		c.Incarnation = sl.e.incarnation
 		dst = append(dst, c)
 	}
-	slices.SortFunc(dst[start:], func(a, b PeerCounts) int { return cmpRule(a.Peer, a.Procedure, leaf{b.Peer, b.Procedure}) })
+	slices.SortFunc(dst[start:], func(a, b PeerCounts) int {
+		return cmpRule(a.Peer, a.Procedure, a.Tier, leaf{b.Peer, b.Procedure, b.Tier})
+	})
 	return dst
 }
 

@@ -4,29 +4,31 @@ import (
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluicehq/sluice/pkg/criticality"
 )
 
 var (
 	requestsDesc = prometheus.NewDesc("sluice_sidecar_requests_total",
-		"Requests decided, by bucket (peer, and procedure when the service declares procedures: a declared one or "+
-			"_other; else empty) and outcome. admitted + dropped is every request; shadow_dropped requests "+
+		"Requests decided, by bucket (peer; procedure when the service declares procedures: a declared one or "+
+			"_other, else empty; criticality when the service declares tiers: CRITICAL_PLUS to SHEDDABLE, else empty) and outcome. admitted + dropped is every request; shadow_dropped requests "+
 			"(a shadow limit would have dropped them) are admitted and counted in admitted too. Drops inferred for "+
 			"peers enforced upstream are not in it: see sluice_sidecar_upstream_dropped_total.",
-		[]string{"service", "peer", "procedure", "outcome"}, nil)
+		[]string{"service", "peer", "procedure", "criticality", "outcome"}, nil)
 	upstreamArrivalsDesc = prometheus.NewDesc("sluice_sidecar_upstream_arrivals_total",
 		"Requests of peers enforced upstream (their proxyless gRPC client or the callee's Envoy carried out the "+
 			"ratio before they arrived) that reached the sidecar; admitted without a drop, and in requests_total admitted "+
 			"too. Present for peers that have been enforced upstream.",
-		[]string{"service", "peer", "procedure"}, nil)
+		[]string{"service", "peer", "procedure", "criticality"}, nil)
 	upstreamDroppedDesc = prometheus.NewDesc("sluice_sidecar_upstream_dropped_total",
 		"Requests of peers enforced upstream that the upstream data plane is inferred to have dropped: each arrival "+
 			"counts p/(1-p) at the ratio p in force, in whole requests. Reported to the controller as offered and dropped; "+
 			"not in requests_total.",
-		[]string{"service", "peer", "procedure"}, nil)
+		[]string{"service", "peer", "procedure", "criticality"}, nil)
 	dropRatioDesc = prometheus.NewDesc("sluice_sidecar_drop_ratio",
 		"Drop ratio in force for each peer listed in the current policy: the policy's, decaying to 0 once it has "+
 			"expired in fail mode open; absent for peers a token bucket decides (expired in fail mode local).",
-		[]string{"service", "peer", "procedure", "mode"}, nil)
+		[]string{"service", "peer", "procedure", "criticality", "mode"}, nil)
 	peersDesc = prometheus.NewDesc("sluice_sidecar_peers",
 		"Peers with counters: the limited ones (listed in the policy with a ratio or a limit), the observed ones "+
 			"and the reserved unknown and _overflow; for a service with procedures, leaves (peer, procedure).",
@@ -77,6 +79,14 @@ var (
 			"are not trusted (no --trust-decided) or the mark does not name the request's (authenticated) caller; "+
 			"procedures, the service declares procedures and decides every request in its leaf.",
 		[]string{"service", "reason"}, nil)
+	critInvalidDesc = prometheus.NewDesc("sluice_sidecar_criticality_invalid_total",
+		"Requests whose criticality header named no tier (of a service that declares tiers); decided in the tier "+
+			"the defaults give them.",
+		[]string{"service"}, nil)
+	critLoweredDesc = prometheus.NewDesc("sluice_sidecar_criticality_lowered_total",
+		"Requests whose criticality header claimed a tier above their caller's max (else the service's); decided "+
+			"in that max.",
+		[]string{"service"}, nil)
 	decidedUpstreamDesc = prometheus.NewDesc("sluice_sidecar_decided_upstream_total",
 		"Inbound requests admitted without a decision because their caller's outbound enforcement had decided and "+
 			"counted them already (x-sluice-decided); in no other count.",
@@ -133,9 +143,10 @@ var gaugedStates = [...]PolicyState{Fresh, Stale, Expired}
 // Collector returns a prometheus.Collector that reads the Limiter's counters
 // and policies when scraped; deciding a request does no metric work at all.
 // Label cardinality is bounded by MaxPeers + 2 per service, or for a
-// service with procedures by MaxLeaves + 2·(procedures + 1): a procedure
-// label is a declared procedure, names.Other, or "" (none declared), never
-// a name taken from a request.
+// service with procedures or criticality by MaxLeaves + 2·(procedures +
+// 1)·tiers: a procedure label is a declared procedure, names.Other, or ""
+// (none declared), and a criticality label one of the four tiers or ""
+// (none declared), never a name or a value taken from a request.
 func (l *Limiter) Collector() prometheus.Collector {
 	return &collector{l: l, admitted: map[bucket]admitted{}}
 }
@@ -153,7 +164,10 @@ type collector struct {
 	admitted map[bucket]admitted
 }
 
-type bucket struct{ service, peer, proc string }
+type bucket struct {
+	service, peer, proc string
+	tier                criticality.Tier
+}
 
 // admitted is the last admitted count of one incarnation of a bucket.
 type admitted struct{ incarnation, n uint64 }
@@ -171,6 +185,8 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- failOpenDesc
 	ch <- localDecisionsDesc
 	ch <- decidedUpstreamDesc
+	ch <- critInvalidDesc
+	ch <- critLoweredDesc
 	ch <- callerIdentityDesc
 	ch <- callerMismatchDesc
 	ch <- decidedIgnoredDesc
@@ -193,18 +209,19 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			// One read of the leaf's counters, so that the inferred
 			// drops taken out of Dropped are the ones in it.
 			pc, arrived, inferred := sl.e.counts()
-			b := bucket{name, k.peer, k.proc}
+			b := bucket{name, k.peer, k.proc, k.tier}
+			tier := k.tier.String()
 			a := admitted{incarnation: sl.e.incarnation, n: pc.Offered - pc.Dropped}
 			if last := c.admitted[b]; last.incarnation == a.incarnation {
 				a.n = max(a.n, last.n)
 			}
 			next[b] = a
-			ch <- prometheus.MustNewConstMetric(requestsDesc, prometheus.CounterValue, float64(a.n), name, k.peer, k.proc, "admitted")
-			ch <- prometheus.MustNewConstMetric(requestsDesc, prometheus.CounterValue, float64(pc.Dropped-inferred), name, k.peer, k.proc, "dropped")
-			ch <- prometheus.MustNewConstMetric(requestsDesc, prometheus.CounterValue, float64(pc.ShadowDropped), name, k.peer, k.proc, "shadow_dropped")
+			ch <- prometheus.MustNewConstMetric(requestsDesc, prometheus.CounterValue, float64(a.n), name, k.peer, k.proc, tier, "admitted")
+			ch <- prometheus.MustNewConstMetric(requestsDesc, prometheus.CounterValue, float64(pc.Dropped-inferred), name, k.peer, k.proc, tier, "dropped")
+			ch <- prometheus.MustNewConstMetric(requestsDesc, prometheus.CounterValue, float64(pc.ShadowDropped), name, k.peer, k.proc, tier, "shadow_dropped")
 			if arrived > 0 {
-				ch <- prometheus.MustNewConstMetric(upstreamArrivalsDesc, prometheus.CounterValue, float64(arrived), name, k.peer, k.proc)
-				ch <- prometheus.MustNewConstMetric(upstreamDroppedDesc, prometheus.CounterValue, float64(inferred), name, k.peer, k.proc)
+				ch <- prometheus.MustNewConstMetric(upstreamArrivalsDesc, prometheus.CounterValue, float64(arrived), name, k.peer, k.proc, tier)
+				ch <- prometheus.MustNewConstMetric(upstreamDroppedDesc, prometheus.CounterValue, float64(inferred), name, k.peer, k.proc, tier)
 			}
 		}
 		ch <- prometheus.MustNewConstMetric(peersDesc, prometheus.GaugeValue, float64(s.peerCount()), name)
@@ -212,6 +229,8 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(peersEvictedDesc, prometheus.CounterValue, float64(s.evicted.Load()), name)
 		ch <- prometheus.MustNewConstMetric(invalidPeersDesc, prometheus.CounterValue, float64(s.invalidPeers.Load()), name)
 		ch <- prometheus.MustNewConstMetric(decidedUpstreamDesc, prometheus.CounterValue, float64(s.upstream.Load()), name)
+		ch <- prometheus.MustNewConstMetric(critInvalidDesc, prometheus.CounterValue, float64(s.critInvalid.Load()), name)
+		ch <- prometheus.MustNewConstMetric(critLoweredDesc, prometheus.CounterValue, float64(s.critLowered.Load()), name)
 		for res := range numIdentityResults {
 			ch <- prometheus.MustNewConstMetric(callerIdentityDesc, prometheus.CounterValue, float64(s.ident.load(res)), name, res.String())
 		}
@@ -225,14 +244,15 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 				if !validName(r.Peer) { // hand-built policies only; not a valid label
 					continue
 				}
-				ratio, ok := t.ratio(leaf{r.Peer, r.Procedure})
+				k := leaf{r.Peer, r.Procedure, r.Tier}
+				ratio, ok := t.ratio(k)
 				if !ok { // a token bucket decides
 					continue
 				}
-				if _, current := t.procs.index(r.Procedure); !current { // hand-built policies only
+				if !t.current(k) { // hand-built policies only
 					continue
 				}
-				ch <- prometheus.MustNewConstMetric(dropRatioDesc, prometheus.GaugeValue, ratio, name, r.Peer, r.Procedure, r.modeLabel())
+				ch <- prometheus.MustNewConstMetric(dropRatioDesc, prometheus.GaugeValue, ratio, name, r.Peer, r.Procedure, r.Tier.String(), r.modeLabel())
 			}
 		}
 

@@ -69,6 +69,14 @@ sluice_sidecar_caller_identity_total{result="untrusted_proxy",service="checkout"
 # TYPE sluice_sidecar_caller_mismatch_total counter
 sluice_sidecar_caller_mismatch_total{service="cart"} 0
 sluice_sidecar_caller_mismatch_total{service="checkout"} 0
+# HELP sluice_sidecar_criticality_invalid_total Requests whose criticality header named no tier (of a service that declares tiers); decided in the tier the defaults give them.
+# TYPE sluice_sidecar_criticality_invalid_total counter
+sluice_sidecar_criticality_invalid_total{service="cart"} 0
+sluice_sidecar_criticality_invalid_total{service="checkout"} 0
+# HELP sluice_sidecar_criticality_lowered_total Requests whose criticality header claimed a tier above their caller's max (else the service's); decided in that max.
+# TYPE sluice_sidecar_criticality_lowered_total counter
+sluice_sidecar_criticality_lowered_total{service="cart"} 0
+sluice_sidecar_criticality_lowered_total{service="checkout"} 0
 # HELP sluice_sidecar_decided_ignored_total Requests carrying x-sluice-decided that were decided and counted all the same, by reason: untrusted, marks are not trusted (no --trust-decided) or the mark does not name the request's (authenticated) caller; procedures, the service declares procedures and decides every request in its leaf.
 # TYPE sluice_sidecar_decided_ignored_total counter
 sluice_sidecar_decided_ignored_total{reason="procedures",service="cart"} 0
@@ -81,10 +89,10 @@ sluice_sidecar_decided_upstream_total{service="cart"} 0
 sluice_sidecar_decided_upstream_total{service="checkout"} 0
 # HELP sluice_sidecar_drop_ratio Drop ratio in force for each peer listed in the current policy: the policy's, decaying to 0 once it has expired in fail mode open; absent for peers a token bucket decides (expired in fail mode local).
 # TYPE sluice_sidecar_drop_ratio gauge
-sluice_sidecar_drop_ratio{mode="enforce",peer="a",procedure="",service="checkout"} 0
-sluice_sidecar_drop_ratio{mode="enforce",peer="b",procedure="",service="checkout"} 0.5
-sluice_sidecar_drop_ratio{mode="shadow",peer="c",procedure="",service="checkout"} 0.25
-sluice_sidecar_drop_ratio{mode="upstream",peer="e",procedure="",service="checkout"} 0.75
+sluice_sidecar_drop_ratio{criticality="",mode="enforce",peer="a",procedure="",service="checkout"} 0
+sluice_sidecar_drop_ratio{criticality="",mode="enforce",peer="b",procedure="",service="checkout"} 0.5
+sluice_sidecar_drop_ratio{criticality="",mode="shadow",peer="c",procedure="",service="checkout"} 0.25
+sluice_sidecar_drop_ratio{criticality="",mode="upstream",peer="e",procedure="",service="checkout"} 0.75
 # HELP sluice_sidecar_fail_open_total Requests admitted that the last policy would have dropped: while it is expired in fail mode open, requests its own ratio picked (the same error diffusion as when fresh) that the decayed ratio let through. Enforced rules only.
 # TYPE sluice_sidecar_fail_open_total counter
 sluice_sidecar_fail_open_total{service="cart"} 0
@@ -124,7 +132,7 @@ sluice_sidecar_policy_state{service="cart",state="stale"} 0
 sluice_sidecar_policy_state{service="checkout",state="expired"} 0
 sluice_sidecar_policy_state{service="checkout",state="fresh"} 1
 sluice_sidecar_policy_state{service="checkout",state="stale"} 0
-# HELP sluice_sidecar_requests_total Requests decided, by bucket (peer, and procedure when the service declares procedures: a declared one or _other; else empty) and outcome. admitted + dropped is every request; shadow_dropped requests (a shadow limit would have dropped them) are admitted and counted in admitted too. Drops inferred for peers enforced upstream are not in it: see sluice_sidecar_upstream_dropped_total.
+# HELP sluice_sidecar_requests_total Requests decided, by bucket (peer; procedure when the service declares procedures: a declared one or _other, else empty; criticality when the service declares tiers: CRITICAL_PLUS to SHEDDABLE, else empty) and outcome. admitted + dropped is every request; shadow_dropped requests (a shadow limit would have dropped them) are admitted and counted in admitted too. Drops inferred for peers enforced upstream are not in it: see sluice_sidecar_upstream_dropped_total.
 # TYPE sluice_sidecar_requests_total counter
 `)
 	seen["checkout/unknown"] = &[3]int{seen["checkout/"][0] + seen["checkout/not a name"][0]}
@@ -143,16 +151,16 @@ sluice_sidecar_policy_state{service="checkout",state="stale"} 0
 					continue
 				}
 				i := map[string]int{"admitted": 0, "dropped": 1, "shadow_dropped": 2}[outcome]
-				fmt.Fprintf(&want, "sluice_sidecar_requests_total{outcome=%q,peer=%q,procedure=\"\",service=%q} %d\n", outcome, peer, service, c[i])
+				fmt.Fprintf(&want, "sluice_sidecar_requests_total{criticality=\"\",outcome=%q,peer=%q,procedure=\"\",service=%q} %d\n", outcome, peer, service, c[i])
 			}
 		}
 	}
 	want.WriteString(`# HELP sluice_sidecar_upstream_arrivals_total Requests of peers enforced upstream (their proxyless gRPC client or the callee's Envoy carried out the ratio before they arrived) that reached the sidecar; admitted without a drop, and in requests_total admitted too. Present for peers that have been enforced upstream.
 # TYPE sluice_sidecar_upstream_arrivals_total counter
-sluice_sidecar_upstream_arrivals_total{peer="e",procedure="",service="checkout"} 10
+sluice_sidecar_upstream_arrivals_total{criticality="",peer="e",procedure="",service="checkout"} 10
 # HELP sluice_sidecar_upstream_dropped_total Requests of peers enforced upstream that the upstream data plane is inferred to have dropped: each arrival counts p/(1-p) at the ratio p in force, in whole requests. Reported to the controller as offered and dropped; not in requests_total.
 # TYPE sluice_sidecar_upstream_dropped_total counter
-sluice_sidecar_upstream_dropped_total{peer="e",procedure="",service="checkout"} 30
+sluice_sidecar_upstream_dropped_total{criticality="",peer="e",procedure="",service="checkout"} 30
 `)
 	if seen["checkout/e"][0] != 10 {
 		t.Fatalf("upstream peer e: outcomes %v, want all 10 admitted", seen["checkout/e"])
@@ -204,7 +212,7 @@ func TestCollectorAdmittedNeverDecreases(t *testing.T) {
 		t.Fatalf("admitted %v, want 5", got)
 	}
 	// A decision in flight: counted offered, not yet dropped.
-	st := &s.table.Load().leaves[leaf{"a", ""}].e.stripes[0]
+	st := &s.table.Load().leaves[leaf{"a", "", 0}].e.stripes[0]
 	st.offered.Add(1)
 	if got := admitted(); got != 6 {
 		t.Fatalf("admitted %v, want 6", got)

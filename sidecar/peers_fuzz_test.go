@@ -44,7 +44,7 @@ func (m *peerModel) list(leaves []leaf) {
 }
 
 func (m *peerModel) decide(peer, proc string) {
-	k := leaf{peer, proc}
+	k := leaf{peer, proc, 0}
 	switch {
 	case peer == "" || peer == names.Unknown:
 		k.peer = names.Unknown
@@ -128,7 +128,7 @@ func FuzzLimiterPeers(f *testing.F) {
 		var rules []Rule
 		var leaves []leaf
 		for i, p := range strings.Split(listed, ",") {
-			k := leaf{p, ""}
+			k := leaf{p, "", 0}
 			if procs != nil {
 				k.proc = append(slices.Clone(procs), names.Other)[i%(len(procs)+1)]
 			}
@@ -141,7 +141,7 @@ func FuzzLimiterPeers(f *testing.F) {
 				rules = append(rules, r)
 			}
 		}
-		slices.SortFunc(rules, func(a, b Rule) int { return cmpRule(a.Peer, a.Procedure, leaf{b.Peer, b.Procedure}) })
+		slices.SortFunc(rules, func(a, b Rule) int { return cmpRule(a.Peer, a.Procedure, a.Tier, leaf{b.Peer, b.Procedure, b.Tier}) })
 		l.SetPolicy(&Policy{Name: names.Callee("checkout"), Service: "checkout", Peers: rules, Procedures: procs})
 		m.list(leaves)
 
@@ -169,7 +169,7 @@ func FuzzLimiterPeers(f *testing.F) {
 			t.Errorf("%d leaves with counters, model has %d + the %d reserved", len(counts), len(m.own), reserved)
 		}
 		for _, c := range counts {
-			k := leaf{c.Peer, c.Procedure}
+			k := leaf{c.Peer, c.Procedure, 0}
 			if !m.own[k] && c.Peer != names.Unknown && c.Peer != names.Overflow {
 				t.Errorf("leaf %q/%q has counters; the model gave it none", c.Peer, c.Procedure)
 			}

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/pkg/criticality"
 	"github.com/sluicehq/sluice/pkg/dataplane"
 	"github.com/sluicehq/sluice/pkg/descriptor"
 	"github.com/sluicehq/sluice/pkg/dropratio"
@@ -75,7 +76,7 @@ type Policy struct {
 	Name          string // the xDS resource name, names.Callee(Service) or names.Caller(Service)
 	Service       string // the enforcing service
 	Direction     Direction
-	Peers         []Rule        // sorted by Peer then Procedure, each (Peer, Procedure) at most once; an unlisted bucket is not dropped
+	Peers         []Rule        // sorted by Peer, Procedure, Tier, each (Peer, Procedure, Tier) at most once; an unlisted bucket is not dropped
 	TTL           time.Duration // 0: not set, the holder applies its default (DESIGN.md: 10s)
 	LiveInstances int
 	// FailMode is what the Limiter does once the policy has outlived its
@@ -104,6 +105,12 @@ type Policy struct {
 	// bucket admits is admitted only if every descriptor admits its value
 	// too. Inbound policies only.
 	Descriptors []DescriptorPolicy
+
+	// Criticality is how the service finds a request's tier (issue #16);
+	// nil: it declares no tiers, and every rule's Tier is None. With it,
+	// every rule has one of the four tiers, and a request is counted and
+	// decided in the leaf (peer, procedure, tier). Inbound policies only.
+	Criticality *CriticalityPolicy
 }
 
 // DescriptorPolicy is one descriptor limit: a limit per value of one
@@ -143,7 +150,7 @@ type ValueRule struct {
 	OfferedRPS float64 // its global offered rate the ratio was computed from
 }
 
-// Rule is the verdict for one bucket (Service, Peer, Procedure).
+// Rule is the verdict for one bucket (Service, Peer, Procedure, Tier).
 //
 // Mode Enforce drops requests with the rule's ratio; Mode Shadow counts
 // would-be drops as shadow drops and admits every request. Enforcement
@@ -158,7 +165,11 @@ type Rule struct {
 	Peer string
 	// Procedure is the bucket's procedure: one of the policy's Procedures
 	// or names.Other; "" when the policy declares none.
-	Procedure   string
+	Procedure string
+	// Tier is the bucket's tier: one of the four when the policy has
+	// Criticality, else None. Limits are not per tier: LimitRPS and
+	// CallerLimitRPS are the (peer, procedure)'s, shared by its tiers.
+	Tier        criticality.Tier
 	DropRatio   float64 // in [0, 1)
 	Mode        dropratio.Mode
 	Enforcement dataplane.Enforcement
@@ -211,19 +222,27 @@ func (r *Rule) modeLabel() string {
 // declares procedures, see Leaf.
 func (p *Policy) Rule(peer string) *Rule { return p.Leaf(peer, "") }
 
-// Leaf returns the rule for the bucket (peer, procedure), or nil when the
-// policy does not list it.
+// Leaf returns the rule for the untiered bucket (peer, procedure), or nil
+// when the policy does not list it. For a service with tiers, see
+// LeafTier.
 func (p *Policy) Leaf(peer, procedure string) *Rule {
-	i, ok := slices.BinarySearchFunc(p.Peers, leaf{peer, procedure}, func(r Rule, k leaf) int { return cmpRule(r.Peer, r.Procedure, k) })
+	return p.LeafTier(peer, procedure, criticality.None)
+}
+
+// LeafTier returns the rule for the bucket (peer, procedure, tier), or nil
+// when the policy does not list it.
+func (p *Policy) LeafTier(peer, procedure string, tier criticality.Tier) *Rule {
+	i, ok := slices.BinarySearchFunc(p.Peers, leaf{peer, procedure, tier}, func(r Rule, k leaf) int { return cmpRule(r.Peer, r.Procedure, r.Tier, k) })
 	if !ok {
 		return nil
 	}
 	return &p.Peers[i]
 }
 
-// cmpRule orders buckets by peer, then procedure, as policies list them.
-func cmpRule(peer, procedure string, k leaf) int {
-	return cmp.Or(cmp.Compare(peer, k.peer), cmp.Compare(procedure, k.proc))
+// cmpRule orders buckets by peer, procedure, then tier, as policies list
+// them.
+func cmpRule(peer, procedure string, tier criticality.Tier, k leaf) int {
+	return cmp.Or(cmp.Compare(peer, k.peer), cmp.Compare(procedure, k.proc), cmp.Compare(tier, k.tier))
 }
 
 // MaxPolicyPeers bounds the peers of one policy that PolicyFromProto accepts
@@ -288,10 +307,17 @@ func PolicyFromProto(m *sluicev1.DropPolicy) (*Policy, error) {
 		return nil, fmt.Errorf("invalid drop policy %q: %w", m.GetName(), errors.Join(errs...))
 	}
 	declared := proceduresFromProto(m, p, bad)
+	p.Criticality = criticalityFromProto(m.GetCriticality(), p.Direction, declared, bad)
 	p.Peers = make([]Rule, 0, len(m.GetPeers()))
 	seen := make(map[leaf]int, len(m.GetPeers()))
 	for i, pp := range m.GetPeers() {
 		r := ruleFromProto(i, pp, p.Direction, seen, bad)
+		switch {
+		case p.Criticality == nil && r.Tier != criticality.None:
+			bad("peers["+strconv.Itoa(i)+"].criticality", "%v set, but the policy declares no criticality", r.Tier)
+		case p.Criticality != nil && r.Tier == criticality.None:
+			bad("peers["+strconv.Itoa(i)+"].criticality", "unspecified, but the policy declares criticality")
+		}
 		if _, ok := declared[r.Procedure]; !ok {
 			switch {
 			case len(p.Procedures) == 0:
@@ -306,7 +332,7 @@ func PolicyFromProto(m *sluicev1.DropPolicy) (*Policy, error) {
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("invalid drop policy %q: %w", m.GetName(), err)
 	}
-	slices.SortFunc(p.Peers, func(a, b Rule) int { return cmpRule(a.Peer, a.Procedure, leaf{b.Peer, b.Procedure}) })
+	slices.SortFunc(p.Peers, func(a, b Rule) int { return cmpRule(a.Peer, a.Procedure, a.Tier, leaf{b.Peer, b.Procedure, b.Tier}) })
 	return p, nil
 }
 
@@ -406,16 +432,24 @@ func ruleFromProto(i int, pp *sluicev1.PeerPolicy, dir Direction, seen map[leaf]
 		OfferedRPS: pp.GetOfferedRps(),
 		Reason:     Reason(pp.GetReason()),
 	}
+	var tierOK bool
+	if r.Tier, tierOK = tierFromProto(pp.GetCriticality()); !tierOK {
+		bad(f("criticality"), "unknown value %d", int32(pp.GetCriticality()))
+	}
+	k := leaf{r.Peer, r.Procedure, r.Tier}
 	if err := names.Check(r.Peer); err != nil {
 		bad(f("peer"), "%v", err)
-	} else if j, dup := seen[leaf{r.Peer, r.Procedure}]; dup {
-		if r.Procedure == "" {
+	} else if j, dup := seen[k]; dup {
+		switch {
+		case r.Tier != criticality.None:
+			bad(f("peer"), "%q with procedure %.64q and criticality %v is listed again, first at peers[%d]", r.Peer, r.Procedure, r.Tier, j)
+		case r.Procedure == "":
 			bad(f("peer"), "%q is listed again, first at peers[%d]", r.Peer, j)
-		} else {
+		default:
 			bad(f("peer"), "%q with procedure %.64q is listed again, first at peers[%d]", r.Peer, r.Procedure, j)
 		}
-	} else {
-		seen[leaf{r.Peer, r.Procedure}] = i
+	} else if tierOK {
+		seen[k] = i
 	}
 	if !(r.DropRatio >= 0 && r.DropRatio < 1) { // also catches NaN
 		bad(f("drop_ratio"), "%v is outside [0, 1)", r.DropRatio)
@@ -561,13 +595,14 @@ func (p *Policy) Proto() *sluicev1.DropPolicy {
 	m.Peers = make([]*sluicev1.PeerPolicy, 0, len(p.Peers))
 	for _, r := range p.Peers {
 		pp := &sluicev1.PeerPolicy{
-			Peer:       r.Peer,
-			Procedure:  r.Procedure,
-			DropRatio:  r.DropRatio,
-			LimitRps:   rateOrNil(r.LimitRPS),
-			AllowedRps: rateOrNil(r.AllowedRPS),
-			OfferedRps: r.OfferedRPS,
-			Reason:     sluicev1.DropReason(r.Reason),
+			Peer:        r.Peer,
+			Procedure:   r.Procedure,
+			DropRatio:   r.DropRatio,
+			LimitRps:    rateOrNil(r.LimitRPS),
+			AllowedRps:  rateOrNil(r.AllowedRPS),
+			OfferedRps:  r.OfferedRPS,
+			Reason:      sluicev1.DropReason(r.Reason),
+			Criticality: sluicev1.Criticality(r.Tier),
 		}
 		if r.Procedure != "" {
 			pp.CallerLimitRps = rateOrNil(r.CallerLimitRPS)
@@ -585,6 +620,7 @@ func (p *Policy) Proto() *sluicev1.DropPolicy {
 		m.Peers = append(m.Peers, pp)
 	}
 	m.Descriptors = descriptorsProto(p.Descriptors)
+	m.Criticality = criticalityProto(p.Criticality)
 	return m
 }
 

@@ -319,7 +319,7 @@ func checkPolicy(t *testing.T, m *sluicev1.DropPolicy, p *Policy) {
 		if names.Check(r.Peer) != nil {
 			t.Errorf("peers[%d]: accepted name %q", i, r.Peer)
 		}
-		if i > 0 && cmpRule(p.Peers[i-1].Peer, p.Peers[i-1].Procedure, leaf{r.Peer, r.Procedure}) >= 0 {
+		if i > 0 && cmpRule(p.Peers[i-1].Peer, p.Peers[i-1].Procedure, p.Peers[i-1].Tier, leaf{r.Peer, r.Procedure, r.Tier}) >= 0 {
 			t.Errorf("peers[%d]: %q/%q after %q/%q: not sorted, or listed twice", i, r.Peer, r.Procedure, p.Peers[i-1].Peer, p.Peers[i-1].Procedure)
 		}
 		switch {

@@ -1,6 +1,7 @@
 package sidecar
 
 import (
+	"github.com/sluicehq/sluice/pkg/criticality"
 	"github.com/sluicehq/sluice/pkg/names"
 	"github.com/sluicehq/sluice/pkg/routes"
 )
@@ -21,9 +22,13 @@ import (
 // method's name. Decide, which knows no procedure, decides index 0: the
 // whole bucket, or (peer, names.Other) for a service with procedures.
 
-// leaf is the key of a bucket in a service's table: a peer and a procedure,
-// "" for a service that declares none.
-type leaf struct{ peer, proc string }
+// leaf is the key of a bucket in a service's table: a peer, a procedure
+// ("" for a service that declares none) and a tier (None for a service
+// without criticality; see criticality.go).
+type leaf struct {
+	peer, proc string
+	tier       criticality.Tier
+}
 
 // procedures is a policy's procedures compiled for the request path.
 // Immutable; built once per policy (compileProcedures).

@@ -43,7 +43,7 @@ func checkoutProcedures(rules ...Rule) *Policy {
 		Rule{Peer: "web", Procedure: names.Other, DropRatio: almostOne, LimitRPS: 0, AllowedRPS: 0},
 		Rule{Peer: "mobile", Procedure: healthCheck, DropRatio: almostOne, LimitRPS: 5, AllowedRPS: 5},
 	)...)
-	slices.SortFunc(p.Peers, func(a, b Rule) int { return cmpRule(a.Peer, a.Procedure, leaf{b.Peer, b.Procedure}) })
+	slices.SortFunc(p.Peers, func(a, b Rule) int { return cmpRule(a.Peer, a.Procedure, a.Tier, leaf{b.Peer, b.Procedure, b.Tier}) })
 	p.Procedures = []string{"create-charge", "get-item", healthCheck}
 	p.Routes = []routes.Route{
 		{Pattern: "POST /v1/charges", Procedure: "create-charge"},

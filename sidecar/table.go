@@ -6,8 +6,9 @@ import (
 )
 
 // peerTable is the read side of a table's leaves: it finds the slot of a
-// leaf (peer, procedure index; see procedures.go) for Decide. A service
-// without procedures has index 0 alone, and its leaves are its peers. A map[string]slot lookup was the largest part of Decide's cost (a
+// leaf (peer, index: a procedure index and a tier, see procedures.go and
+// leafIndex) for Decide. A service without procedures or criticality has
+// index 0 alone, and its leaves are its peers. A map[string]slot lookup was the largest part of Decide's cost (a
 // call to the runtime's string hash, a probe, a call to compare strings).
 // This is an open-addressing hash table with linear probing over a flat
 // array, and for a name of at most 16 bytes (most service names) the hash
@@ -50,11 +51,12 @@ type peerSlot struct {
 	slot   slot
 }
 
-// leafKey packs a peer name's length and a procedure index into one word,
-// the first thing a lookup compares and the seed of the hash: index 0 (a
-// service without procedures, or names.Other) leaves the length alone, so
-// that Decide of such a service hashes and compares exactly as it did
-// before procedures.
+// leafKey packs a peer name's length and a leaf index (a procedure index
+// and a tier, see leafIndex) into one word, the first thing a lookup
+// compares and the seed of the hash: index 0 (a service without
+// procedures, or names.Other, and without criticality) leaves the length
+// alone, so that Decide of such a service hashes and compares exactly as
+// it did before procedures.
 func leafKey(n int, idx uint32) uint64 { return uint64(n) | uint64(idx)<<32 }
 
 // shortName is the longest name that its words hold entirely.
@@ -64,9 +66,9 @@ const shortName = 16
 const minPeerTableSize = 8
 
 // newPeerTable indexes the current leaves of leaves, those whose procedure
-// procs declares (see procedures.index), whose slots must all have
-// counters (e != nil).
-func newPeerTable(leaves map[leaf]slot, procs *procedures) peerTable {
+// procs declares (see procedures.index) and whose tier crit has (see
+// critTable.current), whose slots must all have counters (e != nil).
+func newPeerTable(leaves map[leaf]slot, procs *procedures, crit *critTable) peerTable {
 	size := minPeerTableSize
 	for size < 2*len(leaves) {
 		size *= 2
@@ -78,10 +80,10 @@ func newPeerTable(leaves map[leaf]slot, procs *procedures) peerTable {
 			panic("sidecar: peer " + k.peer + " has no counters")
 		}
 		idx, ok := procs.index(k.proc)
-		if !ok { // stale: its procedure is gone, and it waits for eviction
+		if !ok || !crit.current(k.tier) { // stale: its procedure or tier is gone, and it waits for eviction
 			continue
 		}
-		key := leafKey(len(k.peer), idx)
+		key := leafKey(len(k.peer), leafIndex(idx, k.tier))
 		lo, hi, i := t.hash(k.peer, key)
 		for t.slots[i&mask].slot.e != nil { // the keys of a map are distinct
 			i++

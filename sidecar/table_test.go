@@ -16,7 +16,7 @@ func slotsFor(peers ...string) map[leaf]slot {
 	e := newEntry("")
 	m := make(map[leaf]slot, len(peers))
 	for _, p := range peers {
-		m[leaf{p, ""}] = slot{e: e, v: &verdict{}}
+		m[leaf{p, "", 0}] = slot{e: e, v: &verdict{}}
 	}
 	return m
 }
@@ -55,7 +55,7 @@ func checkLeaves(t *testing.T, pt *peerTable, m map[leaf]slot, procs *procedures
 	}
 	for _, peer := range probes {
 		for idx, q := range procs.names {
-			want, wantOK := m[leaf{peer, q}]
+			want, wantOK := m[leaf{peer, q, 0}]
 			if got, ok := pt.get(peer, uint32(idx)); ok != wantOK || got != want {
 				t.Errorf("get(%q, %d) = %v, %v; want %v, %v", peer, idx, got, ok, want, wantOK)
 			}
@@ -97,7 +97,7 @@ func TestPeerTable(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m := slotsFor(tc.peers...)
-			pt := newPeerTable(m, noProcedures)
+			pt := newPeerTable(m, noProcedures, nil)
 			checkAgainstMap(t, &pt, m, tc.probes...)
 		})
 	}
@@ -137,7 +137,7 @@ func TestPeerTableMatchesMap(t *testing.T) {
 			probes = append(probes, p+"a")
 		}
 		m := slotsFor(peers...)
-		pt := newPeerTable(m, noProcedures)
+		pt := newPeerTable(m, noProcedures, nil)
 		checkAgainstMap(t, &pt, m, probes...)
 		return !t.Failed()
 	}
@@ -153,7 +153,7 @@ func FuzzPeerTable(f *testing.F) {
 	f.Add("web#,web##,web,mobile###,unknown#", "web")
 	f.Fuzz(func(t *testing.T, peers, probe string) {
 		m := slotsFor(strings.Split(peers, ",")...)
-		pt := newPeerTable(m, noProcedures)
+		pt := newPeerTable(m, noProcedures, nil)
 		checkAgainstMap(t, &pt, m, probe, probe+probe)
 
 		// The same names as leaves of a service with procedures: "peer#"
@@ -165,9 +165,9 @@ func FuzzPeerTable(f *testing.F) {
 		e := newEntry("")
 		for _, p := range strings.Split(peers, ",") {
 			name := strings.TrimRight(p, "#")
-			leaves[leaf{name, procs.names[(len(p)-len(name))%len(procs.names)]}] = slot{e: e, v: &verdict{}}
+			leaves[leaf{name, procs.names[(len(p)-len(name))%len(procs.names)], 0}] = slot{e: e, v: &verdict{}}
 		}
-		lt := newPeerTable(leaves, procs)
+		lt := newPeerTable(leaves, procs, nil)
 		checkLeaves(t, &lt, leaves, procs, probe, strings.TrimRight(probe, "#"))
 	})
 }
@@ -175,7 +175,7 @@ func FuzzPeerTable(f *testing.F) {
 func TestPeerTableHashUsesEveryByte(t *testing.T) {
 	// Names that differ in any single byte must hash apart (but for a
 	// chance of 2^-64 per pair), or callers could make names collide.
-	pt := newPeerTable(nil, noProcedures)
+	pt := newPeerTable(nil, noProcedures, nil)
 	r := rand.New(rand.NewPCG(1, 2))
 	for n := 1; n <= names.MaxLen; n++ {
 		b := make([]byte, n)
@@ -204,7 +204,7 @@ func TestPeerTableHostileNames(t *testing.T) {
 			peers = append(peers, fmt.Sprintf(shape, i))
 		}
 		m := slotsFor(peers...)
-		pt := newPeerTable(m, noProcedures)
+		pt := newPeerTable(m, noProcedures, nil)
 		checkAgainstMap(t, &pt, m, fmt.Sprintf(shape, -1))
 		longest := 0
 		for _, p := range peers {
@@ -286,9 +286,9 @@ func BenchmarkPeerLookup(b *testing.B) {
 		peers[k] = slot{e: newEntry("")}
 	}
 	for p, sl := range peers {
-		leaves[leaf{p, ""}] = sl
+		leaves[leaf{p, "", 0}] = sl
 	}
-	t := newPeerTable(leaves, noProcedures)
+	t := newPeerTable(leaves, noProcedures, nil)
 	var sink slot
 	for _, k := range keys {
 		k = strings.Clone(k) // not the pointer stored in the table

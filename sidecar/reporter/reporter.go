@@ -25,6 +25,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/pkg/criticality"
 	"github.com/sluicehq/sluice/pkg/names"
 	"github.com/sluicehq/sluice/pkg/uplink"
 	"github.com/sluicehq/sluice/sidecar"
@@ -153,8 +154,8 @@ type Header struct {
 // from two snapshots of cumulative counters, prev at the window's start and
 // cur at its end. It is pure.
 //
-//   - Everything below is per bucket (peer, procedure): one per leaf for a
-//     service with procedures.
+//   - Everything below is per bucket (peer, procedure, tier): one per leaf
+//     for a service with procedures or criticality.
 //   - A peer's count in the window is cur minus prev. A peer missing from
 //     prev is new: all of cur counts. A peer whose counters went backwards,
 //     or whose Incarnation changed, was reset: all of cur counts. (A
@@ -164,13 +165,15 @@ type Header struct {
 //   - Dropped and shadow-dropped are clamped to what offered allows, since
 //     a snapshot reads a peer's counters one by one while requests go on.
 //   - A peer that fails names.Check is counted as names.Unknown, and a
-//     procedure that fails names.CheckProcedure as names.Other, rather than
-//     have the aggregator reject the whole report.
+//     procedure that fails names.CheckProcedure as names.Other, and a tier
+//     outside the four (from no Limiter) as criticality.Sheddable, the
+//     lowest, rather than have the aggregator reject the whole report.
 //   - Peers with nothing offered in the window are left out: a report is
 //     the sidecar's complete picture, so a missing peer means rate 0.
 //   - A peer listed more than once in a snapshot is summed.
 //
-// Entries are sorted by peer, then procedure.
+// Entries are sorted by peer, procedure, then tier. An untiered bucket's
+// entry leaves criticality unset: its report is what it was before tiers.
 func Build(h Header, prev, cur []sidecar.PeerCounts, windowStart time.Time, window time.Duration) *sluicev1.LoadReport {
 	before := sumByBucket(prev)
 	deltas := make(map[bucket]*sluicev1.PeerCounts)
@@ -188,9 +191,12 @@ func Build(h Header, prev, cur []sidecar.PeerCounts, windowStart time.Time, wind
 		if k.procedure != "" && names.CheckProcedure(k.procedure) != nil {
 			k.procedure = names.Other
 		}
+		if !k.tier.Valid() {
+			k.tier = criticality.Sheddable
+		}
 		d := deltas[k]
 		if d == nil {
-			d = &sluicev1.PeerCounts{Peer: k.peer, Procedure: k.procedure}
+			d = &sluicev1.PeerCounts{Peer: k.peer, Procedure: k.procedure, Criticality: sluicev1.Criticality(k.tier)}
 			deltas[k] = d
 		}
 		d.Offered += offered
@@ -210,7 +216,7 @@ func Build(h Header, prev, cur []sidecar.PeerCounts, windowStart time.Time, wind
 		r.Interval = durationpb.New(h.Interval)
 	}
 	slices.SortFunc(r.Peers, func(a, b *sluicev1.PeerCounts) int {
-		return cmp.Or(cmp.Compare(a.Peer, b.Peer), cmp.Compare(a.Procedure, b.Procedure))
+		return cmp.Or(cmp.Compare(a.Peer, b.Peer), cmp.Compare(a.Procedure, b.Procedure), cmp.Compare(a.Criticality, b.Criticality))
 	})
 	return r
 }
@@ -225,17 +231,21 @@ func since(b, c sidecar.PeerCounts) sidecar.PeerCounts {
 	return b
 }
 
-// bucket is a report entry's key: a peer and a procedure ("" for a service
-// without procedures). Incarnations are per bucket: the Limiter evicts and
-// sees again each leaf on its own.
-type bucket struct{ peer, procedure string }
+// bucket is a report entry's key: a peer, a procedure ("" for a service
+// without procedures) and a tier (None for a service without
+// criticality). Incarnations are per bucket: the Limiter evicts and sees
+// again each leaf on its own.
+type bucket struct {
+	peer, procedure string
+	tier            criticality.Tier
+}
 
 // sumByBucket sums the counters of each bucket of s. A bucket listed more
 // than once (not by a Limiter) keeps its last entry's incarnation.
 func sumByBucket(s []sidecar.PeerCounts) map[bucket]sidecar.PeerCounts {
 	m := make(map[bucket]sidecar.PeerCounts, len(s))
 	for _, p := range s {
-		k := bucket{p.Peer, p.Procedure}
+		k := bucket{p.Peer, p.Procedure, p.Tier}
 		t := m[k]
 		t.Offered += p.Offered
 		t.Dropped += p.Dropped

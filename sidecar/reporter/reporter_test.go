@@ -22,6 +22,7 @@ import (
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/aggregator"
 	"github.com/sluicehq/sluice/internal/testkit"
+	"github.com/sluicehq/sluice/pkg/criticality"
 	"github.com/sluicehq/sluice/sidecar"
 )
 
@@ -418,5 +419,44 @@ func TestBuildPerLeaf(t *testing.T) {
 	want := []string{"mobile//shop.Checkout/Pay=3/0", "mobile/_other=2/0", "web/_other=1/0", "web/create-charge=4/3", "web/get-item=2/1"}
 	if !slices.Equal(got, want) {
 		t.Errorf("report %v, want %v", got, want)
+	}
+}
+
+// TestBuildPerTier: a callee with criticality reports one entry per leaf
+// (peer, procedure, tier), from a real Limiter, sorted by tier last; an
+// untiered entry leaves criticality unset, and a tier outside the four
+// (from no Limiter) is the lowest.
+func TestBuildPerTier(t *testing.T) {
+	l := sidecar.NewLimiter(sidecar.LimiterOptions{OneStripe: true})
+	l.SetPolicy(&sidecar.Policy{
+		Name: "callee/payments", Service: "payments", Direction: sidecar.Inbound,
+		Peers: []sidecar.Rule{
+			{Peer: "web", Tier: criticality.Critical, LimitRPS: math.Inf(1), AllowedRPS: math.Inf(1)},
+			{Peer: "web", Tier: criticality.Sheddable, DropRatio: 0.5, LimitRPS: 10, AllowedRPS: 10},
+		},
+		Criticality: &sidecar.CriticalityPolicy{Header: criticality.DefaultHeader, Default: criticality.Critical},
+	})
+	s := l.Service("payments")
+	prev := l.AppendCounts("payments", nil)
+	for range 4 {
+		s.DecideTier("web", "SHEDDABLE")
+		s.DecideTier("web", "")
+	}
+	s.DecideTier("web", "CRITICAL_PLUS")
+	cur := append(l.AppendCounts("payments", nil), sidecar.PeerCounts{Peer: "odd", Tier: 9, Offered: 1})
+	rep := Build(Header{SidecarID: "s-1", Service: "payments"}, prev, cur, time.Unix(0, 0), time.Second)
+	var got []string
+	for _, p := range rep.GetPeers() {
+		got = append(got, fmt.Sprintf("%s/%v=%d/%d", p.GetPeer(), p.GetCriticality(), p.GetOffered(), p.GetDropped()))
+	}
+	want := []string{"odd/CRITICALITY_SHEDDABLE=1/0", "web/CRITICALITY_CRITICAL_PLUS=1/0", "web/CRITICALITY_CRITICAL=4/0", "web/CRITICALITY_SHEDDABLE=4/2"}
+	if !slices.Equal(got, want) {
+		t.Errorf("report %v, want %v", got, want)
+	}
+
+	untiered := Build(Header{SidecarID: "s-1", Service: "checkout"}, nil,
+		[]sidecar.PeerCounts{{Peer: "web", Offered: 3}}, time.Unix(0, 0), time.Second)
+	if p := untiered.GetPeers(); len(p) != 1 || p[0].GetCriticality() != sluicev1.Criticality_CRITICALITY_UNSPECIFIED {
+		t.Errorf("untiered report %v", p)
 	}
 }

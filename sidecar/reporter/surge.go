@@ -5,6 +5,7 @@ import (
 	"time"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/pkg/criticality"
 	"github.com/sluicehq/sluice/pkg/dropratio"
 	"github.com/sluicehq/sluice/sidecar"
 )
@@ -98,7 +99,7 @@ func (d *SurgeDetector) Reported(r *sluicev1.LoadReport) {
 		return
 	}
 	for _, p := range r.GetPeers() {
-		d.reported[bucket{p.GetPeer(), p.GetProcedure()}] += float64(p.GetOffered()) / secs
+		d.reported[bucket{p.GetPeer(), p.GetProcedure(), criticality.Tier(p.GetCriticality())}] += float64(p.GetOffered()) / secs
 	}
 }
 
