@@ -65,7 +65,7 @@ func listed(pp *sluicev1.PeerPolicy) bool {
 
 // leafPolicy renders the verdict of one bucket of callee (limits lim, nil
 // for none) for peer: peerPolicy, with the bucket's procedure. Only an
-// inbound policy carries leaves (see publishedProcedure). The limit of a
+// inbound policy carries leaves (see publishedBucket). The limit of a
 // leaf on the wire is the tightest that bounds it alone: its own, else
 // its caller's across procedures; so a leaf whose caller has a limit is
 // listed (dataplane.Listed), and the sidecars keep its counters and a
@@ -207,9 +207,10 @@ func markUpstream(pp *sluicev1.PeerPolicy, mode dropratio.Mode, b limits.Bucket)
 // caller: its rules are the limited buckets' verdicts where it is the
 // caller, one per callee, with the same ratio the callee's inbound policy
 // carries for it (see combine). Verdicts come sorted by callee, so each
-// caller's rules are too. Toward a callee that declares procedures there
-// is no rule (see publishedProcedure): the caller admits its calls
-// unlisted, and the callee's inbound side decides each in its leaf, so
+// caller's rules are too. Toward a callee that declares procedures or
+// tiers there is no rule (see publishedBucket): the caller admits its
+// calls unlisted, and the callee's inbound side decides each in its leaf
+// and tier, so
 // that the leaf limits and procedure capacities hold for all of them.
 //
 // A policy has one fail mode while its callees may each have their own: the
