@@ -14,6 +14,7 @@ import (
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/zoneload"
+	"github.com/sluicehq/sluice/pkg/criticality"
 	"github.com/sluicehq/sluice/pkg/names"
 	"github.com/sluicehq/sluice/pkg/uplink"
 )
@@ -196,7 +197,7 @@ const (
 	ReasonBadDirection    = "bad_direction"     // neither inbound nor outbound
 	ReasonBadWindow       = "bad_window"        // missing, or outside [MinWindow, MaxWindow]
 	ReasonTooManyPeers    = "too_many_peers"    // more than absurdPeersFactor × MaxPeersPerReport entries
-	ReasonDuplicatePeer   = "duplicate_peer"    // a (peer, procedure) listed twice
+	ReasonDuplicatePeer   = "duplicate_peer"    // a (peer, procedure, criticality) listed twice
 	ReasonBadCounts       = "bad_counts"        // dropped + shadow_dropped above offered
 	ReasonAbsurdRate      = "absurd_rate"       // a peer's offered rate above MaxRate
 	ReasonTooManySidecars = "too_many_sidecars" // a new sidecar while MaxSidecars are kept
@@ -220,10 +221,23 @@ var Reasons = []string{
 // is no bucket to keep.
 const EntryBadProcedure = "bad_procedure"
 
+// Reasons an entry of a report is left out for its tier (issue #16), the
+// rest of the report kept. Metric label values, as EntryBadProcedure.
+const (
+	// EntryBadCriticality: a criticality outside the enum.
+	EntryBadCriticality = "bad_criticality"
+	// EntryMixedCriticality: a tiered entry of a (peer, procedure) that
+	// the same report also lists untiered. A sidecar resolves every
+	// request of a callee with tiers to one, so its leaves are all tiered
+	// or all not; a report with both is a bug or a lie, and the untiered
+	// entry, what a callee without tiers reports, is the one kept.
+	EntryMixedCriticality = "mixed_criticality"
+)
+
 // EntryReasons lists every reason an entry is left out, for metrics
 // resolved up front. The descriptors' are in descriptors.go.
 var EntryReasons = []string{
-	EntryBadProcedure,
+	EntryBadProcedure, EntryBadCriticality, EntryMixedCriticality,
 	EntryBadDescriptor, EntryBadDescriptorCounts, EntryDuplicateDescriptor, EntryTooManyDescriptors, EntryOutboundDescriptor,
 	EntryBadValue, EntryDuplicateValue, EntryTooManyValues, EntryQuotaValues,
 }
@@ -328,12 +342,16 @@ type sidecarLoad struct {
 	descriptorsSeen time.Time
 }
 
-// leaf is a bucket of a report: a peer, and the procedure its requests
-// did at the callee ("" when the callee declares none).
-type leaf struct{ peer, procedure string }
+// leaf is a bucket of a report: a peer, the procedure its requests did
+// at the callee ("" when the callee declares none), and their tier (None
+// when the callee declares none).
+type leaf struct {
+	peer, procedure string
+	tier            criticality.Tier
+}
 
 func compareLeaves(a, b leaf) int {
-	return cmp.Or(strings.Compare(a.peer, b.peer), strings.Compare(a.procedure, b.procedure))
+	return cmp.Or(strings.Compare(a.peer, b.peer), strings.Compare(a.procedure, b.procedure), cmp.Compare(a.tier, b.tier))
 }
 
 type peerRate struct {
@@ -362,18 +380,27 @@ type identityLoad struct {
 
 // reserved reports whether l is one of the leaves that every sidecar may
 // report and no quota folds: the caller that names none, and the bucket
-// that folded leaves go to, each with no procedure or with names.Other.
-// Four leaves at most: a reserved peer with a procedure of its own counts
-// against the quotas like any leaf, or a sidecar could grow the state
-// with invented procedures of names.Unknown.
+// that folded leaves go to, each with no procedure or with names.Other,
+// in any tier. Twenty leaves at most (reservedLeaves): a reserved peer
+// with a procedure of its own counts against the quotas like any leaf, or
+// a sidecar could grow the state with invented procedures of
+// names.Unknown; the tiers are five, checked before a leaf gets here.
 func reserved(l leaf) bool {
 	return (l.peer == names.Unknown || l.peer == names.Overflow) && (l.procedure == "" || l.procedure == names.Other)
 }
 
 // reservedLeaves are the leaves reserved reports true for.
-var reservedLeaves = []leaf{
-	{names.Unknown, ""}, {names.Unknown, names.Other}, {names.Overflow, ""}, {names.Overflow, names.Other},
-}
+var reservedLeaves = func() []leaf {
+	var out []leaf
+	for _, peer := range []string{names.Unknown, names.Overflow} {
+		for _, proc := range []string{"", names.Other} {
+			for t := criticality.None; t <= criticality.Sheddable; t++ {
+				out = append(out, leaf{peer, proc, t})
+			}
+		}
+	}
+	return out
+}()
 
 // distinct returns how many of il's distinct leaves are not reserved.
 func (il *identityLoad) distinct() int {
@@ -448,11 +475,10 @@ func (s *State) ApplyFrom(from Sender, r *sluicev1.LoadReport, now time.Time) er
 			return reject(ReasonQuotaSidecars, "%q already holds %d sidecar ids, at most %d", uplink.Truncate(k.identity), il.sidecars, s.bounds.MaxSidecarsPerIdentity)
 		}
 	}
-	peers, badProcedures, err := s.checkPeers(r)
+	peers, bad, err := s.checkPeers(r)
 	if err != nil {
 		return err
 	}
-	bad := RejectedEntries{BadProcedure: badProcedures}
 	descs, descsSeen := keepDescriptors(old, r, s.capValues(il, old, s.checkDescriptors(r, &bad), &bad), now)
 	s.badEntries.add(bad)
 	peers = s.fold(il, old, peers)
@@ -535,17 +561,23 @@ func (s *State) isStale(sc *sidecarLoad, now time.Time) bool {
 }
 
 // checkPeers checks r's entries and returns them as rates, sorted by
-// leaf, and how many it left out for a bad procedure (EntryBadProcedure).
-// Any other bad entry rejects the report.
-func (s *State) checkPeers(r *sluicev1.LoadReport) (peers []peerRate, badProcedures int, err error) {
+// leaf, and the entries it left out: for a bad procedure
+// (EntryBadProcedure) or tier (EntryBadCriticality,
+// EntryMixedCriticality). Any other bad entry rejects the report.
+func (s *State) checkPeers(r *sluicev1.LoadReport) (peers []peerRate, bad RejectedEntries, err error) {
 	secs := r.GetWindow().AsDuration().Seconds()
 	peers = make([]peerRate, 0, len(r.GetPeers()))
 	for _, p := range r.GetPeers() {
 		if err := names.Check(p.GetPeer()); err != nil {
-			return nil, 0, reject(ReasonBadName, "peer: %v", err)
+			return nil, bad, reject(ReasonBadName, "peer: %v", err)
 		}
 		if proc := p.GetProcedure(); proc != "" && !names.ValidProcedure(proc) {
-			badProcedures++
+			bad.BadProcedure++
+			continue
+		}
+		c := p.GetCriticality()
+		if c < 0 || c > sluicev1.Criticality(criticality.Sheddable) {
+			bad.BadCriticality++
 			continue
 		}
 		o, d, sh := p.GetOffered(), p.GetDropped(), p.GetShadowDropped()
@@ -553,38 +585,59 @@ func (s *State) checkPeers(r *sluicev1.LoadReport) (peers []peerRate, badProcedu
 		// were: both are parts of offered, and they do not overlap. The
 		// sum is checked without overflowing.
 		if d > o || sh > o-d {
-			return nil, 0, reject(ReasonBadCounts, "peer %q: dropped %d + shadow_dropped %d above offered %d", p.GetPeer(), d, sh, o)
+			return nil, bad, reject(ReasonBadCounts, "peer %q: dropped %d + shadow_dropped %d above offered %d", p.GetPeer(), d, sh, o)
 		}
 		rate := float64(o) / secs
 		if rate > s.bounds.MaxRate {
-			return nil, 0, reject(ReasonAbsurdRate, "peer %q: offered rate %.0f/s above %.0f/s", p.GetPeer(), rate, s.bounds.MaxRate)
+			return nil, bad, reject(ReasonAbsurdRate, "peer %q: offered rate %.0f/s above %.0f/s", p.GetPeer(), rate, s.bounds.MaxRate)
 		}
 		peers = append(peers, peerRate{
-			leaf:    leaf{p.GetPeer(), p.GetProcedure()},
+			leaf:    leaf{p.GetPeer(), p.GetProcedure(), criticality.Tier(c)},
 			offered: rate,
 			dropped: float64(d) / secs,
 			shadow:  float64(sh) / secs,
 		})
 	}
-	if badProcedures > 0 {
+	slices.SortFunc(peers, comparePeerRates)
+	for i := 1; i < len(peers); i++ {
+		if peers[i].leaf == peers[i-1].leaf {
+			return nil, bad, reject(ReasonDuplicatePeer, "peer %q procedure %q criticality %v listed twice", peers[i].peer, uplink.Truncate(peers[i].procedure), peers[i].tier)
+		}
+	}
+	peers = unmix(peers, &bad)
+	if bad.Total() > 0 {
 		// The sidecar holds what it keeps: MaxEntriesPerIdentity counts
 		// entries, so no room for the ones left out stays behind (up to
 		// absurdPeersFactor × MaxPeersPerReport of them).
 		peers = slices.Clone(peers)
 	}
-	slices.SortFunc(peers, comparePeerRates)
-	for i := 1; i < len(peers); i++ {
-		if peers[i].leaf == peers[i-1].leaf {
-			return nil, 0, reject(ReasonDuplicatePeer, "peer %q procedure %q listed twice", peers[i].peer, uplink.Truncate(peers[i].procedure))
+	return peers, bad, nil
+}
+
+// unmix leaves out of peers, sorted by leaf, the tiered entries of every
+// (peer, procedure) that peers also lists untiered (EntryMixedCriticality),
+// in place.
+func unmix(peers []peerRate, bad *RejectedEntries) []peerRate {
+	out := peers[:0]
+	for i, p := range peers {
+		// Sorted: an untiered entry comes first among its (peer,
+		// procedure)'s, and out keeps it.
+		if n := len(out); p.tier != criticality.None && n > 0 && out[n-1].tier == criticality.None &&
+			out[n-1].peer == p.peer && out[n-1].procedure == p.procedure {
+			bad.MixedCriticality++
+			continue
 		}
+		out = append(out, peers[i])
 	}
-	return peers, badProcedures, nil
+	return out
 }
 
 // RejectedEntries counts the entries left out of accepted reports, by
 // reason.
 type RejectedEntries struct {
-	BadProcedure int // EntryBadProcedure
+	BadProcedure     int // EntryBadProcedure
+	BadCriticality   int // EntryBadCriticality
+	MixedCriticality int // EntryMixedCriticality
 
 	BadDescriptor       int // EntryBadDescriptor
 	BadDescriptorCounts int // EntryBadDescriptorCounts
@@ -603,8 +656,8 @@ type RejectedEntries struct {
 
 // ByReason returns the counts of the entries left out, in EntryReasons'
 // order (ValueClamped is not one).
-func (e RejectedEntries) ByReason() [10]int {
-	return [...]int{e.BadProcedure,
+func (e RejectedEntries) ByReason() [12]int {
+	return [...]int{e.BadProcedure, e.BadCriticality, e.MixedCriticality,
 		e.BadDescriptor, e.BadDescriptorCounts, e.DuplicateDescriptor, e.TooManyDescriptors, e.OutboundDescriptor,
 		e.BadValue, e.DuplicateValue, e.TooManyValues, e.QuotaValues}
 }
@@ -620,6 +673,8 @@ func (e RejectedEntries) Total() int {
 
 func (e *RejectedEntries) add(o RejectedEntries) {
 	e.BadProcedure += o.BadProcedure
+	e.BadCriticality += o.BadCriticality
+	e.MixedCriticality += o.MixedCriticality
 	e.BadDescriptor += o.BadDescriptor
 	e.BadDescriptorCounts += o.BadDescriptorCounts
 	e.DuplicateDescriptor += o.DuplicateDescriptor
@@ -665,9 +720,9 @@ func (s *State) TakeFolds() Folds {
 // names.Overflow, their rates (offered, dropped, shadow) added to its, so
 // that the service's load stays whole and what costs is the folded leaves'
 // own buckets. A leaf without a procedure folds into (names.Overflow, ""),
-// one with a procedure into (names.Overflow, names.Other): the procedure
-// stays one the callee's table has room for, whatever was folded. The
-// reserved leaves are always kept.
+// one with a procedure into (names.Overflow, names.Other), each in its own
+// tier: the procedure stays one the callee's table has room for, whatever
+// was folded. The reserved leaves are always kept.
 //
 // Which leaves fold is deterministic, by rank: first the leaves the
 // identity already holds (listed by a report of its, this sidecar's old
@@ -721,34 +776,39 @@ func (s *State) fold(il *identityLoad, old *sidecarLoad, peers []peerRate) []pee
 		return cmp.Or(cmp.Compare(b.offered, a.offered), compareLeaves(a.leaf, b.leaf))
 	})
 	out := own[:kPeers:kPeers]
-	// The two leaves folded ones go to: without a procedure, and with.
-	overflow := [2]peerRate{{leaf: leaf{names.Overflow, ""}}, {leaf: leaf{names.Overflow, names.Other}}}
-	used := [2]bool{}
+	// The leaves folded ones go to: without a procedure, and with; each
+	// in the folded leaf's tier, so that a tier's load stays its own.
+	var overflow [2][criticality.Sheddable + 1]peerRate
+	var used [2][criticality.Sheddable + 1]bool
+	at := func(l leaf) (int, criticality.Tier) {
+		if l.procedure != "" {
+			return 1, l.tier
+		}
+		return 0, l.tier
+	}
 	for _, p := range peers {
-		switch {
-		case p.leaf == overflow[0].leaf:
-			overflow[0], used[0] = p, true
-		case p.leaf == overflow[1].leaf:
-			overflow[1], used[1] = p, true
+		switch i, t := at(p.leaf); {
+		case p.peer == names.Overflow && reserved(p.leaf):
+			overflow[i][t], used[i][t] = p, true
 		case reserved(p.leaf):
 			out = append(out, p)
 		}
 	}
 	// In rank order, so that the same report and state give the same sum.
 	for _, p := range own[kPeers:] {
-		i := 0
-		if p.procedure != "" {
-			i = 1
-		}
-		o := &overflow[i]
+		i, t := at(p.leaf)
+		o := &overflow[i][t]
+		o.leaf = leaf{names.Overflow, [2]string{"", names.Other}[i], t}
 		o.offered += p.offered
 		o.dropped += p.dropped
 		o.shadow += p.shadow
-		used[i] = true
+		used[i][t] = true
 	}
 	for i := range overflow {
-		if used[i] {
-			out = append(out, overflow[i])
+		for t := range overflow[i] {
+			if used[i][t] {
+				out = append(out, overflow[i][t])
+			}
 		}
 	}
 	slices.SortFunc(out, comparePeerRates)
@@ -862,14 +922,14 @@ func (s *State) TakeStale() []string {
 }
 
 // Capped returns how many sums the last Flush capped at zoneload.MaxRate,
-// the most the controller accepts: (service, direction, peer, procedure)
-// sums, and descriptors' and their values'.
+// the most the controller accepts: (service, direction, peer, procedure,
+// tier) sums, and descriptors' and their values'.
 func (s *State) Capped() int { return s.capped }
 
 // Flush first drops every sidecar that has been silent for more than
 // staleAfter of its own windows at now, then returns the zone's complete
 // picture: per (service, direction), sorted, the number of live sidecars,
-// per (peer, procedure) leaf, sorted, the sum of their rates, and per
+// per (peer, procedure, tier) leaf, sorted, the sum of their rates, and per
 // descriptor, sorted, its sums (sumDescriptors). interval is the flush
 // interval the controller is told. The same sidecars with the same reports
 // give an identical ZoneLoad whatever order they arrived in.
@@ -909,7 +969,7 @@ func (s *State) Flush(now time.Time, interval time.Duration) *sluicev1.ZoneLoad 
 		for _, p := range sc.peers {
 			pr := b.peers[p.leaf]
 			if pr == nil {
-				pr = &sluicev1.PeerRate{Peer: p.peer, Procedure: p.procedure}
+				pr = &sluicev1.PeerRate{Peer: p.peer, Procedure: p.procedure, Criticality: sluicev1.Criticality(p.tier)}
 				b.peers[p.leaf] = pr
 			}
 			pr.OfferedRps += p.offered

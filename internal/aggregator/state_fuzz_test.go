@@ -1,6 +1,7 @@
 package aggregator_test
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
@@ -130,6 +131,15 @@ func loadReportSeeds(t testing.TB) []seed {
 		one("good-bad-procedure-left-out", func(r *sluicev1.LoadReport) { r.Peers[1].Procedure = "a//b" }),
 		one("bad-duplicate-leaf", func(r *sluicev1.LoadReport) {
 			r.Peers[1].Peer, r.Peers[0].Procedure, r.Peers[1].Procedure = r.Peers[0].Peer, "get-item", "get-item"
+		}),
+		// A leaf's tiers are leaves; a tier outside the enum, or one
+		// beside the same leaf untiered, costs its entry alone.
+		one("good-tiers", func(r *sluicev1.LoadReport) {
+			r.Peers[1].Peer, r.Peers[0].Criticality, r.Peers[1].Criticality = r.Peers[0].Peer, sluicev1.Criticality_CRITICALITY_CRITICAL, sluicev1.Criticality_CRITICALITY_SHEDDABLE
+		}),
+		one("good-bad-tier-left-out", func(r *sluicev1.LoadReport) { r.Peers[1].Criticality = 7 }),
+		one("good-mixed-tier-left-out", func(r *sluicev1.LoadReport) {
+			r.Peers[1].Peer, r.Peers[1].Criticality = r.Peers[0].Peer, sluicev1.Criticality_CRITICALITY_SHEDDABLE
 		}),
 		// Invented procedures of unknown are leaves like any: beyond the
 		// report's bound of 8 they fold into (_overflow, _other).
@@ -321,10 +331,14 @@ func checkZoneLoad(t *testing.T, zl *sluicev1.ZoneLoad, sidecars int) {
 			if proc := p.GetProcedure(); proc != "" && names.CheckProcedure(proc) != nil {
 				t.Errorf("%s: peer %q: procedure %q", svc.GetService(), p.GetPeer(), proc)
 			}
+			if c := p.GetCriticality(); c < 0 || c > sluicev1.Criticality_CRITICALITY_SHEDDABLE {
+				t.Errorf("%s: peer %q: criticality %v", svc.GetService(), p.GetPeer(), c)
+			}
 			if i > 0 {
 				q := svc.GetPeers()[i-1]
-				if q.GetPeer() > p.GetPeer() || q.GetPeer() == p.GetPeer() && q.GetProcedure() >= p.GetProcedure() {
-					t.Errorf("%s: leaves not sorted or repeated at %q %q", svc.GetService(), p.GetPeer(), p.GetProcedure())
+				if c := cmp.Or(strings.Compare(q.GetPeer(), p.GetPeer()), strings.Compare(q.GetProcedure(), p.GetProcedure()),
+					cmp.Compare(q.GetCriticality(), p.GetCriticality())); c >= 0 {
+					t.Errorf("%s: leaves not sorted or repeated at %q %q %v", svc.GetService(), p.GetPeer(), p.GetProcedure(), p.GetCriticality())
 				}
 			}
 			o, d, sh := p.GetOfferedRps(), p.GetDroppedRps(), p.GetShadowDroppedRps()

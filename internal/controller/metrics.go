@@ -73,12 +73,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"reason"}),
 		peerRejected: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_controller_peer_entries_rejected_total",
-			Help: "Peer entries left out of service entries that were applied, by reason: bad_procedure, a procedure that is not a valid name.",
+			Help: "Peer entries left out of service entries that were applied, by reason: bad_procedure, a procedure that is not a valid name; bad_criticality, a tier outside the enum.",
 		}, []string{"reason"}),
 		claimsRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_controller_outbound_claims_refused_total",
 			Help: "Outbound claims left out of the law, once per tick and bucket, by reason: no_limit, the callee has a capacity and the bucket no finite limit; " +
-				"callee_procedures, the callee declares procedures and its own sidecars count every call in its leaf.",
+				"callee_procedures, the callee declares procedures and its own sidecars count every call in its leaf; " +
+				"callee_tiers, the callee declares tiers and its own sidecars count every call in its tier.",
 		}, []string{"reason"}),
 		peersShed: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sluice_controller_policy_peers_shed_total",
@@ -122,6 +123,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		descSeen: map[descriptorKey]bool{},
 	}
 	m.peerRejected.WithLabelValues(ReasonBadProcedure) // at zero from the start
+	m.peerRejected.WithLabelValues(ReasonBadCriticality)
 	if reg != nil {
 		reg.MustRegister(m.tickSeconds, m.aggregators, m.buckets, m.warm, m.published, m.deleted, m.publishErrors,
 			m.accepted, m.rejected, m.svcRejected, m.peerRejected, m.claimsRefused, m.peersShed, m.streams, m.limitServices, m.offered, m.dropped,
@@ -141,7 +143,7 @@ func (m *metrics) observeTick(res TickResult, set *limits.Set, took time.Duratio
 	m.buckets.Set(float64(res.Buckets))
 	m.published.Add(float64(len(res.Changed)))
 	m.deleted.Add(float64(len(res.Deleted)))
-	// The procedures are bounded: foldProcedures leaves a callee's
+	// The procedures are bounded: foldBuckets leaves a callee's
 	// declared ones and names.Other, or "".
 	for k, tot := range res.Procedures {
 		m.offered.WithLabelValues(k.Service, k.Procedure).Set(tot.Offered)
@@ -186,6 +188,7 @@ func (m *metrics) observeDescriptors(stats []DescriptorStat) {
 // unlogged: a hostile or broken aggregator sends one per flush.
 func (m *metrics) noteDropped(log *slog.Logger, d Dropped, now time.Time) {
 	m.peerRejected.WithLabelValues(ReasonBadProcedure).Add(float64(d.BadProcedures))
+	m.peerRejected.WithLabelValues(ReasonBadCriticality).Add(float64(d.BadCriticality))
 	nd := 0
 	for reason, c := range d.BadDescriptors {
 		m.descRejected.WithLabelValues(reason).Add(float64(c))

@@ -9,11 +9,13 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/limits"
+	"github.com/sluicehq/sluice/pkg/criticality"
 	"github.com/sluicehq/sluice/pkg/dataplane"
 	"github.com/sluicehq/sluice/pkg/dropratio"
 	"github.com/sluicehq/sluice/pkg/names"
@@ -39,6 +41,9 @@ func peerPolicy(peer string, v dropratio.Verdict) *sluicev1.PeerPolicy {
 		AllowedRps: finiteOrAbsent(v.Allowed),
 		OfferedRps: v.Offered,
 		Reason:     reasonProto(v.Reason, v.Ratio),
+		// The law's tiers are the wire's (pkg/criticality): None is
+		// UNSPECIFIED, an untiered bucket.
+		Criticality: sluicev1.Criticality(v.Tier),
 	}
 }
 
@@ -60,7 +65,7 @@ func listed(pp *sluicev1.PeerPolicy) bool {
 
 // leafPolicy renders the verdict of one bucket of callee (limits lim, nil
 // for none) for peer: peerPolicy, with the bucket's procedure. Only an
-// inbound policy carries leaves (see publishedProcedure). The limit of a
+// inbound policy carries leaves (see publishedBucket). The limit of a
 // leaf on the wire is the tightest that bounds it alone: its own, else
 // its caller's across procedures; so a leaf whose caller has a limit is
 // listed (dataplane.Listed), and the sidecars keep its counters and a
@@ -83,18 +88,24 @@ func leafPolicy(peer string, v dropratio.Verdict, lim *limits.Service) *sluicev1
 	return pp
 }
 
-// publishedProcedure reports whether a policy carries v, a verdict of a
+// publishedBucket reports whether a policy carries v, a verdict of a
 // callee with limits lim (declared: its declared procedures), inbound or
 // outbound. A callee without procedures publishes its buckets of
 // procedure ""; one with procedures its leaves inbound, and nothing
 // outbound: a caller's outbound claims carry no procedure, so its side
 // cannot decide per leaf; they are left out of the law (combine), and the
 // callee's inbound sidecars, ignoring the decided mark, decide and count
-// every call in its leaf. Left out: a bucket the law still releases after the
-// callee's procedures changed, under a procedure the policy no longer
-// declares, which its sidecars would refuse.
-func publishedProcedure(v dropratio.Verdict, lim *limits.Service, declared map[string]bool, inbound bool) bool {
+// every call in its leaf. A callee with tiers likewise publishes its
+// tiered buckets inbound and nothing outbound; one without tiers its
+// untiered buckets. Left out: a bucket the law still releases after the
+// callee's procedures or tiers changed, under a procedure or a tier the
+// policy no longer declares, which its sidecars would refuse.
+func publishedBucket(v dropratio.Verdict, lim *limits.Service, declared map[string]bool, inbound bool) bool {
 	switch {
+	case lim.Tiered() != (v.Tier != uint8(criticality.None)):
+		return false
+	case lim.Tiered() && !inbound:
+		return false
 	case !lim.HasProcedures():
 		return v.Procedure == ""
 	case !inbound:
@@ -121,6 +132,7 @@ func (s *State) policy(sv dropratio.ServiceVerdict, live uint32, lim *limits.Ser
 	if lim != nil {
 		p.FailMode = failModeProto(lim.FailMode)
 	}
+	p.Criticality = criticalityPolicy(lim)
 	var declared map[string]bool
 	if lim.HasProcedures() {
 		p.Procedures = slices.Clone(lim.Declared)
@@ -133,7 +145,7 @@ func (s *State) policy(sv dropratio.ServiceVerdict, live uint32, lim *limits.Ser
 		}
 	}
 	for _, v := range sv.Verdicts {
-		if !publishedProcedure(v, lim, declared, true) {
+		if !publishedBucket(v, lim, declared, true) {
 			continue
 		}
 		pp := leafPolicy(v.Caller, v, lim)
@@ -143,6 +155,30 @@ func (s *State) policy(sv dropratio.ServiceVerdict, live uint32, lim *limits.Ser
 		}
 	}
 	return p
+}
+
+// criticalityPolicy renders how lim's sidecars find a request's tier;
+// nil when lim declares no tiers. Procedures and callers are sorted by
+// name, so that replicas publish the same bytes.
+func criticalityPolicy(lim *limits.Service) *sluicev1.CriticalityPolicy {
+	if !lim.Tiered() {
+		return nil
+	}
+	c := lim.Criticality
+	cp := &sluicev1.CriticalityPolicy{
+		Header:      c.Header,
+		DefaultTier: sluicev1.Criticality(c.Default),
+		MaxTier:     sluicev1.Criticality(c.Max),
+	}
+	for _, proc := range slices.Sorted(maps.Keys(c.Procedures)) {
+		cp.Procedures = append(cp.Procedures, &sluicev1.ProcedureCriticality{Procedure: proc, DefaultTier: sluicev1.Criticality(c.Procedures[proc])})
+	}
+	for _, caller := range slices.Sorted(maps.Keys(c.Callers)) {
+		ct := c.Callers[caller]
+		cp.Callers = append(cp.Callers, &sluicev1.CallerCriticality{Caller: caller,
+			DefaultTier: sluicev1.Criticality(ct.Default), MaxTier: sluicev1.Criticality(ct.Max)})
+	}
+	return cp
 }
 
 // markUpstream marks an enforced bucket whose limits say it is enforced
@@ -171,9 +207,10 @@ func markUpstream(pp *sluicev1.PeerPolicy, mode dropratio.Mode, b limits.Bucket)
 // caller: its rules are the limited buckets' verdicts where it is the
 // caller, one per callee, with the same ratio the callee's inbound policy
 // carries for it (see combine). Verdicts come sorted by callee, so each
-// caller's rules are too. Toward a callee that declares procedures there
-// is no rule (see publishedProcedure): the caller admits its calls
-// unlisted, and the callee's inbound side decides each in its leaf, so
+// caller's rules are too. Toward a callee that declares procedures or
+// tiers there is no rule (see publishedBucket): the caller admits its
+// calls unlisted, and the callee's inbound side decides each in its leaf
+// and tier, so
 // that the leaf limits and procedure capacities hold for all of them.
 //
 // A policy has one fail mode while its callees may each have their own: the
@@ -210,7 +247,7 @@ func (s *State) callerPolicies(verdicts []dropratio.ServiceVerdict, outLive map[
 		}
 		for _, v := range sv.Verdicts {
 			p := policies[v.Caller]
-			if p == nil || !publishedProcedure(v, lim, nil, false) {
+			if p == nil || !publishedBucket(v, lim, nil, false) {
 				continue
 			}
 			pp := leafPolicy(sv.Service, v, lim)
@@ -283,7 +320,7 @@ func (s *State) capPeers(p *sluicev1.DropPolicy) (ShedPeers, bool) {
 		if c := cmp.Compare(a.GetOfferedRps(), b.GetOfferedRps()); c != 0 {
 			return c
 		}
-		return cmp.Or(strings.Compare(a.GetPeer(), b.GetPeer()), strings.Compare(a.GetProcedure(), b.GetProcedure()))
+		return cmp.Or(strings.Compare(a.GetPeer(), b.GetPeer()), strings.Compare(a.GetProcedure(), b.GetProcedure()), cmp.Compare(a.GetCriticality(), b.GetCriticality()))
 	})
 	gone := make(map[*sluicev1.PeerPolicy]bool, n)
 	sp := ShedPeers{Policy: p.GetName(), Shed: n, Kept: limit}
@@ -314,6 +351,7 @@ func (s *State) due(policy *sluicev1.DropPolicy, now time.Time) bool {
 	}
 	if old.GetLiveInstances() != policy.GetLiveInstances() || old.GetFailMode() != policy.GetFailMode() ||
 		len(old.GetPeers()) != len(policy.GetPeers()) || !slices.Equal(old.GetProcedures(), policy.GetProcedures()) ||
+		!proto.Equal(old.GetCriticality(), policy.GetCriticality()) ||
 		!slices.EqualFunc(old.GetRoutes(), policy.GetRoutes(), func(a, b *sluicev1.Route) bool {
 			return a.GetPattern() == b.GetPattern() && a.GetProcedure() == b.GetProcedure()
 		}) {
@@ -325,7 +363,8 @@ func (s *State) due(policy *sluicev1.DropPolicy, now time.Time) bool {
 	}
 	for i, np := range policy.GetPeers() {
 		op := old.GetPeers()[i]
-		if op.GetPeer() != np.GetPeer() || op.GetProcedure() != np.GetProcedure() || op.GetMode() != np.GetMode() || op.GetEnforcedUpstream() != np.GetEnforcedUpstream() ||
+		if op.GetPeer() != np.GetPeer() || op.GetProcedure() != np.GetProcedure() || op.GetCriticality() != np.GetCriticality() ||
+			op.GetMode() != np.GetMode() || op.GetEnforcedUpstream() != np.GetEnforcedUpstream() ||
 			(op.LimitRps == nil) != (np.LimitRps == nil) || op.GetLimitRps() != np.GetLimitRps() ||
 			(op.CallerLimitRps == nil) != (np.CallerLimitRps == nil) || op.GetCallerLimitRps() != np.GetCallerLimitRps() ||
 			(op.AllowedRps == nil) != (np.AllowedRps == nil) || op.GetReason() != np.GetReason() || op.GetBound() != np.GetBound() {

@@ -123,9 +123,10 @@ func (s *State) Apply(load *sluicev1.ZoneLoad, now time.Time) error {
 	if !ok && len(s.aggs) >= s.cfg.MaxAggregators {
 		return reject("too_many_aggregators", "already holding %d aggregators", len(s.aggs))
 	}
-	errs, badProcedures := keepValidServices(load)
+	errs, bad := keepValidServices(load)
 	s.dropped.add(id, errs)
-	s.dropped.BadProcedures += badProcedures
+	s.dropped.BadProcedures += bad.procedures
+	s.dropped.BadCriticality += bad.tiers
 	hadBad := s.dropped.BadDescriptors != nil
 	for _, svc := range load.GetServices() {
 		keepValidDescriptors(svc, s.maxDescriptorValues(), &s.dropped)
@@ -167,6 +168,9 @@ type Dropped struct {
 	// BadProcedures counts the peer entries left out of service entries
 	// that were kept, for ReasonBadProcedure.
 	BadProcedures int
+	// BadCriticality counts the peer entries left out of service entries
+	// that were kept, for ReasonBadCriticality.
+	BadCriticality int
 	// First is the first one, with its aggregator, for a log line.
 	First        *RejectError
 	AggregatorID string
@@ -205,7 +209,7 @@ func (s *State) TakeDropped() Dropped {
 // sorted in place rather than refused.
 func sortPeers(load *sluicev1.ZoneLoad) {
 	byPeer := func(a, b *sluicev1.PeerRate) int {
-		return cmp.Or(strings.Compare(a.GetPeer(), b.GetPeer()), strings.Compare(a.GetProcedure(), b.GetProcedure()))
+		return cmp.Or(strings.Compare(a.GetPeer(), b.GetPeer()), strings.Compare(a.GetProcedure(), b.GetProcedure()), cmp.Compare(a.GetCriticality(), b.GetCriticality()))
 	}
 	for _, svc := range load.GetServices() {
 		if !slices.IsSortedFunc(svc.GetPeers(), byPeer) {
@@ -220,13 +224,14 @@ func sortPeers(load *sluicev1.ZoneLoad) {
 func zoneSurged(before, after *sluicev1.ZoneLoad) bool {
 	type bucket struct {
 		service, peer, procedure string
+		tier                     sluicev1.Criticality
 		dir                      sluicev1.Direction
 	}
 	rates := func(z *sluicev1.ZoneLoad) map[bucket]float64 {
 		m := map[bucket]float64{}
 		for _, svc := range z.GetServices() {
 			for _, p := range svc.GetPeers() {
-				m[bucket{svc.GetService(), p.GetPeer(), p.GetProcedure(), svc.GetDirection()}] = p.GetOfferedRps()
+				m[bucket{svc.GetService(), p.GetPeer(), p.GetProcedure(), p.GetCriticality(), svc.GetDirection()}] = p.GetOfferedRps()
 			}
 		}
 		return m

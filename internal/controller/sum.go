@@ -9,6 +9,7 @@ import (
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/limits"
+	"github.com/sluicehq/sluice/pkg/criticality"
 	"github.com/sluicehq/sluice/pkg/names"
 )
 
@@ -16,15 +17,17 @@ import (
 // bucket, inbound and outbound counted once each.
 
 // peerTotals is one bucket's load during a tick: a (callee, caller) pair's
-// when procedure is "", else one leaf's.
+// when procedure is "", else one leaf's; in one tier of a callee that
+// declares them, else tier None.
 type peerTotals struct {
 	Totals
 	peer, procedure string
+	tier            criticality.Tier
 }
 
-// comparePeers orders buckets by peer, then procedure.
+// comparePeers orders buckets by peer, then procedure, then tier.
 func comparePeers(a, b *peerTotals) int {
-	return cmp.Or(strings.Compare(a.peer, b.peer), strings.Compare(a.procedure, b.procedure))
+	return cmp.Or(strings.Compare(a.peer, b.peer), strings.Compare(a.procedure, b.procedure), cmp.Compare(a.tier, b.tier))
 }
 
 // tickLoads is what one tick sums from the live aggregators' zone loads.
@@ -32,7 +35,7 @@ type tickLoads struct {
 	// buckets holds each callee's load per bucket, sorted by caller then
 	// procedure: what reached the callee's inbound sidecars undecided plus
 	// what callers enforcing outbound offered it (see combine), with
-	// procedures folded into the callee's (see foldProcedures).
+	// procedures and tiers folded into the callee's (see foldBuckets).
 	buckets map[string][]peerTotals
 	live    map[string]uint32 // per callee: live inbound sidecars
 	outLive map[string]uint32 // per caller: live instances enforcing outbound
@@ -78,18 +81,18 @@ func (s *State) sum(set *limits.Set) tickLoads {
 		}
 	}
 	buckets, refused := combine(merged[0], merged[1], set)
-	foldProcedures(buckets, set)
+	foldBuckets(buckets, set)
 	return tickLoads{buckets: buckets, live: live[0], outLive: live[1], refused: refused}
 }
 
 // mergePeers adds up one service's buckets across the zone loads of
-// several aggregators, each sorted by peer then procedure; the result is
-// sorted so too.
+// several aggregators, each sorted by peer, procedure and tier; the result
+// is sorted so too.
 func mergePeers(loads []*sluicev1.ServiceLoad) []peerTotals {
 	heads := make([]int, len(loads))
 	var merged []peerTotals
 	key := func(p *sluicev1.PeerRate) peerTotals {
-		return peerTotals{peer: p.GetPeer(), procedure: p.GetProcedure()}
+		return peerTotals{peer: p.GetPeer(), procedure: p.GetProcedure(), tier: criticality.Tier(p.GetCriticality())}
 	}
 	for {
 		// The smallest bucket at the heads; its rates are added in
@@ -107,7 +110,8 @@ func mergePeers(loads []*sluicev1.ServiceLoad) []peerTotals {
 			return merged
 		}
 		for k, l := range loads {
-			if h := heads[k]; h < len(l.GetPeers()) && l.GetPeers()[h].GetPeer() == t.peer && l.GetPeers()[h].GetProcedure() == t.procedure {
+			if h := heads[k]; h < len(l.GetPeers()) && l.GetPeers()[h].GetPeer() == t.peer && l.GetPeers()[h].GetProcedure() == t.procedure &&
+				criticality.Tier(l.GetPeers()[h].GetCriticality()) == t.tier {
 				p := l.GetPeers()[h]
 				t.Offered += p.GetOfferedRps()
 				t.Dropped += p.GetDroppedRps()
@@ -117,6 +121,11 @@ func mergePeers(loads []*sluicev1.ServiceLoad) []peerTotals {
 		}
 		merged = append(merged, t)
 	}
+}
+
+// sameBucket reports whether p and q are loads of one bucket.
+func (p *peerTotals) sameBucket(q *peerTotals) bool {
+	return p.peer == q.peer && p.procedure == q.procedure && p.tier == q.tier
 }
 
 // combine turns outbound loads (per caller, peers = callees) around into
@@ -143,8 +152,9 @@ func mergePeers(loads []*sluicev1.ServiceLoad) []peerTotals {
 // cannot decide per leaf, and the callee's inbound sidecars ignore the
 // decided mark of such a callee and count every call in its leaf
 // themselves (sidecar.DecidedHeader); counted here as well, each call
-// would count twice. Sums are in a fixed order, inbound first, callers
-// sorted.
+// would count twice. So are all claims toward a callee that declares
+// tiers, for the same reason: a caller's side resolves no tier. Sums are
+// in a fixed order, inbound first, callers sorted.
 func combine(inbound, outbound map[string][]peerTotals, set *limits.Set) (map[string][]peerTotals, []RefusedClaim) {
 	if len(outbound) == 0 {
 		return inbound, nil
@@ -161,6 +171,8 @@ func combine(inbound, outbound map[string][]peerTotals, set *limits.Set) (map[st
 			switch {
 			case lim.HasProcedures():
 				reason = RefusedProcedures
+			case lim.Tiered():
+				reason = RefusedTiers
 			case !trustClaim(lim, caller):
 				reason = RefusedNoLimit
 			}
@@ -236,18 +248,28 @@ func trustClaim(lim *limits.Service, caller string) bool {
 	return !math.IsInf(lim.Bucket(caller).Limit, 1)
 }
 
-// foldProcedures makes every callee's buckets those its limits declare, in
-// place, keeping each sorted by caller then procedure. For a callee that
-// declares procedures, every bucket is a leaf of a declared procedure or
-// names.Other: a procedure it does not declare, which only a broken or
-// hostile sidecar or aggregator sends, folds into names.Other, so that no
-// one grows the law's state, the policies or the metrics by inventing
-// procedures; and so does procedure "", the load of a sidecar that
-// predates procedures (outbound claims toward such a callee never get
-// here: see combine). For a callee without procedures, every bucket is a whole
-// (callee, caller) pair: a procedure folds into "". Folded loads add up,
-// in bucket order, so that replicas agree.
-func foldProcedures(buckets map[string][]peerTotals, set *limits.Set) {
+// foldBuckets makes every callee's buckets those its limits declare, in
+// place, keeping each sorted by caller, procedure and tier. Folded loads
+// add up, in bucket order, so that replicas agree.
+//
+// Procedures: for a callee that declares procedures, every bucket is a
+// leaf of a declared procedure or names.Other: a procedure it does not
+// declare, which only a broken or hostile sidecar or aggregator sends,
+// folds into names.Other, so that no one grows the law's state, the
+// policies or the metrics by inventing procedures; and so does procedure
+// "", the load of a sidecar that predates procedures (outbound claims
+// toward such a callee never get here: see combine). For a callee without
+// procedures, every bucket is a whole (callee, caller) pair: a procedure
+// folds into "".
+//
+// Tiers: for a callee that declares tiers, a bucket of tier None, the load
+// of a sidecar whose policy predates the tiers, folds into the tier its
+// requests would have now without a header (limits.Service.DefaultTier);
+// for a callee without tiers, every tier folds into None, the load of a
+// sidecar whose policy still has them. So the law, the policies and the
+// metrics see only the tiers the limits declare, whatever mix the zones
+// send while a change of the limits reaches the sidecars.
+func foldBuckets(buckets map[string][]peerTotals, set *limits.Set) {
 	for callee, peers := range buckets {
 		lim := set.Service(callee)
 		var declared map[string]bool
@@ -258,35 +280,38 @@ func foldProcedures(buckets map[string][]peerTotals, set *limits.Set) {
 			}
 			declared[names.Other] = true
 		}
+		tiered := lim.Tiered()
 		changed := false
 		for i := range peers {
 			p := &peers[i]
-			var to string
+			proc := p.procedure
 			switch {
 			case declared == nil:
-				to = ""
-			case declared[p.procedure]:
-				to = p.procedure
-			default:
-				to = names.Other
+				proc = ""
+			case !declared[proc]:
+				proc = names.Other
 			}
-			if to != p.procedure {
-				p.procedure, changed = to, true
+			tier := p.tier
+			switch {
+			case !tiered:
+				tier = criticality.None
+			case tier == criticality.None:
+				tier = lim.DefaultTier(p.peer, proc)
+			}
+			if proc != p.procedure || tier != p.tier {
+				p.procedure, p.tier, changed = proc, tier, true
 			}
 		}
 		if !changed {
 			continue
 		}
-		// Each caller's leaves are contiguous and few, so a stable sort
+		// Each caller's buckets are contiguous and few, so a stable sort
 		// keeps the order of those that now share a bucket.
 		slices.SortStableFunc(peers, func(a, b peerTotals) int { return comparePeers(&a, &b) })
 		out := peers[:0]
 		for _, p := range peers {
-			if n := len(out); n > 0 && out[n-1].peer == p.peer && out[n-1].procedure == p.procedure {
-				t := &out[n-1]
-				t.Offered += p.Offered
-				t.Dropped += p.Dropped
-				t.ShadowDropped += p.ShadowDropped
+			if n := len(out); n > 0 && out[n-1].sameBucket(&p) {
+				out[n-1].add(p.Totals)
 				continue
 			}
 			out = append(out, p)

@@ -11,6 +11,7 @@ import (
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/limits"
+	"github.com/sluicehq/sluice/pkg/criticality"
 	"github.com/sluicehq/sluice/pkg/dropratio"
 	"github.com/sluicehq/sluice/pkg/names"
 )
@@ -43,7 +44,8 @@ type TickResult struct {
 	// procedure and names.Other with traffic.
 	Procedures map[ServiceProcedure]Totals
 	// Loads holds the global load of every observed bucket, sorted, for
-	// the history recorder.
+	// the history recorder: a leaf's tiers summed, as history keeps no
+	// tiers.
 	Loads []BucketLoad
 	// RefusedClaims holds the outbound claims left out of the buckets,
 	// sorted by callee then caller (see combine).
@@ -78,6 +80,9 @@ const (
 	// RefusedProcedures: the callee declares procedures, and its own
 	// sidecars decide and count every call in its leaf (see combine).
 	RefusedProcedures = "callee_procedures"
+	// RefusedTiers: the callee declares tiers, and its own sidecars
+	// decide and count every call in its tier (see combine).
+	RefusedTiers = "callee_tiers"
 )
 
 // ServiceProcedure names one procedure of one callee.
@@ -132,6 +137,14 @@ func (s *State) Tick(now time.Time, set *limits.Set) TickResult {
 			pt := res.Procedures[k]
 			pt.add(p.Totals)
 			res.Procedures[k] = pt
+			// A bucket's tiers are adjacent: inbound is sorted by
+			// (caller, procedure, tier).
+			if n := len(res.Loads); n > 0 && p.tier != criticality.None {
+				if last := &res.Loads[n-1]; last.Callee == sv.Service && last.Caller == p.peer && last.Procedure == p.procedure {
+					last.add(p.Totals)
+					continue
+				}
+			}
 			res.Loads = append(res.Loads, BucketLoad{Callee: sv.Service, Caller: p.peer, Procedure: p.procedure, Totals: p.Totals})
 		}
 		res.Services[sv.Service] = tot
@@ -187,10 +200,15 @@ func (s *State) Tick(now time.Time, set *limits.Set) TickResult {
 // that a restarted controller neither forgets a surge nor releases it from a
 // picture that may still lack a zone: a ratio measured as dropped / offered
 // is right even from part of the fleet.
+//
+// Tiered buckets are not seeded: the law seeds untiered leaves only
+// (dropratio.Law.SeedLeaf), and seeding one under tier None would make a
+// bucket no sidecar has. A restarted controller computes their ratios from
+// its first complete picture.
 func (s *State) seed(inbound map[string][]peerTotals) {
 	for svc, peers := range inbound {
 		for _, p := range peers {
-			if p.Offered > 0 {
+			if p.Offered > 0 && p.tier == criticality.None {
 				s.law.SeedLeaf(svc, p.peer, p.procedure, (p.Dropped+p.ShadowDropped)/p.Offered)
 			}
 		}
@@ -200,6 +218,15 @@ func (s *State) seed(inbound map[string][]peerTotals) {
 // lawInput joins observed load with configured limits: every callee with
 // traffic or limits, every caller with traffic or a limit of its own. A
 // callee that declares procedures is a tree (procedureInput).
+//
+// A callee that declares tiers has one Caller per tier seen of each bucket
+// (peers are folded: foldBuckets), each with the bucket's limit, which its
+// tiers share (the law gives it to them top-down). A limited bucket with
+// no traffic is listed in its default tier only (limits.Service.
+// DefaultTier), so that a blocked caller is blocked at once: a sidecar
+// admits a request of a tier its policy does not list until the next
+// tick, as it admits an unlisted caller's. The law carries the tiers it
+// holds a ratio for until they release.
 func lawInput(inbound map[string][]peerTotals, set *limits.Set) []dropratio.Service {
 	callees := map[string]bool{}
 	for svc := range inbound {
@@ -222,14 +249,14 @@ func lawInput(inbound map[string][]peerTotals, set *limits.Set) []dropratio.Serv
 		seen := map[string]bool{}
 		for _, p := range inbound[name] {
 			b := lim.Bucket(p.peer)
-			svc.Callers = append(svc.Callers, dropratio.Caller{Name: p.peer, Offered: p.Offered, Limit: b.Limit, Mode: b.Mode})
+			svc.Callers = append(svc.Callers, dropratio.Caller{Name: p.peer, Tier: uint8(p.tier), Offered: p.Offered, Limit: b.Limit, Mode: b.Mode})
 			seen[p.peer] = true
 		}
 		if lim != nil {
 			for _, caller := range slices.Sorted(maps.Keys(lim.Callers)) {
 				if !seen[caller] {
 					b := lim.Callers[caller]
-					svc.Callers = append(svc.Callers, dropratio.Caller{Name: caller, Limit: b.Limit, Mode: b.Mode})
+					svc.Callers = append(svc.Callers, dropratio.Caller{Name: caller, Tier: uint8(lim.DefaultTier(caller, "")), Limit: b.Limit, Mode: b.Mode})
 				}
 			}
 		}
@@ -243,7 +270,7 @@ func lawInput(inbound map[string][]peerTotals, set *limits.Set) []dropratio.Serv
 // its caller's; the capacities of the declared procedures and
 // names.Other; and the limit across procedures of every caller in it, its
 // own or the callee's default. peers are the callee's observed leaves,
-// folded (foldProcedures). A caller named by any limit of the callee gets
+// folded (foldBuckets). A caller named by any limit of the callee gets
 // a leaf for every procedure, traffic or not, so that its policy lists
 // them from the first request (a blocked caller is blocked at once).
 func procedureInput(name string, peers []peerTotals, lim *limits.Service) dropratio.Service {
@@ -253,11 +280,11 @@ func procedureInput(name string, peers []peerTotals, lim *limits.Service) dropra
 		svc.Procedures = append(svc.Procedures, dropratio.Procedure{Name: p, Capacity: lim.ProcedureCapacity(p)})
 	}
 	type leaf struct{ caller, procedure string }
-	seen := map[leaf]bool{}
+	seen := map[leaf]bool{} // in any tier
 	callers := map[string]bool{}
 	for _, p := range peers {
 		b := lim.Bucket(p.peer)
-		svc.Callers = append(svc.Callers, dropratio.Caller{Name: p.peer, Procedure: p.procedure, Offered: p.Offered,
+		svc.Callers = append(svc.Callers, dropratio.Caller{Name: p.peer, Procedure: p.procedure, Tier: uint8(p.tier), Offered: p.Offered,
 			Limit: lim.LeafLimit(p.peer, p.procedure), Mode: b.Mode})
 		seen[leaf{p.peer, p.procedure}] = true
 		callers[p.peer] = true
@@ -273,7 +300,7 @@ func procedureInput(name string, peers []peerTotals, lim *limits.Service) dropra
 		callers[caller] = true
 		for _, p := range procs {
 			if !seen[leaf{caller, p}] {
-				svc.Callers = append(svc.Callers, dropratio.Caller{Name: caller, Procedure: p,
+				svc.Callers = append(svc.Callers, dropratio.Caller{Name: caller, Procedure: p, Tier: uint8(lim.DefaultTier(caller, p)),
 					Limit: lim.LeafLimit(caller, p), Mode: limited[caller].Mode})
 			}
 		}

@@ -7,6 +7,7 @@ import (
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/zoneload"
+	"github.com/sluicehq/sluice/pkg/criticality"
 	"github.com/sluicehq/sluice/pkg/names"
 	"github.com/sluicehq/sluice/pkg/uplink"
 )
@@ -68,23 +69,22 @@ type serviceKey struct {
 }
 
 // keepValidServices removes the bad service entries from z, in place, and
-// returns why each was removed, in the order of the entries; and the count
-// of peer entries it removed from the services it kept
-// (keepValidProcedures).
+// returns why each was removed, in the order of the entries; and the counts
+// of peer entries it removed from the services it kept (keepValidPeers).
 //
 // An entry listed twice is removed both times: neither copy is known to be
 // the right one, and keeping the first would make the sums depend on the
 // wire order of a load that is already wrong. The service's load from this
 // zone is missing until its aggregator sends a good one, which costs that
 // service alone.
-func keepValidServices(z *sluicev1.ZoneLoad) (dropped []*RejectError, badProcedures int) {
+func keepValidServices(z *sluicev1.ZoneLoad) (dropped []*RejectError, badPeers badPeerCounts) {
 	count := make(map[serviceKey]int, len(z.GetServices()))
 	for _, svc := range z.GetServices() {
 		count[serviceKey{svc.GetService(), svc.GetDirection()}]++
 	}
 	kept := z.Services[:0]
 	for i, svc := range z.GetServices() {
-		bad := keepValidProcedures(svc)
+		bad := keepValidPeers(svc)
 		err := validateService(i, svc)
 		if err == nil && count[serviceKey{svc.GetService(), svc.GetDirection()}] > 1 {
 			err = &RejectError{Reason: "duplicate_service", Detail: fmt.Sprintf("services[%d]: %s %v listed twice", i, uplink.Truncate(svc.GetService()), svc.GetDirection())}
@@ -93,12 +93,13 @@ func keepValidServices(z *sluicev1.ZoneLoad) (dropped []*RejectError, badProcedu
 			dropped = append(dropped, err)
 			continue
 		}
-		badProcedures += bad
+		badPeers.procedures += bad.procedures
+		badPeers.tiers += bad.tiers
 		kept = append(kept, svc)
 	}
 	clear(z.Services[len(kept):]) // let the removed entries go
 	z.Services = kept
-	return dropped, badProcedures
+	return dropped, badPeers
 }
 
 // ReasonBadProcedure is why a peer entry is removed from a service entry
@@ -106,17 +107,31 @@ func keepValidServices(z *sluicev1.ZoneLoad) (dropped []*RejectError, badProcedu
 // A metric label.
 const ReasonBadProcedure = "bad_procedure"
 
-// keepValidProcedures removes from svc, in place, the peer entries whose
-// procedure is neither "" nor a valid name (names.ValidProcedure), and
-// returns how many. Only the entry goes, as an aggregator leaves out
-// such an entry of a report: a procedure is a name the controller will
-// fold into the callee's declared ones (foldProcedures), and one it can
-// not even read is no bucket, while the callee's other buckets are fine.
-func keepValidProcedures(svc *sluicev1.ServiceLoad) int {
+// ReasonBadCriticality is why a peer entry is removed from a service
+// entry that is kept: its criticality is outside the enum. A metric label.
+const ReasonBadCriticality = "bad_criticality"
+
+// badPeerCounts counts the peer entries keepValidPeers removed, by reason.
+type badPeerCounts struct{ procedures, tiers int }
+
+// keepValidPeers removes from svc, in place, the peer entries whose
+// procedure is neither "" nor a valid name (names.ValidProcedure), or
+// whose criticality is outside the enum, and returns how many of each.
+// Only the entry goes, as an aggregator leaves out such an entry of a
+// report: a procedure is a name the controller will fold into the
+// callee's declared ones and a tier one it will fold into the callee's
+// (foldBuckets), and one it can not even read is no bucket, while the
+// callee's other buckets are fine.
+func keepValidPeers(svc *sluicev1.ServiceLoad) (bad badPeerCounts) {
 	peers := svc.GetPeers()
 	kept := peers[:0]
 	for _, p := range peers {
-		if proc := p.GetProcedure(); proc == "" || names.ValidProcedure(proc) {
+		switch c := p.GetCriticality(); {
+		case p.GetProcedure() != "" && !names.ValidProcedure(p.GetProcedure()):
+			bad.procedures++
+		case c < 0 || c > sluicev1.Criticality(criticality.Sheddable):
+			bad.tiers++
+		default:
 			kept = append(kept, p)
 		}
 	}
@@ -124,7 +139,7 @@ func keepValidProcedures(svc *sluicev1.ServiceLoad) int {
 	if svc != nil {
 		svc.Peers = kept
 	}
-	return len(peers) - len(kept)
+	return bad
 }
 
 // validateService checks one service entry, the i-th of its zone load.
@@ -142,15 +157,18 @@ func validateService(i int, svc *sluicev1.ServiceLoad) *RejectError {
 	if n := svc.GetLiveSidecars(); n > maxLiveSidecars {
 		return fail("bad_live_sidecars", "live_sidecars: %d is above %d", n, maxLiveSidecars)
 	}
-	type leaf struct{ peer, procedure string }
+	type leaf struct {
+		peer, procedure string
+		tier            sluicev1.Criticality
+	}
 	peers := make(map[leaf]bool, len(svc.GetPeers()))
 	for j, p := range svc.GetPeers() {
 		if err := names.Check(p.GetPeer()); err != nil {
 			return fail("bad_name", "peers[%d].peer: %v", j, err)
 		}
-		l := leaf{p.GetPeer(), p.GetProcedure()}
+		l := leaf{p.GetPeer(), p.GetProcedure(), p.GetCriticality()}
 		if peers[l] {
-			return fail("duplicate_peer", "peers[%d]: %q procedure %q listed twice", j, l.peer, l.procedure)
+			return fail("duplicate_peer", "peers[%d]: %q procedure %q criticality %v listed twice", j, l.peer, l.procedure, l.tier)
 		}
 		peers[l] = true
 		for _, r := range []struct {

@@ -249,6 +249,8 @@ func (d *decoder) service(n *yaml.Node, path string) fileService {
 			d.mapping(v, p, func(name string, _, v *yaml.Node) {
 				fs.Descriptors[name] = d.descriptor(v, p+"."+name)
 			})
+		case "criticality":
+			fs.Criticality = d.criticality(v, p)
 		default:
 			d.errorf(path, k, "field %s not found", key)
 		}
@@ -267,6 +269,10 @@ func (d *decoder) bucket(n *yaml.Node, path string) fileBucket {
 			fb.Mode = d.text(v, p)
 		case "enforcement":
 			fb.Enforcement = d.text(v, p)
+		case "criticality":
+			fb.Criticality = d.text(v, p)
+		case "max_criticality":
+			fb.MaxCriticality = d.text(v, p)
 		default:
 			d.errorf(path, k, "field %s not found", key)
 		}
@@ -304,6 +310,8 @@ func (d *decoder) procedure(n *yaml.Node, path string) fileProcedure {
 			d.mapping(v, p, func(caller string, _, v *yaml.Node) {
 				fp.Callers[caller] = d.leaf(v, p+"."+caller)
 			})
+		case "criticality":
+			fp.Criticality = d.text(v, p)
 		default:
 			d.errorf(path, k, "field %s not found", key)
 		}

@@ -29,13 +29,16 @@ type fileDescriptor struct {
 var errUpstreamDescriptors = errors.New("upstream: the service has descriptors, which only its own sidecars can decide (upstream data planes carry no ratio per value); use sidecar")
 
 // upstreamErr is why s's callers can not be enforced upstream, nil when
-// they can: its procedures (upstreamRefused) or its descriptors.
+// they can: its procedures (upstreamRefused), its descriptors or its
+// tiers.
 func upstreamErr(s *Service) error {
 	switch {
 	case upstreamRefused(s):
 		return errUpstream
 	case len(s.Descriptors) > 0:
 		return errUpstreamDescriptors
+	case s.Criticality != nil:
+		return errUpstreamCriticality
 	}
 	return nil
 }

@@ -57,6 +57,15 @@ import (
 //	        missing: 10        # rps of requests without it; default: limit
 //	        quantile: 0.95     # the local allowance's (pkg/allowance)
 //	        overrides: {acme: 500}
+//	  ledger:
+//	    capacity: 10000
+//	    criticality:           # tiers: shed the least critical first
+//	      from: header x-sluice-criticality # the default
+//	      default: CRITICAL    # of a request without a valid header (default CRITICAL)
+//	      max: CRITICAL        # the highest tier a caller may claim (default CRITICAL)
+//	    callers:
+//	      web:   {limit: 6000, criticality: CRITICAL, max_criticality: CRITICAL_PLUS}
+//	      batch: {limit: 8000, criticality: SHEDDABLE}
 //
 // A service declares procedures by its routes and by the keys of its
 // procedures; its requests then fall in (caller, procedure) leaves (see
@@ -67,8 +76,8 @@ import (
 // its requests reach the callee's sidecar, by the caller's proxyless gRPC
 // client or the callee's Envoy; the service-level value is the default of
 // its callers but unknown and _overflow, which must name it themselves.
-// A service with descriptors can not be enforced upstream: only its own
-// sidecars decide a request's descriptors.
+// A service with descriptors or tiers can not be enforced upstream: only
+// its own sidecars decide a request's descriptors and tier.
 type fileDoc struct {
 	Services map[string]fileService `yaml:"services"`
 }
@@ -90,6 +99,8 @@ type fileService struct {
 	Procedures map[string]fileProcedure `yaml:"procedures,omitempty"`
 	// Descriptors are the service's descriptor limits (fileDescriptor).
 	Descriptors map[string]fileDescriptor `yaml:"descriptors,omitempty"`
+	// Criticality declares the service's tiers (fileCriticality).
+	Criticality *fileCriticality `yaml:"criticality,omitempty"`
 }
 
 type fileRoute struct {
@@ -101,6 +112,9 @@ type fileRoute struct {
 type fileProcedure struct {
 	Capacity *float64            `yaml:"capacity"`
 	Callers  map[string]fileLeaf `yaml:"callers"`
+	// Criticality is the procedure's default tier, over the caller's and
+	// the service's.
+	Criticality string `yaml:"criticality,omitempty"`
 }
 
 // fileLeaf is the limit of a (caller, procedure) leaf.
@@ -112,6 +126,10 @@ type fileBucket struct {
 	Limit       *float64 `yaml:"limit"`
 	Mode        string   `yaml:"mode"`
 	Enforcement string   `yaml:"enforcement"`
+	// Criticality is the caller's default tier, MaxCriticality the
+	// highest it may claim; both only in a service with tiers.
+	Criticality    string `yaml:"criticality,omitempty"`
+	MaxCriticality string `yaml:"max_criticality,omitempty"`
 }
 
 // Parse reads a limits document. Unknown fields are errors, and every problem
@@ -205,6 +223,7 @@ func (b *builder) service(name string, fs fileService) *Service {
 	}
 	b.procedures(svc, fs, path)
 	b.descriptors(svc, fs.Descriptors, path)
+	b.criticality(svc, fs, path)
 	upErr := upstreamErr(svc)
 	if upErr != nil && svc.Enforcement == dataplane.EnforceUpstream {
 		b.errs = append(b.errs, fmt.Errorf("%s.enforcement: %w", path, upErr))
@@ -232,6 +251,7 @@ func (b *builder) service(name string, fs fileService) *Service {
 			b.errs = append(b.errs, fmt.Errorf("%s.enforcement: %w", cpath, upErr))
 		}
 		svc.Callers[caller] = bucket
+		b.callerCriticality(svc, caller, fb, cpath)
 	}
 	b.warnProcedures(svc)
 	return svc

@@ -80,6 +80,11 @@ type Service struct {
 	// Descriptors are the service's descriptor limits (issue #15), sorted
 	// by name, at most descriptor.MaxPerService.
 	Descriptors []Descriptor
+
+	// Criticality declares the service's tiers (issue #16); nil when it
+	// declares none, and then its buckets are untiered. From the limits
+	// file only.
+	Criticality *Criticality
 }
 
 // Descriptor is a limit per value of one request attribute with many
