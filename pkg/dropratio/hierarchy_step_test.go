@@ -171,7 +171,7 @@ func checkAllowedIsFill(t *testing.T, in []Service, sv ServiceVerdict) {
 		}
 	}
 	for _, v := range sv.Verdicts {
-		tree.Leaves = append(tree.Leaves, Leaf{Caller: v.Caller, Procedure: v.Procedure, Offered: v.Offered, Limit: v.Limit})
+		tree.Leaves = append(tree.Leaves, Leaf{Caller: v.Caller, Procedure: v.Procedure, Tier: v.Tier, Offered: v.Offered, Limit: v.Limit})
 	}
 	var f Filler
 	for i, s := range f.Fill(&tree) {
