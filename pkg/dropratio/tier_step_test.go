@@ -152,8 +152,10 @@ func TestTiersCallerSheds(t *testing.T) {
 	})
 }
 
-// A tier that finds nothing left of a limit, but offers nothing, is not
-// blocked: only a limit of 0 blocks a bucket without traffic.
+// A bucket of a tier that finds nothing left of a limit, but offers
+// nothing, is not blocked, even beside one of its tier that offers
+// something and is cut to 0: only a limit of 0 blocks a bucket without
+// traffic.
 func TestTiersStarvedWithoutTrafficNotBlocked(t *testing.T) {
 	l := mustNew(t, DefaultConfig())
 	out := l.Step(time.Second, []Service{{
@@ -163,6 +165,7 @@ func TestTiersStarvedWithoutTrafficNotBlocked(t *testing.T) {
 		Callers: []Caller{
 			{Name: "web", Tier: tierCritical, Offered: 6000, Limit: inf},
 			{Name: "web", Tier: tierSheddable, Offered: 0, Limit: inf},
+			{Name: "web", Procedure: "get", Tier: tierSheddable, Offered: 100, Limit: inf},
 			{Name: "mobile", Tier: tierCritical, Offered: 6000, Limit: 5000},
 			{Name: "mobile", Tier: tierSheddable, Offered: 0, Limit: 5000},
 			{Name: "blocked", Tier: tierSheddable, Offered: 0, Limit: inf},
@@ -175,6 +178,11 @@ func TestTiersStarvedWithoutTrafficNotBlocked(t *testing.T) {
 		}
 		if v := findTier(t, out, c, tierCritical); math.Abs(v.Ratio-1.0/6) > 1e-12 {
 			t.Errorf("%s CRITICAL: %+v, want 1,000 of 6,000 dropped", c, v)
+		}
+	}
+	for _, v := range out[0].Verdicts {
+		if v.Caller == "web" && v.Procedure == "get" && (v.Allowed != 0 || v.Ratio != DefaultConfig().PMax || v.Bound != BoundCaller) {
+			t.Errorf("web/get SHEDDABLE: %+v, want cut to 0 by its caller", v)
 		}
 	}
 	if v := findTier(t, out, "blocked", tierSheddable); v.Ratio != DefaultConfig().PMax || v.Reason != OverLimit {
