@@ -106,8 +106,9 @@ type Share struct {
 // is +Inf); the first tier that does not fit shares what is left max-min
 // fairly, at a level; the tiers below it find 0 left. So at any level that
 // binds, every leaf of a lower tier is cut to 0 before a leaf of a higher one
-// loses anything. Tier 0 (untiered) is a tier like the others, the highest
-// by number; a tree of tier 0 alone has one tier at every level, and its
+// loses anything. Tier 0 (untiered) is a tier like the others, served
+// before tier 1 should a tree mix them (a callee's buckets are all tiered
+// or all not); a tree of tier 0 alone has one tier at every level, and its
 // split is bit for bit what it was before tiers existed (tested).
 //
 //  0. The leaf limit. The leaves of one (caller, procedure), one per tier,
