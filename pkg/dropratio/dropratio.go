@@ -156,10 +156,10 @@ type Caller struct {
 
 // Service is one callee and the callers that offer it load.
 //
-// Callers may come in any order. Entries that share a Name and a Procedure,
-// within a service or across Services that share a Name, are merged into one
-// bucket: offered rates are summed (rates of disjoint sources add up, as they do between
-// tiers), the lowest limit and the lowest capacity apply, and Enforce wins over
+// Callers may come in any order. Entries that share a Name, a Procedure and
+// a Tier, within a service or across Services that share a Name, are merged
+// into one bucket: offered rates are summed (rates of disjoint sources add
+// up, as they do between tiers), the lowest limit and the lowest capacity apply, and Enforce wins over
 // Shadow. Summing never hides load and the strictest limit never loosens
 // protection, whatever the order of the input.
 //
@@ -169,6 +169,11 @@ type Caller struct {
 // [Filler]); across Services that share a Name they are joined, and a name
 // listed twice takes the lowest value. A service with neither, whose
 // callers name no procedure, is split exactly as before they existed.
+//
+// Callers that share a Name and a Procedure but not a Tier are the tiers of
+// one leaf: they share its Limit (the lowest, should they differ), and
+// every limit and capacity above, top-down by tier, as [Filler] says. A
+// service whose callers are all of tier 0 is split as before tiers existed.
 type Service struct {
 	Name         string
 	Capacity     float64       // total rps all callers share; math.Inf(1) means none

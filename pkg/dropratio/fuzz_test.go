@@ -57,18 +57,18 @@ func checkOutput(t *testing.T, cfg Config, l *Law, out []ServiceVerdict) {
 	above := 0
 	for _, sv := range out {
 		byLeaf := func(a, b Verdict) int {
-			return cmp.Or(strings.Compare(a.Caller, b.Caller), strings.Compare(a.Procedure, b.Procedure))
+			return cmp.Or(strings.Compare(a.Caller, b.Caller), strings.Compare(a.Procedure, b.Procedure), cmp.Compare(a.Tier, b.Tier))
 		}
 		if !slices.IsSortedFunc(sv.Verdicts, byLeaf) {
 			t.Fatalf("%s: callers not sorted: %+v", sv.Service, sv.Verdicts)
 		}
 		for i, v := range sv.Verdicts {
 			if i > 0 && byLeaf(sv.Verdicts[i-1], v) == 0 {
-				t.Fatalf("%s: leaf %s/%s twice", sv.Service, v.Caller, v.Procedure)
+				t.Fatalf("%s: leaf %s/%s/%d twice", sv.Service, v.Caller, v.Procedure, v.Tier)
 			}
 			checkVerdict(t, cfg, v)
-			if r := l.LeafRatio(sv.Service, v.Caller, v.Procedure); r != v.Ratio {
-				t.Errorf("LeafRatio(%s, %s, %s) = %v, verdict says %v", sv.Service, v.Caller, v.Procedure, r, v.Ratio)
+			if r := l.TierRatio(sv.Service, v.Caller, v.Procedure, v.Tier); r != v.Ratio {
+				t.Errorf("TierRatio(%s, %s, %s, %d) = %v, verdict says %v", sv.Service, v.Caller, v.Procedure, v.Tier, r, v.Ratio)
 			}
 			if v.Ratio > 0 {
 				above++

@@ -333,24 +333,32 @@ func fillSeeds() []testkit.Seed {
 	// four leaves' offered and limits (a/p, a/q, b/p, b/q), caller limits
 	// a and b, capacities of p and q, callee capacity
 	return []testkit.Seed{
-		s("procedure-surge", 5000.0, 0.0, 80.0, 0.0, inf, inf, inf, inf, inf, inf, 300.0, inf, inf),
-		s("caller-across", 200.0, 30.0, 500.0, 0.0, inf, inf, inf, inf, 100.0, inf, inf, inf, inf),
-		s("nested", 150.0, 100.0, 60.0, 50.0, 80.0, inf, inf, inf, 120.0, inf, 100.0, inf, 200.0),
-		s("blocks", 0.0, 10.0, 10.0, 0.0, 0.0, inf, inf, 0.0, 0.0, inf, 0.0, inf, 0.0),
-		s("not-rates", nan, -1.0, negZero, -inf, nan, -1.0, negZero, -inf, nan, -1.0, negZero, nan, -inf),
-		s("overflow", math.MaxFloat64, math.MaxFloat64, math.MaxFloat64, math.MaxFloat64, inf, inf, inf, inf, inf, math.MaxFloat64, inf, inf, 1e308),
-		s("subnormal", 5e-324, 1e-310, 5e-324, 0.0, 5e-324, inf, 1e-320, inf, 5e-324, 1e-320, 5e-324, inf, 5e-324),
-		s("subnormal-rounding", 5e-324, 1e-310, 5e-324, 0.0, -7.0, inf, 1e-320, inf, 1.5e-323, 51.0, 5e-324, inf, 5e-324),
+		s("procedure-surge", 5000.0, 0.0, 80.0, 0.0, inf, inf, inf, inf, inf, inf, 300.0, inf, inf, uint8(0)),
+		s("caller-across", 200.0, 30.0, 500.0, 0.0, inf, inf, inf, inf, 100.0, inf, inf, inf, inf, uint8(0)),
+		s("nested", 150.0, 100.0, 60.0, 50.0, 80.0, inf, inf, inf, 120.0, inf, 100.0, inf, 200.0, uint8(0)),
+		s("blocks", 0.0, 10.0, 10.0, 0.0, 0.0, inf, inf, 0.0, 0.0, inf, 0.0, inf, 0.0, uint8(0)),
+		s("not-rates", nan, -1.0, negZero, -inf, nan, -1.0, negZero, -inf, nan, -1.0, negZero, nan, -inf, uint8(0)),
+		s("overflow", math.MaxFloat64, math.MaxFloat64, math.MaxFloat64, math.MaxFloat64, inf, inf, inf, inf, inf, math.MaxFloat64, inf, inf, 1e308, uint8(0)),
+		s("subnormal", 5e-324, 1e-310, 5e-324, 0.0, 5e-324, inf, 1e-320, inf, 5e-324, 1e-320, 5e-324, inf, 5e-324, uint8(0)),
+		s("subnormal-rounding", 5e-324, 1e-310, 5e-324, 0.0, -7.0, inf, 1e-320, inf, 1.5e-323, 51.0, 5e-324, inf, 5e-324, uint8(0)),
+		// tiers: 2 bits a leaf, a/p lowest; tiered, a fifth leaf a/p of
+		// tier 4 (offered oaq, limit lbq) shares a/p's limit
+		s("tiers-callee", 4000.0, 2000.0, 3000.0, 8000.0, inf, inf, inf, inf, inf, inf, inf, inf, 10000.0, uint8(0b11_10_01_01)),
+		s("tiers-critical-over", 6000.0, 0.0, 6000.0, 0.0, inf, inf, inf, inf, inf, inf, inf, inf, 10000.0, uint8(0b00_01_00_01)),
+		s("tiers-caller", 4000.0, 3000.0, 100.0, 0.0, inf, inf, inf, inf, 5000.0, inf, inf, inf, inf, uint8(0b00_00_11_10)),
+		s("tiers-leaf", 80.0, 10.0, 5.0, 0.0, 50.0, inf, inf, 20.0, inf, inf, 30.0, inf, inf, uint8(0b01_10_11_10)),
+		s("tiers-procedure", 900.0, 50.0, 900.0, 50.0, inf, inf, inf, inf, inf, inf, 1000.0, 60.0, 1050.0, uint8(0b11_01_10_01)),
 	}
 }
 
 func TestFuzzFillCorpus(t *testing.T) { testkit.CheckCorpus(t, "FuzzFill", fillSeeds()) }
 
 // FuzzFill checks Fill on two callers and two procedures at any rates,
-// limits and capacities, invalid ones included, against the oracle and the
-// law's invariants.
+// limits, capacities and tiers, invalid ones included, against the oracle
+// and the law's invariants. tiers gives leaf k the tier tiers>>2k & 3; any
+// tier adds a fifth leaf, a/p of tier 4, to share a/p's limit.
 func FuzzFill(f *testing.F) {
-	f.Fuzz(func(t *testing.T, oap, oaq, obp, obq, lap, laq, lbp, lbq, la, lb, cp, cq, c float64) {
+	f.Fuzz(func(t *testing.T, oap, oaq, obp, obq, lap, laq, lbp, lbq, la, lb, cp, cq, c float64, tiers uint8) {
 		tree := &Tree{
 			Capacity:   c,
 			Procedures: []Procedure{{Name: "p", Capacity: cp}, {Name: "q", Capacity: cq}},
@@ -361,6 +369,14 @@ func FuzzFill(f *testing.F) {
 				{Caller: "b", Procedure: "p", Offered: obp, Limit: lbp},
 				{Caller: "b", Procedure: "q", Offered: obq, Limit: lbq},
 			},
+		}
+		oracle := oracleFill
+		if tiers != 0 {
+			for k := range tree.Leaves {
+				tree.Leaves[k].Tier = tiers >> (2 * k) & 3
+			}
+			tree.Leaves = append(tree.Leaves, Leaf{Caller: "a", Procedure: "p", Tier: 4, Offered: oaq, Limit: lbq})
+			oracle = oracleTieredFill
 		}
 		var fl Filler
 		shares := fl.Fill(tree)
@@ -373,13 +389,18 @@ func FuzzFill(f *testing.F) {
 			admitted[i] = min(sanitizeOffered(tree.Leaves[i].Offered), s.Allowed)
 			total += sanitizeOffered(tree.Leaves[i].Offered)
 		}
-		if msg := checkFillInvariants(tree, shares, admitted); msg != "" {
+		if tiers == 0 {
+			if msg := checkFillInvariants(tree, shares, admitted); msg != "" {
+				t.Fatal(msg)
+			}
+		}
+		if msg, _ := checkTierInvariants(tree, shares, admitted); msg != "" {
 			t.Fatal(msg)
 		}
 		if math.IsInf(total, 1) {
 			return // the oracle's bisection sums overflow
 		}
-		for i, want := range oracleFill(tree) {
+		for i, want := range oracle(tree) {
 			if math.Abs(admitted[i]-want) > 1e-9*total {
 				t.Fatalf("leaf %+v admits %v, oracle %v", tree.Leaves[i], admitted[i], want)
 			}

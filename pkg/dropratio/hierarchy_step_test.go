@@ -130,11 +130,36 @@ func randomHierarchy(r *rand.Rand, nServices, nCallers int) []Service {
 // Step is deterministic with procedures too: shuffled input, bit-identical
 // output; and what it allows is what Fill allows on the merged leaves.
 func TestStepHierarchyDeterminism(t *testing.T) {
+	checkStepDeterminism(t, 14, func(r *rand.Rand) []Service { return randomHierarchy(r, 6, 10) })
+}
+
+// The same with tiers: each (caller, procedure) of a random hierarchy
+// gets a tier, now and then 0, and now and then a second entry of another
+// tier.
+func TestStepTiersDeterminism(t *testing.T) {
+	checkStepDeterminism(t, 16, func(r *rand.Rand) []Service {
+		in := randomHierarchy(r, 6, 10)
+		for i := range in {
+			s := &in[i]
+			for j, n := 0, len(s.Callers); j < n; j++ {
+				s.Callers[j].Tier = uint8(r.IntN(5))
+				if r.IntN(2) == 0 {
+					c := s.Callers[j]
+					c.Tier, c.Offered = uint8(1+r.IntN(4)), c.Offered*r.Float64()
+					s.Callers = append(s.Callers, c)
+				}
+			}
+		}
+		return in
+	})
+}
+
+func checkStepDeterminism(t *testing.T, stream uint64, random func(*rand.Rand) []Service) {
 	for seed := range uint64(50) {
-		r := rand.New(rand.NewPCG(seed, 14))
+		r := rand.New(rand.NewPCG(seed, stream))
 		l1, l2 := mustNew(t, DefaultConfig()), mustNew(t, DefaultConfig())
 		for step, dt := range []time.Duration{0, time.Second, 0, 2 * time.Second} {
-			in := randomHierarchy(r, 6, 10)
+			in := random(r)
 			if step == 2 {
 				in = in[:len(in)/2] // some leaves vanish
 			}
@@ -146,7 +171,7 @@ func TestStepHierarchyDeterminism(t *testing.T) {
 			for i := range out1 {
 				a, b := out1[i].Verdicts, out2[i].Verdicts
 				if !slices.EqualFunc(a, b, func(x, y Verdict) bool {
-					return x.Caller == y.Caller && x.Procedure == y.Procedure && x.Mode == y.Mode && x.Reason == y.Reason && x.Bound == y.Bound &&
+					return x.Caller == y.Caller && x.Procedure == y.Procedure && x.Tier == y.Tier && x.Mode == y.Mode && x.Reason == y.Reason && x.Bound == y.Bound &&
 						sameBits(x.Ratio, y.Ratio) && sameBits(x.Target, y.Target) && sameBits(x.Allowed, y.Allowed) &&
 						sameBits(x.Offered, y.Offered) && sameBits(x.Limit, y.Limit)
 				}) {
@@ -171,7 +196,7 @@ func checkAllowedIsFill(t *testing.T, in []Service, sv ServiceVerdict) {
 		}
 	}
 	for _, v := range sv.Verdicts {
-		tree.Leaves = append(tree.Leaves, Leaf{Caller: v.Caller, Procedure: v.Procedure, Offered: v.Offered, Limit: v.Limit})
+		tree.Leaves = append(tree.Leaves, Leaf{Caller: v.Caller, Procedure: v.Procedure, Tier: v.Tier, Offered: v.Offered, Limit: v.Limit})
 	}
 	var f Filler
 	for i, s := range f.Fill(&tree) {

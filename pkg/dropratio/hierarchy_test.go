@@ -207,7 +207,11 @@ func TestFillImplicitProcedureIsTodaysSplit(t *testing.T) {
 	}
 }
 
-func BenchmarkHierarchy(b *testing.B) {
+func BenchmarkHierarchy(b *testing.B) { benchFill(b, benchTree()) }
+
+// benchTree is a callee of 100 callers and 20 procedures, each of them
+// limited, every caller calling every procedure.
+func benchTree() *Tree {
 	const callers, procedures = 100, 20
 	r := rand.New(rand.NewPCG(100, 20))
 	tree := &Tree{Capacity: 150_000}
@@ -222,6 +226,10 @@ func BenchmarkHierarchy(b *testing.B) {
 		}
 	}
 	r.Shuffle(len(tree.Leaves), func(i, j int) { tree.Leaves[i], tree.Leaves[j] = tree.Leaves[j], tree.Leaves[i] })
+	return tree
+}
+
+func benchFill(b *testing.B, tree *Tree) {
 	var f Filler
 	f.Fill(tree)
 	b.ReportAllocs()

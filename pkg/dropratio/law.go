@@ -82,11 +82,17 @@ func (l *Law) Len() int { return l.buckets }
 // Ratio returns the last ratio returned for the bucket, 0 if none.
 func (l *Law) Ratio(service, caller string) float64 { return l.LeafRatio(service, caller, "") }
 
-// LeafRatio returns the last ratio returned for the leaf (caller,
+// LeafRatio returns the last ratio returned for the untiered leaf (caller,
 // procedure), 0 if none.
 func (l *Law) LeafRatio(service, caller, procedure string) float64 {
+	return l.TierRatio(service, caller, procedure, 0)
+}
+
+// TierRatio returns the last ratio returned for the bucket (caller,
+// procedure, tier), 0 if none.
+func (l *Law) TierRatio(service, caller, procedure string, tier uint8) float64 {
 	if st := l.services[service]; st != nil {
-		return st.callers[leafKey{caller, procedure, 0}].ratio
+		return st.callers[leafKey{caller, procedure, tier}].ratio
 	}
 	return 0
 }
@@ -100,8 +106,13 @@ func (l *Law) LeafRatio(service, caller, procedure string) float64 {
 // one above PMax is clamped to it.
 func (l *Law) Seed(service, caller string, ratio float64) { l.SeedLeaf(service, caller, "", ratio) }
 
-// SeedLeaf is Seed for the leaf (caller, procedure).
+// SeedLeaf is Seed for the untiered leaf (caller, procedure).
 func (l *Law) SeedLeaf(service, caller, procedure string, ratio float64) {
+	l.SeedTier(service, caller, procedure, 0, ratio)
+}
+
+// SeedTier is Seed for the bucket (caller, procedure, tier).
+func (l *Law) SeedTier(service, caller, procedure string, tier uint8, ratio float64) {
 	if !(ratio > 0) { // also refuses NaN
 		return
 	}
@@ -110,7 +121,7 @@ func (l *Law) SeedLeaf(service, caller, procedure string, ratio float64) {
 		st = &serviceState{callers: make(map[leafKey]bucket), step: l.step}
 		l.services[service] = st
 	}
-	key := leafKey{caller, procedure, 0}
+	key := leafKey{caller, procedure, tier}
 	if _, ok := st.callers[key]; ok {
 		return
 	}
@@ -119,7 +130,8 @@ func (l *Law) SeedLeaf(service, caller, procedure string, ratio float64) {
 }
 
 // Step computes the verdicts for one tick, dt after the previous one, and
-// returns them sorted by Service, each service's verdicts sorted by Caller.
+// returns them sorted by Service, each service's verdicts sorted by Caller,
+// Procedure and Tier.
 //
 // Every service and caller in the input gets a verdict. Buckets that had a
 // ratio above zero but are missing from the input (the caller, or the whole
@@ -283,13 +295,13 @@ func (l *Law) stepService(name string, capacity, release float64, out []Verdict)
 }
 
 // allocate sets every row's allowed rate and the level that bounds it. A
-// service without procedures or caller limits takes the flat split, the
-// hierarchical law's special case, without building a tree; rows are
+// service without procedures, caller limits or tiers takes the flat split,
+// the hierarchical law's special case, without building a tree; rows are
 // sorted, so the caller-limit pass of the tree would see the same order.
 func (l *Law) allocate(rows []row, capacity float64) {
 	flat := len(l.procs) == 0 && len(l.limits) == 0
 	for k := 0; flat && k < len(rows); k++ {
-		flat = rows[k].procedure == ""
+		flat = rows[k].procedure == "" && rows[k].tier == 0
 	}
 	if flat {
 		level := l.level(rows, capacity)
