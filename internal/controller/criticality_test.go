@@ -159,7 +159,6 @@ func TestTieredPolicies(t *testing.T) {
 // CRITICAL rps pass whole and the 200 left are shared max-min by the
 // sheddable tier, 100 each; the total admitted is the capacity.
 func TestTieredPoliciesPriority(t *testing.T) {
-	t.Skip("needs the tier-aware split in pkg/dropratio, wt-law")
 	p := tickOnce(t, tierLimits(), overCapacity()...).Changed["callee/payments"]
 	admitted := 0.0
 	for _, tc := range []struct {

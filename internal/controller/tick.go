@@ -200,16 +200,13 @@ func (s *State) Tick(now time.Time, set *limits.Set) TickResult {
 // that a restarted controller neither forgets a surge nor releases it from a
 // picture that may still lack a zone: a ratio measured as dropped / offered
 // is right even from part of the fleet.
-//
-// Tiered buckets are not seeded: the law seeds untiered leaves only
-// (dropratio.Law.SeedLeaf), and seeding one under tier None would make a
-// bucket no sidecar has. A restarted controller computes their ratios from
-// its first complete picture.
+// Each tier of a bucket is seeded apart: its sidecars drop each tier at its
+// own ratio.
 func (s *State) seed(inbound map[string][]peerTotals) {
 	for svc, peers := range inbound {
 		for _, p := range peers {
-			if p.Offered > 0 && p.tier == criticality.None {
-				s.law.SeedLeaf(svc, p.peer, p.procedure, (p.Dropped+p.ShadowDropped)/p.Offered)
+			if p.Offered > 0 {
+				s.law.SeedTier(svc, p.peer, p.procedure, uint8(p.tier), (p.Dropped+p.ShadowDropped)/p.Offered)
 			}
 		}
 	}
