@@ -26,7 +26,7 @@ const tierLimits = `services:
       max: CRITICAL
     callers:
       web:    {limit: 150}
-      mobile: {max_criticality: CRITICAL_PLUS}
+      mobile: {limit: 200, max_criticality: CRITICAL_PLUS}
 `
 
 // tierRatio is the drop ratio of peer's tier in p (procedure ""); NaN when
