@@ -289,3 +289,35 @@ func TestZoneLoadBadTier(t *testing.T) {
 		t.Errorf("the service entry was refused: duplicate_peer = %v", got)
 	}
 }
+
+// A restarted controller seeds each tier of a bucket with the ratio its
+// sidecars are seen to enforce on that tier, not the bucket's blend.
+func TestRestartSeedsEachTier(t *testing.T) {
+	s := newState(t)
+	z := tierLoad("a", map[string]float64{
+		tieredSvc + "/web@" + strconv.Itoa(int(crit)): 600,
+		tieredSvc + "/web@" + strconv.Itoa(int(shed)): 400,
+	})
+	for _, p := range z.Services[0].Peers {
+		if p.GetCriticality() == shed {
+			p.DroppedRps = 0.75 * p.GetOfferedRps()
+		}
+	}
+	s.Apply(z, t0)
+	res := s.Tick(t0.Add(3*time.Second), tierLimits())
+	pol := res.Changed["callee/"+tieredSvc]
+	for _, c := range []struct {
+		tier sluicev1.Criticality
+		want float64
+	}{{crit, 0}, {shed, 0.75}} {
+		got := math.NaN()
+		for _, pp := range pol.GetPeers() {
+			if pp.GetPeer() == "web" && pp.GetCriticality() == c.tier {
+				got = pp.GetDropRatio()
+			}
+		}
+		if math.Abs(got-c.want) > 1e-9 {
+			t.Errorf("web %v: first ratio after restart = %v, want the enforced %v", c.tier, got, c.want)
+		}
+	}
+}
