@@ -137,6 +137,57 @@ func (Criticality) EnumDescriptor() ([]byte, []int) {
 	return file_sluice_v1_common_proto_rawDescGZIP(), []int{1}
 }
 
+// Unit is what a callee's limits and capacities count.
+type Unit int32
+
+const (
+	// Requests: every request weighs 1.
+	Unit_UNIT_UNSPECIFIED Unit = 0
+	// Cost units (tokens, CPU milliseconds, query points): a request weighs
+	// what it costs (DropPolicy.cost says how a sidecar prices it), and
+	// every limit, capacity and rate of the callee is in units per second.
+	Unit_UNIT_COST Unit = 1
+)
+
+// Enum value maps for Unit.
+var (
+	Unit_name = map[int32]string{
+		0: "UNIT_UNSPECIFIED",
+		1: "UNIT_COST",
+	}
+	Unit_value = map[string]int32{
+		"UNIT_UNSPECIFIED": 0,
+		"UNIT_COST":        1,
+	}
+)
+
+func (x Unit) Enum() *Unit {
+	p := new(Unit)
+	*p = x
+	return p
+}
+
+func (x Unit) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Unit) Descriptor() protoreflect.EnumDescriptor {
+	return file_sluice_v1_common_proto_enumTypes[2].Descriptor()
+}
+
+func (Unit) Type() protoreflect.EnumType {
+	return &file_sluice_v1_common_proto_enumTypes[2]
+}
+
+func (x Unit) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Unit.Descriptor instead.
+func (Unit) EnumDescriptor() ([]byte, []int) {
+	return file_sluice_v1_common_proto_rawDescGZIP(), []int{2}
+}
+
 // Mode says whether a limit is enforced or only observed.
 type Mode int32
 
@@ -173,11 +224,11 @@ func (x Mode) String() string {
 }
 
 func (Mode) Descriptor() protoreflect.EnumDescriptor {
-	return file_sluice_v1_common_proto_enumTypes[2].Descriptor()
+	return file_sluice_v1_common_proto_enumTypes[3].Descriptor()
 }
 
 func (Mode) Type() protoreflect.EnumType {
-	return &file_sluice_v1_common_proto_enumTypes[2]
+	return &file_sluice_v1_common_proto_enumTypes[3]
 }
 
 func (x Mode) Number() protoreflect.EnumNumber {
@@ -186,7 +237,7 @@ func (x Mode) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Mode.Descriptor instead.
 func (Mode) EnumDescriptor() ([]byte, []int) {
-	return file_sluice_v1_common_proto_rawDescGZIP(), []int{2}
+	return file_sluice_v1_common_proto_rawDescGZIP(), []int{3}
 }
 
 var File_sluice_v1_common_proto protoreflect.FileDescriptor
@@ -203,7 +254,10 @@ const file_sluice_v1_common_proto_rawDesc = "" +
 	"\x19CRITICALITY_CRITICAL_PLUS\x10\x01\x12\x18\n" +
 	"\x14CRITICALITY_CRITICAL\x10\x02\x12\x1e\n" +
 	"\x1aCRITICALITY_SHEDDABLE_PLUS\x10\x03\x12\x19\n" +
-	"\x15CRITICALITY_SHEDDABLE\x10\x04*?\n" +
+	"\x15CRITICALITY_SHEDDABLE\x10\x04*+\n" +
+	"\x04Unit\x12\x14\n" +
+	"\x10UNIT_UNSPECIFIED\x10\x00\x12\r\n" +
+	"\tUNIT_COST\x10\x01*?\n" +
 	"\x04Mode\x12\x14\n" +
 	"\x10MODE_UNSPECIFIED\x10\x00\x12\x10\n" +
 	"\fMODE_ENFORCE\x10\x01\x12\x0f\n" +
@@ -221,11 +275,12 @@ func file_sluice_v1_common_proto_rawDescGZIP() []byte {
 	return file_sluice_v1_common_proto_rawDescData
 }
 
-var file_sluice_v1_common_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_sluice_v1_common_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
 var file_sluice_v1_common_proto_goTypes = []any{
 	(Direction)(0),   // 0: sluice.v1.Direction
 	(Criticality)(0), // 1: sluice.v1.Criticality
-	(Mode)(0),        // 2: sluice.v1.Mode
+	(Unit)(0),        // 2: sluice.v1.Unit
+	(Mode)(0),        // 3: sluice.v1.Mode
 }
 var file_sluice_v1_common_proto_depIdxs = []int32{
 	0, // [0:0] is the sub-list for method output_type
@@ -245,7 +300,7 @@ func file_sluice_v1_common_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sluice_v1_common_proto_rawDesc), len(file_sluice_v1_common_proto_rawDesc)),
-			NumEnums:      3,
+			NumEnums:      4,
 			NumMessages:   0,
 			NumExtensions: 0,
 			NumServices:   0,

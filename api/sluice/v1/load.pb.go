@@ -376,7 +376,19 @@ type PeerCounts struct {
 	// The requests' tier, the bucket key's fourth part, as the callee's
 	// policy resolved it (header, else the defaults); UNSPECIFIED when the
 	// callee declares no tiers.
-	Criticality   Criticality `protobuf:"varint,6,opt,name=criticality,proto3,enum=sluice.v1.Criticality" json:"criticality,omitempty"`
+	Criticality Criticality `protobuf:"varint,6,opt,name=criticality,proto3,enum=sluice.v1.Criticality" json:"criticality,omitempty"`
+	// For a callee whose limits count cost (DropPolicy.unit UNIT_COST), in
+	// its units: admitted_cost is what the admitted requests cost, each
+	// counted in the window it became known (at the decision for a static or
+	// request-header cost, when the response completed for a cost the app
+	// reports); offered_cost adds what the dropped ones would have cost,
+	// priced when dropped (the request's own cost when known before, else
+	// the leaf's mean admitted cost). Both 0 for a callee counting requests.
+	OfferedCost  float64 `protobuf:"fixed64,7,opt,name=offered_cost,json=offeredCost,proto3" json:"offered_cost,omitempty"`
+	AdmittedCost float64 `protobuf:"fixed64,8,opt,name=admitted_cost,json=admittedCost,proto3" json:"admitted_cost,omitempty"`
+	// The bucket's requests in flight at the sidecar when the window closed,
+	// for a callee whose limits cap concurrency; 0 otherwise.
+	InFlight      uint32 `protobuf:"varint,9,opt,name=in_flight,json=inFlight,proto3" json:"in_flight,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -451,6 +463,27 @@ func (x *PeerCounts) GetCriticality() Criticality {
 		return x.Criticality
 	}
 	return Criticality_CRITICALITY_UNSPECIFIED
+}
+
+func (x *PeerCounts) GetOfferedCost() float64 {
+	if x != nil {
+		return x.OfferedCost
+	}
+	return 0
+}
+
+func (x *PeerCounts) GetAdmittedCost() float64 {
+	if x != nil {
+		return x.AdmittedCost
+	}
+	return 0
+}
+
+func (x *PeerCounts) GetInFlight() uint32 {
+	if x != nil {
+		return x.InFlight
+	}
+	return 0
 }
 
 // StreamLoadReportsResponse acknowledges one report.
@@ -557,7 +590,7 @@ const file_sluice_v1_load_proto_rawDesc = "" +
 	"\x06values\x18\x04 \x03(\v2\x16.sluice.v1.ValueCountsR\x06values\"=\n" +
 	"\vValueCounts\x12\x14\n" +
 	"\x05value\x18\x01 \x01(\tR\x05value\x12\x18\n" +
-	"\aoffered\x18\x02 \x01(\x04R\aoffered\"\xd3\x01\n" +
+	"\aoffered\x18\x02 \x01(\x04R\aoffered\"\xb8\x02\n" +
 	"\n" +
 	"PeerCounts\x12\x12\n" +
 	"\x04peer\x18\x01 \x01(\tR\x04peer\x12\x18\n" +
@@ -565,7 +598,10 @@ const file_sluice_v1_load_proto_rawDesc = "" +
 	"\adropped\x18\x03 \x01(\x04R\adropped\x12%\n" +
 	"\x0eshadow_dropped\x18\x04 \x01(\x04R\rshadowDropped\x12\x1c\n" +
 	"\tprocedure\x18\x05 \x01(\tR\tprocedure\x128\n" +
-	"\vcriticality\x18\x06 \x01(\x0e2\x16.sluice.v1.CriticalityR\vcriticality\"\x95\x01\n" +
+	"\vcriticality\x18\x06 \x01(\x0e2\x16.sluice.v1.CriticalityR\vcriticality\x12!\n" +
+	"\foffered_cost\x18\a \x01(\x01R\vofferedCost\x12#\n" +
+	"\radmitted_cost\x18\b \x01(\x01R\fadmittedCost\x12\x1b\n" +
+	"\tin_flight\x18\t \x01(\rR\binFlight\"\x95\x01\n" +
 	"\x19StreamLoadReportsResponse\x12\x1a\n" +
 	"\baccepted\x18\x01 \x01(\bR\baccepted\x12#\n" +
 	"\rreject_reason\x18\x02 \x01(\tR\frejectReason\x12\x12\n" +

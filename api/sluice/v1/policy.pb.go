@@ -249,7 +249,13 @@ type DropPolicy struct {
 	// The service's tiers: how a sidecar finds a request's criticality.
 	// Absent: the service declares none, and its buckets are untiered.
 	// Inbound policies only.
-	Criticality   *CriticalityPolicy `protobuf:"bytes,13,opt,name=criticality,proto3" json:"criticality,omitempty"`
+	Criticality *CriticalityPolicy `protobuf:"bytes,13,opt,name=criticality,proto3" json:"criticality,omitempty"`
+	// What the service's limits count: requests, or cost units. With
+	// UNIT_COST every rate of the policy (limit_rps, allowed_rps,
+	// offered_rps, the descriptors' limits excepted) is in units per second,
+	// and cost says how a request is priced. Inbound policies only.
+	Unit          Unit        `protobuf:"varint,14,opt,name=unit,proto3,enum=sluice.v1.Unit" json:"unit,omitempty"`
+	Cost          *CostPolicy `protobuf:"bytes,15,opt,name=cost,proto3" json:"cost,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -375,6 +381,161 @@ func (x *DropPolicy) GetCriticality() *CriticalityPolicy {
 	return nil
 }
 
+func (x *DropPolicy) GetUnit() Unit {
+	if x != nil {
+		return x.Unit
+	}
+	return Unit_UNIT_UNSPECIFIED
+}
+
+func (x *DropPolicy) GetCost() *CostPolicy {
+	if x != nil {
+		return x.Cost
+	}
+	return nil
+}
+
+// CostPolicy says how a sidecar prices a request of a callee counting
+// cost, most specific first: the request header, if the callee trusts
+// one and it holds a valid cost; else the procedure's static cost; else
+// default_cost. When response_header is set, the app's response (a header,
+// or a trailer for gRPC and HTTP/2) reports what an admitted request
+// really cost, replacing the price it was admitted at. A cost that is not
+// a finite number ≥ 0 is invalid (counted, priced as if absent); one
+// above max_cost is clamped to it (counted).
+type CostPolicy struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	DefaultCost float64                `protobuf:"fixed64,1,opt,name=default_cost,json=defaultCost,proto3" json:"default_cost,omitempty"`
+	Procedures  []*ProcedureCost       `protobuf:"bytes,2,rep,name=procedures,proto3" json:"procedures,omitempty"`
+	// Lower-case header (gRPC metadata) key of a request's own cost; "":
+	// none is trusted.
+	RequestHeader string `protobuf:"bytes,3,opt,name=request_header,json=requestHeader,proto3" json:"request_header,omitempty"`
+	// Lower-case header or trailer key the app reports an admitted
+	// request's real cost in; "": the price at admission stands.
+	ResponseHeader string  `protobuf:"bytes,4,opt,name=response_header,json=responseHeader,proto3" json:"response_header,omitempty"`
+	MaxCost        float64 `protobuf:"fixed64,5,opt,name=max_cost,json=maxCost,proto3" json:"max_cost,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *CostPolicy) Reset() {
+	*x = CostPolicy{}
+	mi := &file_sluice_v1_policy_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CostPolicy) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CostPolicy) ProtoMessage() {}
+
+func (x *CostPolicy) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_policy_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CostPolicy.ProtoReflect.Descriptor instead.
+func (*CostPolicy) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_policy_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *CostPolicy) GetDefaultCost() float64 {
+	if x != nil {
+		return x.DefaultCost
+	}
+	return 0
+}
+
+func (x *CostPolicy) GetProcedures() []*ProcedureCost {
+	if x != nil {
+		return x.Procedures
+	}
+	return nil
+}
+
+func (x *CostPolicy) GetRequestHeader() string {
+	if x != nil {
+		return x.RequestHeader
+	}
+	return ""
+}
+
+func (x *CostPolicy) GetResponseHeader() string {
+	if x != nil {
+		return x.ResponseHeader
+	}
+	return ""
+}
+
+func (x *CostPolicy) GetMaxCost() float64 {
+	if x != nil {
+		return x.MaxCost
+	}
+	return 0
+}
+
+// ProcedureCost is one procedure's static cost.
+type ProcedureCost struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Procedure     string                 `protobuf:"bytes,1,opt,name=procedure,proto3" json:"procedure,omitempty"`
+	Cost          float64                `protobuf:"fixed64,2,opt,name=cost,proto3" json:"cost,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProcedureCost) Reset() {
+	*x = ProcedureCost{}
+	mi := &file_sluice_v1_policy_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProcedureCost) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProcedureCost) ProtoMessage() {}
+
+func (x *ProcedureCost) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_policy_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProcedureCost.ProtoReflect.Descriptor instead.
+func (*ProcedureCost) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_policy_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ProcedureCost) GetProcedure() string {
+	if x != nil {
+		return x.Procedure
+	}
+	return ""
+}
+
+func (x *ProcedureCost) GetCost() float64 {
+	if x != nil {
+		return x.Cost
+	}
+	return 0
+}
+
 // CriticalityPolicy says how a request's tier is found: the header (gRPC
 // metadata) if it names a tier the caller may claim, else the most
 // specific default: the procedure's, the caller's, the service's.
@@ -398,7 +559,7 @@ type CriticalityPolicy struct {
 
 func (x *CriticalityPolicy) Reset() {
 	*x = CriticalityPolicy{}
-	mi := &file_sluice_v1_policy_proto_msgTypes[1]
+	mi := &file_sluice_v1_policy_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -410,7 +571,7 @@ func (x *CriticalityPolicy) String() string {
 func (*CriticalityPolicy) ProtoMessage() {}
 
 func (x *CriticalityPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_policy_proto_msgTypes[1]
+	mi := &file_sluice_v1_policy_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -423,7 +584,7 @@ func (x *CriticalityPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CriticalityPolicy.ProtoReflect.Descriptor instead.
 func (*CriticalityPolicy) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_policy_proto_rawDescGZIP(), []int{1}
+	return file_sluice_v1_policy_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *CriticalityPolicy) GetHeader() string {
@@ -472,7 +633,7 @@ type ProcedureCriticality struct {
 
 func (x *ProcedureCriticality) Reset() {
 	*x = ProcedureCriticality{}
-	mi := &file_sluice_v1_policy_proto_msgTypes[2]
+	mi := &file_sluice_v1_policy_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -484,7 +645,7 @@ func (x *ProcedureCriticality) String() string {
 func (*ProcedureCriticality) ProtoMessage() {}
 
 func (x *ProcedureCriticality) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_policy_proto_msgTypes[2]
+	mi := &file_sluice_v1_policy_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -497,7 +658,7 @@ func (x *ProcedureCriticality) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcedureCriticality.ProtoReflect.Descriptor instead.
 func (*ProcedureCriticality) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_policy_proto_rawDescGZIP(), []int{2}
+	return file_sluice_v1_policy_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ProcedureCriticality) GetProcedure() string {
@@ -527,7 +688,7 @@ type CallerCriticality struct {
 
 func (x *CallerCriticality) Reset() {
 	*x = CallerCriticality{}
-	mi := &file_sluice_v1_policy_proto_msgTypes[3]
+	mi := &file_sluice_v1_policy_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -539,7 +700,7 @@ func (x *CallerCriticality) String() string {
 func (*CallerCriticality) ProtoMessage() {}
 
 func (x *CallerCriticality) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_policy_proto_msgTypes[3]
+	mi := &file_sluice_v1_policy_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -552,7 +713,7 @@ func (x *CallerCriticality) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CallerCriticality.ProtoReflect.Descriptor instead.
 func (*CallerCriticality) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_policy_proto_rawDescGZIP(), []int{3}
+	return file_sluice_v1_policy_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *CallerCriticality) GetCaller() string {
@@ -609,7 +770,7 @@ type DescriptorPolicy struct {
 
 func (x *DescriptorPolicy) Reset() {
 	*x = DescriptorPolicy{}
-	mi := &file_sluice_v1_policy_proto_msgTypes[4]
+	mi := &file_sluice_v1_policy_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -621,7 +782,7 @@ func (x *DescriptorPolicy) String() string {
 func (*DescriptorPolicy) ProtoMessage() {}
 
 func (x *DescriptorPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_policy_proto_msgTypes[4]
+	mi := &file_sluice_v1_policy_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -634,7 +795,7 @@ func (x *DescriptorPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescriptorPolicy.ProtoReflect.Descriptor instead.
 func (*DescriptorPolicy) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_policy_proto_rawDescGZIP(), []int{4}
+	return file_sluice_v1_policy_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *DescriptorPolicy) GetName() string {
@@ -697,7 +858,7 @@ type ValueLimit struct {
 
 func (x *ValueLimit) Reset() {
 	*x = ValueLimit{}
-	mi := &file_sluice_v1_policy_proto_msgTypes[5]
+	mi := &file_sluice_v1_policy_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -709,7 +870,7 @@ func (x *ValueLimit) String() string {
 func (*ValueLimit) ProtoMessage() {}
 
 func (x *ValueLimit) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_policy_proto_msgTypes[5]
+	mi := &file_sluice_v1_policy_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -722,7 +883,7 @@ func (x *ValueLimit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ValueLimit.ProtoReflect.Descriptor instead.
 func (*ValueLimit) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_policy_proto_rawDescGZIP(), []int{5}
+	return file_sluice_v1_policy_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ValueLimit) GetValue() string {
@@ -755,7 +916,7 @@ type ValuePolicy struct {
 
 func (x *ValuePolicy) Reset() {
 	*x = ValuePolicy{}
-	mi := &file_sluice_v1_policy_proto_msgTypes[6]
+	mi := &file_sluice_v1_policy_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -767,7 +928,7 @@ func (x *ValuePolicy) String() string {
 func (*ValuePolicy) ProtoMessage() {}
 
 func (x *ValuePolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_policy_proto_msgTypes[6]
+	mi := &file_sluice_v1_policy_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -780,7 +941,7 @@ func (x *ValuePolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ValuePolicy.ProtoReflect.Descriptor instead.
 func (*ValuePolicy) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_policy_proto_rawDescGZIP(), []int{6}
+	return file_sluice_v1_policy_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ValuePolicy) GetValue() string {
@@ -825,7 +986,7 @@ type Route struct {
 
 func (x *Route) Reset() {
 	*x = Route{}
-	mi := &file_sluice_v1_policy_proto_msgTypes[7]
+	mi := &file_sluice_v1_policy_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -837,7 +998,7 @@ func (x *Route) String() string {
 func (*Route) ProtoMessage() {}
 
 func (x *Route) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_policy_proto_msgTypes[7]
+	mi := &file_sluice_v1_policy_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -850,7 +1011,7 @@ func (x *Route) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Route.ProtoReflect.Descriptor instead.
 func (*Route) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_policy_proto_rawDescGZIP(), []int{7}
+	return file_sluice_v1_policy_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Route) GetPattern() string {
@@ -917,14 +1078,23 @@ type PeerPolicy struct {
 	// The bucket's tier; UNSPECIFIED when the service declares no tiers.
 	// A service with tiers lists a (peer, procedure) once per tier it has
 	// seen or limits. Inbound policies only.
-	Criticality   Criticality `protobuf:"varint,12,opt,name=criticality,proto3,enum=sluice.v1.Criticality" json:"criticality,omitempty"`
+	Criticality Criticality `protobuf:"varint,12,opt,name=criticality,proto3,enum=sluice.v1.Criticality" json:"criticality,omitempty"`
+	// The bucket's cap on requests in flight at the callee, global across
+	// its sidecars; absent when it has none. Each sidecar holds its share,
+	// the cap times its part of the bucket's offered rate (offered_rps), at
+	// least 1. Inbound policies only.
+	MaxConcurrency *uint32 `protobuf:"varint,13,opt,name=max_concurrency,json=maxConcurrency,proto3,oneof" json:"max_concurrency,omitempty"`
+	// For a callee counting cost: the cost units the bucket has admitted
+	// above its limit and not yet paid back, in units. allowed_rps is lowered
+	// until it is paid back; carried for headers and debugging.
+	Debt          float64 `protobuf:"fixed64,14,opt,name=debt,proto3" json:"debt,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PeerPolicy) Reset() {
 	*x = PeerPolicy{}
-	mi := &file_sluice_v1_policy_proto_msgTypes[8]
+	mi := &file_sluice_v1_policy_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -936,7 +1106,7 @@ func (x *PeerPolicy) String() string {
 func (*PeerPolicy) ProtoMessage() {}
 
 func (x *PeerPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_policy_proto_msgTypes[8]
+	mi := &file_sluice_v1_policy_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -949,7 +1119,7 @@ func (x *PeerPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerPolicy.ProtoReflect.Descriptor instead.
 func (*PeerPolicy) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_policy_proto_rawDescGZIP(), []int{8}
+	return file_sluice_v1_policy_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *PeerPolicy) GetPeer() string {
@@ -1036,11 +1206,25 @@ func (x *PeerPolicy) GetCriticality() Criticality {
 	return Criticality_CRITICALITY_UNSPECIFIED
 }
 
+func (x *PeerPolicy) GetMaxConcurrency() uint32 {
+	if x != nil && x.MaxConcurrency != nil {
+		return *x.MaxConcurrency
+	}
+	return 0
+}
+
+func (x *PeerPolicy) GetDebt() float64 {
+	if x != nil {
+		return x.Debt
+	}
+	return 0
+}
+
 var File_sluice_v1_policy_proto protoreflect.FileDescriptor
 
 const file_sluice_v1_policy_proto_rawDesc = "" +
 	"\n" +
-	"\x16sluice/v1/policy.proto\x12\tsluice.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16sluice/v1/common.proto\"\xe6\x04\n" +
+	"\x16sluice/v1/policy.proto\x12\tsluice.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16sluice/v1/common.proto\"\xb6\x05\n" +
 	"\n" +
 	"DropPolicy\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
@@ -1058,7 +1242,21 @@ const file_sluice_v1_policy_proto_rawDesc = "" +
 	"procedures\x12(\n" +
 	"\x06routes\x18\v \x03(\v2\x10.sluice.v1.RouteR\x06routes\x12=\n" +
 	"\vdescriptors\x18\f \x03(\v2\x1b.sluice.v1.DescriptorPolicyR\vdescriptors\x12>\n" +
-	"\vcriticality\x18\r \x01(\v2\x1c.sluice.v1.CriticalityPolicyR\vcriticality\"\x92\x02\n" +
+	"\vcriticality\x18\r \x01(\v2\x1c.sluice.v1.CriticalityPolicyR\vcriticality\x12#\n" +
+	"\x04unit\x18\x0e \x01(\x0e2\x0f.sluice.v1.UnitR\x04unit\x12)\n" +
+	"\x04cost\x18\x0f \x01(\v2\x15.sluice.v1.CostPolicyR\x04cost\"\xd4\x01\n" +
+	"\n" +
+	"CostPolicy\x12!\n" +
+	"\fdefault_cost\x18\x01 \x01(\x01R\vdefaultCost\x128\n" +
+	"\n" +
+	"procedures\x18\x02 \x03(\v2\x18.sluice.v1.ProcedureCostR\n" +
+	"procedures\x12%\n" +
+	"\x0erequest_header\x18\x03 \x01(\tR\rrequestHeader\x12'\n" +
+	"\x0fresponse_header\x18\x04 \x01(\tR\x0eresponseHeader\x12\x19\n" +
+	"\bmax_cost\x18\x05 \x01(\x01R\amaxCost\"A\n" +
+	"\rProcedureCost\x12\x1c\n" +
+	"\tprocedure\x18\x01 \x01(\tR\tprocedure\x12\x12\n" +
+	"\x04cost\x18\x02 \x01(\x01R\x04cost\"\x92\x02\n" +
 	"\x11CriticalityPolicy\x12\x16\n" +
 	"\x06header\x18\x01 \x01(\tR\x06header\x129\n" +
 	"\fdefault_tier\x18\x02 \x01(\x0e2\x16.sluice.v1.CriticalityR\vdefaultTier\x12?\n" +
@@ -1095,7 +1293,7 @@ const file_sluice_v1_policy_proto_rawDesc = "" +
 	"offeredRps\"?\n" +
 	"\x05Route\x12\x18\n" +
 	"\apattern\x18\x01 \x01(\tR\apattern\x12\x1c\n" +
-	"\tprocedure\x18\x02 \x01(\tR\tprocedure\"\x8f\x04\n" +
+	"\tprocedure\x18\x02 \x01(\tR\tprocedure\"\xe5\x04\n" +
 	"\n" +
 	"PeerPolicy\x12\x12\n" +
 	"\x04peer\x18\x01 \x01(\tR\x04peer\x12\x1d\n" +
@@ -1113,11 +1311,14 @@ const file_sluice_v1_policy_proto_rawDesc = "" +
 	"\x10caller_limit_rps\x18\n" +
 	" \x01(\x01H\x02R\x0ecallerLimitRps\x88\x01\x01\x12*\n" +
 	"\x05bound\x18\v \x01(\x0e2\x14.sluice.v1.DropBoundR\x05bound\x128\n" +
-	"\vcriticality\x18\f \x01(\x0e2\x16.sluice.v1.CriticalityR\vcriticalityB\f\n" +
+	"\vcriticality\x18\f \x01(\x0e2\x16.sluice.v1.CriticalityR\vcriticality\x12,\n" +
+	"\x0fmax_concurrency\x18\r \x01(\rH\x03R\x0emaxConcurrency\x88\x01\x01\x12\x12\n" +
+	"\x04debt\x18\x0e \x01(\x01R\x04debtB\f\n" +
 	"\n" +
 	"_limit_rpsB\x0e\n" +
 	"\f_allowed_rpsB\x13\n" +
-	"\x11_caller_limit_rps*b\n" +
+	"\x11_caller_limit_rpsB\x12\n" +
+	"\x10_max_concurrency*b\n" +
 	"\bFailMode\x12\x19\n" +
 	"\x15FAIL_MODE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eFAIL_MODE_OPEN\x10\x01\x12\x12\n" +
@@ -1148,54 +1349,60 @@ func file_sluice_v1_policy_proto_rawDescGZIP() []byte {
 }
 
 var file_sluice_v1_policy_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_sluice_v1_policy_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_sluice_v1_policy_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_sluice_v1_policy_proto_goTypes = []any{
 	(FailMode)(0),                 // 0: sluice.v1.FailMode
 	(DropBound)(0),                // 1: sluice.v1.DropBound
 	(DropReason)(0),               // 2: sluice.v1.DropReason
 	(*DropPolicy)(nil),            // 3: sluice.v1.DropPolicy
-	(*CriticalityPolicy)(nil),     // 4: sluice.v1.CriticalityPolicy
-	(*ProcedureCriticality)(nil),  // 5: sluice.v1.ProcedureCriticality
-	(*CallerCriticality)(nil),     // 6: sluice.v1.CallerCriticality
-	(*DescriptorPolicy)(nil),      // 7: sluice.v1.DescriptorPolicy
-	(*ValueLimit)(nil),            // 8: sluice.v1.ValueLimit
-	(*ValuePolicy)(nil),           // 9: sluice.v1.ValuePolicy
-	(*Route)(nil),                 // 10: sluice.v1.Route
-	(*PeerPolicy)(nil),            // 11: sluice.v1.PeerPolicy
-	(Direction)(0),                // 12: sluice.v1.Direction
-	(*durationpb.Duration)(nil),   // 13: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 14: google.protobuf.Timestamp
-	(Criticality)(0),              // 15: sluice.v1.Criticality
-	(Mode)(0),                     // 16: sluice.v1.Mode
+	(*CostPolicy)(nil),            // 4: sluice.v1.CostPolicy
+	(*ProcedureCost)(nil),         // 5: sluice.v1.ProcedureCost
+	(*CriticalityPolicy)(nil),     // 6: sluice.v1.CriticalityPolicy
+	(*ProcedureCriticality)(nil),  // 7: sluice.v1.ProcedureCriticality
+	(*CallerCriticality)(nil),     // 8: sluice.v1.CallerCriticality
+	(*DescriptorPolicy)(nil),      // 9: sluice.v1.DescriptorPolicy
+	(*ValueLimit)(nil),            // 10: sluice.v1.ValueLimit
+	(*ValuePolicy)(nil),           // 11: sluice.v1.ValuePolicy
+	(*Route)(nil),                 // 12: sluice.v1.Route
+	(*PeerPolicy)(nil),            // 13: sluice.v1.PeerPolicy
+	(Direction)(0),                // 14: sluice.v1.Direction
+	(*durationpb.Duration)(nil),   // 15: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 16: google.protobuf.Timestamp
+	(Unit)(0),                     // 17: sluice.v1.Unit
+	(Criticality)(0),              // 18: sluice.v1.Criticality
+	(Mode)(0),                     // 19: sluice.v1.Mode
 }
 var file_sluice_v1_policy_proto_depIdxs = []int32{
-	12, // 0: sluice.v1.DropPolicy.direction:type_name -> sluice.v1.Direction
-	11, // 1: sluice.v1.DropPolicy.peers:type_name -> sluice.v1.PeerPolicy
-	13, // 2: sluice.v1.DropPolicy.ttl:type_name -> google.protobuf.Duration
+	14, // 0: sluice.v1.DropPolicy.direction:type_name -> sluice.v1.Direction
+	13, // 1: sluice.v1.DropPolicy.peers:type_name -> sluice.v1.PeerPolicy
+	15, // 2: sluice.v1.DropPolicy.ttl:type_name -> google.protobuf.Duration
 	0,  // 3: sluice.v1.DropPolicy.fail_mode:type_name -> sluice.v1.FailMode
-	13, // 4: sluice.v1.DropPolicy.fail_open_decay:type_name -> google.protobuf.Duration
-	14, // 5: sluice.v1.DropPolicy.issued_at:type_name -> google.protobuf.Timestamp
-	10, // 6: sluice.v1.DropPolicy.routes:type_name -> sluice.v1.Route
-	7,  // 7: sluice.v1.DropPolicy.descriptors:type_name -> sluice.v1.DescriptorPolicy
-	4,  // 8: sluice.v1.DropPolicy.criticality:type_name -> sluice.v1.CriticalityPolicy
-	15, // 9: sluice.v1.CriticalityPolicy.default_tier:type_name -> sluice.v1.Criticality
-	5,  // 10: sluice.v1.CriticalityPolicy.procedures:type_name -> sluice.v1.ProcedureCriticality
-	6,  // 11: sluice.v1.CriticalityPolicy.callers:type_name -> sluice.v1.CallerCriticality
-	15, // 12: sluice.v1.CriticalityPolicy.max_tier:type_name -> sluice.v1.Criticality
-	15, // 13: sluice.v1.ProcedureCriticality.default_tier:type_name -> sluice.v1.Criticality
-	15, // 14: sluice.v1.CallerCriticality.default_tier:type_name -> sluice.v1.Criticality
-	15, // 15: sluice.v1.CallerCriticality.max_tier:type_name -> sluice.v1.Criticality
-	8,  // 16: sluice.v1.DescriptorPolicy.overrides:type_name -> sluice.v1.ValueLimit
-	9,  // 17: sluice.v1.DescriptorPolicy.values:type_name -> sluice.v1.ValuePolicy
-	16, // 18: sluice.v1.PeerPolicy.mode:type_name -> sluice.v1.Mode
-	2,  // 19: sluice.v1.PeerPolicy.reason:type_name -> sluice.v1.DropReason
-	1,  // 20: sluice.v1.PeerPolicy.bound:type_name -> sluice.v1.DropBound
-	15, // 21: sluice.v1.PeerPolicy.criticality:type_name -> sluice.v1.Criticality
-	22, // [22:22] is the sub-list for method output_type
-	22, // [22:22] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	15, // 4: sluice.v1.DropPolicy.fail_open_decay:type_name -> google.protobuf.Duration
+	16, // 5: sluice.v1.DropPolicy.issued_at:type_name -> google.protobuf.Timestamp
+	12, // 6: sluice.v1.DropPolicy.routes:type_name -> sluice.v1.Route
+	9,  // 7: sluice.v1.DropPolicy.descriptors:type_name -> sluice.v1.DescriptorPolicy
+	6,  // 8: sluice.v1.DropPolicy.criticality:type_name -> sluice.v1.CriticalityPolicy
+	17, // 9: sluice.v1.DropPolicy.unit:type_name -> sluice.v1.Unit
+	4,  // 10: sluice.v1.DropPolicy.cost:type_name -> sluice.v1.CostPolicy
+	5,  // 11: sluice.v1.CostPolicy.procedures:type_name -> sluice.v1.ProcedureCost
+	18, // 12: sluice.v1.CriticalityPolicy.default_tier:type_name -> sluice.v1.Criticality
+	7,  // 13: sluice.v1.CriticalityPolicy.procedures:type_name -> sluice.v1.ProcedureCriticality
+	8,  // 14: sluice.v1.CriticalityPolicy.callers:type_name -> sluice.v1.CallerCriticality
+	18, // 15: sluice.v1.CriticalityPolicy.max_tier:type_name -> sluice.v1.Criticality
+	18, // 16: sluice.v1.ProcedureCriticality.default_tier:type_name -> sluice.v1.Criticality
+	18, // 17: sluice.v1.CallerCriticality.default_tier:type_name -> sluice.v1.Criticality
+	18, // 18: sluice.v1.CallerCriticality.max_tier:type_name -> sluice.v1.Criticality
+	10, // 19: sluice.v1.DescriptorPolicy.overrides:type_name -> sluice.v1.ValueLimit
+	11, // 20: sluice.v1.DescriptorPolicy.values:type_name -> sluice.v1.ValuePolicy
+	19, // 21: sluice.v1.PeerPolicy.mode:type_name -> sluice.v1.Mode
+	2,  // 22: sluice.v1.PeerPolicy.reason:type_name -> sluice.v1.DropReason
+	1,  // 23: sluice.v1.PeerPolicy.bound:type_name -> sluice.v1.DropBound
+	18, // 24: sluice.v1.PeerPolicy.criticality:type_name -> sluice.v1.Criticality
+	25, // [25:25] is the sub-list for method output_type
+	25, // [25:25] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_sluice_v1_policy_proto_init() }
@@ -1204,14 +1411,14 @@ func file_sluice_v1_policy_proto_init() {
 		return
 	}
 	file_sluice_v1_common_proto_init()
-	file_sluice_v1_policy_proto_msgTypes[8].OneofWrappers = []any{}
+	file_sluice_v1_policy_proto_msgTypes[10].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sluice_v1_policy_proto_rawDesc), len(file_sluice_v1_policy_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   9,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -388,7 +388,14 @@ type PeerRate struct {
 	// callee declares none.
 	Procedure string `protobuf:"bytes,5,opt,name=procedure,proto3" json:"procedure,omitempty"`
 	// The bucket's tier, as in PeerCounts.criticality.
-	Criticality   Criticality `protobuf:"varint,6,opt,name=criticality,proto3,enum=sluice.v1.Criticality" json:"criticality,omitempty"`
+	Criticality Criticality `protobuf:"varint,6,opt,name=criticality,proto3,enum=sluice.v1.Criticality" json:"criticality,omitempty"`
+	// Cost units per second, as in PeerCounts.offered_cost and
+	// admitted_cost, summed over the zone's live sidecars.
+	OfferedCostRps  float64 `protobuf:"fixed64,7,opt,name=offered_cost_rps,json=offeredCostRps,proto3" json:"offered_cost_rps,omitempty"`
+	AdmittedCostRps float64 `protobuf:"fixed64,8,opt,name=admitted_cost_rps,json=admittedCostRps,proto3" json:"admitted_cost_rps,omitempty"`
+	// Requests in flight, summed over the zone's live sidecars' latest
+	// reports.
+	InFlight      uint32 `protobuf:"varint,9,opt,name=in_flight,json=inFlight,proto3" json:"in_flight,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -463,6 +470,27 @@ func (x *PeerRate) GetCriticality() Criticality {
 		return x.Criticality
 	}
 	return Criticality_CRITICALITY_UNSPECIFIED
+}
+
+func (x *PeerRate) GetOfferedCostRps() float64 {
+	if x != nil {
+		return x.OfferedCostRps
+	}
+	return 0
+}
+
+func (x *PeerRate) GetAdmittedCostRps() float64 {
+	if x != nil {
+		return x.AdmittedCostRps
+	}
+	return 0
+}
+
+func (x *PeerRate) GetInFlight() uint32 {
+	if x != nil {
+		return x.InFlight
+	}
+	return 0
 }
 
 // StreamZoneLoadsResponse acknowledges one flush.
@@ -553,7 +581,7 @@ const file_sluice_v1_zone_proto_rawDesc = "" +
 	"\tValueRate\x12\x14\n" +
 	"\x05value\x18\x01 \x01(\tR\x05value\x12\x1f\n" +
 	"\voffered_rps\x18\x02 \x01(\x01R\n" +
-	"offeredRps\"\xe6\x01\n" +
+	"offeredRps\"\xd9\x02\n" +
 	"\bPeerRate\x12\x12\n" +
 	"\x04peer\x18\x01 \x01(\tR\x04peer\x12\x1f\n" +
 	"\voffered_rps\x18\x02 \x01(\x01R\n" +
@@ -562,7 +590,10 @@ const file_sluice_v1_zone_proto_rawDesc = "" +
 	"droppedRps\x12,\n" +
 	"\x12shadow_dropped_rps\x18\x04 \x01(\x01R\x10shadowDroppedRps\x12\x1c\n" +
 	"\tprocedure\x18\x05 \x01(\tR\tprocedure\x128\n" +
-	"\vcriticality\x18\x06 \x01(\x0e2\x16.sluice.v1.CriticalityR\vcriticality\"Z\n" +
+	"\vcriticality\x18\x06 \x01(\x0e2\x16.sluice.v1.CriticalityR\vcriticality\x12(\n" +
+	"\x10offered_cost_rps\x18\a \x01(\x01R\x0eofferedCostRps\x12*\n" +
+	"\x11admitted_cost_rps\x18\b \x01(\x01R\x0fadmittedCostRps\x12\x1b\n" +
+	"\tin_flight\x18\t \x01(\rR\binFlight\"Z\n" +
 	"\x17StreamZoneLoadsResponse\x12\x1a\n" +
 	"\baccepted\x18\x01 \x01(\bR\baccepted\x12#\n" +
 	"\rreject_reason\x18\x02 \x01(\tR\frejectReason2o\n" +
