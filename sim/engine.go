@@ -58,6 +58,9 @@ type Result struct {
 	// Expiries lists every stretch in which a callee's sidecars held an
 	// expired policy, in order: its fail mode was in force.
 	Expiries []Expiry
+	// Flows holds the per-second series of every flow that carries a
+	// criticality, in scenario order; nil when none does.
+	Flows []FlowSeries
 	// Decisions is the number of Decide calls the run made for the flows.
 	Decisions int64
 	// Tenants is the run's tenant traffic and its oracle's counts; nil
@@ -253,9 +256,13 @@ type engine struct {
 	bucketIdx map[Bucket]int
 	callees   []*calleeState
 	flowRate  []float64 // per flow, at the current step
-	sidecars  []*simSidecar
-	aggs      []*simAggregator // one per zone
-	ctl       simController
+	// flowSeries are the flows with a criticality (nil when none does),
+	// flowIdx maps a flow to its index there, -1 for none.
+	flowSeries []FlowSeries
+	flowIdx    []int
+	sidecars   []*simSidecar
+	aggs       []*simAggregator // one per zone
+	ctl        simController
 
 	cp        ControlPlane
 	fast      FastPath
@@ -318,6 +325,7 @@ type sidecarFlow struct {
 	bucket int // engine bucket index
 	caller string
 	call   Call
+	tier   string  // the flow's criticality header value; "" for none
 	share  float64 // of the flow's rate
 	carry  float64 // Deterministic arrivals: the fraction owed
 	retry  *retryRing
@@ -368,6 +376,7 @@ func newEngine(sc *Scenario, seed uint64, opts Options) (*engine, error) {
 		bucketIdx: map[Bucket]int{},
 		flowRate:  make([]float64, len(sc.Flows)),
 	}
+	e.initFlowSeries()
 
 	// Callees and buckets.
 	calleeIdx := map[string]int{}
@@ -422,6 +431,7 @@ func newEngine(sc *Scenario, seed uint64, opts Options) (*engine, error) {
 						bucket: e.bucketIdx[f.Bucket()],
 						caller: f.Caller,
 						call:   f.Call,
+						tier:   f.Criticality,
 						share:  f.Weights[z] / float64(n),
 					}
 					if f.Retry != nil {
@@ -605,6 +615,7 @@ func (e *engine) offer(s *simSidecar, sf *sidecarFlow, bin int) {
 	bs.offered[bin] += float64(n)
 	bs.admitted[bin] += float64(admitted)
 	bs.dropped[bin] += float64(dropped)
+	e.flowAdd(sf.flow, bin, n, admitted)
 	e.zoomAdd(bs, n, admitted)
 	rr := sf.retry
 	if rr == nil {
@@ -623,6 +634,7 @@ func (e *engine) offer(s *simSidecar, sf *sidecarFlow, bin int) {
 		bs.retries[bin] += float64(m)
 		bs.admitted[bin] += float64(a)
 		bs.dropped[bin] += float64(d)
+		e.flowAdd(sf.flow, bin, m, a)
 		e.zoomAdd(bs, m, a)
 		if k+1 < rr.max {
 			rr.schedule(e.steps, k+1, d)
@@ -648,6 +660,12 @@ func (e *engine) decide(s *simSidecar, sf *sidecarFlow, n int) (admitted, droppe
 	for range n {
 		var d sidecar.Decision
 		switch {
+		case sf.tier != "" && c.Procedure != "":
+			d = s.svc.DecideGRPCTier(sf.caller, c.Procedure, sf.tier)
+		case sf.tier != "" && c.Path != "":
+			d = s.svc.DecideHTTPTier(sf.caller, c.Method, c.Path, sf.tier)
+		case sf.tier != "":
+			d = s.svc.DecideTier(sf.caller, sf.tier)
 		case c.Procedure != "":
 			d = s.svc.DecideGRPC(sf.caller, c.Procedure)
 		case c.Path != "":
@@ -1172,5 +1190,8 @@ func (e *engine) result() *Result {
 		}
 	}
 	Expect(e.sc, r.Buckets)
+	r.Flows = e.flowSeries
+	ExpectFlows(e.sc, r.Flows)
+	expectTieredBuckets(e.sc, r.Buckets, r.Flows)
 	return r
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/sluicehq/sluice/internal/controller"
 	"github.com/sluicehq/sluice/internal/duration"
 	"github.com/sluicehq/sluice/internal/limits"
+	"github.com/sluicehq/sluice/pkg/criticality"
 	"github.com/sluicehq/sluice/pkg/names"
 	"github.com/sluicehq/sluice/sidecar/reporter"
 )
@@ -111,6 +112,11 @@ type Flow struct {
 	Weights []float64
 	Rate    Rate
 	Retry   *Retry // nil: dropped requests are not retried
+	// Criticality is the tier header value the flow's requests carry
+	// (issue #16), "CRITICAL_PLUS" to "SHEDDABLE"; "" sends none, and the
+	// sidecar decides the flow with Decide, DecideHTTP or DecideGRPC as
+	// before tiers. A flow with one is decided with the Tier variants.
+	Criticality string
 }
 
 // Call is what a flow's requests call at their callee: a gRPC method
@@ -301,6 +307,8 @@ type fileFlow struct {
 	Zones     map[string]float64 `yaml:"zones"`
 	Rate      *fileRate          `yaml:"rate"`
 	Retry     *fileRetry         `yaml:"retry"`
+	// Criticality is the header value the flow's requests carry.
+	Criticality string `yaml:"criticality"`
 }
 
 type fileRate struct {
@@ -602,6 +610,15 @@ func (d *fileScenario) build() (*Scenario, []error) {
 		}
 		if ff.Retry != nil {
 			f.Retry = buildRetry(ff.Retry, sc.Step, path+".retry", bad)
+		}
+		if ff.Criticality != "" {
+			if _, err := criticality.ParseConfig(ff.Criticality); err != nil {
+				bad(path+".criticality", "flow %s→%s: %v", ff.Caller, ff.Callee, err)
+			} else if svc != nil && !sc.Limits.Service(ff.Callee).Tiered() {
+				bad(path+".criticality", "flow %s→%s: callee %s declares no criticality in its limits", ff.Caller, ff.Callee, ff.Callee)
+			} else {
+				f.Criticality = ff.Criticality
+			}
 		}
 		sc.Flows = append(sc.Flows, f)
 	}

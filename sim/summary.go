@@ -35,6 +35,10 @@ func WriteSummary(w io.Writer, r *Result) error {
 		}
 	}
 
+	if m := MeasureTiers(r); m != nil {
+		writeTiers(&b, m)
+	}
+
 	for _, p := range r.Pipelines {
 		writePipeline(&b, r, &p)
 	}

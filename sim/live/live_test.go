@@ -312,6 +312,12 @@ func TestCheck(t *testing.T) {
 			}
 			continue
 		}
+		if sc.Tiered() {
+			if !errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), "criticality") {
+				t.Errorf("%s: %v, want ErrUnsupported for its criticality", name, err)
+			}
+			continue
+		}
 		if sc.HasProcedures() {
 			// The load generator names no procedure.
 			if !errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), "does not name procedures") {

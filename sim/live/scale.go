@@ -61,6 +61,9 @@ func Check(sc *sim.Scenario) error {
 			// names only the caller.
 			errs = append(errs, fmt.Errorf("flows[%d]: %s calls %s; live mode's load generator does not name procedures", i, b, f.Call))
 		}
+		if f.Criticality != "" {
+			errs = append(errs, fmt.Errorf("flows[%d]: %s sends criticality %s; live mode's load generator sends no criticality header", i, b, f.Criticality))
+		}
 		r, ok := seen[b]
 		if !ok {
 			seen[b] = f.Retry
