@@ -766,11 +766,15 @@ func (e *engine) replaced(s *simSidecar) {
 }
 
 // check is one sidecar's surge check: a surge report the Window finds goes
-// out at once.
+// out at once, and so does the report of a folded tick whose descriptors
+// are due, once its window has grown to half an interval
+// (reporter.Window.Check), which is not a surge report.
 func (e *engine) check(s *simSidecar) {
 	e.after(e.sc.Loop.SurgeCheck, func() { e.check(s) })
 	if rep := s.win.Check(Epoch.Add(e.now), s.lim); rep != nil {
-		e.fast.SurgeReports++
+		if rep.GetUrgent() {
+			e.fast.SurgeReports++
+		}
 		e.send(s, rep)
 	}
 }

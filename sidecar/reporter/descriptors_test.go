@@ -140,3 +140,94 @@ func TestWindowFoldedTickLeavesDescriptorsDue(t *testing.T) {
 		t.Fatalf("next surge: %v, want no descriptors", rep)
 	}
 }
+
+// TestWindowFoldedTickReportsAtHalfInterval: when no surge report carries
+// the descriptors a folded tick left due, the first check at which the
+// folded window has grown to half an interval sends the tick's regular
+// report with them, not the next tick a whole interval later. In
+// tenants-zipf a pinned abuser's sidecar surged as the abuse began and
+// folded its tick; the abuser's value then waited for the next tick to be
+// reported, unlisted, and the allowance let it through for a second more.
+// A service without descriptors still waits for its tick.
+func TestWindowFoldedTickReportsAtHalfInterval(t *testing.T) {
+	for _, withDescriptors := range []bool{true, false} {
+		t.Run(fmt.Sprint("descriptors=", withDescriptors), func(t *testing.T) {
+			l := sidecar.NewLimiter(sidecar.LimiterOptions{})
+			p := &sidecar.Policy{Name: names.Callee("api"), Service: "api", LiveInstances: 1}
+			if withDescriptors {
+				p.Descriptors = []sidecar.DescriptorPolicy{{
+					Name: "tenant", Source: descriptor.Source{Kind: descriptor.Header, Header: "x-tenant-id"},
+					LimitRPS: 20, MissingLimitRPS: 20, Quantile: allowance.DefaultQuantile,
+				}}
+			}
+			l.SetPolicy(p)
+			s := l.Service("api")
+			decide := func(value string, n int) {
+				for range n {
+					s.Decide("web")
+					s.DecideDescriptor(0, value)
+				}
+			}
+			start := time.Unix(0, 0)
+			at := func(ms int) time.Time { return start.Add(time.Duration(ms) * time.Millisecond) }
+			w := NewWindow(WindowConfig{Header: Header{SidecarID: "a", Service: "api"}, Interval: time.Second, SurgeChecks: true}, start, l)
+			decide("calm", 100)
+			if rep := w.Tick(at(1000), l); rep == nil {
+				t.Fatal("first tick: nil")
+			}
+			for ms := 1100; ms < 1900; ms += 100 {
+				decide("calm", 10)
+				if rep := w.Check(at(ms), l); rep != nil {
+					t.Fatalf("calm check at %dms: %v", ms, rep)
+				}
+			}
+			decide("abuser", 500)
+			if rep := w.Check(at(1900), l); rep == nil || !rep.GetUrgent() || len(rep.GetDescriptors()) != 0 {
+				t.Fatalf("surge at 1900ms: %v", rep)
+			}
+			decide("abuser", 500)
+			if rep := w.Tick(at(2000), l); rep != nil {
+				t.Fatalf("tick 100ms after a surge report: %v, want it folded", rep)
+			}
+			// The abuser holds its rate: no surge, no fall.
+			for ms := 2000; ms < 2400; ms += 100 {
+				if ms > 2000 {
+					decide("abuser", 500)
+				}
+				if rep := w.Check(at(ms), l); rep != nil {
+					t.Fatalf("check at %dms, %dms since the surge report: %v, want nil", ms, ms-1900, rep)
+				}
+			}
+			decide("abuser", 500)
+			rep := w.Check(at(2400), l)
+			if !withDescriptors {
+				if rep != nil {
+					t.Fatalf("check at 2400ms without descriptors: %v, want nil until the tick", rep)
+				}
+				return
+			}
+			if rep == nil || rep.GetUrgent() || len(rep.GetDescriptors()) != 1 {
+				t.Fatalf("check at 2400ms, half an interval after the surge report: %v, want the folded tick's regular report", rep)
+			}
+			if rw, dw := rep.GetWindow().AsDuration(), rep.GetDescriptorWindow().AsDuration(); rw != 500*time.Millisecond || dw != 1400*time.Millisecond {
+				t.Errorf("window %v, descriptor window %v; want 500ms and 1.4s", rw, dw)
+			}
+			d := rep.GetDescriptors()[0]
+			if d.GetOffered() != 80+3000 || len(d.GetValues()) == 0 || d.GetValues()[0].GetValue() != "abuser" || d.GetValues()[0].GetOffered() != 3000 {
+				t.Errorf("descriptors: %v, want 3080 offered, abuser=3000 first", d)
+			}
+			decide("abuser", 500)
+			if rep := w.Check(at(2500), l); rep != nil {
+				t.Fatalf("check after the folded tick's report: %v, want nil", rep)
+			}
+			decide("abuser", 2500)
+			rep = w.Tick(at(3000), l)
+			if rep == nil || len(rep.GetDescriptors()) != 1 {
+				t.Fatalf("next tick: %v", rep)
+			}
+			if rw, dw := rep.GetWindow().AsDuration(), rep.GetDescriptorWindow().AsDuration(); rw != 600*time.Millisecond || dw != 600*time.Millisecond {
+				t.Errorf("next tick: window %v, descriptor window %v; want 600ms each", rw, dw)
+			}
+		})
+	}
+}

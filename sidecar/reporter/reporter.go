@@ -45,7 +45,9 @@ type Source interface {
 // DescriptorSource is a Source that also counts descriptor values
 // (issue #15); sidecar.Limiter implements it. A Window whose Source
 // implements it puts the service's descriptors in every regular report,
-// and in an urgent one only when the tick before it folded (Window.Tick):
+// and in an urgent one only when the tick before it folded (Window.Tick;
+// a check sends such a tick's report itself once its window has grown to
+// half an interval, Window.Check):
 // RotateDescriptors ends the descriptors' window, and returns what it
 // counted, reusing dst. Each call starts a new window,
 // so a Limiter's service has one such reader: its Window (the reporter's,
@@ -357,7 +359,9 @@ func (r *Reporter) loop(ctx context.Context, send func(*sluicev1.LoadReport)) {
 		case <-ctx.Done():
 			return
 		case now := <-check:
-			if rep = w.Check(now, r.src); rep != nil {
+			// A check also sends a folded tick's report when its
+			// descriptors are due (Window.Check): not a surge.
+			if rep = w.Check(now, r.src); rep.GetUrgent() {
 				r.surges.Inc()
 			}
 		case <-t.C:

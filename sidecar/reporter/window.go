@@ -93,13 +93,22 @@ func NewWindow(cfg WindowConfig, now time.Time, src Source) *Window {
 // report no descriptors, and rotate no sketch, for as long as it surges:
 // the tenant's value reached no policy, and the local allowance, sized
 // for one interval, counted over several and then started afresh
-// (tenants-zipf: a pinned abuser admitted ~140 rps four seconds in).
+// (tenants-zipf: a pinned abuser admitted ~140 rps four seconds in). When
+// no surge report follows, the first surge check at which the folded
+// window has grown to half an interval sends it (see Check), not the next
+// tick a whole interval later.
 func (w *Window) Tick(now time.Time, src Source) *sluicev1.LoadReport {
 	if now.Sub(w.prevAt) < w.minWindow {
 		w.descDue = true
 		return nil
 	}
 	w.cur = src.AppendCounts(w.hdr.Service, w.cur[:0])
+	return w.regular(now, src)
+}
+
+// regular sends the regular report of the window since the last report,
+// with the descriptors; w.cur holds the counters at now.
+func (w *Window) regular(now time.Time, src Source) *sluicev1.LoadReport {
 	rep := w.send(w.prev, w.prevAt, now, false)
 	w.addDescriptors(rep, now, src)
 	return rep
@@ -129,6 +138,17 @@ func (w *Window) addDescriptors(rep *sluicev1.LoadReport, now time.Time, src Sou
 // check less than MinInterval after the last one or after a report (a late
 // tick's successor, or a check that coincides with a report): too short a
 // window for a rate the aggregator accepts, so it is left to grow.
+//
+// When a tick folded its window and left the service's descriptors due,
+// and no surge report has carried them since, the first check at which
+// the window has grown to half an interval sends the folded tick's
+// regular report (not urgent), with them. Waiting for the next tick held
+// the descriptors back a whole interval: a value that began to abuse as
+// its sidecar surged (a pinned tenant) reached no policy until then, and
+// the allowance let it through meanwhile (tenants-zipf: a pinned abuser
+// whose sidecar folded the tick after its surge reports was admitted 64 rps
+// in its second second, over a sketch window of two intervals, then 160 in
+// its third, until the policy listed it).
 func (w *Window) Check(now time.Time, src Source) *sluicev1.LoadReport {
 	if !w.checks || now.Sub(w.checkedAt) < MinInterval {
 		return nil
@@ -148,6 +168,9 @@ func (w *Window) Check(now time.Time, src Source) *sluicev1.LoadReport {
 		// requests, not the whole window: its rate is then the surge's.
 		from, fromAt := w.trail.Since(w.cur, surgeMinCount(w.surge))
 		return w.sendUrgent(from, fromAt, now, src)
+	}
+	if w.descDue && len(w.descs) > 0 && now.Sub(w.prevAt) >= w.minWindow {
+		return w.regular(now, src)
 	}
 	w.checked, w.checkedAt = append(w.checked[:0], w.cur...), now
 	w.trail.Add(w.cur, now)
