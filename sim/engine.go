@@ -698,6 +698,18 @@ func (e *engine) sampleRatios(bin int) {
 	for _, bs := range e.buckets {
 		bs.ratio[bin] = e.meanRatio(bs)
 	}
+	for i := range e.flowSeries {
+		fs := &e.flowSeries[i]
+		f := &e.sc.Flows[fs.Flow]
+		c := e.callees[e.buckets[e.bucketIdx[f.Bucket()]].callee]
+		sum := 0.0
+		for _, s := range c.sidecars {
+			if r, ok := s.svc.LeafTierRatio(f.Caller, f.Leaf, fs.Tier); ok {
+				sum += r
+			}
+		}
+		fs.Ratio[bin] = sum / float64(len(c.sidecars))
+	}
 }
 
 // meanRatio is the mean drop ratio the bucket's callee's sidecars hold for
@@ -1109,6 +1121,9 @@ func (e *engine) restartController(down time.Duration) {
 // over-limit episode, and sets up its Pipeline.
 func (e *engine) findOnsets() {
 	for _, bs := range e.buckets {
+		if e.tieredBucket(bs) {
+			continue
+		}
 		var pipe *Pipeline
 		for t := time.Duration(0); t < e.sc.Duration; t += e.sc.Step {
 			offered, allowed := e.nominal(bs, t)

@@ -1,13 +1,17 @@
 package sim
 
 import (
+	"cmp"
 	"fmt"
 	"image/color"
 	"io"
 	"math"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
+	"github.com/sluicehq/sluice/pkg/criticality"
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/text"
@@ -39,7 +43,9 @@ var (
 // a caller went over its limit, a zoom on its first episode in 100 ms bins
 // with the instants each stage of the loop caught up (see Pipeline). The
 // failures of the timeline are marked on every panel. The title names the
-// scenario and the seed.
+// scenario and the seed. Callers whose flows all carry a criticality are
+// drawn per tier instead (tierPanels), their drop ratios per caller and
+// tier, and have no zoom: see Result.TieredBucket.
 func WritePNG(w io.Writer, r *Result) error {
 	sc := r.Scenario
 	unit, unitName := timeUnit(sc.Duration)
@@ -57,11 +63,18 @@ func WritePNG(w io.Writer, r *Result) error {
 		}
 		return top
 	}
+	tiered := make([]bool, len(r.Buckets))
 	for i := range r.Buckets {
+		tiered[i] = r.TieredBucket(i)
+	}
+	for i := range r.Buckets {
+		if tiered[i] {
+			continue
+		}
 		b := &r.Buckets[i]
 		p := plot.New()
 		p.Title.Text = fmt.Sprintf("%s ← %s: offered, admitted and allowed rate (limit %s rps)", b.Callee, b.Bucket().Leaf(), rate(b.Limit))
-		if i == 0 {
+		if len(rows) == 0 {
 			p.Title.Text = fmt.Sprintf("%s · seed %d\n%s", sc.Name, r.Seed, p.Title.Text)
 		}
 		p.Y.Label.Text = "rps"
@@ -82,11 +95,12 @@ func WritePNG(w io.Writer, r *Result) error {
 		}
 		// The loop's happenings are labelled on the first panel, a
 		// callee's on its own first one.
+		first := len(rows) == 0
 		label := func(h Happening) bool {
 			if h.Callee == "" {
-				return i == 0
+				return first
 			}
-			return h.Callee == b.Callee && (i == 0 || r.Buckets[i-1].Callee != b.Callee)
+			return h.Callee == b.Callee && (first || r.Buckets[i-1].Callee != b.Callee)
 		}
 		if err := addEvents(p, r.Timeline, unit, p.Y.Max, label); err != nil {
 			return err
@@ -94,6 +108,11 @@ func WritePNG(w io.Writer, r *Result) error {
 		p.Legend.Top = true
 		rows = append(rows, []*plot.Plot{p})
 	}
+	tierRows, err := tierPanels(r, unit, xlabel, len(rows) == 0)
+	if err != nil {
+		return err
+	}
+	rows = append(rows, tierRows...)
 
 	// Drop ratios.
 	p := plot.New()
@@ -120,12 +139,20 @@ func WritePNG(w io.Writer, r *Result) error {
 	p.Y.Min, p.Y.Max = 0, 1.3
 	p.X.Min, p.X.Max = 0, sc.Duration.Seconds()/unit
 	for i := range r.Buckets {
+		if tiered[i] {
+			continue
+		}
 		b := &r.Buckets[i]
 		name := b.Bucket().Leaf()
 		if len(seen[b.Caller]) > 1 {
 			name = b.Bucket().String()
 		}
 		if err := addSeries(p, name, binXYs(b.Ratio, unit), palette[i%len(palette)], 1.5, nil); err != nil {
+			return err
+		}
+	}
+	if slices.Contains(tiered, true) {
+		if err := addTierRatios(p, r, unit, seen); err != nil {
 			return err
 		}
 	}
@@ -137,7 +164,6 @@ func WritePNG(w io.Writer, r *Result) error {
 
 	var zoom *plot.Plot
 	if len(r.Pipelines) > 0 {
-		var err error
 		if zoom, err = zoomPlot(r, &r.Pipelines[0]); err != nil {
 			return err
 		}
@@ -145,6 +171,9 @@ func WritePNG(w io.Writer, r *Result) error {
 
 	const width = 11 * vg.Inch
 	panelH := 2.3 * vg.Inch
+	if slices.Contains(tiered, true) {
+		panelH = 2.6 * vg.Inch // room for a tier's callers in its legend
+	}
 	zoomH := vg.Length(0)
 	if zoom != nil {
 		zoomH = 3 * vg.Inch
@@ -168,8 +197,226 @@ func WritePNG(w io.Writer, r *Result) error {
 		bottom.Max.Y -= vg.Points(8)
 		zoom.Draw(bottom)
 	}
-	_, err := vgimg.PngCanvas{Canvas: img}.WriteTo(w)
+	_, err = vgimg.PngCanvas{Canvas: img}.WriteTo(w)
 	return err
+}
+
+// tierKey is a tiered callee's tier.
+type tierKey struct {
+	callee string
+	tier   criticality.Tier
+}
+
+// tierPanels draws, per tiered callee and per tier present, the tier's
+// offered and admitted rates and what the law allows it (ExpectFlows),
+// summed over the flows of buckets that are wholly tiered; a tier of
+// several callers shows each caller's admitted and allowed rate too. The
+// panels of a callee share their y scale, so that tiers compare at a
+// glance. first says the panels open the figure (its title, the loop's
+// labels).
+func tierPanels(r *Result, unit float64, xlabel string, first bool) ([][]*plot.Plot, error) {
+	sc := r.Scenario
+	var keys []tierKey
+	flowsOf := map[tierKey][]int{}
+	callerTiered := map[Bucket]bool{}
+	for i := range r.Buckets {
+		if r.TieredBucket(i) {
+			callerTiered[r.Buckets[i].Bucket()] = true
+		}
+	}
+	for j, fs := range r.Flows {
+		if !callerTiered[sc.Flows[fs.Flow].Bucket()] {
+			continue
+		}
+		k := tierKey{fs.Callee, fs.Tier}
+		if flowsOf[k] == nil {
+			keys = append(keys, k)
+		}
+		flowsOf[k] = append(flowsOf[k], j)
+	}
+	slices.SortStableFunc(keys, func(a, b tierKey) int {
+		return cmp.Or(strings.Compare(a.callee, b.callee), cmp.Compare(a.tier, b.tier))
+	})
+	type sums struct {
+		offered, admitted, allowed []float64
+		callers                    []string
+		admittedBy, allowedBy      map[string][]float64
+	}
+	add := func(dst *[]float64, src []float64) {
+		if *dst == nil {
+			*dst = make([]float64, len(src))
+		}
+		for i, v := range src {
+			(*dst)[i] += v
+		}
+	}
+	all := make([]sums, len(keys))
+	top := map[string]float64{}
+	for ki, k := range keys {
+		t := &all[ki]
+		t.admittedBy, t.allowedBy = map[string][]float64{}, map[string][]float64{}
+		for _, j := range flowsOf[k] {
+			fs := &r.Flows[j]
+			add(&t.offered, fs.Offered)
+			add(&t.admitted, fs.Admitted)
+			add(&t.allowed, fs.Allowed)
+			name := Bucket{Caller: fs.Caller, Procedure: sc.Flows[fs.Flow].Leaf}.Leaf()
+			if t.admittedBy[name] == nil {
+				t.callers = append(t.callers, name)
+			}
+			a, l := t.admittedBy[name], t.allowedBy[name]
+			add(&a, fs.Admitted)
+			add(&l, fs.Allowed)
+			t.admittedBy[name], t.allowedBy[name] = a, l
+		}
+		for _, s := range [][]float64{t.offered, t.admitted, t.allowed} {
+			for _, v := range s {
+				if !math.IsInf(v, 0) {
+					top[k.callee] = max(top[k.callee], v)
+				}
+			}
+		}
+	}
+	var rows [][]*plot.Plot
+	labelled := map[string]bool{}
+	for ki, k := range keys {
+		t := &all[ki]
+		tier := k.tier.String()
+		if k.tier == criticality.None {
+			tier = "untiered"
+		}
+		p := plot.New()
+		p.Title.Text = fmt.Sprintf("%s · %s (%s): offered, admitted and what the law allows, summed over its callers",
+			k.callee, tier, strings.Join(t.callers, ", "))
+		if len(t.callers) == 1 {
+			p.Title.Text = fmt.Sprintf("%s · %s (%s): offered, admitted and what the law allows", k.callee, tier, t.callers[0])
+		}
+		if first && len(rows) == 0 {
+			p.Title.Text = fmt.Sprintf("%s · seed %d\n%s", sc.Name, r.Seed, p.Title.Text)
+		}
+		p.Y.Label.Text = "rps"
+		p.X.Label.Text = xlabel
+		p.Y.Tick.Marker, p.X.Tick.Marker = compactTicks, timeTicks
+		p.Add(plotter.NewGrid())
+		p.Y.Min, p.Y.Max = 0, max(top[k.callee], 1)*1.6
+		p.X.Min, p.X.Max = 0, sc.Duration.Seconds()/unit
+		if err := addSeries(p, "offered", binXYs(t.offered, unit), colOffered, 1.5, nil); err != nil {
+			return nil, err
+		}
+		if err := addSeries(p, "admitted", binXYs(t.admitted, unit), colAdmitted, 1.5, nil); err != nil {
+			return nil, err
+		}
+		if err := addSeries(p, "allowed", binXYs(t.allowed, unit), colAllowed, 1, dashed); err != nil {
+			return nil, err
+		}
+		if len(t.callers) > 1 {
+			for ci, name := range t.callers {
+				c := callerColors[ci%len(callerColors)]
+				if err := addSeries(p, name+" (dashed: allowed)", binXYs(t.admittedBy[name], unit), c, 1, nil); err != nil {
+					return nil, err
+				}
+				if err := addSeries(p, "", binXYs(t.allowedBy[name], unit), c, 1, dashed); err != nil {
+					return nil, err
+				}
+			}
+		}
+		firstRow := first && len(rows) == 0
+		mine := !labelled[k.callee]
+		labelled[k.callee] = true
+		label := func(h Happening) bool {
+			if h.Callee == "" {
+				return firstRow
+			}
+			return h.Callee == k.callee && mine
+		}
+		if err := addEvents(p, r.Timeline, unit, p.Y.Max, label); err != nil {
+			return nil, err
+		}
+		p.Legend.Top = true
+		p.Legend.TextStyle.Font.Size = vg.Points(9)
+		rows = append(rows, []*plot.Plot{p})
+	}
+	return rows, nil
+}
+
+// callerColors tell a tier's callers apart, away from the offered,
+// admitted and allowed colours.
+var callerColors = []color.Color{
+	color.RGBA{R: 0x2c, G: 0xa0, B: 0x2c, A: 0xff},
+	color.RGBA{R: 0x94, G: 0x67, B: 0xbd, A: 0xff},
+	color.RGBA{R: 0xe3, G: 0x77, B: 0xc2, A: 0xff},
+	color.RGBA{R: 0x8c, G: 0x56, B: 0x4b, A: 0xff},
+}
+
+// tierColors colour the drop ratio of a tier: the tiers' own, so that the
+// callers of one tier share a colour.
+var tierColors = [...]color.Color{
+	criticality.None:          color.RGBA{R: 0x7f, G: 0x7f, B: 0x7f, A: 0xff},
+	criticality.CriticalPlus:  color.RGBA{R: 0x1f, G: 0x77, B: 0xb4, A: 0xff},
+	criticality.Critical:      color.RGBA{R: 0x2c, G: 0xa0, B: 0x2c, A: 0xff},
+	criticality.SheddablePlus: color.RGBA{R: 0xf5, G: 0x9e, B: 0x0b, A: 0xff},
+	criticality.Sheddable:     color.RGBA{R: 0xd6, G: 0x27, B: 0x28, A: 0xff},
+}
+
+// addTierRatios draws the drop ratio the sidecars held per (caller, tier)
+// of the wholly tiered buckets: a colour per tier, a dash per caller.
+func addTierRatios(p *plot.Plot, r *Result, unit float64, seen map[string]map[string]bool) error {
+	sc := r.Scenario
+	type key struct {
+		b    Bucket
+		tier criticality.Tier
+	}
+	var keys []key
+	ratio := map[key][]float64{}
+	var callers []string
+	for i := range r.Buckets {
+		if !r.TieredBucket(i) {
+			continue
+		}
+		b := r.Buckets[i].Bucket()
+		for _, fs := range r.Flows {
+			if sc.Flows[fs.Flow].Bucket() != b {
+				continue
+			}
+			k := key{b, fs.Tier}
+			if _, ok := ratio[k]; !ok {
+				keys = append(keys, k)
+				ratio[k] = fs.Ratio // flows of one leaf share its ratio
+			}
+			if !slices.Contains(callers, b.Caller) {
+				callers = append(callers, b.Caller)
+			}
+		}
+	}
+	slices.SortStableFunc(keys, func(a, b key) int {
+		return cmp.Or(strings.Compare(a.b.Callee, b.b.Callee), cmp.Compare(a.tier, b.tier), compareBuckets(a.b, b.b))
+	})
+	styles := [][]vg.Length{nil, dashed, dotted}
+	for _, k := range keys {
+		name := k.b.Leaf()
+		if len(seen[k.b.Caller]) > 1 {
+			name = k.b.String()
+		}
+		tier := k.tier.String()
+		if k.tier == criticality.None {
+			tier = "untiered"
+		}
+		dash := styles[slices.Index(callers, k.b.Caller)%len(styles)]
+		if err := addSeries(p, name+" · "+tier, binXYs(ratio[k], unit), tierColors[k.tier], 1.5, dash); err != nil {
+			return err
+		}
+	}
+	// Room above 1 for the legend, ticks up to 1 only.
+	p.Y.Max = 1 + 0.17*float64(len(keys))
+	if p.Y.Max < 1.3 {
+		p.Y.Max = 1.3
+	}
+	p.Y.Tick.Marker = plot.TickerFunc(func(lo, hi float64) []plot.Tick {
+		return compactTicks.Ticks(lo, min(hi, 1))
+	})
+	p.Legend.TextStyle.Font.Size = vg.Points(9)
+	p.Title.Text = strings.Replace(p.Title.Text, "drop ratio held by the sidecars (", "drop ratio held by the sidecars per caller and tier (LeafTierRatio, ", 1)
+	return nil
 }
 
 // zoomPlot draws the first seconds of an over-limit episode in fine bins
@@ -295,7 +542,7 @@ func addSeries(p *plot.Plot, name string, xys plotter.XYs, c color.Color, width 
 		l.Width = vg.Points(width)
 		l.Dashes = dashes
 		p.Add(l)
-		if i == 0 {
+		if i == 0 && name != "" { // "": no legend entry
 			p.Legend.Add(name, l)
 		}
 	}

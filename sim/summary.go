@@ -42,6 +42,16 @@ func WriteSummary(w io.Writer, r *Result) error {
 	for _, p := range r.Pipelines {
 		writePipeline(&b, r, &p)
 	}
+	var tiered []string
+	for i := range r.Buckets {
+		if r.TieredBucket(i) {
+			tiered = append(tiered, r.Buckets[i].Bucket().String())
+		}
+	}
+	if len(tiered) > 0 {
+		fmt.Fprintf(&b, "\nwhere the time to enforce goes: not followed for %s, whose flows carry a criticality: its stages are timed against one allowed rate per caller, which the tiers split (the callers' table measures them against the sum of what the law allows their tiers; the tier table, per tier)\n",
+			strings.Join(tiered, ", "))
+	}
 
 	if r.Tenants != nil {
 		writeTenants(&b, r.Tenants)

@@ -27,6 +27,10 @@ type FlowSeries struct {
 	Tier              criticality.Tier
 	Offered, Admitted []float64 // requests per bin, retries included
 	Nominal, Allowed  []float64 // per bin: the flow's rate, and what the law allows it
+	// Ratio is the drop ratio the callee's sidecars held for the flow's
+	// leaf (caller, procedure, tier) at the end of each bin, mean over
+	// them (LeafTierRatio).
+	Ratio []float64
 }
 
 // Tiered reports whether a flow of the scenario carries a criticality.
@@ -74,8 +78,25 @@ func (e *engine) initFlowSeries() {
 			Flow: fi, Callee: f.Callee, Caller: f.Caller, Header: f.Criticality,
 			Tier:    FlowTier(e.sc.Limits.Service(f.Callee), f),
 			Offered: make([]float64, e.nbins), Admitted: make([]float64, e.nbins),
+			Ratio: make([]float64, e.nbins),
 		})
 	}
+}
+
+// tieredBucket reports whether every flow of the bucket carries a
+// criticality: the tier oracle (ExpectFlows) then gives its allowed rate,
+// and no Pipeline follows it, since the pipeline's stages compare against
+// the untiered per-caller oracle.
+func (e *engine) tieredBucket(bs *bucketState) bool {
+	if e.flowIdx == nil || len(bs.flows) == 0 {
+		return false
+	}
+	for _, fi := range bs.flows {
+		if e.flowIdx[fi] < 0 {
+			return false
+		}
+	}
+	return true
 }
 
 func (e *engine) flowAdd(flow, bin, offered, admitted int) {
@@ -183,20 +204,8 @@ func ExpectFlows(sc *Scenario, flows []FlowSeries) {
 func expectTieredBuckets(sc *Scenario, buckets []BucketSeries, flows []FlowSeries) {
 	for i := range buckets {
 		b := &buckets[i]
-		var mine []int
-		all := true
-		for fi := range sc.Flows {
-			if sc.Flows[fi].Bucket() != b.Bucket() {
-				continue
-			}
-			j := slices.IndexFunc(flows, func(fs FlowSeries) bool { return fs.Flow == fi })
-			if j < 0 {
-				all = false
-				break
-			}
-			mine = append(mine, j)
-		}
-		if !all || len(mine) == 0 {
+		mine := tierFlowsOf(sc, b.Bucket(), flows)
+		if mine == nil {
 			continue
 		}
 		for bin := range b.Allowed {
@@ -206,6 +215,30 @@ func expectTieredBuckets(sc *Scenario, buckets []BucketSeries, flows []FlowSerie
 			}
 		}
 	}
+}
+
+// tierFlowsOf returns the indexes in flows of the bucket's flows when
+// every one carries a criticality; nil when one does not, or it has none.
+func tierFlowsOf(sc *Scenario, bucket Bucket, flows []FlowSeries) []int {
+	var mine []int
+	for fi := range sc.Flows {
+		if sc.Flows[fi].Bucket() != bucket {
+			continue
+		}
+		j := slices.IndexFunc(flows, func(fs FlowSeries) bool { return fs.Flow == fi })
+		if j < 0 {
+			return nil
+		}
+		mine = append(mine, j)
+	}
+	return mine
+}
+
+// TieredBucket reports whether every flow of r's bucket i carries a
+// criticality: its allowed rate is then the sum of what the law allows its
+// tiers, and no Pipeline follows it.
+func (r *Result) TieredBucket(i int) bool {
+	return tierFlowsOf(r.Scenario, r.Buckets[i].Bucket(), r.Flows) != nil
 }
 
 // TierSettle is how long after the start of each phase the tier measures
