@@ -255,8 +255,8 @@ func TestDescriptorsPerServiceBounded(t *testing.T) {
 
 // TestRejectedEntriesByReason: ByReason follows EntryReasons.
 func TestRejectedEntriesByReason(t *testing.T) {
-	e := RejectedEntries{BadProcedure: 1, BadCriticality: 2, MixedCriticality: 3, BadDescriptor: 4, BadDescriptorCounts: 5, DuplicateDescriptor: 6,
-		TooManyDescriptors: 7, OutboundDescriptor: 8, BadValue: 9, DuplicateValue: 10, TooManyValues: 11, QuotaValues: 12, ValueClamped: 100}
+	e := RejectedEntries{BadProcedure: 1, BadCriticality: 2, MixedCriticality: 3, BadCost: 4, BadInFlight: 5, BadDescriptor: 6, BadDescriptorCounts: 7, DuplicateDescriptor: 8,
+		TooManyDescriptors: 9, OutboundDescriptor: 10, BadValue: 11, DuplicateValue: 12, TooManyValues: 13, QuotaValues: 14, ValueClamped: 100}
 	by := e.ByReason()
 	if len(by) != len(EntryReasons) {
 		t.Fatalf("ByReason has %d counts, EntryReasons %d", len(by), len(EntryReasons))
@@ -266,8 +266,8 @@ func TestRejectedEntriesByReason(t *testing.T) {
 			t.Errorf("ByReason()[%d] (%s) = %d, want %d", i, EntryReasons[i], n, i+1)
 		}
 	}
-	if e.Total() != 78 {
-		t.Errorf("Total = %d, want 78", e.Total())
+	if e.Total() != 105 {
+		t.Errorf("Total = %d, want 105", e.Total())
 	}
 }
 

@@ -34,6 +34,13 @@ type Bounds struct {
 	// MaxRate bounds a peer's offered rate in one report, in requests per
 	// second. Default 1e7.
 	MaxRate float64
+	// MaxCostPerRequest bounds what one request of a report may cost, in
+	// the callee's units (issue #16): an entry whose offered_cost is above
+	// it times its offered requests, or whose admitted_cost is above it
+	// times its offered requests plus those in flight plus one (requests
+	// admitted in an earlier window may complete in this one), is left out
+	// (EntryBadCost). Default 1e6, a sidecar's default cost.max.
+	MaxCostPerRequest float64
 	// MinWindow and MaxWindow bound a report's window: rates over a
 	// shorter one are noise, a longer one is stale. Defaults 10ms, 60s.
 	MinWindow, MaxWindow time.Duration
@@ -101,6 +108,7 @@ func DefaultBounds() Bounds {
 	return Bounds{
 		MaxPeersPerReport: 10000,
 		MaxRate:           1e7,
+		MaxCostPerRequest: 1e6,
 		MinWindow:         10 * time.Millisecond,
 		MaxWindow:         60 * time.Second,
 		MaxSidecars:       100000,
@@ -120,6 +128,7 @@ func (b Bounds) withDefaults() Bounds {
 	d := DefaultBounds()
 	b.MaxPeersPerReport = cmp.Or(b.MaxPeersPerReport, d.MaxPeersPerReport)
 	b.MaxRate = cmp.Or(b.MaxRate, d.MaxRate)
+	b.MaxCostPerRequest = cmp.Or(b.MaxCostPerRequest, d.MaxCostPerRequest)
 	b.MinWindow = cmp.Or(b.MinWindow, d.MinWindow)
 	b.MaxWindow = cmp.Or(b.MaxWindow, d.MaxWindow)
 	b.MaxSidecars = cmp.Or(b.MaxSidecars, d.MaxSidecars)
@@ -142,6 +151,9 @@ func (b Bounds) Validate() error {
 	}
 	if b.MaxRate < 0 || math.IsNaN(b.MaxRate) || math.IsInf(b.MaxRate, 0) {
 		errs = append(errs, fmt.Errorf("max-rate: must be finite and >= 0 (0 for the default), got %v", b.MaxRate))
+	}
+	if b.MaxCostPerRequest < 0 || math.IsNaN(b.MaxCostPerRequest) || math.IsInf(b.MaxCostPerRequest, 0) {
+		errs = append(errs, fmt.Errorf("max-report-cost-per-request: must be finite and >= 0 (0 for the default), got %v", b.MaxCostPerRequest))
 	}
 	if b.MinWindow < 0 {
 		errs = append(errs, fmt.Errorf("Bounds.MinWindow: must be >= 0 (0 for the default), got %v", b.MinWindow))
@@ -234,10 +246,29 @@ const (
 	EntryMixedCriticality = "mixed_criticality"
 )
 
+// Reasons an entry of a report is left out for its cost or its requests
+// in flight (issue #16), the rest of the report kept. Metric label
+// values, as EntryBadProcedure. The entry's whole load is lost: its
+// requests are counted with costs no one can believe.
+const (
+	// EntryBadCost: an offered_cost or admitted_cost that is NaN,
+	// infinite or negative, or above Bounds.MaxCostPerRequest per
+	// request. An admitted_cost above offered_cost is no error: the app
+	// may report a request cost more than its price.
+	EntryBadCost = "bad_cost"
+	// EntryBadInFlight: in_flight above MaxInFlight.
+	EntryBadInFlight = "bad_in_flight"
+)
+
+// MaxInFlight bounds the requests in flight one sidecar may report for
+// one bucket: a million concurrent requests at one process is no
+// sidecar's.
+const MaxInFlight = 1_000_000
+
 // EntryReasons lists every reason an entry is left out, for metrics
 // resolved up front. The descriptors' are in descriptors.go.
 var EntryReasons = []string{
-	EntryBadProcedure, EntryBadCriticality, EntryMixedCriticality,
+	EntryBadProcedure, EntryBadCriticality, EntryMixedCriticality, EntryBadCost, EntryBadInFlight,
 	EntryBadDescriptor, EntryBadDescriptorCounts, EntryDuplicateDescriptor, EntryTooManyDescriptors, EntryOutboundDescriptor,
 	EntryBadValue, EntryDuplicateValue, EntryTooManyValues, EntryQuotaValues,
 }
@@ -357,6 +388,21 @@ func compareLeaves(a, b leaf) int {
 type peerRate struct {
 	leaf                             // interned in its identity's peers
 	offered, dropped, shadow float64 // requests per second
+	// offeredCost and admittedCost are cost units per second, 0 for a
+	// callee counting requests; inFlight is the sidecar's gauge.
+	offeredCost, admittedCost float64
+	inFlight                  uint32
+}
+
+// add adds q's rates to p's: p's bucket takes q's load (fold). In flight
+// saturates.
+func (p *peerRate) add(q peerRate) {
+	p.offered += q.offered
+	p.dropped += q.dropped
+	p.shadow += q.shadow
+	p.offeredCost += q.offeredCost
+	p.admittedCost += q.admittedCost
+	p.inFlight += min(q.inFlight, math.MaxUint32-p.inFlight)
 }
 
 func comparePeerRates(a, b peerRate) int { return compareLeaves(a.leaf, b.leaf) }
@@ -591,11 +637,22 @@ func (s *State) checkPeers(r *sluicev1.LoadReport) (peers []peerRate, bad Reject
 		if rate > s.bounds.MaxRate {
 			return nil, bad, reject(ReasonAbsurdRate, "peer %q: offered rate %.0f/s above %.0f/s", p.GetPeer(), rate, s.bounds.MaxRate)
 		}
+		if !s.plausibleCost(p) {
+			bad.BadCost++
+			continue
+		}
+		if p.GetInFlight() > MaxInFlight {
+			bad.BadInFlight++
+			continue
+		}
 		peers = append(peers, peerRate{
-			leaf:    leaf{p.GetPeer(), p.GetProcedure(), criticality.Tier(c)},
-			offered: rate,
-			dropped: float64(d) / secs,
-			shadow:  float64(sh) / secs,
+			leaf:         leaf{p.GetPeer(), p.GetProcedure(), criticality.Tier(c)},
+			offered:      rate,
+			dropped:      float64(d) / secs,
+			shadow:       float64(sh) / secs,
+			offeredCost:  p.GetOfferedCost() / secs,
+			admittedCost: p.GetAdmittedCost() / secs,
+			inFlight:     p.GetInFlight(),
 		})
 	}
 	slices.SortFunc(peers, comparePeerRates)
@@ -612,6 +669,21 @@ func (s *State) checkPeers(r *sluicev1.LoadReport) (peers []peerRate, bad Reject
 		peers = slices.Clone(peers)
 	}
 	return peers, bad, nil
+}
+
+// plausibleCost reports whether p's costs, over its window, are numbers
+// one report's requests can have cost: finite, ≥ 0, and at most
+// MaxCostPerRequest each. Offered cost prices the requests offered in the
+// window; admitted cost may also count requests admitted before it and
+// completed in it, at most those in flight plus one more (a long request
+// of a bucket whose sidecar counts none in flight).
+func (s *State) plausibleCost(p *sluicev1.PeerCounts) bool {
+	oc, ac := p.GetOfferedCost(), p.GetAdmittedCost()
+	if !(oc >= 0) || !(ac >= 0) || math.IsInf(oc, 1) || math.IsInf(ac, 1) {
+		return false // also NaN
+	}
+	m := s.bounds.MaxCostPerRequest
+	return oc <= m*float64(p.GetOffered()) && ac <= m*(float64(p.GetOffered())+float64(p.GetInFlight())+1)
 }
 
 // unmix leaves out of peers, sorted by leaf, the tiered entries of every
@@ -638,6 +710,8 @@ type RejectedEntries struct {
 	BadProcedure     int // EntryBadProcedure
 	BadCriticality   int // EntryBadCriticality
 	MixedCriticality int // EntryMixedCriticality
+	BadCost          int // EntryBadCost
+	BadInFlight      int // EntryBadInFlight
 
 	BadDescriptor       int // EntryBadDescriptor
 	BadDescriptorCounts int // EntryBadDescriptorCounts
@@ -656,8 +730,8 @@ type RejectedEntries struct {
 
 // ByReason returns the counts of the entries left out, in EntryReasons'
 // order (ValueClamped is not one).
-func (e RejectedEntries) ByReason() [12]int {
-	return [...]int{e.BadProcedure, e.BadCriticality, e.MixedCriticality,
+func (e RejectedEntries) ByReason() [14]int {
+	return [...]int{e.BadProcedure, e.BadCriticality, e.MixedCriticality, e.BadCost, e.BadInFlight,
 		e.BadDescriptor, e.BadDescriptorCounts, e.DuplicateDescriptor, e.TooManyDescriptors, e.OutboundDescriptor,
 		e.BadValue, e.DuplicateValue, e.TooManyValues, e.QuotaValues}
 }
@@ -675,6 +749,8 @@ func (e *RejectedEntries) add(o RejectedEntries) {
 	e.BadProcedure += o.BadProcedure
 	e.BadCriticality += o.BadCriticality
 	e.MixedCriticality += o.MixedCriticality
+	e.BadCost += o.BadCost
+	e.BadInFlight += o.BadInFlight
 	e.BadDescriptor += o.BadDescriptor
 	e.BadDescriptorCounts += o.BadDescriptorCounts
 	e.DuplicateDescriptor += o.DuplicateDescriptor
@@ -799,9 +875,7 @@ func (s *State) fold(il *identityLoad, old *sidecarLoad, peers []peerRate) []pee
 		i, t := at(p.leaf)
 		o := &overflow[i][t]
 		o.leaf = leaf{names.Overflow, [2]string{"", names.Other}[i], t}
-		o.offered += p.offered
-		o.dropped += p.dropped
-		o.shadow += p.shadow
+		o.add(p)
 		used[i][t] = true
 	}
 	for i := range overflow {
@@ -975,6 +1049,9 @@ func (s *State) Flush(now time.Time, interval time.Duration) *sluicev1.ZoneLoad 
 			pr.OfferedRps += p.offered
 			pr.DroppedRps += p.dropped
 			pr.ShadowDroppedRps += p.shadow
+			pr.OfferedCostRps += p.offeredCost
+			pr.AdmittedCostRps += p.admittedCost
+			pr.InFlight += min(p.inFlight, math.MaxUint32-pr.InFlight)
 		}
 	}
 
@@ -1013,10 +1090,18 @@ func (s *State) Flush(now time.Time, interval time.Duration) *sluicev1.ZoneLoad 
 
 // capRate scales pr down so that its offered rate is at most
 // zoneload.MaxRate, keeping dropped and shadow-dropped the same shares of
-// it, and reports whether it did.
+// it, and its cost rates at most zoneload.MaxCostRate, keeping admitted
+// cost's ratio to offered cost; and reports whether it did.
 func capRate(pr *sluicev1.PeerRate) bool {
+	capped := false
+	if m := max(pr.OfferedCostRps, pr.AdmittedCostRps); m > zoneload.MaxCostRate {
+		f := zoneload.MaxCostRate / m
+		pr.OfferedCostRps = min(pr.OfferedCostRps*f, zoneload.MaxCostRate)
+		pr.AdmittedCostRps = min(pr.AdmittedCostRps*f, zoneload.MaxCostRate)
+		capped = true
+	}
 	if pr.OfferedRps <= zoneload.MaxRate {
-		return false
+		return capped
 	}
 	f := zoneload.MaxRate / pr.OfferedRps
 	pr.OfferedRps = zoneload.MaxRate

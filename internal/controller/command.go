@@ -212,6 +212,7 @@ func addFlags(f *pflag.FlagSet, cfg *Config, fl *Flags) {
 	f.Float64Var(&cfg.RepublishThreshold, "republish-threshold", cfg.RepublishThreshold, "relative change of a caller's admitted share that is pushed before the refresh is due")
 	f.IntVar(&cfg.MaxAggregators, "max-aggregators", cfg.MaxAggregators, "most aggregators whose loads are held")
 	f.IntVar(&cfg.MaxDescriptorValues, "max-descriptor-values", cfg.MaxDescriptorValues, "most values of one descriptor a policy lists (and a zone load may carry): reserved, then dropped, then compliant, largest first")
+	duration.Var(f, &cfg.CostPayback, "cost-payback", cfg.CostPayback, "window over which a bucket of a callee counting cost pays back what it admitted above its limit (its limit lowered meanwhile)")
 	duration.Var(f, &cfg.DescriptorHold, "descriptor-hold", cfg.DescriptorHold, "how long a compliant descriptor value stays listed (ratio 0) after the zones last reported it; 0 lists it only while reported")
 	f.Float64Var(&cfg.Law.PMax, "p-max", cfg.Law.PMax, "highest drop ratio ever pushed, in (0, 1)")
 	f.Float64Var(&cfg.Law.MinRate, "min-rate", cfg.Law.MinRate, "offered rps below which a caller is never dropped")

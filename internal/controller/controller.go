@@ -69,6 +69,7 @@ func DefaultConfig() Config {
 			MaxAggregators:      1000,
 			MaxDescriptorValues: DefaultMaxDescriptorValues,
 			DescriptorHold:      30 * time.Second,
+			CostPayback:         DefaultCostPayback,
 			Law:                 dropratio.DefaultConfig(),
 		},
 	}
@@ -98,6 +99,7 @@ func (c Config) Validate() error {
 	check(c.MaxDescriptorValues >= 1 && c.MaxDescriptorValues <= MaxDescriptorValuesBound,
 		"max-descriptor-values: %d is outside [1, %d]", c.MaxDescriptorValues, MaxDescriptorValuesBound)
 	check(c.DescriptorHold >= 0 && c.DescriptorHold <= maxDescriptorHold, "descriptor-hold: %v is outside [0, %v]", c.DescriptorHold, maxDescriptorHold)
+	check(c.CostPayback > 0 && c.CostPayback <= 10*time.Minute, "cost-payback: %v is outside (0, 10m]", c.CostPayback)
 	// The law's own Validate names its Go fields; the flags are what an
 	// operator typed. It runs again in dropratio.New as the last word.
 	check(c.Law.PMax > 0 && c.Law.PMax < 1, "p-max: %v is outside (0, 1)", c.Law.PMax)

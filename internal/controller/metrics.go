@@ -28,6 +28,10 @@ type metrics struct {
 	limitServices prometheus.Gauge
 	offered       *prometheus.GaugeVec
 	dropped       *prometheus.GaugeVec
+	// debt is per callee counting cost with a bucket in debt, bounded by
+	// the limits; debtSeen holds those with a series.
+	debt     *prometheus.GaugeVec
+	debtSeen map[string]bool
 
 	// Per (service, descriptor), both bounded by the limits
 	// (descriptor.MaxPerService per service).
@@ -79,7 +83,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "sluice_controller_outbound_claims_refused_total",
 			Help: "Outbound claims left out of the law, once per tick and bucket, by reason: no_limit, the callee has a capacity and the bucket no finite limit; " +
 				"callee_procedures, the callee declares procedures and its own sidecars count every call in its leaf; " +
-				"callee_tiers, the callee declares tiers and its own sidecars count every call in its tier.",
+				"callee_tiers, the callee declares tiers and its own sidecars count every call in its tier; " +
+				"callee_cost, the callee counts cost, which only its own sidecars price.",
 		}, []string{"reason"}),
 		peersShed: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sluice_controller_policy_peers_shed_total",
@@ -96,6 +101,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Global rate of enforced drops per callee and procedure (empty for a callee without procedures), as sidecars reported them.",
 		}, []string{"service", "procedure"}),
 		seen: map[ServiceProcedure]bool{},
+		debt: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "sluice_controller_cost_debt",
+			Help: "Cost units a callee counting cost has admitted above its buckets' limits and not yet paid back, summed over its buckets; their limits are lowered meanwhile (--cost-payback).",
+		}, []string{"service"}),
+		debtSeen: map[string]bool{},
 		descRejected: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_controller_descriptor_entries_rejected_total",
 			Help: "Descriptor entries, or values of them, left out of zone loads' service entries that were applied, by reason.",
@@ -126,7 +136,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m.peerRejected.WithLabelValues(ReasonBadCriticality)
 	if reg != nil {
 		reg.MustRegister(m.tickSeconds, m.aggregators, m.buckets, m.warm, m.published, m.deleted, m.publishErrors,
-			m.accepted, m.rejected, m.svcRejected, m.peerRejected, m.claimsRefused, m.peersShed, m.streams, m.limitServices, m.offered, m.dropped,
+			m.accepted, m.rejected, m.svcRejected, m.peerRejected, m.claimsRefused, m.peersShed, m.streams, m.limitServices, m.offered, m.dropped, m.debt,
 			m.descRejected, m.descListed, m.descCut, m.descAbusive, m.descZoneCut, m.descHeld)
 	}
 	return m
@@ -158,6 +168,16 @@ func (m *metrics) observeTick(res TickResult, set *limits.Set, took time.Duratio
 		}
 	}
 	m.observeDescriptors(res.Descriptors)
+	for svc, d := range res.Debts {
+		m.debt.WithLabelValues(svc).Set(d)
+		m.debtSeen[svc] = true
+	}
+	for svc := range m.debtSeen {
+		if _, ok := res.Debts[svc]; !ok {
+			m.debt.DeleteLabelValues(svc)
+			delete(m.debtSeen, svc)
+		}
+	}
 }
 
 // observeDescriptors sets the descriptor gauges of a tick and deletes the

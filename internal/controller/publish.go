@@ -60,7 +60,9 @@ func listed(pp *sluicev1.PeerPolicy) bool {
 	if pp.GetEnforcedUpstream() {
 		e = dataplane.EnforceUpstream
 	}
-	return dataplane.Listed(pp.GetDropRatio(), pp.LimitRps != nil, e)
+	// A cap on requests in flight lists its bucket as a limit does: every
+	// sidecar must hold its share of it from the first request.
+	return dataplane.Listed(pp.GetDropRatio(), pp.LimitRps != nil || pp.MaxConcurrency != nil, e)
 }
 
 // leafPolicy renders the verdict of one bucket of callee (limits lim, nil
@@ -106,6 +108,8 @@ func publishedBucket(v dropratio.Verdict, lim *limits.Service, declared map[stri
 		return false
 	case lim.Tiered() && !inbound:
 		return false
+	case lim.Counted() && !inbound:
+		return false
 	case !lim.HasProcedures():
 		return v.Procedure == ""
 	case !inbound:
@@ -133,6 +137,10 @@ func (s *State) policy(sv dropratio.ServiceVerdict, live uint32, lim *limits.Ser
 		p.FailMode = failModeProto(lim.FailMode)
 	}
 	p.Criticality = criticalityPolicy(lim)
+	if lim.Counted() {
+		p.Unit = sluicev1.Unit_UNIT_COST
+		p.Cost = costPolicy(lim)
+	}
 	var declared map[string]bool
 	if lim.HasProcedures() {
 		p.Procedures = slices.Clone(lim.Declared)
@@ -150,6 +158,7 @@ func (s *State) policy(sv dropratio.ServiceVerdict, live uint32, lim *limits.Ser
 		}
 		pp := leafPolicy(v.Caller, v, lim)
 		markUpstream(pp, v.Mode, lim.Bucket(v.Caller))
+		s.markCost(pp, v, lim, sv.Service)
 		if listed(pp) {
 			p.Peers = append(p.Peers, pp)
 		}
@@ -352,6 +361,7 @@ func (s *State) due(policy *sluicev1.DropPolicy, now time.Time) bool {
 	if old.GetLiveInstances() != policy.GetLiveInstances() || old.GetFailMode() != policy.GetFailMode() ||
 		len(old.GetPeers()) != len(policy.GetPeers()) || !slices.Equal(old.GetProcedures(), policy.GetProcedures()) ||
 		!proto.Equal(old.GetCriticality(), policy.GetCriticality()) ||
+		old.GetUnit() != policy.GetUnit() || !proto.Equal(old.GetCost(), policy.GetCost()) ||
 		!slices.EqualFunc(old.GetRoutes(), policy.GetRoutes(), func(a, b *sluicev1.Route) bool {
 			return a.GetPattern() == b.GetPattern() && a.GetProcedure() == b.GetProcedure()
 		}) {
@@ -367,7 +377,9 @@ func (s *State) due(policy *sluicev1.DropPolicy, now time.Time) bool {
 			op.GetMode() != np.GetMode() || op.GetEnforcedUpstream() != np.GetEnforcedUpstream() ||
 			(op.LimitRps == nil) != (np.LimitRps == nil) || op.GetLimitRps() != np.GetLimitRps() ||
 			(op.CallerLimitRps == nil) != (np.CallerLimitRps == nil) || op.GetCallerLimitRps() != np.GetCallerLimitRps() ||
-			(op.AllowedRps == nil) != (np.AllowedRps == nil) || op.GetReason() != np.GetReason() || op.GetBound() != np.GetBound() {
+			(op.AllowedRps == nil) != (np.AllowedRps == nil) || op.GetReason() != np.GetReason() || op.GetBound() != np.GetBound() ||
+			(op.MaxConcurrency == nil) != (np.MaxConcurrency == nil) || op.GetMaxConcurrency() != np.GetMaxConcurrency() ||
+			(op.GetDebt() == 0) != (np.GetDebt() == 0) {
 			return true
 		}
 		// A ratio that reaches or leaves zero always goes out; otherwise

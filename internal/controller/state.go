@@ -47,6 +47,10 @@ type StateConfig struct {
 	// window it goes unreported; 0 lists a value only while it is
 	// reported. See holdValues.
 	DescriptorHold time.Duration
+	// CostPayback is the window over which a bucket of a callee counting
+	// cost pays back what it admitted above its limit (see debt.go); 0
+	// means DefaultCostPayback.
+	CostPayback time.Duration
 	// Law configures the control law.
 	Law dropratio.Config
 }
@@ -66,6 +70,10 @@ type State struct {
 	// the list, so at most MaxDescriptorValues per descriptor and only of
 	// descriptors the limits give. Nil while DescriptorHold is 0.
 	held map[descriptorKey]map[string]heldValue
+	// debts holds the debt of every bucket of a callee counting cost that
+	// owes, in its units (see debt.go): only buckets with a limit of
+	// their own, and none that owes nothing.
+	debts map[debtKey]float64
 
 	aggs map[string]*aggregatorLoad
 
@@ -106,6 +114,7 @@ func NewState(cfg StateConfig, now time.Time) (*State, error) {
 		descLaw:   descLaw,
 		aggs:      map[string]*aggregatorLoad{},
 		published: map[string]*published{},
+		debts:     map[debtKey]float64{},
 	}, nil
 }
 

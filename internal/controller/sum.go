@@ -113,9 +113,8 @@ func mergePeers(loads []*sluicev1.ServiceLoad) []peerTotals {
 			if h := heads[k]; h < len(l.GetPeers()) && l.GetPeers()[h].GetPeer() == t.peer && l.GetPeers()[h].GetProcedure() == t.procedure &&
 				criticality.Tier(l.GetPeers()[h].GetCriticality()) == t.tier {
 				p := l.GetPeers()[h]
-				t.Offered += p.GetOfferedRps()
-				t.Dropped += p.GetDroppedRps()
-				t.ShadowDropped += p.GetShadowDroppedRps()
+				t.add(Totals{Offered: p.GetOfferedRps(), Dropped: p.GetDroppedRps(), ShadowDropped: p.GetShadowDroppedRps(),
+					OfferedCost: p.GetOfferedCostRps(), AdmittedCost: p.GetAdmittedCostRps(), InFlight: float64(p.GetInFlight())})
 				heads[k]++
 			}
 		}
@@ -153,7 +152,9 @@ func (p *peerTotals) sameBucket(q *peerTotals) bool {
 // decided mark of such a callee and count every call in its leaf
 // themselves (sidecar.DecidedHeader); counted here as well, each call
 // would count twice. So are all claims toward a callee that declares
-// tiers, for the same reason: a caller's side resolves no tier. Sums are
+// tiers, for the same reason: a caller's side resolves no tier; and toward
+// a callee counting cost, which a caller's side neither prices nor
+// counts. Sums are
 // in a fixed order, inbound first, callers sorted.
 func combine(inbound, outbound map[string][]peerTotals, set *limits.Set) (map[string][]peerTotals, []RefusedClaim) {
 	if len(outbound) == 0 {
@@ -173,6 +174,8 @@ func combine(inbound, outbound map[string][]peerTotals, set *limits.Set) (map[st
 				reason = RefusedProcedures
 			case lim.Tiered():
 				reason = RefusedTiers
+			case lim.Counted():
+				reason = RefusedCost
 			case !trustClaim(lim, caller):
 				reason = RefusedNoLimit
 			}
@@ -204,9 +207,7 @@ func combine(inbound, outbound map[string][]peerTotals, set *limits.Set) (map[st
 				j++
 			default: // the same bucket on both sides
 				t := in[i]
-				t.Offered += outb[j].Offered
-				t.Dropped += outb[j].Dropped
-				t.ShadowDropped += outb[j].ShadowDropped
+				t.add(outb[j].Totals)
 				merged = append(merged, t)
 				i, j = i+1, j+1
 			}

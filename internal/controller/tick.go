@@ -22,6 +22,10 @@ import (
 // Totals is a bucket's global load, summed over live aggregators.
 type Totals struct {
 	Offered, Dropped, ShadowDropped float64
+	// OfferedCost and AdmittedCost are cost units per second, for a
+	// callee counting cost (issue #16); InFlight is requests in flight,
+	// the sum of the sidecars' latest gauges.
+	OfferedCost, AdmittedCost, InFlight float64
 }
 
 // TickResult is what one tick decided.
@@ -56,6 +60,9 @@ type TickResult struct {
 	// Descriptors holds what each configured descriptor listed, sorted by
 	// service then descriptor, for metrics.
 	Descriptors []DescriptorStat
+	// Debts holds, per callee counting cost with a bucket in debt, the
+	// sum of its buckets' debts in cost units, for metrics.
+	Debts map[string]float64
 }
 
 // BucketLoad is one bucket's global load in one tick: a leaf's when
@@ -83,6 +90,9 @@ const (
 	// RefusedTiers: the callee declares tiers, and its own sidecars
 	// decide and count every call in its tier (see combine).
 	RefusedTiers = "callee_tiers"
+	// RefusedCost: the callee counts cost, which only its own sidecars
+	// price (see combine).
+	RefusedCost = "callee_cost"
 )
 
 // ServiceProcedure names one procedure of one callee.
@@ -92,6 +102,9 @@ func (t *Totals) add(u Totals) {
 	t.Offered += u.Offered
 	t.Dropped += u.Dropped
 	t.ShadowDropped += u.ShadowDropped
+	t.OfferedCost += u.OfferedCost
+	t.AdmittedCost += u.AdmittedCost
+	t.InFlight += u.InFlight
 }
 
 // Tick runs one control step at now against the limits in force.
@@ -113,7 +126,6 @@ func (s *State) Tick(now time.Time, set *limits.Set) TickResult {
 	loads := s.sum(set)
 	res.RefusedClaims = loads.refused
 	inbound, live := loads.buckets, loads.live
-	services := lawInput(inbound, set)
 	var dt time.Duration
 	if !s.lastStep.IsZero() {
 		dt = now.Sub(s.lastStep)
@@ -121,6 +133,8 @@ func (s *State) Tick(now time.Time, set *limits.Set) TickResult {
 		s.seed(inbound)
 	}
 	s.lastStep = now
+	res.Debts = s.stepDebts(dt, inbound, set)
+	services := lawInput(inbound, set, s.debtLimit)
 	verdicts := s.law.Step(dt, services)
 	descriptors, dstats := s.stepDescriptors(now, dt, set)
 	res.Descriptors = dstats
@@ -224,7 +238,11 @@ func (s *State) seed(inbound map[string][]peerTotals) {
 // admits a request of a tier its policy does not list until the next
 // tick, as it admits an unlisted caller's. The law carries the tiers it
 // holds a ratio for until they release.
-func lawInput(inbound map[string][]peerTotals, set *limits.Set) []dropratio.Service {
+//
+// A callee counting cost (limits.Service.Counted) offers its leaves' cost
+// rates, and every limit, its own and lowered by its debt (limit), and
+// capacity is in its units.
+func lawInput(inbound map[string][]peerTotals, set *limits.Set, limit leafLimit) []dropratio.Service {
 	callees := map[string]bool{}
 	for svc := range inbound {
 		callees[svc] = true
@@ -236,7 +254,7 @@ func lawInput(inbound map[string][]peerTotals, set *limits.Set) []dropratio.Serv
 	for _, name := range slices.Sorted(maps.Keys(callees)) {
 		lim := set.Service(name)
 		if lim.HasProcedures() {
-			out = append(out, procedureInput(name, inbound[name], lim))
+			out = append(out, procedureInput(name, inbound[name], lim, limit))
 			continue
 		}
 		svc := dropratio.Service{Name: name, Capacity: math.Inf(1)}
@@ -246,14 +264,16 @@ func lawInput(inbound map[string][]peerTotals, set *limits.Set) []dropratio.Serv
 		seen := map[string]bool{}
 		for _, p := range inbound[name] {
 			b := lim.Bucket(p.peer)
-			svc.Callers = append(svc.Callers, dropratio.Caller{Name: p.peer, Tier: uint8(p.tier), Offered: p.Offered, Limit: b.Limit, Mode: b.Mode})
+			svc.Callers = append(svc.Callers, dropratio.Caller{Name: p.peer, Tier: uint8(p.tier), Offered: p.offered(lim),
+				Limit: limit(lim, p.peer, "", b.Limit), Mode: b.Mode})
 			seen[p.peer] = true
 		}
 		if lim != nil {
 			for _, caller := range slices.Sorted(maps.Keys(lim.Callers)) {
 				if !seen[caller] {
 					b := lim.Callers[caller]
-					svc.Callers = append(svc.Callers, dropratio.Caller{Name: caller, Tier: uint8(lim.DefaultTier(caller, "")), Limit: b.Limit, Mode: b.Mode})
+					svc.Callers = append(svc.Callers, dropratio.Caller{Name: caller, Tier: uint8(lim.DefaultTier(caller, "")),
+						Limit: limit(lim, caller, "", b.Limit), Mode: b.Mode})
 				}
 			}
 		}
@@ -270,7 +290,7 @@ func lawInput(inbound map[string][]peerTotals, set *limits.Set) []dropratio.Serv
 // folded (foldBuckets). A caller named by any limit of the callee gets
 // a leaf for every procedure, traffic or not, so that its policy lists
 // them from the first request (a blocked caller is blocked at once).
-func procedureInput(name string, peers []peerTotals, lim *limits.Service) dropratio.Service {
+func procedureInput(name string, peers []peerTotals, lim *limits.Service, limit leafLimit) dropratio.Service {
 	procs := append(slices.Clone(lim.Declared), names.Other)
 	svc := dropratio.Service{Name: name, Capacity: lim.Capacity, Procedures: make([]dropratio.Procedure, 0, len(procs))}
 	for _, p := range procs {
@@ -281,8 +301,8 @@ func procedureInput(name string, peers []peerTotals, lim *limits.Service) dropra
 	callers := map[string]bool{}
 	for _, p := range peers {
 		b := lim.Bucket(p.peer)
-		svc.Callers = append(svc.Callers, dropratio.Caller{Name: p.peer, Procedure: p.procedure, Tier: uint8(p.tier), Offered: p.Offered,
-			Limit: lim.LeafLimit(p.peer, p.procedure), Mode: b.Mode})
+		svc.Callers = append(svc.Callers, dropratio.Caller{Name: p.peer, Procedure: p.procedure, Tier: uint8(p.tier), Offered: p.offered(lim),
+			Limit: limit(lim, p.peer, p.procedure, lim.LeafLimit(p.peer, p.procedure)), Mode: b.Mode})
 		seen[leaf{p.peer, p.procedure}] = true
 		callers[p.peer] = true
 	}
@@ -292,13 +312,16 @@ func procedureInput(name string, peers []peerTotals, lim *limits.Service) dropra
 		for c := range p.Callers {
 			limited[c] = lim.Bucket(c)
 		}
+		for c := range p.MaxConcurrency { // listed for their cap
+			limited[c] = lim.Bucket(c)
+		}
 	}
 	for _, caller := range slices.Sorted(maps.Keys(limited)) {
 		callers[caller] = true
 		for _, p := range procs {
 			if !seen[leaf{caller, p}] {
 				svc.Callers = append(svc.Callers, dropratio.Caller{Name: caller, Procedure: p, Tier: uint8(lim.DefaultTier(caller, p)),
-					Limit: lim.LeafLimit(caller, p), Mode: limited[caller].Mode})
+					Limit: limit(lim, caller, p, lim.LeafLimit(caller, p)), Mode: limited[caller].Mode})
 			}
 		}
 	}

@@ -179,6 +179,14 @@ func validateService(i int, svc *sluicev1.ServiceLoad) *RejectError {
 				return fail("bad_rate", "peers[%d].%s: %v is outside [0, %g]", j, r.field, r.v, maxRate)
 			}
 		}
+		for _, r := range []struct {
+			field string
+			v     float64
+		}{{"offered_cost_rps", p.GetOfferedCostRps()}, {"admitted_cost_rps", p.GetAdmittedCostRps()}} {
+			if math.IsNaN(r.v) || r.v < 0 || r.v > zoneload.MaxCostRate {
+				return fail("bad_rate", "peers[%d].%s: %v is outside [0, %g]", j, r.field, r.v, zoneload.MaxCostRate)
+			}
+		}
 		if off, drop := p.GetOfferedRps(), p.GetDroppedRps()+p.GetShadowDroppedRps(); drop > off*(1+dropSlack)+dropSlack {
 			return fail("dropped_above_offered", "peers[%d]: dropped_rps + shadow_dropped_rps = %v is above offered_rps %v", j, drop, off)
 		}

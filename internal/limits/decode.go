@@ -251,6 +251,10 @@ func (d *decoder) service(n *yaml.Node, path string) fileService {
 			})
 		case "criticality":
 			fs.Criticality = d.criticality(v, p)
+		case "unit":
+			fs.Unit = d.text(v, p)
+		case "cost":
+			fs.Cost = d.cost(v, p)
 		default:
 			d.errorf(path, k, "field %s not found", key)
 		}
@@ -273,6 +277,8 @@ func (d *decoder) bucket(n *yaml.Node, path string) fileBucket {
 			fb.Criticality = d.text(v, p)
 		case "max_criticality":
 			fb.MaxCriticality = d.text(v, p)
+		case "max_concurrency":
+			fb.MaxConcurrency = d.number(v, p)
 		default:
 			d.errorf(path, k, "field %s not found", key)
 		}
@@ -312,6 +318,8 @@ func (d *decoder) procedure(n *yaml.Node, path string) fileProcedure {
 			})
 		case "criticality":
 			fp.Criticality = d.text(v, p)
+		case "cost":
+			fp.Cost = d.number(v, p)
 		default:
 			d.errorf(path, k, "field %s not found", key)
 		}
@@ -319,16 +327,19 @@ func (d *decoder) procedure(n *yaml.Node, path string) fileProcedure {
 	return fp
 }
 
-// leaf decodes the limit of a (caller, procedure) leaf: its mode and
-// enforcement are its caller's, so a leaf has no such fields.
+// leaf decodes the limit and cap of a (caller, procedure) leaf: its mode
+// and enforcement are its caller's, so a leaf has no such fields.
 func (d *decoder) leaf(n *yaml.Node, path string) fileLeaf {
 	var fl fileLeaf
 	d.mapping(n, path, func(key string, k, v *yaml.Node) {
-		if key != "limit" {
+		switch key {
+		case "limit":
+			fl.Limit = d.number(v, path+"."+key)
+		case "max_concurrency":
+			fl.MaxConcurrency = d.number(v, path+"."+key)
+		default:
 			d.errorf(path, k, "field %s not found (a leaf's mode and enforcement are its caller's)", key)
-			return
 		}
-		fl.Limit = d.number(v, path+"."+key)
 	})
 	return fl
 }

@@ -29,8 +29,8 @@ type fileDescriptor struct {
 var errUpstreamDescriptors = errors.New("upstream: the service has descriptors, which only its own sidecars can decide (upstream data planes carry no ratio per value); use sidecar")
 
 // upstreamErr is why s's callers can not be enforced upstream, nil when
-// they can: its procedures (upstreamRefused), its descriptors or its
-// tiers.
+// they can: its procedures (upstreamRefused), its descriptors, its
+// tiers or its unit of cost.
 func upstreamErr(s *Service) error {
 	switch {
 	case upstreamRefused(s):
@@ -39,6 +39,8 @@ func upstreamErr(s *Service) error {
 		return errUpstreamDescriptors
 	case s.Criticality != nil:
 		return errUpstreamCriticality
+	case s.Counted():
+		return errUpstreamCost
 	}
 	return nil
 }

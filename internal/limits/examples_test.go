@@ -39,15 +39,15 @@ func TestExampleLimitsFile(t *testing.T) {
 		t.Errorf("checkout = %+v", co)
 	}
 	for caller, want := range map[string]Bucket{
-		"web":    {100, dropratio.Enforce, dataplane.EnforceSidecar},
-		"batch":  {50, dropratio.Shadow, dataplane.EnforceSidecar},
-		"abuser": {0, dropratio.Enforce, dataplane.EnforceSidecar},
-		"app":    {80, dropratio.Enforce, dataplane.EnforceUpstream},
-		"other":  {200, dropratio.Enforce, dataplane.EnforceSidecar}, // the default limit
+		"web":    {Limit: 100, Mode: dropratio.Enforce, Enforcement: dataplane.EnforceSidecar},
+		"batch":  {Limit: 50, Mode: dropratio.Shadow, Enforcement: dataplane.EnforceSidecar},
+		"abuser": {Limit: 0, Mode: dropratio.Enforce, Enforcement: dataplane.EnforceSidecar},
+		"app":    {Limit: 80, Mode: dropratio.Enforce, Enforcement: dataplane.EnforceUpstream},
+		"other":  {Limit: 200, Mode: dropratio.Enforce, Enforcement: dataplane.EnforceSidecar}, // the default limit
 		// Shipped defaults limit the reserved callers: no one sends
 		// unlimited load by naming nobody, or a flood of names.
-		"unknown":   {20, dropratio.Enforce, dataplane.EnforceSidecar},
-		"_overflow": {20, dropratio.Enforce, dataplane.EnforceSidecar},
+		"unknown":   {Limit: 20, Mode: dropratio.Enforce, Enforcement: dataplane.EnforceSidecar},
+		"_overflow": {Limit: 20, Mode: dropratio.Enforce, Enforcement: dataplane.EnforceSidecar},
 	} {
 		if got := co.Bucket(caller); got != want {
 			t.Errorf("checkout/%s = %+v, want %+v", caller, got, want)
@@ -122,7 +122,7 @@ func checkExamplePayments(t *testing.T, pay *Service) {
 			t.Errorf("payments (%s, %s): caller limit, leaf limit, procedure capacity %v, want %v", tc.caller, tc.proc, got, [3]float64{tc.limit, tc.leaf, tc.pc})
 		}
 	}
-	if pay.Capacity != 500 || pay.Bucket("_overflow") != (Bucket{20, dropratio.Enforce, dataplane.EnforceSidecar}) {
+	if pay.Capacity != 500 || pay.Bucket("_overflow") != (Bucket{Limit: 20, Mode: dropratio.Enforce, Enforcement: dataplane.EnforceSidecar}) {
 		t.Errorf("payments = %+v", pay)
 	}
 }

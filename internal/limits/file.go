@@ -66,6 +66,18 @@ import (
 //	    callers:
 //	      web:   {limit: 6000, criticality: CRITICAL, max_criticality: CRITICAL_PLUS}
 //	      batch: {limit: 8000, criticality: SHEDDABLE}
+//	  llm:
+//	    unit: cost             # limits, capacities, rates in cost units per second (default requests)
+//	    capacity: 20000
+//	    cost:
+//	      default: 1           # a request nothing else prices (default 1)
+//	      from: header x-sluice-request-cost # optional: a request header the callee trusts
+//	      response: x-sluice-cost # optional: the app reports the real cost in this header or trailer
+//	      max: 1000000         # a larger cost is clamped to it (default 1e6)
+//	    callers:
+//	      chat: {limit: 5000, max_concurrency: 40} # requests in flight, global; any unit
+//	    procedures:
+//	      /llm.Chat/Complete: {cost: 10} # a static cost per procedure
 //
 // A service declares procedures by its routes and by the keys of its
 // procedures; its requests then fall in (caller, procedure) leaves (see
@@ -76,8 +88,11 @@ import (
 // its requests reach the callee's sidecar, by the caller's proxyless gRPC
 // client or the callee's Envoy; the service-level value is the default of
 // its callers but unknown and _overflow, which must name it themselves.
-// A service with descriptors or tiers can not be enforced upstream: only
-// its own sidecars decide a request's descriptors and tier.
+// A service with descriptors, tiers or unit: cost can not be enforced
+// upstream, nor a bucket with max_concurrency: only the callee's own
+// sidecars decide a request's descriptors and tier, price it and count it
+// in flight. max_concurrency (a positive integer) caps a caller's or a
+// leaf's requests in flight at the callee, globally, in any unit.
 type fileDoc struct {
 	Services map[string]fileService `yaml:"services"`
 }
@@ -101,6 +116,9 @@ type fileService struct {
 	Descriptors map[string]fileDescriptor `yaml:"descriptors,omitempty"`
 	// Criticality declares the service's tiers (fileCriticality).
 	Criticality *fileCriticality `yaml:"criticality,omitempty"`
+	// Unit is "requests" or "cost"; Cost prices requests (fileCost).
+	Unit string    `yaml:"unit,omitempty"`
+	Cost *fileCost `yaml:"cost,omitempty"`
 }
 
 type fileRoute struct {
@@ -115,11 +133,14 @@ type fileProcedure struct {
 	// Criticality is the procedure's default tier, over the caller's and
 	// the service's.
 	Criticality string `yaml:"criticality,omitempty"`
+	// Cost is the procedure's static cost, in a service counting cost.
+	Cost *float64 `yaml:"cost,omitempty"`
 }
 
-// fileLeaf is the limit of a (caller, procedure) leaf.
+// fileLeaf is the limit and cap of a (caller, procedure) leaf.
 type fileLeaf struct {
-	Limit *float64 `yaml:"limit"`
+	Limit          *float64 `yaml:"limit"`
+	MaxConcurrency *float64 `yaml:"max_concurrency,omitempty"`
 }
 
 type fileBucket struct {
@@ -130,6 +151,8 @@ type fileBucket struct {
 	// highest it may claim; both only in a service with tiers.
 	Criticality    string `yaml:"criticality,omitempty"`
 	MaxCriticality string `yaml:"max_criticality,omitempty"`
+	// MaxConcurrency caps the caller's requests in flight, globally.
+	MaxConcurrency *float64 `yaml:"max_concurrency,omitempty"`
 }
 
 // Parse reads a limits document. Unknown fields are errors, and every problem
@@ -224,6 +247,7 @@ func (b *builder) service(name string, fs fileService) *Service {
 	b.procedures(svc, fs, path)
 	b.descriptors(svc, fs.Descriptors, path)
 	b.criticality(svc, fs, path)
+	b.cost(svc, fs, path)
 	upErr := upstreamErr(svc)
 	if upErr != nil && svc.Enforcement == dataplane.EnforceUpstream {
 		b.errs = append(b.errs, fmt.Errorf("%s.enforcement: %w", path, upErr))
@@ -237,14 +261,20 @@ func (b *builder) service(name string, fs fileService) *Service {
 		if err := names.Check(caller); err != nil {
 			b.errs = append(b.errs, fmt.Errorf("%s: invalid caller name: %v", cpath, err))
 		}
-		if fb.Limit == nil {
-			b.errs = append(b.errs, fmt.Errorf("%s.limit: missing", cpath))
+		// A caller listed for its cap alone keeps the default limit.
+		limit := svc.DefaultLimit
+		if fb.Limit != nil || fb.MaxConcurrency == nil {
+			if fb.Limit == nil {
+				b.errs = append(b.errs, fmt.Errorf("%s.limit: missing", cpath))
+			}
+			limit = rate(cpath+".limit", fb.Limit, &b.errs)
 		}
 		bucket := Bucket{
-			Limit:       rate(cpath+".limit", fb.Limit, &b.errs),
+			Limit:       limit,
 			Mode:        setting(cpath+".mode", fb.Mode, dropratio.ParseMode, svc.Mode, &b.errs),
 			Enforcement: setting(cpath+".enforcement", fb.Enforcement, dataplane.ParseEnforcement, svc.callerEnforcement(caller), &b.errs),
 		}
+		bucket.MaxConcurrency = b.maxConcurrency(cpath+".max_concurrency", fb.MaxConcurrency, bucket.Enforcement)
 		// Only where the caller names it: one inherited from the service
 		// is the service's error.
 		if upErr != nil && fb.Enforcement != "" && bucket.Enforcement == dataplane.EnforceUpstream {
@@ -253,6 +283,7 @@ func (b *builder) service(name string, fs fileService) *Service {
 		svc.Callers[caller] = bucket
 		b.callerCriticality(svc, caller, fb, cpath)
 	}
+	b.leafCapsUpstream(svc, path)
 	b.warnProcedures(svc)
 	return svc
 }

@@ -85,6 +85,13 @@ type Service struct {
 	// declares none, and then its buckets are untiered. From the limits
 	// file only.
 	Criticality *Criticality
+
+	// Unit is what the service's limits, capacities and rates count
+	// (issue #16): requests, or cost units. Descriptor limits are always
+	// in requests per second. From the limits file only.
+	Unit Unit
+	// Cost prices the service's requests; nil unless Unit is UnitCost.
+	Cost *Cost
 }
 
 // Descriptor is a limit per value of one request attribute with many
@@ -114,6 +121,10 @@ type Procedure struct {
 	// limit and the capacities still apply). Mode and enforcement are the
 	// caller's (Service.Bucket).
 	Callers map[string]float64
+	// MaxConcurrency holds the (caller, procedure) leaves with a cap on
+	// requests in flight of their own, global, keyed by caller; a leaf
+	// may have one without a limit. See Service.MaxConcurrency.
+	MaxConcurrency map[string]uint32
 }
 
 // HasProcedures reports whether svc declares procedures: its buckets are
@@ -149,9 +160,12 @@ func (svc *Service) ProcedureCapacity(procedure string) float64 {
 
 // Bucket is the limit of one (callee, caller) pair.
 type Bucket struct {
-	Limit       float64 // requests per second; +Inf means none
+	Limit       float64 // per second, in the service's Unit; +Inf means none
 	Mode        dropratio.Mode
 	Enforcement dataplane.Enforcement
+	// MaxConcurrency caps the bucket's requests in flight at the callee,
+	// globally, whatever the service's Unit; 0 for none.
+	MaxConcurrency uint32
 }
 
 // NewSet builds a Set from services; the map must not be changed afterwards.

@@ -44,12 +44,12 @@ func TestParse(t *testing.T) {
 		svc, caller string
 		want        Bucket
 	}{
-		{"checkout", "web", Bucket{100, dropratio.Enforce, dataplane.EnforceSidecar}},
-		{"checkout", "batch", Bucket{50, dropratio.Shadow, dataplane.EnforceSidecar}},
-		{"checkout", "other", Bucket{200, dropratio.Enforce, dataplane.EnforceSidecar}},           // the default limit
-		{"orders", "web", Bucket{0, dropratio.Shadow, dataplane.EnforceSidecar}},                  // inherits the service's mode
-		{"orders", "other", Bucket{math.Inf(1), dropratio.Shadow, dataplane.EnforceSidecar}},      // no default: unlimited
-		{"unconfigured", "web", Bucket{math.Inf(1), dropratio.Enforce, dataplane.EnforceSidecar}}, // no limits at all
+		{"checkout", "web", Bucket{Limit: 100, Mode: dropratio.Enforce, Enforcement: dataplane.EnforceSidecar}},
+		{"checkout", "batch", Bucket{Limit: 50, Mode: dropratio.Shadow, Enforcement: dataplane.EnforceSidecar}},
+		{"checkout", "other", Bucket{Limit: 200, Mode: dropratio.Enforce, Enforcement: dataplane.EnforceSidecar}},           // the default limit
+		{"orders", "web", Bucket{Limit: 0, Mode: dropratio.Shadow, Enforcement: dataplane.EnforceSidecar}},                  // inherits the service's mode
+		{"orders", "other", Bucket{Limit: math.Inf(1), Mode: dropratio.Shadow, Enforcement: dataplane.EnforceSidecar}},      // no default: unlimited
+		{"unconfigured", "web", Bucket{Limit: math.Inf(1), Mode: dropratio.Enforce, Enforcement: dataplane.EnforceSidecar}}, // no limits at all
 	} {
 		if got := set.Service(tc.svc).Bucket(tc.caller); got != tc.want {
 			t.Errorf("%s/%s = %+v, want %+v", tc.svc, tc.caller, got, tc.want)

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/sluicehq/sluice/pkg/dataplane"
 	"github.com/sluicehq/sluice/pkg/names"
 	"github.com/sluicehq/sluice/pkg/routes"
 )
@@ -155,13 +156,35 @@ func (b *builder) procedure(fp fileProcedure, path string) *Procedure {
 		if err := names.Check(caller); err != nil {
 			b.errs = append(b.errs, fmt.Errorf("%s: invalid caller name: %v", cpath, err))
 		}
-		limit := fp.Callers[caller].Limit
-		if limit == nil {
+		fl := fp.Callers[caller]
+		if mc := b.maxConcurrency(cpath+".max_concurrency", fl.MaxConcurrency, dataplane.EnforceSidecar); mc > 0 {
+			if p.MaxConcurrency == nil {
+				p.MaxConcurrency = map[string]uint32{}
+			}
+			p.MaxConcurrency[caller] = mc
+			if fl.Limit == nil {
+				continue // a leaf listed for its cap alone has no limit of its own
+			}
+		}
+		if fl.Limit == nil {
 			b.errs = append(b.errs, fmt.Errorf("%s.limit: missing", cpath))
 		}
-		p.Callers[caller] = rate(cpath+".limit", limit, &b.errs)
+		p.Callers[caller] = rate(cpath+".limit", fl.Limit, &b.errs)
 	}
 	return p
+}
+
+// leafCapsUpstream refuses a leaf's max_concurrency whose caller is
+// enforced upstream (errUpstreamConcurrency): known once svc's callers
+// are built, after its procedures.
+func (b *builder) leafCapsUpstream(svc *Service, path string) {
+	for _, proc := range slices.Sorted(maps.Keys(svc.Procedures)) {
+		for _, caller := range slices.Sorted(maps.Keys(svc.Procedures[proc].MaxConcurrency)) {
+			if svc.Bucket(caller).Enforcement == dataplane.EnforceUpstream {
+				b.errs = append(b.errs, fmt.Errorf("%s.procedures.%s.callers.%s.max_concurrency: %w", path, proc, caller, errUpstreamConcurrency))
+			}
+		}
+	}
 }
 
 // warnProcedures warns of the procedure limits of svc that are legal but
@@ -188,7 +211,8 @@ func (b *builder) warnProcedures(svc *Service) {
 				b.warnf("%s%s.callers.%s.limit: %v is above caller %s's limit %v across the service's procedures, so it never binds", path, proc, caller, l, caller, cl)
 			}
 		}
-		if unlimited && proc != names.Other && math.IsInf(p.Capacity, 1) && len(p.Callers) == 0 {
+		_, priced := svc.Cost.procedure(proc)
+		if unlimited && proc != names.Other && math.IsInf(p.Capacity, 1) && len(p.Callers) == 0 && len(p.MaxConcurrency) == 0 && !priced {
 			b.warnf("%s%s: limits nothing, and neither the service nor its callers have a limit: it only adds a leaf", path, proc)
 		}
 	}

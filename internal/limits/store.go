@@ -34,7 +34,9 @@ import (
 // The store holds no descriptor limits (issue #15): a Set read from it has
 // none, and a controller on --database-url publishes none. Descriptors
 // come from the limits file only, which excludes the store. So do
-// criticality tiers (issue #16): a Set read from the store declares none.
+// criticality tiers (issue #16): a Set read from the store declares none;
+// and so do cost units and max_concurrency: a Set read from the store
+// counts requests and caps no concurrency.
 func FromHistory(l history.Limits) (*Set, error) {
 	services := map[string]*Service{}
 	get := func(callee string) *Service {

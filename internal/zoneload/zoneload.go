@@ -11,6 +11,13 @@ const (
 	// aggregator caps its sums at it.
 	MaxRate = 1e10
 
+	// MaxCostRate bounds a cost rate in a zone load (PeerRate's
+	// offered_cost_rps and admitted_cost_rps), in cost units per second:
+	// MaxRate requests at a sidecar's default max cost, 10^6 units each.
+	// The controller refuses a larger rate; the aggregator caps its sums
+	// at it.
+	MaxCostRate = MaxRate * 1e6
+
 	// MaxMessageSize is the controller's gRPC receive limit for one zone
 	// load message, in bytes, and the default of the aggregator's bound on
 	// what it sends.

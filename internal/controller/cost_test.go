@@ -1,0 +1,132 @@
+package controller
+
+import (
+	"math"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/limits"
+)
+
+func costLimits(t *testing.T) *limits.Set {
+	t.Helper()
+	set, err := limits.Parse(strings.NewReader(`
+services:
+  llm:
+    unit: cost
+    cost: {default: 2, response: x-sluice-cost}
+    callers:
+      chat: {limit: 5000, max_concurrency: 40}
+  search:
+    callers:
+      web: {max_concurrency: 20}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return set
+}
+
+// costLoad is one aggregator's flush: chat offers llm 100 rps that cost
+// offeredCost units per second, and admitted admittedCost; web offers
+// search 50 rps.
+func costLoad(offeredCost, admittedCost float64) *sluicev1.ZoneLoad {
+	return &sluicev1.ZoneLoad{AggregatorId: "agg-a", Zone: "a", Interval: durationpb.New(time.Second), Services: []*sluicev1.ServiceLoad{
+		{Service: "llm", Direction: sluicev1.Direction_DIRECTION_INBOUND, LiveSidecars: 2, Peers: []*sluicev1.PeerRate{
+			{Peer: "chat", OfferedRps: 100, OfferedCostRps: offeredCost, AdmittedCostRps: admittedCost, InFlight: 12},
+		}},
+		{Service: "search", Direction: sluicev1.Direction_DIRECTION_INBOUND, LiveSidecars: 1, Peers: []*sluicev1.PeerRate{
+			{Peer: "web", OfferedRps: 50},
+		}},
+	}}
+}
+
+// TestCostServiceRatio: a callee counting cost runs the law on its offered
+// cost rate against its limit in units, and publishes its unit, its
+// pricing and its callers' caps; a callee counting requests publishes a
+// cap alone, without a unit or pricing.
+func TestCostServiceRatio(t *testing.T) {
+	s := newState(t)
+	if err := s.Apply(costLoad(20000, 5000), t0); err != nil {
+		t.Fatal(err)
+	}
+	res := s.Tick(t0.Add(3*time.Second), costLimits(t))
+	p := res.Changed["callee/llm"]
+	chat := peer(p, "chat")
+	if chat == nil || math.Abs(chat.GetDropRatio()-(1-5000.0/20000)) > 1e-12 || chat.GetOfferedRps() != 20000 || chat.GetLimitRps() != 5000 {
+		t.Fatalf("chat = %v, want ratio 0.75 from 20000 units/s against 5000", chat)
+	}
+	if chat.MaxConcurrency == nil || chat.GetMaxConcurrency() != 40 || chat.GetDebt() != 0 {
+		t.Errorf("chat cap %v, debt %v; want 40 and 0", chat.MaxConcurrency, chat.GetDebt())
+	}
+	if p.GetUnit() != sluicev1.Unit_UNIT_COST {
+		t.Errorf("unit %v", p.GetUnit())
+	}
+	if want := (&sluicev1.CostPolicy{DefaultCost: 2, ResponseHeader: "x-sluice-cost", MaxCost: 1e6}); !proto.Equal(p.GetCost(), want) {
+		t.Errorf("cost %v, want %v", p.GetCost(), want)
+	}
+	if tot := res.Services["llm"]; tot.Offered != 100 || tot.OfferedCost != 20000 || tot.AdmittedCost != 5000 || tot.InFlight != 12 {
+		t.Errorf("llm totals %+v", tot)
+	}
+	sp := res.Changed["callee/search"]
+	web := peer(sp, "web")
+	if web == nil || web.GetMaxConcurrency() != 20 || web.LimitRps != nil || web.GetDropRatio() != 0 {
+		t.Errorf("web = %v, want listed for its cap 20 alone", web)
+	}
+	if sp.GetUnit() != sluicev1.Unit_UNIT_UNSPECIFIED || sp.GetCost() != nil {
+		t.Errorf("search unit %v, cost %v", sp.GetUnit(), sp.GetCost())
+	}
+}
+
+// TestCostDebt: chat admits 7500 units/s against its limit of 5000 for
+// four ticks (its requests cost more than priced); its limit is lowered
+// by its debt over the payback window (10 s), the debt published, then,
+// admitting what the lowered limit allows, it pays back and gets its limit
+// back.
+func TestCostDebt(t *testing.T) {
+	s := newState(t)
+	s.cfg.RepublishThreshold = 0 // every change published: the last is the tick's
+	set := costLimits(t)
+	if err := s.Apply(costLoad(20000, 5000), t0); err != nil {
+		t.Fatal(err)
+	}
+	now := t0.Add(3 * time.Second)
+	var debts map[string]float64
+	tick := func(admitted float64) *sluicev1.PeerPolicy {
+		t.Helper()
+		if err := s.Apply(costLoad(20000, admitted), now); err != nil {
+			t.Fatal(err)
+		}
+		res := s.Tick(now, set)
+		debts = res.Debts
+		now = now.Add(time.Second)
+		return peer(s.published["callee/llm"].policy, "chat")
+	}
+	tick(5000) // the first step: no dt yet
+	for i := 1; i <= 4; i++ {
+		chat := tick(7500)
+		debt := 2500 * float64(i)
+		if chat.GetDebt() != debt || chat.GetAllowedRps() != 5000-debt/10 || chat.GetLimitRps() != 5000-debt/10 {
+			t.Fatalf("overshoot tick %d: debt %v, allowed %v, limit %v; want %v, %v", i, chat.GetDebt(), chat.GetAllowedRps(), chat.GetLimitRps(), debt, 5000-debt/10)
+		}
+		if got := debts["llm"]; got != debt {
+			t.Errorf("tick %d: llm's debt %v, want %v", i, got, debt)
+		}
+	}
+	allowed := 5000 - 10000/10.0
+	for i := 0; i < 200 && allowed < 5000; i++ {
+		chat := tick(allowed)
+		if chat.GetDebt() > 0 && chat.GetAllowedRps() >= 5000 {
+			t.Fatalf("paying back: debt %v, allowed %v", chat.GetDebt(), chat.GetAllowedRps())
+		}
+		allowed = chat.GetAllowedRps()
+	}
+	if allowed != 5000 || len(s.debts) != 0 || debts != nil {
+		t.Errorf("after paying back: allowed %v, debts %v", allowed, s.debts)
+	}
+}
