@@ -28,8 +28,8 @@ func TestExampleLimitsFile(t *testing.T) {
 		t.Fatalf("the controller would not start with --limits %s: %v", path, err)
 	}
 	set := f.Limits()
-	if got := strings.Join(set.Services(), ","); got != "api,checkout,payments" {
-		t.Fatalf("services %s, want api,checkout,payments", got)
+	if got := strings.Join(set.Services(), ","); got != "api,checkout,llm,payments" {
+		t.Fatalf("services %s, want api,checkout,llm,payments", got)
 	}
 	if w := set.Warnings(); len(w) != 0 {
 		t.Errorf("the example warns: %q", w)
