@@ -294,9 +294,15 @@ func (l *Limiter) Services() []string {
 type Decision struct {
 	Drop   bool // reject the request: an enforced ratio picked it
 	Shadow bool // a shadow ratio picked it; the request is admitted
+	// flags say what Done owes the request (holdsSlot, responsePriced).
+	flags uint8
 	// v is the verdict the request was decided under: a bucket's, or a
 	// descriptor's (v.desc set) for a drop by DecideDescriptor.
 	v *verdict
+	// m is the leaf's meter and price the request's price in milli-units,
+	// for a service with a costTable (see cost.go); nil and 0 otherwise.
+	m     *meter
+	price uint64
 }
 
 // Rule returns the rule the decision was made under, nil when the policy did
@@ -347,6 +353,12 @@ type verdict struct {
 	keep   *atomic.Uint64 // kindOpen: the share of picked requests still dropped, 32.32; Expire lowers it
 	bucket *tokenBucket   // kindLocal: the leaf's own; nil when it has no limit of its own
 	caller *tokenBucket   // kindLocal: shared by the caller's leaves (failmode.go); nil: none
+
+	// conc is, for a rule with a concurrency cap (not enforced
+	// upstream), the verdict of a request refused because the sidecar's
+	// share of the cap is taken: the same rule, its own rejection. nil:
+	// no cap.
+	conc *verdict
 
 	// kindUpstream only: the requests each arrival stands for that the
 	// upstream data plane dropped, p/(1−p), in 1/upstreamOne units:
@@ -476,6 +488,9 @@ type entry struct {
 	up          [nUpStripes]upCounters
 	peer        string
 	incarnation uint64 // see PeerCounts.Incarnation
+	// meter is the leaf's cost and concurrency counters, once a policy
+	// with a costTable has been installed (see cost.go); never removed.
+	meter atomic.Pointer[meter]
 
 	// Idleness, as the last sweeps saw it (see evictIdle); guarded by
 	// the ServiceLimiter's mu.
@@ -667,6 +682,7 @@ type table struct {
 	policy   *Policy
 	verdicts map[leaf]*verdict // the policy compiled, by leaf, for leaves added later
 	desc     *descTable        // the policy's descriptors compiled; nil: none
+	cost     *costTable        // the policy's pricing and caps compiled; nil: none (see cost.go)
 }
 
 // ServiceLimiter is a Limiter bound to one service: it skips the service
@@ -693,6 +709,10 @@ type ServiceLimiter struct {
 	critInvalid  atomic.Uint64 // requests whose tier header named no tier: see critTable.resolve
 	critLowered  atomic.Uint64 // requests whose tier claim was above their caller's max
 	upstream     atomic.Uint64 // inbound requests their caller had decided already (DecidedHeader); see client.go
+	costInvalid  [2]atomic.Uint64 // by source (costFromRequest, costFromResponse): costs that were not a finite number ≥ 0
+	costClamped  [2]atomic.Uint64 // by source: costs above the policy's max
+	costMax      atomic.Uint64    // the current policy's max cost, milli-units, for Done
+	concDropped  atomic.Uint64    // requests refused for their bucket's concurrency share
 	ident        identityCounts
 
 	descOpts   heavy.Options
@@ -811,6 +831,9 @@ func (s *ServiceLimiter) DecideGRPCTier(peer, fullMethod, tierValue string) Deci
 // else index proc's. The tier is resolved here, not by the callers, so
 // that Decide stays small enough to inline.
 func (s *ServiceLimiter) decide(t *table, peer string, proc uint32, tierValue string) Decision {
+	if t.cost != nil {
+		return s.decideMetered(t, peer, proc, tierValue, "")
+	}
 	idx := proc
 	if t.crit != nil {
 		idx = s.tierIndex(t, peer, proc, tierValue)
@@ -923,6 +946,9 @@ func (s *ServiceLimiter) addLeaf(k leaf) slot {
 	// peer may point into a larger request buffer.
 	k.peer = strings.Clone(k.peer)
 	sl := slot{e: newEntry(k.peer), v: t.verdicts[k]}
+	if t.cost != nil {
+		s.meterLocked(nil, t, k, sl)
+	}
 	nt := *t
 	nt.leaves = maps.Clone(t.leaves)
 	nt.leaves[k] = sl
@@ -937,28 +963,32 @@ func (s *ServiceLimiter) addLeaf(k leaf) slot {
 func (s *ServiceLimiter) setPolicy(p *Policy, received time.Time) {
 	procs := compileProcedures(p)
 	crit := compileCriticality(p, procs)
+	cost := compileCost(p, procs)
 	var verdicts map[leaf]*verdict
 	if p != nil {
 		verdicts = make(map[leaf]*verdict, len(p.Peers))
 		for i := range p.Peers {
 			r := &p.Peers[i]
-			if _, ok := procs.index(r.Procedure); ok && crit.current(r.Tier) && validName(r.Peer) {
-				verdicts[leaf{r.Peer, r.Procedure, r.Tier}] = compile(s.name, p.Direction, r)
+			if proc, ok := procs.index(r.Procedure); ok && crit.current(r.Tier) && validName(r.Peer) {
+				v := compile(s.name, p.Direction, r)
+				cost.decorate(s.name, p.Direction, v, proc)
+				verdicts[leaf{r.Peer, r.Procedure, r.Tier}] = v
 			}
 		}
 	}
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.installLocked(p, procs, crit, verdicts, s.compileDescriptors(p))
+	s.installLocked(p, procs, crit, verdicts, s.compileDescriptors(p), cost)
 	s.fail.reset(p, received)
 }
 
 // installLocked installs p with its procedures, criticality and verdicts,
 // by leaf, as one new table. s.mu must be held.
-func (s *ServiceLimiter) installLocked(p *Policy, procs *procedures, crit *critTable, verdicts map[leaf]*verdict, desc *descTable) {
+func (s *ServiceLimiter) installLocked(p *Policy, procs *procedures, crit *critTable, verdicts map[leaf]*verdict, desc *descTable, cost *costTable) {
 	old := s.table.Load()
 	nt := &table{
+		cost:     cost,
 		leaves:   make(map[leaf]slot, len(old.leaves)),
 		procs:    procs,
 		crit:     crit,
@@ -1014,6 +1044,14 @@ func (s *ServiceLimiter) installLocked(p *Policy, procs *procedures, crit *critT
 			nt.counted++
 		}
 	}
+	// Meters before the table is published: a decision under it finds
+	// every leaf's.
+	for k, sl := range nt.leaves {
+		s.meterLocked(old, nt, k, sl)
+	}
+	if cost != nil {
+		s.costMax.Store(cost.max)
+	}
 	nt.index = newPeerTable(nt.leaves, procs, crit)
 	s.table.Store(nt)
 }
@@ -1065,6 +1103,10 @@ func (s *ServiceLimiter) AppendCounts(dst []PeerCounts) []PeerCounts {
 		c, _, _ := sl.e.counts()
 		c.Peer, c.Procedure, c.Tier = k.peer, k.proc, k.tier
 		c.Incarnation = sl.e.incarnation
+		if m := sl.e.meter.Load(); m != nil {
+			c.OfferedCost, c.AdmittedCost = m.totals(t.cost.mult(t.procs, k.proc), c.Offered, c.Dropped)
+			c.InFlight = m.inFlight()
+		}
 		dst = append(dst, c)
 	}
 	slices.SortFunc(dst[start:], func(a, b PeerCounts) int {
