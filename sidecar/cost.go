@@ -263,11 +263,11 @@ type costStripe struct {
 // it, so that a request holding a slot gives it back to the count it took
 // it from whatever policy is installed meanwhile.
 type meter struct {
-	s       *ServiceLimiter
-	c       [nCostStripes]costStripe
-	held atomic.Int64  // requests holding a slot
-	share   atomic.Int64  // the slots the sidecar may hold: its share of the rule's cap
-	mean    atomic.Uint64 // the running mean of reported costs, milli-units; starts at the default
+	s     *ServiceLimiter
+	c     [nCostStripes]costStripe
+	held  atomic.Int64  // requests holding a slot
+	share atomic.Int64  // the slots the sidecar may hold: its share of the rule's cap
+	mean  atomic.Uint64 // the running mean of reported costs, milli-units; starts at the default
 	// offBase and admBase keep the cumulative costs continuous when the
 	// leaf's static price changes (see foldPrice): wrapping arithmetic.
 	offBase, admBase atomic.Uint64
@@ -344,9 +344,9 @@ func shareOf(cap uint32, local float64, hasLocal bool, global float64, live int)
 
 // Decision flags.
 const (
-	holdsSlot      = 1 << iota // the request took a concurrency slot: Done gives it back
-	responsePriced             // the response reports its cost: Done counts it
-	priceFromHeader            // the request header set its price
+	holdsSlot       = 1 << iota // the request took a concurrency slot: Done gives it back
+	responsePriced              // the response reports its cost: Done counts it
+	priceFromHeader             // the request header set its price
 )
 
 // Done tells the limiter that the request d admitted has completed, its

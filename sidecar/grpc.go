@@ -87,7 +87,7 @@ func (s *ServiceLimiter) UnaryServerInterceptor(opts GRPCOptions) grpc.UnaryServ
 			return nil, d.v.grpcErr
 		}
 		if dv := in.s.decideDescriptorsGRPC(ctx); dv != nil {
-			d.Done(0, false) // refused after all: it holds its slot no longer
+			d.Done(0, false)                                                     // refused after all: it holds its slot no longer
 			_ = grpc.SetTrailer(ctx, dv.http.grpcTrailer(opts.RateLimitHeaders)) // as above
 			return nil, dv.grpcErr
 		}

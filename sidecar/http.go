@@ -249,8 +249,8 @@ func isGRPCContentType(ct string) bool {
 // has cap == len, so a later Header().Add copies instead of writing into the
 // shared array.
 type httpRejection struct {
-	retryAfter    []string     // Retry-After: see retryAfter
-	quota         quotaHeaders // remaining 0 for retryAfter seconds; policy nil when the rule has no quota to announce
+	retryAfter []string     // Retry-After: see retryAfter
+	quota      quotaHeaders // remaining 0 for retryAfter seconds; policy nil when the rule has no quota to announce
 	// cost and restore are, for a service counting cost, x-sluice-cost
 	// (the leaf's static price; nil when it has none) and
 	// x-sluice-restore-rate (the bucket's limit; nil: none). See

@@ -705,10 +705,10 @@ type ServiceLimiter struct {
 	sweptAt time.Time // the last sweep for idle peers; see evictIdle
 	evicted atomic.Uint64
 
-	invalidPeers atomic.Uint64 // requests whose peer name failed the name check
-	critInvalid  atomic.Uint64 // requests whose tier header named no tier: see critTable.resolve
-	critLowered  atomic.Uint64 // requests whose tier claim was above their caller's max
-	upstream     atomic.Uint64 // inbound requests their caller had decided already (DecidedHeader); see client.go
+	invalidPeers atomic.Uint64    // requests whose peer name failed the name check
+	critInvalid  atomic.Uint64    // requests whose tier header named no tier: see critTable.resolve
+	critLowered  atomic.Uint64    // requests whose tier claim was above their caller's max
+	upstream     atomic.Uint64    // inbound requests their caller had decided already (DecidedHeader); see client.go
 	costInvalid  [2]atomic.Uint64 // by source (costFromRequest, costFromResponse): costs that were not a finite number ≥ 0
 	costClamped  [2]atomic.Uint64 // by source: costs above the policy's max
 	costMax      atomic.Uint64    // the current policy's max cost, milli-units, for Done
