@@ -474,9 +474,12 @@ func (s *ServiceLimiter) decideMetered(t *table, peer string, proc uint32, tierV
 	var price uint64
 	var flags uint8
 	if c.priced && m != nil {
-		var fromHeader bool
-		if price, fromHeader = s.price(c, proc, raw, m); fromHeader {
-			flags = priceFromHeader
+		// A static price is a load; only a header or a mean costs more.
+		if price = c.static[proc&procMask]; raw != "" || price == noStatic {
+			var fromHeader bool
+			if price, fromHeader = s.price(c, proc, raw, m); fromHeader {
+				flags = priceFromHeader
+			}
 		}
 		if c.dynamic {
 			cs := &m.c[stackStripe()&(nCostStripes-1)]

@@ -308,8 +308,13 @@ func TestConcurrencyRefusalHTTP(t *testing.T) {
 			t.Fatalf("request after a slot freed: %v %v", r.res, r.err)
 		}
 	}
-	eventually(t, func() bool { c := costCounts(t, l, "chat", "/llm.Chat/Complete"); return c.InFlight == 0 && c.Offered == 4 },
-		func() string { return fmt.Sprintf("counts %+v, want 4 offered, 0 in flight", costCounts(t, l, "chat", "/llm.Chat/Complete")) })
+	eventually(t, func() bool {
+		c := costCounts(t, l, "chat", "/llm.Chat/Complete")
+		return c.InFlight == 0 && c.Offered == 4
+	},
+		func() string {
+			return fmt.Sprintf("counts %+v, want 4 offered, 0 in flight", costCounts(t, l, "chat", "/llm.Chat/Complete"))
+		})
 }
 
 func waitFor(t *testing.T, ch <-chan struct{}) {
@@ -349,7 +354,9 @@ func TestCostResponseHTTP(t *testing.T) {
 	}
 	// Done runs as the handler returns, which the client may beat.
 	eventually(t, func() bool { return costCounts(t, l, "chat", "/llm.Chat/Embed").AdmittedCost == 37000 },
-		func() string { return fmt.Sprintf("admitted cost %d, want 37 units", costCounts(t, l, "chat", "/llm.Chat/Embed").AdmittedCost) })
+		func() string {
+			return fmt.Sprintf("admitted cost %d, want 37 units", costCounts(t, l, "chat", "/llm.Chat/Embed").AdmittedCost)
+		})
 }
 
 // trailerHealth reports a cost in its trailer: 7.5 per Check, 2 per Watch.
