@@ -54,7 +54,8 @@ const (
 const DefaultMaxCost = 1e6
 
 // maxCostMilli bounds a compiled max cost, 10¹² units, so that a window's
-// sums of milli-units stay far from wrapping a uint64.
+// sums of milli-units stay far from wrapping a uint64 (and a price fits
+// the 56 bits a Decision keeps it in).
 const maxCostMilli = 1e15
 
 // noStatic marks a procedure without a static price in costTable.static.
@@ -366,23 +367,23 @@ const (
 // request of a service without caps and response header), it does nothing.
 // It allocates nothing.
 func (d Decision) Done(cost float64, reported bool) {
-	if d.flags&(holdsSlot|responsePriced) == 0 {
+	if d.flags()&(holdsSlot|responsePriced) == 0 {
 		return
 	}
 	v, st := uint64(0), costAbsent
-	if reported && d.flags&responsePriced != 0 {
-		v, st = costOf(cost, d.m.s.costMax.Load())
-		d.m.s.countReported(st)
+	if reported && d.flags()&responsePriced != 0 {
+		v, st = costOf(cost, d.v.m.s.costMax.Load())
+		d.v.m.s.countReported(st)
 	}
 	d.finish(v, st)
 }
 
 // Price returns the price d's request was decided at, in the policy's
 // units: 0 for a service that does not count cost.
-func (d Decision) Price() float64 { return float64(d.price) / 1000 }
+func (d Decision) Price() float64 { return float64(d.price()) / 1000 }
 
 // pending reports whether d's edge must call Done (or doneRaw).
-func (d Decision) pending() bool { return d.flags&(holdsSlot|responsePriced) != 0 }
+func (d Decision) pending() bool { return d.flags()&(holdsSlot|responsePriced) != 0 }
 
 // doneRaw is Done for a cost as a header or trailer carried it: raw, when
 // present is true.
@@ -391,9 +392,9 @@ func (d Decision) doneRaw(raw string, present bool) {
 		return
 	}
 	v, st := uint64(0), costAbsent
-	if present && d.flags&responsePriced != 0 {
-		v, st = parseCost(raw, d.m.s.costMax.Load())
-		d.m.s.countReported(st)
+	if present && d.flags()&responsePriced != 0 {
+		v, st = parseCost(raw, d.v.m.s.costMax.Load())
+		d.v.m.s.countReported(st)
 	}
 	d.finish(v, st)
 }
@@ -401,11 +402,11 @@ func (d Decision) doneRaw(raw string, present bool) {
 // doneHTTP is Done for an HTTP response complete in w: the cost is the
 // response header, or the trailer, of the current policy's name.
 func (d Decision) doneHTTP(w http.ResponseWriter) {
-	if d.flags&responsePriced == 0 {
+	if d.flags()&responsePriced == 0 {
 		d.finish(0, costAbsent)
 		return
 	}
-	c := d.m.s.table.Load().cost
+	c := d.v.m.s.table.Load().cost
 	if c == nil || !c.response {
 		d.finish(0, costAbsent)
 		return
@@ -437,11 +438,11 @@ func (s *ServiceLimiter) countReported(st costStatus) {
 // finish gives back d's slot and counts its real cost, v when st says the
 // response reported a (valid or clamped) one, else its price.
 func (d Decision) finish(v uint64, st costStatus) {
-	m := d.m
-	if d.flags&holdsSlot != 0 {
+	m := d.v.m
+	if d.flags()&holdsSlot != 0 {
 		m.held.Add(-1)
 	}
-	if d.flags&responsePriced == 0 {
+	if d.flags()&responsePriced == 0 {
 		return
 	}
 	c := &m.c[stackStripe()&(nCostStripes-1)]
@@ -449,7 +450,7 @@ func (d Decision) finish(v uint64, st costStatus) {
 		c.repSum.Add(v)
 		c.repN.Add(1)
 	} else {
-		v = d.price
+		v = d.price()
 	}
 	c.adm.Add(v)
 }
@@ -470,7 +471,10 @@ func (s *ServiceLimiter) decideMetered(t *table, peer string, proc uint32, tierV
 	if !ok {
 		sl = s.miss(t, peer, idx)
 	}
-	c, m := t.cost, sl.e.meter.Load()
+	c, m := t.cost, (*meter)(nil)
+	if sl.v != nil {
+		m = sl.v.m
+	}
 	var price uint64
 	var flags uint8
 	if c.priced && m != nil {
@@ -509,26 +513,33 @@ func (s *ServiceLimiter) decideMetered(t *table, peer string, proc uint32, tierV
 	if m == nil { // a leaf a newer policy added: metered from the next request
 		return d
 	}
-	if !d.Drop && sl.v != nil && sl.v.conc != nil {
-		d = s.takeSlot(d, sl, m, i)
-		if d.flags&holdsSlot != 0 {
+	if !d.Drop && sl.v.conc != nil {
+		if d = s.takeSlot(d, sl, m, i); d.owed != 0 {
 			flags |= holdsSlot
 		}
 	}
-	d.price, d.m = price, m
 	if d.Drop {
 		if c.priced && c.dynamic && !c.response {
 			m.c[stackStripe()&(nCostStripes-1)].drop.Add(price)
 		}
-		d.flags = flags &^ holdsSlot
+		d.owed = owe(flags&^holdsSlot, price)
 		return d
 	}
 	if c.priced && c.response {
 		flags |= responsePriced
 	}
-	d.flags = flags
+	d.owed = owe(flags, price)
 	return d
 }
+
+// owe packs a Decision's flags and price into its owed.
+func owe(flags uint8, price uint64) uint64 { return uint64(flags)<<56 | price }
+
+// flags returns d's flags (holdsSlot, responsePriced, priceFromHeader).
+func (d Decision) flags() uint8 { return uint8(d.owed >> 56) }
+
+// price returns d's price in milli-units.
+func (d Decision) price() uint64 { return d.owed & (1<<56 - 1) }
 
 // takeSlot takes a concurrency slot of the capped leaf sl for the request d
 // admitted, or refuses it (counted in stripe i's dropped) when the
@@ -536,13 +547,13 @@ func (s *ServiceLimiter) decideMetered(t *table, peer string, proc uint32, tierV
 // as shadow dropped, and it holds a slot.
 func (s *ServiceLimiter) takeSlot(d Decision, sl slot, m *meter, i uint64) Decision {
 	if m.held.Add(1) <= m.share.Load() {
-		d.flags = holdsSlot
+		d.owed = owe(holdsSlot, 0) // decideMetered sets the rest
 		return d
 	}
 	s.concDropped.Add(1)
 	if sl.v.shadow {
 		sl.e.stripes[i].shadow.Add(1)
-		d.Shadow, d.flags = true, holdsSlot
+		d.Shadow, d.owed = true, owe(holdsSlot, 0)
 		return d
 	}
 	m.held.Add(-1)
@@ -635,11 +646,11 @@ func (s *ServiceLimiter) EndWindow(window time.Duration) {
 // meterLocked gives the leaf k's entry of the new table nt a meter when nt
 // needs one, keeps its cumulative costs continuous from the old table's
 // price, and sets its share of a cap. s.mu must be held.
-func (s *ServiceLimiter) meterLocked(old, nt *table, k leaf, sl slot) {
+func (s *ServiceLimiter) meterLocked(old, nt *table, k leaf, sl slot) slot {
 	m := sl.e.meter.Load()
 	if m == nil {
 		if nt.cost == nil {
-			return
+			return sl
 		}
 		m = newMeter(s, nt.cost.def)
 		sl.e.meter.Store(m)
@@ -653,7 +664,21 @@ func (s *ServiceLimiter) meterLocked(old, nt *table, k leaf, sl slot) {
 		pc, _, _ := sl.e.counts()
 		m.foldPrice(om, nm, pc.Offered, pc.Dropped)
 	}
-	if sl.v != nil && sl.v.conc != nil {
+	if nt.cost == nil {
+		return sl
+	}
+	switch {
+	case sl.v == nil:
+		sl.v = &verdict{m: m} // no rule: admits everything, counts its cost
+	case sl.v.m == nil: // fresh from compile, in no slot yet
+		sl.v.m = m
+	case sl.v.m != m: // a slot of an older table (an evicted entry's) has it: leave that one be
+		nv := *sl.v
+		nv.m = m
+		sl.v = &nv
+	}
+	if sl.v.conc != nil {
 		m.share.Store(shareOf(sl.v.rule.MaxConcurrency, m.rate, m.hasRate, sl.v.rule.OfferedRPS, nt.policy.LiveInstances))
 	}
+	return sl
 }

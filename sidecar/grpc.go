@@ -95,7 +95,7 @@ func (s *ServiceLimiter) UnaryServerInterceptor(opts GRPCOptions) grpc.UnaryServ
 			_ = grpc.SetHeader(ctx, md) // as above; or the handler has sent headers: it has not run yet
 		}
 		switch {
-		case d.flags&responsePriced != 0:
+		case d.flags()&responsePriced != 0:
 			return in.s.unaryCosted(ctx, req, handler, d)
 		case d.pending():
 			defer d.Done(0, false) // after the handler, returned or panicked
@@ -126,7 +126,7 @@ func (s *ServiceLimiter) StreamServerInterceptor(opts GRPCOptions) grpc.StreamSe
 			_ = ss.SetHeader(md) // fails only once headers are sent, and the handler has not run
 		}
 		switch {
-		case d.flags&responsePriced != 0:
+		case d.flags()&responsePriced != 0:
 			return in.s.streamCosted(srv, ss, handler, d)
 		case d.pending():
 			defer d.Done(0, false)

@@ -136,7 +136,7 @@ func (s *ServiceLimiter) Middleware(next http.Handler, opts HTTPOptions) http.Ha
 		} else {
 			d = s.decideRequest(t, r, caller, idx, tier)
 			if d.Drop {
-				if d.flags&priceFromHeader != 0 { // the request's own price
+				if d.flags()&priceFromHeader != 0 { // the request's own price
 					w.Header()[httpCostKey] = r.Header[t.cost.httpReq]
 				}
 				if grpcRequest(r) {
