@@ -315,3 +315,35 @@ func BenchmarkDecideDescriptor(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkDecideCost measures Decide for a callee counting cost (issue
+// #16) against BenchmarkDecideProcedure/grpc, the same call to a declared
+// procedure of an untiered, unpriced policy: the goal is ≤ that + 2 ns/op
+// and 0 allocs/op.
+//   - static: the procedure has a static cost, so a request adds nothing
+//     to count (AppendCounts multiplies the leaf's counts by it);
+//   - header: the callee trusts a request header, and each request parses
+//     its value and adds its price to the leaf's offered cost.
+func BenchmarkDecideCost(b *testing.B) {
+	run := func(b *testing.B, c *CostPolicy, header string) {
+		l := NewLimiter(LimiterOptions{})
+		p := procedurePolicy(10, 0)
+		p.Unit, p.Cost = UnitCost, c
+		l.SetPolicy(p)
+		s := l.Service("checkout")
+		method := strings.Clone("/shop.Checkout/Method7")
+		if d := s.DecideGRPCCost("caller-a", method, "", header); d.Rule() == nil || d.Rule().Procedure != method || d.Price() == 0 {
+			b.Fatalf("decided under %+v at %v, want the rule of %s and a price", d.Rule(), d.Price(), method)
+		}
+		b.ReportAllocs()
+		for b.Loop() {
+			s.DecideGRPCCost("caller-a", method, "", header)
+		}
+	}
+	b.Run("static", func(b *testing.B) {
+		run(b, &CostPolicy{Default: 1, Procedures: []ProcedureCost{{"/shop.Checkout/Method7", 10}}, Max: 1e6}, "")
+	})
+	b.Run("header", func(b *testing.B) {
+		run(b, &CostPolicy{Default: 1, RequestHeader: "x-sluice-request-cost", Max: 1e6}, "12.5")
+	})
+}

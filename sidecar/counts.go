@@ -27,4 +27,14 @@ type PeerCounts struct {
 	// peer can be subtracted only when their Incarnations are equal;
 	// otherwise the newer one's counts are all new.
 	Incarnation uint64
+	// OfferedCost and AdmittedCost are, for a service whose policy counts
+	// cost, the bucket's cumulative costs in milli-units (see cost.go and
+	// PeerCounts.offered_cost on the wire): the prices of every request
+	// decided, and the real costs of the admitted ones as they became
+	// known. They wrap: subtract two snapshots of one incarnation in
+	// uint64. 0 for a service that has never counted cost.
+	OfferedCost, AdmittedCost uint64
+	// InFlight is, for a bucket with a concurrency cap, its requests
+	// holding a slot at the sidecar now; 0 otherwise.
+	InFlight uint32
 }

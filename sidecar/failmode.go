@@ -245,7 +245,7 @@ func (s *ServiceLimiter) deriveLocked(p *Policy) {
 	for k, v := range old.verdicts {
 		verdicts[k] = s.failVerdict(p, v, b)
 	}
-	s.installLocked(p, old.procs, old.crit, verdicts, s.failDescriptors(old.desc, p, s.fail.keep))
+	s.installLocked(p, old.procs, old.crit, verdicts, s.failDescriptors(old.desc, p, s.fail.keep), old.cost)
 	s.fail.derived = true
 }
 
@@ -321,7 +321,7 @@ func (s *ServiceLimiter) failVerdict(p *Policy, v *verdict, b localBuckets) *ver
 			}
 			// Admitted, all of it: no quota is enforced (not even a
 			// share of capacity), so none is announced.
-			return &verdict{rule: r, kind: v.kind, shadow: v.shadow}
+			return &verdict{rule: r, kind: v.kind, shadow: v.shadow, conc: v.conc}
 		}
 		var bucket *tokenBucket
 		if own {
@@ -346,6 +346,7 @@ func (s *ServiceLimiter) failVerdict(p *Policy, v *verdict, b localBuckets) *ver
 			admit:  v.admit,
 			bucket: bucket,
 			caller: caller,
+			conc:   v.conc,
 		}
 		if !nv.shadow && nv.http == nil {
 			nv.http, nv.grpcErr = renderRejection(s.name, p.Direction, r)
@@ -361,6 +362,7 @@ func (s *ServiceLimiter) failVerdict(p *Policy, v *verdict, b localBuckets) *ver
 		http: v.http, grpcErr: v.grpcErr,
 		admit: v.admit,
 		keep:  s.fail.keep,
+		conc:  v.conc,
 	}
 }
 

@@ -87,11 +87,18 @@ func (s *ServiceLimiter) UnaryServerInterceptor(opts GRPCOptions) grpc.UnaryServ
 			return nil, d.v.grpcErr
 		}
 		if dv := in.s.decideDescriptorsGRPC(ctx); dv != nil {
+			d.Done(0, false)                                                     // refused after all: it holds its slot no longer
 			_ = grpc.SetTrailer(ctx, dv.http.grpcTrailer(opts.RateLimitHeaders)) // as above
 			return nil, dv.grpcErr
 		}
 		if md := v.admitHeader(opts.RateLimitHeaders); md != nil {
 			_ = grpc.SetHeader(ctx, md) // as above; or the handler has sent headers: it has not run yet
+		}
+		switch {
+		case d.flags()&responsePriced != 0:
+			return in.s.unaryCosted(ctx, req, handler, d)
+		case d.pending():
+			defer d.Done(0, false) // after the handler, returned or panicked
 		}
 		return handler(ctx, req)
 	}
@@ -111,11 +118,18 @@ func (s *ServiceLimiter) StreamServerInterceptor(opts GRPCOptions) grpc.StreamSe
 			return d.v.grpcErr
 		}
 		if dv := in.s.decideDescriptorsGRPC(ss.Context()); dv != nil {
+			d.Done(0, false) // refused after all
 			ss.SetTrailer(dv.http.grpcTrailer(opts.RateLimitHeaders))
 			return dv.grpcErr
 		}
 		if md := v.admitHeader(opts.RateLimitHeaders); md != nil {
 			_ = ss.SetHeader(md) // fails only once headers are sent, and the handler has not run
+		}
+		switch {
+		case d.flags()&responsePriced != 0:
+			return in.s.streamCosted(srv, ss, handler, d)
+		case d.pending():
+			defer d.Done(0, false)
 		}
 		return handler(srv, ss)
 	}
@@ -163,7 +177,15 @@ func (in *incoming) decide(ctx context.Context, fullMethod string) (d Decision, 
 		// services with criticality only (see grpcValue).
 		tier = callerFromContext(ctx, t.crit.header)
 	}
-	d = in.s.decide(t, caller, idx, tier)
+	if c := t.cost; c != nil {
+		var raw string
+		if c.reqKey != "" {
+			raw = callerFromContext(ctx, c.reqKey) // copies the value's slice, as the tier's
+		}
+		d = in.s.decideMetered(t, caller, idx, tier, raw)
+	} else {
+		d = in.s.decide(t, caller, idx, tier)
+	}
 	return d, d.v, nil
 }
 

@@ -128,13 +128,17 @@ func (s *ServiceLimiter) Middleware(next http.Handler, opts HTTPOptions) http.Ha
 			}
 		}
 		var v *verdict
+		var d Decision
 		if decided {
 			if form != NoRateLimitHeaders {
 				v = s.verdictOf(t, caller, idx)
 			}
 		} else {
-			d := s.decide(t, caller, idx, tier)
+			d = s.decideRequest(t, r, caller, idx, tier)
 			if d.Drop {
+				if d.flags()&priceFromHeader != 0 { // the request's own price
+					w.Header()[httpCostKey] = r.Header[t.cost.httpReq]
+				}
 				if grpcRequest(r) {
 					d.v.http.writeGRPC(w, form)
 				} else {
@@ -145,6 +149,7 @@ func (s *ServiceLimiter) Middleware(next http.Handler, opts HTTPOptions) http.Ha
 			v = d.v
 		}
 		if dv := s.decideDescriptorsHTTP(r); dv != nil {
+			d.Done(0, false) // refused after all: it holds its slot no longer
 			if grpcRequest(r) {
 				dv.http.writeGRPC(w, form)
 			} else {
@@ -155,8 +160,31 @@ func (s *ServiceLimiter) Middleware(next http.Handler, opts HTTPOptions) http.Ha
 		if form != NoRateLimitHeaders && v != nil && v.admit != nil {
 			v.admit.setHTTP(w.Header(), form)
 		}
+		if d.pending() {
+			// After the handler, whether it returns or panics (as
+			// ReverseProxy does when the client goes): its header map
+			// holds the response's headers and trailers then.
+			defer d.doneHTTP(w)
+		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// decideRequest decides r of caller to procedure index idx with tier
+// header value tier under t, priced by its cost header when the policy
+// trusts one.
+func (s *ServiceLimiter) decideRequest(t *table, r *http.Request, caller string, idx uint32, tier string) Decision {
+	c := t.cost
+	if c == nil {
+		return s.decide(t, caller, idx, tier)
+	}
+	var raw string
+	if c.httpReq != "" {
+		if v := r.Header[c.httpReq]; len(v) > 0 {
+			raw = v[0]
+		}
+	}
+	return s.decideMetered(t, caller, idx, tier, raw)
 }
 
 // grpcRequest reports whether r is a gRPC call, for the answers that
@@ -221,8 +249,13 @@ func isGRPCContentType(ct string) bool {
 // has cap == len, so a later Header().Add copies instead of writing into the
 // shared array.
 type httpRejection struct {
-	retryAfter    []string     // Retry-After: see retryAfter
-	quota         quotaHeaders // remaining 0 for retryAfter seconds; policy nil when the rule has no quota to announce
+	retryAfter []string     // Retry-After: see retryAfter
+	quota      quotaHeaders // remaining 0 for retryAfter seconds; policy nil when the rule has no quota to announce
+	// cost and restore are, for a service counting cost, x-sluice-cost
+	// (the leaf's static price; nil when it has none) and
+	// x-sluice-restore-rate (the bucket's limit; nil: none). See
+	// costTable.decorate.
+	cost, restore []string
 	contentLength []string
 	body          []byte
 
@@ -278,6 +311,14 @@ func (h *httpRejection) writeGRPC(w http.ResponseWriter, form RateLimitHeaders) 
 func (h *httpRejection) writeRateLimit(hdr http.Header, form RateLimitHeaders) {
 	hdr["Retry-After"] = h.retryAfter
 	hdr["X-Envoy-Ratelimited"] = envoyRateLimited
+	if h.cost != nil {
+		if _, echoed := hdr[httpCostKey]; !echoed { // the request's own price, set by the edge
+			hdr[httpCostKey] = h.cost
+		}
+	}
+	if h.restore != nil {
+		hdr[httpRestoreKey] = h.restore
+	}
 	h.quota.setHTTP(hdr, DraftRateLimitHeaders)
 	if form == XRateLimitHeaders {
 		h.quota.setHTTP(hdr, XRateLimitHeaders)

@@ -294,8 +294,16 @@ func (l *Limiter) Services() []string {
 type Decision struct {
 	Drop   bool // reject the request: an enforced ratio picked it
 	Shadow bool // a shadow ratio picked it; the request is admitted
+	// owed is, for a service with a costTable (see cost.go), what Done
+	// owes the request: its flags (holdsSlot, responsePriced,
+	// priceFromHeader) in the top byte and its price in milli-units
+	// below; 0 otherwise. One field, not two: the compiler keeps a struct
+	// of at most four fields in registers, and copies a larger one
+	// through memory, which cost every decision about 5 ns.
+	owed uint64
 	// v is the verdict the request was decided under: a bucket's, or a
-	// descriptor's (v.desc set) for a drop by DecideDescriptor.
+	// descriptor's (v.desc set) for a drop by DecideDescriptor. Under a
+	// policy with a costTable every leaf has one (see meterLocked).
 	v *verdict
 }
 
@@ -347,6 +355,16 @@ type verdict struct {
 	keep   *atomic.Uint64 // kindOpen: the share of picked requests still dropped, 32.32; Expire lowers it
 	bucket *tokenBucket   // kindLocal: the leaf's own; nil when it has no limit of its own
 	caller *tokenBucket   // kindLocal: shared by the caller's leaves (failmode.go); nil: none
+
+	// conc is, for a rule with a concurrency cap (not enforced
+	// upstream), the verdict of a request refused because the sidecar's
+	// share of the cap is taken: the same rule, its own rejection. nil:
+	// no cap.
+	conc *verdict
+	// m is the leaf's meter under a policy with a costTable: every leaf
+	// of such a table has a verdict, an unlisted one a verdict without a
+	// rule that admits everything (see meterLocked). nil otherwise.
+	m *meter
 
 	// kindUpstream only: the requests each arrival stands for that the
 	// upstream data plane dropped, p/(1−p), in 1/upstreamOne units:
@@ -476,6 +494,9 @@ type entry struct {
 	up          [nUpStripes]upCounters
 	peer        string
 	incarnation uint64 // see PeerCounts.Incarnation
+	// meter is the leaf's cost and concurrency counters, once a policy
+	// with a costTable has been installed (see cost.go); never removed.
+	meter atomic.Pointer[meter]
 
 	// Idleness, as the last sweeps saw it (see evictIdle); guarded by
 	// the ServiceLimiter's mu.
@@ -667,6 +688,7 @@ type table struct {
 	policy   *Policy
 	verdicts map[leaf]*verdict // the policy compiled, by leaf, for leaves added later
 	desc     *descTable        // the policy's descriptors compiled; nil: none
+	cost     *costTable        // the policy's pricing and caps compiled; nil: none (see cost.go)
 }
 
 // ServiceLimiter is a Limiter bound to one service: it skips the service
@@ -689,10 +711,14 @@ type ServiceLimiter struct {
 	sweptAt time.Time // the last sweep for idle peers; see evictIdle
 	evicted atomic.Uint64
 
-	invalidPeers atomic.Uint64 // requests whose peer name failed the name check
-	critInvalid  atomic.Uint64 // requests whose tier header named no tier: see critTable.resolve
-	critLowered  atomic.Uint64 // requests whose tier claim was above their caller's max
-	upstream     atomic.Uint64 // inbound requests their caller had decided already (DecidedHeader); see client.go
+	invalidPeers atomic.Uint64    // requests whose peer name failed the name check
+	critInvalid  atomic.Uint64    // requests whose tier header named no tier: see critTable.resolve
+	critLowered  atomic.Uint64    // requests whose tier claim was above their caller's max
+	upstream     atomic.Uint64    // inbound requests their caller had decided already (DecidedHeader); see client.go
+	costInvalid  [2]atomic.Uint64 // by source (costFromRequest, costFromResponse): costs that were not a finite number ≥ 0
+	costClamped  [2]atomic.Uint64 // by source: costs above the policy's max
+	costMax      atomic.Uint64    // the current policy's max cost, milli-units, for Done
+	concDropped  atomic.Uint64    // requests refused for their bucket's concurrency share
 	ident        identityCounts
 
 	descOpts   heavy.Options
@@ -811,6 +837,9 @@ func (s *ServiceLimiter) DecideGRPCTier(peer, fullMethod, tierValue string) Deci
 // else index proc's. The tier is resolved here, not by the callers, so
 // that Decide stays small enough to inline.
 func (s *ServiceLimiter) decide(t *table, peer string, proc uint32, tierValue string) Decision {
+	if t.cost != nil {
+		return s.decideMetered(t, peer, proc, tierValue, "")
+	}
 	idx := proc
 	if t.crit != nil {
 		idx = s.tierIndex(t, peer, proc, tierValue)
@@ -923,6 +952,9 @@ func (s *ServiceLimiter) addLeaf(k leaf) slot {
 	// peer may point into a larger request buffer.
 	k.peer = strings.Clone(k.peer)
 	sl := slot{e: newEntry(k.peer), v: t.verdicts[k]}
+	if t.cost != nil {
+		sl = s.meterLocked(nil, t, k, sl)
+	}
 	nt := *t
 	nt.leaves = maps.Clone(t.leaves)
 	nt.leaves[k] = sl
@@ -937,28 +969,32 @@ func (s *ServiceLimiter) addLeaf(k leaf) slot {
 func (s *ServiceLimiter) setPolicy(p *Policy, received time.Time) {
 	procs := compileProcedures(p)
 	crit := compileCriticality(p, procs)
+	cost := compileCost(p, procs)
 	var verdicts map[leaf]*verdict
 	if p != nil {
 		verdicts = make(map[leaf]*verdict, len(p.Peers))
 		for i := range p.Peers {
 			r := &p.Peers[i]
-			if _, ok := procs.index(r.Procedure); ok && crit.current(r.Tier) && validName(r.Peer) {
-				verdicts[leaf{r.Peer, r.Procedure, r.Tier}] = compile(s.name, p.Direction, r)
+			if proc, ok := procs.index(r.Procedure); ok && crit.current(r.Tier) && validName(r.Peer) {
+				v := compile(s.name, p.Direction, r)
+				cost.decorate(s.name, p.Direction, v, proc)
+				verdicts[leaf{r.Peer, r.Procedure, r.Tier}] = v
 			}
 		}
 	}
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.installLocked(p, procs, crit, verdicts, s.compileDescriptors(p))
+	s.installLocked(p, procs, crit, verdicts, s.compileDescriptors(p), cost)
 	s.fail.reset(p, received)
 }
 
 // installLocked installs p with its procedures, criticality and verdicts,
 // by leaf, as one new table. s.mu must be held.
-func (s *ServiceLimiter) installLocked(p *Policy, procs *procedures, crit *critTable, verdicts map[leaf]*verdict, desc *descTable) {
+func (s *ServiceLimiter) installLocked(p *Policy, procs *procedures, crit *critTable, verdicts map[leaf]*verdict, desc *descTable, cost *costTable) {
 	old := s.table.Load()
 	nt := &table{
+		cost:     cost,
 		leaves:   make(map[leaf]slot, len(old.leaves)),
 		procs:    procs,
 		crit:     crit,
@@ -988,13 +1024,7 @@ func (s *ServiceLimiter) installLocked(p *Policy, procs *procedures, crit *critT
 	}
 	nt.unknown = make([]slot, len(procs.names)*len(tiers))
 	nt.overflow = make([]slot, len(procs.names)*len(tiers))
-	for i, q := range procs.names {
-		for _, tier := range tiers {
-			at := nt.reservedAt(leafIndex(uint32(i), tier))
-			nt.unknown[at] = nt.reserved(leaf{names.Unknown, q, tier})
-			nt.overflow[at] = nt.reserved(leaf{names.Overflow, q, tier})
-		}
-	}
+	nt.fillReserved()
 	// Limited leaves get their counters now, whatever the number of
 	// observed ones: their first request is already allocation free, and
 	// no flood of made-up names, before or after, can leave a limited
@@ -1014,8 +1044,33 @@ func (s *ServiceLimiter) installLocked(p *Policy, procs *procedures, crit *critT
 			nt.counted++
 		}
 	}
+	// Meters before the table is published: a decision under it finds
+	// every leaf's.
+	for k, sl := range nt.leaves {
+		nt.leaves[k] = s.meterLocked(old, nt, k, sl)
+	}
+	if cost != nil {
+		s.costMax.Store(cost.max)
+		nt.fillReserved()
+	}
 	nt.index = newPeerTable(nt.leaves, procs, crit)
 	s.table.Store(nt)
+}
+
+// fillReserved sets t.unknown and t.overflow from t.leaves, giving the
+// reserved leaves counters if they have none yet.
+func (t *table) fillReserved() {
+	tiers := []criticality.Tier{criticality.None}
+	if t.crit != nil {
+		tiers = criticality.Tiers[:]
+	}
+	for i, q := range t.procs.names {
+		for _, tier := range tiers {
+			at := t.reservedAt(leafIndex(uint32(i), tier))
+			t.unknown[at] = t.reserved(leaf{names.Unknown, q, tier})
+			t.overflow[at] = t.reserved(leaf{names.Overflow, q, tier})
+		}
+	}
 }
 
 // fineLeaves reports whether t decides requests in leaves finer than a
@@ -1065,6 +1120,10 @@ func (s *ServiceLimiter) AppendCounts(dst []PeerCounts) []PeerCounts {
 		c, _, _ := sl.e.counts()
 		c.Peer, c.Procedure, c.Tier = k.peer, k.proc, k.tier
 		c.Incarnation = sl.e.incarnation
+		if m := sl.e.meter.Load(); m != nil {
+			c.OfferedCost, c.AdmittedCost = m.totals(t.cost.mult(t.procs, k.proc), c.Offered, c.Dropped)
+			c.InFlight = m.inFlight()
+		}
 		dst = append(dst, c)
 	}
 	slices.SortFunc(dst[start:], func(a, b PeerCounts) int {

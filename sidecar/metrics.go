@@ -87,6 +87,17 @@ var (
 		"Requests whose criticality header claimed a tier above their caller's max (else the service's); decided "+
 			"in that max.",
 		[]string{"service"}, nil)
+	costInvalidDesc = prometheus.NewDesc("sluice_sidecar_cost_invalid_total",
+		"Costs that were not a finite decimal number >= 0, by source: request (the trusted request header; priced as if "+
+			"absent) or response (the app's response header or trailer; the price at admission counts instead).",
+		[]string{"service", "source"}, nil)
+	costClampedDesc = prometheus.NewDesc("sluice_sidecar_cost_clamped_total",
+		"Costs above the policy's max cost, clamped to it, by source: request or response.",
+		[]string{"service", "source"}, nil)
+	concurrencyDroppedDesc = prometheus.NewDesc("sluice_sidecar_concurrency_dropped_total",
+		"Requests refused because their bucket had the sidecar's share of its concurrency cap in flight; in "+
+			"requests_total dropped too (shadow rules: counted here and as shadow_dropped, and admitted).",
+		[]string{"service"}, nil)
 	decidedUpstreamDesc = prometheus.NewDesc("sluice_sidecar_decided_upstream_total",
 		"Inbound requests admitted without a decision because their caller's outbound enforcement had decided and "+
 			"counted them already (x-sluice-decided); in no other count.",
@@ -187,6 +198,9 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- decidedUpstreamDesc
 	ch <- critInvalidDesc
 	ch <- critLoweredDesc
+	ch <- costInvalidDesc
+	ch <- costClampedDesc
+	ch <- concurrencyDroppedDesc
 	ch <- callerIdentityDesc
 	ch <- callerMismatchDesc
 	ch <- decidedIgnoredDesc
@@ -231,6 +245,11 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(decidedUpstreamDesc, prometheus.CounterValue, float64(s.upstream.Load()), name)
 		ch <- prometheus.MustNewConstMetric(critInvalidDesc, prometheus.CounterValue, float64(s.critInvalid.Load()), name)
 		ch <- prometheus.MustNewConstMetric(critLoweredDesc, prometheus.CounterValue, float64(s.critLowered.Load()), name)
+		for src, label := range [...]string{costFromRequest: "request", costFromResponse: "response"} {
+			ch <- prometheus.MustNewConstMetric(costInvalidDesc, prometheus.CounterValue, float64(s.costInvalid[src].Load()), name, label)
+			ch <- prometheus.MustNewConstMetric(costClampedDesc, prometheus.CounterValue, float64(s.costClamped[src].Load()), name, label)
+		}
+		ch <- prometheus.MustNewConstMetric(concurrencyDroppedDesc, prometheus.CounterValue, float64(s.concDropped.Load()), name)
 		for res := range numIdentityResults {
 			ch <- prometheus.MustNewConstMetric(callerIdentityDesc, prometheus.CounterValue, float64(s.ident.load(res)), name, res.String())
 		}

@@ -69,6 +69,22 @@ sluice_sidecar_caller_identity_total{result="untrusted_proxy",service="checkout"
 # TYPE sluice_sidecar_caller_mismatch_total counter
 sluice_sidecar_caller_mismatch_total{service="cart"} 0
 sluice_sidecar_caller_mismatch_total{service="checkout"} 0
+# HELP sluice_sidecar_concurrency_dropped_total Requests refused because their bucket had the sidecar's share of its concurrency cap in flight; in requests_total dropped too (shadow rules: counted here and as shadow_dropped, and admitted).
+# TYPE sluice_sidecar_concurrency_dropped_total counter
+sluice_sidecar_concurrency_dropped_total{service="cart"} 0
+sluice_sidecar_concurrency_dropped_total{service="checkout"} 0
+# HELP sluice_sidecar_cost_clamped_total Costs above the policy's max cost, clamped to it, by source: request or response.
+# TYPE sluice_sidecar_cost_clamped_total counter
+sluice_sidecar_cost_clamped_total{service="cart",source="request"} 0
+sluice_sidecar_cost_clamped_total{service="cart",source="response"} 0
+sluice_sidecar_cost_clamped_total{service="checkout",source="request"} 0
+sluice_sidecar_cost_clamped_total{service="checkout",source="response"} 0
+# HELP sluice_sidecar_cost_invalid_total Costs that were not a finite decimal number >= 0, by source: request (the trusted request header; priced as if absent) or response (the app's response header or trailer; the price at admission counts instead).
+# TYPE sluice_sidecar_cost_invalid_total counter
+sluice_sidecar_cost_invalid_total{service="cart",source="request"} 0
+sluice_sidecar_cost_invalid_total{service="cart",source="response"} 0
+sluice_sidecar_cost_invalid_total{service="checkout",source="request"} 0
+sluice_sidecar_cost_invalid_total{service="checkout",source="response"} 0
 # HELP sluice_sidecar_criticality_invalid_total Requests whose criticality header named no tier (of a service that declares tiers); decided in the tier the defaults give them.
 # TYPE sluice_sidecar_criticality_invalid_total counter
 sluice_sidecar_criticality_invalid_total{service="cart"} 0

@@ -111,6 +111,12 @@ type Policy struct {
 	// every rule has one of the four tiers, and a request is counted and
 	// decided in the leaf (peer, procedure, tier). Inbound policies only.
 	Criticality *CriticalityPolicy
+
+	// Unit is what the service's limits count (issue #16); with UnitCost
+	// every rate of its rules is in units per second, and Cost (nil: the
+	// defaults, see costTable) prices each request. Inbound policies only.
+	Unit Unit
+	Cost *CostPolicy
 }
 
 // DescriptorPolicy is one descriptor limit: a limit per value of one
@@ -191,6 +197,14 @@ type Rule struct {
 	// does not know. Left BoundNone for a whole bucket, which is the one
 	// bucket that binds it.
 	Bound dropratio.Bound
+	// MaxConcurrency is the bucket's global cap on requests in flight at
+	// the callee; 0: none. The sidecar holds its share of it (see
+	// concurrency in cost.go). Inbound policies only.
+	MaxConcurrency uint32
+	// Debt is, for a service counting cost, the units the bucket admitted
+	// above its limit and has not paid back (the controller lowers
+	// AllowedRPS meanwhile): informational.
+	Debt float64
 }
 
 // Limited reports whether r is a peer the policy limits (dataplane.Listed):
@@ -200,8 +214,10 @@ type Rule struct {
 // observed only (see LimiterOptions.MaxPeers). A share of the callee's
 // capacity alone (a bounded AllowedRPS) does not make a rule limited: the
 // controller lists only limited peers, by the same rule on the wire form.
+// A concurrency cap makes a rule limited too: its in-flight count must
+// never be evicted while requests hold it.
 func (r *Rule) Limited() bool {
-	return dataplane.Listed(clampRatio(r.DropRatio), !math.IsInf(r.LimitRPS, 1), r.Enforcement)
+	return dataplane.Listed(clampRatio(r.DropRatio), !math.IsInf(r.LimitRPS, 1), r.Enforcement) || r.MaxConcurrency > 0
 }
 
 // upstream reports whether r's ratio was carried out upstream, so that the
@@ -329,6 +345,7 @@ func PolicyFromProto(m *sluicev1.DropPolicy) (*Policy, error) {
 		p.Peers = append(p.Peers, r)
 	}
 	p.Descriptors = descriptorsFromProto(m.GetDescriptors(), p.Direction, bad)
+	costFromProto(m, p, declared, bad)
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("invalid drop policy %q: %w", m.GetName(), err)
 	}
@@ -491,6 +508,7 @@ func ruleFromProto(i int, pp *sluicev1.PeerPolicy, dir Direction, seen map[leaf]
 		// A whole (service, peer) bucket: its limit is the caller's.
 		bad(f("caller_limit_rps"), "set on a peer without a procedure")
 	}
+	ruleCostFromProto(f, pp, dir, &r, bad)
 	return r
 }
 
@@ -603,6 +621,10 @@ func (p *Policy) Proto() *sluicev1.DropPolicy {
 			OfferedRps:  r.OfferedRPS,
 			Reason:      sluicev1.DropReason(r.Reason),
 			Criticality: sluicev1.Criticality(r.Tier),
+			Debt:        r.Debt,
+		}
+		if r.MaxConcurrency > 0 {
+			pp.MaxConcurrency = &r.MaxConcurrency
 		}
 		if r.Procedure != "" {
 			pp.CallerLimitRps = rateOrNil(r.CallerLimitRPS)
@@ -621,6 +643,7 @@ func (p *Policy) Proto() *sluicev1.DropPolicy {
 	}
 	m.Descriptors = descriptorsProto(p.Descriptors)
 	m.Criticality = criticalityProto(p.Criticality)
+	costProto(p, m)
 	return m
 }
 

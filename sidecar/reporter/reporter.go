@@ -173,6 +173,13 @@ type Header struct {
 //   - Peers with nothing offered in the window are left out: a report is
 //     the sidecar's complete picture, so a missing peer means rate 0.
 //   - A peer listed more than once in a snapshot is summed.
+//   - For a callee counting cost, offered_cost and admitted_cost are the
+//     window's deltas of the cumulative milli-unit costs, in units (see
+//     sidecar.PeerCounts.OfferedCost); in_flight is cur's gauge. All
+//     three are 0, and cost no bytes, for other callees. A bucket's
+//     admitted cost may count in a window where it offered nothing (a
+//     long request reporting its cost when it completes): that window's
+//     entry is left out, and the cost with it.
 //
 // Entries are sorted by peer, procedure, then tier. An untiered bucket's
 // entry leaves criticality unset: its report is what it was before tiers.
@@ -204,6 +211,9 @@ func Build(h Header, prev, cur []sidecar.PeerCounts, windowStart time.Time, wind
 		d.Offered += offered
 		d.Dropped += dropped
 		d.ShadowDropped += shadow
+		d.OfferedCost += costDelta(b.OfferedCost, c.OfferedCost)
+		d.AdmittedCost += costDelta(b.AdmittedCost, c.AdmittedCost)
+		d.InFlight += c.InFlight
 	}
 	r := &sluicev1.LoadReport{
 		SidecarId:   h.SidecarID,
@@ -221,6 +231,17 @@ func Build(h Header, prev, cur []sidecar.PeerCounts, windowStart time.Time, wind
 		return cmp.Or(cmp.Compare(a.Peer, b.Peer), cmp.Compare(a.Procedure, b.Procedure), cmp.Compare(a.Criticality, b.Criticality))
 	})
 	return r
+}
+
+// costDelta is a window's cost, in units, from the cumulative milli-unit
+// costs b and c, which wrap; a delta that went backwards (a price folded
+// while a snapshot was read) is 0.
+func costDelta(b, c uint64) float64 {
+	d := c - b
+	if d >= 1<<63 {
+		return 0
+	}
+	return float64(d) / 1000
 }
 
 // since returns the counters of b, an earlier snapshot of c's bucket, that
@@ -253,6 +274,9 @@ func sumByBucket(s []sidecar.PeerCounts) map[bucket]sidecar.PeerCounts {
 		t.Dropped += p.Dropped
 		t.ShadowDropped += p.ShadowDropped
 		t.Incarnation = p.Incarnation
+		t.OfferedCost += p.OfferedCost
+		t.AdmittedCost += p.AdmittedCost
+		t.InFlight += p.InFlight
 		m[k] = t
 	}
 	return m

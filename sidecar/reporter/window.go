@@ -54,6 +54,17 @@ type Window struct {
 	descs   []sidecar.DescriptorCounts
 	descAt  time.Time
 	descDue bool
+	// endAt is when the Source's window last ended (see WindowSource).
+	endAt time.Time
+}
+
+// WindowSource is a Source that learns from each report window (issue
+// #16): sidecar.Limiter implements it. EndWindow is called once per
+// report, with the time since the previous call: a leaf priced by its
+// responses moves its mean reported cost, and a capped leaf's share of its
+// concurrency cap follows its part of the bucket's offered rate.
+type WindowSource interface {
+	EndWindow(service string, window time.Duration)
 }
 
 // NewWindow starts the first report window at now: src's counters as they
@@ -65,6 +76,7 @@ func NewWindow(cfg WindowConfig, now time.Time, src Source) *Window {
 		checks:    cfg.SurgeChecks,
 		prev:      src.AppendCounts(cfg.Header.Service, nil),
 		prevAt:    now,
+		endAt:     now,
 	}
 	if ds, ok := src.(DescriptorSource); ok {
 		// The baseline, as for the counters: a window starts now.
@@ -111,6 +123,7 @@ func (w *Window) Tick(now time.Time, src Source) *sluicev1.LoadReport {
 func (w *Window) regular(now time.Time, src Source) *sluicev1.LoadReport {
 	rep := w.send(w.prev, w.prevAt, now, false)
 	w.addDescriptors(rep, now, src)
+	w.endWindow(now, src)
 	return rep
 }
 
@@ -130,6 +143,14 @@ func (w *Window) addDescriptors(rep *sluicev1.LoadReport, now time.Time, src Sou
 		rep.DescriptorWindow = durationpb.New(now.Sub(w.descAt))
 	}
 	w.descAt = now
+}
+
+// endWindow ends src's window at now, if it learns from windows.
+func (w *Window) endWindow(now time.Time, src Source) {
+	if ws, ok := src.(WindowSource); ok {
+		ws.EndWindow(w.hdr.Service, now.Sub(w.endAt))
+	}
+	w.endAt = now
 }
 
 // Check is a surge check's step at now: an urgent report when a peer's rate
@@ -186,6 +207,7 @@ func (w *Window) sendUrgent(from []sidecar.PeerCounts, fromAt, now time.Time, sr
 	if w.descDue {
 		w.addDescriptors(rep, now, src)
 	}
+	w.endWindow(now, src)
 	return rep
 }
 

@@ -1,0 +1,684 @@
+package sidecar
+
+import (
+	"math"
+	"net/http"
+	"net/textproto"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluicehq/sluice/pkg/names"
+)
+
+// Cost units and concurrency caps (issue #16, step 2).
+//
+// A service whose policy counts cost (UnitCost) prices every request when
+// it is decided (see costTable.price), and each leaf counts, besides its
+// requests, the cost it was offered and admitted, in milli-units (integers,
+// atomics: no float on the request path):
+//
+//   - a price static per leaf (no request header, no response header) adds
+//     nothing per request: AppendCounts multiplies the leaf's counts by it;
+//   - with a request header, each request adds its price to the leaf's
+//     offered cost (and a dropped one to its dropped cost);
+//   - with a response header, each request adds its price to the offered
+//     cost, and each admitted one adds its real cost, the reported one or
+//     else its price, to the admitted cost when its edge calls Done.
+//
+// A rule with MaxConcurrency caps the leaf's requests in flight at the
+// sidecar's share of the cap (see shareOf): an admitted request takes a
+// slot, Done gives it back, and one that finds no slot free is refused (a
+// drop, counted in the leaf's dropped and in ConcurrencyDropped).
+//
+// A policy with neither (the common case) compiles no costTable, and Decide
+// pays one nil check for all of this.
+
+// Cost sources, for the invalid and clamped counters.
+const (
+	costFromRequest  = 0
+	costFromResponse = 1
+)
+
+// costStatus is what parsing a cost found.
+type costStatus uint8
+
+const (
+	costAbsent  costStatus = iota // no value
+	costOK                        // a valid cost
+	costClamped                   // above max: clamped to it
+	costInvalid                   // not a finite number ≥ 0: as if absent
+)
+
+// DefaultMaxCost is CostPolicy.Max when a policy counting cost has no
+// CostPolicy: the limits file's default.
+const DefaultMaxCost = 1e6
+
+// maxCostMilli bounds a compiled max cost, 10¹² units, so that a window's
+// sums of milli-units stay far from wrapping a uint64 (and a price fits
+// the 56 bits a Decision keeps it in).
+const maxCostMilli = 1e15
+
+// noStatic marks a procedure without a static price in costTable.static.
+const noStatic = math.MaxUint64
+
+// costMeanWeight is the weight of a window's mean reported cost in a leaf's
+// running mean (an EWMA per report window): about the last five windows
+// count.
+const costMeanWeight = 0.2
+
+// costTable is a policy's pricing and caps compiled for the request path,
+// once per policy; nil when the policy neither counts cost nor caps any
+// concurrency. Immutable.
+type costTable struct {
+	priced bool // the policy counts cost; false: only concurrency caps
+	// static is each procedure index's price in milli-units when no
+	// request header prices the request: its static cost, else the
+	// default, or noStatic for a callee priced by its responses, whose
+	// price is then the leaf's running mean.
+	static   []uint64
+	def, max uint64 // milli-units
+	reqKey   string // lower case, the gRPC metadata key; "": none trusted
+	httpReq  string // reqKey canonical, an http.Header key
+	respKey  string // lower case; "": the price at admission stands
+	httpResp string // respKey canonical
+	// httpTrailer are the keys a handler's undeclared trailer has in its
+	// header map (http.TrailerPrefix): canonical as ReverseProxy writes
+	// it, and as given.
+	httpTrailer, httpTrailerLower string
+	response                      bool // respKey != ""
+	dynamic                       bool // a request header or a response: each request adds its price
+}
+
+// compileCost compiles p's cost and caps against its procedures; nil when
+// it has neither.
+func compileCost(p *Policy, procs *procedures) *costTable {
+	if p == nil {
+		return nil
+	}
+	capped := false
+	for i := range p.Peers {
+		capped = capped || p.Peers[i].MaxConcurrency > 0
+	}
+	if p.Unit != UnitCost && !capped {
+		return nil
+	}
+	c := &costTable{priced: p.Unit == UnitCost}
+	cp := p.Cost
+	if cp == nil {
+		cp = &CostPolicy{Default: 1, Max: DefaultMaxCost}
+	}
+	c.max = milli(min(cp.Max, maxCostMilli/1000), maxCostMilli)
+	c.def = milli(cp.Default, c.max)
+	c.reqKey, c.respKey = cp.RequestHeader, cp.ResponseHeader
+	c.response = c.respKey != ""
+	c.dynamic = c.response || c.reqKey != ""
+	if c.reqKey != "" {
+		c.httpReq = textproto.CanonicalMIMEHeaderKey(c.reqKey)
+	}
+	if c.response {
+		c.httpResp = textproto.CanonicalMIMEHeaderKey(c.respKey)
+		c.httpTrailer, c.httpTrailerLower = http.TrailerPrefix+c.httpResp, http.TrailerPrefix+c.respKey
+	}
+	c.static = make([]uint64, len(procs.names))
+	for i := range c.static {
+		c.static[i] = c.def
+		if c.response {
+			c.static[i] = noStatic
+		}
+	}
+	for _, q := range cp.Procedures {
+		if i, ok := procs.index(q.Procedure); ok {
+			c.static[i] = milli(q.Cost, c.max)
+		}
+	}
+	return c
+}
+
+// milli converts a cost to milli-units, clamped to [0, max]; NaN is 0
+// (only in hand-built policies: PolicyFromProto refuses it).
+func milli(v float64, max uint64) uint64 {
+	if !(v > 0) {
+		return 0
+	}
+	return uint64(min(math.Round(v*1000), float64(max)))
+}
+
+// mult is the price AppendCounts multiplies the leaf of procedure q's
+// counts by: its static price when nothing prices a request on its own,
+// else 0 (the requests add their prices themselves).
+func (c *costTable) mult(procs *procedures, q string) uint64 {
+	if c == nil || !c.priced || c.dynamic {
+		return 0
+	}
+	i, ok := procs.index(q)
+	if !ok {
+		return 0
+	}
+	return c.static[i]
+}
+
+// price returns the price in milli-units of a request to procedure index
+// proc whose request header holds raw ("": none), and whether the header
+// set it; m is its leaf's meter (nil: none yet).
+func (s *ServiceLimiter) price(c *costTable, proc uint32, raw string, m *meter) (uint64, bool) {
+	if raw != "" {
+		switch v, st := parseCost(raw, c.max); st {
+		case costOK:
+			return v, true
+		case costClamped:
+			s.costClamped[costFromRequest].Add(1)
+			return v, true
+		default:
+			s.costInvalid[costFromRequest].Add(1)
+		}
+	}
+	if p := c.static[proc&procMask]; p != noStatic {
+		return p, false
+	}
+	if m != nil {
+		return m.mean.Load(), false
+	}
+	return c.def, false
+}
+
+// parseCost parses a cost as a header carries it, a decimal number ("12",
+// "0.25", "3."), in milli-units rounded half up, clamped to max. Anything
+// else (signs, exponents, NaN, Inf, spaces inside) is invalid. It
+// allocates nothing, unlike strconv.ParseFloat on an error, since the
+// value comes from a request.
+func parseCost(s string, max uint64) (uint64, costStatus) {
+	for len(s) > 0 && (s[0] == ' ' || s[0] == '\t') {
+		s = s[1:]
+	}
+	for len(s) > 0 && (s[len(s)-1] == ' ' || s[len(s)-1] == '\t') {
+		s = s[:len(s)-1]
+	}
+	var v uint64 // milli-units, saturated past max
+	digits, frac, over := 0, -1, false
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c == '.' && frac < 0:
+			frac = 0
+		case c >= '0' && c <= '9':
+			digits++
+			d := uint64(c - '0')
+			switch {
+			case frac < 0:
+				if v > (math.MaxUint64-9000)/10 {
+					over = true
+				} else {
+					v = v*10 + d*1000
+				}
+			case frac < 3:
+				frac++
+				v += d * [3]uint64{100, 10, 1}[frac-1]
+			case frac == 3:
+				frac++
+				if d >= 5 {
+					v++
+				}
+			}
+		default:
+			return 0, costInvalid
+		}
+	}
+	if digits == 0 {
+		return 0, costInvalid
+	}
+	if over || v > max {
+		return max, costClamped
+	}
+	return v, costOK
+}
+
+// costOf is parseCost for a float64 an app reports through Done.
+func costOf(v float64, max uint64) (uint64, costStatus) {
+	switch {
+	case !(v >= 0) || math.IsInf(v, 1):
+		return 0, costInvalid
+	case v*1000 > float64(max):
+		return max, costClamped
+	}
+	return uint64(math.Round(v * 1000)), costOK
+}
+
+// nCostStripes is the number of cost counter stripes per meter: fewer than
+// the request stripes, since only priced requests write them.
+const nCostStripes = 4
+
+// costStripe is one cache line of a meter's cost counters, in milli-units.
+type costStripe struct {
+	off     atomic.Uint64 // prices of requests decided without a response to report them
+	drop    atomic.Uint64 // of those, the dropped ones'
+	respOff atomic.Uint64 // prices of requests decided to be priced by their response
+	adm     atomic.Uint64 // of those, the real costs of the admitted ones that completed
+	repSum  atomic.Uint64 // of those, the costs their responses reported
+	repN    atomic.Uint64 // and how many reported one
+	_       [16]byte
+}
+
+// meter holds a leaf's cost counters and in-flight count, for a leaf of a
+// service whose policy has a costTable. An entry gets one when a policy
+// that needs it is installed (or when it is created under one) and keeps
+// it, so that a request holding a slot gives it back to the count it took
+// it from whatever policy is installed meanwhile.
+type meter struct {
+	s     *ServiceLimiter
+	c     [nCostStripes]costStripe
+	held  atomic.Int64  // requests holding a slot
+	share atomic.Int64  // the slots the sidecar may hold: its share of the rule's cap
+	mean  atomic.Uint64 // the running mean of reported costs, milli-units; starts at the default
+	// offBase and admBase keep the cumulative costs continuous when the
+	// leaf's static price changes (see foldPrice): wrapping arithmetic.
+	offBase, admBase atomic.Uint64
+
+	// Guarded by s.mu: the counts as the last window ended (endWindow),
+	// and the leaf's offered rate in that window (units or requests per
+	// second; hasRate false before a window has ended).
+	seenOffered, seenN, seenSum uint64
+	rate                        float64
+	hasRate                     bool
+}
+
+func newMeter(s *ServiceLimiter, mean uint64) *meter {
+	m := &meter{s: s}
+	m.mean.Store(mean)
+	m.share.Store(math.MaxInt64)
+	return m
+}
+
+// sums returns m's counters summed over its stripes.
+func (m *meter) sums() (c struct{ off, drop, respOff, adm, repSum, repN uint64 }) {
+	for i := range m.c {
+		st := &m.c[i]
+		c.off += st.off.Load()
+		c.drop += st.drop.Load()
+		c.respOff += st.respOff.Load()
+		c.adm += st.adm.Load()
+		c.repSum += st.repSum.Load()
+		c.repN += st.repN.Load()
+	}
+	return c
+}
+
+// totals returns the leaf's cumulative offered and admitted cost in
+// milli-units (wrapping), given its static multiplier and request counts.
+func (m *meter) totals(mult, offered, dropped uint64) (off, adm uint64) {
+	c := m.sums()
+	off = m.offBase.Load() + mult*offered + c.off + c.respOff
+	adm = m.admBase.Load() + mult*(offered-dropped) + (c.off - c.drop) + c.adm
+	return off, adm
+}
+
+// foldPrice keeps m's cumulative costs continuous when its static
+// multiplier changes from old to nu, at the leaf's counts offered and
+// dropped. Requests decided while the policy is swapped may be priced at
+// either multiplier.
+func (m *meter) foldPrice(old, nu, offered, dropped uint64) {
+	if old == nu {
+		return
+	}
+	m.offBase.Add(offered*old - offered*nu)
+	m.admBase.Add((offered-dropped)*old - (offered-dropped)*nu)
+}
+
+// inFlight returns the requests holding a slot, never negative.
+func (m *meter) inFlight() uint32 {
+	return uint32(min(max(m.held.Load(), 0), math.MaxUint32))
+}
+
+// shareOf is a sidecar's share of a bucket's global cap: the cap times
+// the sidecar's part of the bucket's offered rate (local of global), at
+// least 1, at most the cap; before the bucket has a global rate, or before
+// the sidecar measured its own, the cap split evenly over the live
+// instances.
+func shareOf(cap uint32, local float64, hasLocal bool, global float64, live int) int64 {
+	var share float64
+	if hasLocal && global > 0 && !math.IsInf(global, 0) && local >= 0 {
+		share = math.Ceil(float64(cap) * local / global)
+	} else {
+		share = math.Ceil(float64(cap) / float64(max(live, 1)))
+	}
+	return int64(max(1, min(share, float64(cap))))
+}
+
+// Decision flags.
+const (
+	holdsSlot       = 1 << iota // the request took a concurrency slot: Done gives it back
+	responsePriced              // the response reports its cost: Done counts it
+	priceFromHeader             // the request header set its price
+)
+
+// Done tells the limiter that the request d admitted has completed, its
+// response written in full (after its trailers): cost is what the app
+// reported the request cost, in the policy's units, when reported is true.
+// It gives back the request's concurrency slot and, for a service priced by
+// its responses, counts the request's real cost as admitted in the current
+// window: cost (clamped to the policy's max; invalid ones counted and
+// ignored), or else the price it was admitted at.
+//
+// Every edge that serves the requests Decide admitted must call it exactly
+// once per admitted request, whether its handler succeeded, failed or
+// panicked; the edges of this package do (Middleware, the server
+// interceptors). A second call of the same Decision would give back a slot
+// twice: a Decision is a value, and Done can not tell. For a drop, and a
+// request that neither holds a slot nor is priced by its response (every
+// request of a service without caps and response header), it does nothing.
+// It allocates nothing.
+func (d Decision) Done(cost float64, reported bool) {
+	if d.flags()&(holdsSlot|responsePriced) == 0 {
+		return
+	}
+	v, st := uint64(0), costAbsent
+	if reported && d.flags()&responsePriced != 0 {
+		v, st = costOf(cost, d.v.m.s.costMax.Load())
+		d.v.m.s.countReported(st)
+	}
+	d.finish(v, st)
+}
+
+// Price returns the price d's request was decided at, in the policy's
+// units: 0 for a service that does not count cost.
+func (d Decision) Price() float64 { return float64(d.price()) / 1000 }
+
+// pending reports whether d's edge must call Done (or doneRaw).
+func (d Decision) pending() bool { return d.flags()&(holdsSlot|responsePriced) != 0 }
+
+// doneRaw is Done for a cost as a header or trailer carried it: raw, when
+// present is true.
+func (d Decision) doneRaw(raw string, present bool) {
+	if !d.pending() {
+		return
+	}
+	v, st := uint64(0), costAbsent
+	if present && d.flags()&responsePriced != 0 {
+		v, st = parseCost(raw, d.v.m.s.costMax.Load())
+		d.v.m.s.countReported(st)
+	}
+	d.finish(v, st)
+}
+
+// doneHTTP is Done for an HTTP response complete in w: the cost is the
+// response header, or the trailer, of the current policy's name.
+func (d Decision) doneHTTP(w http.ResponseWriter) {
+	if d.flags()&responsePriced == 0 {
+		d.finish(0, costAbsent)
+		return
+	}
+	c := d.v.m.s.table.Load().cost
+	if c == nil || !c.response {
+		d.finish(0, costAbsent)
+		return
+	}
+	hdr := w.Header()
+	v := hdr[c.httpResp]
+	if len(v) == 0 {
+		if v = hdr[c.httpTrailer]; len(v) == 0 {
+			v = hdr[c.httpTrailerLower]
+		}
+	}
+	if len(v) == 0 {
+		d.doneRaw("", false)
+		return
+	}
+	d.doneRaw(v[0], true)
+}
+
+// countReported counts a reported cost that was invalid or clamped.
+func (s *ServiceLimiter) countReported(st costStatus) {
+	switch st {
+	case costInvalid:
+		s.costInvalid[costFromResponse].Add(1)
+	case costClamped:
+		s.costClamped[costFromResponse].Add(1)
+	}
+}
+
+// finish gives back d's slot and counts its real cost, v when st says the
+// response reported a (valid or clamped) one, else its price.
+func (d Decision) finish(v uint64, st costStatus) {
+	m := d.v.m
+	if d.flags()&holdsSlot != 0 {
+		m.held.Add(-1)
+	}
+	if d.flags()&responsePriced == 0 {
+		return
+	}
+	c := &m.c[stackStripe()&(nCostStripes-1)]
+	if st == costOK || st == costClamped {
+		c.repSum.Add(v)
+		c.repN.Add(1)
+	} else {
+		v = d.price()
+	}
+	c.adm.Add(v)
+}
+
+// decideMetered is decide for a table with a costTable: it prices the
+// request (raw is its request header's cost, "" for none), counts its price
+// and holds its concurrency slot. Written out as decide is, for speed.
+func (s *ServiceLimiter) decideMetered(t *table, peer string, proc uint32, tierValue, raw string) Decision {
+	idx := proc
+	if t.crit != nil {
+		idx = s.tierIndex(t, peer, proc, tierValue)
+	}
+	var sl slot
+	ok := false
+	if len(peer) <= names.MaxLen {
+		sl, ok = t.index.get(peer, idx)
+	}
+	if !ok {
+		sl = s.miss(t, peer, idx)
+	}
+	c, m := t.cost, (*meter)(nil)
+	if sl.v != nil {
+		m = sl.v.m
+	}
+	var price uint64
+	var flags uint8
+	if c.priced && m != nil {
+		// A static price is a load; only a header or a mean costs more.
+		if price = c.static[proc&procMask]; raw != "" || price == noStatic {
+			var fromHeader bool
+			if price, fromHeader = s.price(c, proc, raw, m); fromHeader {
+				flags = priceFromHeader
+			}
+		}
+		if c.dynamic {
+			cs := &m.c[stackStripe()&(nCostStripes-1)]
+			if c.response {
+				cs.respOff.Add(price)
+			} else {
+				cs.off.Add(price)
+			}
+		}
+	}
+	var d Decision
+	i := stackStripe() & s.stripeMask
+	if s.random {
+		d = sl.random()
+	} else {
+		st := &sl.e.stripes[i]
+		switch k := st.offered.Add(1); {
+		case sl.v == nil || !diffuseHit(k, sl.v.step):
+			d = Decision{v: sl.v}
+		case sl.v.kind != kindEnforce:
+			d = sl.v.hitOther(sl.e, i)
+		default:
+			st.dropped.Add(1)
+			d = Decision{Drop: true, v: sl.v}
+		}
+	}
+	if m == nil { // a leaf a newer policy added: metered from the next request
+		return d
+	}
+	if !d.Drop && sl.v.conc != nil {
+		if d = s.takeSlot(d, sl, m, i); d.owed != 0 {
+			flags |= holdsSlot
+		}
+	}
+	if d.Drop {
+		if c.priced && c.dynamic && !c.response {
+			m.c[stackStripe()&(nCostStripes-1)].drop.Add(price)
+		}
+		d.owed = owe(flags&^holdsSlot, price)
+		return d
+	}
+	if c.priced && c.response {
+		flags |= responsePriced
+	}
+	d.owed = owe(flags, price)
+	return d
+}
+
+// owe packs a Decision's flags and price into its owed.
+func owe(flags uint8, price uint64) uint64 { return uint64(flags)<<56 | price }
+
+// flags returns d's flags (holdsSlot, responsePriced, priceFromHeader).
+func (d Decision) flags() uint8 { return uint8(d.owed >> 56) }
+
+// price returns d's price in milli-units.
+func (d Decision) price() uint64 { return d.owed & (1<<56 - 1) }
+
+// takeSlot takes a concurrency slot of the capped leaf sl for the request d
+// admitted, or refuses it (counted in stripe i's dropped) when the
+// sidecar's share is taken: a shadow rule admits it all the same, counted
+// as shadow dropped, and it holds a slot.
+func (s *ServiceLimiter) takeSlot(d Decision, sl slot, m *meter, i uint64) Decision {
+	if m.held.Add(1) <= m.share.Load() {
+		d.owed = owe(holdsSlot, 0) // decideMetered sets the rest
+		return d
+	}
+	s.concDropped.Add(1)
+	if sl.v.shadow {
+		sl.e.stripes[i].shadow.Add(1)
+		d.Shadow, d.owed = true, owe(holdsSlot, 0)
+		return d
+	}
+	m.held.Add(-1)
+	sl.e.stripes[i].dropped.Add(1)
+	return Decision{Drop: true, v: sl.v.conc}
+}
+
+// DecideHTTPCost is DecideHTTPTier for a request whose cost header (the
+// policy's CostPolicy.RequestHeader, see CostHeader) has the value
+// costValue, "" when it has none. No allocation.
+func (s *ServiceLimiter) DecideHTTPCost(peer, method, path, tierValue, costValue string) Decision {
+	t := s.table.Load()
+	if t.cost == nil {
+		return s.decide(t, peer, t.procs.http(method, path), tierValue)
+	}
+	return s.decideMetered(t, peer, t.procs.http(method, path), tierValue, costValue)
+}
+
+// DecideGRPCCost is DecideGRPCTier for a call whose cost metadata (see
+// CostHeader) has the value costValue, "" when it has none. No allocation.
+func (s *ServiceLimiter) DecideGRPCCost(peer, fullMethod, tierValue, costValue string) Decision {
+	t := s.table.Load()
+	if t.cost == nil {
+		return s.decide(t, peer, t.procs.grpc(fullMethod), tierValue)
+	}
+	return s.decideMetered(t, peer, t.procs.grpc(fullMethod), tierValue, costValue)
+}
+
+// CostHeader returns the lower-case request header (gRPC metadata key) the
+// current policy reads a request's own cost from; "" when it trusts none.
+func (s *ServiceLimiter) CostHeader() string {
+	if c := s.table.Load().cost; c != nil {
+		return c.reqKey
+	}
+	return ""
+}
+
+// ConcurrencyDropped returns the requests refused because the sidecar's
+// share of their bucket's concurrency cap was taken.
+func (s *ServiceLimiter) ConcurrencyDropped() uint64 { return s.concDropped.Load() }
+
+// EndWindow ends the window of service's counters that began at the
+// previous call (window long): every leaf priced by its responses moves
+// its running mean towards the window's mean reported cost, and every
+// capped leaf's share of its cap follows its part of the bucket's offered
+// rate (see shareOf). The reporter calls it once per report window.
+func (l *Limiter) EndWindow(service string, window time.Duration) {
+	if s := l.lookup(service); s != nil {
+		s.EndWindow(window)
+	}
+}
+
+// EndWindow is Limiter.EndWindow for s.
+func (s *ServiceLimiter) EndWindow(window time.Duration) {
+	if window <= 0 {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t := s.table.Load()
+	sec := window.Seconds()
+	for k, sl := range t.leaves {
+		m := sl.e.meter.Load()
+		if m == nil {
+			continue
+		}
+		c := m.sums()
+		if n := c.repN - m.seenN; n > 0 && n < 1<<62 {
+			mean := float64(c.repSum-m.seenSum) / float64(n)
+			old := float64(m.mean.Load())
+			m.mean.Store(uint64(math.Round(old + costMeanWeight*(mean-old))))
+		}
+		m.seenN, m.seenSum = c.repN, c.repSum
+		pc, _, _ := sl.e.counts()
+		cur, scale := pc.Offered, 1.0
+		if t.cost != nil && t.cost.priced {
+			cur, _ = m.totals(t.cost.mult(t.procs, k.proc), pc.Offered, pc.Dropped)
+			scale = 1000
+		}
+		if d := cur - m.seenOffered; d < 1<<62 {
+			m.rate, m.hasRate = float64(d)/scale/sec, true
+		}
+		m.seenOffered = cur
+		if sl.v != nil && sl.v.conc != nil {
+			m.share.Store(shareOf(sl.v.rule.MaxConcurrency, m.rate, m.hasRate, sl.v.rule.OfferedRPS, t.policy.LiveInstances))
+		}
+	}
+}
+
+// meterLocked gives the leaf k's entry of the new table nt a meter when nt
+// needs one, keeps its cumulative costs continuous from the old table's
+// price, and sets its share of a cap. s.mu must be held.
+func (s *ServiceLimiter) meterLocked(old, nt *table, k leaf, sl slot) slot {
+	m := sl.e.meter.Load()
+	if m == nil {
+		if nt.cost == nil {
+			return sl
+		}
+		m = newMeter(s, nt.cost.def)
+		sl.e.meter.Store(m)
+	}
+	var om, nm uint64
+	if old != nil {
+		om = old.cost.mult(old.procs, k.proc)
+	}
+	nm = nt.cost.mult(nt.procs, k.proc)
+	if om != nm {
+		pc, _, _ := sl.e.counts()
+		m.foldPrice(om, nm, pc.Offered, pc.Dropped)
+	}
+	if nt.cost == nil {
+		return sl
+	}
+	switch {
+	case sl.v == nil:
+		sl.v = &verdict{m: m} // no rule: admits everything, counts its cost
+	case sl.v.m == nil: // fresh from compile, in no slot yet
+		sl.v.m = m
+	case sl.v.m != m: // a slot of an older table (an evicted entry's) has it: leave that one be
+		nv := *sl.v
+		nv.m = m
+		sl.v = &nv
+	}
+	if sl.v.conc != nil {
+		m.share.Store(shareOf(sl.v.rule.MaxConcurrency, m.rate, m.hasRate, sl.v.rule.OfferedRPS, nt.policy.LiveInstances))
+	}
+	return sl
+}
