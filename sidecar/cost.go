@@ -332,13 +332,17 @@ func (m *meter) inFlight() uint32 {
 // the sidecar's part of the bucket's offered rate (local of global), at
 // least 1, at most the cap; before the bucket has a global rate, or before
 // the sidecar measured its own, the cap split evenly over the live
-// instances.
+// instances. Shares round down, so that the sidecars' shares add up to no
+// more than the cap whatever their parts (rounding up, two sidecars at
+// 51 % and 49 % of a cap of 10 would hold 6 + 5); only the floor of 1 can
+// lift the sum over it, when the cap is smaller than the sidecars that
+// see the bucket.
 func shareOf(cap uint32, local float64, hasLocal bool, global float64, live int) int64 {
 	var share float64
 	if hasLocal && global > 0 && !math.IsInf(global, 0) && local >= 0 {
-		share = math.Ceil(float64(cap) * local / global)
+		share = math.Floor(float64(cap) * local / global)
 	} else {
-		share = math.Ceil(float64(cap) / float64(max(live, 1)))
+		share = math.Floor(float64(cap) / float64(max(live, 1)))
 	}
 	return int64(max(1, min(share, float64(cap))))
 }

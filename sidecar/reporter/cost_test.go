@@ -15,19 +15,29 @@ func TestBuildCost(t *testing.T) {
 		{Peer: "chat", Offered: 10, OfferedCost: 50_000, AdmittedCost: 40_000, Incarnation: 1},
 		{Peer: "web", Offered: 5, OfferedCost: math.MaxUint64 - 999, Incarnation: 1}, // wraps
 		{Peer: "batch", Offered: 1, OfferedCost: 9000, Incarnation: 1},
+		{Peer: "long", Offered: 3, OfferedCost: 30_000, Incarnation: 1},
+		{Peer: "idle", Offered: 3, OfferedCost: 30_000, AdmittedCost: 30_000, Incarnation: 1},
 	}
 	cur := []sidecar.PeerCounts{
 		{Peer: "chat", Offered: 20, Dropped: 2, OfferedCost: 150_000, AdmittedCost: 120_500, InFlight: 3, Incarnation: 1},
 		{Peer: "web", Offered: 6, OfferedCost: 1000, Incarnation: 1},
 		{Peer: "batch", Offered: 2, OfferedCost: 8000, Incarnation: 1}, // backwards: 0
 		{Peer: "plain", Offered: 4, Incarnation: 1},
+		// Nothing offered in the window, but a long request's cost arrived
+		// and another is still running: kept, for those.
+		{Peer: "long", Offered: 3, OfferedCost: 30_000, AdmittedCost: 12_000, InFlight: 1, Incarnation: 1},
+		// Nothing at all in the window: left out.
+		{Peer: "idle", Offered: 3, OfferedCost: 30_000, AdmittedCost: 30_000, Incarnation: 1},
 	}
 	rep := Build(h, prev, cur, time.Unix(0, 0), time.Second)
 	got := map[string][3]float64{}
 	for _, p := range rep.GetPeers() {
 		got[p.GetPeer()] = [3]float64{p.GetOfferedCost(), p.GetAdmittedCost(), float64(p.GetInFlight())}
 	}
-	want := map[string][3]float64{"chat": {100, 80.5, 3}, "web": {2, 0, 0}, "batch": {0, 0, 0}, "plain": {0, 0, 0}}
+	want := map[string][3]float64{"chat": {100, 80.5, 3}, "web": {2, 0, 0}, "batch": {0, 0, 0}, "plain": {0, 0, 0}, "long": {0, 12, 1}}
+	if _, ok := got["idle"]; ok {
+		t.Errorf("a bucket with nothing in the window is reported: %v", got["idle"])
+	}
 	for k, w := range want {
 		if got[k] != w {
 			t.Errorf("%s: offered cost, admitted cost, in flight %v, want %v", k, got[k], w)

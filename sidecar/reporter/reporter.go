@@ -171,15 +171,15 @@ type Header struct {
 //     outside the four (from no Limiter) as criticality.Sheddable, the
 //     lowest, rather than have the aggregator reject the whole report.
 //   - Peers with nothing offered in the window are left out: a report is
-//     the sidecar's complete picture, so a missing peer means rate 0.
+//     the sidecar's complete picture, so a missing peer means rate 0. A
+//     bucket that offered nothing but has requests in flight, or whose
+//     admitted cost became known in the window (a long request reporting
+//     its cost when it completes), is kept for those.
 //   - A peer listed more than once in a snapshot is summed.
 //   - For a callee counting cost, offered_cost and admitted_cost are the
 //     window's deltas of the cumulative milli-unit costs, in units (see
 //     sidecar.PeerCounts.OfferedCost); in_flight is cur's gauge. All
-//     three are 0, and cost no bytes, for other callees. A bucket's
-//     admitted cost may count in a window where it offered nothing (a
-//     long request reporting its cost when it completes): that window's
-//     entry is left out, and the cost with it.
+//     three are 0, and cost no bytes, for other callees.
 //
 // Entries are sorted by peer, procedure, then tier. An untiered bucket's
 // entry leaves criticality unset: its report is what it was before tiers.
@@ -189,7 +189,7 @@ func Build(h Header, prev, cur []sidecar.PeerCounts, windowStart time.Time, wind
 	for k, c := range sumByBucket(cur) {
 		b := since(before[k], c)
 		offered := c.Offered - b.Offered
-		if offered == 0 {
+		if offered == 0 && c.InFlight == 0 && costDelta(b.AdmittedCost, c.AdmittedCost) == 0 {
 			continue
 		}
 		dropped := min(c.Dropped-b.Dropped, offered)
