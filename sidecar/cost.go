@@ -61,10 +61,15 @@ const maxCostMilli = 1e15
 // noStatic marks a procedure without a static price in costTable.static.
 const noStatic = math.MaxUint64
 
-// costMeanWeight is the weight of a window's mean reported cost in a leaf's
-// running mean (an EWMA per report window): about the last five windows
-// count.
-const costMeanWeight = 0.2
+// costMeanDecay is what a window's reported costs still weigh in a leaf's
+// running mean one window later: the mean is the decayed sum of reported
+// costs over the decayed count, so about the last five windows count, each
+// by how many responses it had. Weighing by count, not by window, lets the
+// first window that reports anything replace the policy's default at once
+// (a default of 1 against real costs of 10 would otherwise price requests
+// at a tenth of their cost for several windows, and admit ten times too
+// many), and keeps a window with one odd response from moving it much.
+const costMeanDecay = 0.8
 
 // costTable is a policy's pricing and caps compiled for the request path,
 // once per policy; nil when the policy neither counts cost nor caps any
@@ -279,6 +284,7 @@ type meter struct {
 	seenOffered, seenN, seenSum uint64
 	rate                        float64
 	hasRate                     bool
+	wSum, wN                    float64 // the decayed reported costs (milli-units) and their count; see costMeanDecay
 }
 
 func newMeter(s *ServiceLimiter, mean uint64) *meter {
@@ -336,13 +342,16 @@ func (m *meter) inFlight() uint32 {
 // more than the cap whatever their parts (rounding up, two sidecars at
 // 51 % and 49 % of a cap of 10 would hold 6 + 5); only the floor of 1 can
 // lift the sum over it, when the cap is smaller than the sidecars that
-// see the bucket.
+// see the bucket. A policy that counts no live sidecar (the controller has
+// had no report of the service yet: a fleet's first seconds) gives 1: any
+// more could add up past the cap over sidecars nobody has counted.
 func shareOf(cap uint32, local float64, hasLocal bool, global float64, live int) int64 {
 	var share float64
-	if hasLocal && global > 0 && !math.IsInf(global, 0) && local >= 0 {
+	switch {
+	case hasLocal && global > 0 && !math.IsInf(global, 0) && local >= 0:
 		share = math.Floor(float64(cap) * local / global)
-	} else {
-		share = math.Floor(float64(cap) / float64(max(live, 1)))
+	case live > 0:
+		share = math.Floor(float64(cap) / float64(live))
 	}
 	return int64(max(1, min(share, float64(cap))))
 }
@@ -625,10 +634,12 @@ func (s *ServiceLimiter) EndWindow(window time.Duration) {
 			continue
 		}
 		c := m.sums()
-		if n := c.repN - m.seenN; n > 0 && n < 1<<62 {
-			mean := float64(c.repSum-m.seenSum) / float64(n)
-			old := float64(m.mean.Load())
-			m.mean.Store(uint64(math.Round(old + costMeanWeight*(mean-old))))
+		if n := c.repN - m.seenN; n < 1<<62 {
+			m.wN = costMeanDecay*m.wN + float64(n)
+			m.wSum = costMeanDecay*m.wSum + float64(c.repSum-m.seenSum)
+			if m.wN > 0 {
+				m.mean.Store(uint64(math.Round(m.wSum / m.wN)))
+			}
 		}
 		m.seenN, m.seenSum = c.repN, c.repSum
 		pc, _, _ := sl.e.counts()
@@ -637,13 +648,19 @@ func (s *ServiceLimiter) EndWindow(window time.Duration) {
 			cur, _ = m.totals(t.cost.mult(t.procs, k.proc), pc.Offered, pc.Dropped)
 			scale = 1000
 		}
+		// The share compares the rate of the window before this one with
+		// the policy's global rate: that is the window the policy in force
+		// was most likely computed from (the report, a flush and a tick
+		// later). This window's rate against it would take a rising
+		// bucket's share for more than its part, on every sidecar at once,
+		// and their shares would add up to more than the cap.
+		if sl.v != nil && sl.v.conc != nil {
+			m.share.Store(shareOf(sl.v.rule.MaxConcurrency, m.rate, m.hasRate, sl.v.rule.OfferedRPS, t.policy.LiveInstances))
+		}
 		if d := cur - m.seenOffered; d < 1<<62 {
 			m.rate, m.hasRate = float64(d)/scale/sec, true
 		}
 		m.seenOffered = cur
-		if sl.v != nil && sl.v.conc != nil {
-			m.share.Store(shareOf(sl.v.rule.MaxConcurrency, m.rate, m.hasRate, sl.v.rule.OfferedRPS, t.policy.LiveInstances))
-		}
 	}
 }
 

@@ -195,12 +195,25 @@ func TestCostResponseDoneAndMean(t *testing.T) {
 	if s.costInvalid[costFromResponse].Load() != 1 || s.costClamped[costFromResponse].Load() != 1 {
 		t.Fatalf("response costs invalid %d clamped %d, want 1 each", s.costInvalid[costFromResponse].Load(), s.costClamped[costFromResponse].Load())
 	}
-	// The window's mean reported cost is (20+100)/2 = 60: the running
-	// mean moves from 4 a fifth of the way, to 15.2, and prices the next
-	// request.
+	// The window's mean reported cost is (20+100)/2 = 60: the first
+	// window that reports anything replaces the default outright, and
+	// prices the next request.
 	l.EndWindow("llm", time.Second)
-	if got := s.DecideGRPC("chat", "/llm.Chat/Embed").Price(); math.Abs(got-15.2) > 1e-9 {
-		t.Fatalf("price after a window %v, want 15.2", got)
+	if got := s.DecideGRPC("chat", "/llm.Chat/Embed").Price(); math.Abs(got-60) > 1e-9 {
+		t.Fatalf("price after a window %v, want 60", got)
+	}
+	// Then each window weighs by its responses, the older ones decayed by
+	// 0.8: two of 10 after the two of 60 give (0.8·120 + 20) / (0.8·2 + 2).
+	s.DecideGRPC("chat", "/llm.Chat/Embed").Done(10, true)
+	s.DecideGRPC("chat", "/llm.Chat/Embed").Done(10, true)
+	l.EndWindow("llm", time.Second)
+	if got, want := s.DecideGRPC("chat", "/llm.Chat/Embed").Price(), (0.8*120+20)/(0.8*2+2); math.Abs(got-want) > 1e-3 {
+		t.Fatalf("price after two windows %v, want %v", got, want)
+	}
+	// A window without responses leaves it.
+	l.EndWindow("llm", time.Second)
+	if got, want := s.DecideGRPC("chat", "/llm.Chat/Embed").Price(), (0.8*120+20)/(0.8*2+2); math.Abs(got-want) > 1e-3 {
+		t.Fatalf("price after a quiet window %v, want %v", got, want)
 	}
 	// Each leaf has its own mean: Complete reported nothing yet.
 	if got := s.DecideGRPC("chat", "/llm.Chat/Complete").Price(); got != 4 {
@@ -238,7 +251,7 @@ func TestConcurrencyShare(t *testing.T) {
 		{40, 0, true, 100, 4, 1},    // at least 1
 		{40, 500, true, 100, 4, 40}, // at most the cap
 		{40, 5, true, 0, 3, 13},     // no global rate: cap / instances, rounded down
-		{3, 0, false, 0, 0, 3},
+		{3, 0, false, 0, 0, 1}, // no live sidecar counted yet: 1
 	} {
 		if got := shareOf(tc.cap, tc.local, tc.hasLocal, tc.global, tc.live); got != tc.want {
 			t.Errorf("shareOf(%+v) = %d, want %d", tc, got, tc.want)

@@ -85,7 +85,7 @@ func TestCostServiceRatio(t *testing.T) {
 
 // TestCostDebt: chat admits 7500 units/s against its limit of 5000 for
 // four ticks (its requests cost more than priced); its limit is lowered
-// by its debt over the payback window (10 s), the debt published, then,
+// by three times its debt over the payback window (10 s), the debt published, then,
 // admitting what the lowered limit allows, it pays back and gets its limit
 // back.
 func TestCostDebt(t *testing.T) {
@@ -111,14 +111,14 @@ func TestCostDebt(t *testing.T) {
 	for i := 1; i <= 4; i++ {
 		chat := tick(7500)
 		debt := 2500 * float64(i)
-		if chat.GetDebt() != debt || chat.GetAllowedRps() != 5000-debt/10 || chat.GetLimitRps() != 5000-debt/10 {
-			t.Fatalf("overshoot tick %d: debt %v, allowed %v, limit %v; want %v, %v", i, chat.GetDebt(), chat.GetAllowedRps(), chat.GetLimitRps(), debt, 5000-debt/10)
+		if want := 5000 - 3*debt/10; chat.GetDebt() != debt || chat.GetAllowedRps() != want || chat.GetLimitRps() != want {
+			t.Fatalf("overshoot tick %d: debt %v, allowed %v, limit %v; want %v, %v", i, chat.GetDebt(), chat.GetAllowedRps(), chat.GetLimitRps(), debt, want)
 		}
 		if got := debts["llm"]; got != debt {
 			t.Errorf("tick %d: llm's debt %v, want %v", i, got, debt)
 		}
 	}
-	allowed := 5000 - 10000/10.0
+	allowed := 5000 - 3*10000/10.0
 	for i := 0; i < 200 && allowed < 5000; i++ {
 		chat := tick(allowed)
 		if chat.GetDebt() > 0 && chat.GetAllowedRps() >= 5000 {

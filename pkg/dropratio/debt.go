@@ -17,13 +17,17 @@ import (
 // step and P the payback window:
 //
 //	debt  = clamp(debt + (A − L)·dt, 0, L·P)   (DebtStep)
-//	limit = max(0, L − debt/P)                  (DebtLimit)
+//	limit = max(0, L − 3·debt/P)                (DebtLimit)
 //
 // The debt is measured against L itself, not against the lowered limit:
-// while it is paid back the bucket admits about L − debt/P, so the debt
-// shrinks by debt/P per second, the overshoot paid back over P (63 % of it
-// in one P, e-fold). It is capped at L·P, a whole window of the limit: a
-// lie or a bug in a report can block a bucket for about one P, no more. A
+// while it is paid back the bucket admits about L − 3·debt/P, so the debt
+// shrinks by 3·debt/P per second, e-folding three times in P: 95 % of an
+// overshoot is paid back within one payback window, so that the window
+// that saw it meets the limit within a few per cent. (With debt/P, one
+// e-fold, a third of it would still be owed when the window ends.) It is
+// capped at L·P, a whole window of the limit: a lie or a bug in a report
+// blocks a bucket for two thirds of P and pays the rest back by P, no
+// more. A
 // bucket at or under its limit accrues none, and one without a limit
 // (L = +Inf) has no debt. The debt is measured against the bucket's own
 // limit only: a capacity's share is the law's to keep from offered load.
@@ -65,11 +69,14 @@ func DebtStep(debt, admitted, limit float64, dt, payback time.Duration) float64 
 }
 
 // DebtLimit returns the limit the law holds a bucket to while it owes
-// debt: max(0, limit − debt/payback). A bucket without debt, or without a
-// limit, keeps its limit; a NaN debt counts as none.
+// debt: max(0, limit − debtFolds·debt/payback). A bucket without debt, or
+// without a limit, keeps its limit; a NaN debt counts as none.
 func DebtLimit(limit, debt float64, payback time.Duration) float64 {
 	if !(debt > 0) || payback <= 0 || math.IsInf(limit, 1) || math.IsNaN(limit) {
 		return limit
 	}
-	return max(0, limit-debt/payback.Seconds())
+	return max(0, limit-debtFolds*debt/payback.Seconds())
 }
+
+// debtFolds is how many times a debt e-folds in one payback window.
+const debtFolds = 3

@@ -50,8 +50,9 @@ func TestDebtLimit(t *testing.T) {
 	p := 10 * time.Second
 	for _, tc := range []struct{ limit, debt, want float64 }{
 		{100, 0, 100},
-		{100, 200, 80},
-		{100, 1000, 0}, // a whole window: blocked for about one payback
+		{100, 200, 40},
+		{100, 300, 10},
+		{100, 1000, 0}, // a whole window: blocked for two thirds of a payback
 		{100, 5000, 0}, // never below 0
 		{math.Inf(1), 5000, math.Inf(1)},
 		{100, math.NaN(), 100},
@@ -79,8 +80,8 @@ func TestDebtPaidBack(t *testing.T) {
 			t.Fatalf("overshoot step %d: debt %v, want %v", i, debt, want)
 		}
 	}
-	if lim := DebtLimit(L, debt, p); lim != L-20 {
-		t.Fatalf("limit while owing 200: %v, want 80", lim)
+	if lim := DebtLimit(L, debt, p); lim != L-60 {
+		t.Fatalf("limit while owing 200: %v, want 40", lim)
 	}
 	for debt > 0 && steps < 1000 {
 		a := DebtLimit(L, debt, p) // the law holds it to the lowered limit
@@ -90,6 +91,9 @@ func TestDebtPaidBack(t *testing.T) {
 		debt = DebtStep(debt, a, L, s, p)
 		admittedSum += a
 		steps++
+		if steps == 4+int(p/s) && debt > 0.05*200 {
+			t.Errorf("one payback window after the overshoot, %v of its 200 still owed: want under 5 %%", debt)
+		}
 	}
 	if debt != 0 || DebtLimit(L, debt, p) != L {
 		t.Fatalf("after %d steps: debt %v, limit %v", steps, debt, DebtLimit(L, debt, p))

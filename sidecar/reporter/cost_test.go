@@ -79,11 +79,24 @@ func TestWindowEndsLimiterWindow(t *testing.T) {
 			t.Fatalf("report in_flight %d, want 25", p.GetInFlight())
 		}
 	}
-	// 40 rps of the bucket's 1000: ceil(100 × 0.04) = 4 slots.
+	// The share follows the window before the one that just closed (the
+	// one the policy's global rate was computed from): none yet, so still
+	// cap / instances.
 	for _, d := range held {
 		d.Done(0, false)
 	}
+	held = decide(40)
+	if len(held) != 25 {
+		t.Fatalf("%d of 40 admitted after a window, want still cap/instances = 25", len(held))
+	}
+	for _, d := range held {
+		d.Done(0, false)
+	}
+	if rep := w.Tick(start.Add(2*time.Second), l); rep == nil {
+		t.Fatal("no second report")
+	}
+	// The first window's 40 rps of the bucket's 1000: floor(100 × 0.04) = 4 slots.
 	if n := len(decide(10)); n != 4 {
-		t.Fatalf("%d of 10 admitted after a window, want the share 4", n)
+		t.Fatalf("%d of 10 admitted after two windows, want the share 4", n)
 	}
 }
