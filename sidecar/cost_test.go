@@ -251,7 +251,7 @@ func TestConcurrencyShare(t *testing.T) {
 		{40, 0, true, 100, 4, 1},    // at least 1
 		{40, 500, true, 100, 4, 40}, // at most the cap
 		{40, 5, true, 0, 3, 13},     // no global rate: cap / instances, rounded down
-		{3, 0, false, 0, 0, 1}, // no live sidecar counted yet: 1
+		{3, 0, false, 0, 0, 1},      // no live sidecar counted yet: 1
 	} {
 		if got := shareOf(tc.cap, tc.local, tc.hasLocal, tc.global, tc.live); got != tc.want {
 			t.Errorf("shareOf(%+v) = %d, want %d", tc, got, tc.want)
