@@ -28,6 +28,7 @@ type Memory struct {
 	daily     map[dayKey]*dayAgg
 	services  map[string]ServiceLimits
 	buckets   map[Bucket]BucketLimit
+	settings  map[Bucket]BucketSettings
 	routes    map[string][]routes.Route     // by callee; never empty
 	proposals []Proposal                    // proposals[i].ID == i+1
 	audit     []AuditEntry                  // audit[i].ID == i+1
@@ -56,6 +57,7 @@ func NewMemory(opts ...Option) *Memory {
 		daily:    map[dayKey]*dayAgg{},
 		services: map[string]ServiceLimits{},
 		buckets:  map[Bucket]BucketLimit{},
+		settings: map[Bucket]BucketSettings{},
 		routes:   map[string][]routes.Route{},
 		subs:     map[chan struct{}]func() bool{},
 	}
@@ -204,7 +206,39 @@ func (m *Memory) Limits(ctx context.Context) (Limits, error) {
 	for _, callee := range slices.Sorted(maps.Keys(m.routes)) {
 		l.Routes = append(l.Routes, ServiceRoutes{Callee: callee, Routes: slices.Clone(m.routes[callee])})
 	}
+	for _, s := range m.settings {
+		s.Cost = copyOpt(s.Cost)
+		l.Settings = append(l.Settings, s)
+	}
+	slices.SortFunc(l.Settings, func(a, b BucketSettings) int { return compareBuckets(a.Bucket, b.Bucket) })
 	return l, nil
+}
+
+// SetSettings implements LimitStore.
+func (m *Memory) SetSettings(ctx context.Context, s BucketSettings, c Change) error {
+	if err := checkChange(c); err != nil {
+		return err
+	}
+	if err := checkBucketSettings(s); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.opts.clock()
+	o, had := m.settings[s.Bucket]
+	if s.IsZero() {
+		if !had {
+			return nil
+		}
+		delete(m.settings, s.Bucket)
+	} else {
+		s.Cost = copyOpt(s.Cost)
+		s.UpdatedBy, s.Reason, s.UpdatedAt = c.Actor, c.Reason, now
+		m.settings[s.Bucket] = s
+	}
+	m.appendAudit(now, c, "set_settings", s.Bucket, renderSettings(o), renderSettings(s))
+	m.notify()
+	return nil
 }
 
 // SetRoutes implements LimitStore.
@@ -634,6 +668,12 @@ func copyFlags(f []string) []string {
 func copyService(s ServiceLimits) ServiceLimits {
 	s.DefaultLimit, s.Capacity = copyOpt(s.DefaultLimit), copyOpt(s.Capacity)
 	s.Mode, s.FailMode, s.Enforcement = copyOpt(s.Mode), copyOpt(s.FailMode), copyOpt(s.Enforcement)
+	if s.Cost != nil {
+		c := *s.Cost
+		c.Default, c.Max = copyOpt(c.Default), copyOpt(c.Max)
+		s.Cost = &c
+	}
+	s.Criticality = copyOpt(s.Criticality)
 	return s
 }
 

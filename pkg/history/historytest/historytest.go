@@ -63,6 +63,8 @@ func Run(t *testing.T, open func(t *testing.T) history.Store) {
 		{"ProcedureLimits", testProcedureLimits},
 		{"CallerModeWithoutLimit", testCallerModeWithoutLimit},
 		{"Routes", testRoutes},
+		{"ServiceTiersCost", testServiceTiersCost},
+		{"BucketSettings", testBucketSettings},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
