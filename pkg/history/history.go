@@ -73,6 +73,18 @@ type MinuteRow struct {
 	PeakOffered float64   // highest offered rate of any tick in the minute
 	MeanOffered float64   // mean offered rate over the minute
 	MeanDropped float64   // mean rate of enforced drops over the minute
+	// Cost is the bucket's cost load in the minute when its callee counts
+	// cost (units per second); nil when it counts requests.
+	Cost *CostLoad
+}
+
+// CostLoad is a bucket's cost rates, in cost units per second: the peak
+// of the minute's (or day's) ticks and the mean over them, offered (priced
+// at admission) and admitted (as the sidecars counted it, reported costs
+// included). Finite and >= 0, each peak >= its mean.
+type CostLoad struct {
+	PeakOffered, MeanOffered   float64
+	PeakAdmitted, MeanAdmitted float64
 }
 
 // DailyPeak is the rollup of one bucket's minute rows over one UTC day:
@@ -84,6 +96,10 @@ type DailyPeak struct {
 	MeanOffered float64   // mean of the day's MeanOffered
 	MeanDropped float64   // mean of the day's MeanDropped
 	Minutes     int       // minute rows the day has: coverage, at most 1440
+	// Cost is the rollup of the day's minutes that carry a cost load,
+	// CostMinutes of them (its coverage); nil when none do.
+	Cost        *CostLoad
+	CostMinutes int
 }
 
 // Source says where a limit came from.

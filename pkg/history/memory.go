@@ -45,6 +45,9 @@ type dayKey struct {
 type dayAgg struct {
 	peak, sumOffered, sumDropped float64
 	minutes                      int
+	// The cost rollup: peaks, sums of means, minutes with a cost load.
+	costPeakOff, costSumOff, costPeakAdm, costSumAdm float64
+	costMinutes                                      int
 }
 
 var _ Store = (*Memory)(nil)
@@ -100,6 +103,7 @@ func (m *Memory) WriteMinutes(ctx context.Context, rows []MinuteRow) error {
 		if _, dup := byMinute[key]; dup {
 			continue // the first write wins
 		}
+		r.Cost = copyOpt(r.Cost)
 		byMinute[key] = r
 		dk := dayKey{r.Bucket, dayOf(r.Minute).Unix()}
 		a := m.daily[dk]
@@ -111,6 +115,12 @@ func (m *Memory) WriteMinutes(ctx context.Context, rows []MinuteRow) error {
 		a.sumOffered += r.MeanOffered
 		a.sumDropped += r.MeanDropped
 		a.minutes++
+		if c := r.Cost; c != nil {
+			a.costPeakOff, a.costPeakAdm = max(a.costPeakOff, c.PeakOffered), max(a.costPeakAdm, c.PeakAdmitted)
+			a.costSumOff += c.MeanOffered
+			a.costSumAdm += c.MeanAdmitted
+			a.costMinutes++
+		}
 	}
 	return nil
 }
@@ -125,6 +135,7 @@ func (m *Memory) Minutes(ctx context.Context, b Bucket, from, to time.Time) ([]M
 	var out []MinuteRow
 	for _, r := range m.minutes[b] {
 		if !r.Minute.Before(from) && r.Minute.Before(to) {
+			r.Cost = copyOpt(r.Cost)
 			out = append(out, r)
 		}
 	}
@@ -145,14 +156,19 @@ func (m *Memory) DailyPeaks(ctx context.Context, f Filter, from, to time.Time) (
 		if k.day < lo || k.day >= hi || !f.matches(k.Bucket) {
 			continue
 		}
-		out = append(out, DailyPeak{
+		d := DailyPeak{
 			Bucket:      k.Bucket,
 			Day:         time.Unix(k.day, 0).UTC(),
 			PeakOffered: a.peak,
 			MeanOffered: a.sumOffered / float64(a.minutes),
 			MeanDropped: a.sumDropped / float64(a.minutes),
 			Minutes:     a.minutes,
-		})
+			CostMinutes: a.costMinutes,
+		}
+		if n := float64(a.costMinutes); n > 0 {
+			d.Cost = &CostLoad{PeakOffered: a.costPeakOff, MeanOffered: a.costSumOff / n, PeakAdmitted: a.costPeakAdm, MeanAdmitted: a.costSumAdm / n}
+		}
+		out = append(out, d)
 	}
 	slices.SortFunc(out, func(a, b DailyPeak) int {
 		return cmp.Or(compareBuckets(a.Bucket, b.Bucket), a.Day.Compare(b.Day))

@@ -245,6 +245,22 @@ func checkMinute(field string, r *MinuteRow) error {
 	if r.PeakOffered < r.MeanOffered {
 		return invalid(field+"peak_offered", "peak %v is below the mean %v", r.PeakOffered, r.MeanOffered)
 	}
+	if c := r.Cost; c != nil {
+		for _, f := range []struct {
+			name string
+			v    float64
+		}{{"peak_offered_cost", c.PeakOffered}, {"mean_offered_cost", c.MeanOffered}, {"peak_admitted_cost", c.PeakAdmitted}, {"mean_admitted_cost", c.MeanAdmitted}} {
+			if err := checkRate(field+f.name, f.v); err != nil {
+				return err
+			}
+		}
+		if c.PeakOffered < c.MeanOffered {
+			return invalid(field+"peak_offered_cost", "peak %v is below the mean %v", c.PeakOffered, c.MeanOffered)
+		}
+		if c.PeakAdmitted < c.MeanAdmitted {
+			return invalid(field+"peak_admitted_cost", "peak %v is below the mean %v", c.PeakAdmitted, c.MeanAdmitted)
+		}
+	}
 	return nil
 }
 

@@ -65,6 +65,7 @@ func Run(t *testing.T, open func(t *testing.T) history.Store) {
 		{"Routes", testRoutes},
 		{"ServiceTiersCost", testServiceTiersCost},
 		{"BucketSettings", testBucketSettings},
+		{"CostMinutes", testCostMinutes},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -116,3 +116,38 @@ func testBucketSettings(t *testing.T, s history.Store) {
 		wantErr(t, c.name, s.SetSettings(ctx, c.set, alice), history.ErrInvalid, c.field)
 	}
 }
+
+// A bucket of a callee counting cost carries its cost load beside its
+// request rates: read back, rolled up by day over the minutes that carry
+// it, never double counted by a rewrite; a row without one reads back
+// without one.
+func testCostMinutes(t *testing.T, s history.Store) {
+	ctx := t.Context()
+	llm := history.Bucket{Callee: "llm", Caller: "chat"}
+	withCost := func(r history.MinuteRow, po, mo, pa, ma float64) history.MinuteRow {
+		r.Cost = &history.CostLoad{PeakOffered: po, MeanOffered: mo, PeakAdmitted: pa, MeanAdmitted: ma}
+		return r
+	}
+	rows := []history.MinuteRow{
+		row(llm, minute(0, 0), 10, 8, 0), // before the callee counted cost
+		withCost(row(llm, minute(0, 1), 12, 9, 1), 600, 500, 550, 450),
+		withCost(row(llm, minute(0, 2), 11, 10, 0), 900, 700, 800, 600),
+	}
+	must(t, s.WriteMinutes(ctx, rows))
+	// A rewrite, with a new minute: the careful path.
+	must(t, s.WriteMinutes(ctx, []history.MinuteRow{rows[1], withCost(row(llm, minute(0, 3), 5, 5, 0), 100, 100, 100, 100)}))
+	got := minutes(t, s, llm, day(0), day(1))
+	eq(t, "minutes", got, append(rows, withCost(row(llm, minute(0, 3), 5, 5, 0), 100, 100, 100, 100)))
+	peaks := dailyPeaks(t, s, history.Filter{Callee: "llm"}, day(0), day(1))
+	eq(t, "daily", peaks, []history.DailyPeak{{
+		Bucket: llm, Day: day(0), PeakOffered: 12, MeanOffered: 8, MeanDropped: 0.25, Minutes: 4,
+		Cost: &history.CostLoad{PeakOffered: 900, MeanOffered: 1300.0 / 3, PeakAdmitted: 800, MeanAdmitted: 1150.0 / 3}, CostMinutes: 3,
+	}})
+	plain := dailyPeaks(t, s, history.Filter{Callee: "nobody"}, day(0), day(1))
+	eq(t, "none", len(plain), 0)
+
+	bad := withCost(row(llm, minute(1, 0), 1, 1, 0), 5, 6, 5, 5)
+	wantErr(t, "cost peak below mean", s.WriteMinutes(ctx, []history.MinuteRow{bad}), history.ErrInvalid, "rows[0].peak_offered_cost")
+	bad = withCost(row(llm, minute(1, 0), 1, 1, 0), 5, 5, 5, -1)
+	wantErr(t, "negative admitted", s.WriteMinutes(ctx, []history.MinuteRow{bad}), history.ErrInvalid, "rows[0].mean_admitted_cost")
+}
