@@ -196,6 +196,28 @@ func (r *BacktestResult) add(minute time.Time, n, ratio float64) {
 	}
 }
 
+// CostRows returns rows with the buckets of callees counting cost
+// (counted) replayed in cost: each such row's offered rates are its
+// offered cost rates (MinuteRow.Cost), in units per second, and a row
+// without a cost load (from before its callee counted cost) is left out.
+// Other rows are returned as they are. rows is not changed.
+func CostRows(rows []history.MinuteRow, counted func(callee string) bool) []history.MinuteRow {
+	out := make([]history.MinuteRow, 0, len(rows))
+	for _, r := range rows {
+		if !counted(r.Callee) {
+			out = append(out, r)
+			continue
+		}
+		if r.Cost == nil {
+			continue
+		}
+		r.PeakOffered, r.MeanOffered = r.Cost.PeakOffered, r.Cost.MeanOffered
+		r.MeanDropped = max(r.Cost.MeanOffered-r.Cost.MeanAdmitted, 0)
+		out = append(out, r)
+	}
+	return out
+}
+
 func compareMinuteRows(a, b history.MinuteRow) int {
 	return cmp.Or(a.Minute.Compare(b.Minute), compareBuckets(a.Bucket, b.Bucket))
 }

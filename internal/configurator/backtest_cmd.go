@@ -39,6 +39,9 @@ type backtestRow struct {
 	WorstRatio  float64    `json:"worst_ratio" yaml:"worst_ratio"`
 	FirstDrop   *time.Time `json:"first_drop" yaml:"first_drop"`
 	LastDrop    *time.Time `json:"last_drop" yaml:"last_drop"`
+	// Unit is "cost" for a callee counting cost: its limit, offered and
+	// dropped are then cost units (per second); absent for requests.
+	Unit string `json:"unit,omitempty" yaml:"unit,omitempty"`
 }
 
 // backtestOptions are backtest's flags.
@@ -66,7 +69,12 @@ ratio, and the first and last drop.
 The law sees each minute's mean offered rate: bursts shorter than a minute are
 averaged out, so short spikes drop more in reality than here. At one step per
 minute the law's slow release completes within a step. Set --p-max, --min-rate
-and --release-rate as the controller has them.`,
+and --release-rate as the controller has them.
+
+A callee with --unit cost is replayed in cost: its minutes' offered cost rate
+against its limits in cost units per second ("units/s"), and the share of
+offered cost units that would have been dropped; minutes from before it
+counted cost are left out.`,
 		Example: `  configurator backtest checkout
   configurator backtest checkout/web --current --days 7
   configurator backtest --from 2026-03-01 --to 2026-03-08T12:00 -o json`,
@@ -130,6 +138,8 @@ func (a *app) runBacktest(cmd *cobra.Command, st history.Store, args []string, o
 	if err != nil {
 		return err
 	}
+	// A callee counting cost is replayed in cost units: its limits are.
+	rows = CostRows(rows, limits.idx.counted)
 	results, err := Replay(rows, ReplayLimits{
 		Limit:    func(b history.Bucket) float64 { v, _ := limits.of(b); return v },
 		Capacity: limits.idx.capacity,
@@ -210,6 +220,9 @@ func writeBacktest(w io.Writer, out format, results []BacktestResult, limits bac
 			if !math.IsInf(l, 1) {
 				rs[i].Limit = &l
 			}
+			if limits.idx.counted(r.Callee) {
+				rs[i].Unit = "cost"
+			}
 		}
 		return encode(w, out, rs)
 	}
@@ -222,8 +235,15 @@ func writeBacktest(w io.Writer, out format, results []BacktestResult, limits bac
 		if r.DropMinutes > 0 {
 			worst = fmt.Sprintf("%s at %s", formatShare(r.WorstRatio), formatTime(r.WorstMinute))
 		}
-		tb.row(bucketColumns(withProc, r.Callee, r.Caller, r.Procedure, formatRate(l), src,
-			fmt.Sprintf("%s of %s req", formatShare(r.Share()), formatCount(r.Offered)),
+		limit, what := formatRate(l), "req"
+		if limits.idx.counted(r.Callee) {
+			what = "units"
+			if !math.IsInf(l, 1) {
+				limit += " units/s"
+			}
+		}
+		tb.row(bucketColumns(withProc, r.Callee, r.Caller, r.Procedure, limit, src,
+			fmt.Sprintf("%s of %s %s", formatShare(r.Share()), formatCount(r.Offered), what),
 			fmt.Sprintf("%s of %s", formatCount(float64(r.DropMinutes)), formatCount(float64(r.Minutes))),
 			worst, formatTime(r.FirstDrop), formatTime(r.LastDrop))...)
 	}

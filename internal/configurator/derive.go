@@ -119,6 +119,13 @@ type Derivation struct {
 //
 // Current is the limit in force: the bucket's own, else its callee's
 // default. Derive is pure: the same input gives the same output.
+//
+// A bucket of a callee counting cost (its settings in current have a
+// cost block) is derived from its cost history alike: the peaks are of its
+// offered cost rate (DailyPeak.Cost), in units per second, its coverage is
+// the minutes that carry one (CostMinutes), and the same guard rails hold.
+// Days before the callee counted cost have no cost minutes: they count as
+// days without history.
 func Derive(peaks []history.DailyPeak, current history.Limits, cfg DeriveConfig, now time.Time) Derivation {
 	if !slices.IsSortedFunc(peaks, comparePeaks) {
 		peaks = slices.Clone(peaks)
@@ -134,6 +141,7 @@ func Derive(peaks []history.DailyPeak, current history.Limits, cfg DeriveConfig,
 	var out Derivation
 	for i := 0; i < len(peaks); {
 		b := peaks[i].Bucket
+		counted := lim.counted(b.Callee)
 		var (
 			peak, recent     float64
 			covered, partial int
@@ -144,7 +152,13 @@ func Derive(peaks []history.DailyPeak, current history.Limits, cfg DeriveConfig,
 			if !p.Day.Before(to) {
 				continue
 			}
-			v := sanitizeRate(p.PeakOffered)
+			v, minutes := sanitizeRate(p.PeakOffered), p.Minutes
+			if counted {
+				v, minutes = 0, p.CostMinutes
+				if p.Cost != nil {
+					v = sanitizeRate(p.Cost.PeakOffered)
+				}
+			}
 			if !p.Day.Before(recentFrom) {
 				recent = max(recent, v)
 			}
@@ -153,7 +167,7 @@ func Derive(peaks []history.DailyPeak, current history.Limits, cfg DeriveConfig,
 			}
 			seen = true
 			peak = max(peak, v)
-			if p.Minutes >= minMinutes {
+			if minutes >= minMinutes && (!counted || minutes > 0) {
 				covered++
 			} else {
 				partial++
@@ -163,7 +177,11 @@ func Derive(peaks []history.DailyPeak, current history.Limits, cfg DeriveConfig,
 			continue
 		}
 		if covered < cfg.MinDays {
-			out.Refusals = append(out.Refusals, Refusal{Bucket: b, Days: covered, Reason: refusalReason(covered, partial, cfg)})
+			reason := refusalReason(covered, partial, cfg)
+			if counted {
+				reason = strings.Replace(reason, " of history", " of cost history", 1)
+			}
+			out.Refusals = append(out.Refusals, Refusal{Bucket: b, Days: covered, Reason: reason})
 			continue
 		}
 		if why := lim.undeclared(b); why != "" {
@@ -312,6 +330,21 @@ func (x limitIndex) inForce(b history.Bucket) (float64, bool) {
 		return *s.DefaultLimit, true
 	}
 	return 0, false
+}
+
+// counted reports whether callee counts cost: its limits, capacities and
+// rates are cost units per second.
+func (x limitIndex) counted(callee string) bool {
+	s, ok := x.services[callee]
+	return ok && s.Cost != nil
+}
+
+// unit is what callee's rates count, for people: "units/s" or "rps".
+func (x limitIndex) unit(callee string) string {
+	if x.counted(callee) {
+		return "units/s"
+	}
+	return "rps"
 }
 
 // capacity returns the callee's capacity, +Inf when none.

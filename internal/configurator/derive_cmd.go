@@ -76,6 +76,11 @@ For a callee that declares procedures, the controller keeps history per
 the same way, and a caller's limit across procedures from its own rows.
 A bucket path derives for that bucket alone.
 
+For a callee with --unit cost (configurator set CALLEE --unit cost), the
+controller keeps the offered and admitted cost rate too: derive proposes from
+the peaks of its offered cost rate, in cost units per second ("units/s"), with
+the same rules; days before it counted cost are days without history.
+
 Proposals are written for review (superseding pending ones of the same
 buckets); --dry-run only prints them. Durations take w, d, h, m, s: 28d, 4w,
 672h, 1w3d.`,
@@ -148,12 +153,12 @@ func (a *app) runDerive(cmd *cobra.Command, st history.Store, args []string, o d
 			return fmt.Errorf("write proposals: %w", err)
 		}
 	}
-	return a.writeDerive(cmd, o, f, d, written, len(peaks))
+	return a.writeDerive(cmd, o, f, d, written, len(peaks), newLimitIndex(lim).counted)
 }
 
 // writeDerive reports d, of which written were written (or would be, with
 // --dry-run), derived from npeaks daily rows of the buckets f selects.
-func (a *app) writeDerive(cmd *cobra.Command, o deriveOptions, f history.Filter, d Derivation, written []history.Proposal, npeaks int) error {
+func (a *app) writeDerive(cmd *cobra.Command, o deriveOptions, f history.Filter, d Derivation, written []history.Proposal, npeaks int, counted func(string) bool) error {
 	w := cmd.OutOrStdout()
 	if o.out != formatTable {
 		out := derivationOutput{DryRun: o.dryRun, Proposals: proposalRows(written), Refusals: []refusalRow{}, Unchanged: []bucketRow{}}
@@ -176,7 +181,7 @@ func (a *app) writeDerive(cmd *cobra.Command, o deriveOptions, f history.Filter,
 		writeNoHistory(w, describeDB(a.databaseURL), f, o.cfg, true)
 		return nil
 	}
-	if err := writeDerivation(w, d, written, o.dryRun); err != nil {
+	if err := writeDerivation(w, d, written, o.dryRun, counted); err != nil {
 		return err
 	}
 	if len(d.Proposals)+len(d.Unchanged) == 0 {
@@ -186,9 +191,9 @@ func (a *app) writeDerive(cmd *cobra.Command, o deriveOptions, f history.Filter,
 	return nil
 }
 
-func writeDerivation(w io.Writer, d Derivation, written []history.Proposal, dryRun bool) error {
+func writeDerivation(w io.Writer, d Derivation, written []history.Proposal, dryRun bool, counted func(string) bool) error {
 	if len(written) > 0 {
-		if err := writeProposals(w, written, !dryRun); err != nil {
+		if err := writeProposals(w, written, !dryRun, counted); err != nil {
 			return err
 		}
 	}

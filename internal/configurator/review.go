@@ -117,7 +117,10 @@ func newProposalRow(p history.Proposal) proposalRow {
 }
 
 // writeProposals writes proposals as review's table: current vs proposed.
-func writeProposals(w io.Writer, ps []history.Proposal, withID bool) error {
+//
+// counted, when given, says which callees count cost: their rates read
+// "1,300 units/s"; the others' stay bare, in rps.
+func writeProposals(w io.Writer, ps []history.Proposal, withID bool, counted ...func(callee string) bool) error {
 	withProc := hasProcedure(ps, func(p history.Proposal) history.Bucket { return p.Bucket })
 	header := bucketColumns(withProc, "CALLEE", "CALLER", "PROCEDURE", "CURRENT", "PROPOSED", "Δ", "LOOKBACK PEAK", "RECENT PEAK", "FLAGS")
 	if withID {
@@ -136,7 +139,14 @@ func writeProposals(w io.Writer, ps []history.Proposal, withID bool) error {
 			}
 			flags += f
 		}
-		cells := bucketColumns(withProc, p.Callee, p.Caller, p.Procedure, cur, formatRate(p.Proposed), delta, formatRate(p.PeakLookback), formatRate(p.PeakRecent), flags)
+		rate := formatRate
+		if len(counted) > 0 && counted[0](p.Callee) {
+			rate = func(v float64) string { return formatRate(v) + " units/s" }
+			if p.Current != nil {
+				cur = rate(*p.Current)
+			}
+		}
+		cells := bucketColumns(withProc, p.Callee, p.Caller, p.Procedure, cur, rate(p.Proposed), delta, rate(p.PeakLookback), rate(p.PeakRecent), flags)
 		if withID {
 			cells = append([]string{fmt.Sprint(p.ID)}, cells...)
 		}
@@ -173,7 +183,8 @@ was derived from, and flags worth a look:
   held at recent peak        the recent-peak guard raised the proposal
   lowers below recent peak   the proposal is below the recent peak
 
-Rates are requests per second. -o json and -o yaml spell the flags as codes
+Rates are requests per second, or cost units per second ("units/s") for a
+callee with --unit cost. -o json and -o yaml spell the flags as codes
 that never change: new_limit, step_down_needs_approval, replaces_manual,
 current_below_recent_peak, held_at_recent_peak, lowers_below_recent_peak; they
 round measured rates as the table does and delta_pct to 0.1, and give limits
@@ -200,7 +211,11 @@ round measured rates as the table does and delta_pct to 0.1, and give limits
 				fmt.Fprintln(w, "no pending proposals")
 				return nil
 			}
-			return writeProposals(w, ps, true)
+			lim, err := st.Limits(cmd.Context())
+			if err != nil {
+				return fmt.Errorf("read limits: %w", err)
+			}
+			return writeProposals(w, ps, true, newLimitIndex(lim).counted)
 		}),
 	}
 	addFilterFlags(cmd, &fo)

@@ -4,12 +4,17 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
+	"strconv"
+	"strings"
 
 	"github.com/spf13/cobra"
 
 	"github.com/sluicehq/sluice/internal/limits"
+	"github.com/sluicehq/sluice/pkg/criticality"
 	"github.com/sluicehq/sluice/pkg/dataplane"
+	"github.com/sluicehq/sluice/pkg/descriptor"
 	"github.com/sluicehq/sluice/pkg/dropratio"
 	"github.com/sluicehq/sluice/pkg/history"
 )
@@ -17,7 +22,23 @@ import (
 // setOptions are set's flags, as given.
 type setOptions struct {
 	limit, mode, defaultLimit, capacity, failMode, enforcement, reason string
+
+	// Tiers, cost and caps (issue #16): a bucket's settings other than
+	// its limit (maxConcurrency, criticality, maxCriticality, cost), and
+	// a callee's unit, cost block and tiers (unit, cost*, criticality,
+	// maxCriticality, criticalityHeader).
+	maxConcurrency, criticality, maxCriticality, cost                 string
+	unit, costDefault, costMax, costRequestHeader, costResponseHeader string
+	criticalityHeader                                                 string
 }
+
+// bucketSettingFlags are set's flags for a bucket's settings other than
+// its limit; serviceCostFlags and serviceTierFlags a callee's.
+var (
+	bucketSettingFlags = []string{"max-concurrency", "criticality", "max-criticality", "cost"}
+	serviceCostFlags   = []string{"cost-default", "cost-max", "cost-request-header", "cost-response-header"}
+	serviceTierFlags   = []string{"criticality", "max-criticality", "criticality-header"}
+)
 
 func (a *app) setCommand() *cobra.Command {
 	var o setOptions
@@ -50,13 +71,29 @@ unknown and _overflow). The callee's sidecar then counts those requests as
 offered before the upstream drops and never drops them. sidecar (the default)
 undoes it.
 
+Tiers, cost and caps (the limits file's criticality, unit: cost and
+max_concurrency): on callee/caller, --criticality (its default tier),
+--max-criticality (the highest it may claim) and --max-concurrency (requests in
+flight, global); on callee/caller/procedure, --max-concurrency; on
+callee/*/procedure, --criticality (the procedure's default tier) and --cost
+(its static cost). "none" removes each; a bucket needs no limit to have them.
+On a callee: --unit cost (its limits, capacities and rates are then cost units
+per second; --unit requests undoes it) with --cost-default, --cost-max,
+--cost-request-header and --cost-response-header; --criticality,
+--max-criticality and --criticality-header declare its tiers (--criticality
+none removes them). A tier needs the callee's tiers, a cost its unit cost.
+
 Every change needs a --reason and is audited.`,
 		Example: `  configurator set checkout/web --limit 1500 --reason "launch week"
   configurator set checkout/batch --limit 0 --mode shadow --reason "would block batch"
   configurator set checkout --capacity 5000 --fail-mode hold --reason "db capacity"
   configurator set checkout/app --limit 300 --enforcement upstream --reason "proxyless gRPC client"
   configurator set checkout/web/create-charge --limit 50 --reason "charges are expensive"
-  configurator set checkout/*//shop.Checkout/Pay --limit 500 --reason "payment provider quota"`,
+  configurator set checkout/*//shop.Checkout/Pay --limit 500 --reason "payment provider quota"
+  configurator set llm --unit cost --cost-response-header x-sluice-cost --reason "count tokens"
+  configurator set llm/chat --max-concurrency 40 --reason "GPU slots"
+  configurator set ledger --criticality CRITICAL --reason "shed batch first"
+  configurator set ledger/batch --criticality SHEDDABLE --reason "batch can wait"`,
 		Args: cobra.ExactArgs(1),
 		RunE: a.withStore(func(cmd *cobra.Command, args []string, st history.Store) error {
 			return a.runSet(cmd, st, args[0], o)
@@ -75,6 +112,20 @@ func addSetFlags(cmd *cobra.Command, o *setOptions) {
 	fl.StringVar(&o.failMode, "fail-mode", "", "callee: what its sidecars do when their policy expires: open, hold or local")
 	fl.StringVar(&o.enforcement, "enforcement", "", "sidecar, or upstream: a proxyless gRPC client or the callee's Envoy drops before the callee's sidecar (for a callee: its callers' default)")
 	fl.StringVar(&o.reason, "reason", "", "why, for the audit log (required)")
+	fl.StringVar(&o.maxConcurrency, "max-concurrency", "", `callee/caller or a leaf: cap on requests in flight, global, any unit; "none" removes it`)
+	fl.StringVar(&o.criticality, "criticality", "", `default tier (CRITICAL_PLUS, CRITICAL, SHEDDABLE_PLUS, SHEDDABLE) of a caller, of a procedure (callee/*/procedure), or of a callee (declares its tiers); "none" removes it (on a callee: its tiers)`)
+	fl.StringVar(&o.maxCriticality, "max-criticality", "", `highest tier a caller (or, on a callee, any caller) may claim; "none" removes it`)
+	fl.StringVar(&o.cost, "cost", "", `callee/*/procedure: the procedure's static cost, in a callee with --unit cost; "none" removes it`)
+	fl.StringVar(&o.unit, "unit", "", "callee: what its limits count: requests, or cost (cost units per second)")
+	fl.StringVar(&o.costDefault, "cost-default", "", `callee with --unit cost: cost of a request nothing else prices (default 1), or "none"`)
+	fl.StringVar(&o.costMax, "cost-max", "", `callee with --unit cost: a larger cost is clamped to it (default 1e6), or "none"`)
+	fl.StringVar(&o.costRequestHeader, "cost-request-header", "", `callee with --unit cost: a request header the callee trusts to carry a cost, or "none"`)
+	fl.StringVar(&o.costResponseHeader, "cost-response-header", "", `callee with --unit cost: the response header (or trailer) the app reports the real cost in, or "none"`)
+	fl.StringVar(&o.criticalityHeader, "criticality-header", "", `callee: the header a request's tier is read from (default x-sluice-criticality); declares its tiers`)
+	tiers := []string{"CRITICAL_PLUS", "CRITICAL", "SHEDDABLE_PLUS", "SHEDDABLE", "none"}
+	_ = cmd.RegisterFlagCompletionFunc("criticality", cobra.FixedCompletions(tiers, cobra.ShellCompDirectiveNoFileComp))
+	_ = cmd.RegisterFlagCompletionFunc("max-criticality", cobra.FixedCompletions(tiers, cobra.ShellCompDirectiveNoFileComp))
+	_ = cmd.RegisterFlagCompletionFunc("unit", cobra.FixedCompletions([]string{"requests", "cost"}, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("mode", cobra.FixedCompletions([]string{"enforce", "shadow"}, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("fail-mode", cobra.FixedCompletions([]string{"open", "hold", "local"}, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("enforcement", cobra.FixedCompletions([]string{"sidecar", "upstream"}, cobra.ShellCompDirectiveNoFileComp))
@@ -120,22 +171,197 @@ func (a *app) runSet(cmd *cobra.Command, st history.Store, arg string, o setOpti
 // runSetBucket is set callee/caller: errs are the problems found so far.
 func (a *app) runSetBucket(cmd *cobra.Command, st history.Store, t target, o setOptions, m *dropratio.Mode, e *dataplane.Enforcement, errs []error) error {
 	changed := cmd.Flags().Changed
-	for _, name := range []string{"default-limit", "capacity", "fail-mode"} {
+	for _, name := range append([]string{"default-limit", "capacity", "fail-mode", "unit", "criticality-header"}, serviceCostFlags...) {
 		if changed(name) {
 			errs = append(errs, fmt.Errorf("--%s is a callee's setting: give %s alone, not %s", name, t.Callee, t))
 		}
 	}
-	if !changed("limit") {
+	settings := slices.ContainsFunc(bucketSettingFlags, changed)
+	if !changed("limit") && !settings {
 		errs = append(errs, fmt.Errorf("--limit is required for a bucket (e.g. set %s --limit 1000)", t))
 	}
 	l, ok, err := parseRate("limit", o.limit, true)
 	if changed("limit") && err != nil {
 		errs = append(errs, err)
 	}
+	update, uerrs := bucketSettingsUpdate(changed, t, o)
+	errs = append(errs, uerrs...)
+	if settings && !changed("limit") {
+		for _, name := range []string{"mode", "enforcement"} {
+			if changed(name) && t.Procedure == "" {
+				errs = append(errs, fmt.Errorf("--%s is a limit's: give --limit too", name))
+			}
+		}
+	}
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
-	return a.setBucket(cmd, st, t.Bucket, l, ok, m, e, o.reason)
+	if !settings {
+		return a.setBucket(cmd, st, t.Bucket, l, ok, m, e, o.reason)
+	}
+	return a.setBucketSettings(cmd, st, t.Bucket, update, changed("limit"), l, ok, m, e, o.reason)
+}
+
+// bucketSettingsUpdate checks set's flags for t's settings other than its
+// limit: what each shape of bucket may set, each value's form. It returns
+// what applies them to the bucket's settings.
+func bucketSettingsUpdate(changed func(string) bool, t target, o setOptions) (func(*history.BucketSettings), []error) {
+	var errs []error
+	shape := func(flag, why string) {
+		if changed(flag) {
+			errs = append(errs, fmt.Errorf("--%s: %s", flag, why))
+		}
+	}
+	switch {
+	case t.Caller == history.AnyCaller:
+		shape("max-concurrency", fmt.Sprintf("%s is a procedure: a cap on requests in flight is a caller's (%s/CALLER) or a leaf's (%s/CALLER/%s)", t, t.Callee, t.Callee, t.Procedure))
+		shape("max-criticality", fmt.Sprintf("%s is a procedure: the highest tier a caller may claim is set on %s/CALLER", t, t.Callee))
+	case t.Procedure != "":
+		shape("criticality", fmt.Sprintf("%s is a leaf: tiers default per caller (%s/%s) or per procedure (%s/%s/%s)", t, t.Callee, t.Caller, t.Callee, history.AnyCaller, t.Procedure))
+		shape("max-criticality", fmt.Sprintf("%s is a leaf: set it on %s/%s", t, t.Callee, t.Caller))
+		shape("cost", fmt.Sprintf("%s is a leaf: a static cost is a procedure's (%s/%s/%s)", t, t.Callee, history.AnyCaller, t.Procedure))
+	default:
+		shape("cost", fmt.Sprintf("a static cost is a procedure's: give %s/%s/PROCEDURE", t.Callee, history.AnyCaller))
+	}
+	var mc uint32
+	if changed("max-concurrency") {
+		var err error
+		if mc, err = parseMaxConcurrency(o.maxConcurrency); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	crit, maxCrit := tierFlag(changed, "criticality", o.criticality, &errs), tierFlag(changed, "max-criticality", o.maxCriticality, &errs)
+	var cost *float64
+	if changed("cost") {
+		v, ok, err := parseRate("cost", o.cost, true)
+		if err != nil {
+			errs = append(errs, err)
+		} else if ok {
+			cost = &v
+		}
+	}
+	return func(s *history.BucketSettings) {
+		if changed("max-concurrency") {
+			s.MaxConcurrency = mc
+		}
+		if changed("criticality") {
+			s.Criticality = crit
+		}
+		if changed("max-criticality") {
+			s.MaxCriticality = maxCrit
+		}
+		if changed("cost") {
+			s.Cost = cost
+		}
+	}, errs
+}
+
+// parseMaxConcurrency reads --max-concurrency: "none" (0), or an integer
+// from 1 to 2^32-1.
+func parseMaxConcurrency(s string) (uint32, error) {
+	if s == "none" {
+		return 0, nil
+	}
+	v, err := strconv.ParseUint(strings.TrimSpace(s), 10, 32)
+	if err != nil || v == 0 {
+		return 0, fmt.Errorf("--max-concurrency %q is not an integer from 1 to %d, or none", s, uint32(math.MaxUint32))
+	}
+	return uint32(v), nil
+}
+
+// tierFlag reads a tier flag, if given: "none" is criticality.None.
+func tierFlag(changed func(string) bool, flag, s string, errs *[]error) criticality.Tier {
+	if !changed(flag) || s == "none" {
+		return criticality.None
+	}
+	t, err := parseFlag(flag, s, criticality.ParseConfig)
+	if err != nil {
+		*errs = append(*errs, err)
+		return criticality.None
+	}
+	return *t
+}
+
+// setBucketSettings applies update to b's settings, and sets its limit
+// too when limitGiven: both are checked to load first, then written, the
+// limit first. It prints what the store then holds.
+func (a *app) setBucketSettings(cmd *cobra.Command, st history.Store, b history.Bucket, update func(*history.BucketSettings), limitGiven bool, limit float64, hasLimit bool, m *dropratio.Mode, e *dataplane.Enforcement, reason string) error {
+	ctx := cmd.Context()
+	lim, err := st.Limits(ctx)
+	if err != nil {
+		return fmt.Errorf("read limits: %w", err)
+	}
+	old := history.BucketSettings{Bucket: b}
+	if i := slices.IndexFunc(lim.Settings, func(s history.BucketSettings) bool { return s.Bucket == b }); i >= 0 {
+		old = lim.Settings[i]
+	}
+	s := old
+	update(&s)
+	idx := newLimitIndex(lim)
+	svc := idx.services[b.Callee]
+	if (s.Criticality != criticality.None && s.Criticality != old.Criticality || s.MaxCriticality != criticality.None && s.MaxCriticality != old.MaxCriticality) && svc.Criticality == nil {
+		return fmt.Errorf("--criticality: %s declares no tiers: declare them first (set %s --criticality CRITICAL)", b.Callee, b.Callee)
+	}
+	if s.Cost != nil && svc.Cost == nil {
+		return fmt.Errorf("--cost: %s counts requests: set %s --unit cost first", b.Callee, b.Callee)
+	}
+	if s.Cost != nil {
+		if m := *cmp.Or(svc.Cost.Max, new(limits.DefaultMaxCost)); *s.Cost > m {
+			return fmt.Errorf("--cost: %s is above %s's cost max %s (--cost-max)", formatRate(*s.Cost), b.Callee, formatRate(m))
+		}
+	}
+	oldLimit, exists := idx.buckets[b]
+	if err := checkLoads(lim, func(l *history.Limits) {
+		l.Settings = slices.DeleteFunc(slices.Clone(l.Settings), func(o history.BucketSettings) bool { return o.Bucket == b })
+		if !s.IsZero() {
+			l.Settings = append(l.Settings, s)
+		}
+		if !limitGiven {
+			return
+		}
+		l.Buckets = slices.DeleteFunc(slices.Clone(l.Buckets), func(o history.BucketLimit) bool { return o.Bucket == b })
+		if hasLimit {
+			nb := history.BucketLimit{Bucket: b, Limit: limit, Mode: m, Enforcement: e}
+			if exists {
+				nb.Mode, nb.Enforcement = cmp.Or(m, oldLimit.Mode), cmp.Or(e, oldLimit.Enforcement)
+			}
+			l.Buckets = append(l.Buckets, nb)
+		}
+	}); err != nil {
+		return fmt.Errorf("set %s: %w", bucketString(b), err)
+	}
+	if limitGiven {
+		if err := a.setBucket(cmd, st, b, limit, hasLimit, m, e, reason); err != nil {
+			return err
+		}
+	}
+	if err := st.SetSettings(ctx, s, a.change(reason)); err != nil {
+		return fmt.Errorf("set %s: %w", bucketString(b), err)
+	}
+	fmt.Fprintf(cmd.OutOrStdout(), "%s: %s\n  was %s\n", bucketString(b), renderBucketSettings(s), renderBucketSettings(old))
+	return nil
+}
+
+// renderBucketSettings: "criticality SHEDDABLE, max concurrency 40", or
+// "no tier, cost or cap of its own".
+func renderBucketSettings(s history.BucketSettings) string {
+	var parts []string
+	if s.Criticality != criticality.None {
+		parts = append(parts, "criticality "+s.Criticality.String())
+	}
+	if s.MaxCriticality != criticality.None {
+		parts = append(parts, "max criticality "+s.MaxCriticality.String())
+	}
+	if s.MaxConcurrency != 0 {
+		parts = append(parts, fmt.Sprintf("max concurrency %d", s.MaxConcurrency))
+	}
+	if s.Cost != nil {
+		parts = append(parts, "cost "+formatRate(*s.Cost))
+	}
+	if len(parts) == 0 {
+		return "no tier, cost or cap of its own"
+	}
+	return strings.Join(parts, ", ")
 }
 
 // runSetService is set callee: errs are the problems found so far.
@@ -144,9 +370,17 @@ func (a *app) runSetService(cmd *cobra.Command, st history.Store, t target, o se
 	if changed("limit") {
 		errs = append(errs, fmt.Errorf("--limit needs callee/caller; for all callers of %s without a limit of their own use --default-limit", t))
 	}
-	if !changed("default-limit") && !changed("capacity") && !changed("fail-mode") && !changed("mode") && !changed("enforcement") {
-		errs = append(errs, fmt.Errorf("nothing to set for %s: give --default-limit, --capacity, --fail-mode, --mode or --enforcement", t))
+	serviceFlags := append([]string{"default-limit", "capacity", "fail-mode", "mode", "enforcement", "unit"}, append(serviceCostFlags, serviceTierFlags...)...)
+	if !slices.ContainsFunc(serviceFlags, changed) {
+		errs = append(errs, fmt.Errorf("nothing to set for %s: give --default-limit, --capacity, --fail-mode, --mode, --enforcement, --unit, --cost-… or --criticality…", t))
 	}
+	if changed("max-concurrency") {
+		errs = append(errs, fmt.Errorf("--max-concurrency is a caller's or a leaf's: give %s/CALLER", t))
+	}
+	if changed("cost") {
+		errs = append(errs, fmt.Errorf("--cost is a procedure's static cost: give %s/%s/PROCEDURE; a callee's default is --cost-default", t, history.AnyCaller))
+	}
+	tiersUpdate := serviceTiersUpdate(changed, o, &errs)
 	var fm *dataplane.FailMode
 	if changed("fail-mode") {
 		var err error
@@ -171,8 +405,76 @@ func (a *app) runSetService(cmd *cobra.Command, st history.Store, t target, o se
 	if changed("capacity") {
 		capa = rate("capacity", o.capacity)
 	}
+	var unit string
+	if changed("unit") {
+		switch o.unit {
+		case "requests", "cost":
+			unit = o.unit
+		default:
+			errs = append(errs, fmt.Errorf("--unit %q is not requests or cost", o.unit))
+		}
+	}
+	var costDef, costMax *float64
+	if changed("cost-default") {
+		costDef = rate("cost-default", o.costDefault)
+	}
+	if changed("cost-max") {
+		if costMax = rate("cost-max", o.costMax); costMax != nil && *costMax == 0 {
+			errs = append(errs, errors.New("--cost-max 0: want a cost > 0 (or none: 1e6)"))
+		}
+	}
+	reqHeader := headerFlag(changed, "cost-request-header", o.costRequestHeader, &errs)
+	respHeader := headerFlag(changed, "cost-response-header", o.costResponseHeader, &errs)
+	if unit == "requests" {
+		for _, f := range serviceCostFlags {
+			if changed(f) {
+				errs = append(errs, fmt.Errorf("--%s prices requests in cost units: it needs --unit cost, not requests", f))
+			}
+		}
+	}
 	if err := errors.Join(errs...); err != nil {
 		return err
+	}
+	costUpdate := func(s *history.ServiceLimits) error {
+		switch unit {
+		case "requests":
+			s.Cost = nil
+		case "cost":
+			if s.Cost == nil {
+				s.Cost = &history.CostSettings{}
+			}
+		}
+		if !slices.ContainsFunc(serviceCostFlags, changed) {
+			return nil
+		}
+		if s.Cost == nil {
+			return fmt.Errorf("--%s: %s counts requests: give --unit cost too", serviceCostFlags[slices.IndexFunc(serviceCostFlags, changed)], t)
+		}
+		c := *s.Cost
+		if changed("cost-default") {
+			c.Default = costDef
+		}
+		if changed("cost-max") {
+			c.Max = costMax
+		}
+		if changed("cost-request-header") {
+			c.RequestHeader = reqHeader
+		}
+		if changed("cost-response-header") {
+			c.ResponseHeader = respHeader
+		}
+		d, m := 1.0, 1e6
+		if c.Default != nil {
+			d = *c.Default
+		}
+		if c.Max != nil {
+			m = *c.Max
+		}
+		if d > m {
+			return fmt.Errorf("--cost-default: %s is above the cost's max %s", formatRate(d), formatRate(m))
+		}
+		s.Cost = &c
+		return nil
 	}
 	// Settings not given keep their value.
 	return a.setService(cmd, st, t, o.reason, func(s *history.ServiceLimits) {
@@ -191,12 +493,80 @@ func (a *app) runSetService(cmd *cobra.Command, st history.Store, t target, o se
 		if changed("enforcement") {
 			s.Enforcement = e
 		}
+	}, func(s *history.ServiceLimits) error {
+		if err := costUpdate(s); err != nil {
+			return err
+		}
+		tiersUpdate(s)
+		return nil
 	})
+}
+
+// serviceTiersUpdate checks set's tier flags for a callee and returns what
+// applies them: any of them declares its tiers, --criticality none
+// removes them.
+func serviceTiersUpdate(changed func(string) bool, o setOptions, errs *[]error) func(*history.ServiceLimits) {
+	remove := changed("criticality") && o.criticality == "none"
+	if remove {
+		for _, f := range []string{"max-criticality", "criticality-header"} {
+			if changed(f) {
+				*errs = append(*errs, fmt.Errorf("--%s: --criticality none removes the callee's tiers", f))
+			}
+		}
+	}
+	if changed("max-criticality") && o.maxCriticality == "none" {
+		*errs = append(*errs, errors.New(`--max-criticality none: a callee with tiers has a maximum (default CRITICAL); to remove its tiers give --criticality none`))
+	}
+	crit, maxCrit := tierFlag(changed, "criticality", o.criticality, errs), tierFlag(changed, "max-criticality", o.maxCriticality, errs)
+	header := headerFlag(changed, "criticality-header", o.criticalityHeader, errs)
+	return func(s *history.ServiceLimits) {
+		if remove {
+			s.Criticality = nil
+			return
+		}
+		if !slices.ContainsFunc(serviceTierFlags, changed) {
+			return
+		}
+		c := history.CriticalitySettings{}
+		if s.Criticality != nil {
+			c = *s.Criticality
+		}
+		if changed("criticality") {
+			c.Default = crit
+		}
+		if changed("max-criticality") {
+			c.Max = maxCrit
+		}
+		if changed("criticality-header") {
+			c.Header = header
+		}
+		s.Criticality = &c
+	}
+}
+
+// headerFlag reads a header name flag, if given: "none" is "", else a
+// header name as the limits file takes it, lower-cased.
+func headerFlag(changed func(string) bool, flag, s string, errs *[]error) string {
+	if !changed(flag) || s == "none" {
+		return ""
+	}
+	src, err := descriptor.ParseSource("header " + s)
+	if err == nil && src.Kind != descriptor.Header {
+		err = fmt.Errorf("%q is not a header name", s)
+	}
+	if err != nil {
+		*errs = append(*errs, fmt.Errorf("--%s: %w", flag, err))
+		return ""
+	}
+	return src.Header
 }
 
 // setService applies update to t's settings (to the defaults when the
 // callee has none yet) and prints what the store then holds.
-func (a *app) setService(cmd *cobra.Command, st history.Store, t target, reason string, update func(*history.ServiceLimits)) error {
+//
+// check, when given, applies what may be refused by the settings in
+// force (a cost needs the callee's unit cost): its error names the flag.
+func (a *app) setService(cmd *cobra.Command, st history.Store, t target, reason string, update func(*history.ServiceLimits), check ...func(*history.ServiceLimits) error) error {
 	ctx := cmd.Context()
 	lim, err := st.Limits(ctx)
 	if err != nil {
@@ -208,6 +578,11 @@ func (a *app) setService(cmd *cobra.Command, st history.Store, t target, reason 
 		s = history.ServiceLimits{Callee: t.Callee, Mode: new(dropratio.Enforce), FailMode: new(dataplane.FailOpen)}
 	}
 	update(&s)
+	for _, c := range check {
+		if err := c(&s); err != nil {
+			return err
+		}
+	}
 	if err := checkLoads(lim, func(l *history.Limits) {
 		l.Services = slices.DeleteFunc(slices.Clone(l.Services), func(o history.ServiceLimits) bool { return o.Callee == s.Callee })
 		l.Services = append(l.Services, s)
@@ -311,7 +686,25 @@ func renderService(s history.ServiceLimits) string {
 		}
 		return formatRate(*v) + " rps"
 	}
-	return fmt.Sprintf("default limit %s, capacity %s, %s, fail mode %s%s", opt(s.DefaultLimit), opt(s.Capacity), renderSetting(s.Mode), renderSetting(s.FailMode), renderUpstream(s.Enforcement))
+	out := fmt.Sprintf("default limit %s, capacity %s, %s, fail mode %s%s", opt(s.DefaultLimit), opt(s.Capacity), renderSetting(s.Mode), renderSetting(s.FailMode), renderUpstream(s.Enforcement))
+	// A callee counting requests without tiers reads as before they existed.
+	if c := s.Cost; c != nil {
+		num := func(v *float64, def float64) string { return formatRate(*cmp.Or(v, &def)) }
+		out = strings.Replace(out, " rps", " units/s", -1)
+		out += fmt.Sprintf(", unit cost (default %s, max %s", num(c.Default, limits.DefaultCost), num(c.Max, limits.DefaultMaxCost))
+		if c.RequestHeader != "" {
+			out += ", request header " + c.RequestHeader
+		}
+		if c.ResponseHeader != "" {
+			out += ", response header " + c.ResponseHeader
+		}
+		out += ")"
+	}
+	if c := s.Criticality; c != nil {
+		out += fmt.Sprintf(", tiers (header %s, default %s, max %s)", cmp.Or(c.Header, criticality.DefaultHeader),
+			cmp.Or(c.Default, criticality.Critical), cmp.Or(c.Max, criticality.Critical))
+	}
+	return out
 }
 
 // modeCommand builds shadow or enforce.
@@ -379,7 +772,9 @@ func checkLoads(lim history.Limits, change func(*history.Limits)) error {
 		return fmt.Errorf("refused: the controller could not load the limits after it: %w", err)
 	}
 	for _, w := range set.Warnings() {
-		if !slices.Contains(before.Warnings(), w) {
+		// Other warnings (a default tier above the maximum) are legal
+		// limits the file would load too.
+		if strings.Contains(w, ": left out: ") && !slices.Contains(before.Warnings(), w) {
 			return fmt.Errorf("refused: the controller would leave a limit out after it: %s", w)
 		}
 	}

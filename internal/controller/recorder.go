@@ -33,6 +33,8 @@ func DefaultRecorderConfig() RecorderConfig {
 
 // Recorder turns each tick's bucket loads into per-minute rows (peak and
 // mean offered, mean dropped) and writes them to the load store in batches.
+// A bucket of a callee counting cost (BucketLoad.Cost) gets its offered and
+// admitted cost rates too, peak and mean (history.CostLoad).
 //
 // Observe runs on the tick and never waits for the store: it takes a mutex
 // that Run holds only to move rows in or out of the buffer. A full buffer
@@ -54,6 +56,9 @@ type Recorder struct {
 
 type minuteAcc struct {
 	peak, sumOffered, sumDropped float64
+	// A callee counting cost: its cost rates likewise.
+	cost                                             bool
+	costPeakOff, costSumOff, costPeakAdm, costSumAdm float64
 }
 
 type recorderMetrics struct {
@@ -101,14 +106,18 @@ func (r *Recorder) Observe(now time.Time, loads []BucketLoad) {
 	}
 	r.minute = minute
 	r.ticks++
-	var levels map[history.Bucket]*Totals // this tick's per-level sums
+	var (
+		levels map[history.Bucket]*Totals // this tick's per-level sums
+		costs  map[history.Bucket]bool    // whether each level's callee counts cost
+	)
 	for _, l := range loads {
-		r.add(history.Bucket{Callee: l.Callee, Caller: l.Caller, Procedure: l.Procedure}, l.Totals)
+		r.add(history.Bucket{Callee: l.Callee, Caller: l.Caller, Procedure: l.Procedure}, l.Totals, l.Cost)
 		if l.Procedure == "" {
 			continue
 		}
 		if levels == nil {
 			levels = map[history.Bucket]*Totals{}
+			costs = map[history.Bucket]bool{}
 		}
 		for _, b := range []history.Bucket{
 			{Callee: l.Callee, Caller: l.Caller},
@@ -120,15 +129,16 @@ func (r *Recorder) Observe(now time.Time, loads []BucketLoad) {
 				levels[b] = t
 			}
 			t.add(l.Totals)
+			costs[b] = l.Cost
 		}
 	}
 	for b, t := range levels {
-		r.add(b, *t)
+		r.add(b, *t, costs[b])
 	}
 }
 
 // add accumulates one bucket's load of one tick; r.mu is held.
-func (r *Recorder) add(b history.Bucket, t Totals) {
+func (r *Recorder) add(b history.Bucket, t Totals, cost bool) {
 	a := r.acc[b]
 	if a == nil {
 		a = &minuteAcc{}
@@ -137,6 +147,12 @@ func (r *Recorder) add(b history.Bucket, t Totals) {
 	a.peak = max(a.peak, t.Offered)
 	a.sumOffered += t.Offered
 	a.sumDropped += t.Dropped
+	if cost {
+		a.cost = true
+		a.costPeakOff, a.costPeakAdm = max(a.costPeakOff, t.OfferedCost), max(a.costPeakAdm, t.AdmittedCost)
+		a.costSumOff += t.OfferedCost
+		a.costSumAdm += t.AdmittedCost
+	}
 }
 
 // closeMinute moves the accumulated minute into the buffer. A bucket absent
@@ -148,12 +164,18 @@ func (r *Recorder) closeMinute() {
 	n := float64(r.ticks)
 	for b, a := range r.acc {
 		mean := a.sumOffered / n
-		r.buf = append(r.buf, history.MinuteRow{
+		row := history.MinuteRow{
 			Bucket: b, Minute: r.minute,
 			PeakOffered: max(a.peak, mean), // guards float rounding: peak ≥ mean
 			MeanOffered: mean,
 			MeanDropped: a.sumDropped / n,
-		})
+		}
+		if a.cost {
+			// Ticks of the minute without the bucket had no cost either.
+			off, adm := a.costSumOff/n, a.costSumAdm/n
+			row.Cost = &history.CostLoad{PeakOffered: max(a.costPeakOff, off), MeanOffered: off, PeakAdmitted: max(a.costPeakAdm, adm), MeanAdmitted: adm}
+		}
+		r.buf = append(r.buf, row)
 	}
 	clear(r.acc)
 	r.ticks = 0

@@ -70,6 +70,9 @@ type TickResult struct {
 type BucketLoad struct {
 	Callee, Caller, Procedure string
 	Totals
+	// Cost says the callee counts cost: the history recorder keeps the
+	// bucket's cost rates too.
+	Cost bool
 }
 
 // RefusedClaim is an outbound claim of Caller toward Callee left out of
@@ -145,6 +148,7 @@ func (s *State) Tick(now time.Time, set *limits.Set) TickResult {
 	current := make(map[string]bool, len(verdicts))
 	for _, sv := range verdicts {
 		var tot Totals
+		counted := set.Service(sv.Service).Counted()
 		for _, p := range inbound[sv.Service] {
 			tot.add(p.Totals)
 			k := ServiceProcedure{sv.Service, p.procedure}
@@ -159,7 +163,7 @@ func (s *State) Tick(now time.Time, set *limits.Set) TickResult {
 					continue
 				}
 			}
-			res.Loads = append(res.Loads, BucketLoad{Callee: sv.Service, Caller: p.peer, Procedure: p.procedure, Totals: p.Totals})
+			res.Loads = append(res.Loads, BucketLoad{Callee: sv.Service, Caller: p.peer, Procedure: p.procedure, Totals: p.Totals, Cost: counted})
 		}
 		res.Services[sv.Service] = tot
 		res.Buckets += len(sv.Verdicts)

@@ -82,13 +82,12 @@ type Service struct {
 	Descriptors []Descriptor
 
 	// Criticality declares the service's tiers (issue #16); nil when it
-	// declares none, and then its buckets are untiered. From the limits
-	// file only.
+	// declares none, and then its buckets are untiered.
 	Criticality *Criticality
 
 	// Unit is what the service's limits, capacities and rates count
 	// (issue #16): requests, or cost units. Descriptor limits are always
-	// in requests per second. From the limits file only.
+	// in requests per second.
 	Unit Unit
 	// Cost prices the service's requests; nil unless Unit is UnitCost.
 	Cost *Cost

@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sluicehq/sluice/pkg/criticality"
 	"github.com/sluicehq/sluice/pkg/dataplane"
 	"github.com/sluicehq/sluice/pkg/dropratio"
 	"github.com/sluicehq/sluice/pkg/history"
@@ -31,12 +32,16 @@ import (
 // declare its procedures by the limits file's rules (procedures): they are
 // checked here again, each problem naming its row.
 //
+// A callee's cost block and tiers (history.ServiceLimits) and the
+// settings of its buckets (history.Limits.Settings: callers' tiers and
+// caps, leaves' caps, procedures' default tiers and static costs) make
+// the Unit, Cost, Criticality and caps the limits file would, by its
+// rules (a tier needs the callee's tiers, a cost its unit: cost, upstream
+// enforcement neither), each problem naming its row.
+//
 // The store holds no descriptor limits (issue #15): a Set read from it has
 // none, and a controller on --database-url publishes none. Descriptors
-// come from the limits file only, which excludes the store. So do
-// criticality tiers (issue #16): a Set read from the store declares none;
-// and so do cost units and max_concurrency: a Set read from the store
-// counts requests and caps no concurrency.
+// come from the limits file only, which excludes the store.
 func FromHistory(l history.Limits) (*Set, error) {
 	services := map[string]*Service{}
 	get := func(callee string) *Service {
@@ -50,7 +55,10 @@ func FromHistory(l history.Limits) (*Set, error) {
 		}
 		return s
 	}
-	var errs []error
+	var (
+		errs  []error
+		warns []string
+	)
 	for _, sl := range l.Services {
 		s := get(sl.Callee)
 		if sl.Capacity != nil {
@@ -63,6 +71,8 @@ func FromHistory(l history.Limits) (*Set, error) {
 		s.Mode = stored(path+": mode", sl.Mode, dropratio.Enforce, &errs)
 		s.FailMode = stored(path+": fail_mode", sl.FailMode, dataplane.FailOpen, &errs)
 		s.Enforcement = stored(path+": enforcement", sl.Enforcement, dataplane.EnforceSidecar, &errs)
+		storedCost(s, sl.Cost, path, &errs)
+		storedCriticality(s, sl.Criticality, path, &errs, &warns)
 	}
 	var leaves []history.BucketLimit
 	for _, b := range l.Buckets {
@@ -78,8 +88,11 @@ func FromHistory(l history.Limits) (*Set, error) {
 			Enforcement: stored(path+": enforcement", b.Enforcement, s.callerEnforcement(b.Caller), &errs),
 		}
 	}
-	var warns []string
-	storedProcedures(l.Routes, leaves, get, &errs, &warns)
+	storedProcedures(l.Routes, leaves, l.Settings, get, &errs, &warns)
+	storedSettings(l.Settings, get, &errs, &warns)
+	for _, name := range slices.Sorted(maps.Keys(services)) {
+		storedUpstream(services[name], &errs)
+	}
 	if len(errs) > 0 {
 		return nil, fmt.Errorf("invalid limits: %w", errors.Join(errs...))
 	}
@@ -98,7 +111,10 @@ func FromHistory(l history.Limits) (*Set, error) {
 // routes.MaxRoutes; and enforcement upstream is refused on a callee that
 // routes HTTP requests to procedures (upstreamRefused). A leaf's own mode
 // and enforcement are not used: it is enforced as its caller is.
-func storedProcedures(rs []history.ServiceRoutes, leaves []history.BucketLimit, get func(string) *Service, errs *[]error, warns *[]string) {
+//
+// Settings with a procedure (a leaf's cap, a procedure's tier or cost)
+// declare it as its limits do.
+func storedProcedures(rs []history.ServiceRoutes, leaves []history.BucketLimit, settings []history.BucketSettings, get func(string) *Service, errs *[]error, warns *[]string) {
 	touched := map[*Service]bool{}
 	named := map[*Service]map[string]bool{}
 	for _, sr := range rs {
@@ -117,11 +133,13 @@ func storedProcedures(rs []history.ServiceRoutes, leaves []history.BucketLimit, 
 		touched[s] = true
 	}
 	extra := map[*Service][]string{}
-	for _, b := range leaves {
-		s, path := get(b.Callee), "limit "+b.Path()
+	// procedure returns the limits of b's procedure, made when b declares
+	// it, nil when b is left out.
+	procedure := func(b history.BucketLimit, path string) *Procedure {
+		s := get(b.Callee)
 		if err := checkLeaf(b); err != nil {
 			*errs = append(*errs, fmt.Errorf("%s: %w", path, err))
-			continue
+			return nil
 		}
 		p := s.Procedures[b.Procedure]
 		if p == nil {
@@ -131,7 +149,7 @@ func storedProcedures(rs []history.ServiceRoutes, leaves []history.BucketLimit, 
 				// proposal, a route renamed since), so it costs its own
 				// row, never every service's limits.
 				*warns = append(*warns, fmt.Sprintf("%s: left out: no route of %s names %s and it is not a gRPC full method (/pkg.Service/Method), so no request could be it", path, b.Callee, b.Procedure))
-				continue
+				return nil
 			}
 			if s.Procedures == nil {
 				s.Procedures = map[string]*Procedure{}
@@ -142,17 +160,205 @@ func storedProcedures(rs []history.ServiceRoutes, leaves []history.BucketLimit, 
 				extra[s] = append(extra[s], b.Procedure)
 			}
 		}
-		if b.Caller == history.AnyCaller {
+		touched[s] = true
+		return p
+	}
+	for _, b := range leaves {
+		p := procedure(b, "limit "+b.Path())
+		switch {
+		case p == nil:
+		case b.Caller == history.AnyCaller:
 			p.Capacity = b.Limit
-		} else {
+		default:
 			p.Callers[b.Caller] = b.Limit
 		}
-		touched[s] = true
+	}
+	for _, st := range settings {
+		if st.Procedure != "" {
+			procedure(history.BucketLimit{Bucket: st.Bucket}, "settings "+st.Path())
+		}
 	}
 	for _, s := range slices.SortedFunc(maps.Keys(touched), func(a, b *Service) int { return strings.Compare(a.Name, b.Name) }) {
 		slices.Sort(extra[s])
 		s.Declared = append(s.Declared, extra[s]...)
 		checkDeclared(s, errs, warns)
+	}
+}
+
+// storedCost makes s count cost when the store says so (c), priced as
+// the limits file's cost block would.
+func storedCost(s *Service, c *history.CostSettings, path string, errs *[]error) {
+	if c == nil {
+		return
+	}
+	s.Unit = UnitCost
+	cost := &Cost{Default: DefaultCost, Max: DefaultMaxCost}
+	if c.Max != nil {
+		if v := *c.Max; !(v > 0) || math.IsInf(v, 1) {
+			*errs = append(*errs, fmt.Errorf("%s: cost.max: %v is not a finite cost > 0", path, v))
+		} else {
+			cost.Max = v
+		}
+	}
+	if c.Default != nil {
+		cost.Default = storedCostValue(path+": cost.default", *c.Default, cost.Max, errs)
+	}
+	cost.RequestHeader = storedHeader(path+": cost.request_header", c.RequestHeader, errs)
+	cost.ResponseHeader = storedHeader(path+": cost.response_header", c.ResponseHeader, errs)
+	s.Cost = cost
+}
+
+// storedCostValue checks a stored cost as costValue does a file's.
+func storedCostValue(path string, v, maxCost float64, errs *[]error) float64 {
+	b := &builder{}
+	v = b.costValue(path, v, maxCost)
+	*errs = append(*errs, b.errs...)
+	return v
+}
+
+// storedHeader checks a stored header name ("" none) as the file's
+// sources are: it must be one a file could give, lower-cased.
+func storedHeader(path, h string, errs *[]error) string {
+	if h == "" {
+		return ""
+	}
+	b := &builder{}
+	got := b.headerName(path, "header "+h)
+	if len(b.errs) == 0 && got != h {
+		b.errs = append(b.errs, fmt.Errorf("%s: %q is not lower case", path, h))
+	}
+	*errs = append(*errs, b.errs...)
+	return got
+}
+
+// storedCriticality declares s's tiers when the store says so (c), as the
+// limits file's criticality block would.
+func storedCriticality(s *Service, c *history.CriticalitySettings, path string, errs *[]error, warns *[]string) {
+	if c == nil {
+		return
+	}
+	crit := &Criticality{Header: criticality.DefaultHeader, Default: criticality.Critical, Max: criticality.Critical}
+	if c.Header != "" {
+		crit.Header = storedHeader(path+": criticality.header", c.Header, errs)
+	}
+	crit.Default = storedTier(path+": criticality.default", c.Default, criticality.Critical, errs)
+	crit.Max = storedTier(path+": criticality.max", c.Max, criticality.Critical, errs)
+	if crit.Default < crit.Max {
+		*warns = append(*warns, fmt.Sprintf("%s: criticality.default: %v is above max %v, so a request that claims no tier outranks one that claims it", path, crit.Default, crit.Max))
+	}
+	s.Criticality = crit
+}
+
+// storedTier is t, def when t is None; a tier its type does not know is
+// an error.
+func storedTier(path string, t, def criticality.Tier, errs *[]error) criticality.Tier {
+	if !t.Valid() {
+		*errs = append(*errs, fmt.Errorf("%s: %v is not a tier", path, t))
+		return def
+	}
+	return orTier(t, def)
+}
+
+// storedSettings applies the store's bucket settings to the services get
+// returns, whose callers and procedures must be built: callers' tiers and
+// caps, leaves' caps, procedures' default tiers and static costs. A tier
+// needs the callee's tiers, a cost its unit: cost, and a cap sidecar
+// enforcement, as in the limits file.
+func storedSettings(settings []history.BucketSettings, get func(string) *Service, errs *[]error, warns *[]string) {
+	for _, st := range settings {
+		s, path := get(st.Callee), "settings "+st.Path()
+		needTiers := func(field string) bool {
+			if !s.Tiered() {
+				*errs = append(*errs, fmt.Errorf("%s: %s: needs the criticality of %s (the service declares no tiers)", path, field, st.Callee))
+			}
+			return s.Tiered()
+		}
+		switch {
+		case st.Procedure == "":
+			if err := names.Check(st.Caller); err != nil {
+				*errs = append(*errs, fmt.Errorf("%s: caller: %w", path, err))
+				continue
+			}
+			if st.MaxConcurrency > 0 {
+				b := s.Bucket(st.Caller)
+				b.MaxConcurrency = st.MaxConcurrency
+				if b.Enforcement == dataplane.EnforceUpstream {
+					*errs = append(*errs, fmt.Errorf("%s: max_concurrency: %w", path, errUpstreamConcurrency))
+				}
+				s.Callers[st.Caller] = b
+			}
+			if st.Criticality == criticality.None && st.MaxCriticality == criticality.None {
+				continue
+			}
+			if !needTiers("criticality") {
+				continue
+			}
+			ct := CallerTier{
+				Default: storedTier(path+": criticality", st.Criticality, criticality.None, errs),
+				Max:     storedTier(path+": max_criticality", st.MaxCriticality, criticality.None, errs),
+			}
+			if ct.Default != criticality.None && ct.Default < orTier(ct.Max, s.Criticality.Max) {
+				*warns = append(*warns, fmt.Sprintf("%s: criticality: %v is above the caller's max %v, so its requests that claim no tier outrank those that claim it", path, ct.Default, orTier(ct.Max, s.Criticality.Max)))
+			}
+			if s.Criticality.Callers == nil {
+				s.Criticality.Callers = map[string]CallerTier{}
+			}
+			s.Criticality.Callers[st.Caller] = ct
+		default:
+			p := s.Procedures[st.Procedure]
+			if p == nil {
+				continue // left out by storedProcedures, which said why
+			}
+			if st.Caller != history.AnyCaller {
+				if st.MaxConcurrency > 0 {
+					if p.MaxConcurrency == nil {
+						p.MaxConcurrency = map[string]uint32{}
+					}
+					p.MaxConcurrency[st.Caller] = st.MaxConcurrency
+					if s.Bucket(st.Caller).Enforcement == dataplane.EnforceUpstream {
+						*errs = append(*errs, fmt.Errorf("%s: max_concurrency: %w", path, errUpstreamConcurrency))
+					}
+				}
+				continue
+			}
+			if st.Criticality != criticality.None && needTiers("criticality") {
+				if s.Criticality.Procedures == nil {
+					s.Criticality.Procedures = map[string]criticality.Tier{}
+				}
+				s.Criticality.Procedures[st.Procedure] = storedTier(path+": criticality", st.Criticality, criticality.None, errs)
+			}
+			if st.Cost != nil {
+				if !s.Counted() {
+					*errs = append(*errs, fmt.Errorf("%s: cost: needs unit cost on %s (the service counts requests)", path, st.Callee))
+					continue
+				}
+				if s.Cost.Procedures == nil {
+					s.Cost.Procedures = map[string]float64{}
+				}
+				s.Cost.Procedures[st.Procedure] = storedCostValue(path+": cost", *st.Cost, s.Cost.Max, errs)
+			}
+		}
+	}
+}
+
+// storedUpstream refuses upstream enforcement of a service with tiers or
+// counting cost, as the limits file does (a service with procedures is
+// checkDeclared's).
+func storedUpstream(s *Service, errs *[]error) {
+	if upstreamRefused(s) {
+		return
+	}
+	upErr := upstreamErr(s)
+	if upErr == nil {
+		return
+	}
+	if s.Enforcement == dataplane.EnforceUpstream {
+		*errs = append(*errs, fmt.Errorf("service %s: enforcement: %w", s.Name, upErr))
+	}
+	for _, c := range slices.Sorted(maps.Keys(s.Callers)) {
+		if s.Callers[c].Enforcement == dataplane.EnforceUpstream {
+			*errs = append(*errs, fmt.Errorf("limit %s/%s: enforcement: %w", s.Name, c, upErr))
+		}
 	}
 }
 

@@ -10,8 +10,9 @@
 // which is what Postgres keeps. Invalid input is refused with an error that
 // wraps ErrInvalid and names the field, before anything is written.
 //
-// Modes, fail modes and enforcements are sluice's domain types
-// (dropratio.Mode, dataplane.FailMode, dataplane.Enforcement); the store
+// Modes, fail modes, enforcements and tiers are sluice's domain types
+// (dropratio.Mode, dataplane.FailMode, dataplane.Enforcement,
+// criticality.Tier); the store
 // spells them in its rows as their text forms, and refuses a row it can not
 // read back, naming the column.
 //
@@ -19,6 +20,10 @@
 // call; Bucket says what each shape means. A callee's HTTP routes, which
 // name its procedures, are kept whole per callee (SetRoutes) and checked
 // with pkg/routes, the code the sidecar matches with.
+//
+// A callee counting cost (ServiceLimits.Cost, the limits file's unit: cost)
+// keeps its limits, capacities and rates in cost units per second: "rps"
+// in the store's names (limit_rps, Limit) is then "units/s".
 //
 // The package imports pgx, the standard library, pkg/names, pkg/routes and
 // those types only.
@@ -30,6 +35,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/sluicehq/sluice/pkg/criticality"
 	"github.com/sluicehq/sluice/pkg/dataplane"
 	"github.com/sluicehq/sluice/pkg/dropratio"
 	"github.com/sluicehq/sluice/pkg/routes"
@@ -67,6 +73,18 @@ type MinuteRow struct {
 	PeakOffered float64   // highest offered rate of any tick in the minute
 	MeanOffered float64   // mean offered rate over the minute
 	MeanDropped float64   // mean rate of enforced drops over the minute
+	// Cost is the bucket's cost load in the minute when its callee counts
+	// cost (units per second); nil when it counts requests.
+	Cost *CostLoad
+}
+
+// CostLoad is a bucket's cost rates, in cost units per second: the peak
+// of the minute's (or day's) ticks and the mean over them, offered (priced
+// at admission) and admitted (as the sidecars counted it, reported costs
+// included). Finite and >= 0, each peak >= its mean.
+type CostLoad struct {
+	PeakOffered, MeanOffered   float64
+	PeakAdmitted, MeanAdmitted float64
 }
 
 // DailyPeak is the rollup of one bucket's minute rows over one UTC day:
@@ -78,6 +96,10 @@ type DailyPeak struct {
 	MeanOffered float64   // mean of the day's MeanOffered
 	MeanDropped float64   // mean of the day's MeanDropped
 	Minutes     int       // minute rows the day has: coverage, at most 1440
+	// Cost is the rollup of the day's minutes that carry a cost load,
+	// CostMinutes of them (its coverage); nil when none do.
+	Cost        *CostLoad
+	CostMinutes int
 }
 
 // Source says where a limit came from.
@@ -121,9 +143,61 @@ type ServiceLimits struct {
 	Mode         *dropratio.Mode
 	FailMode     *dataplane.FailMode
 	Enforcement  *dataplane.Enforcement
-	UpdatedBy    string
-	Reason       string
-	UpdatedAt    time.Time
+	// Cost, when set, says the callee counts cost units rather than
+	// requests (the limits file's unit: cost) and how its requests are
+	// priced; nil: it counts requests. Criticality, when set, declares the
+	// callee's tiers; nil: none. Both are replaced by SetService as the
+	// rates are: nil removes them.
+	Cost        *CostSettings
+	Criticality *CriticalitySettings
+	UpdatedBy   string
+	Reason      string
+	UpdatedAt   time.Time
+}
+
+// CostSettings price a callee's requests (the limits file's cost block).
+// Nil and "" are the file's defaults.
+type CostSettings struct {
+	Default *float64 // a request nothing else prices; finite, >= 0; nil: 1
+	Max     *float64 // a larger cost is clamped to it; finite, > 0; nil: 1e6
+	// RequestHeader is the request header the callee trusts to carry a
+	// cost, ResponseHeader the one (or trailer) its app reports the real
+	// cost in: lower-case header names, "" for none.
+	RequestHeader  string
+	ResponseHeader string
+}
+
+// CriticalitySettings declare a callee's tiers (the limits file's
+// criticality block). "" and criticality.None are the file's defaults.
+type CriticalitySettings struct {
+	Header       string           // lower case; "": criticality.DefaultHeader
+	Default, Max criticality.Tier // None: CRITICAL
+}
+
+// BucketSettings are a bucket's settings other than its limit, which it
+// may have without a limit:
+//
+//   - a caller (Procedure ""): its default tier, the highest it may claim,
+//     and its cap on requests in flight;
+//   - a (caller, procedure) leaf: its cap on requests in flight;
+//   - a procedure (Caller AnyCaller): its default tier and static cost.
+//
+// Zero values are none. Whether the callee declares tiers or counts cost,
+// as a tier or a cost needs, limits.FromHistory checks.
+type BucketSettings struct {
+	Bucket
+	Criticality    criticality.Tier
+	MaxCriticality criticality.Tier
+	MaxConcurrency uint32
+	Cost           *float64 // finite, >= 0
+	UpdatedBy      string
+	Reason         string
+	UpdatedAt      time.Time
+}
+
+// IsZero reports whether s sets nothing.
+func (s BucketSettings) IsZero() bool {
+	return s.Criticality == criticality.None && s.MaxCriticality == criticality.None && s.MaxConcurrency == 0 && s.Cost == nil
 }
 
 // Limits is every limit in force, one consistent read.
@@ -134,9 +208,10 @@ type ServiceLimits struct {
 // the procedure's capacity. A leaf's and a procedure's Mode and
 // Enforcement are kept but not used: a leaf is enforced as its caller is.
 type Limits struct {
-	Services []ServiceLimits // sorted by Callee
-	Buckets  []BucketLimit   // sorted by Callee, Caller, Procedure (bytewise: AnyCaller sorts before names)
-	Routes   []ServiceRoutes // sorted by Callee; callees without routes are left out
+	Services []ServiceLimits  // sorted by Callee
+	Buckets  []BucketLimit    // sorted by Callee, Caller, Procedure (bytewise: AnyCaller sorts before names)
+	Routes   []ServiceRoutes  // sorted by Callee; callees without routes are left out
+	Settings []BucketSettings // sorted as Buckets; buckets without settings are left out
 }
 
 // ServiceRoutes are a callee's HTTP routes, in order: the first that
@@ -179,7 +254,7 @@ type AuditEntry struct {
 	ID     int64
 	At     time.Time
 	Actor  string
-	Action string // "set_limit", "delete_limit", "set_service", "set_mode", "set_routes", "approve", "reject", "propose", "write_history"
+	Action string // "set_limit", "delete_limit", "set_service", "set_settings", "set_mode", "set_routes", "approve", "reject", "propose", "write_history"
 	Bucket        // Caller and Procedure are "" for service-level changes (set_service, set_routes, a callee's set_mode)
 	Old    string // the previous value, rendered for people; "" when none
 	New    string
@@ -280,6 +355,10 @@ type LimitStore interface {
 	// with Caller ""); no routes removes them. Routes that
 	// routes.CompileRoutes refuses are ErrInvalid, with its reasons.
 	SetRoutes(ctx context.Context, callee string, rs []routes.Route, c Change) error
+	// SetSettings creates or replaces a bucket's settings other than its
+	// limit ("set_settings"); settings that set nothing (IsZero) remove
+	// them. Removing none changes nothing and audits nothing.
+	SetSettings(ctx context.Context, s BucketSettings, c Change) error
 	// SetService creates or replaces a callee's own settings
 	// ("set_service", with Caller ""). A nil Mode, FailMode or
 	// Enforcement keeps the current one, or enforce, open and sidecar for a

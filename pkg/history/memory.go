@@ -28,6 +28,7 @@ type Memory struct {
 	daily     map[dayKey]*dayAgg
 	services  map[string]ServiceLimits
 	buckets   map[Bucket]BucketLimit
+	settings  map[Bucket]BucketSettings
 	routes    map[string][]routes.Route     // by callee; never empty
 	proposals []Proposal                    // proposals[i].ID == i+1
 	audit     []AuditEntry                  // audit[i].ID == i+1
@@ -44,6 +45,9 @@ type dayKey struct {
 type dayAgg struct {
 	peak, sumOffered, sumDropped float64
 	minutes                      int
+	// The cost rollup: peaks, sums of means, minutes with a cost load.
+	costPeakOff, costSumOff, costPeakAdm, costSumAdm float64
+	costMinutes                                      int
 }
 
 var _ Store = (*Memory)(nil)
@@ -56,6 +60,7 @@ func NewMemory(opts ...Option) *Memory {
 		daily:    map[dayKey]*dayAgg{},
 		services: map[string]ServiceLimits{},
 		buckets:  map[Bucket]BucketLimit{},
+		settings: map[Bucket]BucketSettings{},
 		routes:   map[string][]routes.Route{},
 		subs:     map[chan struct{}]func() bool{},
 	}
@@ -98,6 +103,7 @@ func (m *Memory) WriteMinutes(ctx context.Context, rows []MinuteRow) error {
 		if _, dup := byMinute[key]; dup {
 			continue // the first write wins
 		}
+		r.Cost = copyOpt(r.Cost)
 		byMinute[key] = r
 		dk := dayKey{r.Bucket, dayOf(r.Minute).Unix()}
 		a := m.daily[dk]
@@ -109,6 +115,12 @@ func (m *Memory) WriteMinutes(ctx context.Context, rows []MinuteRow) error {
 		a.sumOffered += r.MeanOffered
 		a.sumDropped += r.MeanDropped
 		a.minutes++
+		if c := r.Cost; c != nil {
+			a.costPeakOff, a.costPeakAdm = max(a.costPeakOff, c.PeakOffered), max(a.costPeakAdm, c.PeakAdmitted)
+			a.costSumOff += c.MeanOffered
+			a.costSumAdm += c.MeanAdmitted
+			a.costMinutes++
+		}
 	}
 	return nil
 }
@@ -123,6 +135,7 @@ func (m *Memory) Minutes(ctx context.Context, b Bucket, from, to time.Time) ([]M
 	var out []MinuteRow
 	for _, r := range m.minutes[b] {
 		if !r.Minute.Before(from) && r.Minute.Before(to) {
+			r.Cost = copyOpt(r.Cost)
 			out = append(out, r)
 		}
 	}
@@ -143,14 +156,19 @@ func (m *Memory) DailyPeaks(ctx context.Context, f Filter, from, to time.Time) (
 		if k.day < lo || k.day >= hi || !f.matches(k.Bucket) {
 			continue
 		}
-		out = append(out, DailyPeak{
+		d := DailyPeak{
 			Bucket:      k.Bucket,
 			Day:         time.Unix(k.day, 0).UTC(),
 			PeakOffered: a.peak,
 			MeanOffered: a.sumOffered / float64(a.minutes),
 			MeanDropped: a.sumDropped / float64(a.minutes),
 			Minutes:     a.minutes,
-		})
+			CostMinutes: a.costMinutes,
+		}
+		if n := float64(a.costMinutes); n > 0 {
+			d.Cost = &CostLoad{PeakOffered: a.costPeakOff, MeanOffered: a.costSumOff / n, PeakAdmitted: a.costPeakAdm, MeanAdmitted: a.costSumAdm / n}
+		}
+		out = append(out, d)
 	}
 	slices.SortFunc(out, func(a, b DailyPeak) int {
 		return cmp.Or(compareBuckets(a.Bucket, b.Bucket), a.Day.Compare(b.Day))
@@ -204,7 +222,39 @@ func (m *Memory) Limits(ctx context.Context) (Limits, error) {
 	for _, callee := range slices.Sorted(maps.Keys(m.routes)) {
 		l.Routes = append(l.Routes, ServiceRoutes{Callee: callee, Routes: slices.Clone(m.routes[callee])})
 	}
+	for _, s := range m.settings {
+		s.Cost = copyOpt(s.Cost)
+		l.Settings = append(l.Settings, s)
+	}
+	slices.SortFunc(l.Settings, func(a, b BucketSettings) int { return compareBuckets(a.Bucket, b.Bucket) })
 	return l, nil
+}
+
+// SetSettings implements LimitStore.
+func (m *Memory) SetSettings(ctx context.Context, s BucketSettings, c Change) error {
+	if err := checkChange(c); err != nil {
+		return err
+	}
+	if err := checkBucketSettings(s); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.opts.clock()
+	o, had := m.settings[s.Bucket]
+	if s.IsZero() {
+		if !had {
+			return nil
+		}
+		delete(m.settings, s.Bucket)
+	} else {
+		s.Cost = copyOpt(s.Cost)
+		s.UpdatedBy, s.Reason, s.UpdatedAt = c.Actor, c.Reason, now
+		m.settings[s.Bucket] = s
+	}
+	m.appendAudit(now, c, "set_settings", s.Bucket, renderSettings(o), renderSettings(s))
+	m.notify()
+	return nil
 }
 
 // SetRoutes implements LimitStore.
@@ -634,6 +684,12 @@ func copyFlags(f []string) []string {
 func copyService(s ServiceLimits) ServiceLimits {
 	s.DefaultLimit, s.Capacity = copyOpt(s.DefaultLimit), copyOpt(s.Capacity)
 	s.Mode, s.FailMode, s.Enforcement = copyOpt(s.Mode), copyOpt(s.FailMode), copyOpt(s.Enforcement)
+	if s.Cost != nil {
+		c := *s.Cost
+		c.Default, c.Max = copyOpt(c.Default), copyOpt(c.Max)
+		s.Cost = &c
+	}
+	s.Criticality = copyOpt(s.Criticality)
 	return s
 }
 

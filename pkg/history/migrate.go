@@ -58,6 +58,13 @@ var olderBinaries = map[string]bool{
 	// is no longer unique, and it would read a leaf's limit or a
 	// procedure's capacity as a caller's limit.
 	"0003_procedures": false,
+	// Tiers, cost units and caps: an older binary would ignore them, and
+	// count requests of a callee whose limits are in cost units, and shed
+	// every tier alike: a changed meaning.
+	"0004_tiers_cost": false,
+	// Nullable columns and columns with a default: older binaries name
+	// the columns they write and read, and their rows have no cost.
+	"0005_cost_history": true,
 }
 
 // loadMigrations reads the embedded migrations, sorted by version.

@@ -5,12 +5,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/sluicehq/sluice/pkg/criticality"
 	"github.com/sluicehq/sluice/pkg/dataplane"
 	"github.com/sluicehq/sluice/pkg/dropratio"
 	"github.com/sluicehq/sluice/pkg/routes"
@@ -21,8 +23,11 @@ const notifyChannel = "sluice_limits"
 
 const (
 	selectBucketLimit = `SELECT callee, caller, procedure, limit_rps AS "limit", mode, enforcement, source, updated_by, reason, updated_at FROM bucket_limits`
-	selectService     = `SELECT callee, default_limit, capacity, mode, fail_mode, enforcement, updated_by, reason, updated_at FROM service_limits`
-	selectProposal    = `SELECT id, callee, caller, procedure, current_limit AS current, proposed, peak_lookback, peak_recent, flags, status,
+	selectService     = `SELECT callee, default_limit, capacity, mode, fail_mode, enforcement, updated_by, reason, updated_at,
+		unit, cost_default, cost_max, cost_request_header, cost_response_header,
+		tiers, criticality_header, criticality_default, criticality_max FROM service_limits`
+	selectSettings = `SELECT callee, caller, procedure, criticality, max_criticality, max_concurrency, cost, updated_by, reason, updated_at FROM bucket_settings`
+	selectProposal = `SELECT id, callee, caller, procedure, current_limit AS current, proposed, peak_lookback, peak_recent, flags, status,
 		created_by, created_at, decided_by, COALESCE(decided_at, '0001-01-01 00:00:00+00') AS decided_at, reason FROM proposals`
 	selectAudit = `SELECT id, at, actor, action, callee, caller, procedure, old_value AS old, new_value AS new, reason FROM audit_log`
 )
@@ -40,11 +45,58 @@ type bucketRow struct {
 }
 
 type serviceRow struct {
-	Callee                      string
-	DefaultLimit, Capacity      *float64
-	Mode, FailMode, Enforcement string
+	Callee                                string
+	DefaultLimit, Capacity                *float64
+	Mode, FailMode, Enforcement           string
+	UpdatedBy, Reason                     string
+	UpdatedAt                             time.Time
+	Unit                                  string
+	CostDefault, CostMax                  *float64
+	CostRequestHeader, CostResponseHeader string
+	Tiers                                 bool
+	CriticalityHeader                     string
+	CriticalityDefault, CriticalityMax    string
+}
+
+type settingsRow struct {
+	Bucket
+	Criticality, MaxCriticality string
+	MaxConcurrency              int64
+	Cost                        *float64
 	UpdatedBy, Reason           string
 	UpdatedAt                   time.Time
+}
+
+// parseTier reads a tier column: "" is None.
+func parseTier(s string) (criticality.Tier, error) {
+	if s == "" {
+		return criticality.None, nil
+	}
+	return criticality.ParseConfig(s)
+}
+
+// rowToSettings scans a bucket_settings row (selectSettings' columns).
+func rowToSettings(row pgx.CollectableRow) (BucketSettings, error) {
+	r, err := pgx.RowToStructByName[settingsRow](row)
+	if err != nil {
+		return BucketSettings{}, err
+	}
+	var errs []error
+	s := BucketSettings{Bucket: r.Bucket, Cost: r.Cost, UpdatedBy: r.UpdatedBy, Reason: r.Reason, UpdatedAt: r.UpdatedAt}
+	if t := column("criticality", r.Criticality, parseTier, &errs); t != nil {
+		s.Criticality = *t
+	}
+	if t := column("max_criticality", r.MaxCriticality, parseTier, &errs); t != nil {
+		s.MaxCriticality = *t
+	}
+	if r.MaxConcurrency < 0 || r.MaxConcurrency > math.MaxUint32 {
+		errs = append(errs, fmt.Errorf("max_concurrency: %d is out of range", r.MaxConcurrency))
+	}
+	s.MaxConcurrency = uint32(r.MaxConcurrency)
+	if err := errors.Join(errs...); err != nil {
+		return BucketSettings{}, fmt.Errorf("bucket_settings row %s: %w", r.Path(), err)
+	}
+	return s, nil
 }
 
 // rowToLimit scans a bucket_limits row (selectBucketLimit's columns). A
@@ -84,6 +136,23 @@ func rowToService(row pgx.CollectableRow) (ServiceLimits, error) {
 		Enforcement: column("enforcement", r.Enforcement, dataplane.ParseEnforcement, &errs),
 		UpdatedBy:   r.UpdatedBy, Reason: r.Reason, UpdatedAt: r.UpdatedAt,
 	}
+	switch r.Unit {
+	case "requests":
+	case "cost":
+		s.Cost = &CostSettings{Default: r.CostDefault, Max: r.CostMax, RequestHeader: r.CostRequestHeader, ResponseHeader: r.CostResponseHeader}
+	default:
+		errs = append(errs, fmt.Errorf("unit: %q is not requests or cost", r.Unit))
+	}
+	if r.Tiers {
+		c := &CriticalitySettings{Header: r.CriticalityHeader}
+		if t := column("criticality_default", r.CriticalityDefault, parseTier, &errs); t != nil {
+			c.Default = *t
+		}
+		if t := column("criticality_max", r.CriticalityMax, parseTier, &errs); t != nil {
+			c.Max = *t
+		}
+		s.Criticality = c
+	}
 	if err := errors.Join(errs...); err != nil {
 		return ServiceLimits{}, fmt.Errorf("service_limits row %s: %w", r.Callee, err)
 	}
@@ -119,7 +188,14 @@ func (p *Postgres) Limits(ctx context.Context) (Limits, error) {
 		if l.Buckets, err = pgx.CollectRows(rows, rowToLimit); err != nil {
 			return err
 		}
-		l.Routes, err = readRoutes(ctx, tx)
+		if l.Routes, err = readRoutes(ctx, tx); err != nil {
+			return err
+		}
+		rows, err = tx.Query(ctx, selectSettings+` ORDER BY callee, caller, procedure`)
+		if err != nil {
+			return err
+		}
+		l.Settings, err = pgx.CollectRows(rows, rowToSettings)
 		return err
 	})
 	if err != nil {
@@ -138,6 +214,9 @@ func nonNilLimits(l Limits) Limits {
 	}
 	if len(l.Routes) == 0 {
 		l.Routes = nil
+	}
+	if len(l.Settings) == 0 {
+		l.Settings = nil
 	}
 	return l
 }
@@ -440,18 +519,71 @@ func (p *Postgres) SetService(ctx context.Context, s ServiceLimits, c Change) er
 		s.FailMode = setting(s.FailMode, o.FailMode, dataplane.FailOpen)
 		s.Enforcement = setting(s.Enforcement, o.Enforcement, dataplane.EnforceSidecar)
 		s.UpdatedBy, s.Reason, s.UpdatedAt = c.Actor, c.Reason, now
+		unit, cost := "requests", CostSettings{}
+		if s.Cost != nil {
+			unit, cost = "cost", *s.Cost
+		}
+		tiers, crit := s.Criticality != nil, CriticalitySettings{}
+		if tiers {
+			crit = *s.Criticality
+		}
 		_, err = tx.Exec(ctx, `
-			INSERT INTO service_limits (callee, default_limit, capacity, mode, fail_mode, updated_by, reason, updated_at, enforcement)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+			INSERT INTO service_limits (callee, default_limit, capacity, mode, fail_mode, updated_by, reason, updated_at, enforcement,
+				unit, cost_default, cost_max, cost_request_header, cost_response_header,
+				tiers, criticality_header, criticality_default, criticality_max)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)
 			ON CONFLICT (callee) DO UPDATE SET
 				default_limit = excluded.default_limit, capacity = excluded.capacity, mode = excluded.mode,
 				fail_mode = excluded.fail_mode, updated_by = excluded.updated_by, reason = excluded.reason,
-				updated_at = excluded.updated_at, enforcement = excluded.enforcement`,
-			s.Callee, s.DefaultLimit, s.Capacity, s.Mode.String(), s.FailMode.String(), s.UpdatedBy, s.Reason, s.UpdatedAt, s.Enforcement.String())
+				updated_at = excluded.updated_at, enforcement = excluded.enforcement,
+				unit = excluded.unit, cost_default = excluded.cost_default, cost_max = excluded.cost_max,
+				cost_request_header = excluded.cost_request_header, cost_response_header = excluded.cost_response_header,
+				tiers = excluded.tiers, criticality_header = excluded.criticality_header,
+				criticality_default = excluded.criticality_default, criticality_max = excluded.criticality_max`,
+			s.Callee, s.DefaultLimit, s.Capacity, s.Mode.String(), s.FailMode.String(), s.UpdatedBy, s.Reason, s.UpdatedAt, s.Enforcement.String(),
+			unit, cost.Default, cost.Max, cost.RequestHeader, cost.ResponseHeader,
+			tiers, crit.Header, crit.Default.String(), crit.Max.String())
 		if err != nil {
 			return false, err
 		}
 		return true, insertAudit(ctx, tx, []AuditEntry{auditEntry(now, c, "set_service", Bucket{Callee: s.Callee}, old, renderService(s))})
+	})
+}
+
+// SetSettings implements LimitStore.
+func (p *Postgres) SetSettings(ctx context.Context, s BucketSettings, c Change) error {
+	if err := checkChange(c); err != nil {
+		return err
+	}
+	if err := checkBucketSettings(s); err != nil {
+		return err
+	}
+	return p.change(ctx, "set_settings", func(tx pgx.Tx, now time.Time) (bool, error) {
+		rows, err := tx.Query(ctx, `DELETE FROM bucket_settings WHERE callee = $1 AND caller = $2 AND procedure = $3
+			RETURNING callee, caller, procedure, criticality, max_criticality, max_concurrency, cost, updated_by, reason, updated_at`,
+			s.Callee, s.Caller, s.Procedure)
+		if err != nil {
+			return false, err
+		}
+		o, err := pgx.CollectOneRow(rows, rowToSettings)
+		had := err == nil
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return false, err
+		}
+		if s.IsZero() && !had {
+			return false, nil
+		}
+		if !s.IsZero() {
+			s.UpdatedBy, s.Reason, s.UpdatedAt = c.Actor, c.Reason, now
+			if _, err := tx.Exec(ctx, `INSERT INTO bucket_settings (callee, caller, procedure, criticality, max_criticality,
+					max_concurrency, cost, updated_by, reason, updated_at)
+				VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`,
+				s.Callee, s.Caller, s.Procedure, s.Criticality.String(), s.MaxCriticality.String(),
+				int64(s.MaxConcurrency), s.Cost, s.UpdatedBy, s.Reason, s.UpdatedAt); err != nil {
+				return false, err
+			}
+		}
+		return true, insertAudit(ctx, tx, []AuditEntry{auditEntry(now, c, "set_settings", s.Bucket, renderSettings(o), renderSettings(s))})
 	})
 }
 

@@ -167,7 +167,8 @@ type minuteRow struct {
 	day                 int64 // Unix seconds of the UTC midnight starting minute
 	minute              time.Time
 	peak, mean, dropped float64
-	ord                 int64 // position in the caller's batch: the first of a repeated key wins
+	cost                *CostLoad // nil: NULL
+	ord                 int64     // position in the caller's batch: the first of a repeated key wins
 }
 
 func compareMinuteRows(a, b minuteRow) int {
@@ -199,7 +200,7 @@ func (p *Postgres) WriteMinutes(ctx context.Context, rows []MinuteRow) error {
 	for i, r := range rows {
 		day := dayOf(r.Minute).Unix()
 		days[day] = true
-		enc[i] = minuteRow{bucket: ids[i], day: day, minute: r.Minute, peak: r.PeakOffered, mean: r.MeanOffered, dropped: r.MeanDropped, ord: int64(i)}
+		enc[i] = minuteRow{bucket: ids[i], day: day, minute: r.Minute, peak: r.PeakOffered, mean: r.MeanOffered, dropped: r.MeanDropped, cost: r.Cost, ord: int64(i)}
 	}
 	// Writers insert in key order, so that two writing overlapping rows
 	// wait for each other instead of deadlocking; and the rollup is then
@@ -225,7 +226,8 @@ func (p *Postgres) WriteMinutes(ctx context.Context, rows []MinuteRow) error {
 	}
 }
 
-var minuteColumns = []string{"bucket", "minute", "peak_offered", "mean_offered", "mean_dropped"}
+var minuteColumns = []string{"bucket", "minute", "peak_offered", "mean_offered", "mean_dropped",
+	"peak_offered_cost", "mean_offered_cost", "peak_admitted_cost", "mean_admitted_cost"}
 
 func writeMinutes(ctx context.Context, tx pgx.Tx, rows []minuteRow) error {
 	// The fast path, in a savepoint: a duplicate key undoes only it.
@@ -256,22 +258,38 @@ func addToRollup(ctx context.Context, tx pgx.Tx, rows []minuteRow) error {
 		days                  []time.Time
 		peaks, sumOff, sumDrp []float64
 		minutes               []int32
+		// the cost rollup: peaks NULL while no minute has a cost load
+		cPeakOff, cPeakAdm []*float64
+		cSumOff, cSumAdm   []float64
+		cMinutes           []int32
 	)
 	for i, r := range rows {
 		if i == 0 || r.bucket != rows[i-1].bucket || r.day != rows[i-1].day {
 			buckets, days, minutes = append(buckets, r.bucket), append(days, time.Unix(r.day, 0).UTC()), append(minutes, 0)
 			peaks, sumOff, sumDrp = append(peaks, r.peak), append(sumOff, 0), append(sumDrp, 0)
+			cPeakOff, cPeakAdm, cSumOff, cSumAdm, cMinutes = append(cPeakOff, nil), append(cPeakAdm, nil), append(cSumOff, 0), append(cSumAdm, 0), append(cMinutes, 0)
 		}
 		n := len(buckets) - 1
 		peaks[n] = max(peaks[n], r.peak)
 		sumOff[n] += r.mean
 		sumDrp[n] += r.dropped
 		minutes[n]++
+		if c := r.cost; c != nil {
+			if cPeakOff[n] == nil {
+				cPeakOff[n], cPeakAdm[n] = new(c.PeakOffered), new(c.PeakAdmitted)
+			}
+			*cPeakOff[n], *cPeakAdm[n] = max(*cPeakOff[n], c.PeakOffered), max(*cPeakAdm[n], c.PeakAdmitted)
+			cSumOff[n] += c.MeanOffered
+			cSumAdm[n] += c.MeanAdmitted
+			cMinutes[n]++
+		}
 	}
 	_, err := tx.Exec(ctx, `
-		INSERT INTO daily_load AS d (bucket, day, peak_offered, sum_mean_offered, sum_mean_dropped, minutes)
-		SELECT * FROM unnest($1::int4[], $2::date[], $3::float8[], $4::float8[], $5::float8[], $6::int4[])
-		`+rollupConflict, buckets, days, peaks, sumOff, sumDrp, minutes)
+		INSERT INTO daily_load AS d (bucket, day, peak_offered, sum_mean_offered, sum_mean_dropped, minutes,
+			peak_offered_cost, sum_mean_offered_cost, peak_admitted_cost, sum_mean_admitted_cost, cost_minutes)
+		SELECT * FROM unnest($1::int4[], $2::date[], $3::float8[], $4::float8[], $5::float8[], $6::int4[],
+			$7::float8[], $8::float8[], $9::float8[], $10::float8[], $11::int4[])
+		`+rollupConflict, buckets, days, peaks, sumOff, sumDrp, minutes, cPeakOff, cSumOff, cPeakAdm, cSumAdm, cMinutes)
 	if err != nil {
 		return fmt.Errorf("rollup: %w", err)
 	}
@@ -283,7 +301,12 @@ const rollupConflict = `ON CONFLICT (bucket, day) DO UPDATE SET
 	peak_offered = greatest(d.peak_offered, excluded.peak_offered),
 	sum_mean_offered = d.sum_mean_offered + excluded.sum_mean_offered,
 	sum_mean_dropped = d.sum_mean_dropped + excluded.sum_mean_dropped,
-	minutes = d.minutes + excluded.minutes`
+	minutes = d.minutes + excluded.minutes,
+	peak_offered_cost = greatest(d.peak_offered_cost, excluded.peak_offered_cost),
+	sum_mean_offered_cost = d.sum_mean_offered_cost + excluded.sum_mean_offered_cost,
+	peak_admitted_cost = greatest(d.peak_admitted_cost, excluded.peak_admitted_cost),
+	sum_mean_admitted_cost = d.sum_mean_admitted_cost + excluded.sum_mean_admitted_cost,
+	cost_minutes = d.cost_minutes + excluded.cost_minutes`
 
 // stageSQL makes the staging table. ON COMMIT DROP: it lives for one
 // write, so a pooled connection carries nothing over to the next user.
@@ -293,22 +316,32 @@ const stageSQL = `CREATE TEMP TABLE minute_stage (
 	minute       timestamptz,
 	peak_offered double precision,
 	mean_offered double precision,
-	mean_dropped double precision
+	mean_dropped double precision,
+	peak_offered_cost  double precision,
+	mean_offered_cost  double precision,
+	peak_admitted_cost double precision,
+	mean_admitted_cost double precision
 ) ON COMMIT DROP`
 
 // mergeSQL moves the staged rows in, in key order, the first staged row of
 // a repeated key first, and adds what it inserted to the daily rollup.
 const mergeSQL = `WITH inserted AS (
-	INSERT INTO minute_load (bucket, minute, peak_offered, mean_offered, mean_dropped)
-	SELECT bucket, minute, peak_offered, mean_offered, mean_dropped
+	INSERT INTO minute_load (bucket, minute, peak_offered, mean_offered, mean_dropped,
+		peak_offered_cost, mean_offered_cost, peak_admitted_cost, mean_admitted_cost)
+	SELECT bucket, minute, peak_offered, mean_offered, mean_dropped,
+		peak_offered_cost, mean_offered_cost, peak_admitted_cost, mean_admitted_cost
 	FROM minute_stage
 	ORDER BY bucket, minute, ord
 	ON CONFLICT (bucket, minute) DO NOTHING
-	RETURNING bucket, minute, peak_offered, mean_offered, mean_dropped
+	RETURNING bucket, minute, peak_offered, mean_offered, mean_dropped,
+		peak_offered_cost, mean_offered_cost, peak_admitted_cost, mean_admitted_cost
 )
-INSERT INTO daily_load AS d (bucket, day, peak_offered, sum_mean_offered, sum_mean_dropped, minutes)
+INSERT INTO daily_load AS d (bucket, day, peak_offered, sum_mean_offered, sum_mean_dropped, minutes,
+	peak_offered_cost, sum_mean_offered_cost, peak_admitted_cost, sum_mean_admitted_cost, cost_minutes)
 SELECT bucket, (minute AT TIME ZONE 'UTC')::date,
-	max(peak_offered), sum(mean_offered), sum(mean_dropped), count(*)
+	max(peak_offered), sum(mean_offered), sum(mean_dropped), count(*),
+	max(peak_offered_cost), coalesce(sum(mean_offered_cost), 0),
+	max(peak_admitted_cost), coalesce(sum(mean_admitted_cost), 0), count(peak_offered_cost)
 FROM inserted
 GROUP BY 1, 2
 ORDER BY 1, 2
@@ -336,14 +369,17 @@ type minuteSource struct {
 	rows []minuteRow
 	ord  bool
 	i    int
-	vals [6]any
+	vals [10]any
 }
 
 func (s *minuteSource) Next() bool { s.i++; return s.i <= len(s.rows) }
 func (s *minuteSource) Err() error { return nil }
 func (s *minuteSource) Values() ([]any, error) {
 	r := &s.rows[s.i-1]
-	s.vals = [6]any{r.ord, r.bucket, r.minute, r.peak, r.mean, r.dropped}
+	s.vals = [10]any{r.ord, r.bucket, r.minute, r.peak, r.mean, r.dropped, nil, nil, nil, nil}
+	if c := r.cost; c != nil {
+		s.vals[6], s.vals[7], s.vals[8], s.vals[9] = c.PeakOffered, c.MeanOffered, c.PeakAdmitted, c.MeanAdmitted
+	}
 	if s.ord {
 		return s.vals[:], nil
 	}
@@ -439,17 +475,23 @@ func (p *Postgres) Minutes(ctx context.Context, b Bucket, from, to time.Time) ([
 		return nil, err
 	}
 	rows, err := p.pool.Query(ctx, `
-		SELECT minute, peak_offered, mean_offered, mean_dropped FROM minute_load
+		SELECT minute, peak_offered, mean_offered, mean_dropped,
+			peak_offered_cost, mean_offered_cost, peak_admitted_cost, mean_admitted_cost FROM minute_load
 		WHERE bucket = $1 AND minute >= $2 AND minute < $3
 		ORDER BY minute`, id, from, to)
 	if err != nil {
 		return nil, fmt.Errorf("read minutes: %w", err)
 	}
 	var (
-		out []MinuteRow
-		r   = MinuteRow{Bucket: b}
+		out                []MinuteRow
+		r                  = MinuteRow{Bucket: b}
+		cpo, cmo, cpa, cma *float64
 	)
-	_, err = pgx.ForEachRow(rows, []any{&r.Minute, &r.PeakOffered, &r.MeanOffered, &r.MeanDropped}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&r.Minute, &r.PeakOffered, &r.MeanOffered, &r.MeanDropped, &cpo, &cmo, &cpa, &cma}, func() error {
+		r.Cost = nil
+		if cpo != nil && cmo != nil && cpa != nil && cma != nil { // all or none: minute_load_cost_whole
+			r.Cost = &CostLoad{PeakOffered: *cpo, MeanOffered: *cmo, PeakAdmitted: *cpa, MeanAdmitted: *cma}
+		}
 		out = append(out, r)
 		return nil
 	})
@@ -467,7 +509,8 @@ func (p *Postgres) DailyPeaks(ctx context.Context, f Filter, from, to time.Time)
 		return nil, err
 	}
 	sql, args := `
-		SELECT bucket, day, peak_offered, sum_mean_offered, sum_mean_dropped, minutes
+		SELECT bucket, day, peak_offered, sum_mean_offered, sum_mean_dropped, minutes,
+			coalesce(peak_offered_cost, 0), sum_mean_offered_cost, coalesce(peak_admitted_cost, 0), sum_mean_admitted_cost, cost_minutes
 		FROM daily_load WHERE day >= $1 AND day < $2`, []any{ceilDay(from), ceilDay(to)}
 	if f != (Filter{}) {
 		var sub string
@@ -488,9 +531,15 @@ func (p *Postgres) DailyPeaks(ctx context.Context, f Filter, from, to time.Time)
 		id             int32
 		d              DailyPeak
 		sumOff, sumDrp float64
+		c              CostLoad // peaks, then sums of means
 	)
-	_, err = pgx.ForEachRow(rows, []any{&id, &d.Day, &d.PeakOffered, &sumOff, &sumDrp, &d.Minutes}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&id, &d.Day, &d.PeakOffered, &sumOff, &sumDrp, &d.Minutes,
+		&c.PeakOffered, &c.MeanOffered, &c.PeakAdmitted, &c.MeanAdmitted, &d.CostMinutes}, func() error {
 		d.MeanOffered, d.MeanDropped = sumOff/float64(d.Minutes), sumDrp/float64(d.Minutes)
+		d.Cost = nil
+		if n := float64(d.CostMinutes); n > 0 {
+			d.Cost = &CostLoad{PeakOffered: c.PeakOffered, MeanOffered: c.MeanOffered / n, PeakAdmitted: c.PeakAdmitted, MeanAdmitted: c.MeanAdmitted / n}
+		}
 		if len(runs) == 0 || runs[len(runs)-1].bucket != id {
 			runs = append(runs, run{bucket: id, start: len(got)})
 		}

@@ -65,7 +65,7 @@ func TestMigrateFromEmpty(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"audit_log", "bucket_limits", "buckets", "daily_load", "minute_load", "proposals", "routes", "schema_migrations", "service_limits"}
+	want := []string{"audit_log", "bucket_limits", "bucket_settings", "buckets", "daily_load", "minute_load", "proposals", "routes", "schema_migrations", "service_limits"}
 	if !slices.Equal(tables, want) {
 		t.Errorf("tables %v, want %v", tables, want)
 	}

@@ -1,10 +1,12 @@
 package history
 
 import (
+	"cmp"
 	"fmt"
 	"strconv"
 	"strings"
 
+	"github.com/sluicehq/sluice/pkg/criticality"
 	"github.com/sluicehq/sluice/pkg/dataplane"
 	"github.com/sluicehq/sluice/pkg/routes"
 )
@@ -28,10 +30,54 @@ func renderLimit(l BucketLimit) string {
 }
 
 // renderService: "default 100 rps, capacity none, mode enforce, fail open",
-// and ", enforced upstream" when it is.
+// and ", enforced upstream" when it is; a callee counting cost or with
+// tiers says so after (", unit cost (default 1, max 1e+06, request header
+// x-cost)", ", tiers (header x-sluice-criticality, default CRITICAL, max
+// CRITICAL)"), one that does neither reads as before they existed.
 func renderService(s ServiceLimits) string {
-	return fmt.Sprintf("default %s, capacity %s, mode %s, fail %s%s",
+	out := fmt.Sprintf("default %s, capacity %s, mode %s, fail %s%s",
 		renderOptRate(s.DefaultLimit), renderOptRate(s.Capacity), renderSetting(s.Mode), renderSetting(s.FailMode), renderUpstream(s.Enforcement))
+	if c := s.Cost; c != nil {
+		out += fmt.Sprintf(", unit cost (default %s, max %s", renderNumber(c.Default, 1), renderNumber(c.Max, 1e6))
+		if c.RequestHeader != "" {
+			out += ", request header " + c.RequestHeader
+		}
+		if c.ResponseHeader != "" {
+			out += ", response header " + c.ResponseHeader
+		}
+		out += ")"
+	}
+	if c := s.Criticality; c != nil {
+		out += fmt.Sprintf(", tiers (header %s, default %s, max %s)", cmp.Or(c.Header, criticality.DefaultHeader),
+			cmp.Or(c.Default, criticality.Critical), cmp.Or(c.Max, criticality.Critical))
+	}
+	return out
+}
+
+func renderNumber(v *float64, def float64) string {
+	if v == nil {
+		v = &def
+	}
+	return strconv.FormatFloat(*v, 'g', -1, 64)
+}
+
+// renderSettings: "criticality SHEDDABLE, max criticality CRITICAL, max
+// concurrency 40, cost 10", what is set of it; "" for nothing.
+func renderSettings(s BucketSettings) string {
+	var parts []string
+	if s.Criticality != criticality.None {
+		parts = append(parts, "criticality "+s.Criticality.String())
+	}
+	if s.MaxCriticality != criticality.None {
+		parts = append(parts, "max criticality "+s.MaxCriticality.String())
+	}
+	if s.MaxConcurrency != 0 {
+		parts = append(parts, "max concurrency "+strconv.FormatUint(uint64(s.MaxConcurrency), 10))
+	}
+	if s.Cost != nil {
+		parts = append(parts, "cost "+strconv.FormatFloat(*s.Cost, 'g', -1, 64))
+	}
+	return strings.Join(parts, ", ")
 }
 
 // renderSetting: the setting's name; the stores render only settings in

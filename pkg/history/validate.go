@@ -9,6 +9,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/sluicehq/sluice/pkg/criticality"
 	"github.com/sluicehq/sluice/pkg/dataplane"
 	"github.com/sluicehq/sluice/pkg/names"
 	"github.com/sluicehq/sluice/pkg/routes"
@@ -244,6 +245,22 @@ func checkMinute(field string, r *MinuteRow) error {
 	if r.PeakOffered < r.MeanOffered {
 		return invalid(field+"peak_offered", "peak %v is below the mean %v", r.PeakOffered, r.MeanOffered)
 	}
+	if c := r.Cost; c != nil {
+		for _, f := range []struct {
+			name string
+			v    float64
+		}{{"peak_offered_cost", c.PeakOffered}, {"mean_offered_cost", c.MeanOffered}, {"peak_admitted_cost", c.PeakAdmitted}, {"mean_admitted_cost", c.MeanAdmitted}} {
+			if err := checkRate(field+f.name, f.v); err != nil {
+				return err
+			}
+		}
+		if c.PeakOffered < c.MeanOffered {
+			return invalid(field+"peak_offered_cost", "peak %v is below the mean %v", c.PeakOffered, c.MeanOffered)
+		}
+		if c.PeakAdmitted < c.MeanAdmitted {
+			return invalid(field+"peak_admitted_cost", "peak %v is below the mean %v", c.PeakAdmitted, c.MeanAdmitted)
+		}
+	}
 	return nil
 }
 
@@ -279,7 +296,111 @@ func checkServiceLimits(s ServiceLimits) error {
 	if err := checkOptSetting("service.enforcement", s.Enforcement); err != nil {
 		return err
 	}
-	return checkOptSetting("service.fail_mode", s.FailMode)
+	if err := checkOptSetting("service.fail_mode", s.FailMode); err != nil {
+		return err
+	}
+	if c := s.Cost; c != nil {
+		if err := checkCost("service.cost.default", c.Default); err != nil {
+			return err
+		}
+		if c.Max != nil {
+			if v := *c.Max; !(v > 0) || math.IsInf(v, 1) {
+				return invalid("service.cost.max", "%v is not a finite cost > 0", v)
+			}
+		}
+		def, max := 1.0, 1e6 // the limits file's defaults
+		if c.Default != nil {
+			def = *c.Default
+		}
+		if c.Max != nil {
+			max = *c.Max
+		}
+		if def > max {
+			return invalid("service.cost.default", "%v is above the cost's max %v", def, max)
+		}
+		if err := checkHeader("service.cost.request_header", c.RequestHeader); err != nil {
+			return err
+		}
+		if err := checkHeader("service.cost.response_header", c.ResponseHeader); err != nil {
+			return err
+		}
+	}
+	if c := s.Criticality; c != nil {
+		if err := checkHeader("service.criticality.header", c.Header); err != nil {
+			return err
+		}
+		if err := checkTier("service.criticality.default", c.Default); err != nil {
+			return err
+		}
+		return checkTier("service.criticality.max", c.Max)
+	}
+	return nil
+}
+
+// checkCost: an optional cost is finite and never negative.
+func checkCost(field string, v *float64) error {
+	if v != nil && (math.IsNaN(*v) || math.IsInf(*v, 0) || *v < 0) {
+		return invalid(field, "%v is not a finite cost >= 0", *v)
+	}
+	return nil
+}
+
+// checkHeader: "" (none), or a lower-case HTTP header name (an RFC 9110
+// token), as the limits file's sources spell it.
+func checkHeader(field, h string) error {
+	if len(h) > MaxFlagLen {
+		return invalid(field, "%d bytes is longer than %d", len(h), MaxFlagLen)
+	}
+	for i := 0; i < len(h); i++ {
+		c := h[i]
+		if !('a' <= c && c <= 'z' || '0' <= c && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+			return invalid(field, "%q is not a lower-case header name", h)
+		}
+	}
+	return nil
+}
+
+// checkTier: None (the default) or one of the four tiers.
+func checkTier(field string, t criticality.Tier) error {
+	if !t.Valid() {
+		return invalid(field, "%v is not a tier", t)
+	}
+	return nil
+}
+
+// checkBucketSettings: what each shape of bucket may set (BucketSettings).
+func checkBucketSettings(s BucketSettings) error {
+	if err := checkBucket("settings.", s.Bucket); err != nil {
+		return err
+	}
+	if err := checkTier("settings.criticality", s.Criticality); err != nil {
+		return err
+	}
+	if err := checkTier("settings.max_criticality", s.MaxCriticality); err != nil {
+		return err
+	}
+	if err := checkCost("settings.cost", s.Cost); err != nil {
+		return err
+	}
+	switch {
+	case s.Caller == AnyCaller:
+		if s.MaxCriticality != criticality.None {
+			return invalid("settings.max_criticality", "%s is a procedure: a caller's maximum tier needs a caller", s.Path())
+		}
+		if s.MaxConcurrency != 0 {
+			return invalid("settings.max_concurrency", "%s is a procedure: a cap on requests in flight is a caller's or a leaf's", s.Path())
+		}
+	case s.Procedure != "":
+		if s.Criticality != criticality.None || s.MaxCriticality != criticality.None {
+			return invalid("settings.criticality", "%s is a leaf: tiers default per caller or per procedure", s.Path())
+		}
+		if s.Cost != nil {
+			return invalid("settings.cost", "%s is a leaf: a static cost is a procedure's (%s/%s/%s)", s.Path(), s.Callee, AnyCaller, s.Procedure)
+		}
+	case s.Cost != nil:
+		return invalid("settings.cost", "%s is a caller: a static cost is a procedure's", s.Path())
+	}
+	return nil
 }
 
 // checkProposals validates what Propose's caller sets, and that no bucket

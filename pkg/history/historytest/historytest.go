@@ -63,6 +63,9 @@ func Run(t *testing.T, open func(t *testing.T) history.Store) {
 		{"ProcedureLimits", testProcedureLimits},
 		{"CallerModeWithoutLimit", testCallerModeWithoutLimit},
 		{"Routes", testRoutes},
+		{"ServiceTiersCost", testServiceTiersCost},
+		{"BucketSettings", testBucketSettings},
+		{"CostMinutes", testCostMinutes},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
