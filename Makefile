@@ -22,7 +22,7 @@ build: ## build every binary into bin/
 images: ## container images without Docker: bin/images/sluice-<binary>.tar (TAG=dev)
 	$(GO) run ./internal/tools/ocibuild/cmd -out bin/images -tag $(or $(TAG),dev) -revision '$(REVISION)'
 
-test: ## what CI runs: gofmt, vet, every test with the race detector, e2e alone, a short fuzz run; every stage runs, failures listed at the end (STAGES="unit e2e" picks some)
+test: ## what CI runs: gofmt, vet, every test with the race detector, e2e alone, the full-size tenants-zipf pair, a short fuzz run; every stage runs, failures listed at the end (STAGES="unit e2e" picks some)
 	@bash scripts/test.sh
 
 test-short: ## quick local loop: skips the long end-to-end tests

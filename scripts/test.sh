@@ -7,12 +7,14 @@
 # Stages: postgres (install the server binaries if missing), gofmt, vet,
 # unit (go test -race, every package but e2e), e2e (the end-to-end tests,
 # alone: they measure rates against a clock and should not share two cores
-# with other packages' tests), fuzz (a short run of every fuzz target).
-# STAGES="unit e2e" runs only those.
+# with other packages' tests), sim (the simulator's scenarios that a goal
+# bounds only at their full size, without -race: TestTenantsZipf's costs at
+# 10,000 and 1,000,000 tenants, 300 sidecars, about 90 s), fuzz (a short
+# run of every fuzz target). STAGES="unit e2e" runs only those.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 go=${GO:-go}
-stages=${STAGES:-postgres gofmt vet unit e2e fuzz}
+stages=${STAGES:-postgres gofmt vet unit e2e sim fuzz}
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -49,6 +51,9 @@ stage_unit() {
 # e2e takes about 9 minutes on a quiet 2-core machine and half as long
 # again on a busy one: go test's default 10-minute timeout would end it.
 stage_e2e() { gotest -timeout 40m ./e2e; }
+stage_sim() {
+	"$go" test -count=1 -json -timeout 20m -run '^TestTenantsZipf$' ./sim -args -tenants 2>&1 | "$tmp/testreport" -counts "$counts"
+}
 stage_fuzz() { bash scripts/fuzz.sh 4s; }
 
 secs() { printf '%dm%02ds' $(($1 / 60)) $(($1 % 60)); }
@@ -58,7 +63,7 @@ failed=()
 began=$(date +%s)
 for s in $stages; do
 	if ! declare -F "stage_$s" >/dev/null; then
-		echo "make test: unknown stage $s (stages: postgres gofmt vet unit e2e fuzz)" >&2
+		echo "make test: unknown stage $s (stages: postgres gofmt vet unit e2e sim fuzz)" >&2
 		exit 1
 	fi
 	start=$(date +%s)

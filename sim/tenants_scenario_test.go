@@ -11,16 +11,22 @@ import (
 var tenantsFull = flag.Bool("tenants", false, "TestTenantsZipf: run tenants-zipf-10k and tenants-zipf as they are (300 sidecars for 60 s, about a minute without -race), not shrunk")
 
 // TestTenantsZipf runs issue #15's scenario at 10,000 and at 1,000,000
-// tenants. It checks the oracle's books on each run, and what the issue
-// asks of the two: sidecar memory and each link's bytes per second within
-// 10 % of each other. The measures themselves (wrongly limited, the
-// abusers' error, time to enforce) are reported, not enforced: they are
-// what the loop achieves (docs/simulation.md).
+// tenants. It checks the oracle's books on each run, and, with -tenants,
+// what the issue asks of the two: sidecar memory and each link's bytes
+// per second within 10 % of each other. The measures themselves (wrongly
+// limited, the abusers' error, time to enforce) are reported, not
+// enforced: they are what the loop achieves (docs/simulation.md).
 //
 // By default both run shrunk to a tenth of their sidecars and half their
 // duration (a hundredth and a third under -race; see shrink), so that
-// `go test ./sim` stays quick; -tenants runs them as they are, as
-// docs/simulation.md's table was measured.
+// `go test ./sim` stays quick, and the costs are compared but not bounded:
+// at that size the links' bytes are mostly the burst of urgent reports and
+// policies when the abuse starts (60 % of the policies' bytes in 5 of 30
+// seconds), whose size follows which sidecars surge and fold, not how many
+// tenants there are. Over seeds 1 to 6 the shrunk runs' links differed by
+// 1 to 37 %, either way round, while the runs as they are differ by 0.6 to
+// 2.4 %. -tenants runs them as they are, as docs/simulation.md's table was
+// measured, and make test's sim stage runs it so, bound included.
 //
 // The runs are not byte-for-byte repeatable, so they have no golden file:
 // the sidecar's descriptor sketch hashes with a seed drawn at start-up
@@ -53,7 +59,7 @@ func TestTenantsZipf(t *testing.T) {
 	}
 	for _, d := range CompareCosts(costs[0], costs[1]) {
 		t.Logf("%-34s %12.0f %12.0f  %5.1f%%", d.Name, d.A, d.B, 100*d.Diff)
-		if d.Bounded && !(d.Diff < 0.10) {
+		if *tenantsFull && d.Bounded && !(d.Diff < 0.10) {
 			t.Errorf("%s: %.0f at 10,000 tenants, %.0f at 1,000,000: %.1f%% apart, want < 10%%", d.Name, d.A, d.B, 100*d.Diff)
 		}
 	}
