@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -9,8 +10,10 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/controller"
 	"github.com/sluicehq/sluice/internal/duration"
 	"github.com/sluicehq/sluice/internal/limits"
+	"github.com/sluicehq/sluice/pkg/dropratio"
 )
 
 // FlowCost is what a flow's requests cost at a callee whose limits count
@@ -256,9 +259,21 @@ type CostWindow struct {
 	// admitted cost was from what it was entitled to.
 	Error float64
 	Debt  float64
-	// Judged: the window starts after the controller's warm-up, during
-	// which it publishes nothing.
+	// Judged: the window starts a payback window after the controller's
+	// warm-up: during the warm-up it publishes nothing, and everything
+	// admitted meanwhile above the limit is debt, paid back over the
+	// payback window after it.
 	Judged bool
+}
+
+// DebtEpisode is a stretch of seconds in which a bucket owed a debt worth
+// noting: at its peak at least dropratio.DebtForgive of a payback window
+// of its limit.
+type DebtEpisode struct {
+	From, To time.Duration // the first second owing, and the end of the last
+	Peak     float64
+	PeakAt   time.Duration // the end of the second it peaked in
+	PaidBack bool          // To is before the end of the run
 }
 
 // CostMeasures are one bucket's cost measures.
@@ -266,11 +281,7 @@ type CostMeasures struct {
 	Bucket  Bucket
 	Limit   float64 // units/s
 	Windows []CostWindow
-	// PeakDebt is the most the bucket owed, at PeakDebtAt (the end of
-	// that second); PaidAt is the end of the first second after it at
-	// which it owed nothing, -1 if it never did again.
-	PeakDebt           float64
-	PeakDebtAt, PaidAt time.Duration
+	Debts   []DebtEpisode
 }
 
 // MeasureCost returns the cost measures of r's buckets at callees counting
@@ -278,14 +289,16 @@ type CostMeasures struct {
 func MeasureCost(r *Result) []CostMeasures {
 	var out []CostMeasures
 	per := int(CostWindowLen / Bin)
-	warm := r.Scenario.Loop.Controller.Warmup
+	cfg := r.Scenario.Loop.Controller
+	payback := cmp.Or(cfg.CostPayback, controller.DefaultCostPayback)
+	judged := cfg.Warmup + payback
 	for i := range r.Buckets {
 		b := &r.Buckets[i]
 		c := b.Cost
 		if c == nil {
 			continue
 		}
-		m := CostMeasures{Bucket: b.Bucket(), Limit: b.Limit, PaidAt: -1}
+		m := CostMeasures{Bucket: b.Bucket(), Limit: b.Limit}
 		n := len(c.Offered)
 		for from := 0; from+per <= n; from += per {
 			w := CostWindow{From: time.Duration(from) * Bin, To: time.Duration(from+per) * Bin}
@@ -301,22 +314,24 @@ func MeasureCost(r *Result) []CostMeasures {
 				w.Error = w.Admitted/w.Allowed - 1
 			}
 			w.Debt = c.Debt[from+per-1]
-			w.Judged = w.From >= warm
+			w.Judged = w.From >= judged
 			m.Windows = append(m.Windows, w)
 		}
-		peak := -1
-		for j, d := range c.Debt {
-			if d > m.PeakDebt {
-				m.PeakDebt, peak = d, j
+		worth := dropratio.DebtForgive * b.Limit * payback.Seconds()
+		for j := 0; j < n; {
+			if c.Debt[j] == 0 {
+				j++
+				continue
 			}
-		}
-		if peak >= 0 {
-			m.PeakDebtAt = time.Duration(peak+1) * Bin
-			for j := peak + 1; j < n; j++ {
-				if c.Debt[j] == 0 {
-					m.PaidAt = time.Duration(j+1) * Bin
-					break
+			ep := DebtEpisode{From: time.Duration(j) * Bin}
+			for ; j < n && c.Debt[j] > 0; j++ {
+				if c.Debt[j] > ep.Peak {
+					ep.Peak, ep.PeakAt = c.Debt[j], time.Duration(j+1)*Bin
 				}
+			}
+			ep.To, ep.PaidBack = time.Duration(j)*Bin, j < n
+			if ep.Peak >= worth {
+				m.Debts = append(m.Debts, ep)
 			}
 		}
 		out = append(out, m)
@@ -326,7 +341,7 @@ func MeasureCost(r *Result) []CostMeasures {
 
 // writeCost writes the cost measures: per bucket, its windows.
 func writeCost(b *strings.Builder, ms []CostMeasures) {
-	fmt.Fprintf(b, "\ncost (units/s, mean over %v windows; error: admitted against min(offered, allowed); debt: what the bucket owes at the window's end, in units; windows in the controller's warm-up are not judged):\n", CostWindowLen)
+	fmt.Fprintf(b, "\ncost (units/s, mean over %v windows; error: admitted against min(offered, allowed); debt: what the bucket owes at the window's end, in units; windows before the controller's warm-up and a payback window after it are not judged, in brackets):\n", CostWindowLen)
 	tw := tabwriter.NewWriter(b, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "  bucket\twindow\toffered\tadmitted\tallowed\terror\tdebt\t")
 	for _, m := range ms {
@@ -342,14 +357,22 @@ func writeCost(b *strings.Builder, ms []CostMeasures) {
 	}
 	tw.Flush()
 	for _, m := range ms {
-		if m.PeakDebt == 0 {
-			fmt.Fprintf(b, "  %s: limit %s units/s, never in debt\n", m.Bucket, rate(m.Limit))
+		if len(m.Debts) == 0 {
+			fmt.Fprintf(b, "  %s: limit %s units/s, never in debt worth noting\n", m.Bucket, rate(m.Limit))
 			continue
 		}
-		paid := "not paid back by the end"
-		if m.PaidAt >= 0 {
-			paid = "paid back by " + at(m.PaidAt)
+		fmt.Fprintf(b, "  %s: limit %s units/s, in debt", m.Bucket, rate(m.Limit))
+		for i, d := range m.Debts {
+			sep := ";"
+			if i == 0 {
+				sep = ""
+			}
+			paid := "not paid back by the end"
+			if d.PaidBack {
+				paid = "paid back by " + at(d.To)
+			}
+			fmt.Fprintf(b, "%s %s–%s: peak %s units at %s, %s", sep, at(d.From), at(d.To), count(d.Peak), at(d.PeakAt), paid)
 		}
-		fmt.Fprintf(b, "  %s: limit %s units/s, peak debt %s units at %s, %s\n", m.Bucket, rate(m.Limit), count(m.PeakDebt), at(m.PeakDebtAt), paid)
+		b.WriteString("\n")
 	}
 }
