@@ -122,6 +122,11 @@ type BucketSeries struct {
 	// Ratio is the drop ratio the callee's sidecars held at the end of the
 	// second, averaged over them.
 	Ratio []float64
+	// Cost is the bucket's traffic in cost units at a callee whose limits
+	// count cost (Limit is then in units per second, and Allowed is the
+	// oracle's allowed cost rate over the nominal cost of a request); nil
+	// elsewhere, and in live mode.
+	Cost *CostSeries
 }
 
 // Bucket returns the series' bucket.
@@ -289,6 +294,9 @@ type bucketState struct {
 	flows  []int // scenario flows of this bucket
 
 	offered, retries, admitted, dropped, ratio []float64
+	// cost is its traffic in cost units, at a callee counting cost; nil
+	// elsewhere.
+	cost *CostSeries
 
 	// Pipeline tracking.
 	pipe     *Pipeline
@@ -325,7 +333,9 @@ type sidecarFlow struct {
 	bucket int // engine bucket index
 	caller string
 	call   Call
-	tier   string  // the flow's criticality header value; "" for none
+	tier   string // the flow's criticality header value; "" for none
+	cost   *FlowCost
+	hdr    string  // the flow's cost header value; "" for none
 	share  float64 // of the flow's rate
 	carry  float64 // Deterministic arrivals: the fraction owed
 	retry  *retryRing
@@ -394,6 +404,9 @@ func newEngine(sc *Scenario, seed uint64, opts Options) (*engine, error) {
 			admitted: make([]float64, e.nbins), dropped: make([]float64, e.nbins),
 			ratio: make([]float64, e.nbins),
 		}
+		if c.limits.Counted() {
+			bs.cost = &CostSeries{Offered: make([]float64, e.nbins), Admitted: make([]float64, e.nbins), Debt: make([]float64, e.nbins)}
+		}
 		e.bucketIdx[b] = len(e.buckets)
 		c.buckets = append(c.buckets, len(e.buckets))
 		c.leaves = append(c.leaves, b)
@@ -432,6 +445,8 @@ func newEngine(sc *Scenario, seed uint64, opts Options) (*engine, error) {
 						caller: f.Caller,
 						call:   f.Call,
 						tier:   f.Criticality,
+						cost:   f.Cost,
+						hdr:    f.Cost.headerValue(),
 						share:  f.Weights[z] / float64(n),
 					}
 					if f.Retry != nil {
@@ -611,7 +626,7 @@ func (e *engine) offer(s *simSidecar, sf *sidecarFlow, bin int) {
 		n = poisson(e.rng, lambda)
 	}
 	bs := e.buckets[sf.bucket]
-	admitted, dropped := e.decide(s, sf, n)
+	admitted, dropped := e.decide(s, sf, n, bin)
 	bs.offered[bin] += float64(n)
 	bs.admitted[bin] += float64(admitted)
 	bs.dropped[bin] += float64(dropped)
@@ -629,7 +644,7 @@ func (e *engine) offer(s *simSidecar, sf *sidecarFlow, bin int) {
 			continue
 		}
 		rr.due[slot][k] = 0
-		a, d := e.decide(s, sf, m)
+		a, d := e.decide(s, sf, m, bin)
 		bs.offered[bin] += float64(m)
 		bs.retries[bin] += float64(m)
 		bs.admitted[bin] += float64(a)
@@ -654,12 +669,30 @@ func (rr *retryRing) schedule(step int64, k, n int) {
 
 // decide runs n requests of the flow through the sidecar's Limiter, as
 // its HTTP middleware or gRPC interceptor would when the flow names what
-// it calls.
-func (e *engine) decide(s *simSidecar, sf *sidecarFlow, n int) (admitted, dropped int) {
+// it calls, and completes each admitted one at once, as the edge does
+// when its response is written: Decision.Done, with the cost the response
+// reports when the flow's requests report one. At a callee counting cost
+// it adds what they cost to the bucket's cost series of bin.
+func (e *engine) decide(s *simSidecar, sf *sidecarFlow, n, bin int) (admitted, dropped int) {
 	c := &sf.call
+	var cs *CostSeries
+	price := 0.0
+	if bs := e.buckets[sf.bucket]; bs.cost != nil && bin < e.nbins {
+		cs = bs.cost
+		f := &e.sc.Flows[sf.flow]
+		price = CostAt(e.callees[s.callee].limits, f, e.now)
+	}
+	var resp *ResponseCost
+	if sf.cost != nil {
+		resp = sf.cost.Response
+	}
 	for range n {
 		var d sidecar.Decision
 		switch {
+		case sf.hdr != "" && c.Procedure != "":
+			d = s.svc.DecideGRPCCost(sf.caller, c.Procedure, sf.tier, sf.hdr)
+		case sf.hdr != "":
+			d = s.svc.DecideHTTPCost(sf.caller, c.Method, c.Path, sf.tier, sf.hdr)
 		case sf.tier != "" && c.Procedure != "":
 			d = s.svc.DecideGRPCTier(sf.caller, c.Procedure, sf.tier)
 		case sf.tier != "" && c.Path != "":
@@ -673,9 +706,21 @@ func (e *engine) decide(s *simSidecar, sf *sidecarFlow, n int) (admitted, droppe
 		default:
 			d = s.svc.Decide(sf.caller)
 		}
+		cost := price
+		if resp != nil {
+			cost = resp.draw(e.rng, e.now)
+		}
+		if cs != nil {
+			cs.Offered[bin] += cost
+		}
 		if d.Drop {
 			dropped++
+			continue
 		}
+		if cs != nil {
+			cs.Admitted[bin] += cost
+		}
+		d.Done(cost, resp != nil)
 	}
 	e.decisions += int64(n)
 	return n - dropped, dropped
@@ -697,6 +742,9 @@ func (e *engine) sampleRatios(bin int) {
 	}
 	for _, bs := range e.buckets {
 		bs.ratio[bin] = e.meanRatio(bs)
+		if bs.cost != nil {
+			bs.cost.Debt[bin] = e.debt(bs)
+		}
 	}
 	for i := range e.flowSeries {
 		fs := &e.flowSeries[i]
@@ -1121,7 +1169,7 @@ func (e *engine) restartController(down time.Duration) {
 // over-limit episode, and sets up its Pipeline.
 func (e *engine) findOnsets() {
 	for _, bs := range e.buckets {
-		if e.tieredBucket(bs) {
+		if e.tieredBucket(bs) || bs.cost != nil {
 			continue
 		}
 		var pipe *Pipeline
@@ -1202,7 +1250,7 @@ func (e *engine) result() *Result {
 		r.Buckets = append(r.Buckets, BucketSeries{
 			Callee: bs.b.Callee, Caller: bs.b.Caller, Procedure: bs.b.Procedure,
 			Offered: bs.offered, Retries: bs.retries, Admitted: bs.admitted, Dropped: bs.dropped,
-			Ratio: bs.ratio,
+			Ratio: bs.ratio, Cost: bs.cost,
 		})
 		if bs.pipe != nil {
 			r.Pipelines = append(r.Pipelines, *bs.pipe)

@@ -42,6 +42,9 @@ type Measures struct {
 	Bucket Bucket
 	Shadow bool
 	Limit  float64 // configured; +Inf: none
+	// Cost: the bucket's callee counts cost, and the measures are in cost
+	// units (BucketSeries.Measured).
+	Cost bool
 
 	Offered, Admitted, Dropped, Retries float64 // totals, requests
 	PeakOffered                         float64 // highest offered rate of a bin, rps
@@ -68,7 +71,7 @@ func (m *Measures) Over() bool { return m.OverBins > 0 }
 // the definitions. bin is the width of one entry.
 func Measure(b *BucketSeries, bin time.Duration) Measures {
 	m := Measures{
-		Bucket: b.Bucket(), Shadow: b.Shadow, Limit: b.Limit,
+		Bucket: b.Bucket(), Shadow: b.Shadow, Limit: b.Limit, Cost: b.Cost != nil,
 		TimeToEnforce: -1,
 		PeakOvershoot: math.NaN(), SteadyStateError: math.NaN(), Collateral: math.NaN(),
 	}
@@ -191,7 +194,7 @@ func Summarize(r *Result) Summary {
 	}
 	var offered, wrongDrop, wrongAllow float64
 	for i := range r.Buckets {
-		m := Measure(&r.Buckets[i], Bin)
+		m := Measure(r.Buckets[i].Measured(), Bin)
 		s.Callers = append(s.Callers, m)
 		offered += m.Offered
 		wrongDrop += m.WronglyDropped * m.Offered

@@ -33,6 +33,10 @@ func Expect(sc *Scenario, buckets []BucketSeries) {
 		n := len(b.Offered)
 		b.Nominal = make([]float64, n)
 		b.Allowed = make([]float64, n)
+		var cost []float64 // at a callee counting cost: the nominal cost, units per bin
+		if svc.Counted() {
+			cost = make([]float64, n)
+		}
 		steps := int(Bin / sc.Step)
 		for _, f := range sc.Flows {
 			if f.Bucket() != b.Bucket() {
@@ -42,8 +46,17 @@ func Expect(sc *Scenario, buckets []BucketSeries) {
 				for k := range steps {
 					t := time.Duration(bin)*Bin + time.Duration(k)*sc.Step
 					b.Nominal[bin] += float64(f.Rate.At(t) * sc.Step.Seconds())
+					if cost != nil {
+						cost[bin] += f.Rate.At(t) * sc.Step.Seconds() * CostAt(svc, &f, t)
+					}
 				}
 			}
+		}
+		if cost != nil {
+			if b.Cost == nil {
+				b.Cost = &CostSeries{}
+			}
+			b.Cost.Nominal, b.Cost.Allowed = cost, make([]float64, n)
 		}
 		c := callees[b.Callee]
 		if c == nil {
@@ -62,12 +75,26 @@ func Expect(sc *Scenario, buckets []BucketSeries) {
 			for j, i := range c.idx {
 				if bin < len(buckets[i].Nominal) {
 					nominal[j] = buckets[i].Nominal[bin]
+					if svc.Counted() {
+						nominal[j] = buckets[i].Cost.Nominal[bin]
+					}
 				}
 			}
 			allowed := AllowedLeaves(svc, c.leaves, nominal)
 			for j, i := range c.idx {
-				if bin < len(buckets[i].Allowed) {
-					buckets[i].Allowed[bin] = allowed[j]
+				if bin >= len(buckets[i].Allowed) {
+					continue
+				}
+				b := &buckets[i]
+				if !svc.Counted() {
+					b.Allowed[bin] = allowed[j]
+					continue
+				}
+				// In requests: the allowed cost at the nominal cost of a request.
+				b.Cost.Allowed[bin] = allowed[j]
+				b.Allowed[bin] = math.Inf(1)
+				if nc := b.Cost.Nominal[bin]; nc > 0 {
+					b.Allowed[bin] = allowed[j] * b.Nominal[bin] / nc
 				}
 			}
 		}

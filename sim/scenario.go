@@ -117,6 +117,11 @@ type Flow struct {
 	// sidecar decides the flow with Decide, DecideHTTP or DecideGRPC as
 	// before tiers. A flow with one is decided with the Tier variants.
 	Criticality string
+	// Cost is what the flow's requests cost at a callee whose limits count
+	// cost (issue #16): a price in a request header, and what each one
+	// really costs, reported by its response. Nil: the callee's limits
+	// price them (a procedure's static cost, else the default).
+	Cost *FlowCost
 }
 
 // Call is what a flow's requests call at their callee: a gRPC method
@@ -309,6 +314,8 @@ type fileFlow struct {
 	Retry     *fileRetry         `yaml:"retry"`
 	// Criticality is the header value the flow's requests carry.
 	Criticality string `yaml:"criticality"`
+	// Cost is what its requests cost (FlowCost).
+	Cost *fileFlowCost `yaml:"cost"`
 }
 
 type fileRate struct {
@@ -619,6 +626,9 @@ func (d *fileScenario) build() (*Scenario, []error) {
 			} else {
 				f.Criticality = ff.Criticality
 			}
+		}
+		if ff.Cost != nil || (svc != nil && sc.Limits.Service(ff.Callee).Counted()) {
+			f.Cost = buildFlowCost(ff.Cost, sc.Limits.Service(ff.Callee), f.Criticality != "", path+".cost", bad)
 		}
 		sc.Flows = append(sc.Flows, f)
 	}

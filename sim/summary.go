@@ -38,6 +38,9 @@ func WriteSummary(w io.Writer, r *Result) error {
 	if m := MeasureTiers(r); m != nil {
 		writeTiers(&b, m)
 	}
+	if m := MeasureCost(r); m != nil {
+		writeCost(&b, m)
+	}
 
 	for _, p := range r.Pipelines {
 		writePipeline(&b, r, &p)
@@ -98,6 +101,9 @@ func writeCallers(b *strings.Builder, s Summary) error {
 		name := m.Bucket.String()
 		if m.Shadow {
 			name += " (shadow)"
+		}
+		if m.Cost {
+			name += " (units)"
 		}
 		over, tte := "-", "-"
 		if m.Over() {
