@@ -203,16 +203,16 @@ func TestCostResponseDoneAndMean(t *testing.T) {
 		t.Fatalf("price after a window %v, want 60", got)
 	}
 	// Then each window weighs by its responses, the older ones decayed by
-	// 0.8: two of 10 after the two of 60 give (0.8·120 + 20) / (0.8·2 + 2).
+	// costMeanDecay: two of 10 after the two of 60 give (d·120 + 20) / (d·2 + 2).
 	s.DecideGRPC("chat", "/llm.Chat/Embed").Done(10, true)
 	s.DecideGRPC("chat", "/llm.Chat/Embed").Done(10, true)
 	l.EndWindow("llm", time.Second)
-	if got, want := s.DecideGRPC("chat", "/llm.Chat/Embed").Price(), (0.8*120+20)/(0.8*2+2); math.Abs(got-want) > 1e-3 {
+	if got, want := s.DecideGRPC("chat", "/llm.Chat/Embed").Price(), (costMeanDecay*120+20)/(costMeanDecay*2+2); math.Abs(got-want) > 1e-3 {
 		t.Fatalf("price after two windows %v, want %v", got, want)
 	}
 	// A window without responses leaves it.
 	l.EndWindow("llm", time.Second)
-	if got, want := s.DecideGRPC("chat", "/llm.Chat/Embed").Price(), (0.8*120+20)/(0.8*2+2); math.Abs(got-want) > 1e-3 {
+	if got, want := s.DecideGRPC("chat", "/llm.Chat/Embed").Price(), (costMeanDecay*120+20)/(costMeanDecay*2+2); math.Abs(got-want) > 1e-3 {
 		t.Fatalf("price after a quiet window %v, want %v", got, want)
 	}
 	// Each leaf has its own mean: Complete reported nothing yet.

@@ -294,13 +294,20 @@ func (c *critTable) resolve(caller string, proc uint32, raw string) (criticality
 		}
 		out = critInvalid
 	}
-	if d := c.procDefault[proc]; d != criticality.None {
-		return d, out
+	d := c.def
+	switch {
+	case c.procDefault[proc] != criticality.None:
+		d = c.procDefault[proc]
+	case listed && c.callerDefault[ci] != criticality.None:
+		d = c.callerDefault[ci]
 	}
-	if listed && c.callerDefault[ci] != criticality.None {
-		return c.callerDefault[ci], out
+	// A caller's max bounds its defaults too: a procedure that defaults
+	// above it must not lift a caller that sends no header, or garbage,
+	// over what it may claim.
+	if listed {
+		d, _ = criticality.Cap(d, c.callerMax[ci])
 	}
-	return c.def, out
+	return d, out
 }
 
 // tierIndex returns the table index of a request of peer to procedure

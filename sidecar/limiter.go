@@ -1074,10 +1074,12 @@ func (t *table) fillReserved() {
 }
 
 // fineLeaves reports whether t decides requests in leaves finer than a
-// (service, peer) bucket: by procedure or by tier. A caller's outbound
-// decision, per callee, can not stand for such a leaf (see
-// resolveCaller).
-func (t *table) fineLeaves() bool { return t.procs != noProcedures || t.crit != nil }
+// (service, peer) bucket (by procedure or by tier), or meters them (a
+// price, a concurrency cap). A caller's outbound decision, per callee,
+// can not stand for such a leaf, nor price a request or hold its slot
+// (see resolveCaller): the controller publishes no outbound rule toward
+// such a callee, and its sidecars decide every request themselves.
+func (t *table) fineLeaves() bool { return t.procs != noProcedures || t.crit != nil || t.cost != nil }
 
 // current reports whether the leaf k is one of t's current leaves, whose
 // procedure t's policy declares and whose tier it may have; any other is
