@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sluicehq/sluice/pkg/criticality"
+
 	"github.com/sluicehq/sluice/pkg/names"
 )
 
@@ -274,11 +276,10 @@ type costStripe struct {
 // it, so that a request holding a slot gives it back to the count it took
 // it from whatever policy is installed meanwhile.
 type meter struct {
-	s     *ServiceLimiter
-	c     [nCostStripes]costStripe
-	held  atomic.Int64  // requests holding a slot
-	share atomic.Int64  // the slots the sidecar may hold: its share of the rule's cap
-	mean  atomic.Uint64 // the running mean of reported costs, milli-units; starts at the default
+	s    *ServiceLimiter
+	c    [nCostStripes]costStripe
+	pool *slotPool     // the in-flight count and share of a cap, shared by a (peer, procedure)'s tiers; set once
+	mean atomic.Uint64 // the running mean of reported costs, milli-units; starts at the default
 	// offBase and admBase keep the cumulative costs continuous when the
 	// leaf's static price changes (see foldPrice): wrapping arithmetic.
 	offBase, admBase atomic.Uint64
@@ -292,11 +293,29 @@ type meter struct {
 	wSum, wN                    float64 // the decayed reported costs (milli-units) and their count; see costMeanDecay
 }
 
-func newMeter(s *ServiceLimiter, mean uint64) *meter {
-	m := &meter{s: s}
+func newMeter(s *ServiceLimiter, mean uint64, pool *slotPool) *meter {
+	if pool == nil {
+		pool = new(slotPool)
+		pool.share.Store(math.MaxInt64)
+	}
+	m := &meter{s: s, pool: pool}
 	m.mean.Store(mean)
-	m.share.Store(math.MaxInt64)
 	return m
+}
+
+// slotPool is the concurrency slots of one (peer, procedure): a cap is
+// the caller's, whatever tier its requests claim, so the tiers of a
+// tiered leaf share one pool (a caller spreading its calls over four tiers
+// would otherwise hold four times its cap). A meter gets its pool when it
+// is created, a sibling tier's if one has a meter already, and keeps it.
+type slotPool struct {
+	held  atomic.Int64 // requests holding a slot
+	share atomic.Int64 // the slots the sidecar may hold: its share of the cap
+
+	// Scratch of sharesLocked, guarded by the ServiceLimiter's mu.
+	cap                 uint32
+	local, global       float64
+	hasLocal, hasGlobal bool
 }
 
 // sums returns m's counters summed over its stripes.
@@ -336,7 +355,7 @@ func (m *meter) foldPrice(old, nu, offered, dropped uint64) {
 
 // inFlight returns the requests holding a slot, never negative.
 func (m *meter) inFlight() uint32 {
-	return uint32(min(max(m.held.Load(), 0), math.MaxUint32))
+	return uint32(min(max(m.pool.held.Load(), 0), math.MaxUint32))
 }
 
 // shareOf is a sidecar's share of a bucket's global cap: the cap times
@@ -458,7 +477,7 @@ func (s *ServiceLimiter) countReported(st costStatus) {
 func (d Decision) finish(v uint64, st costStatus) {
 	m := d.v.m
 	if d.flags()&holdsSlot != 0 {
-		m.held.Add(-1)
+		m.pool.held.Add(-1)
 	}
 	if d.flags()&responsePriced == 0 {
 		return
@@ -564,7 +583,7 @@ func (d Decision) price() uint64 { return d.owed & (1<<56 - 1) }
 // sidecar's share is taken: a shadow rule admits it all the same, counted
 // as shadow dropped, and it holds a slot.
 func (s *ServiceLimiter) takeSlot(d Decision, sl slot, m *meter, i uint64) Decision {
-	if m.held.Add(1) <= m.share.Load() {
+	if m.pool.held.Add(1) <= m.pool.share.Load() {
 		d.owed = owe(holdsSlot, 0) // decideMetered sets the rest
 		return d
 	}
@@ -574,7 +593,7 @@ func (s *ServiceLimiter) takeSlot(d Decision, sl slot, m *meter, i uint64) Decis
 		d.Shadow, d.owed = true, owe(holdsSlot, 0)
 		return d
 	}
-	m.held.Add(-1)
+	m.pool.held.Add(-1)
 	sl.e.stripes[i].dropped.Add(1)
 	return Decision{Drop: true, v: sl.v.conc}
 }
@@ -632,6 +651,7 @@ func (s *ServiceLimiter) EndWindow(window time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	t := s.table.Load()
+	s.sharesLocked(t) // from the rates before this window's
 	sec := window.Seconds()
 	for k, sl := range t.leaves {
 		m := sl.e.meter.Load()
@@ -653,15 +673,6 @@ func (s *ServiceLimiter) EndWindow(window time.Duration) {
 			cur, _ = m.totals(t.cost.mult(t.procs, k.proc), pc.Offered, pc.Dropped)
 			scale = 1000
 		}
-		// The share compares the rate of the window before this one with
-		// the policy's global rate: that is the window the policy in force
-		// was most likely computed from (the report, a flush and a tick
-		// later). This window's rate against it would take a rising
-		// bucket's share for more than its part, on every sidecar at once,
-		// and their shares would add up to more than the cap.
-		if sl.v != nil && sl.v.conc != nil {
-			m.share.Store(shareOf(sl.v.rule.MaxConcurrency, m.rate, m.hasRate, sl.v.rule.OfferedRPS, t.policy.LiveInstances))
-		}
 		if d := cur - m.seenOffered; d < 1<<62 {
 			m.rate, m.hasRate = float64(d)/scale/sec, true
 		}
@@ -678,7 +689,7 @@ func (s *ServiceLimiter) meterLocked(old, nt *table, k leaf, sl slot) slot {
 		if nt.cost == nil {
 			return sl
 		}
-		m = newMeter(s, nt.cost.def)
+		m = newMeter(s, nt.cost.def, siblingPool(old, nt, k))
 		sl.e.meter.Store(m)
 	}
 	var om, nm uint64
@@ -703,8 +714,71 @@ func (s *ServiceLimiter) meterLocked(old, nt *table, k leaf, sl slot) slot {
 		nv.m = m
 		sl.v = &nv
 	}
-	if sl.v.conc != nil {
-		m.share.Store(shareOf(sl.v.rule.MaxConcurrency, m.rate, m.hasRate, sl.v.rule.OfferedRPS, nt.policy.LiveInstances))
-	}
 	return sl
+}
+
+// siblingPool returns the slot pool of another tier of k's (peer,
+// procedure) in nt or old, nil if none has a meter yet.
+func siblingPool(old, nt *table, k leaf) *slotPool {
+	if k.tier == criticality.None {
+		return nil
+	}
+	for _, tier := range criticality.Tiers {
+		if tier == k.tier {
+			continue
+		}
+		sib := leaf{k.peer, k.proc, tier}
+		for _, t := range [...]*table{nt, old} {
+			if t == nil {
+				continue
+			}
+			if sl, ok := t.leaves[sib]; ok {
+				if m := sl.e.meter.Load(); m != nil {
+					return m.pool
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// sharesLocked sets every capped pool's share of its cap from t's rules
+// and its leaves' rates. A pool's part of its bucket's load is the sum of
+// its tiers' local rates over the sum of their global ones. The local
+// rates are of the window before the one that ended last (m.rate until
+// EndWindow moves it): that is the window the policy in force was most
+// likely computed from (the report, a flush and a tick later). The last
+// window's rate against it would take a rising bucket's share for more
+// than its part, on every sidecar at once, and their shares would add up
+// to more than the cap. s.mu must be held.
+func (s *ServiceLimiter) sharesLocked(t *table) {
+	if t.cost == nil || t.policy == nil {
+		return
+	}
+	var pools []*slotPool
+	for _, sl := range t.leaves {
+		if sl.v == nil || sl.v.conc == nil || sl.v.m == nil {
+			continue
+		}
+		p, m := sl.v.m.pool, sl.v.m
+		if p.cap == 0 {
+			pools = append(pools, p)
+			p.cap = sl.v.rule.MaxConcurrency
+		}
+		p.cap = min(p.cap, sl.v.rule.MaxConcurrency)
+		if m.hasRate {
+			p.local, p.hasLocal = p.local+m.rate, true
+		}
+		if g := sl.v.rule.OfferedRPS; g > 0 && !math.IsInf(g, 0) {
+			p.global, p.hasGlobal = p.global+g, true
+		}
+	}
+	for _, p := range pools {
+		global := p.global
+		if !p.hasGlobal {
+			global = 0
+		}
+		p.share.Store(shareOf(p.cap, p.local, p.hasLocal, global, t.policy.LiveInstances))
+		p.cap, p.local, p.global, p.hasLocal, p.hasGlobal = 0, 0, 0, false, false
+	}
 }

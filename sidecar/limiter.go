@@ -1049,6 +1049,7 @@ func (s *ServiceLimiter) installLocked(p *Policy, procs *procedures, crit *critT
 	for k, sl := range nt.leaves {
 		nt.leaves[k] = s.meterLocked(old, nt, k, sl)
 	}
+	s.sharesLocked(nt)
 	if cost != nil {
 		s.costMax.Store(cost.max)
 		nt.fillReserved()

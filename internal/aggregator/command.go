@@ -94,7 +94,7 @@ flags win over the environment, the environment over the file.`,
 	f.IntVar(&cfg.StaleAfter, "stale-after", cfg.StaleAfter, "report windows a sidecar may miss before it leaves the sums")
 	f.IntVar(&cfg.Bounds.MaxPeersPerReport, "max-peers-per-report", cfg.Bounds.MaxPeersPerReport, "callers kept of one report besides unknown and _overflow; the smallest beyond it fold into _overflow (rates kept, counted); reports naming over 10 times as many are rejected")
 	f.Float64Var(&cfg.Bounds.MaxRate, "max-rate", cfg.Bounds.MaxRate, "reports claiming a higher rate (rps) for one caller are rejected")
-	f.Float64Var(&cfg.Bounds.MaxCostPerRequest, "max-report-cost-per-request", cfg.Bounds.MaxCostPerRequest, "a report's entry claiming a larger cost per request (offered_cost above this times its offered requests) is left out (counted, reason bad_cost)")
+	f.Float64Var(&cfg.Bounds.MaxCostPerRequest, "max-report-cost-per-request", cfg.Bounds.MaxCostPerRequest, "a report's entry claiming a larger cost per request (offered_cost above this times its offered requests; admitted_cost above this times the requests that can have completed in its window) is left out (counted, reason bad_cost)")
 	f.IntVar(&cfg.Bounds.MaxSidecars, "max-sidecars", cfg.Bounds.MaxSidecars, "most sidecars held; reports from more are rejected")
 	duration.Var(f, &cfg.Bounds.MaxInterval, "max-report-interval", cfg.Bounds.MaxInterval, "reports announcing a longer interval are rejected; one report keeps a sidecar in the sums for at most --stale-after times this")
 	f.IntVar(&cfg.Bounds.MaxSidecarsPerIdentity, "max-sidecars-per-identity", cfg.Bounds.MaxSidecarsPerIdentity, "most sidecar ids one identity (service) holds; reports for more are rejected")

@@ -74,6 +74,26 @@ func TestHostileCostLeavesOutItsEntry(t *testing.T) {
 	}
 }
 
+// TestAdmittedCostOfRequestsInFlightBefore: requests in flight when a
+// window began may all complete in it, with nothing new offered and
+// nothing left in flight: their cost is bounded by the sidecar's last
+// report's in_flight, and kept.
+func TestAdmittedCostOfRequestsInFlightBefore(t *testing.T) {
+	s := NewState("zone-a", "agg-1", 3, Bounds{MaxCostPerRequest: 100})
+	apply(t, s, t0, report("c1", "llm", in, time.Second, pcc("long", "", 10, 0, 1000, 0, 10)))
+	apply(t, s, t0.Add(time.Second), report("c1", "llm", in, time.Second,
+		pcc("long", "", 0, 0, 0, 1100, 0), // the 10 completed: 100 × (0 + 10 + 1)
+		pcc("other", "", 0, 0, 0, 200, 0), // nothing was in flight: above 100 × 1
+	))
+	if got := s.TakeRejectedEntries(); got != (RejectedEntries{BadCost: 1}) {
+		t.Errorf("rejected entries %+v, want the one bad cost", got)
+	}
+	want := zoneLoad(serviceLoad("llm", in, 1, ratec("long", "", 0, 0, 0, 1100, 0)))
+	if got := s.Flush(t0.Add(time.Second), time.Second); !proto.Equal(got, want) {
+		t.Fatalf("got  %v\nwant %v", got, want)
+	}
+}
+
 // TestFoldKeepsCost: a leaf folded into names.Overflow takes its cost and
 // its requests in flight along.
 func TestFoldKeepsCost(t *testing.T) {

@@ -37,9 +37,12 @@ type Bounds struct {
 	// MaxCostPerRequest bounds what one request of a report may cost, in
 	// the callee's units (issue #16): an entry whose offered_cost is above
 	// it times its offered requests, or whose admitted_cost is above it
-	// times its offered requests plus those in flight plus one (requests
-	// admitted in an earlier window may complete in this one), is left out
-	// (EntryBadCost). Default 1e6, a sidecar's default cost.max.
+	// times the requests that can have completed in the window (those
+	// offered in it, and those in flight when it began: the sidecar's last
+	// report's in_flight; plus one) is left out (EntryBadCost). Default
+	// 1e12, the most a sidecar prices a request at whatever a callee's
+	// cost.max says (a callee may price above the 1e6 default), so that an
+	// honest entry is never left out; lower it for callees known cheaper.
 	MaxCostPerRequest float64
 	// MinWindow and MaxWindow bound a report's window: rates over a
 	// shorter one are noise, a longer one is stale. Defaults 10ms, 60s.
@@ -108,7 +111,7 @@ func DefaultBounds() Bounds {
 	return Bounds{
 		MaxPeersPerReport: 10000,
 		MaxRate:           1e7,
-		MaxCostPerRequest: 1e6,
+		MaxCostPerRequest: 1e12,
 		MinWindow:         10 * time.Millisecond,
 		MaxWindow:         60 * time.Second,
 		MaxSidecars:       100000,
@@ -521,7 +524,7 @@ func (s *State) ApplyFrom(from Sender, r *sluicev1.LoadReport, now time.Time) er
 			return reject(ReasonQuotaSidecars, "%q already holds %d sidecar ids, at most %d", uplink.Truncate(k.identity), il.sidecars, s.bounds.MaxSidecarsPerIdentity)
 		}
 	}
-	peers, bad, err := s.checkPeers(r)
+	peers, bad, err := s.checkPeers(r, old)
 	if err != nil {
 		return err
 	}
@@ -610,7 +613,7 @@ func (s *State) isStale(sc *sidecarLoad, now time.Time) bool {
 // leaf, and the entries it left out: for a bad procedure
 // (EntryBadProcedure) or tier (EntryBadCriticality,
 // EntryMixedCriticality). Any other bad entry rejects the report.
-func (s *State) checkPeers(r *sluicev1.LoadReport) (peers []peerRate, bad RejectedEntries, err error) {
+func (s *State) checkPeers(r *sluicev1.LoadReport, old *sidecarLoad) (peers []peerRate, bad RejectedEntries, err error) {
 	secs := r.GetWindow().AsDuration().Seconds()
 	peers = make([]peerRate, 0, len(r.GetPeers()))
 	for _, p := range r.GetPeers() {
@@ -637,7 +640,7 @@ func (s *State) checkPeers(r *sluicev1.LoadReport) (peers []peerRate, bad Reject
 		if rate > s.bounds.MaxRate {
 			return nil, bad, reject(ReasonAbsurdRate, "peer %q: offered rate %.0f/s above %.0f/s", p.GetPeer(), rate, s.bounds.MaxRate)
 		}
-		if !s.plausibleCost(p) {
+		if !s.plausibleCost(p, old.inFlight(leaf{p.GetPeer(), p.GetProcedure(), criticality.Tier(c)})) {
 			bad.BadCost++
 			continue
 		}
@@ -675,15 +678,29 @@ func (s *State) checkPeers(r *sluicev1.LoadReport) (peers []peerRate, bad Reject
 // one report's requests can have cost: finite, ≥ 0, and at most
 // MaxCostPerRequest each. Offered cost prices the requests offered in the
 // window; admitted cost may also count requests admitted before it and
-// completed in it, at most those in flight plus one more (a long request
-// of a bucket whose sidecar counts none in flight).
-func (s *State) plausibleCost(p *sluicev1.PeerCounts) bool {
+// completed in it: at most those offered in it, those in flight when it
+// began (before, the sidecar's last in_flight for the leaf; its current one
+// if larger, for a first report), and one more (a long request of a
+// bucket whose sidecar counts none in flight).
+func (s *State) plausibleCost(p *sluicev1.PeerCounts, before uint32) bool {
 	oc, ac := p.GetOfferedCost(), p.GetAdmittedCost()
 	if !(oc >= 0) || !(ac >= 0) || math.IsInf(oc, 1) || math.IsInf(ac, 1) {
 		return false // also NaN
 	}
 	m := s.bounds.MaxCostPerRequest
-	return oc <= m*float64(p.GetOffered()) && ac <= m*(float64(p.GetOffered())+float64(p.GetInFlight())+1)
+	return oc <= m*float64(p.GetOffered()) && ac <= m*(float64(p.GetOffered())+float64(max(before, p.GetInFlight()))+1)
+}
+
+// inFlight returns the requests of leaf l in flight at sc's sidecar when
+// its last report's window closed; 0 for a sidecar not seen before.
+func (sc *sidecarLoad) inFlight(l leaf) uint32 {
+	if sc == nil {
+		return 0
+	}
+	if i, ok := slices.BinarySearchFunc(sc.peers, l, func(p peerRate, l leaf) int { return compareLeaves(p.leaf, l) }); ok {
+		return sc.peers[i].inFlight
+	}
+	return 0
 }
 
 // unmix leaves out of peers, sorted by leaf, the tiered entries of every

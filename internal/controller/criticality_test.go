@@ -321,3 +321,30 @@ func TestRestartSeedsEachTier(t *testing.T) {
 		}
 	}
 }
+
+// A capped caller of a tiered callee is listed in all four tiers, each
+// with its cap, whatever tiers it was seen in: its sidecars hold one pool
+// of slots across its tiers, and take a slot only under a listed rule.
+func TestCappedCallerListedInEveryTier(t *testing.T) {
+	s := newState(t)
+	set := tierLimits()
+	web := set.Service(tieredSvc).Callers["web"]
+	web.MaxConcurrency = 5
+	set.Service(tieredSvc).Callers["web"] = web
+	s.Apply(tierLoad("a", map[string]float64{tieredSvc + "/web@" + strconv.Itoa(int(crit)): 100}), t0)
+	res := s.Tick(t0.Add(3*time.Second), set)
+	got := map[sluicev1.Criticality]uint32{}
+	for _, pp := range res.Changed["callee/"+tieredSvc].GetPeers() {
+		if pp.GetPeer() == "web" {
+			got[pp.GetCriticality()] = pp.GetMaxConcurrency()
+			if pp.GetDropRatio() != 0 {
+				t.Errorf("web %v: ratio %v, want 0 (it sends nothing there, or under every level)", pp.GetCriticality(), pp.GetDropRatio())
+			}
+		}
+	}
+	for _, tier := range []sluicev1.Criticality{critPlus, crit, shedPlus, shed} {
+		if got[tier] != 5 {
+			t.Errorf("web %v: max_concurrency %d, want 5 on every tier (listed: %v)", tier, got[tier], got)
+		}
+	}
+}

@@ -258,7 +258,7 @@ func lawInput(inbound map[string][]peerTotals, set *limits.Set, limit leafLimit)
 	for _, name := range slices.Sorted(maps.Keys(callees)) {
 		lim := set.Service(name)
 		if lim.HasProcedures() {
-			out = append(out, procedureInput(name, inbound[name], lim, limit))
+			out = append(out, capTiers(procedureInput(name, inbound[name], lim, limit), lim))
 			continue
 		}
 		svc := dropratio.Service{Name: name, Capacity: math.Inf(1)}
@@ -281,9 +281,43 @@ func lawInput(inbound map[string][]peerTotals, set *limits.Set, limit leafLimit)
 				}
 			}
 		}
-		out = append(out, svc)
+		out = append(out, capTiers(svc, lim))
 	}
 	return out
+}
+
+// capTiers adds to a tiered callee's law input every tier of each capped
+// (caller, procedure) it lacks, offering nothing, so that the policy lists
+// the cap on all four: a sidecar holds one pool of slots per (caller,
+// procedure) across its tiers, and a tier the policy did not list would
+// have no verdict to take a slot with. Listed without traffic, such a
+// tier is not dropped (the law blocks an idle bucket only at a limit of 0).
+func capTiers(svc dropratio.Service, lim *limits.Service) dropratio.Service {
+	if !lim.Tiered() {
+		return svc
+	}
+	type key struct {
+		caller, procedure string
+		tier              uint8
+	}
+	have := make(map[key]bool, len(svc.Callers))
+	for _, c := range svc.Callers {
+		have[key{c.Name, c.Procedure, c.Tier}] = true
+	}
+	n := len(svc.Callers)
+	for i := range n {
+		c := svc.Callers[i]
+		if lim.MaxConcurrency(c.Name, c.Procedure) == 0 {
+			continue
+		}
+		for _, tier := range criticality.Tiers {
+			if k := (key{c.Name, c.Procedure, uint8(tier)}); !have[k] {
+				have[k] = true
+				svc.Callers = append(svc.Callers, dropratio.Caller{Name: c.Name, Procedure: c.Procedure, Tier: uint8(tier), Limit: c.Limit, Mode: c.Mode})
+			}
+		}
+	}
+	return svc
 }
 
 // procedureInput is the law's input for a callee that declares
