@@ -35,7 +35,18 @@ const Tolerance = 0.05
 //   - wrongly dropped and wrongly allowed (Cloudflare's measure): with
 //     ideal = min(offered, allowed) per bin (offered for a shadow caller),
 //     Σ max(0, ideal − admitted) / Σ offered and
-//     Σ max(0, admitted − ideal) / Σ offered over all bins.
+//     Σ max(0, admitted − ideal) / Σ offered over all bins;
+//   - loss after a surge: after each episode, dropped / offered in its
+//     first bin back within the allowed rate (AfterFirst), and from the
+//     second such bin on to the next episode or the end (AfterRest, and
+//     AfterWorst, the worst of those bins): what
+//     slow release, or a ratio that arrives late, costs a caller that is
+//     back under its allowance;
+//   - ratio reversals per minute: how often the drop ratio the sidecars hold
+//     (the series' Ratio, one value per bin) changes direction, counting a
+//     move as one once it is ReversalStep away from the last turn: a ratio
+//     that rises, falls and rises again turns twice; noise of less than
+//     ReversalStep is not a turn.
 //
 // Measures that have no bins to work on are NaN (TimeToEnforce: -1).
 type Measures struct {
@@ -62,6 +73,60 @@ type Measures struct {
 	CollateralOffered, CollateralDropped float64
 
 	WronglyDropped, WronglyAllowed float64
+
+	// AfterFirst and AfterRest are dropped / offered after the episodes:
+	// in the first bin back within the allowed rate, and from the second
+	// on; NaN without such bins. AfterFirstOffered, AfterRestOffered and
+	// the Dropped pair are their sums, requests.
+	AfterFirst, AfterRest                float64
+	AfterFirstOffered, AfterFirstDropped float64
+	AfterRestOffered, AfterRestDropped   float64
+	AfterWorst                           float64 // the highest dropped / offered of a bin from the second on; NaN: none
+	Reversals                            int     // turns of the ratio, see ReversalStep
+	ReversalsPerMinute                   float64 // Reversals over the series' length
+}
+
+// ReversalStep is how far, in drop ratio, a ratio must move away from its
+// last turn before the move counts: one point, about the noise of a ratio
+// held against a few thousand rps.
+const ReversalStep = 0.01
+
+// Reversals counts the turns of a ratio series: a move of at least
+// ReversalStep against the direction of the last move, measured from the
+// extreme reached since.
+func Reversals(ratio []float64) int {
+	if len(ratio) == 0 {
+		return 0
+	}
+	n, dir := 0, 0 // dir: +1 rising, -1 falling, 0 not yet moved
+	lo, hi := ratio[0], ratio[0]
+	ext := ratio[0] // the extreme since the last turn
+	for _, r := range ratio[1:] {
+		switch dir {
+		case 0:
+			lo, hi = min(lo, r), max(hi, r)
+			if r >= lo+ReversalStep {
+				dir, ext = 1, r
+			} else if r <= hi-ReversalStep {
+				dir, ext = -1, r
+			}
+		case 1:
+			if r > ext {
+				ext = r
+			} else if r <= ext-ReversalStep {
+				n++
+				dir, ext = -1, r
+			}
+		case -1:
+			if r < ext {
+				ext = r
+			} else if r >= ext+ReversalStep {
+				n++
+				dir, ext = 1, r
+			}
+		}
+	}
+	return n
 }
 
 // Over reports whether the caller was ever over its allowed rate.
@@ -74,6 +139,7 @@ func Measure(b *BucketSeries, bin time.Duration) Measures {
 		Bucket: b.Bucket(), Shadow: b.Shadow, Limit: b.Limit, Cost: b.Cost != nil,
 		TimeToEnforce: -1,
 		PeakOvershoot: math.NaN(), SteadyStateError: math.NaN(), Collateral: math.NaN(),
+		AfterFirst: math.NaN(), AfterRest: math.NaN(), AfterWorst: math.NaN(),
 	}
 	n := len(b.Offered)
 	over := func(i int) bool { return !b.Shadow && b.Offered[i] > b.Allowed[i] }
@@ -147,6 +213,31 @@ func Measure(b *BucketSeries, bin time.Duration) Measures {
 			continue
 		}
 		m.TimeToEnforce = max(m.TimeToEnforce, time.Duration(enforced-start)*bin)
+	}
+	// After the episodes: the bins back within the allowed rate.
+	for i := 1; i < n; i++ {
+		if over(i) || !over(i-1) {
+			continue
+		}
+		m.AfterFirstOffered += b.Offered[i]
+		m.AfterFirstDropped += b.Dropped[i]
+		for j := i + 1; j < n && !over(j); j++ {
+			m.AfterRestOffered += b.Offered[j]
+			m.AfterRestDropped += b.Dropped[j]
+			if b.Offered[j] > 0 && !(b.Dropped[j]/b.Offered[j] <= m.AfterWorst) {
+				m.AfterWorst = b.Dropped[j] / b.Offered[j]
+			}
+		}
+	}
+	if m.AfterFirstOffered > 0 {
+		m.AfterFirst = m.AfterFirstDropped / m.AfterFirstOffered
+	}
+	if m.AfterRestOffered > 0 {
+		m.AfterRest = m.AfterRestDropped / m.AfterRestOffered
+	}
+	m.Reversals = Reversals(b.Ratio)
+	if n > 0 {
+		m.ReversalsPerMinute = float64(m.Reversals) / (float64(n) * bin.Minutes())
 	}
 	if m.SteadyBins > 0 {
 		m.SteadyStateError = steadySum / float64(m.SteadyBins)

@@ -154,3 +154,21 @@ func TestSummarize(t *testing.T) {
 		t.Errorf("targets met: %v, want %v", met, want)
 	}
 }
+
+func TestReversals(t *testing.T) {
+	for _, c := range []struct {
+		ratio []float64
+		want  int
+	}{
+		{nil, 0},
+		{[]float64{0, 0, 0}, 0},
+		{[]float64{0, 0.9, 0.9, 0.5, 0}, 1},                // a surge and its release
+		{[]float64{0, 0.9, 0, 0.9, 0}, 3},                  // oscillation
+		{[]float64{0.5, 0.505, 0.498, 0.503, 0.5}, 0},      // noise under ReversalStep
+		{[]float64{0.5, 0.4, 0.3, 0.305, 0.2, 0.25, 0}, 2}, // a wiggle under ReversalStep, then a turn up and down
+	} {
+		if got := Reversals(c.ratio); got != c.want {
+			t.Errorf("Reversals(%v) = %d, want %d", c.ratio, got, c.want)
+		}
+	}
+}

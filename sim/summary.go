@@ -132,8 +132,29 @@ func writeCallers(b *strings.Builder, s Summary) error {
 		bys = pct(s.BystanderCollateral) + " (bystanders)"
 	}
 	fmt.Fprintf(tw, "all callers\t\t\t\t\t\t\t%s\t%s\t%s\n", bys, pct(s.WronglyDropped), pct(s.WronglyAllowed))
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	return writeAfter(b, s)
+}
+
+// writeAfter writes what each caller lost once back within its allowed
+// rate after being over it, and how often its ratio turned.
+func writeAfter(b *strings.Builder, s Summary) error {
+	b.WriteString("\n")
+	tw := tabwriter.NewWriter(b, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "CALLER\tLOSS BACK UNDER: 1ST SECOND\tFROM THE 2ND ON\tWORST SECOND FROM THE 2ND\tRATIO REVERSALS/MIN")
+	all := 0.0 // every series is as long as the run: their rates add up
+	for _, m := range s.Callers {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", m.Bucket.String(), pct(m.AfterFirst), pct(m.AfterRest), pct(m.AfterWorst), perMin(m.ReversalsPerMinute))
+		all += m.ReversalsPerMinute
+	}
+	fmt.Fprintf(tw, "all callers\t\t\t\t%s\n", perMin(all))
 	return tw.Flush()
 }
+
+// perMin formats a count per minute with one decimal.
+func perMin(v float64) string { return strconv.FormatFloat(v, 'f', 1, 64) }
 
 // writeExpiries says what each callee's sidecars did while their policy was
 // expired: per caller, the ratio in force and the admitted rate in the first

@@ -217,6 +217,7 @@ func addFlags(f *pflag.FlagSet, cfg *Config, fl *Flags) {
 	f.Float64Var(&cfg.Law.PMax, "p-max", cfg.Law.PMax, "highest drop ratio ever pushed, in (0, 1)")
 	f.Float64Var(&cfg.Law.MinRate, "min-rate", cfg.Law.MinRate, "offered rps below which a caller is never dropped")
 	f.Float64Var(&cfg.Law.ReleaseRate, "release-rate", cfg.Law.ReleaseRate, "slow release: factor by which a caller's admitted share may grow per second, > 1")
+	f.Float64Var(&cfg.Law.OpenBelow, "open-below", cfg.Law.OpenBelow, "a caller whose offered rate is at most this share of its allowed rate is released at once, not slowly; in [0, 1), 0: never")
 }
 
 // MigrateCommand applies the history store's embedded migrations: an

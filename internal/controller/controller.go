@@ -105,6 +105,7 @@ func (c Config) Validate() error {
 	check(c.Law.PMax > 0 && c.Law.PMax < 1, "p-max: %v is outside (0, 1)", c.Law.PMax)
 	check(c.Law.MinRate >= 0 && !math.IsInf(c.Law.MinRate, 0), "min-rate: %v must be a finite rate >= 0", c.Law.MinRate)
 	check(c.Law.ReleaseRate > 1 && !math.IsInf(c.Law.ReleaseRate, 0), "release-rate: %v must be a finite factor > 1", c.Law.ReleaseRate)
+	check(c.Law.OpenBelow >= 0 && c.Law.OpenBelow < 1, "open-below: %v is outside [0, 1)", c.Law.OpenBelow)
 	if err := c.Proxyless.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("proxyless-endpoints: %w", err))
 	}

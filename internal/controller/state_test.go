@@ -270,6 +270,8 @@ func TestConfiguredServiceWithoutTraffic(t *testing.T) {
 	}
 }
 
+// Back at 95 rps of its 100, inside the law's OpenBelow band, web is
+// released slowly; at 50 at once (TestReleaseAtOnceUnderAllowance).
 func TestSlowReleaseAfterSurge(t *testing.T) {
 	s := warmState(t)
 	set := checkoutLimits()
@@ -279,7 +281,7 @@ func TestSlowReleaseAfterSurge(t *testing.T) {
 	var ratios []float64
 	for range 10 {
 		now = now.Add(time.Second)
-		s.Apply(zoneLoad("agg-a", "a", 1, map[string]float64{"checkout/web": 50}), now)
+		s.Apply(zoneLoad("agg-a", "a", 1, map[string]float64{"checkout/web": 95}), now)
 		s.Tick(now, set)
 		ratios = append(ratios, peer(s.Policies()[0], "web").GetDropRatio())
 	}
@@ -293,6 +295,20 @@ func TestSlowReleaseAfterSurge(t *testing.T) {
 		if ratios[i] > ratios[i-1] {
 			t.Errorf("ratio rose during release: %v", ratios)
 		}
+	}
+}
+
+func TestReleaseAtOnceUnderAllowance(t *testing.T) {
+	s := warmState(t)
+	set := checkoutLimits()
+	now := t0.Add(2 * time.Second)
+	s.Apply(zoneLoad("agg-a", "a", 1, map[string]float64{"checkout/web": 1000}), now)
+	s.Tick(now, set)
+	now = now.Add(time.Second)
+	s.Apply(zoneLoad("agg-a", "a", 1, map[string]float64{"checkout/web": 50}), now)
+	s.Tick(now, set)
+	if r := peer(s.Policies()[0], "web").GetDropRatio(); r != 0 {
+		t.Errorf("ratio back at half the limit = %v, want 0 at once", r)
 	}
 }
 

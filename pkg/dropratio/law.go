@@ -399,13 +399,21 @@ func (l *Law) target(r *row) (float64, Reason) {
 
 // release applies fast attack, slow release: a ratio rises to its target at
 // once, but the admitted share 1-p grows by at most the factor release, so the
-// end of a surge does not open the gates all at once.
+// end of a surge does not open the gates all at once while the offered rate
+// is still high. A bucket back under its allowance (offered at most
+// OpenBelow × allowed) releases to its target at once: it needs no drops,
+// and slow release would only drop a caller within its rights. A carried
+// bucket is not known to be under anything (its traffic is unknown, not
+// gone), and a step without elapsed time releases nothing at all.
 func (l *Law) release(r *row, target, release float64) float64 {
 	if !r.hasPrev || target >= r.prev {
 		return target
 	}
 	if release == 0 {
 		return r.prev
+	}
+	if l.cfg.OpenBelow > 0 && !r.carried && r.offered <= l.cfg.OpenBelow*r.allowed {
+		return target
 	}
 	// The explicit conversion rounds the product before the subtraction, so
 	// no platform fuses them into one FMA and replicas on amd64 and arm64

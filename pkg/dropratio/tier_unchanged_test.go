@@ -44,7 +44,9 @@ func untieredDigests() (fill, step uint64) {
 			}
 			svc.Callers = append(svc.Callers, c)
 		}
-		l, _ := New(DefaultConfig())
+		cfg := DefaultConfig()
+		cfg.OpenBelow = 0 // the digest predates it
+		l, _ := New(cfg)
 		for _, dt := range []time.Duration{0, time.Second} {
 			for _, sv := range l.Step(dt, []Service{svc}) {
 				for _, v := range sv.Verdicts {
