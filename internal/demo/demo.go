@@ -252,9 +252,14 @@ func summarize(out io.Writer, g *loadgen.Generator, o Options, webRatio []float6
 	}
 	fmt.Fprintf(tw, "  web admitted, steady state\t%.1f rps (t=%ds..%ds), %+.1f %% from the limit\n", steadyRate, steadyFrom, end, 100*(steadyRate-o.Limit)/o.Limit)
 	if released >= 0 {
-		fmt.Fprintf(tw, "  ratio back to 0\t%d s after the surge ended (slow release, then the gates are open)\n", released)
+		fmt.Fprintf(tw, "  ratio back to 0\t%d s after the surge ended (a caller back under its limit is released at once)\n", released)
 	} else {
 		fmt.Fprintf(tw, "  ratio back to 0\tnot within the run\n")
+	}
+	if end < total {
+		first, after := g.Second("web", end), g.Sum("web", end+1, total)
+		fmt.Fprintf(tw, "  web back under its limit\t%d of %d dropped in the first second (the fall still travels a report, a flush and a tick), %d of %d after\n",
+			first.Dropped, first.Sent, after.Dropped, after.Sent)
 	}
 	fmt.Fprintf(tw, "  web overall\t%d sent, %d admitted, %d dropped with 429\n", web.Sent, web.Admitted, web.Dropped)
 	fmt.Fprintf(tw, "  mobile (under its limit)\t%d sent, %d dropped (%.3f %%)\n", mobile.Sent, mobile.Dropped, 100*float64(mobile.Dropped)/math.Max(float64(mobile.Sent), 1))
