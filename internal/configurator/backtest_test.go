@@ -84,6 +84,7 @@ func TestReplayHandComputed(t *testing.T) {
 func TestReplayKeepsLawState(t *testing.T) {
 	cfg := dropratio.DefaultConfig()
 	cfg.ReleaseRate = 1.01
+	cfg.OpenBelow = 0 // the slow release all the way down: 80 rps would open at once under the default 0.9
 	rows := minutes(web, t0, 50, 150, 200, 80)
 	got, err := Replay(rows, fixed(map[history.Bucket]float64{web: 100}, nil), cfg)
 	if err != nil {

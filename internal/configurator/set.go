@@ -688,22 +688,10 @@ func renderService(s history.ServiceLimits) string {
 	}
 	out := fmt.Sprintf("default limit %s, capacity %s, %s, fail mode %s%s", opt(s.DefaultLimit), opt(s.Capacity), renderSetting(s.Mode), renderSetting(s.FailMode), renderUpstream(s.Enforcement))
 	// A callee counting requests without tiers reads as before they existed.
-	if c := s.Cost; c != nil {
-		num := func(v *float64, def float64) string { return formatRate(*cmp.Or(v, &def)) }
+	if s.Cost != nil {
 		out = strings.Replace(out, " rps", " units/s", -1)
-		out += fmt.Sprintf(", unit cost (default %s, max %s", num(c.Default, limits.DefaultCost), num(c.Max, limits.DefaultMaxCost))
-		if c.RequestHeader != "" {
-			out += ", request header " + c.RequestHeader
-		}
-		if c.ResponseHeader != "" {
-			out += ", response header " + c.ResponseHeader
-		}
-		out += ")"
 	}
-	if c := s.Criticality; c != nil {
-		out += fmt.Sprintf(", tiers (header %s, default %s, max %s)", cmp.Or(c.Header, criticality.DefaultHeader),
-			cmp.Or(c.Default, criticality.Critical), cmp.Or(c.Max, criticality.Critical))
-	}
+	out += s.RenderCostAndTiers(func(v *float64, def float64) string { return formatRate(*cmp.Or(v, &def)) })
 	return out
 }
 

@@ -35,10 +35,20 @@ func renderLimit(l BucketLimit) string {
 // x-cost)", ", tiers (header x-sluice-criticality, default CRITICAL, max
 // CRITICAL)"), one that does neither reads as before they existed.
 func renderService(s ServiceLimits) string {
-	out := fmt.Sprintf("default %s, capacity %s, mode %s, fail %s%s",
-		renderOptRate(s.DefaultLimit), renderOptRate(s.Capacity), renderSetting(s.Mode), renderSetting(s.FailMode), renderUpstream(s.Enforcement))
+	return fmt.Sprintf("default %s, capacity %s, mode %s, fail %s%s",
+		renderOptRate(s.DefaultLimit), renderOptRate(s.Capacity), renderSetting(s.Mode), renderSetting(s.FailMode), renderUpstream(s.Enforcement)) +
+		s.RenderCostAndTiers(renderNumber)
+}
+
+// RenderCostAndTiers renders what a callee counting cost or with tiers
+// adds to its settings, for the audit log and the configurator alike:
+// ", unit cost (default 1, max 1e+06, request header x-cost)", ", tiers
+// (header x-sluice-criticality, default CRITICAL, max CRITICAL)"; "" for
+// one that does neither. num renders a number, def when v is nil.
+func (s ServiceLimits) RenderCostAndTiers(num func(v *float64, def float64) string) string {
+	var out string
 	if c := s.Cost; c != nil {
-		out += fmt.Sprintf(", unit cost (default %s, max %s", renderNumber(c.Default, 1), renderNumber(c.Max, 1e6))
+		out += fmt.Sprintf(", unit cost (default %s, max %s", num(c.Default, 1), num(c.Max, 1e6))
 		if c.RequestHeader != "" {
 			out += ", request header " + c.RequestHeader
 		}
