@@ -252,7 +252,7 @@ func summarize(out io.Writer, g *loadgen.Generator, o Options, webRatio []float6
 	}
 	fmt.Fprintf(tw, "  web admitted, steady state\t%.1f rps (t=%ds..%ds), %+.1f %% from the limit\n", steadyRate, steadyFrom, end, 100*(steadyRate-o.Limit)/o.Limit)
 	if released >= 0 {
-		fmt.Fprintf(tw, "  ratio back to 0\t%d s after the surge ended (a caller back under its limit is released at once)\n", released)
+		fmt.Fprintf(tw, "  ratio back to 0\t%d s after the surge ended (released at once by the first regular tick that sees it back under its limit)\n", released)
 	} else {
 		fmt.Fprintf(tw, "  ratio back to 0\tnot within the run\n")
 	}

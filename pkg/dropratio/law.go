@@ -31,7 +31,27 @@ type Law struct {
 	limits   []CallerLimit // one service's caller limits, as given
 	tree     Tree          // one service's hierarchy, for filler
 	filler   Filler
+
+	// open says this step may open a bucket back under its allowance at
+	// once (Config.OpenBelow) on what it sees: a step of at least
+	// openMinStep. The fast path's urgent steps, 50 ms apart, see rates
+	// some of which come from a surge report's fraction of an interval, in
+	// which a caller can send nothing for reasons that are not a fall (its
+	// requests held by slow bodies, or refused by a full proxy): opened on
+	// one such rate, an abuser ten times over its limit got the gates open
+	// for a tick, again and again (TestHostileSlowBodies: 64 connections at
+	// the app where its sidecar's bound is 48, and the victim lost half of
+	// its allowance; three short steps in a row under the band were no
+	// better: 52 connections). A fall the fast path reported is opened by
+	// the next regular tick, a second at most later.
+	open bool
 }
+
+// openMinStep is the shortest step that may open a bucket at once: half
+// the controller's default tick, so that regular ticks do and urgent ones
+// do not.
+const openMinStep = time.Second / 2
+
 
 type serviceState struct {
 	callers map[leafKey]bucket
@@ -153,6 +173,7 @@ func (l *Law) Step(dt time.Duration, services []Service) []ServiceVerdict {
 	if dt > 0 {
 		release = math.Pow(l.cfg.ReleaseRate, dt.Seconds())
 	}
+	l.open = l.cfg.OpenBelow > 0 && dt >= openMinStep
 
 	l.order = l.order[:0]
 	size := l.buckets // every held bucket may be carried over
@@ -404,7 +425,8 @@ func (l *Law) target(r *row) (float64, Reason) {
 // OpenBelow × allowed) releases to its target at once: it needs no drops,
 // and slow release would only drop a caller within its rights. A carried
 // bucket is not known to be under anything (its traffic is unknown, not
-// gone), and a step without elapsed time releases nothing at all.
+// gone), and a step without elapsed time releases nothing at all. Nor
+// does a step shorter than openMinStep open at once (see Law.open).
 func (l *Law) release(r *row, target, release float64) float64 {
 	if !r.hasPrev || target >= r.prev {
 		return target
@@ -412,7 +434,7 @@ func (l *Law) release(r *row, target, release float64) float64 {
 	if release == 0 {
 		return r.prev
 	}
-	if l.cfg.OpenBelow > 0 && !r.carried && r.offered <= l.cfg.OpenBelow*r.allowed {
+	if l.open && !r.carried && r.offered <= l.cfg.OpenBelow*r.allowed {
 		return target
 	}
 	// The explicit conversion rounds the product before the subtraction, so

@@ -1,6 +1,7 @@
 package dropratio
 
 import (
+	"math"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -29,6 +30,22 @@ func TestOpenBelow(t *testing.T) {
 				t.Errorf("ratio %v, want %v (target %v)", v.Ratio, tt.ratio, v.Target)
 			}
 		})
+	}
+}
+
+// A step shorter than half a second (the fast path's urgent ticks) does
+// not open at once, however low the rate it sees: that rate may be a
+// surge report's fraction of an interval. It eases as before; the next
+// full tick opens.
+func TestOpenBelowNotOnShortSteps(t *testing.T) {
+	l := mustNew(t, DefaultConfig())
+	stepOne(t, l, 0, 500, 100) // held at 0.8
+	v := stepOne(t, l, 50*time.Millisecond, 0, 100)
+	if eased := 1 - 0.2*math.Pow(2, 0.05); !near(v.Ratio, eased) {
+		t.Errorf("a 50 ms step under the band: ratio %v, want the slow release's %v", v.Ratio, eased)
+	}
+	if v := stepOne(t, l, time.Second, 0, 100); v.Ratio != 0 {
+		t.Errorf("the next full tick under the band: ratio %v, want 0", v.Ratio)
 	}
 }
 
