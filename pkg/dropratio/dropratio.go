@@ -117,7 +117,9 @@ type Config struct {
 	// is a few percent (σ 0.4–5 %), its worst −17 %, on the fast path's
 	// urgent ticks; noise can carry a bucket truly at its allowance under
 	// 0.9 only when its ratio is below 0.1, which slow release at the
-	// default rate opens within a second anyway.
+	// default rate opens within a second anyway. Only a step of at least
+	// half a second opens at once (see Law.open): an urgent step's rates
+	// may be a tenth of a second's.
 	OpenBelow float64
 }
 
