@@ -52,7 +52,6 @@ type Law struct {
 // do not.
 const openMinStep = time.Second / 2
 
-
 type serviceState struct {
 	callers map[leafKey]bucket
 	step    uint64 // the last Step whose input named this service
