@@ -7,7 +7,6 @@ import (
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/pkg/criticality"
-	"github.com/sluicehq/sluice/pkg/descriptor"
 	"github.com/sluicehq/sluice/pkg/names"
 )
 
@@ -95,29 +94,18 @@ func criticalityFromProto(m *sluicev1.CriticalityPolicy, dir Direction, declared
 	if c.Header == "" {
 		c.Header = criticality.DefaultHeader
 	}
-	if src, err := descriptor.ParseSource("header " + c.Header); err != nil || src.Header != c.Header {
-		bad("criticality.header", "%.64q is not a lower-case header name", c.Header)
-	}
+	checkHeaderKey("criticality.header", c.Header, bad)
 	if c.Default == criticality.None {
 		c.Default = criticality.Critical
 	}
 	if n := len(m.GetProcedures()); n > len(declared) {
 		bad("criticality.procedures", "%d procedures, more than the policy declares", n)
 	} else {
-		seen := make(map[string]int, n)
+		keys := procedureKeys{section: "criticality.procedures", declared: declared, seen: make(map[string]int, n)}
 		for i, pc := range m.GetProcedures() {
 			f := "criticality.procedures[" + strconv.Itoa(i) + "]"
 			q := ProcedureCriticality{Procedure: pc.GetProcedure(), Default: tier(f+".default_tier", pc.GetDefaultTier())}
-			_, ok := declared[q.Procedure]
-			j, dup := seen[q.Procedure]
-			switch {
-			case q.Procedure == "" || !ok:
-				bad(f+".procedure", "%.64q is neither declared in procedures nor %q", q.Procedure, names.Other)
-			case dup:
-				bad(f+".procedure", "%.64q is listed again, first at criticality.procedures[%d]", q.Procedure, j)
-			default:
-				seen[q.Procedure] = i
-			}
+			keys.check(i, q.Procedure, bad)
 			if pc.GetDefaultTier() == sluicev1.Criticality_CRITICALITY_UNSPECIFIED {
 				bad(f+".default_tier", "unspecified: a procedure's entry is its default")
 			}

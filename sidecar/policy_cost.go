@@ -90,11 +90,8 @@ func costFromProto(m *sluicev1.DropPolicy, p *Policy, declared map[string]struct
 		bad("cost.max_cost", "%v is not a finite number > 0", c.Max)
 	}
 	for _, h := range []struct{ field, v string }{{"cost.request_header", c.RequestHeader}, {"cost.response_header", c.ResponseHeader}} {
-		if h.v == "" {
-			continue
-		}
-		if src, err := descriptor.ParseSource("header " + h.v); err != nil || src.Header != h.v {
-			bad(h.field, "%.64q is not a lower-case header name", h.v)
+		if h.v != "" {
+			checkHeaderKey(h.field, h.v, bad)
 		}
 	}
 	if n := len(mc.GetProcedures()); n > len(declared) {
@@ -102,20 +99,11 @@ func costFromProto(m *sluicev1.DropPolicy, p *Policy, declared map[string]struct
 		p.Cost = c
 		return
 	}
-	seen := make(map[string]int, len(mc.GetProcedures()))
+	keys := procedureKeys{section: "cost.procedures", declared: declared, seen: make(map[string]int, len(mc.GetProcedures()))}
 	for i, pc := range mc.GetProcedures() {
 		f := "cost.procedures[" + strconv.Itoa(i) + "]"
 		q := ProcedureCost{Procedure: pc.GetProcedure(), Cost: pc.GetCost()}
-		_, ok := declared[q.Procedure]
-		j, dup := seen[q.Procedure]
-		switch {
-		case q.Procedure == "" || !ok:
-			bad(f+".procedure", "%.64q is neither declared in procedures nor %q", q.Procedure, names.Other)
-		case dup:
-			bad(f+".procedure", "%.64q is listed again, first at cost.procedures[%d]", q.Procedure, j)
-		default:
-			seen[q.Procedure] = i
-		}
+		keys.check(i, q.Procedure, bad)
 		checkCost(f+".cost", q.Cost, bad)
 		c.Procedures = append(c.Procedures, q)
 	}
@@ -164,5 +152,37 @@ func ruleCostFromProto(f func(string) string, pp *sluicev1.PeerPolicy, dir Direc
 	r.Debt = pp.GetDebt()
 	if !(r.Debt >= 0) || math.IsInf(r.Debt, 1) {
 		bad(f("debt"), "%v is not a finite number ≥ 0", r.Debt)
+	}
+}
+
+// checkHeaderKey reports a header (gRPC metadata) key a policy names that
+// is not one lower-case header name, as a descriptor's source would read
+// it.
+func checkHeaderKey(field, key string, bad func(field, format string, args ...any)) {
+	if src, err := descriptor.ParseSource("header " + key); err != nil || src.Header != key {
+		bad(field, "%.64q is not a lower-case header name", key)
+	}
+}
+
+// procedureKeys checks the procedures a policy's per-procedure entries
+// name (criticality.procedures, cost.procedures): each declared, or
+// names.Other, and listed once.
+type procedureKeys struct {
+	section  string // the entries' field, for errors
+	declared map[string]struct{}
+	seen     map[string]int // procedure → its first entry's index
+}
+
+func (k *procedureKeys) check(i int, proc string, bad func(field, format string, args ...any)) {
+	f := k.section + "[" + strconv.Itoa(i) + "].procedure"
+	_, ok := k.declared[proc]
+	j, dup := k.seen[proc]
+	switch {
+	case proc == "" || !ok:
+		bad(f, "%.64q is neither declared in procedures nor %q", proc, names.Other)
+	case dup:
+		bad(f, "%.64q is listed again, first at %s[%d]", proc, k.section, j)
+	default:
+		k.seen[proc] = i
 	}
 }
