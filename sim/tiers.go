@@ -54,11 +54,7 @@ func FlowTier(svc *limits.Service, f *Flow) criticality.Tier {
 	if !ok {
 		return svc.DefaultTier(f.Caller, f.Leaf)
 	}
-	maxTier := svc.Criticality.Max
-	if ct, ok := svc.Criticality.Callers[f.Caller]; ok && ct.Max != criticality.None {
-		maxTier = ct.Max
-	}
-	t, _ = criticality.Cap(t, maxTier)
+	t, _ = criticality.Cap(t, svc.MaxTier(f.Caller))
 	return t
 }
 

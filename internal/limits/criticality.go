@@ -9,7 +9,6 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/sluicehq/sluice/pkg/criticality"
-	"github.com/sluicehq/sluice/pkg/descriptor"
 	"github.com/sluicehq/sluice/pkg/names"
 )
 
@@ -51,13 +50,25 @@ func (svc *Service) DefaultTier(caller, procedure string) criticality.Tier {
 		return criticality.None
 	}
 	c := svc.Criticality
-	if t := c.Procedures[procedure]; t != criticality.None {
-		return t
+	d := c.Default
+	switch {
+	case c.Procedures[procedure] != criticality.None:
+		d = c.Procedures[procedure]
+	case c.Callers[caller].Default != criticality.None:
+		d = c.Callers[caller].Default
 	}
-	if t := c.Callers[caller].Default; t != criticality.None {
-		return t
+	// A caller's own max bounds its defaults, as the sidecars resolve them.
+	d, _ = criticality.Cap(d, c.Callers[caller].Max)
+	return d
+}
+
+// MaxTier is the highest tier caller may claim at svc: its own max, else
+// the service's. None at a service without tiers.
+func (svc *Service) MaxTier(caller string) criticality.Tier {
+	if !svc.Tiered() {
+		return criticality.None
 	}
-	return c.Default
+	return orTier(svc.Criticality.Callers[caller].Max, svc.Criticality.Max)
 }
 
 // errUpstreamCriticality is why a service with tiers can not be enforced
@@ -100,16 +111,8 @@ func (b *builder) criticality(svc *Service, fs fileService, path string) {
 		cpath := path + ".criticality"
 		c := &Criticality{Header: criticality.DefaultHeader}
 		if fc.From != "" {
-			// A descriptor's source, of one kind: a header's name is
-			// checked and lower-cased as a descriptor's is.
-			src, err := descriptor.ParseSource(fc.From)
-			if err == nil && src.Kind != descriptor.Header {
-				err = fmt.Errorf("source %q: want \"header <name>\"", fc.From)
-			}
-			if err != nil {
-				b.errs = append(b.errs, fmt.Errorf("%s.from: %w", cpath, err))
-			} else {
-				c.Header = src.Header
+			if h := b.headerName(cpath+".from", fc.From); h != "" {
+				c.Header = h
 			}
 		}
 		c.Default = tier(cpath+".default", fc.Default, criticality.Critical, &b.errs)
@@ -157,8 +160,8 @@ func (b *builder) callerCriticality(svc *Service, caller string, fb fileBucket, 
 		Default: tier(cpath+".criticality", fb.Criticality, criticality.None, &b.errs),
 		Max:     tier(cpath+".max_criticality", fb.MaxCriticality, criticality.None, &b.errs),
 	}
-	if ct.Default != criticality.None && ct.Default < orTier(ct.Max, svc.Criticality.Max) {
-		b.warnf("%s.criticality: %v is above the caller's max %v, so its requests that claim no tier outrank those that claim it", cpath, ct.Default, orTier(ct.Max, svc.Criticality.Max))
+	if max := orTier(ct.Max, svc.Criticality.Max); ct.Default != criticality.None && ct.Default < max {
+		b.warnf("%s.criticality: %v is above the caller's max %v, so its requests that claim no tier outrank those that claim it", cpath, ct.Default, max)
 	}
 	if svc.Criticality.Callers == nil {
 		svc.Criticality.Callers = map[string]CallerTier{}

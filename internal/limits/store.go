@@ -297,8 +297,8 @@ func storedSettings(settings []history.BucketSettings, get func(string) *Service
 				Default: storedTier(path+": criticality", st.Criticality, criticality.None, errs),
 				Max:     storedTier(path+": max_criticality", st.MaxCriticality, criticality.None, errs),
 			}
-			if ct.Default != criticality.None && ct.Default < orTier(ct.Max, s.Criticality.Max) {
-				*warns = append(*warns, fmt.Sprintf("%s: criticality: %v is above the caller's max %v, so its requests that claim no tier outrank those that claim it", path, ct.Default, orTier(ct.Max, s.Criticality.Max)))
+			if max := orTier(ct.Max, s.Criticality.Max); ct.Default != criticality.None && ct.Default < max {
+				*warns = append(*warns, fmt.Sprintf("%s: criticality: %v is above the caller's max %v, so its requests that claim no tier outrank those that claim it", path, ct.Default, max))
 			}
 			if s.Criticality.Callers == nil {
 				s.Criticality.Callers = map[string]CallerTier{}
