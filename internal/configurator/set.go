@@ -463,7 +463,7 @@ func (a *app) runSetService(cmd *cobra.Command, st history.Store, t target, o se
 		if changed("cost-response-header") {
 			c.ResponseHeader = respHeader
 		}
-		d, m := 1.0, 1e6
+		d, m := limits.DefaultCost, limits.DefaultMaxCost
 		if c.Default != nil {
 			d = *c.Default
 		}
@@ -550,10 +550,7 @@ func headerFlag(changed func(string) bool, flag, s string, errs *[]error) string
 	if !changed(flag) || s == "none" {
 		return ""
 	}
-	src, err := descriptor.ParseSource("header " + s)
-	if err == nil && src.Kind != descriptor.Header {
-		err = fmt.Errorf("%q is not a header name", s)
-	}
+	src, err := descriptor.ParseSource("header " + s) // of kind Header, or an error
 	if err != nil {
 		*errs = append(*errs, fmt.Errorf("--%s: %w", flag, err))
 		return ""

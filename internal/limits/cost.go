@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluicehq/sluice/pkg/dataplane"
 	"github.com/sluicehq/sluice/pkg/descriptor"
+	"github.com/sluicehq/sluice/pkg/history"
 )
 
 // Unit is what a service's limits, capacities and rates count (issue #16).
@@ -43,10 +44,11 @@ func parseUnit(s string) (Unit, error) {
 	return 0, fmt.Errorf("%q is not requests or cost", s)
 }
 
-// Defaults of a service's cost block.
+// Defaults of a service's cost block: the store's, so that a file and
+// Postgres read alike.
 const (
-	DefaultCost    = 1.0 // a request's cost when nothing else prices it
-	DefaultMaxCost = 1e6 // a larger cost is absurd: clamped to it
+	DefaultCost    = history.DefaultCost
+	DefaultMaxCost = history.DefaultMaxCost
 )
 
 // Cost says how the sidecars of a service counting cost price a request,

@@ -155,11 +155,18 @@ type ServiceLimits struct {
 	UpdatedAt   time.Time
 }
 
+// The defaults of a callee's cost block, in its units: what a nil
+// CostSettings.Default and Max stand for (internal/limits reads them so).
+const (
+	DefaultCost    = 1.0 // a request's cost when nothing else prices it
+	DefaultMaxCost = 1e6 // a larger cost is absurd: clamped to it
+)
+
 // CostSettings price a callee's requests (the limits file's cost block).
 // Nil and "" are the file's defaults.
 type CostSettings struct {
-	Default *float64 // a request nothing else prices; finite, >= 0; nil: 1
-	Max     *float64 // a larger cost is clamped to it; finite, > 0; nil: 1e6
+	Default *float64 // a request nothing else prices; finite, >= 0; nil: DefaultCost
+	Max     *float64 // a larger cost is clamped to it; finite, > 0; nil: DefaultMaxCost
 	// RequestHeader is the request header the callee trusts to carry a
 	// cost, ResponseHeader the one (or trailer) its app reports the real
 	// cost in: lower-case header names, "" for none.

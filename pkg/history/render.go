@@ -48,7 +48,7 @@ func renderService(s ServiceLimits) string {
 func (s ServiceLimits) RenderCostAndTiers(num func(v *float64, def float64) string) string {
 	var out string
 	if c := s.Cost; c != nil {
-		out += fmt.Sprintf(", unit cost (default %s, max %s", num(c.Default, 1), num(c.Max, 1e6))
+		out += fmt.Sprintf(", unit cost (default %s, max %s", num(c.Default, DefaultCost), num(c.Max, DefaultMaxCost))
 		if c.RequestHeader != "" {
 			out += ", request header " + c.RequestHeader
 		}

@@ -308,7 +308,7 @@ func checkServiceLimits(s ServiceLimits) error {
 				return invalid("service.cost.max", "%v is not a finite cost > 0", v)
 			}
 		}
-		def, max := 1.0, 1e6 // the limits file's defaults
+		def, max := DefaultCost, DefaultMaxCost
 		if c.Default != nil {
 			def = *c.Default
 		}
