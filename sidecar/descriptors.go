@@ -166,11 +166,14 @@ func (s *ServiceLimiter) failDescriptors(dt *descTable, p *Policy, keep *atomic.
 	if dt == nil || p.FailMode == dataplane.FailHold || p.FailMode == dataplane.FailLocal {
 		return dt
 	}
-	nt := &descTable{sources: dt.sources, descs: slices.Clone(dt.descs)}
+	// A copy of the whole table, so that every compiled field (the
+	// sources' header keys too) goes along: only the descriptors change.
+	nt := *dt
+	nt.descs = slices.Clone(dt.descs)
 	for i := range nt.descs {
 		nt.descs[i].keep = keep
 	}
-	return nt
+	return &nt
 }
 
 // valueTable maps the listed and overridden values of a descriptor, by the

@@ -3,6 +3,8 @@ package sidecar
 import (
 	"fmt"
 	"math"
+	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
 	"sync"
@@ -447,6 +449,32 @@ func TestDescriptorFailModes(t *testing.T) {
 				t.Errorf("acme lost %.3f of its requests, want %.3f ± %v", got, want, tolerance)
 			}
 		})
+	}
+}
+
+// An expired policy's descriptors keep their compiled header keys: a
+// request through the HTTP edge under fail mode open is decided, not a
+// panic (the fail-open table once lost them and indexed an empty slice).
+func TestDescriptorFailOpenAtTheHTTPEdge(t *testing.T) {
+	p := tenantPolicy(func(d *DescriptorPolicy) {
+		d.Values = []ValueRule{{Value: "acme", DropRatio: 0.8, LimitRPS: 10, OfferedRPS: 50}}
+	})
+	p.TTL, p.FailMode, p.FailOpenDecay = testTTL, dataplane.FailOpen, testDecay
+	l := NewLimiter(LimiterOptions{OneStripe: true})
+	l.SetPolicyAt(p, t0)
+	s := l.Service("api")
+	l.Expire(t0.Add(testTTL + testDecay/2))
+	if st := s.Status(); st.State != Expired {
+		t.Fatalf("status %+v, want expired", st)
+	}
+	h := s.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}), HTTPOptions{})
+	req := httptest.NewRequest(http.MethodGet, "/", nil)
+	req.Header.Set("x-tenant-id", "acme")
+	req.Header.Set(DefaultCallerHeader, "web")
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	if rec.Code != http.StatusOK && rec.Code != http.StatusTooManyRequests {
+		t.Errorf("status %d, want the request decided", rec.Code)
 	}
 }
 
