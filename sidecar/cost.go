@@ -8,8 +8,6 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/pkg/criticality"
-
-	"github.com/sluicehq/sluice/pkg/names"
 )
 
 // Cost units and concurrency caps (issue #16, step 2).
@@ -169,10 +167,11 @@ func (c *costTable) mult(procs *procedures, q string) uint64 {
 	return c.static[i]
 }
 
-// price returns the price in milli-units of a request to procedure index
-// proc whose request header holds raw ("": none), and whether the header
-// set it; m is its leaf's meter (nil: none yet).
-func (s *ServiceLimiter) price(c *costTable, proc uint32, raw string, m *meter) (uint64, bool) {
+// price returns the price in milli-units of a request whose procedure's
+// static price is static (noStatic: none) and whose request header holds
+// raw ("": none), and whether the header set it; m is its leaf's meter
+// (nil: none yet).
+func (s *ServiceLimiter) price(c *costTable, static uint64, raw string, m *meter) (uint64, bool) {
 	if raw != "" {
 		switch v, st := parseCost(raw, c.max); st {
 		case costOK:
@@ -184,8 +183,8 @@ func (s *ServiceLimiter) price(c *costTable, proc uint32, raw string, m *meter) 
 			s.costInvalid[costFromRequest].Add(1)
 		}
 	}
-	if p := c.static[proc&procMask]; p != noStatic {
-		return p, false
+	if static != noStatic {
+		return static, false
 	}
 	if m != nil {
 		return m.mean.Load(), false
@@ -313,9 +312,9 @@ type slotPool struct {
 	share atomic.Int64 // the slots the sidecar may hold: its share of the cap
 
 	// Scratch of sharesLocked, guarded by the ServiceLimiter's mu.
-	cap                 uint32
-	local, global       float64
-	hasLocal, hasGlobal bool
+	cap           uint32
+	local, global float64
+	hasLocal      bool
 }
 
 // sums returns m's counters summed over its stripes.
@@ -492,23 +491,13 @@ func (d Decision) finish(v uint64, st costStatus) {
 	c.adm.Add(v)
 }
 
-// decideMetered is decide for a table with a costTable: it prices the
-// request (raw is its request header's cost, "" for none), counts its price
-// and holds its concurrency slot. Written out as decide is, for speed.
-func (s *ServiceLimiter) decideMetered(t *table, peer string, proc uint32, tierValue, raw string) Decision {
-	idx := proc
-	if t.crit != nil {
-		idx = s.tierIndex(t, peer, proc, tierValue)
-	}
-	var sl slot
-	ok := false
-	if len(peer) <= names.MaxLen {
-		sl, ok = t.index.get(peer, idx)
-	}
-	if !ok {
-		sl = s.miss(t, peer, idx)
-	}
+// decideMetered decides a request of the leaf sl, which decide found in t,
+// a table with a costTable: it prices the request (raw is its request
+// header's cost, "" for none), counts its price and holds its concurrency
+// slot. Written out as decide is, for speed.
+func (s *ServiceLimiter) decideMetered(t *table, sl slot, proc uint32, raw string) Decision {
 	c, m := t.cost, (*meter)(nil)
+	h := stackStripe() // one stripe of each kind for the request: counts and costs
 	if sl.v != nil {
 		m = sl.v.m
 	}
@@ -516,14 +505,14 @@ func (s *ServiceLimiter) decideMetered(t *table, peer string, proc uint32, tierV
 	var flags uint8
 	if c.priced && m != nil {
 		// A static price is a load; only a header or a mean costs more.
-		if price = c.static[proc&procMask]; raw != "" || price == noStatic {
+		if price = c.static[proc]; raw != "" || price == noStatic {
 			var fromHeader bool
-			if price, fromHeader = s.price(c, proc, raw, m); fromHeader {
+			if price, fromHeader = s.price(c, price, raw, m); fromHeader {
 				flags = priceFromHeader
 			}
 		}
 		if c.dynamic {
-			cs := &m.c[stackStripe()&(nCostStripes-1)]
+			cs := &m.c[h&(nCostStripes-1)]
 			if c.response {
 				cs.respOff.Add(price)
 			} else {
@@ -532,7 +521,7 @@ func (s *ServiceLimiter) decideMetered(t *table, peer string, proc uint32, tierV
 		}
 	}
 	var d Decision
-	i := stackStripe() & s.stripeMask
+	i := h & s.stripeMask
 	if s.random {
 		d = sl.random()
 	} else {
@@ -551,15 +540,16 @@ func (s *ServiceLimiter) decideMetered(t *table, peer string, proc uint32, tierV
 		return d
 	}
 	if !d.Drop && sl.v.conc != nil {
-		if d = s.takeSlot(d, sl, m, i); d.owed != 0 {
+		var held bool
+		if d, held = s.takeSlot(d, sl, m, i); held {
 			flags |= holdsSlot
 		}
 	}
 	if d.Drop {
 		if c.priced && c.dynamic && !c.response {
-			m.c[stackStripe()&(nCostStripes-1)].drop.Add(price)
+			m.c[h&(nCostStripes-1)].drop.Add(price)
 		}
-		d.owed = owe(flags&^holdsSlot, price)
+		d.owed = owe(flags, price)
 		return d
 	}
 	if c.priced && c.response {
@@ -579,23 +569,22 @@ func (d Decision) flags() uint8 { return uint8(d.owed >> 56) }
 func (d Decision) price() uint64 { return d.owed & (1<<56 - 1) }
 
 // takeSlot takes a concurrency slot of the capped leaf sl for the request d
-// admitted, or refuses it (counted in stripe i's dropped) when the
-// sidecar's share is taken: a shadow rule admits it all the same, counted
-// as shadow dropped, and it holds a slot.
-func (s *ServiceLimiter) takeSlot(d Decision, sl slot, m *meter, i uint64) Decision {
+// admitted, and says whether it holds one; or refuses it (counted in
+// stripe i's dropped) when the sidecar's share is taken: a shadow rule
+// admits it all the same, counted as shadow dropped, and it holds a slot.
+func (s *ServiceLimiter) takeSlot(d Decision, sl slot, m *meter, i uint64) (Decision, bool) {
 	if m.pool.held.Add(1) <= m.pool.share.Load() {
-		d.owed = owe(holdsSlot, 0) // decideMetered sets the rest
-		return d
+		return d, true
 	}
 	s.concDropped.Add(1)
 	if sl.v.shadow {
 		sl.e.stripes[i].shadow.Add(1)
-		d.Shadow, d.owed = true, owe(holdsSlot, 0)
-		return d
+		d.Shadow = true
+		return d, true
 	}
 	m.pool.held.Add(-1)
 	sl.e.stripes[i].dropped.Add(1)
-	return Decision{Drop: true, v: sl.v.conc}
+	return Decision{Drop: true, v: sl.v.conc}, false
 }
 
 // DecideHTTPCost is DecideHTTPTier for a request whose cost header (the
@@ -603,20 +592,14 @@ func (s *ServiceLimiter) takeSlot(d Decision, sl slot, m *meter, i uint64) Decis
 // costValue, "" when it has none. No allocation.
 func (s *ServiceLimiter) DecideHTTPCost(peer, method, path, tierValue, costValue string) Decision {
 	t := s.table.Load()
-	if t.cost == nil {
-		return s.decide(t, peer, t.procs.http(method, path), tierValue)
-	}
-	return s.decideMetered(t, peer, t.procs.http(method, path), tierValue, costValue)
+	return s.decide(t, peer, t.procs.http(method, path), tierValue, costValue)
 }
 
 // DecideGRPCCost is DecideGRPCTier for a call whose cost metadata (see
 // CostHeader) has the value costValue, "" when it has none. No allocation.
 func (s *ServiceLimiter) DecideGRPCCost(peer, fullMethod, tierValue, costValue string) Decision {
 	t := s.table.Load()
-	if t.cost == nil {
-		return s.decide(t, peer, t.procs.grpc(fullMethod), tierValue)
-	}
-	return s.decideMetered(t, peer, t.procs.grpc(fullMethod), tierValue, costValue)
+	return s.decide(t, peer, t.procs.grpc(fullMethod), tierValue, costValue)
 }
 
 // CostHeader returns the lower-case request header (gRPC metadata key) the
@@ -770,15 +753,11 @@ func (s *ServiceLimiter) sharesLocked(t *table) {
 			p.local, p.hasLocal = p.local+m.rate, true
 		}
 		if g := sl.v.rule.OfferedRPS; g > 0 && !math.IsInf(g, 0) {
-			p.global, p.hasGlobal = p.global+g, true
+			p.global += g
 		}
 	}
 	for _, p := range pools {
-		global := p.global
-		if !p.hasGlobal {
-			global = 0
-		}
-		p.share.Store(shareOf(p.cap, p.local, p.hasLocal, global, t.policy.LiveInstances))
-		p.cap, p.local, p.global, p.hasLocal, p.hasGlobal = 0, 0, 0, false, false
+		p.share.Store(shareOf(p.cap, p.local, p.hasLocal, p.global, t.policy.LiveInstances))
+		p.cap, p.local, p.global, p.hasLocal = 0, 0, 0, false
 	}
 }

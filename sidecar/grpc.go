@@ -177,15 +177,11 @@ func (in *incoming) decide(ctx context.Context, fullMethod string) (d Decision, 
 		// services with criticality only (see grpcValue).
 		tier = callerFromContext(ctx, t.crit.header)
 	}
-	if c := t.cost; c != nil {
-		var raw string
-		if c.reqKey != "" {
-			raw = callerFromContext(ctx, c.reqKey) // copies the value's slice, as the tier's
-		}
-		d = in.s.decideMetered(t, caller, idx, tier, raw)
-	} else {
-		d = in.s.decide(t, caller, idx, tier)
+	var raw string
+	if c := t.cost; c != nil && c.reqKey != "" {
+		raw = callerFromContext(ctx, c.reqKey) // copies the value's slice, as the tier's
 	}
+	d = in.s.decide(t, caller, idx, tier, raw)
 	return d, d.v, nil
 }
 

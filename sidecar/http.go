@@ -174,17 +174,13 @@ func (s *ServiceLimiter) Middleware(next http.Handler, opts HTTPOptions) http.Ha
 // header value tier under t, priced by its cost header when the policy
 // trusts one.
 func (s *ServiceLimiter) decideRequest(t *table, r *http.Request, caller string, idx uint32, tier string) Decision {
-	c := t.cost
-	if c == nil {
-		return s.decide(t, caller, idx, tier)
-	}
 	var raw string
-	if c.httpReq != "" {
+	if c := t.cost; c != nil && c.httpReq != "" {
 		if v := r.Header[c.httpReq]; len(v) > 0 {
 			raw = v[0]
 		}
 	}
-	return s.decideMetered(t, caller, idx, tier, raw)
+	return s.decide(t, caller, idx, tier, raw)
 }
 
 // grpcRequest reports whether r is a gRPC call, for the answers that

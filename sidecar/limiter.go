@@ -777,7 +777,7 @@ func (s *ServiceLimiter) Policy() *Policy { return s.table.Load().policy }
 // An expired policy's fail mode (see Limiter.Expire) costs nothing on this
 // path: it is a different verdict in the table, and its work starts where
 // a drop's would (see hitOther).
-func (s *ServiceLimiter) Decide(peer string) Decision { return s.decide(s.table.Load(), peer, 0, "") }
+func (s *ServiceLimiter) Decide(peer string) Decision { return s.decide(s.table.Load(), peer, 0, "", "") }
 
 // DecideTier is Decide for a request whose tier header (CriticalityHeader)
 // has the value tierValue, "" when it has none: for a service with
@@ -786,7 +786,7 @@ func (s *ServiceLimiter) Decide(peer string) Decision { return s.decide(s.table.
 // claim lowered to the caller's max); for a service without it is
 // Decide. No allocation.
 func (s *ServiceLimiter) DecideTier(peer, tierValue string) Decision {
-	return s.decide(s.table.Load(), peer, 0, tierValue)
+	return s.decide(s.table.Load(), peer, 0, tierValue, "")
 }
 
 // DecideHTTP is Decide for an HTTP request of method to path (its
@@ -808,7 +808,7 @@ func (s *ServiceLimiter) DecideHTTP(peer, method, path string) Decision {
 // DecideTier. No allocation.
 func (s *ServiceLimiter) DecideHTTPTier(peer, method, path, tierValue string) Decision {
 	t := s.table.Load()
-	return s.decide(t, peer, t.procs.http(method, path), tierValue)
+	return s.decide(t, peer, t.procs.http(method, path), tierValue, "")
 }
 
 // DecideGRPC is Decide for a gRPC call of fullMethod ("/pkg.Service/Method",
@@ -828,18 +828,17 @@ func (s *ServiceLimiter) DecideGRPC(peer, fullMethod string) Decision {
 // DecideTier. No allocation.
 func (s *ServiceLimiter) DecideGRPCTier(peer, fullMethod, tierValue string) Decision {
 	t := s.table.Load()
-	return s.decide(t, peer, t.procs.grpc(fullMethod), tierValue)
+	return s.decide(t, peer, t.procs.grpc(fullMethod), tierValue, "")
 }
 
 // decide decides a request of peer to the procedure of index proc of t,
 // whose tier header has the value tierValue ("": none), in its leaf: for
 // a service with criticality, the leaf of the tier tierIndex resolves;
 // else index proc's. The tier is resolved here, not by the callers, so
-// that Decide stays small enough to inline.
-func (s *ServiceLimiter) decide(t *table, peer string, proc uint32, tierValue string) Decision {
-	if t.cost != nil {
-		return s.decideMetered(t, peer, proc, tierValue, "")
-	}
+// that Decide stays small enough to inline. A service whose policy meters
+// its leaves (a price, a cap) is decided by decideMetered, in the leaf
+// found here, priced by costValue, its cost header's value ("": none).
+func (s *ServiceLimiter) decide(t *table, peer string, proc uint32, tierValue, costValue string) Decision {
 	idx := proc
 	if t.crit != nil {
 		idx = s.tierIndex(t, peer, proc, tierValue)
@@ -851,6 +850,9 @@ func (s *ServiceLimiter) decide(t *table, peer string, proc uint32, tierValue st
 	}
 	if !ok {
 		sl = s.miss(t, peer, idx)
+	}
+	if t.cost != nil {
+		return s.decideMetered(t, sl, proc, costValue)
 	}
 	if s.random {
 		return sl.random()
