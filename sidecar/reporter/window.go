@@ -54,8 +54,6 @@ type Window struct {
 	descs   []sidecar.DescriptorCounts
 	descAt  time.Time
 	descDue bool
-	// endAt is when the Source's window last ended (see WindowSource).
-	endAt time.Time
 }
 
 // WindowSource is a Source that learns from each report window (issue
@@ -76,7 +74,6 @@ func NewWindow(cfg WindowConfig, now time.Time, src Source) *Window {
 		checks:    cfg.SurgeChecks,
 		prev:      src.AppendCounts(cfg.Header.Service, nil),
 		prevAt:    now,
-		endAt:     now,
 	}
 	if ds, ok := src.(DescriptorSource); ok {
 		// The baseline, as for the counters: a window starts now.
@@ -121,9 +118,10 @@ func (w *Window) Tick(now time.Time, src Source) *sluicev1.LoadReport {
 // regular sends the regular report of the window since the last report,
 // with the descriptors; w.cur holds the counters at now.
 func (w *Window) regular(now time.Time, src Source) *sluicev1.LoadReport {
+	start := w.prevAt
 	rep := w.send(w.prev, w.prevAt, now, false)
 	w.addDescriptors(rep, now, src)
-	w.endWindow(now, src)
+	w.endWindow(start, now, src)
 	return rep
 }
 
@@ -145,12 +143,12 @@ func (w *Window) addDescriptors(rep *sluicev1.LoadReport, now time.Time, src Sou
 	w.descAt = now
 }
 
-// endWindow ends src's window at now, if it learns from windows.
-func (w *Window) endWindow(now time.Time, src Source) {
+// endWindow ends src's window, begun at start (the report before's end:
+// every report ends one), at now, if it learns from windows.
+func (w *Window) endWindow(start, now time.Time, src Source) {
 	if ws, ok := src.(WindowSource); ok {
-		ws.EndWindow(w.hdr.Service, now.Sub(w.endAt))
+		ws.EndWindow(w.hdr.Service, now.Sub(start))
 	}
-	w.endAt = now
 }
 
 // Check is a surge check's step at now: an urgent report when a peer's rate
@@ -203,11 +201,12 @@ func (w *Window) Check(now time.Time, src Source) *sluicev1.LoadReport {
 // window runs on to the next tick, whose interval the sidecars'
 // allowances are sized for.
 func (w *Window) sendUrgent(from []sidecar.PeerCounts, fromAt, now time.Time, src Source) *sluicev1.LoadReport {
+	start := w.prevAt
 	rep := w.send(from, fromAt, now, true)
 	if w.descDue {
 		w.addDescriptors(rep, now, src)
 	}
-	w.endWindow(now, src)
+	w.endWindow(start, now, src)
 	return rep
 }
 
