@@ -777,7 +777,9 @@ func (s *ServiceLimiter) Policy() *Policy { return s.table.Load().policy }
 // An expired policy's fail mode (see Limiter.Expire) costs nothing on this
 // path: it is a different verdict in the table, and its work starts where
 // a drop's would (see hitOther).
-func (s *ServiceLimiter) Decide(peer string) Decision { return s.decide(s.table.Load(), peer, 0, "", "") }
+func (s *ServiceLimiter) Decide(peer string) Decision {
+	return s.decide(s.table.Load(), peer, 0, "", "")
+}
 
 // DecideTier is Decide for a request whose tier header (CriticalityHeader)
 // has the value tierValue, "" when it has none: for a service with
