@@ -3,7 +3,9 @@ package aggregator
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -12,6 +14,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/testkit"
 )
 
 // rawCodec sends []byte as they are, under the proto codec's name: what a
@@ -58,8 +61,11 @@ func TestServiceCountsUnparseableReports(t *testing.T) {
 		if err := sendRaw(t, h.addr, msg); status.Code(err) != codes.Internal {
 			t.Errorf("message %d: stream ended with %v, want INTERNAL", i, err)
 		}
-		if got := metric(t, h.reg, "sluice_aggregator_reports_rejected_total", "reason", ReasonUnparseable); got != float64(i+1) {
-			t.Errorf("after message %d: rejected{reason=unparseable} = %v, want %d", i, got, i+1)
-		}
+		// grpc-go writes the stream's status inside Recv, before the
+		// handler has the error to count: the client may see the end
+		// first. Wait for the count, boundedly.
+		testkit.WaitFor(t, 5*time.Second, fmt.Sprintf("after message %d: rejected{reason=unparseable} = %d", i, i+1), func() bool {
+			return metric(t, h.reg, "sluice_aggregator_reports_rejected_total", "reason", ReasonUnparseable) == float64(i+1)
+		})
 	}
 }
