@@ -241,8 +241,8 @@ func (s *ServiceLimiter) deriveLocked(p *Policy) {
 		b.callers = s.callerBucketsLocked(p)
 		b.leaves = make(map[leaf]*tokenBucket)
 	}
-	verdicts := make(map[leaf]*verdict, len(old.verdicts))
-	for k, v := range old.verdicts {
+	verdicts := make(map[leaf]*verdict, len(s.base))
+	for k, v := range s.base { // the controller's, without provisional ratios
 		verdicts[k] = s.failVerdict(p, v, b)
 	}
 	s.installLocked(p, old.procs, old.crit, verdicts, s.failDescriptors(old.desc, p, s.fail.keep), old.cost)

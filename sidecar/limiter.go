@@ -708,6 +708,11 @@ type ServiceLimiter struct {
 	mu    sync.Mutex // serialises writers of table; guards fail, sweptAt and the entries' idleness
 
 	fail    failState // the policy's age and fail mode; see failmode.go
+	// base is the current policy's verdicts as the controller set them,
+	// and prov the provisional ratios laid over them in the table (see
+	// provisional.go).
+	base map[leaf]*verdict
+	prov map[leaf]Provisional
 	sweptAt time.Time // the last sweep for idle peers; see evictIdle
 	evicted atomic.Uint64
 
@@ -989,6 +994,10 @@ func (s *ServiceLimiter) setPolicy(p *Policy, received time.Time) {
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.base = verdicts
+	if p != nil {
+		verdicts = s.overlayLocked(p, cost)
+	}
 	s.installLocked(p, procs, crit, verdicts, s.compileDescriptors(p), cost)
 	s.fail.reset(p, received)
 }

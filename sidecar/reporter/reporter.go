@@ -376,7 +376,7 @@ func (r *Reporter) loop(ctx context.Context, send func(*sluicev1.LoadReport)) {
 		defer ct.Stop()
 		check = ct.C
 	}
-	w := NewWindow(WindowConfig{Header: r.hdr, Interval: r.cfg.Interval, SurgeChecks: r.cfg.SurgeCheck > 0}, time.Now(), r.src)
+	w := NewWindow(WindowConfig{Header: r.hdr, Interval: r.cfg.Interval, SurgeChecks: r.cfg.SurgeCheck > 0, Project: true, Check: r.cfg.SurgeCheck}, time.Now(), r.src)
 	for {
 		var rep *sluicev1.LoadReport
 		select {

@@ -1,6 +1,7 @@
 package reporter
 
 import (
+	"cmp"
 	"slices"
 	"time"
 
@@ -22,6 +23,18 @@ type WindowConfig struct {
 	// sidecar, which scale mode would hold for 100,000 sidecars) and Check
 	// reports nothing.
 	SurgeChecks bool
+	// Project turns on surge projection (see Projector) for a Source
+	// that takes provisional ratios (ProvisionalSource), with surge
+	// checks every Check. Without SurgeChecks it does nothing.
+	Project bool
+	Check   time.Duration
+}
+
+// ProvisionalSource is a Source that holds policies and takes provisional
+// ratios: sidecar.Limiter.
+type ProvisionalSource interface {
+	Policy(service string) *sidecar.Policy
+	SetProvisional(service string, ps []sidecar.Provisional)
 }
 
 // Window is the timing logic of a sidecar's reports without the timers: the
@@ -42,6 +55,7 @@ type Window struct {
 
 	surge SurgeDetector
 	trail Trail
+	proj  *Projector // nil: no projection
 	// prev is the snapshot at the start of the report window, checked the
 	// one at the last surge check (or prev's, since the report); cur is
 	// scratch, swapped with prev when a report goes out.
@@ -83,6 +97,9 @@ func NewWindow(cfg WindowConfig, now time.Time, src Source) *Window {
 	if w.checks {
 		w.checked, w.checkedAt = slices.Clone(w.prev), now
 		w.trail.Reset(w.prev, now)
+		if _, ok := src.(ProvisionalSource); ok && cfg.Project {
+			w.proj = NewProjector(cfg.Interval, cmp.Or(cfg.Check, DefaultSurgeCheck(cfg.Interval)), surgeMinCount(w.surge))
+		}
 	}
 	return w
 }
@@ -168,11 +185,30 @@ func (w *Window) endWindow(start, now time.Time, src Source) {
 // whose sidecar folded the tick after its surge reports was admitted 64 rps
 // in its second second, over a sketch window of two intervals, then 160 in
 // its third, until the policy listed it).
+//
+// With projection on, Check also moves the surge projection on and gives
+// the Source the provisional ratios in force (see Projector): the
+// projection reads the check window's counts, the policy, and the surge
+// report the check sends, if any.
 func (w *Window) Check(now time.Time, src Source) *sluicev1.LoadReport {
 	if !w.checks || now.Sub(w.checkedAt) < MinInterval {
 		return nil
 	}
 	w.cur = src.AppendCounts(w.hdr.Service, w.cur[:0])
+	ps, _ := src.(ProvisionalSource)
+	if w.proj == nil || ps == nil {
+		return w.check(now, src)
+	}
+	e := now.Sub(w.checkedAt)
+	then, cur := sumByBucket(w.checked), sumByBucket(w.cur)
+	w.proj.Policy(ps.Policy(w.hdr.Service), now)
+	rep := w.check(now, src)
+	ps.SetProvisional(w.hdr.Service, w.proj.Check(now, then, cur, e))
+	return rep
+}
+
+// check is Check's surge check, with w.cur read at now.
+func (w *Window) check(now time.Time, src Source) *sluicev1.LoadReport {
 	if w.surge.Surging(w.checked, w.cur, now.Sub(w.checkedAt)) {
 		// Report the check window alone: its rate is the surge's, not
 		// diluted by the calm before it. The aggregator keeps rates, so
@@ -217,6 +253,9 @@ func (w *Window) send(from []sidecar.PeerCounts, fromAt, now time.Time, urgent b
 	rep.Urgent = urgent
 	w.prev, w.cur = w.cur, w.prev
 	w.prevAt = now
+	if w.proj != nil {
+		w.proj.Reported(rep, now)
+	}
 	if w.checks {
 		w.surge.Reported(rep)
 		w.checked, w.checkedAt = append(w.checked[:0], w.prev...), now

@@ -1,0 +1,331 @@
+package reporter
+
+import (
+	"cmp"
+	"math"
+	"slices"
+	"strings"
+	"time"
+
+	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/pkg/criticality"
+	"github.com/sluicehq/sluice/pkg/dataplane"
+	"github.com/sluicehq/sluice/pkg/dropratio"
+	"github.com/sluicehq/sluice/sidecar"
+)
+
+// Surge projection (issue #17). A surge report starts enforcement, but the
+// controller's first answer is computed from the reports that have arrived
+// by then, part of the fleet, and what gets through meanwhile is the surge's
+// overshoot (uber-surge: +64 % in its first second). A sidecar that sees its
+// own rate of a bucket jump holds what it needs to act at once: its share s
+// of the bucket's global offered rate (its last regular report's rate over
+// the policy's offered rate, both from before the jump) and the bucket's
+// allowed rate A. Assuming its share holds, it may admit s·A per second; it
+// drops, from its surge report on, what keeps the requests it admitted since
+// the check window that saw the jump within s·A·elapsed, for the next check
+// window as the last one's count predicts: a token bucket of its share,
+// which pays back at each check what the last one let through while the
+// surge climbed. Across the fleet the shares add up to A.
+//
+// A fall is projected the same way: a bucket whose local rate fell under
+// s·A, that is whose projected global rate is under the allowed rate, is
+// admitted at once instead of waiting for the controller's release.
+//
+// The projection is provisional: it takes the controller's ratio's place
+// (sidecar.Provisional) and ends at whichever comes first of
+//   - for a rise, one report interval after the bucket's last surge
+//     report: every sidecar's regular report has reached the controller
+//     by then; for a fall, the controller's release (its ratio 0), or
+//     fallHolds intervals;
+//   - the controller's denial: a policy first seen a confirmation delay
+//     (two surge checks) after the surge report whose offered rate did
+//     not move by the jump factor the way this sidecar's did. The share
+//     did not hold: traffic moved to or away from this sidecar (a deploy,
+//     a zone failover), or only this sidecar's part of the bucket surged,
+//     and the controller, which sees the whole fleet, is right.
+//
+// It never starts without what it needs: a policy rule with a finite
+// allowed rate and a global offered rate, enforced by this sidecar, and a
+// regular report of the bucket since the sidecar started (a new caller, a
+// sidecar just started, a shadow or upstream-enforced rule, a service
+// counting cost: the controller alone decides those).
+type Projector struct {
+	hold, confirm time.Duration
+	minCount      uint64 // the surge detector's
+
+	// regular holds the last regular report's rates, and regularG the
+	// global offered rates of the policy in force when it went out: a
+	// share is the one over the other, both from before a surge (the
+	// policy's rate is the older by up to an interval, which errs towards
+	// a later release, not an earlier one, while a rate falls).
+	regular, regularG map[bucket]float64
+	// last holds the rates of the last report, surge reports included:
+	// an episode goes on while its bucket's rate moves on from it.
+	last map[bucket]float64
+	eps     map[bucket]*episode
+
+	pol   *sidecar.Policy // the policy last seen at a check, and when it was first
+	polAt time.Time
+	rules map[bucket]*sidecar.Rule // pol's enforced rules with an allowed and offered rate
+
+	out []sidecar.Provisional // scratch, reused
+}
+
+// episode is one bucket's projection.
+type episode struct {
+	rise bool
+	// start is the start of the surge report's window: the budget runs
+	// from it. seen is when the first surge report went out, last when
+	// the latest did.
+	start, seen, last time.Time
+	share             float64 // s: the bucket's last regular local rate over g0
+	g0                float64 // the policy's global offered rate at the start
+	admitted          float64 // requests admitted since start
+	fresh             bool    // started at this check: its window is counted already
+	over              int     // a rise's checks in a row since it started whose rate was over the share
+	// recentN and recentE are the count and length of the last checks'
+	// windows, about an interval's worth (see recent).
+	recentN, recentE float64
+	ratio             float64 // the projection; NaN: none in force
+}
+
+// Projection margins.
+const (
+	// projectCatchUp is how close the controller's offered rate must come
+	// to the projection for the controller to take over.
+	projectCatchUp = 0.9
+	// projectConfirm is how many check windows in a row after a rise's
+	// surge report must be over the sidecar's share before its ratio
+	// applies (see episode.project).
+	projectConfirm = 2
+	// projectDepth is the depth of a projection's token bucket, in check
+	// windows of the sidecar's share (see episode.project).
+	projectDepth = 2
+	// projectMaxRatio bounds a projected ratio, as the law's p_max does.
+	projectMaxRatio = 0.99
+	// fallHolds is how many report intervals a fall's projection may hold
+	// without the controller's release. A fall opens only while the local
+	// rate stays under this sidecar's share, so it may wait for the
+	// controller longer than a rise: a caller whose retries keep its
+	// offered rate near its limit after its surge (retry-storm) is
+	// released by the controller only once the opening has let the
+	// retries die out.
+	fallHolds = 5
+)
+
+// jumped reports whether a bucket's count n in a surge report's window rose
+// or fell from want, what its regular rate predicts for the window, as the
+// SurgeDetector judges a first surge: by the jump factor, by surgeSigmas
+// of a Poisson count and with minCount requests. A surge report names every
+// bucket; only those that moved by themselves start an episode (a bystander
+// with 2 requests in a 100ms window has not surged).
+func jumped(n, want float64, minCount uint64) (rose, fell bool) {
+	noise := surgeSigmas * math.Sqrt(max(want, 1))
+	rose = n >= float64(minCount) && n >= dropratio.JumpFactor*want && n-want >= noise
+	fell = want >= float64(minCount) && n*dropratio.JumpFactor <= want && want-n >= noise
+	return rose, fell
+}
+
+// NewProjector returns a Projector for a sidecar reporting every interval
+// and checking for surges every check.
+func NewProjector(interval, check time.Duration, minCount uint64) *Projector {
+	return &Projector{
+		hold: interval, confirm: 2 * check, minCount: minCount,
+		regular: make(map[bucket]float64), regularG: make(map[bucket]float64), last: make(map[bucket]float64),
+		eps: make(map[bucket]*episode),
+	}
+}
+
+// Reported records a report the Window sent at now: a regular report's rates
+// are the reference of the shares; a surge report starts or extends the
+// episodes of the buckets whose rate in it jumped from their regular rate.
+func (p *Projector) Reported(r *sluicev1.LoadReport, now time.Time) {
+	secs := r.GetWindow().AsDuration().Seconds()
+	if secs <= 0 {
+		return
+	}
+	if !r.GetUrgent() {
+		clear(p.regular)
+		clear(p.regularG)
+		clear(p.last)
+		for _, pc := range r.GetPeers() {
+			k := bucket{pc.GetPeer(), pc.GetProcedure(), criticality.Tier(pc.GetCriticality())}
+			p.regular[k] += float64(pc.GetOffered()) / secs
+			p.last[k] = p.regular[k]
+			if rule := p.rules[k]; rule != nil {
+				p.regularG[k] = rule.OfferedRPS
+			}
+		}
+		return
+	}
+	for _, pc := range r.GetPeers() {
+		k := bucket{pc.GetPeer(), pc.GetProcedure(), criticality.Tier(pc.GetCriticality())}
+		n := float64(pc.GetOffered())
+		before := p.last[k]
+		p.last[k] = n / secs
+		if e := p.eps[k]; e != nil {
+			// Extended while it goes on climbing (or falling) from
+			// report to report by as much as started it: the surge
+			// reports that follow a surge by smaller steps keep
+			// coming, from noise, for seconds after it has levelled.
+			if rose, fell := jumped(n, before*secs, p.minCount); e.rise && rose || !e.rise && fell {
+				e.last = now
+			}
+			continue
+		}
+		ref, g0 := p.regular[k], p.regularG[k]
+		rose, fell := jumped(n, ref*secs, p.minCount)
+		if !(ref > 0) || !(g0 > 0) || (!rose && !fell) {
+			continue
+		}
+		if rule := p.rules[k]; rule == nil || fell && rule.DropRatio == 0 {
+			continue // nothing to project from, or to open: the controller decides
+		}
+		p.eps[k] = &episode{
+			rise: rose, start: now.Add(-r.GetWindow().AsDuration()), seen: now, last: now,
+			share: ref / g0, g0: g0,
+			admitted: float64(pc.GetOffered() - min(pc.GetDropped(), pc.GetOffered())),
+			fresh:    true, ratio: math.NaN(),
+		}
+	}
+}
+
+// Policy records the policy in force at a check at now; Reported projects
+// from the rules of the last one recorded.
+func (p *Projector) Policy(pol *sidecar.Policy, now time.Time) {
+	if pol == p.pol {
+		return
+	}
+	p.pol, p.polAt = pol, now
+	clear(p.rules)
+	if p.rules == nil {
+		p.rules = make(map[bucket]*sidecar.Rule)
+	}
+	if pol == nil || pol.Unit == sidecar.UnitCost {
+		return
+	}
+	for i := range pol.Peers {
+		r := &pol.Peers[i]
+		if r.Mode != dropratio.Enforce || r.Enforcement == dataplane.EnforceUpstream ||
+			!(r.AllowedRPS > 0) || math.IsInf(r.AllowedRPS, 1) || !(r.OfferedRPS > 0) || math.IsInf(r.OfferedRPS, 1) {
+			continue
+		}
+		p.rules[bucket{r.Peer, r.Procedure, r.Tier}] = r
+	}
+}
+
+// Check moves every episode on to a check at now, whose window of e
+// counted the per-bucket deltas then → cur, and returns the provisional
+// ratios in force (nil when none), valid until the next call.
+func (p *Projector) Check(now time.Time, then, cur map[bucket]sidecar.PeerCounts, e time.Duration) []sidecar.Provisional {
+	p.out = p.out[:0]
+	for k, ep := range p.eps {
+		rule := p.rules[k]
+		c, b := cur[k], then[k]
+		if c.Incarnation != b.Incarnation || c.Offered < b.Offered {
+			b = sidecar.PeerCounts{}
+		}
+		n := float64(c.Offered - b.Offered)
+		adm := n - float64(c.Dropped-min(b.Dropped, c.Dropped))
+		if !ep.fresh {
+			ep.admitted += max(adm, 0)
+		}
+		ep.recent(n, e.Seconds(), p.hold.Seconds())
+		if rule == nil || p.over(ep, rule, now) {
+			delete(p.eps, k)
+			// The reference of the next episode, until a regular
+			// report (which the surge reports may fold for a while)
+			// sets one: the rate over the last checks, as long a
+			// window as a report's, against the controller's rate now.
+			// A surge report's rate, over a check window or two, is too
+			// noisy to take a share from.
+			if rule != nil && ep.recentE >= p.hold.Seconds()/2 {
+				p.regular[k], p.regularG[k] = ep.recentN/ep.recentE, rule.OfferedRPS
+			} else {
+				delete(p.regular, k)
+				delete(p.regularG, k)
+			}
+			continue
+		}
+		ep.ratio = ep.project(rule.AllowedRPS, n, now, e)
+		ep.fresh = false
+		if !math.IsNaN(ep.ratio) {
+			p.out = append(p.out, sidecar.Provisional{Peer: k.peer, Procedure: k.procedure, Tier: k.tier, Ratio: ep.ratio})
+		}
+	}
+	if len(p.out) == 0 {
+		return nil
+	}
+	slices.SortFunc(p.out, compareBuckets)
+	return p.out
+}
+
+// over reports whether ep ends at now (see Projector): a rise held for an
+// interval since its last surge report, a fall held for fallHolds
+// intervals or released by the controller, or either denied by it.
+func (p *Projector) over(ep *episode, rule *sidecar.Rule, now time.Time) bool {
+	answered := p.polAt.Sub(ep.seen) >= p.confirm // the policy can reflect the surge report
+	g := rule.OfferedRPS
+	if ep.rise {
+		return now.Sub(ep.last) >= p.hold || answered && g < dropratio.JumpFactor*ep.g0
+	}
+	return now.Sub(ep.seen) >= fallHolds*p.hold || answered && (g*dropratio.JumpFactor > ep.g0 || rule.DropRatio == 0)
+}
+
+// recent adds a check window of e seconds that counted n to the recent
+// sums, and forgets the oldest part beyond span seconds in proportion.
+func (ep *episode) recent(n, e, span float64) {
+	ep.recentN += n
+	ep.recentE += e
+	if ep.recentE > span {
+		ep.recentN *= span / ep.recentE
+		ep.recentE = span
+	}
+}
+
+// project returns the episode's ratio for the next check window, given
+// the bucket's allowed rate and its count n in the last check window of
+// e, or NaN for none: the controller's ratio.
+//
+// Both ways it is a token bucket of the sidecar's share: the ratio keeps
+// what it admits since the episode began within its share of the allowed
+// rate, as the next window's count is predicted by the last one's. Its
+// depth is projectDepth check windows, so that a sidecar whose rate fell
+// under its share opens, but saves no more than that for a burst after (a
+// caller that pulses its traffic to make its sidecars see falls gets its
+// share, and no more).
+//
+// A rise's ratio applies only once projectConfirm check windows in a row
+// after the surge report have been over the sidecar's share (by four
+// standard deviations of a Poisson count), and while they are: a check window's count is noisy, and a sidecar that dropped on
+// one high count (a 4σ one is found several times an hour in a fleet of a
+// few dozen sidecars) would drop what its bucket, under its limit, never
+// needed dropped (diurnal: 0.015 % of web's and mobile's requests with one
+// window, none with two). The budget runs from the surge report's window,
+// so what the checks let through meanwhile is paid back.
+func (ep *episode) project(allowed, n float64, now time.Time, e time.Duration) float64 {
+	if n <= 0 || e <= 0 {
+		return math.NaN()
+	}
+	own := ep.share * allowed // this sidecar's part of the allowed rate
+	budget := own*(now.Sub(ep.start)+e).Seconds() - ep.admitted
+	if depth := own * projectDepth * e.Seconds(); budget > depth {
+		ep.admitted += budget - depth // the bucket is full: the rest is lost
+		budget = depth
+	}
+	if ep.rise {
+		if want := own * e.Seconds(); ep.fresh || n-want < surgeSigmas*math.Sqrt(max(want, 1)) {
+			ep.over = 0
+			return math.NaN()
+		}
+		if ep.over++; ep.over < projectConfirm {
+			return math.NaN()
+		}
+	}
+	return min(max(1-budget/n, 0), projectMaxRatio)
+}
+
+func compareBuckets(a, b sidecar.Provisional) int {
+	return cmp.Or(strings.Compare(a.Peer, b.Peer), strings.Compare(a.Procedure, b.Procedure), cmp.Compare(a.Tier, b.Tier))
+}
