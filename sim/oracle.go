@@ -67,6 +67,11 @@ func Expect(sc *Scenario, buckets []BucketSeries) {
 		c.leaves = append(c.leaves, b.Bucket())
 		c.idx = append(c.idx, i)
 	}
+	defer func() {
+		for i := range buckets {
+			burst(sc.Limits.Service(buckets[i].Callee), &buckets[i])
+		}
+	}()
 	for _, name := range order {
 		c := callees[name]
 		svc := sc.Limits.Service(name)
@@ -249,4 +254,27 @@ func levelOf(demand []float64, idx []int, capacity float64) float64 {
 		return math.Inf(1)
 	}
 	return fairLevel(ds, capacity)
+}
+
+// burst raises the allowed rate of a caller whose limit allows a burst
+// (issue #17) by the tokens its own bucket holds, second by second: full
+// at the start, filled by what its nominal rate leaves of its limit,
+// spent by what it sends above it. Written from the definition, not with
+// pkg/dropratio. A second in which a capacity holds the caller under its
+// limit spends and fills nothing; leaves and cost callers are left as
+// they are (the limits give neither a burst).
+func burst(svc *limits.Service, b *BucketSeries) {
+	lb := svc.Bucket(b.Caller)
+	if lb.Burst <= 0 || b.Procedure != "" || b.Cost != nil {
+		return
+	}
+	tokens := lb.Burst
+	for bin := range b.Allowed {
+		if bin >= len(b.Nominal) || b.Allowed[bin] < lb.Limit {
+			continue
+		}
+		b.Allowed[bin] = lb.Limit + tokens
+		sent := min(b.Nominal[bin], b.Allowed[bin])
+		tokens = min(max(tokens+lb.Limit-sent, 0), lb.Burst)
+	}
 }

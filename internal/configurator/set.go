@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -22,6 +23,8 @@ import (
 // setOptions are set's flags, as given.
 type setOptions struct {
 	limit, mode, defaultLimit, capacity, failMode, enforcement, reason string
+	// burst and payback go with a caller's limit (issue #17).
+	burst, payback string
 
 	// Tiers, cost and caps (issue #16): a bucket's settings other than
 	// its limit (maxConcurrency, criticality, maxCriticality, cost), and
@@ -107,6 +110,8 @@ func addSetFlags(cmd *cobra.Command, o *setOptions) {
 	fl := cmd.Flags()
 	fl.StringVar(&o.limit, "limit", "", `the bucket's limit in rps; 0 blocks, "none" removes it`)
 	fl.StringVar(&o.mode, "mode", "", "enforce or shadow")
+	fl.StringVar(&o.burst, "burst", "", "callee/caller with --limit: how far above its limit it may admit after a quiet period, in its unit; 0 (the default) is the tightest edge")
+	fl.StringVar(&o.payback, "payback", "", "callee/caller with --limit: window over which it pays back what it admitted above its limit (e.g. 10s, at most 1h); 0 pays nothing back")
 	fl.StringVar(&o.defaultLimit, "default-limit", "", `callee: limit of callers without one of their own, rps, or "none"`)
 	fl.StringVar(&o.capacity, "capacity", "", `callee: rps all its callers share, or "none"`)
 	fl.StringVar(&o.failMode, "fail-mode", "", "callee: what its sidecars do when their policy expires: open, hold or local")
@@ -193,11 +198,35 @@ func (a *app) runSetBucket(cmd *cobra.Command, st history.Store, t target, o set
 			}
 		}
 	}
+	var lb limitBurst
+	for _, name := range []string{"burst", "payback"} {
+		switch {
+		case !changed(name):
+		case !changed("limit") || !ok:
+			errs = append(errs, fmt.Errorf("--%s goes with a caller's limit: give --limit too", name))
+		case t.Procedure != "" || settings:
+			errs = append(errs, fmt.Errorf("--%s is a caller's limit's: give callee/caller and --limit alone", name))
+		}
+	}
+	if changed("burst") {
+		v, _, err := parseRate("burst", o.burst, false)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		lb.burst = &v
+	}
+	if changed("payback") {
+		d, err := limits.ParsePayback(o.payback)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("--payback %q: %w", o.payback, err))
+		}
+		lb.payback = &d
+	}
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
 	if !settings {
-		return a.setBucket(cmd, st, t.Bucket, l, ok, m, e, o.reason)
+		return a.setBucket(cmd, st, t.Bucket, l, ok, m, e, o.reason, lb)
 	}
 	return a.setBucketSettings(cmd, st, t.Bucket, update, changed("limit"), l, ok, m, e, o.reason)
 }
@@ -331,7 +360,7 @@ func (a *app) setBucketSettings(cmd *cobra.Command, st history.Store, b history.
 		return fmt.Errorf("set %s: %w", bucketString(b), err)
 	}
 	if limitGiven {
-		if err := a.setBucket(cmd, st, b, limit, hasLimit, m, e, reason); err != nil {
+		if err := a.setBucket(cmd, st, b, limit, hasLimit, m, e, reason, limitBurst{}); err != nil {
 			return err
 		}
 	}
@@ -602,7 +631,13 @@ func (a *app) setService(cmd *cobra.Command, st history.Store, t target, reason 
 	return nil
 }
 
-func (a *app) setBucket(cmd *cobra.Command, st history.Store, b history.Bucket, limit float64, hasLimit bool, m *dropratio.Mode, e *dataplane.Enforcement, reason string) error {
+// limitBurst is set's --burst and --payback: nil keeps the bucket's own.
+type limitBurst struct {
+	burst   *float64
+	payback *time.Duration
+}
+
+func (a *app) setBucket(cmd *cobra.Command, st history.Store, b history.Bucket, limit float64, hasLimit bool, m *dropratio.Mode, e *dataplane.Enforcement, reason string, lb limitBurst) error {
 	ctx := cmd.Context()
 	lim, err := st.Limits(ctx)
 	if err != nil {
@@ -613,9 +648,10 @@ func (a *app) setBucket(cmd *cobra.Command, st history.Store, b history.Bucket, 
 	if err := checkLoads(lim, func(l *history.Limits) {
 		l.Buckets = slices.DeleteFunc(slices.Clone(l.Buckets), func(o history.BucketLimit) bool { return o.Bucket == b })
 		if hasLimit {
-			nb := history.BucketLimit{Bucket: b, Limit: limit, Mode: m, Enforcement: e}
+			nb := history.BucketLimit{Bucket: b, Limit: limit, Mode: m, Enforcement: e, Burst: lb.burst, Payback: lb.payback}
 			if exists { // nil keeps the bucket's own, as the store does
 				nb.Mode, nb.Enforcement = cmp.Or(m, old.Mode), cmp.Or(e, old.Enforcement)
+				nb.Burst, nb.Payback = cmp.Or(lb.burst, old.Burst), cmp.Or(lb.payback, old.Payback)
 			}
 			l.Buckets = append(l.Buckets, nb)
 		}
@@ -631,7 +667,7 @@ func (a *app) setBucket(cmd *cobra.Command, st history.Store, b history.Bucket, 
 		fmt.Fprintf(w, "%s: limit removed (was %s)\n", bucketString(b), renderBucket(old))
 		return nil
 	}
-	l := history.BucketLimit{Bucket: b, Limit: limit, Mode: m, Enforcement: e, Source: history.Manual}
+	l := history.BucketLimit{Bucket: b, Limit: limit, Mode: m, Enforcement: e, Burst: lb.burst, Payback: lb.payback, Source: history.Manual}
 	if err := st.SetLimit(ctx, l, a.change(reason)); err != nil {
 		return fmt.Errorf("set limit of %s: %w", bucketString(b), err)
 	}

@@ -126,7 +126,7 @@ func TestCostDebt(t *testing.T) {
 		}
 		allowed = chat.GetAllowedRps()
 	}
-	if allowed != 5000 || len(s.debts) != 0 || debts != nil {
-		t.Errorf("after paying back: allowed %v, debts %v", allowed, s.debts)
+	if allowed != 5000 || len(s.levels) != 0 || debts != nil {
+		t.Errorf("after paying back: allowed %v, levels %v", allowed, s.levels)
 	}
 }

@@ -24,26 +24,84 @@ import (
 // caller's for a callee without procedures), at most one per bucket the
 // law runs over, and forgotten once it is 0.
 
+// Burst and payback (issue #17) are the same mechanism on the other side
+// of 0: a caller's limit may say burst: N, and it holds up to N tokens,
+// or payback: D, and it pays back an overshoot of its limit over D, as a
+// cost callee's bucket does over CostPayback. One level per bucket
+// (dropratio.LevelStep): negative is debt, positive tokens. The law is
+// given the bucket's limit raised by its tokens spread over burstSpend,
+// or lowered by its debt (dropratio.LevelLimit). Levels are kept only for
+// buckets with a finite limit of their own that hold a burst, pay back,
+// or count cost, and only while they differ from a quiet bucket's: full
+// for one with a burst, 0 for one without. A bucket with a burst that
+// has no level is full: a new bucket, or a new controller, starts so.
+
 // DefaultCostPayback is the payback window of a bucket's debt when
 // StateConfig.CostPayback is 0.
 const DefaultCostPayback = 10 * time.Second
 
-// debtKey names a bucket that can owe: a (callee, caller) pair, or a
-// leaf; its tiers share it.
-type debtKey struct{ service, caller, procedure string }
+// burstSpend is how long the law is given to spend a bucket's tokens:
+// one default tick. The law allows L + tokens/burstSpend until the
+// admitted rate, summed a tick later, drains them.
+const burstSpend = time.Second
+
+// levelKey names a bucket that can hold a level: a (callee, caller)
+// pair, or a leaf; its tiers share it.
+type levelKey struct{ service, caller, procedure string }
 
 // leafLimit returns the limit the law holds the bucket (caller,
 // procedure) of lim to, given its configured limit l.
 type leafLimit func(lim *limits.Service, caller, procedure string, l float64) float64
 
-func (s *State) payback() time.Duration { return cmp.Or(s.cfg.CostPayback, DefaultCostPayback) }
+func (s *State) costPayback() time.Duration { return cmp.Or(s.cfg.CostPayback, DefaultCostPayback) }
 
-// debtLimit is the State's leafLimit: l lowered by the bucket's debt.
-func (s *State) debtLimit(lim *limits.Service, caller, procedure string, l float64) float64 {
-	if !lim.Counted() {
+// bucketLevel is what a bucket's level is held to: its own limit, its
+// burst and its payback window.
+type bucketLevel struct {
+	limit, burst float64
+	payback      time.Duration
+}
+
+// levelOf returns the limit, burst and payback of lim's bucket (caller,
+// procedure). The payback is the limit's own, else the controller's
+// CostPayback for a callee counting cost, else none.
+func (s *State) levelOf(lim *limits.Service, caller, procedure string) bucketLevel {
+	if lim == nil {
+		return bucketLevel{limit: math.Inf(1)}
+	}
+	bl := bucketLevel{limit: ownLimit(lim, caller, procedure)}
+	if !lim.HasProcedures() {
+		b := lim.Bucket(caller)
+		bl.burst, bl.payback = b.Burst, b.Payback
+	}
+	if bl.payback == 0 && lim.Counted() {
+		bl.payback = s.costPayback()
+	}
+	return bl
+}
+
+// holds reports whether a bucket at bl keeps a level at all.
+func (bl bucketLevel) holds() bool {
+	return !math.IsInf(bl.limit, 1) && (bl.burst > 0 || bl.payback > 0)
+}
+
+// level returns the bucket k's level: a quiet bucket's (full) when the
+// State keeps none.
+func (s *State) level(k levelKey, bl bucketLevel) float64 {
+	if l, ok := s.levels[k]; ok {
 		return l
 	}
-	return dropratio.DebtLimit(l, s.debts[debtKey{lim.Name, caller, procedure}], s.payback())
+	return bl.burst
+}
+
+// levelLimit is the State's leafLimit: l raised by the bucket's tokens or
+// lowered by its debt.
+func (s *State) levelLimit(lim *limits.Service, caller, procedure string, l float64) float64 {
+	bl := s.levelOf(lim, caller, procedure)
+	if !bl.holds() {
+		return l
+	}
+	return dropratio.LevelLimit(l, s.level(levelKey{lim.Name, caller, procedure}, bl), burstSpend, bl.payback)
 }
 
 // offered is the bucket's load for the law: its cost rate for a callee
@@ -55,8 +113,18 @@ func (p *peerTotals) offered(lim *limits.Service) float64 {
 	return p.Offered
 }
 
+// admitted is the bucket's admitted rate in lim's unit: cost as the
+// sidecars counted it, or requests offered less those dropped in
+// earnest.
+func (p *peerTotals) admitted(lim *limits.Service) float64 {
+	if lim.Counted() {
+		return p.AdmittedCost
+	}
+	return max(p.Offered-p.Dropped, 0)
+}
+
 // ownLimit is the limit of lim's bucket (caller, procedure) alone, its
-// tiers' and its debt's: the leaf's for a callee with procedures, else
+// tiers' and its level's: the leaf's for a callee with procedures, else
 // the caller's.
 func ownLimit(lim *limits.Service, caller, procedure string) float64 {
 	if lim.HasProcedures() {
@@ -65,48 +133,52 @@ func ownLimit(lim *limits.Service, caller, procedure string) float64 {
 	return lim.Bucket(caller).Limit
 }
 
-// stepDebts moves every debt a step of dt on, from the admitted cost rates
-// of inbound, and returns the sum of the debts per callee, for metrics
-// (nil when none owes). A bucket that owes and is not in inbound admitted
-// nothing; one whose callee no longer counts cost, or that lost its
-// limit, owes nothing.
-func (s *State) stepDebts(dt time.Duration, inbound map[string][]peerTotals, set *limits.Set) map[string]float64 {
-	admitted := make(map[debtKey]float64, len(s.debts))
-	for k := range s.debts {
+// stepLevels moves every bucket's level a step of dt on, from the
+// admitted rates of inbound, and returns the sum of the debts per callee
+// counting cost, for metrics (nil when none owes). A bucket with a level
+// that is not in inbound admitted nothing; one that lost its limit, its
+// burst and its payback holds none.
+func (s *State) stepLevels(dt time.Duration, inbound map[string][]peerTotals, set *limits.Set) map[string]float64 {
+	admitted := make(map[levelKey]float64, len(s.levels))
+	for k := range s.levels {
 		admitted[k] = 0
 	}
 	for svc, peers := range inbound {
 		lim := set.Service(svc)
-		if !lim.Counted() {
+		if lim == nil {
 			continue
 		}
 		for _, p := range peers { // sorted: a bucket's tiers add up in one order
-			if !math.IsInf(ownLimit(lim, p.peer, p.procedure), 1) {
-				admitted[debtKey{svc, p.peer, p.procedure}] += p.AdmittedCost
+			if s.levelOf(lim, p.peer, p.procedure).holds() {
+				admitted[levelKey{svc, p.peer, p.procedure}] += p.admitted(lim)
 			}
 		}
 	}
 	var sums map[string]float64
-	for _, k := range slices.SortedFunc(maps.Keys(admitted), compareDebtKeys) {
-		l := math.Inf(1)
-		if lim := set.Service(k.service); lim.Counted() {
-			l = ownLimit(lim, k.caller, k.procedure)
-		}
-		d := dropratio.DebtStep(s.debts[k], admitted[k], l, dt, s.payback())
-		if d == 0 {
-			delete(s.debts, k)
+	for _, k := range slices.SortedFunc(maps.Keys(admitted), compareLevelKeys) {
+		lim := set.Service(k.service)
+		bl := s.levelOf(lim, k.caller, k.procedure)
+		if !bl.holds() {
+			delete(s.levels, k)
 			continue
 		}
-		s.debts[k] = d
-		if sums == nil {
-			sums = map[string]float64{}
+		l := dropratio.LevelStep(s.level(k, bl), admitted[k], bl.limit, bl.burst, dt, bl.payback)
+		if l == bl.burst {
+			delete(s.levels, k)
+			continue
 		}
-		sums[k.service] += d
+		s.levels[k] = l
+		if l < 0 && lim.Counted() {
+			if sums == nil {
+				sums = map[string]float64{}
+			}
+			sums[k.service] -= l
+		}
 	}
 	return sums
 }
 
-func compareDebtKeys(a, b debtKey) int {
+func compareLevelKeys(a, b levelKey) int {
 	return cmp.Or(cmp.Compare(a.service, b.service), cmp.Compare(a.caller, b.caller), cmp.Compare(a.procedure, b.procedure))
 }
 
@@ -132,6 +204,6 @@ func (s *State) markCost(pp *sluicev1.PeerPolicy, v dropratio.Verdict, lim *limi
 		pp.MaxConcurrency = &c
 	}
 	if lim.Counted() {
-		pp.Debt = s.debts[debtKey{service, v.Caller, v.Procedure}]
+		pp.Debt = max(-s.levels[levelKey{service, v.Caller, v.Procedure}], 0)
 	}
 }

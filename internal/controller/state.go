@@ -70,10 +70,12 @@ type State struct {
 	// the list, so at most MaxDescriptorValues per descriptor and only of
 	// descriptors the limits give. Nil while DescriptorHold is 0.
 	held map[descriptorKey]map[string]heldValue
-	// debts holds the debt of every bucket of a callee counting cost that
-	// owes, in its units (see debt.go): only buckets with a limit of
-	// their own, and none that owes nothing.
-	debts map[debtKey]float64
+	// levels holds the level of every bucket that holds tokens below its
+	// burst or owes debt, in its callee's units (see debt.go): only
+	// buckets with a finite limit of their own that hold a burst, pay
+	// back or count cost, and none that is quiet (full, or at 0 without
+	// a burst).
+	levels map[levelKey]float64
 
 	aggs map[string]*aggregatorLoad
 
@@ -114,7 +116,7 @@ func NewState(cfg StateConfig, now time.Time) (*State, error) {
 		descLaw:   descLaw,
 		aggs:      map[string]*aggregatorLoad{},
 		published: map[string]*published{},
-		debts:     map[debtKey]float64{},
+		levels:    map[levelKey]float64{},
 	}, nil
 }
 

@@ -136,8 +136,8 @@ func (s *State) Tick(now time.Time, set *limits.Set) TickResult {
 		s.seed(inbound)
 	}
 	s.lastStep = now
-	res.Debts = s.stepDebts(dt, inbound, set)
-	services := lawInput(inbound, set, s.debtLimit)
+	res.Debts = s.stepLevels(dt, inbound, set)
+	services := lawInput(inbound, set, s.levelLimit)
 	verdicts := s.law.Step(dt, services)
 	descriptors, dstats := s.stepDescriptors(now, dt, set)
 	res.Descriptors = dstats

@@ -279,6 +279,10 @@ func (d *decoder) bucket(n *yaml.Node, path string) fileBucket {
 			fb.MaxCriticality = d.text(v, p)
 		case "max_concurrency":
 			fb.MaxConcurrency = d.number(v, p)
+		case "burst":
+			fb.Burst = d.number(v, p)
+		case "payback":
+			fb.Payback = d.text(v, p)
 		default:
 			d.errorf(path, k, "field %s not found", key)
 		}

@@ -35,6 +35,7 @@ import (
 //	      web:   {limit: 100}
 //	      batch: {limit: 50, mode: shadow}
 //	      app:   {limit: 80, enforcement: upstream} # a proxyless gRPC client
+//	      bulk:  {limit: 1000, burst: 2000, payback: 10s} # see below
 //	  payments:
 //	    capacity: 500
 //	    callers:
@@ -93,6 +94,21 @@ import (
 // sidecars decide a request's descriptors and tier, price it and count it
 // in flight. max_concurrency (a positive integer) caps a caller's or a
 // leaf's requests in flight at the callee, globally, in any unit.
+//
+// burst: N (requests, or cost units for a callee counting cost) lets a
+// caller admit up to N above its limit after a quiet period: the
+// controller keeps a token bucket per caller that fills at its limit
+// less what it admitted, up to N, and raises the limit it gives the law
+// by the tokens it holds (dropratio.LevelStep). The default, 0, is the
+// tightest edge: a limit that says nothing about bursts must not let an
+// unannounced burst through to a fragile callee. payback: D (a duration
+// up to 1h) pays back what the caller admitted above its limit over D,
+// by lowering its limit meanwhile, so that the admitted total over a
+// window meets the limit; off (0) by default for a callee counting
+// requests, while a callee counting cost pays back over the
+// controller's --cost-payback unless the caller names its own. Both need
+// the caller's own limit, and are not yet given to a caller of a callee
+// with procedures.
 type fileDoc struct {
 	Services map[string]fileService `yaml:"services"`
 }
@@ -153,6 +169,11 @@ type fileBucket struct {
 	MaxCriticality string `yaml:"max_criticality,omitempty"`
 	// MaxConcurrency caps the caller's requests in flight, globally.
 	MaxConcurrency *float64 `yaml:"max_concurrency,omitempty"`
+	// Burst is how far above its limit the caller may go after a quiet
+	// period, in requests or cost units; Payback the window over which
+	// it pays back what it admitted above it (a duration).
+	Burst   *float64 `yaml:"burst,omitempty"`
+	Payback string   `yaml:"payback,omitempty"`
 }
 
 // Parse reads a limits document. Unknown fields are errors, and every problem
@@ -275,6 +296,7 @@ func (b *builder) service(name string, fs fileService) *Service {
 			Enforcement: setting(cpath+".enforcement", fb.Enforcement, dataplane.ParseEnforcement, svc.callerEnforcement(caller), &b.errs),
 		}
 		bucket.MaxConcurrency = b.maxConcurrency(cpath+".max_concurrency", fb.MaxConcurrency, bucket.Enforcement)
+		bucket.Burst, bucket.Payback = b.burst(svc, cpath, fb)
 		// Only where the caller names it: one inherited from the service
 		// is the service's error.
 		if upErr != nil && fb.Enforcement != "" && bucket.Enforcement == dataplane.EnforceUpstream {

@@ -355,7 +355,14 @@ func render(set *Set) fileDoc {
 		fs := fileService{Capacity: rate(svc.Capacity), DefaultLimit: rate(svc.DefaultLimit),
 			Mode: svc.Mode.String(), FailMode: svc.FailMode.String(), Enforcement: svc.Enforcement.String(), Callers: map[string]fileBucket{}}
 		for caller, b := range svc.Callers {
-			fs.Callers[caller] = fileBucket{Limit: rate(b.Limit), Mode: b.Mode.String(), Enforcement: b.Enforcement.String()}
+			fb := fileBucket{Limit: rate(b.Limit), Mode: b.Mode.String(), Enforcement: b.Enforcement.String()}
+			if b.Burst != 0 {
+				fb.Burst = &b.Burst
+			}
+			if b.Payback != 0 {
+				fb.Payback = b.Payback.String()
+			}
+			fs.Callers[caller] = fb
 		}
 		for _, r := range svc.Routes {
 			fs.Routes = append(fs.Routes, fileRoute{Route: r.Pattern, Procedure: r.Procedure})

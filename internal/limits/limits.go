@@ -10,6 +10,7 @@ import (
 	"context"
 	"math"
 	"sort"
+	"time"
 
 	"github.com/sluicehq/sluice/pkg/dataplane"
 	"github.com/sluicehq/sluice/pkg/descriptor"
@@ -165,6 +166,17 @@ type Bucket struct {
 	// MaxConcurrency caps the bucket's requests in flight at the callee,
 	// globally, whatever the service's Unit; 0 for none.
 	MaxConcurrency uint32
+	// Burst is the most the bucket may admit above its Limit after a
+	// quiet period, in the service's Unit (token-bucket semantics at the
+	// global level: see dropratio.LevelStep). 0, the default, is the
+	// tightest edge: a limit that says nothing about bursts must not let
+	// an unannounced burst through to a fragile callee.
+	Burst float64
+	// Payback is the window over which the bucket pays back what it
+	// admitted above its Limit, its limit lowered meanwhile; 0, the
+	// default, pays nothing back, but for a callee counting cost, whose
+	// buckets pay back over the controller's --cost-payback.
+	Payback time.Duration
 }
 
 // NewSet builds a Set from services; the map must not be changed afterwards.

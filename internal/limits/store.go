@@ -86,9 +86,21 @@ func FromHistory(l history.Limits) (*Set, error) {
 			Limit:       b.Limit,
 			Mode:        stored(path+": mode", b.Mode, s.Mode, &errs),
 			Enforcement: stored(path+": enforcement", b.Enforcement, s.callerEnforcement(b.Caller), &errs),
+			Burst:       storedBurst(b.Burst),
+			Payback:     storedPayback(b.Payback),
 		}
 	}
 	storedProcedures(l.Routes, leaves, l.Settings, get, &errs, &warns)
+	for _, b := range l.Buckets { // once every callee's procedures are known
+		if storedBurst(b.Burst) == 0 && storedPayback(b.Payback) == 0 {
+			continue
+		}
+		if err := checkStoredBurst(b); err != nil {
+			errs = append(errs, fmt.Errorf("limit %s: %w", b.Path(), err))
+		} else if b.Procedure != "" || get(b.Callee).HasProcedures() {
+			errs = append(errs, fmt.Errorf("limit %s: burst, payback: %w", b.Path(), errBurstProcedures))
+		}
+	}
 	storedSettings(l.Settings, get, &errs, &warns)
 	for _, name := range slices.Sorted(maps.Keys(services)) {
 		storedUpstream(services[name], &errs)
@@ -555,4 +567,30 @@ func (s *Store) reload(ctx context.Context) {
 	if first {
 		s.log.Info("limits loaded", "services", set.Len(), "buckets", len(l.Buckets))
 	}
+}
+
+func storedBurst(v *float64) float64 {
+	if v == nil {
+		return 0
+	}
+	return *v
+}
+
+func storedPayback(v *time.Duration) time.Duration {
+	if v == nil {
+		return 0
+	}
+	return *v
+}
+
+// checkStoredBurst checks a stored limit's burst and payback by the limits
+// file's rules.
+func checkStoredBurst(b history.BucketLimit) error {
+	if v := storedBurst(b.Burst); math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
+		return fmt.Errorf("burst: %v is not a finite number >= 0", v)
+	}
+	if p := storedPayback(b.Payback); p < 0 || p > MaxPayback {
+		return fmt.Errorf("payback: %v is outside [0, %v]", p, MaxPayback)
+	}
+	return nil
 }

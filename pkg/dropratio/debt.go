@@ -48,24 +48,10 @@ const DebtForgive = 0.01
 // non-positive payback hold none; a dt ≤ 0 leaves the debt as it was,
 // clamped.
 func DebtStep(debt, admitted, limit float64, dt, payback time.Duration) float64 {
-	if !(limit > 0) || math.IsInf(limit, 1) || payback <= 0 {
-		return 0
-	}
 	if !(debt > 0) {
 		debt = 0
 	}
-	if !(admitted >= 0) || math.IsInf(admitted, 1) {
-		admitted = 0
-	}
-	window := limit * payback.Seconds()
-	if dt > 0 {
-		debt += (admitted - limit) * dt.Seconds()
-	}
-	debt = min(max(debt, 0), window)
-	if admitted <= limit && debt < DebtForgive*window {
-		debt = 0
-	}
-	return debt
+	return max(-LevelStep(-debt, admitted, limit, 0, dt, payback), 0)
 }
 
 // DebtLimit returns the limit the law holds a bucket to while it owes
@@ -80,3 +66,78 @@ func DebtLimit(limit, debt float64, payback time.Duration) float64 {
 
 // debtFolds is how many times a debt e-folds in one payback window.
 const debtFolds = 3
+
+// Burst (issue #17). Debt is one side of a bucket's level b, in
+// requests or cost units: a bucket whose limit L allows a burst of N
+// (the limits file's burst:) holds up to N tokens, and one whose limit
+// pays back an overshoot (payback: P, or a cost callee's --cost-payback)
+// may owe down to a whole window of its limit. One level in [−L·P, N]:
+// negative is debt, positive is tokens. Each step of dt with A the
+// bucket's admitted rate over the step:
+//
+//	b     = clamp(b + (L − A)·dt, −L·P, N)    (LevelStep)
+//	limit = L + b/spend       while b > 0      (LevelLimit)
+//	        max(0, L − 3·(−b)/P) while b < 0   (DebtLimit)
+//
+// A bucket admitting under its limit fills at L − A up to N; one
+// admitting above it spends its tokens first, then, with a payback, runs
+// into debt. The law is allowed L plus the tokens held spread over spend
+// (the controller's: one tick), so that a burst after a quiet period is
+// admitted in full, and the bucket is held to L again once its tokens
+// are spent. Without a payback (P = 0) the level never goes below 0: what
+// the law lets through above L while it reacts is not paid back.
+//
+// A burst of 0 and no payback is the tightest edge, today's behaviour
+// exactly: the level stays 0 and the limit is L. It is the default: a
+// limit that says nothing about bursts must not let an unannounced burst
+// through to a fragile callee.
+
+// LevelStep returns a bucket's level (see Burst above) after a step of dt
+// in which it admitted admitted units per second against its limit of
+// limit units per second; burst is the most tokens it may hold, payback
+// the window over which it pays back an overshoot (0: none). Hostile or
+// broken inputs never make a level NaN or infinite: a NaN level counts as
+// 0, a NaN, negative or infinite admitted rate as 0 (a broken count owes
+// nothing and spends nothing), a NaN, negative or infinite burst as none;
+// a NaN, negative or 0 limit holds no level (its bucket is blocked
+// already), nor does an infinite one (no limit); a dt ≤ 0 leaves the
+// level as it was, clamped. A shrinking debt under DebtForgive of a
+// window is forgiven.
+func LevelStep(level, admitted, limit, burst float64, dt, payback time.Duration) float64 {
+	if !(limit > 0) || math.IsInf(limit, 1) {
+		return 0
+	}
+	if !(burst > 0) || math.IsInf(burst, 1) {
+		burst = 0
+	}
+	floor := 0.0 // −window: the most a bucket may owe
+	if payback > 0 {
+		floor = max(-limit*payback.Seconds(), -math.MaxFloat64)
+	}
+	if math.IsNaN(level) {
+		level = 0
+	}
+	if !(admitted >= 0) || math.IsInf(admitted, 1) {
+		admitted = 0
+	}
+	if dt > 0 {
+		level += (limit - admitted) * dt.Seconds()
+	}
+	level = min(max(level, floor), burst)
+	if level < 0 && admitted <= limit && -level < DebtForgive*-floor {
+		level = 0
+	}
+	return level
+}
+
+// LevelLimit returns the limit the law holds a bucket to at level: its
+// limit raised by its tokens spread over spend (level > 0), lowered by
+// its debt over payback (level < 0, DebtLimit), else its limit. A bucket
+// without a limit keeps it; a NaN level counts as 0, a spend ≤ 0 spends
+// no tokens. For a finite limit ≥ 0 the result is finite and ≥ 0.
+func LevelLimit(limit, level float64, spend, payback time.Duration) float64 {
+	if level > 0 && spend > 0 && !math.IsInf(limit, 1) && !math.IsNaN(limit) {
+		return min(limit+level/spend.Seconds(), math.MaxFloat64)
+	}
+	return DebtLimit(limit, -level, payback)
+}

@@ -124,11 +124,22 @@ type BucketLimit struct {
 	Limit       float64 // rps, >= 0; 0 blocks
 	Mode        *dropratio.Mode
 	Enforcement *dataplane.Enforcement
-	Source      Source
-	UpdatedBy   string
-	Reason      string
-	UpdatedAt   time.Time
+	// Burst is how far above its limit the bucket may admit after a quiet
+	// period (finite, >= 0, in its callee's units), Payback the window
+	// over which it pays back what it admitted above its limit (0 to
+	// MaxPayback); 0 is none for both. Set in every limit the store
+	// returns; in one given to SetLimit, nil keeps the bucket's own, or 0.
+	// Approve keeps them.
+	Burst     *float64
+	Payback   *time.Duration
+	Source    Source
+	UpdatedBy string
+	Reason    string
+	UpdatedAt time.Time
 }
+
+// MaxPayback bounds BucketLimit.Payback.
+const MaxPayback = time.Hour
 
 // ServiceLimits are a callee's own settings: a default limit for callers
 // without one, a capacity all callers share, the mode and enforcement its

@@ -313,6 +313,8 @@ func (m *Memory) SetLimit(ctx context.Context, l BucketLimit, c Change) error {
 	now := m.opts.clock()
 	l.Mode = setting(l.Mode, nil, m.modeFor(l.Bucket))
 	l.Enforcement = setting(l.Enforcement, nil, m.enforcementFor(l.Bucket))
+	o := m.buckets[l.Bucket] // its burst and payback, nil when it has no limit
+	l.Burst, l.Payback = setting(l.Burst, o.Burst, 0), setting(l.Payback, o.Payback, 0)
 	if l.Source == "" {
 		l.Source = Manual
 	}
@@ -556,8 +558,10 @@ func (m *Memory) decide(ids []int64, c Change, to ProposalStatus) ([]Proposal, e
 			Bucket: p.Bucket, Limit: p.Proposed, Mode: new(m.modeFor(p.Bucket)), Enforcement: new(m.enforcementFor(p.Bucket)), Source: Derived,
 			UpdatedBy: c.Actor, Reason: c.Reason, UpdatedAt: now,
 		}
+		o, ok := m.buckets[p.Bucket]
+		l.Burst, l.Payback = setting(nil, o.Burst, 0), setting(nil, o.Payback, 0)
 		var old string
-		if o, ok := m.buckets[p.Bucket]; ok {
+		if ok {
 			old = renderLimit(o)
 		}
 		m.buckets[p.Bucket] = l

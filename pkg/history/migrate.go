@@ -65,6 +65,11 @@ var olderBinaries = map[string]bool{
 	// Nullable columns and columns with a default: older binaries name
 	// the columns they write and read, and their rows have no cost.
 	"0005_cost_history": true,
+	// Columns with a default of 0; older binaries neither read nor write
+	// them, and their upserts leave them as they are. Under an older
+	// binary a limit's burst and payback are ignored: it enforces the
+	// tightest edge and pays nothing back, the defaults.
+	"0006_burst_payback": true,
 }
 
 // loadMigrations reads the embedded migrations, sorted by version.

@@ -22,7 +22,7 @@ import (
 const notifyChannel = "sluice_limits"
 
 const (
-	selectBucketLimit = `SELECT callee, caller, procedure, limit_rps AS "limit", mode, enforcement, source, updated_by, reason, updated_at FROM bucket_limits`
+	selectBucketLimit = `SELECT callee, caller, procedure, limit_rps AS "limit", mode, enforcement, burst, payback_ms, source, updated_by, reason, updated_at FROM bucket_limits`
 	selectService     = `SELECT callee, default_limit, capacity, mode, fail_mode, enforcement, updated_by, reason, updated_at,
 		unit, cost_default, cost_max, cost_request_header, cost_response_header,
 		tiers, criticality_header, criticality_default, criticality_max FROM service_limits`
@@ -39,6 +39,8 @@ type bucketRow struct {
 	Bucket
 	Limit             float64
 	Mode, Enforcement string
+	Burst             float64
+	PaybackMs         int64
 	Source            Source
 	UpdatedBy, Reason string
 	UpdatedAt         time.Time
@@ -113,7 +115,8 @@ func rowToLimit(row pgx.CollectableRow) (BucketLimit, error) {
 		Bucket: r.Bucket, Limit: r.Limit,
 		Mode:        column("mode", r.Mode, dropratio.ParseMode, &errs),
 		Enforcement: column("enforcement", r.Enforcement, dataplane.ParseEnforcement, &errs),
-		Source:      r.Source, UpdatedBy: r.UpdatedBy, Reason: r.Reason, UpdatedAt: r.UpdatedAt,
+		Burst:       new(r.Burst), Payback: new(time.Duration(r.PaybackMs) * time.Millisecond),
+		Source: r.Source, UpdatedBy: r.UpdatedBy, Reason: r.Reason, UpdatedAt: r.UpdatedAt,
 	}
 	if err := errors.Join(errs...); err != nil {
 		return BucketLimit{}, fmt.Errorf("bucket_limits row %s: %w", r.Path(), err)
@@ -326,19 +329,27 @@ func upsertLimits(ctx context.Context, tx pgx.Tx, ls []BucketLimit) error {
 	callees, callers, modes, sources := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 	limits, by, reasons, at := make([]float64, n), make([]string, n), make([]string, n), make([]time.Time, n)
 	enfs, procs := make([]string, n), make([]string, n)
+	bursts, paybacks := make([]float64, n), make([]int64, n)
 	for i, l := range ls {
+		if l.Burst != nil {
+			bursts[i] = *l.Burst
+		}
+		if l.Payback != nil {
+			paybacks[i] = l.Payback.Milliseconds()
+		}
 		callees[i], callers[i], procs[i], limits[i], modes[i], sources[i] = l.Callee, l.Caller, l.Procedure, l.Limit, l.Mode.String(), string(l.Source)
 		by[i], reasons[i], at[i] = l.UpdatedBy, l.Reason, l.UpdatedAt
 		enfs[i] = l.Enforcement.String()
 	}
 	_, err := tx.Exec(ctx, `
-		INSERT INTO bucket_limits (callee, caller, limit_rps, mode, source, updated_by, reason, updated_at, enforcement, procedure)
-		SELECT * FROM unnest($1::text[], $2::text[], $3::float8[], $4::text[], $5::text[], $6::text[], $7::text[], $8::timestamptz[], $9::text[], $10::text[])
+		INSERT INTO bucket_limits (callee, caller, limit_rps, mode, source, updated_by, reason, updated_at, enforcement, procedure, burst, payback_ms)
+		SELECT * FROM unnest($1::text[], $2::text[], $3::float8[], $4::text[], $5::text[], $6::text[], $7::text[], $8::timestamptz[], $9::text[], $10::text[],
+			$11::float8[], $12::int8[])
 		ON CONFLICT (callee, caller, procedure) DO UPDATE SET
 			limit_rps = excluded.limit_rps, mode = excluded.mode, source = excluded.source,
 			updated_by = excluded.updated_by, reason = excluded.reason, updated_at = excluded.updated_at,
-			enforcement = excluded.enforcement`,
-		callees, callers, limits, modes, sources, by, reasons, at, enfs, procs)
+			enforcement = excluded.enforcement, burst = excluded.burst, payback_ms = excluded.payback_ms`,
+		callees, callers, limits, modes, sources, by, reasons, at, enfs, procs, bursts, paybacks)
 	return err
 }
 
@@ -390,6 +401,8 @@ func (p *Postgres) SetLimit(ctx context.Context, l BucketLimit, c Change) error 
 			l.Mode = setting(l.Mode, nil, defs[l.Bucket].mode)
 			l.Enforcement = setting(l.Enforcement, nil, defs[l.Bucket].enforcement)
 		}
+		o := current[l.Bucket] // its burst and payback, nil when it has no limit
+		l.Burst, l.Payback = setting(l.Burst, o.Burst, 0), setting(l.Payback, o.Payback, 0)
 		l.UpdatedBy, l.Reason, l.UpdatedAt = c.Actor, c.Reason, now
 		if err := upsertLimits(ctx, tx, []BucketLimit{l}); err != nil {
 			return false, err
@@ -412,7 +425,7 @@ func (p *Postgres) DeleteLimit(ctx context.Context, b Bucket, c Change) error {
 	}
 	return p.change(ctx, "delete_limit", func(tx pgx.Tx, now time.Time) (bool, error) {
 		rows, err := tx.Query(ctx, `DELETE FROM bucket_limits WHERE callee = $1 AND caller = $2 AND procedure = $3
-			RETURNING callee, caller, procedure, limit_rps AS "limit", mode, enforcement, source, updated_by, reason, updated_at`, b.Callee, b.Caller, b.Procedure)
+			RETURNING callee, caller, procedure, limit_rps AS "limit", mode, enforcement, burst, payback_ms, source, updated_by, reason, updated_at`, b.Callee, b.Caller, b.Procedure)
 		if err != nil {
 			return false, err
 		}
@@ -894,6 +907,7 @@ func (p *Postgres) decide(ctx context.Context, ids []int64, c Change, to Proposa
 		for i, p := range ps {
 			ls[i] = BucketLimit{
 				Bucket: p.Bucket, Limit: p.Proposed, Mode: new(defs[p.Bucket].mode), Enforcement: new(defs[p.Bucket].enforcement), Source: Derived,
+				Burst: setting(nil, current[p.Bucket].Burst, 0), Payback: setting(nil, current[p.Bucket].Payback, 0),
 				UpdatedBy: c.Actor, Reason: c.Reason, UpdatedAt: now,
 			}
 			var old string

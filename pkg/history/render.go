@@ -26,7 +26,14 @@ func renderOptRate(v *float64) string {
 // renderLimit: "120 rps, enforce, manual", and ", enforced upstream" when
 // it is (sidecar, the default, is left out, as before the field existed).
 func renderLimit(l BucketLimit) string {
-	return fmt.Sprintf("%s, %s, %s%s", renderRate(l.Limit), renderSetting(l.Mode), l.Source, renderUpstream(l.Enforcement))
+	s := fmt.Sprintf("%s, %s, %s%s", renderRate(l.Limit), renderSetting(l.Mode), l.Source, renderUpstream(l.Enforcement))
+	if l.Burst != nil && *l.Burst != 0 {
+		s += ", burst " + strconv.FormatFloat(*l.Burst, 'g', -1, 64)
+	}
+	if l.Payback != nil && *l.Payback != 0 {
+		s += ", payback " + l.Payback.String()
+	}
+	return s
 }
 
 // renderService: "default 100 rps, capacity none, mode enforce, fail open",

@@ -277,6 +277,12 @@ func checkBucketLimit(l BucketLimit) error {
 	if err := checkOptSetting("limit.enforcement", l.Enforcement); err != nil {
 		return err
 	}
+	if err := checkOptRate("limit.burst", l.Burst); err != nil {
+		return err
+	}
+	if p := l.Payback; p != nil && (*p < 0 || *p > MaxPayback || *p%time.Millisecond != 0) {
+		return fmt.Errorf("limit.payback: %v is not whole milliseconds in [0, %v]: %w", *p, MaxPayback, ErrInvalid)
+	}
 	return checkSource("limit.source", l.Source)
 }
 

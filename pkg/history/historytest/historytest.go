@@ -66,6 +66,7 @@ func Run(t *testing.T, open func(t *testing.T) history.Store) {
 		{"ServiceTiersCost", testServiceTiersCost},
 		{"BucketSettings", testBucketSettings},
 		{"CostMinutes", testCostMinutes},
+		{"BurstPayback", testBurstPayback},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -484,6 +485,7 @@ func testSetLimit(t *testing.T, s history.Store) {
 		out := slices.Clone(bs)
 		for i := range out {
 			out[i].UpdatedAt = time.Time{}
+			out[i].Burst, out[i].Payback = nil, nil // BurstPayback tests them
 		}
 		return out
 	}
@@ -788,6 +790,7 @@ func testApprove(t *testing.T, s history.Store) {
 	for i := range l.Buckets {
 		win.check(t, "UpdatedAt", l.Buckets[i].UpdatedAt)
 		l.Buckets[i].UpdatedAt = time.Time{}
+		l.Buckets[i].Burst, l.Buckets[i].Payback = nil, nil // BurstPayback tests them
 	}
 	derived := func(b history.Bucket, limit float64, m dropratio.Mode) history.BucketLimit {
 		return history.BucketLimit{Bucket: b, Limit: limit, Mode: new(m), Enforcement: new(dataplane.EnforceSidecar), Source: history.Derived, UpdatedBy: "bob", Reason: "second reason"}
