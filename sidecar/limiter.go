@@ -707,12 +707,12 @@ type ServiceLimiter struct {
 	table atomic.Pointer[table]
 	mu    sync.Mutex // serialises writers of table; guards fail, sweptAt and the entries' idleness
 
-	fail    failState // the policy's age and fail mode; see failmode.go
+	fail failState // the policy's age and fail mode; see failmode.go
 	// base is the current policy's verdicts as the controller set them,
 	// and prov the provisional ratios laid over them in the table (see
 	// provisional.go).
-	base map[leaf]*verdict
-	prov map[leaf]Provisional
+	base    map[leaf]*verdict
+	prov    map[leaf]Provisional
 	sweptAt time.Time // the last sweep for idle peers; see evictIdle
 	evicted atomic.Uint64
 

@@ -63,7 +63,7 @@ type Projector struct {
 	// last holds the rates of the last report, surge reports included:
 	// an episode goes on while its bucket's rate moves on from it.
 	last map[bucket]float64
-	eps     map[bucket]*episode
+	eps  map[bucket]*episode
 
 	pol   *sidecar.Policy // the policy last seen at a check, and when it was first
 	polAt time.Time
@@ -87,7 +87,7 @@ type episode struct {
 	// recentN and recentE are the count and length of the last checks'
 	// windows, about an interval's worth (see recent).
 	recentN, recentE float64
-	ratio             float64 // the projection; NaN: none in force
+	ratio            float64 // the projection; NaN: none in force
 }
 
 // Projection margins.
