@@ -208,6 +208,13 @@ func (s *ServiceLimiter) expire(now time.Time) {
 
 	switch p.FailMode {
 	case dataplane.FailHold:
+		// The controller's last ratios, not a projection laid over them
+		// (provisional.go): no controller has confirmed it since.
+		if len(s.prov) > 0 {
+			s.prov = nil
+			old := s.table.Load()
+			s.installLocked(p, old.procs, old.crit, s.base, old.desc, old.cost)
+		}
 	case dataplane.FailLocal:
 		if !f.derived {
 			s.deriveLocked(p) // buckets start full

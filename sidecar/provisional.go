@@ -19,7 +19,7 @@ import (
 // dropping more than its share while the others follow the controller (a
 // 2 % undershoot in uber-surge's second second).
 //
-// It is never laid over an expired policy's fail mode, a shadow rule, one
+// It is never laid over an expired policy (whatever its fail mode), a shadow rule, one
 // enforced upstream, or a service with a cost table (whose prices and caps
 // are metered per leaf).
 
@@ -56,8 +56,10 @@ func (s *ServiceLimiter) setProvisional(ps []Provisional) {
 		return
 	}
 	s.prov = next
-	if s.fail.derived {
-		return // the fail mode's verdicts stay; a new policy applies the overlay
+	if s.fail.derived || s.fail.state == Expired {
+		// The fail mode's verdicts stay (hold's too: the controller's
+		// last ratios); a new policy applies the overlay.
+		return
 	}
 	t := s.table.Load()
 	if t.policy == nil {

@@ -472,6 +472,8 @@ func newEngine(sc *Scenario, seed uint64, opts Options) (*engine, error) {
 		e.at(phase, func() { e.report(s) })
 		if c := sc.Loop.SurgeCheck; c > 0 {
 			e.at(firstAfter(start, c), func() { e.check(s) })
+			step := c / reporter.DefaultProjectSteps
+			e.at(firstAfter(start, c)+step/2, func() { e.project(s) })
 		}
 		e.at(firstAfter(start, sidecar.ExpiryPeriod), func() { e.expire(s) })
 	}
@@ -837,6 +839,13 @@ func (e *engine) check(s *simSidecar) {
 		}
 		e.send(s, rep)
 	}
+}
+
+// project is one sidecar's projection step between its surge checks
+// (reporter.Window.Project), on its own ticker as in the Reporter.
+func (e *engine) project(s *simSidecar) {
+	e.after(e.sc.Loop.SurgeCheck/reporter.DefaultProjectSteps, func() { e.project(s) })
+	s.win.Project(Epoch.Add(e.now), s.lim)
 }
 
 // send hands a report to the sidecar's uplink: to its aggregator, or kept,

@@ -35,15 +35,15 @@ import (
 // The projection is provisional: it takes the controller's ratio's place
 // (sidecar.Provisional) and ends at whichever comes first of
 //   - for a rise, one report interval after the bucket's last surge
-//     report: every sidecar's regular report has reached the controller
-//     by then; for a fall, the controller's release (its ratio 0), or
+//     report, once the controller answers: every sidecar's regular report
+//     has reached the controller by then; for a fall, the controller's release (its ratio 0), or
 //     fallHolds intervals;
-//   - the controller's denial: a policy first seen a confirmation delay
-//     (two surge checks) after the surge report whose offered rate did
-//     not move by the jump factor the way this sidecar's did. The share
-//     did not hold: traffic moved to or away from this sidecar (a deploy,
-//     a zone failover), or only this sidecar's part of the bucket surged,
-//     and the controller, which sees the whole fleet, is right.
+//   - for a rise, the controller's denial: a policy first seen a
+//     confirmation delay (two surge checks) after the surge report whose
+//     offered rate did not rise by the jump factor the way this sidecar's
+//     did. The share did not hold: traffic moved to this sidecar (a
+//     deploy, a zone failover), or only this sidecar's part of the bucket
+//     surged, and the controller, which sees the whole fleet, is right.
 //
 // It never starts without what it needs: a policy rule with a finite
 // allowed rate and a global offered rate, enforced by this sidecar, and a
@@ -84,9 +84,12 @@ type episode struct {
 	admitted          float64 // requests admitted since start
 	fresh             bool    // started at this check: its window is counted already
 	over              int     // a rise's checks in a row since it started whose rate was over the share
-	// recentN and recentE are the count and length of the last checks'
-	// windows, about an interval's worth (see recent).
+	// recentN and recentE are the count and length of the last steps'
+	// windows, about an interval's worth; winN and winE about a check's
+	// worth: the rate a step's ratio is projected from, steadier than a
+	// 25 ms step's own count (see decay).
 	recentN, recentE float64
+	winN, winE       float64
 	ratio            float64 // the projection; NaN: none in force
 }
 
@@ -98,12 +101,18 @@ const (
 	// projectConfirm is how many check windows in a row after a rise's
 	// surge report must be over the sidecar's share before its ratio
 	// applies (see episode.project).
-	projectConfirm = 2
+	projectConfirm = 1
+	// projectPayback is over how many steps a projection pays back what
+	// it let through above its share, or spends what it saved.
+	projectPayback = DefaultProjectSteps
 	// projectDepth is the depth of a projection's token bucket, in check
 	// windows of the sidecar's share (see episode.project).
 	projectDepth = 2
 	// projectMaxRatio bounds a projected ratio, as the law's p_max does.
 	projectMaxRatio = 0.99
+	// fallDenied is the share of a fall's global offered rate at its start
+	// that the controller's rate must still show for it to deny the fall.
+	fallDenied = 0.9
 	// fallHolds is how many report intervals a fall's projection may hold
 	// without the controller's release. A fall opens only while the local
 	// rate stays under this sidecar's share, so it may wait for the
@@ -186,7 +195,48 @@ func (p *Projector) Reported(r *sluicev1.LoadReport, now time.Time) {
 			rise: rose, start: now.Add(-r.GetWindow().AsDuration()), seen: now, last: now,
 			share: ref / g0, g0: g0,
 			admitted: float64(pc.GetOffered() - min(pc.GetDropped(), pc.GetOffered())),
-			fresh:    true, ratio: math.NaN(),
+			winN:     n, winE: secs,
+			fresh: true, ratio: math.NaN(),
+		}
+	}
+}
+
+// Started starts, at a projection step at now, the episode of each bucket
+// without one whose count since the last surge check (then, at checkedAt),
+// half a check or more, shows it rose from its regular rate: the surge
+// check that would report it comes up to half a check later. Its budget
+// runs from the check.
+func (p *Projector) Started(now, checkedAt time.Time, then, cur map[bucket]sidecar.PeerCounts) {
+	secs := now.Sub(checkedAt).Seconds()
+	if secs < p.confirm.Seconds()/4 {
+		return // under half a check: too lumpy a window (arrivals come in bursts)
+	}
+	for k, c := range cur {
+		if p.eps[k] != nil {
+			continue
+		}
+		b := then[k]
+		if c.Incarnation != b.Incarnation || c.Offered < b.Offered {
+			b = sidecar.PeerCounts{}
+		}
+		n := float64(c.Offered - b.Offered)
+		ref, g0 := p.regular[k], p.regularG[k]
+		if !(ref > 0) || !(g0 > 0) || p.rules[k] == nil {
+			continue
+		}
+		// Judged more strictly than a surge report (6σ, the bar of a
+		// window judged more than once): a check window is judged at
+		// each of its steps, and a start drops.
+		want := ref * secs
+		if n < float64(p.minCount) || n < dropratio.JumpFactor*want || n-want < reportSigmas*math.Sqrt(max(want, 1)) {
+			continue
+		}
+		p.eps[k] = &episode{
+			rise: true, start: checkedAt, seen: now, last: now,
+			share: ref / g0, g0: g0,
+			admitted: n - float64(c.Dropped-min(b.Dropped, c.Dropped)),
+			winN:     n, winE: secs,
+			fresh: true, ratio: math.NaN(),
 		}
 	}
 }
@@ -231,7 +281,10 @@ func (p *Projector) Check(now time.Time, then, cur map[bucket]sidecar.PeerCounts
 		if !ep.fresh {
 			ep.admitted += max(adm, 0)
 		}
-		ep.recent(n, e.Seconds(), p.hold.Seconds())
+		ep.recentN, ep.recentE = decay(ep.recentN+n, ep.recentE+e.Seconds(), p.hold.Seconds())
+		if !ep.fresh {
+			ep.winN, ep.winE = decay(ep.winN+n, ep.winE+e.Seconds(), p.confirm.Seconds()/2)
+		}
 		if rule == nil || p.over(ep, rule, now) {
 			delete(p.eps, k)
 			// The reference of the next episode, until a regular
@@ -248,7 +301,10 @@ func (p *Projector) Check(now time.Time, then, cur map[bucket]sidecar.PeerCounts
 			}
 			continue
 		}
-		ep.ratio = ep.project(rule.AllowedRPS, n, now, e)
+		ep.ratio = math.NaN()
+		if ep.rise || p.fallSeen(ep, rule) {
+			ep.ratio = ep.project(rule.AllowedRPS, now, e)
+		}
 		ep.fresh = false
 		if !math.IsNaN(ep.ratio) {
 			p.out = append(p.out, sidecar.Provisional{Peer: k.peer, Procedure: k.procedure, Tier: k.tier, Ratio: ep.ratio})
@@ -262,26 +318,53 @@ func (p *Projector) Check(now time.Time, then, cur map[bucket]sidecar.PeerCounts
 }
 
 // over reports whether ep ends at now (see Projector): a rise held for an
-// interval since its last surge report, a fall held for fallHolds
-// intervals or released by the controller, or either denied by it.
+// interval since its last surge report or denied by the controller, once
+// the controller answers (a controller that restarts, or is cut off, leaves
+// the projection in force until the policy expires and its fail mode
+// takes over: released after the interval, the bucket was open until the
+// controller came back, and its ratio turned twice), a fall
+// held for fallHolds intervals or released by the controller, or denied
+// by it. A fall is denied only when the controller's offered rate has not
+// fallen at all (by fallDenied): while a bucket's rate falls over a second,
+// the controller's view lags a tick behind, and its first policy after the
+// fall report shows less of a fall than the sidecar saw. A fall that is
+// traffic moving away (a zone drain) leaves the global rate where it was:
+// the sidecars it left would admit their whole share of the allowed rate
+// while the sidecars it reached admit theirs at the controller's ratio
+// (zone-imbalance: 26,860 admitted against 20,000 before the denial).
 func (p *Projector) over(ep *episode, rule *sidecar.Rule, now time.Time) bool {
 	answered := p.polAt.Sub(ep.seen) >= p.confirm // the policy can reflect the surge report
 	g := rule.OfferedRPS
 	if ep.rise {
-		return now.Sub(ep.last) >= p.hold || answered && g < dropratio.JumpFactor*ep.g0
+		return answered && (now.Sub(ep.last) >= p.hold || g < dropratio.JumpFactor*ep.g0)
 	}
-	return now.Sub(ep.seen) >= fallHolds*p.hold || answered && (g*dropratio.JumpFactor > ep.g0 || rule.DropRatio == 0)
+	return now.Sub(ep.seen) >= fallHolds*p.hold || answered && (rule.DropRatio == 0 || g >= fallDenied*ep.g0)
 }
 
-// recent adds a check window of e seconds that counted n to the recent
-// sums, and forgets the oldest part beyond span seconds in proportion.
-func (ep *episode) recent(n, e, span float64) {
-	ep.recentN += n
-	ep.recentE += e
-	if ep.recentE > span {
-		ep.recentN *= span / ep.recentE
-		ep.recentE = span
+// decay returns the count n and length e of a sliding window cut back to
+// span seconds, the oldest part forgotten in proportion.
+func decay(n, e, span float64) (float64, float64) {
+	if e > span {
+		return n * span / e, span
 	}
+	return n, e
+}
+
+// fallSeen reports whether the controller has seen a fall too: a policy
+// first seen the confirmation delay after the fall report shows at least
+// half the fall this sidecar projects from its rate over the last check,
+// from the bucket's global rate at the start (g0) to the rate over its
+// share. Traffic that moved away from this sidecar has not fallen: in a
+// zone drain the sidecars it leaves see their rate halve while the global
+// rate holds, and opened on their own they let through their share of the
+// allowed rate on top of what the controller's ratio admits where the
+// traffic went (zone-imbalance: 24,000 admitted against 20,000).
+func (p *Projector) fallSeen(ep *episode, rule *sidecar.Rule) bool {
+	if p.polAt.Sub(ep.seen) < p.confirm || !(ep.winE > 0) {
+		return false
+	}
+	projected := ep.winN / ep.winE / ep.share
+	return ep.g0-rule.OfferedRPS >= (ep.g0-projected)/2
 }
 
 // project returns the episode's ratio for the next check window, given
@@ -304,18 +387,18 @@ func (ep *episode) recent(n, e, span float64) {
 // needed dropped (diurnal: 0.015 % of web's and mobile's requests with one
 // window, none with two). The budget runs from the surge report's window,
 // so what the checks let through meanwhile is paid back.
-func (ep *episode) project(allowed, n float64, now time.Time, e time.Duration) float64 {
-	if n <= 0 || e <= 0 {
+func (ep *episode) project(allowed float64, now time.Time, e time.Duration) float64 {
+	if !(ep.winN > 0) || !(ep.winE > 0) || e <= 0 {
 		return math.NaN()
 	}
 	own := ep.share * allowed // this sidecar's part of the allowed rate
 	budget := own*(now.Sub(ep.start)+e).Seconds() - ep.admitted
-	if depth := own * projectDepth * e.Seconds(); budget > depth {
+	if depth := own * projectDepth * ep.winE; budget > depth {
 		ep.admitted += budget - depth // the bucket is full: the rest is lost
 		budget = depth
 	}
 	if ep.rise {
-		if want := own * e.Seconds(); ep.fresh || n-want < surgeSigmas*math.Sqrt(max(want, 1)) {
+		if want := own * ep.winE; ep.winN-want < surgeSigmas*math.Sqrt(max(want, 1)) {
 			ep.over = 0
 			return math.NaN()
 		}
@@ -323,7 +406,15 @@ func (ep *episode) project(allowed, n float64, now time.Time, e time.Duration) f
 			return math.NaN()
 		}
 	}
-	return min(max(1-budget/n, 0), projectMaxRatio)
+	// The next step's count, as the last check's rate predicts, and what
+	// it may admit: its share, and a quarter of what the bucket owes or
+	// holds (budget less one step's share), so that a step's noise is
+	// paid back over a check, not in the next step alone (which made a
+	// held ratio swing by points from step to step).
+	next := ep.winN / ep.winE * e.Seconds()
+	step := own * e.Seconds()
+	allow := step + (budget-step)/projectPayback
+	return min(max(1-allow/next, 0), projectMaxRatio)
 }
 
 func compareBuckets(a, b sidecar.Provisional) int {

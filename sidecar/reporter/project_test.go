@@ -1,6 +1,7 @@
 package reporter
 
 import (
+	"math"
 	"testing"
 	"time"
 
@@ -24,44 +25,80 @@ func projPolicy(offered float64) *sidecar.Policy {
 }
 
 // TestProjectorHoldsTheShareThenYieldsToTheController: a sidecar carrying a
-// tenth of a bucket's 1,000 rps sees it jump tenfold; from the second check
-// after its surge report it drops what keeps it within a tenth of the
-// allowed rate, and when the controller's policy shows the bucket did not
-// jump globally (the traffic moved to this sidecar), it yields.
+// tenth of a bucket's 1,000 rps sees it triple; from its surge report
+// on it drops what keeps it within a tenth of the allowed rate. The
+// controller's answer, three checks later, decides what follows: a global
+// rate that rose too keeps the projection until an interval has passed; one
+// that did not (the traffic moved to this sidecar) ends it at once.
 func TestProjectorHoldsTheShareThenYieldsToTheController(t *testing.T) {
-	const check = 100 * time.Millisecond
-	p := NewProjector(time.Second, check, DefaultSurgeMinCount)
-	now := time.Unix(1000, 0)
-	p.Policy(projPolicy(1000), now)
-	p.Reported(projReport(false, time.Second, 100), now) // 100 rps: a share of 0.1
+	for _, tc := range []struct {
+		name    string
+		global  float64 // the controller's offered rate, three checks after the surge report
+		holding bool    // the projection still in force at the fourth
+	}{
+		{"the bucket surged", 3000, true},
+		{"the traffic moved here", 1100, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const check = 100 * time.Millisecond
+			p := NewProjector(time.Second, check, DefaultSurgeMinCount)
+			now := time.Unix(1000, 0)
+			p.Policy(projPolicy(1000), now)
+			p.Reported(projReport(false, time.Second, 100), now) // 100 rps: a share of 0.1
 
-	cum := uint64(0)
-	step := func(n uint64, rep *sluicev1.LoadReport) []sidecar.Provisional {
-		now = now.Add(check)
-		then := map[bucket]sidecar.PeerCounts{{peer: "web"}: {Peer: "web", Offered: cum}}
-		cum += n
-		cur := map[bucket]sidecar.PeerCounts{{peer: "web"}: {Peer: "web", Offered: cum}}
-		if rep != nil {
-			p.Reported(rep, now)
-		}
-		return p.Check(now, then, cur, check)
-	}
-	if got := step(10, nil); got != nil {
-		t.Fatalf("a calm check projected %v", got)
-	}
-	if got := step(100, projReport(true, check, 100)); got != nil {
-		t.Fatalf("the surge report's own check projected %v; the ratio waits for confirmation", got)
-	}
-	step(100, nil) // the first confirming window
-	got := step(100, nil)
-	if len(got) != 1 || got[0].Peer != "web" || !(got[0].Ratio > 0.85 && got[0].Ratio <= 0.99) {
-		t.Fatalf("at 10x its share: projected %v, want web at about 0.9", got)
-	}
-
-	// The controller's answer, two checks after the surge report: the
-	// bucket's global rate barely moved. The share did not hold.
-	p.Policy(projPolicy(1100), now)
-	if got := step(100, nil); got != nil {
-		t.Fatalf("after the controller's denial: projected %v, want none", got)
+			// The counters of a sidecar that drops with the ratio in force.
+			var offered, dropped uint64
+			ratio := 0.0
+			step := func(n uint64, rep *sluicev1.LoadReport) []sidecar.Provisional {
+				now = now.Add(check)
+				then := map[bucket]sidecar.PeerCounts{{peer: "web"}: {Peer: "web", Offered: offered, Dropped: dropped}}
+				offered += n
+				dropped += uint64(math.Round(float64(n) * ratio))
+				cur := map[bucket]sidecar.PeerCounts{{peer: "web"}: {Peer: "web", Offered: offered, Dropped: dropped}}
+				if rep != nil {
+					p.Reported(rep, now)
+				}
+				got := p.Check(now, then, cur, check)
+				ratio = 0
+				if len(got) == 1 {
+					ratio = got[0].Ratio
+				}
+				return got
+			}
+			if got := step(10, nil); got != nil {
+				t.Fatalf("a calm check projected %v", got)
+			}
+			// The surge report's own check: its window is 3x the share,
+			// past the noise, so the ratio applies at once, and pays back
+			// what that window let through over the share.
+			got := step(30, projReport(true, check, 30))
+			if len(got) != 1 || got[0].Peer != "web" || !(got[0].Ratio > 0.75) {
+				t.Fatalf("at the surge report, 3x its share: projected %v, want web above the share's 2/3, paying back", got)
+			}
+			step(30, nil)
+			step(30, nil)
+			p.Policy(projPolicy(tc.global), now)
+			if got := step(30, nil); (got != nil) != tc.holding {
+				t.Fatalf("after the controller's answer (global %v rps): projected %v, want it in force: %v", tc.global, got, tc.holding)
+			}
+			if !tc.holding {
+				return
+			}
+			// Paid back within a few windows: then the share, a third.
+			for range 4 {
+				got = step(30, nil)
+			}
+			if len(got) != 1 || !(got[0].Ratio > 0.6 && got[0].Ratio < 0.75) {
+				t.Fatalf("once paid back, at 3x its share: projected %v, want web at about 2/3", got)
+			}
+			// An interval after the surge report, the controller has
+			// every sidecar's regular report: the projection ends.
+			for range 4 {
+				got = step(30, nil)
+			}
+			if got != nil {
+				t.Fatalf("an interval after the surge report: projected %v, want none", got)
+			}
+		})
 	}
 }

@@ -370,11 +370,16 @@ func (r *Reporter) loop(ctx context.Context, send func(*sluicev1.LoadReport)) {
 	t := time.NewTicker(r.cfg.Interval)
 	defer t.Stop()
 	// A nil channel never fires: no surge checks when they are off.
-	var check <-chan time.Time
+	var check, project <-chan time.Time
 	if r.cfg.SurgeCheck > 0 {
 		ct := time.NewTicker(r.cfg.SurgeCheck)
 		defer ct.Stop()
 		check = ct.C
+		// Projection steps between the checks (Window.Project): the
+		// steps that fall on a check are the check's own.
+		pt := time.NewTicker(r.cfg.SurgeCheck / DefaultProjectSteps)
+		defer pt.Stop()
+		project = pt.C
 	}
 	w := NewWindow(WindowConfig{Header: r.hdr, Interval: r.cfg.Interval, SurgeChecks: r.cfg.SurgeCheck > 0, Project: true, Check: r.cfg.SurgeCheck}, time.Now(), r.src)
 	for {
@@ -388,6 +393,9 @@ func (r *Reporter) loop(ctx context.Context, send func(*sluicev1.LoadReport)) {
 			if rep = w.Check(now, r.src); rep.GetUrgent() {
 				r.surges.Inc()
 			}
+		case now := <-project:
+			w.Project(now, r.src)
+			continue
 		case <-t.C:
 			// time.Now rather than the tick's time: a tick read late
 			// then makes a longer window, which Tick measures, and the

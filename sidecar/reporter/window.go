@@ -30,6 +30,12 @@ type WindowConfig struct {
 	Check   time.Duration
 }
 
+// DefaultProjectSteps is how many projection steps (Window.Project) a
+// sidecar takes per surge check, the check included: every 25 ms at the
+// default 100 ms checks. A step reads the counters and sums them by bucket,
+// as a check does.
+const DefaultProjectSteps = 4
+
 // ProvisionalSource is a Source that holds policies and takes provisional
 // ratios: sidecar.Limiter.
 type ProvisionalSource interface {
@@ -56,6 +62,11 @@ type Window struct {
 	surge SurgeDetector
 	trail Trail
 	proj  *Projector // nil: no projection
+	// projThen is the per-bucket counts at the projector's last step
+	// (a check or a Project), at projAt; pcur is Project's scratch.
+	projThen map[bucket]sidecar.PeerCounts
+	projAt   time.Time
+	pcur     []sidecar.PeerCounts
 	// prev is the snapshot at the start of the report window, checked the
 	// one at the last surge check (or prev's, since the report); cur is
 	// scratch, swapped with prev when a report goes out.
@@ -99,6 +110,7 @@ func NewWindow(cfg WindowConfig, now time.Time, src Source) *Window {
 		w.trail.Reset(w.prev, now)
 		if _, ok := src.(ProvisionalSource); ok && cfg.Project {
 			w.proj = NewProjector(cfg.Interval, cmp.Or(cfg.Check, DefaultSurgeCheck(cfg.Interval)), surgeMinCount(w.surge))
+			w.projThen, w.projAt = sumByBucket(w.prev), now
 		}
 	}
 	return w
@@ -199,12 +211,38 @@ func (w *Window) Check(now time.Time, src Source) *sluicev1.LoadReport {
 	if w.proj == nil || ps == nil {
 		return w.check(now, src)
 	}
-	e := now.Sub(w.checkedAt)
-	then, cur := sumByBucket(w.checked), sumByBucket(w.cur)
+	cur := sumByBucket(w.cur)
 	w.proj.Policy(ps.Policy(w.hdr.Service), now)
 	rep := w.check(now, src)
-	ps.SetProvisional(w.hdr.Service, w.proj.Check(now, then, cur, e))
+	w.projectStep(now, cur, ps)
 	return rep
+}
+
+// Project is a projection step between surge checks (see Projector), at
+// now: it starts the episode of a bucket whose rate since the last check
+// already shows a surge, without waiting for the check, and moves every
+// episode on. It reports nothing. A sidecar calls it a few times per
+// check (DefaultProjectSteps): at ten times its share, the check window
+// that reveals a step has admitted a whole second of the share before the
+// check sees it, and the step's first second overshoots by a third
+// (step-10x), where a quarter of a window admits a quarter of that.
+func (w *Window) Project(now time.Time, src Source) {
+	ps, _ := src.(ProvisionalSource)
+	if w.proj == nil || ps == nil || !now.After(w.projAt) {
+		return
+	}
+	w.pcur = src.AppendCounts(w.hdr.Service, w.pcur[:0])
+	cur := sumByBucket(w.pcur)
+	w.proj.Policy(ps.Policy(w.hdr.Service), now)
+	w.proj.Started(now, w.checkedAt, sumByBucket(w.checked), cur)
+	w.projectStep(now, cur, ps)
+}
+
+// projectStep moves the projection on to now, whose counts are cur, and
+// hands its ratios to ps.
+func (w *Window) projectStep(now time.Time, cur map[bucket]sidecar.PeerCounts, ps ProvisionalSource) {
+	ps.SetProvisional(w.hdr.Service, w.proj.Check(now, w.projThen, cur, now.Sub(w.projAt)))
+	w.projThen, w.projAt = cur, now
 }
 
 // check is Check's surge check, with w.cur read at now.

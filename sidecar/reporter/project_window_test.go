@@ -1,0 +1,109 @@
+package reporter
+
+import (
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/pkg/dropratio"
+	"github.com/sluicehq/sluice/pkg/names"
+	"github.com/sluicehq/sluice/sidecar"
+)
+
+// projected wires a Window with surge projection to a real Limiter holding
+// a policy for web whose global offered and allowed rates are given, with
+// the controller's ratio.
+func projected(t *testing.T, offered, allowed, ratio float64, at time.Time) (*sidecar.Limiter, *Window) {
+	t.Helper()
+	l := sidecar.NewLimiter(sidecar.LimiterOptions{})
+	setWebPolicy(l, offered, allowed, ratio)
+	w := NewWindow(WindowConfig{
+		Header: Header{SidecarID: "pod-1", Service: "checkout"}, Interval: time.Second,
+		SurgeChecks: true, Project: true, Check: 100 * time.Millisecond,
+	}, at, l)
+	return l, w
+}
+
+func setWebPolicy(l *sidecar.Limiter, offered, allowed, ratio float64) {
+	l.SetPolicy(&sidecar.Policy{Name: names.Callee("checkout"), Service: "checkout", Direction: sidecar.Inbound,
+		Peers: []sidecar.Rule{{Peer: "web", DropRatio: ratio, Mode: dropratio.Enforce, LimitRPS: allowed, AllowedRPS: allowed, OfferedRPS: offered}}})
+}
+
+func decide(l *sidecar.Limiter, n int) (dropped int) {
+	for range n {
+		if l.Decide("checkout", "web").Drop {
+			dropped++
+		}
+	}
+	return dropped
+}
+
+// TestProjectionStepDropsBeforeTheCheck: a sidecar carrying all of web's
+// 100 rps (its limit) sees it jump tenfold; the projection step half a check
+// after the last check starts the projection and drops before that check
+// reports anything, though the controller's ratio is still 0.
+func TestProjectionStepDropsBeforeTheCheck(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	l, w := projected(t, 100, 100, 0, t0)
+	now := t0
+	for range 10 { // a calm second at 100 rps, checked every 100ms
+		decide(l, 10)
+		now = now.Add(100 * time.Millisecond)
+		if rep := w.Check(now, l); rep.GetUrgent() {
+			t.Fatalf("a calm check sent a surge report")
+		}
+	}
+	if rep := w.Tick(now, l); rep == nil || rep.GetUrgent() {
+		t.Fatalf("the tick sent %v, want a regular report", rep)
+	}
+	decide(l, 50) // 1,000 rps for 50ms
+	w.Project(now.Add(50*time.Millisecond), l)
+	s := l.Service("checkout")
+	if r, _ := s.Ratio("web"); !(r > 0.8) {
+		t.Fatalf("after the projection step: web's ratio %v, want the projection's, over 0.8", r)
+	}
+	if d := decide(l, 100); d < 80 {
+		t.Errorf("after the projection step: %d of 100 dropped, want most", d)
+	}
+}
+
+// TestProjectionOpensAFallTheControllerSaw: web, held at 0.9 at 1,000 rps
+// against 100 allowed, falls to 20 rps at this sidecar, which carries all of
+// it. The fall is reported at once; once the controller's next policy
+// shows the fall (its ratio still releasing, at 0.5), the sidecar opens.
+func TestProjectionOpensAFallTheControllerSaw(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	l, w := projected(t, 1000, 100, 0.9, t0)
+	now := t0
+	for range 10 {
+		decide(l, 100)
+		now = now.Add(100 * time.Millisecond)
+		w.Check(now, l)
+	}
+	w.Tick(now, l)
+	decide(l, 2) // 20 rps
+	now = now.Add(100 * time.Millisecond)
+	if rep := w.Check(now, l); !rep.GetUrgent() {
+		t.Fatalf("the fall sent %v, want a surge report", rep)
+	}
+	s := l.Service("checkout")
+	if r, _ := s.Ratio("web"); r != 0.9 {
+		t.Fatalf("before the controller saw the fall: ratio %v, want its 0.9", r)
+	}
+	for range 2 { // the controller's answer takes a flush, a tick and a push
+		decide(l, 2)
+		now = now.Add(100 * time.Millisecond)
+		w.Check(now, l)
+	}
+	if r, _ := s.Ratio("web"); r != 0.9 {
+		t.Fatalf("before the controller saw the fall: ratio %v, want its 0.9", r)
+	}
+	setWebPolicy(l, 300, 100, 0.5) // the controller saw the fall; its ratio releases slowly
+	for range 2 {
+		decide(l, 2)
+		now = now.Add(100 * time.Millisecond)
+		w.Check(now, l)
+	}
+	if r, _ := s.Ratio("web"); r != 0 {
+		t.Fatalf("after the controller saw the fall: ratio %v, want 0", r)
+	}
+}
