@@ -348,6 +348,23 @@ func TestCallerLimitOnLeaves(t *testing.T) {
 		t.Error("a caller limit gone is not due")
 	}
 
+	// The global offered rate alone: due from a fifth on (a sidecar's
+	// surge projection reads its share of it), not for noise.
+	for _, tc := range []struct {
+		factor float64
+		due    bool
+	}{{1.05, false}, {0.9, false}, {1.3, true}, {0.7, true}} {
+		changed := proto.Clone(p).(*sluicev1.DropPolicy)
+		cc := leafOf(changed, "web", "create-charge")
+		cc.OfferedRps = 100 * tc.factor
+		base := proto.Clone(p).(*sluicev1.DropPolicy)
+		leafOf(base, "web", "create-charge").OfferedRps = 100
+		s.published[base.GetName()] = &published{policy: base}
+		if got := s.due(changed, now); got != tc.due {
+			t.Errorf("offered 100 → %v rps: due %v, want %v", cc.GetOfferedRps(), got, tc.due)
+		}
+	}
+
 	res := tickOnce(t, checkoutLimits(), leafLoad("a", map[string]float64{"checkout/web": 500}))
 	for name, p := range res.Changed {
 		for _, pp := range p.GetPeers() {

@@ -394,8 +394,32 @@ func (s *State) due(policy *sluicev1.DropPolicy, now time.Time) bool {
 		if relChanged(op.GetAllowedRps(), np.GetAllowedRps(), th) {
 			return true
 		}
+		if offeredChanged(op.GetOfferedRps(), np.GetOfferedRps()) {
+			return true
+		}
 	}
 	return false
+}
+
+// OfferedRepublish is the relative change of a listed bucket's global
+// offered rate that is pushed before the refresh is due, whatever its
+// ratio did. A sidecar projects a surge's ratio from its share of that
+// rate (reporter.Projector: its own rate over offered_rps); under a ratio
+// of 0 nothing else changes, so a bucket whose rate had doubled since its
+// last policy projected from a share twice too large. A fifth keeps the
+// projection within a fifth of the truth, at a few pushes an hour for a
+// rate that follows a day's curve; changes under OfferedRepublishMin rps
+// stay unpushed, noise of a bucket too small to project.
+const (
+	OfferedRepublish    = 0.2
+	OfferedRepublishMin = 5.0
+)
+
+func offeredChanged(a, b float64) bool {
+	if (a == 0) != (b == 0) {
+		return true
+	}
+	return math.Abs(a-b) >= OfferedRepublishMin && relChanged(a, b, OfferedRepublish)
 }
 
 // RefreshAge is the age at which an unchanged policy of that resource name

@@ -213,15 +213,16 @@ func (w *Window) Check(now time.Time, src Source) *sluicev1.LoadReport {
 	}
 	cur := sumByBucket(w.cur)
 	w.proj.Policy(ps.Policy(w.hdr.Service), now)
+	w.proj.Started(now, cur, Since{sumByBucket(w.prev), w.prevAt})
 	rep := w.check(now, src)
 	w.projectStep(now, cur, ps)
 	return rep
 }
 
 // Project is a projection step between surge checks (see Projector), at
-// now: it starts the episode of a bucket whose rate since the last check
-// already shows a surge, without waiting for the check, and moves every
-// episode on. It reports nothing. A sidecar calls it a few times per
+// now: it starts the episode of a bucket whose rate since the last report
+// already shows a surge, without waiting for the check (Projector.Started),
+// and moves every episode on. It reports nothing. A sidecar calls it a few times per
 // check (DefaultProjectSteps): at ten times its share, the check window
 // that reveals a step has admitted a whole second of the share before the
 // check sees it, and the step's first second overshoots by a third
@@ -234,7 +235,7 @@ func (w *Window) Project(now time.Time, src Source) {
 	w.pcur = src.AppendCounts(w.hdr.Service, w.pcur[:0])
 	cur := sumByBucket(w.pcur)
 	w.proj.Policy(ps.Policy(w.hdr.Service), now)
-	w.proj.Started(now, w.checkedAt, sumByBucket(w.checked), cur)
+	w.proj.Started(now, cur, Since{sumByBucket(w.checked), w.checkedAt}, Since{sumByBucket(w.prev), w.prevAt})
 	w.projectStep(now, cur, ps)
 }
 
