@@ -60,6 +60,9 @@ type Projector struct {
 	// policy's rate is the older by up to an interval, which errs towards
 	// a later release, not an earlier one, while a rate falls).
 	regular, regularG map[bucket]float64
+	// prevRegular and prevRegularG are the same of the regular report
+	// before (see shareOf).
+	prevRegular, prevRegularG map[bucket]float64
 	// last holds the rates of the last report, surge reports included:
 	// an episode goes on while its bucket's rate moves on from it.
 	last map[bucket]float64
@@ -145,6 +148,7 @@ func NewProjector(interval, check time.Duration, minCount uint64) *Projector {
 	return &Projector{
 		hold: interval, confirm: 2 * check, minCount: minCount,
 		regular: make(map[bucket]float64), regularG: make(map[bucket]float64), last: make(map[bucket]float64),
+		prevRegular: make(map[bucket]float64), prevRegularG: make(map[bucket]float64),
 		eps: make(map[bucket]*episode),
 	}
 }
@@ -158,6 +162,8 @@ func (p *Projector) Reported(r *sluicev1.LoadReport, now time.Time) {
 		return
 	}
 	if !r.GetUrgent() {
+		p.prevRegular, p.regular = p.regular, p.prevRegular
+		p.prevRegularG, p.regularG = p.regularG, p.prevRegularG
 		clear(p.regular)
 		clear(p.regularG)
 		clear(p.last)
@@ -194,9 +200,10 @@ func (p *Projector) Reported(r *sluicev1.LoadReport, now time.Time) {
 		if rule := p.rules[k]; rule == nil || fell && rule.DropRatio == 0 {
 			continue // nothing to project from, or to open: the controller decides
 		}
+		share, g0 := p.shareOf(k)
 		p.eps[k] = &episode{
 			rise: rose, start: now.Add(-r.GetWindow().AsDuration()), seen: now, last: now,
-			share: ref / g0, g0: g0,
+			share: share, g0: g0,
 			admitted: float64(pc.GetOffered() - min(pc.GetDropped(), pc.GetOffered())),
 			winN:     n, winE: secs,
 			fresh: true, ratio: math.NaN(),
@@ -209,6 +216,27 @@ func (p *Projector) Reported(r *sluicev1.LoadReport, now time.Time) {
 type Since struct {
 	Then map[bucket]sidecar.PeerCounts
 	At   time.Time
+}
+
+// shareOf returns the share of bucket k a projection starts from, and the
+// global offered rate it is a share of: the last regular report's rate
+// over the offered rate of the policy in force when it went out, unless
+// that share jumped from the report before's (by the jump factor): then
+// the report before's. A surge that begins shortly before a regular
+// report is in that report's rate already, not in the policy's offered
+// rate: taken from it, a share came out three times too large on the
+// sidecars whose report caught the onset (the demo: 34 rps of 60 on three
+// of six sidecars, where each had 10), and their projections admitted
+// 2.5× the limit between them. Taking the smaller of the two always erred
+// the other way in the simulator: the share of a sidecar is noisy, and
+// the smaller of two noisy shares is low (uber-surge under its limit for
+// two seconds).
+func (p *Projector) shareOf(k bucket) (share, g0 float64) {
+	share, g0 = p.regular[k]/p.regularG[k], p.regularG[k]
+	if prev, pg := p.prevRegular[k], p.prevRegularG[k]; prev > 0 && pg > 0 && dropratio.JumpFactor*prev/pg <= share {
+		share, g0 = prev/pg, pg
+	}
+	return share, g0
 }
 
 // Started starts, at a projection step or a check at now, the episode of
@@ -253,9 +281,10 @@ func (p *Projector) started(now time.Time, win Since, cur map[bucket]sidecar.Pee
 		if n < projectMinCount || n < dropratio.JumpFactor*want || !beyondNoise(n, want, ref*w) {
 			continue
 		}
+		share, g0 := p.shareOf(k)
 		p.eps[k] = &episode{
 			rise: true, start: win.At, seen: now, last: now,
-			share: ref / g0, g0: g0,
+			share: share, g0: g0,
 			admitted: n - float64(c.Dropped-min(b.Dropped, c.Dropped)),
 			winN:     n, winE: e,
 			fresh: true, ratio: math.NaN(),

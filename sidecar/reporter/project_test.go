@@ -102,3 +102,43 @@ func TestProjectorHoldsTheShareThenYieldsToTheController(t *testing.T) {
 		})
 	}
 }
+
+// TestBeyondNoise: a small sidecar's jump is told from noise by the tail of
+// a Poisson count, not by a Gaussian bar, and the reference's own noise
+// raises the bar.
+func TestBeyondNoise(t *testing.T) {
+	for _, tc := range []struct {
+		n, want, refCount float64
+		beyond            bool
+	}{
+		{21, 4, 1000, true},   // 5× at 17 rps, a quarter of a second in
+		{8, 1.7, 17, false},   // the same a tenth in: one chance in 5,000
+		{60, 20, 1000, true},  // tripled, 20 expected
+		{40, 20, 1000, false}, // doubled: about 4σ, one chance in 10,000
+		{30, 20, 20, false},   // a reference of 20 requests may be low by a fifth
+		{0, 0, 0, false},
+		{5, 0.01, 1, true}, // beyond noise; the floor of projectMinCount requests is Started's
+	} {
+		if got := beyondNoise(tc.n, tc.want, tc.refCount); got != tc.beyond {
+			t.Errorf("beyondNoise(%v, %v, %v) = %v, want %v", tc.n, tc.want, tc.refCount, got, tc.beyond)
+		}
+	}
+}
+
+// TestShareSkipsAReportThatCaughtTheOnset: the regular report that caught a
+// surge's first tenths of a second gives a share far larger than the
+// sidecar's; the report before gives its share.
+func TestShareSkipsAReportThatCaughtTheOnset(t *testing.T) {
+	p := NewProjector(time.Second, 100*time.Millisecond, DefaultSurgeMinCount)
+	now := time.Unix(1000, 0)
+	p.Policy(projPolicy(60), now)
+	p.Reported(projReport(false, time.Second, 10), now)
+	p.Reported(projReport(false, time.Second, 11), now.Add(time.Second)) // noise: kept
+	if s, g := p.shareOf(bucket{peer: "web"}); math.Abs(s-11.0/60) > 1e-9 || g != 60 {
+		t.Errorf("after a report of 11 rps: share %v of %v, want 11/60 of 60", s, g)
+	}
+	p.Reported(projReport(false, time.Second, 34), now.Add(2*time.Second)) // caught the onset
+	if s, g := p.shareOf(bucket{peer: "web"}); math.Abs(s-11.0/60) > 1e-9 || g != 60 {
+		t.Errorf("after a report of 34 rps: share %v of %v, want the report before's 11/60", s, g)
+	}
+}
