@@ -409,8 +409,16 @@ func (p *Projector) Check(now time.Time, then, cur map[bucket]sidecar.PeerCounts
 // while the sidecars it reached admit theirs at the controller's ratio
 // (zone-imbalance: 26,860 admitted against 20,000 before the denial).
 func (p *Projector) over(ep *episode, rule *sidecar.Rule, now time.Time) bool {
-	answered := p.polAt.Sub(ep.seen) >= p.confirm // the policy can reflect the surge report
+	// The controller has answered when a policy first seen the
+	// confirmation delay after the start is in force, or when the policy
+	// in force, older, already shows the rise: a controller whose ratio
+	// does not move publishes nothing new until its refresh, half a TTL
+	// later, and waiting for a new policy held a projection for 12 s (the
+	// demo: a share measured from a report that caught the onset, 1.7×
+	// the limit admitted for 12 s).
 	g := rule.OfferedRPS
+	answered := p.polAt.Sub(ep.seen) >= p.confirm ||
+		ep.rise && now.Sub(ep.seen) >= p.confirm && g >= dropratio.JumpFactor*ep.g0
 	if ep.rise {
 		return answered && (now.Sub(ep.last) >= p.hold || g < dropratio.JumpFactor*ep.g0)
 	}
