@@ -20,13 +20,14 @@ import (
 // overshoot (uber-surge: +64 % in its first second). A sidecar that sees its
 // own rate of a bucket jump holds what it needs to act at once: its share s
 // of the bucket's global offered rate (its last regular report's rate over
-// the policy's offered rate, both from before the jump) and the bucket's
-// allowed rate A. Assuming its share holds, it may admit s·A per second; it
-// drops, from its surge report on, what keeps the requests it admitted since
-// the check window that saw the jump within s·A·elapsed, for the next check
-// window as the last one's count predicts: a token bucket of its share,
-// which pays back at each check what the last one let through while the
-// surge climbed. Across the fleet the shares add up to A.
+// the policy's offered rate, both from before the jump: see shareOf) and
+// the bucket's allowed rate A. Assuming its share holds, it may admit s·A
+// per second; it drops, from the jump on, what keeps the requests it
+// admitted since the window that showed the jump within s·A·elapsed, the
+// next step's count predicted by the last check's rate: a token bucket of
+// its share, which pays back what the first tenths of a second let
+// through. Across the fleet the shares add up to A. The jump is seen by a
+// surge report, or sooner by a projection step (Started).
 //
 // A fall is projected the same way: a bucket whose local rate fell under
 // s·A, that is whose projected global rate is under the allowed rate, is
@@ -36,14 +37,15 @@ import (
 // (sidecar.Provisional) and ends at whichever comes first of
 //   - for a rise, one report interval after the bucket's last surge
 //     report, once the controller answers: every sidecar's regular report
-//     has reached the controller by then; for a fall, the controller's release (its ratio 0), or
-//     fallHolds intervals;
-//   - for a rise, the controller's denial: a policy first seen a
-//     confirmation delay (two surge checks) after the surge report whose
+//     has reached the controller by then; for a fall, the controller's
+//     release (its ratio 0), or fallHolds intervals;
+//   - the controller's denial: for a rise, a policy first seen a
+//     confirmation delay (two surge checks) after the start whose
 //     offered rate did not rise by the jump factor the way this sidecar's
 //     did. The share did not hold: traffic moved to this sidecar (a
 //     deploy, a zone failover), or only this sidecar's part of the bucket
-//     surged, and the controller, which sees the whole fleet, is right.
+//     surged, and the controller, which sees the whole fleet, is right;
+//     for a fall, a policy whose offered rate has not fallen (see over).
 //
 // It never starts without what it needs: a policy rule with a finite
 // allowed rate and a global offered rate, enforced by this sidecar, and a
@@ -85,8 +87,7 @@ type episode struct {
 	share             float64 // s: the bucket's last regular local rate over g0
 	g0                float64 // the policy's global offered rate at the start
 	admitted          float64 // requests admitted since start
-	fresh             bool    // started at this check: its window is counted already
-	over              int     // a rise's checks in a row since it started whose rate was over the share
+	fresh             bool    // started at this step: its window is counted already
 	// recentN and recentE are the count and length of the last steps'
 	// windows, about an interval's worth; winN and winE about a check's
 	// worth: the rate a step's ratio is projected from, steadier than a
@@ -98,13 +99,6 @@ type episode struct {
 
 // Projection margins.
 const (
-	// projectCatchUp is how close the controller's offered rate must come
-	// to the projection for the controller to take over.
-	projectCatchUp = 0.9
-	// projectConfirm is how many check windows in a row after a rise's
-	// surge report must be over the sidecar's share before its ratio
-	// applies (see episode.project).
-	projectConfirm = 1
 	// projectMinCount is the fewest requests since a check with which a
 	// projection step starts a projection (see Started).
 	projectMinCount = 8
@@ -463,14 +457,12 @@ func (p *Projector) fallSeen(ep *episode, rule *sidecar.Rule) bool {
 // caller that pulses its traffic to make its sidecars see falls gets its
 // share, and no more).
 //
-// A rise's ratio applies only once projectConfirm check windows in a row
-// after the surge report have been over the sidecar's share (by four
-// standard deviations of a Poisson count), and while they are: a check window's count is noisy, and a sidecar that dropped on
-// one high count (a 4σ one is found several times an hour in a fleet of a
-// few dozen sidecars) would drop what its bucket, under its limit, never
-// needed dropped (diurnal: 0.015 % of web's and mobile's requests with one
-// window, none with two). The budget runs from the surge report's window,
-// so what the checks let through meanwhile is paid back.
+// A rise's ratio applies only while the last check's rate is over the
+// sidecar's share by four standard deviations of a Poisson count: a
+// check's count is noisy, and a sidecar that dropped on one high count
+// would drop what its bucket, under its limit, never needed dropped. The
+// budget runs from the start of the window that started the episode, so
+// what the checks let through meanwhile is paid back.
 func (ep *episode) project(allowed float64, now time.Time, e time.Duration) float64 {
 	if !(ep.winN > 0) || !(ep.winE > 0) || e <= 0 {
 		return math.NaN()
@@ -483,10 +475,6 @@ func (ep *episode) project(allowed float64, now time.Time, e time.Duration) floa
 	}
 	if ep.rise {
 		if want := own * ep.winE; ep.winN-want < surgeSigmas*math.Sqrt(max(want, 1)) {
-			ep.over = 0
-			return math.NaN()
-		}
-		if ep.over++; ep.over < projectConfirm {
 			return math.NaN()
 		}
 	}
