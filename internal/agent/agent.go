@@ -71,6 +71,10 @@ type Config struct {
 	// SurgeCheck is how often the counters are checked for a surge between
 	// reports; 0 means a tenth of ReportInterval, negative none.
 	SurgeCheck time.Duration
+	// SurgeProjection has the sidecar project a surge's ratio itself
+	// until the controller's arrives (reporter.Projector). Default on;
+	// it needs surge checks.
+	SurgeProjection bool
 	// CallerHeader names the request header that carries the caller. In
 	// header mode it names the caller; otherwise it is only compared with
 	// the authenticated identity.
@@ -160,6 +164,7 @@ func DefaultConfig() Config {
 		Controllers:        []string{"127.0.0.1:18000"},
 		XDSProtocol:        "delta",
 		ReportInterval:     time.Second,
+		SurgeProjection:    true,
 		CallerHeader:       "x-sluice-caller",
 		CallerIdentity:     "header",
 		TrustedProxies:     []string{"127.0.0.1/32", "::1/128", "127.0.0.6/32", "::6/128"}, // inject.XFCCTrustedProxies too
@@ -459,16 +464,17 @@ func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Agent, er
 		return nil, err
 	}
 	a.reporter, err = reporter.New(reporter.Config{
-		SidecarID:   cfg.ID,
-		Service:     cfg.Service,
-		Zone:        cfg.Zone,
-		Direction:   sidecar.Inbound,
-		Interval:    cfg.ReportInterval,
-		SurgeCheck:  cfg.SurgeCheck,
-		Aggregators: cfg.Aggregators,
-		DialOptions: cfg.ReportDialOptions,
-		Logger:      logger,
-		Registerer:  reg,
+		SidecarID:    cfg.ID,
+		Service:      cfg.Service,
+		Zone:         cfg.Zone,
+		Direction:    sidecar.Inbound,
+		Interval:     cfg.ReportInterval,
+		SurgeCheck:   cfg.SurgeCheck,
+		NoProjection: !cfg.SurgeProjection,
+		Aggregators:  cfg.Aggregators,
+		DialOptions:  cfg.ReportDialOptions,
+		Logger:       logger,
+		Registerer:   reg,
 	}, a.limiter)
 	if err != nil {
 		return nil, err

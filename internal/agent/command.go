@@ -112,6 +112,7 @@ func Command() *cobra.Command {
 	f.StringVar(&cfg.XDSProtocol, "xds-protocol", cfg.XDSProtocol, "xDS variant: delta or sotw")
 	duration.Var(f, &cfg.ReportInterval, "report-interval", cfg.ReportInterval, "how often to report load to the aggregator")
 	duration.Var(f, &cfg.SurgeCheck, "surge-check", cfg.SurgeCheck, "how often to look for a surge between reports and report it at once; 0 means a tenth of --report-interval, negative none")
+	f.BoolVar(&cfg.SurgeProjection, "surge-projection", cfg.SurgeProjection, "project a surge's drop ratio on this sidecar from its share of the caller's global rate until the controller's ratio arrives; needs --surge-check")
 	f.StringVar(&cfg.CallerHeader, "caller-header", cfg.CallerHeader, "request header that names the caller")
 	addIdentityFlags(f, &cfg)
 	f.IntVar(&cfg.MaxPeers, "max-peers", cfg.MaxPeers, "distinct callers tracked, besides the ones the policy limits, before the rest share the _overflow bucket")

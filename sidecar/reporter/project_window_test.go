@@ -107,3 +107,28 @@ func TestProjectionOpensAFallTheControllerSaw(t *testing.T) {
 		t.Fatalf("after the controller saw the fall: ratio %v, want 0", r)
 	}
 }
+
+// TestProjectionOff: with projection off (--surge-projection=false) the
+// same jump leaves the controller's ratio in force.
+func TestProjectionOff(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	l := sidecar.NewLimiter(sidecar.LimiterOptions{})
+	setWebPolicy(l, 100, 100, 0)
+	w := NewWindow(WindowConfig{
+		Header: Header{SidecarID: "pod-1", Service: "checkout"}, Interval: time.Second,
+		SurgeChecks: true, Check: 100 * time.Millisecond,
+	}, t0, l)
+	now := t0
+	for range 10 {
+		decide(l, 10)
+		now = now.Add(100 * time.Millisecond)
+		w.Check(now, l)
+	}
+	w.Tick(now, l)
+	decide(l, 50)
+	w.Project(now.Add(50*time.Millisecond), l)
+	w.Check(now.Add(100*time.Millisecond), l)
+	if r, _ := l.Service("checkout").Ratio("web"); r != 0 {
+		t.Fatalf("projection off: web's ratio %v, want the controller's 0", r)
+	}
+}

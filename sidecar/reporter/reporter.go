@@ -85,6 +85,10 @@ type Config struct {
 	// reports (see SurgeDetector); a surge is reported at once. Default a
 	// tenth of Interval; negative turns surge reports off.
 	SurgeCheck time.Duration
+	// NoProjection turns the surge projection off (see Projector): the
+	// sidecar then drops only with the controller's ratios. It needs
+	// surge checks.
+	NoProjection bool
 	// Aggregators are the zone's aggregator addresses, tried in order with
 	// failover. Required.
 	Aggregators []string
@@ -375,13 +379,15 @@ func (r *Reporter) loop(ctx context.Context, send func(*sluicev1.LoadReport)) {
 		ct := time.NewTicker(r.cfg.SurgeCheck)
 		defer ct.Stop()
 		check = ct.C
+	}
+	if r.cfg.SurgeCheck > 0 && !r.cfg.NoProjection {
 		// Projection steps between the checks (Window.Project): the
 		// steps that fall on a check are the check's own.
 		pt := time.NewTicker(r.cfg.SurgeCheck / DefaultProjectSteps)
 		defer pt.Stop()
 		project = pt.C
 	}
-	w := NewWindow(WindowConfig{Header: r.hdr, Interval: r.cfg.Interval, SurgeChecks: r.cfg.SurgeCheck > 0, Project: true, Check: r.cfg.SurgeCheck}, time.Now(), r.src)
+	w := NewWindow(WindowConfig{Header: r.hdr, Interval: r.cfg.Interval, SurgeChecks: r.cfg.SurgeCheck > 0, Project: !r.cfg.NoProjection, Check: r.cfg.SurgeCheck}, time.Now(), r.src)
 	for {
 		var rep *sluicev1.LoadReport
 		select {
