@@ -35,7 +35,8 @@ import (
 //     admitted is a fail-open decision (sluice_sidecar_fail_open_total): a
 //     request the last policy would have dropped. A decision costs nothing
 //     more unless it is picked; then one more atomic add.
-//   - hold (dataplane.FailHold): the verdicts stay as they are; only the state says expired.
+//   - hold (dataplane.FailHold): the controller's last verdicts stay (a provisional
+//     ratio laid over them, see provisional.go, is taken off); only the state says expired.
 //   - local (dataplane.FailLocal): each peer with a limit gets a token bucket of
 //     LimitRPS / LiveInstances tokens per second (LiveInstances < 1 counts as
 //     1), holding at most LocalBurst's worth (at least one token, and at

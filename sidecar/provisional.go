@@ -2,6 +2,7 @@ package sidecar
 
 import (
 	"maps"
+	"math"
 
 	"github.com/sluicehq/sluice/pkg/criticality"
 )
@@ -52,20 +53,41 @@ func (s *ServiceLimiter) setProvisional(ps []Provisional) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if maps.Equal(s.prov, next) {
+	t := s.table.Load()
+	if t.policy == nil || t.cost != nil || s.fail.derived || s.fail.state == Expired {
+		// No overlay: none to lay over, a service whose leaves are metered
+		// (a cost table, a concurrency cap), or an expired policy, whose
+		// fail mode's verdicts (hold's too: the controller's last ratios)
+		// stay until a new policy applies it.
+		return
+	}
+	if closeProvisional(s.prov, next) {
 		return
 	}
 	s.prov = next
-	if s.fail.derived || s.fail.state == Expired {
-		// The fail mode's verdicts stay (hold's too: the controller's
-		// last ratios); a new policy applies the overlay.
-		return
-	}
-	t := s.table.Load()
-	if t.policy == nil {
-		return
-	}
 	s.installLocked(t.policy, t.procs, t.crit, s.overlayLocked(t.policy, t.cost), t.desc, t.cost)
+}
+
+// closeProvisional reports whether b would change nothing that a's table
+// does not already do: the same leaves, each admitted share (1 − ratio)
+// within 1 % of a's. A projection moves its ratios at every step, and each
+// change installs a table (O(leaves + policy)) under the service's lock,
+// which a first sighting of a peer on the request path waits for.
+func closeProvisional(a, b map[leaf]Provisional) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, pa := range a {
+		pb, ok := b[k]
+		if !ok {
+			return false
+		}
+		x, y := 1-pa.Ratio, 1-pb.Ratio
+		if math.Abs(x-y) > 0.01*max(x, y) || (pa.Ratio == 0) != (pb.Ratio == 0) {
+			return false
+		}
+	}
+	return true
 }
 
 // overlayLocked returns the verdicts of p (s.base) with s.prov laid over

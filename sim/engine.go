@@ -459,7 +459,7 @@ func newEngine(sc *Scenario, seed uint64, opts Options) (*engine, error) {
 			}
 		}
 	}
-	for _, s := range e.sidecars {
+	for i, s := range e.sidecars {
 		phase := time.Duration(e.rng.Int64N(int64(sc.Loop.ReportInterval)))
 		start := phase - sc.Loop.ReportInterval // the sidecar started one interval before its first report
 		name := e.callees[s.callee].svc.Name
@@ -472,8 +472,13 @@ func newEngine(sc *Scenario, seed uint64, opts Options) (*engine, error) {
 		e.at(phase, func() { e.report(s) })
 		if c := sc.Loop.SurgeCheck; c > 0 {
 			e.at(firstAfter(start, c), func() { e.check(s) })
+			// The step ticker's phase is its own, as in the Reporter;
+			// Window.Project skips a step too close to a check.
+			// A phase from the sidecar's index, not the random source:
+			// the arrivals stay what they were without steps.
 			step := c / reporter.DefaultProjectSteps
-			e.at(firstAfter(start, c)+step/2, func() { e.project(s) })
+			phase := time.Duration(uint64(i) * 0x9e3779b97f4a7c15 % uint64(step))
+			e.at(firstAfter(start, step)+phase, func() { e.project(s) })
 		}
 		e.at(firstAfter(start, sidecar.ExpiryPeriod), func() { e.expire(s) })
 	}

@@ -351,17 +351,21 @@ func TestCallerLimitOnLeaves(t *testing.T) {
 	// The global offered rate alone: due from a fifth on (a sidecar's
 	// surge projection reads its share of it), not for noise.
 	for _, tc := range []struct {
-		factor float64
-		due    bool
-	}{{1.05, false}, {0.9, false}, {1.3, true}, {0.7, true}} {
+		from, to float64
+		due      bool
+	}{
+		{1000, 1050, false}, {1000, 900, false}, {1000, 1300, true}, {1000, 700, true},
+		{30, 37, false}, // a fifth, but within a Poisson count's noise
+		{0, 10, true},
+	} {
 		changed := proto.Clone(p).(*sluicev1.DropPolicy)
 		cc := leafOf(changed, "web", "create-charge")
-		cc.OfferedRps = 100 * tc.factor
+		cc.OfferedRps = tc.to
 		base := proto.Clone(p).(*sluicev1.DropPolicy)
-		leafOf(base, "web", "create-charge").OfferedRps = 100
+		leafOf(base, "web", "create-charge").OfferedRps = tc.from
 		s.published[base.GetName()] = &published{policy: base}
 		if got := s.due(changed, now); got != tc.due {
-			t.Errorf("offered 100 → %v rps: due %v, want %v", cc.GetOfferedRps(), got, tc.due)
+			t.Errorf("offered %v → %v rps: due %v, want %v", tc.from, tc.to, got, tc.due)
 		}
 	}
 

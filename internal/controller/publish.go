@@ -408,8 +408,9 @@ func (s *State) due(policy *sluicev1.DropPolicy, now time.Time) bool {
 // of 0 nothing else changes, so a bucket whose rate had doubled since its
 // last policy projected from a share twice too large. A fifth keeps the
 // projection within a fifth of the truth, at a few pushes an hour for a
-// rate that follows a day's curve; changes under OfferedRepublishMin rps
-// stay unpushed, noise of a bucket too small to project.
+// rate that follows a day's curve; changes under OfferedRepublishMin rps,
+// or within three standard deviations of a Poisson count, stay unpushed:
+// noise, not a move.
 const (
 	OfferedRepublish    = 0.2
 	OfferedRepublishMin = 5.0
@@ -419,7 +420,10 @@ func offeredChanged(a, b float64) bool {
 	if (a == 0) != (b == 0) {
 		return true
 	}
-	return math.Abs(a-b) >= OfferedRepublishMin && relChanged(a, b, OfferedRepublish)
+	// Beyond noise too: a bucket at 30 rps differs from its last
+	// published rate by a fifth about one tick in three.
+	d := math.Abs(a - b)
+	return d >= OfferedRepublishMin && d > 3*math.Sqrt(max(a, b)) && relChanged(a, b, OfferedRepublish)
 }
 
 // RefreshAge is the age at which an unchanged policy of that resource name

@@ -205,6 +205,11 @@ func (p *Projector) Reported(r *sluicev1.LoadReport, now time.Time) {
 	}
 }
 
+// Idle reports whether the projection has nothing to do: no rule of the
+// policy to project from and no episode under way. A Window then reads
+// no counters for it.
+func (p *Projector) Idle() bool { return len(p.rules) == 0 && len(p.eps) == 0 }
+
 // Since is a window of a sidecar's counters that a projection may start
 // from: the counts at its start (then, by bucket) and when it began.
 type Since struct {
@@ -240,10 +245,8 @@ func (p *Projector) shareOf(k bucket) (share, g0 float64) {
 // once 20 requests show it, 120 ms into a jump from 10 rps to 170 (the
 // demo's), and a sidecar with fewer per check only once the window since
 // its report convinces the detector, or at the next regular report.
-// Judged as the detector judges the window since a report (reportSigmas
-// of both counts' noise, pooled: see SurgingSinceReport), with
-// projectMinCount requests rather than 20: 8 from an expected 0.5 are
-// beyond doubt. The Window calls it with the window since the last check
+// Judged by the Poisson tail of the count (beyondNoise), with at least
+// projectMinCount requests rather than 20, and 1.5×. The Window calls it with the window since the last check
 // (a large jump shows there first) and the one since the last report (a
 // small sidecar's jump adds up there). The budget runs from the window's
 // start; the bucket's depth is its only saving from before.

@@ -30,10 +30,11 @@ type WindowConfig struct {
 	Check   time.Duration
 }
 
-// DefaultProjectSteps is how many projection steps (Window.Project) a
-// sidecar takes per surge check, the check included: every 25 ms at the
-// default 100 ms checks. A step reads the counters and sums them by bucket,
-// as a check does.
+// DefaultProjectSteps is how many projection steps a sidecar takes per
+// surge check: a Window.Project every 25 ms at the default 100 ms checks,
+// besides the checks, a step closer than half a step to the last one
+// skipped. A step reads the counters and sums them by bucket, as a check
+// does, and only while the policy has a rule to project from.
 const DefaultProjectSteps = 4
 
 // ProvisionalSource is a Source that holds policies and takes provisional
@@ -67,6 +68,7 @@ type Window struct {
 	projThen map[bucket]sidecar.PeerCounts
 	projAt   time.Time
 	pcur     []sidecar.PeerCounts
+	minStep  time.Duration // half a projection step
 	// prev is the snapshot at the start of the report window, checked the
 	// one at the last surge check (or prev's, since the report); cur is
 	// scratch, swapped with prev when a report goes out.
@@ -108,9 +110,13 @@ func NewWindow(cfg WindowConfig, now time.Time, src Source) *Window {
 	if w.checks {
 		w.checked, w.checkedAt = slices.Clone(w.prev), now
 		w.trail.Reset(w.prev, now)
-		if _, ok := src.(ProvisionalSource); ok && cfg.Project {
-			w.proj = NewProjector(cfg.Interval, cmp.Or(cfg.Check, DefaultSurgeCheck(cfg.Interval)), surgeMinCount(w.surge))
+		// Inbound only: an outbound limiter's projection (a caller's
+		// share of a callee's limit) has not been evaluated.
+		if _, ok := src.(ProvisionalSource); ok && cfg.Project && cfg.Header.Direction == sidecar.Inbound {
+			check := cmp.Or(cfg.Check, DefaultSurgeCheck(cfg.Interval))
+			w.proj = NewProjector(cfg.Interval, check, surgeMinCount(w.surge))
 			w.projThen, w.projAt = sumByBucket(w.prev), now
+			w.minStep = check / (2 * DefaultProjectSteps)
 		}
 	}
 	return w
@@ -211,8 +217,11 @@ func (w *Window) Check(now time.Time, src Source) *sluicev1.LoadReport {
 	if w.proj == nil || ps == nil {
 		return w.check(now, src)
 	}
-	cur := sumByBucket(w.cur)
 	w.proj.Policy(ps.Policy(w.hdr.Service), now)
+	if w.proj.Idle() {
+		return w.check(now, src)
+	}
+	cur := sumByBucket(w.cur)
 	w.proj.Started(now, cur, Since{sumByBucket(w.prev), w.prevAt})
 	rep := w.check(now, src)
 	w.projectStep(now, cur, ps)
@@ -229,19 +238,29 @@ func (w *Window) Check(now time.Time, src Source) *sluicev1.LoadReport {
 // (step-10x), where a quarter of a window admits a quarter of that.
 func (w *Window) Project(now time.Time, src Source) {
 	ps, _ := src.(ProvisionalSource)
-	if w.proj == nil || ps == nil || !now.After(w.projAt) {
+	if w.proj == nil || ps == nil || now.Sub(w.projAt) < w.minStep {
 		return
+	}
+	w.proj.Policy(ps.Policy(w.hdr.Service), now)
+	if w.proj.Idle() {
+		return // no rule to project from: nothing to read
 	}
 	w.pcur = src.AppendCounts(w.hdr.Service, w.pcur[:0])
 	cur := sumByBucket(w.pcur)
-	w.proj.Policy(ps.Policy(w.hdr.Service), now)
 	w.proj.Started(now, cur, Since{sumByBucket(w.checked), w.checkedAt}, Since{sumByBucket(w.prev), w.prevAt})
 	w.projectStep(now, cur, ps)
 }
 
 // projectStep moves the projection on to now, whose counts are cur, and
-// hands its ratios to ps.
+// hands its ratios to ps. A step under minStep after the last is skipped,
+// the ratios in force kept: the Reporter's step ticker and check ticker
+// fire at unrelated phases, and a step microseconds after a check
+// predicted its next count from nothing (a ratio of 0 or 0.99 held for a
+// whole step).
 func (w *Window) projectStep(now time.Time, cur map[bucket]sidecar.PeerCounts, ps ProvisionalSource) {
+	if now.Sub(w.projAt) < w.minStep {
+		return
+	}
 	ps.SetProvisional(w.hdr.Service, w.proj.Check(now, w.projThen, cur, now.Sub(w.projAt)))
 	w.projThen, w.projAt = cur, now
 }
