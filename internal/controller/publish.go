@@ -394,7 +394,7 @@ func (s *State) due(policy *sluicev1.DropPolicy, now time.Time) bool {
 		if relChanged(op.GetAllowedRps(), np.GetAllowedRps(), th) {
 			return true
 		}
-		if offeredChanged(op.GetOfferedRps(), np.GetOfferedRps()) {
+		if policy.GetUnit() != sluicev1.Unit_UNIT_COST && offeredChanged(op.GetOfferedRps(), np.GetOfferedRps()) {
 			return true
 		}
 	}
@@ -410,7 +410,9 @@ func (s *State) due(policy *sluicev1.DropPolicy, now time.Time) bool {
 // projection within a fifth of the truth, at a few pushes an hour for a
 // rate that follows a day's curve; changes under OfferedRepublishMin rps,
 // or within three standard deviations of a Poisson count, stay unpushed:
-// noise, not a move.
+// noise, not a move. Not for a callee counting cost: sidecars project no
+// surge there (its prices and caps are metered per leaf), and its policies
+// go out as its ratios and debts move.
 const (
 	OfferedRepublish    = 0.2
 	OfferedRepublishMin = 5.0
