@@ -28,6 +28,17 @@ func setWebPolicy(l *sidecar.Limiter, offered, allowed, ratio float64) {
 		Peers: []sidecar.Rule{{Peer: "web", DropRatio: ratio, Mode: dropratio.Enforce, LimitRPS: allowed, AllowedRPS: allowed, OfferedRPS: offered}}})
 }
 
+// checked decides n of web's requests in each of k check windows of 100ms
+// from now, checking at the end of each, and returns the time after them.
+func checked(l *sidecar.Limiter, w *Window, now time.Time, k, n int) time.Time {
+	for range k {
+		decide(l, n)
+		now = now.Add(100 * time.Millisecond)
+		w.Check(now, l)
+	}
+	return now
+}
+
 func decide(l *sidecar.Limiter, n int) (dropped int) {
 	for range n {
 		if l.Decide("checkout", "web").Drop {
@@ -73,12 +84,7 @@ func TestProjectionStepDropsBeforeTheCheck(t *testing.T) {
 func TestProjectionOpensAFallTheControllerSaw(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	l, w := projected(t, 1000, 100, 0.9, t0)
-	now := t0
-	for range 10 {
-		decide(l, 100)
-		now = now.Add(100 * time.Millisecond)
-		w.Check(now, l)
-	}
+	now := checked(l, w, t0, 10, 100)
 	w.Tick(now, l)
 	decide(l, 2) // 20 rps
 	now = now.Add(100 * time.Millisecond)
@@ -89,20 +95,12 @@ func TestProjectionOpensAFallTheControllerSaw(t *testing.T) {
 	if r, _ := s.Ratio("web"); r != 0.9 {
 		t.Fatalf("before the controller saw the fall: ratio %v, want its 0.9", r)
 	}
-	for range 2 { // the controller's answer takes a flush, a tick and a push
-		decide(l, 2)
-		now = now.Add(100 * time.Millisecond)
-		w.Check(now, l)
-	}
+	now = checked(l, w, now, 2, 2) // the controller's answer takes a flush, a tick and a push
 	if r, _ := s.Ratio("web"); r != 0.9 {
 		t.Fatalf("before the controller saw the fall: ratio %v, want its 0.9", r)
 	}
 	setWebPolicy(l, 300, 100, 0.5) // the controller saw the fall; its ratio releases slowly
-	for range 2 {
-		decide(l, 2)
-		now = now.Add(100 * time.Millisecond)
-		w.Check(now, l)
-	}
+	checked(l, w, now, 2, 2)
 	if r, _ := s.Ratio("web"); r != 0 {
 		t.Fatalf("after the controller saw the fall: ratio %v, want 0", r)
 	}
@@ -118,12 +116,7 @@ func TestProjectionOff(t *testing.T) {
 		Header: Header{SidecarID: "pod-1", Service: "checkout"}, Interval: time.Second,
 		SurgeChecks: true, Check: 100 * time.Millisecond,
 	}, t0, l)
-	now := t0
-	for range 10 {
-		decide(l, 10)
-		now = now.Add(100 * time.Millisecond)
-		w.Check(now, l)
-	}
+	now := checked(l, w, t0, 10, 10)
 	w.Tick(now, l)
 	decide(l, 50)
 	w.Project(now.Add(50*time.Millisecond), l)
