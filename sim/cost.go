@@ -267,7 +267,7 @@ type CostWindow struct {
 }
 
 // DebtEpisode is a stretch of seconds in which a bucket owed a debt worth
-// noting: at its peak at least dropratio.DebtForgive of a payback window
+// noting: at its peak at least dropratio.LevelBand of a payback window
 // of its limit.
 type DebtEpisode struct {
 	From, To time.Duration // the first second owing, and the end of the last
@@ -317,7 +317,7 @@ func MeasureCost(r *Result) []CostMeasures {
 			w.Judged = w.From >= judged
 			m.Windows = append(m.Windows, w)
 		}
-		worth := dropratio.DebtForgive * b.Limit * payback.Seconds()
+		worth := dropratio.LevelBand * b.Limit * payback.Seconds()
 		for j := 0; j < n; {
 			if c.Debt[j] == 0 {
 				j++

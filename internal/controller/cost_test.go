@@ -47,7 +47,9 @@ func costLoad(offeredCost, admittedCost float64) *sluicev1.ZoneLoad {
 }
 
 // TestCostServiceRatio: a callee counting cost runs the law on its offered
-// cost rate against its limit in units, and publishes its unit, its
+// cost rate against its limit in units (a new bucket's raised by the
+// credit a bucket that pays back starts with, dropratio.LevelTop: a
+// hundredth of its 10 s window, 500, spent over a tick), and publishes its unit, its
 // pricing and its callers' caps; a callee counting requests publishes a
 // cap alone, without a unit or pricing.
 func TestCostServiceRatio(t *testing.T) {
@@ -58,8 +60,8 @@ func TestCostServiceRatio(t *testing.T) {
 	res := s.Tick(t0.Add(3*time.Second), costLimits(t))
 	p := res.Changed["callee/llm"]
 	chat := peer(p, "chat")
-	if chat == nil || math.Abs(chat.GetDropRatio()-(1-5000.0/20000)) > 1e-12 || chat.GetOfferedRps() != 20000 || chat.GetLimitRps() != 5000 {
-		t.Fatalf("chat = %v, want ratio 0.75 from 20000 units/s against 5000", chat)
+	if chat == nil || math.Abs(chat.GetDropRatio()-(1-5500.0/20000)) > 1e-12 || chat.GetOfferedRps() != 20000 || chat.GetLimitRps() != 5500 {
+		t.Fatalf("chat = %v, want ratio 0.725 from 20000 units/s against 5000 and its credit of 500", chat)
 	}
 	if chat.MaxConcurrency == nil || chat.GetMaxConcurrency() != 40 || chat.GetDebt() != 0 {
 		t.Errorf("chat cap %v, debt %v; want 40 and 0", chat.MaxConcurrency, chat.GetDebt())
@@ -84,10 +86,14 @@ func TestCostServiceRatio(t *testing.T) {
 }
 
 // TestCostDebt: chat admits 7500 units/s against its limit of 5000 for
-// four ticks (its requests cost more than priced); its limit is lowered
-// by three times its debt over the payback window (10 s), the debt published, then,
-// admitting what the lowered limit allows, it pays back and gets its limit
-// back.
+// four ticks (its requests cost more than priced); its credit of 500 (a
+// new bucket's) is spent, then it owes the rest, published as its debt,
+// and its limit is lowered by four times the debt it will owe once the
+// tick its reports have not yet counted has passed (admitting what it
+// was last given) over the payback window (10 s). Then, admitting what
+// the policy of two ticks before allowed (as the loop runs: a tick's
+// reports are a tick behind the sidecars), it pays back without running
+// past 0 and gets its limit back.
 func TestCostDebt(t *testing.T) {
 	s := newState(t)
 	s.cfg.RepublishThreshold = 0 // every change published: the last is the tick's
@@ -107,26 +113,36 @@ func TestCostDebt(t *testing.T) {
 		now = now.Add(time.Second)
 		return peer(s.published["callee/llm"].policy, "chat")
 	}
-	tick(5000) // the first step: no dt yet
+	given := tick(5000).GetAllowedRps() // the first step: no dt yet
+	if given != 5500 {
+		t.Fatalf("a new bucket: allowed %v, want 5000 and its credit of 500", given)
+	}
+	allowed := []float64{given}
 	for i := 1; i <= 4; i++ {
 		chat := tick(7500)
-		debt := 2500 * float64(i)
-		if want := 5000 - 3*debt/10; chat.GetDebt() != debt || chat.GetAllowedRps() != want || chat.GetLimitRps() != want {
+		debt := 2500*float64(i) - 500
+		if want := 5000 - 4*(debt-(5000-given))/10; chat.GetDebt() != debt || chat.GetAllowedRps() != want || chat.GetLimitRps() != want {
 			t.Fatalf("overshoot tick %d: debt %v, allowed %v, limit %v; want %v, %v", i, chat.GetDebt(), chat.GetAllowedRps(), chat.GetLimitRps(), debt, want)
 		}
 		if got := debts["llm"]; got != debt {
 			t.Errorf("tick %d: llm's debt %v, want %v", i, got, debt)
 		}
+		given = chat.GetAllowedRps()
+		allowed = append(allowed, given)
 	}
-	allowed := 5000 - 3*10000/10.0
-	for i := 0; i < 200 && allowed < 5000; i++ {
-		chat := tick(allowed)
-		if chat.GetDebt() > 0 && chat.GetAllowedRps() >= 5000 {
-			t.Fatalf("paying back: debt %v, allowed %v", chat.GetDebt(), chat.GetAllowedRps())
+	owed := 0.0
+	for i := 0; i < 200 && (given < 5000 || owed > 0); i++ {
+		chat := tick(allowed[len(allowed)-2])
+		owed, given = chat.GetDebt(), chat.GetAllowedRps()
+		if owed > 0 && given >= 5000 {
+			t.Fatalf("paying back: debt %v, allowed %v", owed, given)
 		}
-		allowed = chat.GetAllowedRps()
+		if l := s.levels[levelKey{"llm", "chat", ""}]; l > 0 {
+			t.Fatalf("paying back: level %v, ran past 0 into credit: the tick the reports had not counted was paid twice", l)
+		}
+		allowed = append(allowed, given)
 	}
-	if allowed != 5000 || len(s.levels) != 0 || debts != nil {
-		t.Errorf("after paying back: allowed %v, levels %v", allowed, s.levels)
+	if math.Abs(given-5000) > 1e-4*5000 || s.levels[levelKey{"llm", "chat", ""}] != 0 || debts != nil {
+		t.Errorf("after paying back: allowed %v, levels %v", given, s.levels)
 	}
 }

@@ -16,13 +16,13 @@ import (
 // its buckets' offered cost rates against limits and capacities in its
 // units. A bucket whose requests turn out, once their responses report
 // it, to cost more than they were admitted at runs its admitted cost above
-// its own limit: the overshoot is its debt (dropratio.DebtStep), and the
+// its own limit: the overshoot is its debt (dropratio.LevelStep), and the
 // law holds it to a lower limit until it is paid back
 // (dropratio.DebtLimit), so that over the payback window its admitted
 // cost meets its limit. Debt is kept only for the buckets of a callee
 // counting cost with a finite limit of their own (a leaf's, or the
 // caller's for a callee without procedures), at most one per bucket the
-// law runs over, and forgotten once it is 0.
+// law runs over, and forgotten once the bucket is quiet.
 
 // Burst and payback (issue #17) are the same mechanism on the other side
 // of 0: a caller's limit may say burst: N, and it holds up to N tokens,
@@ -32,9 +32,10 @@ import (
 // given the bucket's limit raised by its tokens spread over burstSpend,
 // or lowered by its debt (dropratio.LevelLimit). Levels are kept only for
 // buckets with a finite limit of their own that hold a burst, pay back,
-// or count cost, and only while they differ from a quiet bucket's: full
-// for one with a burst, 0 for one without. A bucket with a burst that
-// has no level is full: a new bucket, or a new controller, starts so.
+// or count cost, and only while they differ from a quiet bucket's: full,
+// at dropratio.LevelTop (its burst, or for one that pays back at least
+// the band it is credited for undershoot). A bucket that has no level is
+// full: a new bucket, or a new controller, starts so.
 
 // DefaultCostPayback is the payback window of a bucket's debt when
 // StateConfig.CostPayback is 0.
@@ -91,17 +92,33 @@ func (s *State) level(k levelKey, bl bucketLevel) float64 {
 	if l, ok := s.levels[k]; ok {
 		return l
 	}
-	return bl.burst
+	return bl.top()
+}
+
+// top is the level of a quiet bucket: dropratio.LevelTop.
+func (bl bucketLevel) top() float64 {
+	return dropratio.LevelTop(bl.limit, bl.burst, bl.payback)
 }
 
 // levelLimit is the State's leafLimit: l raised by the bucket's tokens or
-// lowered by its debt.
+// lowered by its debt, as they will stand once the tick the reports have
+// not yet counted has passed (see ordered).
 func (s *State) levelLimit(lim *limits.Service, caller, procedure string, l float64) float64 {
 	bl := s.levelOf(lim, caller, procedure)
 	if !bl.holds() {
 		return l
 	}
-	return dropratio.LevelLimit(l, s.level(levelKey{lim.Name, caller, procedure}, bl), burstSpend, bl.payback)
+	k := levelKey{lim.Name, caller, procedure}
+	level := s.level(k, bl)
+	if given, ok := s.ordered[k]; ok && s.stepDt > 0 {
+		a := min(s.bucketOffered[k], given) // what the law let through meanwhile
+		level = min(max(level+(bl.limit-a)*s.stepDt.Seconds(), -bl.limit*bl.payback.Seconds()), bl.top())
+	}
+	out := dropratio.LevelLimit(l, level, burstSpend, bl.payback)
+	if !math.IsNaN(out) {
+		s.ordering[k] = out
+	}
+	return out
 }
 
 // offered is the bucket's load for the law: its cost rate for a callee
@@ -143,6 +160,7 @@ func (s *State) stepLevels(dt time.Duration, inbound map[string][]peerTotals, se
 	for k := range s.levels {
 		admitted[k] = 0
 	}
+	clear(s.bucketOffered)
 	for svc, peers := range inbound {
 		lim := set.Service(svc)
 		if lim == nil {
@@ -150,7 +168,9 @@ func (s *State) stepLevels(dt time.Duration, inbound map[string][]peerTotals, se
 		}
 		for _, p := range peers { // sorted: a bucket's tiers add up in one order
 			if s.levelOf(lim, p.peer, p.procedure).holds() {
-				admitted[levelKey{svc, p.peer, p.procedure}] += p.admitted(lim)
+				k := levelKey{svc, p.peer, p.procedure}
+				admitted[k] += p.admitted(lim)
+				s.bucketOffered[k] += p.offered(lim)
 			}
 		}
 	}
@@ -163,7 +183,7 @@ func (s *State) stepLevels(dt time.Duration, inbound map[string][]peerTotals, se
 			continue
 		}
 		l := dropratio.LevelStep(s.level(k, bl), admitted[k], bl.limit, bl.burst, dt, bl.payback)
-		if l == bl.burst {
+		if l == bl.top() {
 			delete(s.levels, k)
 			continue
 		}

@@ -76,6 +76,19 @@ type State struct {
 	// back or count cost, and none that is quiet (full, or at 0 without
 	// a burst).
 	levels map[levelKey]float64
+	// ordered holds the limit the last tick gave the law for each bucket
+	// that holds a level, and bucketOffered each one's offered rate this
+	// tick. The reports a tick sums were counted before the last tick's
+	// order reached the sidecars, so the level they show is a tick behind
+	// what the bucket admits: a tick gives the law the level as it will
+	// stand once that tick has passed, the bucket admitting the smaller
+	// of its offered rate and the limit it was given. Without that, a
+	// debt paid back a tick late runs past 0 (its bucket admits under its
+	// limit for a tick, lost), and a burst's tokens are spent twice.
+	// ordering collects this tick's orders; stepDt is this tick's step.
+	ordered, ordering map[levelKey]float64
+	bucketOffered     map[levelKey]float64
+	stepDt            time.Duration
 
 	aggs map[string]*aggregatorLoad
 
@@ -117,6 +130,9 @@ func NewState(cfg StateConfig, now time.Time) (*State, error) {
 		aggs:      map[string]*aggregatorLoad{},
 		published: map[string]*published{},
 		levels:    map[levelKey]float64{},
+
+		ordering:      map[levelKey]float64{},
+		bucketOffered: map[levelKey]float64{},
 	}, nil
 }
 

@@ -137,6 +137,7 @@ func (s *State) Tick(now time.Time, set *limits.Set) TickResult {
 	}
 	s.lastStep = now
 	res.Debts = s.stepLevels(dt, inbound, set)
+	s.ordered, s.ordering, s.stepDt = s.ordering, map[levelKey]float64{}, dt
 	services := lawInput(inbound, set, s.levelLimit)
 	verdicts := s.law.Step(dt, services)
 	descriptors, dstats := s.stepDescriptors(now, dt, set)

@@ -14,45 +14,38 @@ import (
 // over a payback window the bucket's admitted cost meets L.
 //
 // Each step of dt seconds, with A the bucket's admitted cost rate over the
-// step and P the payback window:
+// step and P the payback window, the debt grows by (A − L)·dt, capped at
+// L·P (it is the negative side of the bucket's level: see LevelStep), and
+// the law is given
 //
-//	debt  = clamp(debt + (A − L)·dt, 0, L·P)   (DebtStep)
-//	limit = max(0, L − 3·debt/P)                (DebtLimit)
+//	limit = max(0, L − 4·debt/P)                (DebtLimit)
 //
 // The debt is measured against L itself, not against the lowered limit:
-// while it is paid back the bucket admits about L − 3·debt/P, so the debt
-// shrinks by 3·debt/P per second, e-folding three times in P: 95 % of an
+// while it is paid back the bucket admits about L − 4·debt/P, so the debt
+// shrinks by 4·debt/P per second, e-folding four times in P: 98 % of an
 // overshoot is paid back within one payback window, so that the window
 // that saw it meets the limit within a few per cent. (With debt/P, one
-// e-fold, a third of it would still be owed when the window ends.) It is
-// capped at L·P, a whole window of the limit: a lie or a bug in a report
-// blocks a bucket for two thirds of P and pays the rest back by P, no
-// more. A
-// bucket at or under its limit accrues none, and one without a limit
-// (L = +Inf) has no debt. The debt is measured against the bucket's own
-// limit only: a capacity's share is the law's to keep from offered load.
+// e-fold, a third of it would still be owed when the window ends; four,
+// not three, because the controller gives the law the debt as it will
+// stand a tick on, which slows each step by one.) It is capped at L·P, a
+// whole window of the limit: a lie or a bug in a report blocks a bucket
+// for three quarters of P and pays the rest back by P, no more. A bucket without a limit (L = +Inf) has no debt. The debt is
+// measured against the bucket's own limit only: a capacity's share is the
+// law's to keep from offered load.
 
-// DebtForgive is the fraction of a window of the limit (L·P) under which
-// a shrinking debt is forgiven, set to 0: it lowers the limit by under 1 %,
-// below what the law's noise can tell, and a bucket's state is forgotten
-// only once its debt is 0.
-const DebtForgive = 0.01
-
-// DebtStep returns a bucket's debt, in cost units, after a step of dt in
-// which it admitted admitted units per second against its limit of limit
-// units per second; payback is the payback window. Hostile or broken
-// inputs never make a debt NaN, infinite or negative: a NaN, negative or
-// infinite admitted rate counts as 0 (a broken count owes nothing), a NaN
-// or negative debt as 0, a NaN or negative limit as 0 (which can hold no
-// debt: its bucket is blocked already), an infinite limit or a
-// non-positive payback hold none; a dt ≤ 0 leaves the debt as it was,
-// clamped.
-func DebtStep(debt, admitted, limit float64, dt, payback time.Duration) float64 {
-	if !(debt > 0) {
-		debt = 0
-	}
-	return max(-LevelStep(-debt, admitted, limit, 0, dt, payback), 0)
-}
+// LevelBand is the fraction of a payback window (L·P) a bucket that pays
+// back its overshoot is also credited for its undershoot: its level may
+// rise that far above 0 even with no burst. A debt that is charged for
+// every second above the limit but never credited for one below it
+// would be a rectifier: the law's noise (a cost known a report late, a
+// report a tick late, whole requests of uneven cost) would be paid back
+// on one side only, and a bucket held at its limit would admit a few per
+// cent under it, more after each overshoot, whose payback runs a report
+// past the point where the debt is gone. Within the band the level moves
+// both ways, so over a window the bucket's admitted cost meets its limit;
+// the credit lets at most 1 % of a window through above the limit, once,
+// which is below what the law's noise can tell.
+const LevelBand = 0.01
 
 // DebtLimit returns the limit the law holds a bucket to while it owes
 // debt: max(0, limit − debtFolds·debt/payback). A bucket without debt, or
@@ -65,21 +58,22 @@ func DebtLimit(limit, debt float64, payback time.Duration) float64 {
 }
 
 // debtFolds is how many times a debt e-folds in one payback window.
-const debtFolds = 3
+const debtFolds = 4
 
 // Burst (issue #17). Debt is one side of a bucket's level b, in
 // requests or cost units: a bucket whose limit L allows a burst of N
 // (the limits file's burst:) holds up to N tokens, and one whose limit
 // pays back an overshoot (payback: P, or a cost callee's --cost-payback)
-// may owe down to a whole window of its limit. One level in [−L·P, N]:
-// negative is debt, positive is tokens. Each step of dt with A the
+// may owe down to a whole window of its limit. One level in [−L·P, T]:
+// negative is debt, positive is tokens, T is LevelTop: N, or for a bucket
+// that pays back at least LevelBand of its window. Each step of dt with A the
 // bucket's admitted rate over the step:
 //
-//	b     = clamp(b + (L − A)·dt, −L·P, N)    (LevelStep)
+//	b     = clamp(b + (L − A)·dt, −L·P, T)    (LevelStep)
 //	limit = L + b/spend       while b > 0      (LevelLimit)
-//	        max(0, L − 3·(−b)/P) while b < 0   (DebtLimit)
+//	        max(0, L − 4·(−b)/P) while b < 0   (DebtLimit)
 //
-// A bucket admitting under its limit fills at L − A up to N; one
+// A bucket admitting under its limit fills at L − A up to T; one
 // admitting above it spends its tokens first, then, with a payback, runs
 // into debt. The law is allowed L plus the tokens held spread over spend
 // (the controller's: one tick), so that a burst after a quiet period is
@@ -87,8 +81,8 @@ const debtFolds = 3
 // are spent. Without a payback (P = 0) the level never goes below 0: what
 // the law lets through above L while it reacts is not paid back.
 //
-// A burst of 0 and no payback is the tightest edge, today's behaviour
-// exactly: the level stays 0 and the limit is L. It is the default: a
+// A burst of 0 and no payback is the tightest edge: the level stays 0 and
+// the limit is L. It is the default: a
 // limit that says nothing about bursts must not let an unannounced burst
 // through to a fragile callee.
 
@@ -101,15 +95,13 @@ const debtFolds = 3
 // nothing and spends nothing), a NaN, negative or infinite burst as none;
 // a NaN, negative or 0 limit holds no level (its bucket is blocked
 // already), nor does an infinite one (no limit); a dt ≤ 0 leaves the
-// level as it was, clamped. A shrinking debt under DebtForgive of a
-// window is forgiven.
+// level as it was, clamped to [−L·P, LevelTop]. A debt under a millionth
+// of a window is rounded to 0.
 func LevelStep(level, admitted, limit, burst float64, dt, payback time.Duration) float64 {
 	if !(limit > 0) || math.IsInf(limit, 1) {
 		return 0
 	}
-	if !(burst > 0) || math.IsInf(burst, 1) {
-		burst = 0
-	}
+	top := LevelTop(limit, burst, payback)
 	floor := 0.0 // −window: the most a bucket may owe
 	if payback > 0 {
 		floor = max(-limit*payback.Seconds(), -math.MaxFloat64)
@@ -123,11 +115,34 @@ func LevelStep(level, admitted, limit, burst float64, dt, payback time.Duration)
 	if dt > 0 {
 		level += (limit - admitted) * dt.Seconds()
 	}
-	level = min(max(level, floor), burst)
-	if level < 0 && admitted <= limit && -level < DebtForgive*-floor {
+	level = min(max(level, floor), top)
+	if level < 0 && -level < debtRounding*-floor {
 		level = 0
 	}
 	return level
+}
+
+// debtRounding is the fraction of a window under which a debt is
+// rounding, not owed: a debt paid back at the rate DebtLimit sets shrinks
+// geometrically and would otherwise never reach 0, keeping its bucket's
+// level (and a debt in its policy) for ever.
+const debtRounding = 1e-6
+
+// LevelTop is the most a bucket's level may hold, a quiet bucket's level:
+// its burst, or for a bucket that pays back (payback > 0) at least
+// LevelBand of its window. A NaN, negative or infinite burst is none; a
+// bucket without a finite limit above 0 holds nothing.
+func LevelTop(limit, burst float64, payback time.Duration) float64 {
+	if !(limit > 0) || math.IsInf(limit, 1) {
+		return 0
+	}
+	if !(burst > 0) || math.IsInf(burst, 1) {
+		burst = 0
+	}
+	if payback > 0 {
+		burst = max(burst, min(LevelBand*limit*payback.Seconds(), math.MaxFloat64))
+	}
+	return burst
 }
 
 // LevelLimit returns the limit the law holds a bucket to at level: its

@@ -24,7 +24,7 @@ func TestLevelStep(t *testing.T) {
 		{"spent, with payback, runs into debt", 50, 400, L, N, s, p, -250},
 		{"debt capped at a window", -900, 1000, L, N, s, p, -L * 10},
 		{"debt paid back, then tokens", -30, 0, L, N, s, p, 70},
-		{"a small debt shrinking is forgiven", -9, 99, L, 0, s, p, 0},
+		{"a small debt shrinking is carried", -9, 99, L, 0, s, p, -8},
 		{"no burst, no payback: always 0", 0, 500, L, 0, s, 0, 0},
 		{"no burst, no payback: under the limit, 0", 0, 0, L, 0, s, 0, 0},
 		{"no limit holds nothing", N, 1e9, inf, N, s, p, 0},
@@ -57,7 +57,7 @@ func TestLevelLimit(t *testing.T) {
 		{100, 200, s, p, 300},                 // tokens spent within a tick
 		{100, 200, 2 * s, p, 200},             // or over two
 		{100, 200, 0, p, 100},                 // no spend, no tokens
-		{100, -200, s, p, 40},                 // debt: DebtLimit
+		{100, -200, s, p, 20},                 // debt: DebtLimit
 		{100, -200, s, 0, 100},                // debt without payback lowers nothing
 		{100, math.NaN(), s, p, 100},          // NaN counts as 0
 		{math.Inf(1), 200, s, p, math.Inf(1)}, // no limit
