@@ -1,0 +1,158 @@
+package adaptive
+
+import (
+	"math"
+	"strings"
+	"testing"
+	"time"
+)
+
+func mustNew(t testing.TB, cfg Config) *Estimator {
+	t.Helper()
+	e, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+func TestObjectiveValidate(t *testing.T) {
+	for _, tc := range []struct {
+		o    Objective
+		want []string // fields the error names; none: valid
+	}{
+		{Objective{LatencyP99: 200 * time.Millisecond, Errors: 0.01}, nil},
+		{Objective{LatencyP99: time.Millisecond}, nil},
+		{Objective{Errors: 0.5}, nil},
+		{Objective{}, []string{"neither"}},
+		{Objective{LatencyP99: -time.Second, Errors: 0.01}, []string{"latency_p99"}},
+		{Objective{LatencyP99: time.Second, Errors: 1}, []string{"errors"}},
+		{Objective{LatencyP99: time.Second, Errors: math.NaN()}, []string{"errors"}},
+		{Objective{LatencyP99: -1, Errors: -0.1}, []string{"latency_p99", "errors"}},
+	} {
+		err := tc.o.Validate()
+		if (err == nil) != (tc.want == nil) {
+			t.Errorf("%+v: Validate() = %v, want fields %v", tc.o, err, tc.want)
+			continue
+		}
+		for _, f := range tc.want {
+			if !strings.Contains(err.Error(), f) {
+				t.Errorf("%+v: Validate() = %v, want it to name %s", tc.o, err, f)
+			}
+		}
+	}
+}
+
+// Validate names every bad field at once.
+func TestConfigValidate(t *testing.T) {
+	if err := DefaultConfig(objective).Validate(); err != nil {
+		t.Fatalf("DefaultConfig: %v", err)
+	}
+	bad := Config{
+		Aim: 1.5, MinRate: 0, FloorFraction: 1, CapMultiple: 0.5, MinDecrease: 1,
+		NoiseDecrease: math.NaN(), Recovery: 0, Increase: 0, MaxIncrease: 2,
+	}
+	err := bad.Validate()
+	for _, f := range []string{"objective", "aim", "min_rate", "floor_fraction", "cap_multiple", "min_decrease", "noise_decrease", "recovery", "increase", "max_increase"} {
+		if err == nil || !strings.Contains(err.Error(), f+":") {
+			t.Errorf("Validate() = %v, want it to name %s", err, f)
+		}
+	}
+	if _, err := New(bad); err == nil {
+		t.Error("New(bad) = nil error")
+	}
+	inf := DefaultConfig(objective)
+	inf.MinRate, inf.CapMultiple = math.Inf(1), math.Inf(1)
+	if err := inf.Validate(); err == nil || !strings.Contains(err.Error(), "min_rate") || !strings.Contains(err.Error(), "cap_multiple") {
+		t.Errorf("infinite min_rate and cap_multiple: Validate() = %v", err)
+	}
+}
+
+func TestReasonString(t *testing.T) {
+	for r, want := range map[Reason]string{NoData: "no_data", Holding: "holding", ProbingUp: "probing_up", BackingOff: "backing_off", 9: "Reason(9)"} {
+		if got := r.String(); got != want {
+			t.Errorf("Reason(%d).String() = %q, want %q", r, got, want)
+		}
+	}
+}
+
+var hostile = []struct {
+	name string
+	dt   time.Duration
+	s    Sample
+}{
+	{"zero dt", 0, Sample{Offered: 400, Admitted: 400, Goodput: 1, P99: time.Hour, Errors: 1}},
+	{"negative dt", -time.Second, Sample{Offered: 400, Admitted: 400, Goodput: 1, P99: time.Hour, Errors: 1}},
+	{"no traffic", time.Second, Sample{}},
+	{"nothing answered", time.Second, Sample{Offered: 10, Admitted: 10}},
+	{"NaN offered", time.Second, Sample{Offered: math.NaN(), Admitted: 10, Goodput: 10}},
+	{"NaN admitted", time.Second, Sample{Offered: 10, Admitted: math.NaN(), Goodput: 10}},
+	{"NaN goodput", time.Second, Sample{Offered: 10, Admitted: 10, Goodput: math.NaN()}},
+	{"NaN errors", time.Second, Sample{Offered: 10, Admitted: 10, Goodput: 10, Errors: math.NaN()}},
+	{"NaN in flight", time.Second, Sample{Offered: 10, Admitted: 10, Goodput: 10, InFlight: math.NaN()}},
+	{"Inf offered", time.Second, Sample{Offered: math.Inf(1), Admitted: 10, Goodput: 10}},
+	{"Inf admitted", time.Second, Sample{Offered: 10, Admitted: math.Inf(1), Goodput: 10}},
+	{"Inf goodput", time.Second, Sample{Offered: 10, Admitted: 10, Goodput: math.Inf(1)}},
+	{"Inf errors", time.Second, Sample{Offered: 10, Admitted: 10, Goodput: 10, Errors: math.Inf(1)}},
+	{"Inf in flight", time.Second, Sample{Offered: 10, Admitted: 10, Goodput: 10, InFlight: math.Inf(1)}},
+	{"negative offered", time.Second, Sample{Offered: -1, Admitted: 10, Goodput: 10}},
+	{"negative admitted", time.Second, Sample{Offered: 10, Admitted: -10, Goodput: 10}},
+	{"negative goodput", time.Second, Sample{Offered: 10, Admitted: 10, Goodput: -10}},
+	{"negative p99", time.Second, Sample{Offered: 10, Admitted: 10, Goodput: 10, P99: -time.Second}},
+	{"negative errors", time.Second, Sample{Offered: 10, Admitted: 10, Goodput: 10, Errors: -0.5}},
+	{"errors above 1", time.Second, Sample{Offered: 10, Admitted: 10, Goodput: 10, Errors: 1.5}},
+	{"negative in flight", time.Second, Sample{Offered: 10, Admitted: 10, Goodput: 10, InFlight: -1}},
+}
+
+// A hostile sample says nothing: the estimate holds, exactly, whatever the
+// state it meets, and the next good sample finds the state as it was.
+func TestHostileSamples(t *testing.T) {
+	good := Sample{Offered: 400, Admitted: 200, Goodput: 200, P99: 50 * time.Millisecond}
+	for _, h := range hostile {
+		t.Run(h.name, func(t *testing.T) {
+			fresh, warm, twin := mustNew(t, DefaultConfig(objective)), mustNew(t, DefaultConfig(objective)), mustNew(t, DefaultConfig(objective))
+			if got := fresh.Step(h.dt, h.s); got != (Estimate{Reason: NoData}) {
+				t.Errorf("fresh: %+v, want no estimate, no data", got)
+			}
+			r := newRun(t, DefaultConfig(objective), shape)
+			for range 20 {
+				tk := r.step(400)
+				s := Sample{Offered: tk.offered, Admitted: tk.admitted, Goodput: tk.Goodput, P99: tk.P99, Errors: tk.Errors, InFlight: tk.InFlight}
+				warm.Step(time.Second, s)
+				twin.Step(time.Second, s)
+			}
+			before := warm.Estimate()
+			for range 5 {
+				if got := warm.Step(h.dt, h.s); got.Capacity != before.Capacity || got.Reason != NoData {
+					t.Fatalf("warm: %+v, want %v held, no data", got, before.Capacity)
+				}
+			}
+			if a, b := warm.Step(time.Second, good), twin.Step(time.Second, good); a != b {
+				t.Errorf("after the hostile samples %+v, without them %+v", a, b)
+			}
+		})
+	}
+}
+
+func TestStepAllocs(t *testing.T) {
+	e := mustNew(t, DefaultConfig(objective))
+	s := Sample{Offered: 400, Admitted: 200, Goodput: 200, P99: 50 * time.Millisecond}
+	if n := testing.AllocsPerRun(100, func() { e.Step(time.Second, s) }); n != 0 {
+		t.Errorf("Step allocates %v times, want 0", n)
+	}
+}
+
+func BenchmarkStep(b *testing.B) {
+	e := mustNew(b, DefaultConfig(objective))
+	samples := [...]Sample{
+		{Offered: 400, Admitted: 200, Goodput: 200, P99: 50 * time.Millisecond},
+		{Offered: 400, Admitted: 210, Goodput: 200, P99: 120 * time.Millisecond},
+		{Offered: 400, Admitted: 190, Goodput: 200, P99: 250 * time.Millisecond, Errors: 0.02},
+	}
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		e.Step(time.Second, samples[i%len(samples)])
+		i++
+	}
+}
