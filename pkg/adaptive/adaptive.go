@@ -18,7 +18,8 @@
 // Each tick it reads, besides the objective, G, the callee's goodput (the
 // median of the last three ticks), and whether it queues: whether its p99
 // shows a queue (it is more than a quarter of the way from its latency
-// without a queue to the aim) that is not draining (the callee answered no
+// without a queue to the aim; without a latency objective, twice that
+// latency) that is not draining (the callee answered no
 // more requests than it was admitted). With T the aim, Aim (0.8) of the
 // objective's latency (and of its errors):
 //
@@ -299,7 +300,12 @@ func (e *Estimator) Step(dt time.Duration, s Sample) Estimate {
 	case e.base == 0 || raw < e.base:
 		e.base = raw
 	}
-	settled := lat == 0 || raw <= e.base+(aimLat-e.base)/4
+	// Without a latency objective a queue still shows: as a p99 twice
+	// the base.
+	settled := raw <= 2*e.base
+	if lat > 0 {
+		settled = raw <= e.base+(aimLat-e.base)/4
+	}
 	// The callee queues when its latency shows a queue (its p99 has not
 	// settled) that is not plainly draining: rates alone are too noisy to
 	// tell a queue growing by a few per cent of a tick from a fleet's

@@ -142,6 +142,37 @@ func TestColdStart(t *testing.T) {
 	}
 }
 
+// An objective with errors alone, or latency alone: a cold start offered
+// twice the knee still settles within 10 % of it in at most 5 s, the
+// objective held from then on (the errors or the p99: the other is free).
+func TestOneSidedObjective(t *testing.T) {
+	for _, obj := range []Objective{{Errors: 0.01}, {LatencyP99: 200 * time.Millisecond}} {
+		t.Run(fmt.Sprintf("%+v", obj), func(t *testing.T) {
+			r := newRun(t, DefaultConfig(obj), shape)
+			defer r.dump(t)
+			for range 120 {
+				r.step(2 * shape.Knee())
+			}
+			at := -1
+			for _, tk := range r.log {
+				ok := math.Abs(tk.Capacity/tk.knee-1) <= 0.1 &&
+					(obj.Errors == 0 || tk.Errors <= obj.Errors) && (obj.LatencyP99 == 0 || tk.P99 <= obj.LatencyP99)
+				switch {
+				case !ok:
+					at = -1
+				case at < 0:
+					at = tk.at
+				}
+			}
+			n, most := r.overshoots(max(at, 1)-1, len(r.log), 0.1)
+			t.Logf("settled after %ds; afterwards %d overshoots past 10 %%, at most %.1f %%", at, n, 100*most)
+			if at < 0 || at > 5 {
+				t.Errorf("settled after %ds, want ≤ 5s", at)
+			}
+		})
+	}
+}
+
 // The callee's capacity halves for 30 s (half its workers, or a service
 // time twice as long: a slow database): the estimate finds the new knee,
 // at most one overshoot past 10 % of it, and releases it after the
