@@ -138,7 +138,7 @@ const (
 	NoData     Reason = iota // the sample said nothing: the estimate held
 	Holding                  // held: not limited by it, above the aim without a queue, or a queue draining
 	ProbingUp                // healthy and limited by the estimate: raised
-	BackingOff               // the objective was violated: lowered
+	BackingOff               // lowered: the objective violated, or a queue building
 )
 
 var reasonNames = [...]string{NoData: "no_data", Holding: "holding", ProbingUp: "probing_up", BackingOff: "backing_off"}
@@ -244,10 +244,10 @@ type Estimator struct {
 	p99, errs, goodput [3]float64
 	n, next            int
 
-	base     float64 // the callee's p99 without a queue, in seconds: see settle
+	base     float64 // the callee's p99 without a queue, in seconds: see Step
 	violated bool    // the last valid tick violated the objective
 	lowered  bool    // the last valid tick lowered the estimate, or held while its queue drained
-	probing  float64 // seconds probed at or above the knee in a row
+	probing  float64 // seconds probed far past the knee in a row: the probe's speed-up
 }
 
 // New returns an estimator with no estimate yet.
