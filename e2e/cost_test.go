@@ -151,16 +151,23 @@ func TestConcurrencyAsProcesses(t *testing.T) {
 		runFor   = 15
 	)
 	var inFlight, peak atomic.Int64
+	var gen atomic.Pointer[loadgen.Generator]
+	peaks := make([]atomic.Int64, runFor+2) // by second of the run
 	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		n := inFlight.Add(1)
 		for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+		}
+		if g := gen.Load(); g != nil {
+			ps := &peaks[min(int(g.Elapsed()/time.Second), len(peaks)-1)]
+			for p := ps.Load(); n > p && !ps.CompareAndSwap(p, n); p = ps.Load() {
+			}
 		}
 		time.Sleep(latency)
 		inFlight.Add(-1)
 		fmt.Fprintln(w, "from the app")
 	}))
 	t.Cleanup(app.Close)
-	_, _, sidecars := startCheckoutLoop(t, concurrencyLimits, app.URL, "web's concurrency cap", func(p *sluicev1.DropPolicy) bool {
+	ctl, _, sidecars := startCheckoutLoop(t, concurrencyLimits, app.URL, "web's concurrency cap", func(p *sluicev1.DropPolicy) bool {
 		for _, pp := range p.GetPeers() {
 			if pp.GetPeer() == "web" && pp.GetMaxConcurrency() == capacity {
 				return true
@@ -177,14 +184,30 @@ func TestConcurrencyAsProcesses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	gen.Store(g)
+	// The policy each second: the global rate the sidecars split the cap
+	// by, and the live sidecars.
+	type tick struct {
+		offered float64
+		live    uint32
+	}
+	ticks := make([]tick, runFor)
 	ctx, cancel := context.WithTimeout(context.Background(), runFor*time.Second+startTimeout)
 	defer cancel()
-	if err := g.Run(ctx, nil); err != nil {
+	if err := g.Run(ctx, func(s int) {
+		p := policy(t, ctl.admin, "callee/checkout")
+		for _, pp := range p.GetPeers() {
+			if pp.GetPeer() == "web" {
+				ticks[s] = tick{pp.GetOfferedRps(), p.GetLiveInstances()}
+			}
+		}
+	}); err != nil {
 		t.Fatal(err)
 	}
 	for s := range runFor {
 		w := g.Second("web", s)
-		t.Logf("t=%2ds web sent=%3d admitted=%3d dropped=%3d errors=%d skipped=%d", s, w.Sent, w.Admitted, w.Dropped, w.Errors, w.Skipped)
+		t.Logf("t=%2ds web sent=%3d admitted=%3d dropped=%3d errors=%d skipped=%d | at most %2d in flight | policy: offered %5.1f rps, %d live",
+			s, w.Sent, w.Admitted, w.Dropped, w.Errors, w.Skipped, peaks[s].Load(), ticks[s].offered, ticks[s].live)
 	}
 	if s := g.Sum("web", 0, runFor+1); s.Errors > 0 || s.Skipped > 0 {
 		t.Errorf("web: %d errors, %d skipped: the rig, not the limiter, lost requests", s.Errors, s.Skipped)

@@ -283,12 +283,16 @@ type meter struct {
 	// leaf's static price changes (see foldPrice): wrapping arithmetic.
 	offBase, admBase atomic.Uint64
 
-	// Guarded by s.mu: the counts as the last window ended (endWindow),
-	// and the leaf's offered rate in that window (units or requests per
-	// second; hasRate false before a window has ended).
+	// Guarded by s.mu: the counts as the last rate window ended
+	// (EndWindow), and the leaf's offered rate in the last three rate
+	// windows, the last first (units or requests per second; rates holds
+	// how many have ended, up to 3). A rate window is at least
+	// shareWindow long: report windows a surge report cut short add up
+	// (acc) until it is.
 	seenOffered, seenN, seenSum uint64
-	rate                        float64
-	hasRate                     bool
+	rate                        [3]float64
+	rates                       int
+	acc                         time.Duration
 	wSum, wN                    float64 // the decayed reported costs (milli-units) and their count; see costMeanDecay
 }
 
@@ -634,8 +638,6 @@ func (s *ServiceLimiter) EndWindow(window time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	t := s.table.Load()
-	s.sharesLocked(t) // from the rates before this window's
-	sec := window.Seconds()
 	for k, sl := range t.leaves {
 		m := sl.e.meter.Load()
 		if m == nil {
@@ -656,12 +658,43 @@ func (s *ServiceLimiter) EndWindow(window time.Duration) {
 			cur, _ = m.totals(t.cost.mult(t.procs, k.proc), pc.Offered, pc.Dropped)
 			scale = 1000
 		}
-		if d := cur - m.seenOffered; d < 1<<62 {
-			m.rate, m.hasRate = float64(d)/scale/sec, true
+		if m.acc += window; m.acc < shareWindow {
+			continue // counts carry over to the next window
 		}
-		m.seenOffered = cur
+		if d := cur - m.seenOffered; d < 1<<62 {
+			m.rate[2], m.rate[1], m.rate[0] = m.rate[1], m.rate[0], float64(d)/scale/m.acc.Seconds()
+			m.rates = min(m.rates+1, len(m.rate))
+		}
+		m.seenOffered, m.acc = cur, 0
 	}
+	s.sharesLocked(t) // from the rates before this window's
 }
+
+// shareRate is the leaf's rate for its share of a cap: of the window
+// before the last (see sharesLocked), or of the one before that when it
+// was lower, and false before the window before the last has ended. The
+// policy a sidecar shares by may have been computed from either: the
+// report, the flush and the tick each take their time, longer on a busy
+// machine. A rising bucket's sidecars each taking the later window's rate
+// against the earlier global one would hold more than the cap between
+// them; the lower of the two never does while the global rate is no
+// older. A falling bucket gets fewer slots for a window.
+func (m *meter) shareRate() (float64, bool) {
+	switch m.rates {
+	case 0, 1:
+		return 0, false
+	case 2:
+		return m.rate[1], true
+	}
+	return min(m.rate[1], m.rate[2]), true
+}
+
+// shareWindow is the shortest window a leaf's rate for its share of a cap
+// is taken over. A surge report ends a report window early, and a rate
+// over a tenth of a second of requests that came bunched (a busy machine's
+// load generator catching up) is many times the leaf's part: two sidecars
+// each taking such a share held more than the cap between them.
+const shareWindow = 500 * time.Millisecond
 
 // meterLocked gives the leaf k's entry of the new table nt a meter when nt
 // needs one, keeps its cumulative costs continuous from the old table's
@@ -728,12 +761,14 @@ func siblingPool(old, nt *table, k leaf) *slotPool {
 // sharesLocked sets every capped pool's share of its cap from t's rules
 // and its leaves' rates. A pool's part of its bucket's load is the sum of
 // its tiers' local rates over the sum of their global ones. The local
-// rates are of the window before the one that ended last (m.rate until
-// EndWindow moves it): that is the window the policy in force was most
-// likely computed from (the report, a flush and a tick later). The last
-// window's rate against it would take a rising bucket's share for more
-// than its part, on every sidecar at once, and their shares would add up
-// to more than the cap. s.mu must be held.
+// rates are of the window before the one that ended last (shareRate),
+// at a window's end and at a policy's install alike: that is the window
+// the policy in force was most likely computed from (the report, a flush
+// and a tick later). The last window's rate against it would take a
+// rising bucket's share for more than its part, on every sidecar at once,
+// and their shares would add up to more than the cap; so would two
+// sidecars, one sharing by the last window (a policy installed) and one
+// by the window before. s.mu must be held.
 func (s *ServiceLimiter) sharesLocked(t *table) {
 	if t.cost == nil || t.policy == nil {
 		return
@@ -749,8 +784,8 @@ func (s *ServiceLimiter) sharesLocked(t *table) {
 			p.cap = sl.v.rule.MaxConcurrency
 		}
 		p.cap = min(p.cap, sl.v.rule.MaxConcurrency)
-		if m.hasRate {
-			p.local, p.hasLocal = p.local+m.rate, true
+		if r, ok := m.shareRate(); ok {
+			p.local, p.hasLocal = p.local+r, true
 		}
 		if g := sl.v.rule.OfferedRPS; g > 0 && !math.IsInf(g, 0) {
 			p.global += g

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"testing"
+	"time"
 
 	"github.com/sluicehq/sluice/pkg/criticality"
 )
@@ -117,5 +118,85 @@ func TestCallerMaxBoundsDefaults(t *testing.T) {
 	}
 	if s.critLowered.Load() != before {
 		t.Error("a default bounded by the max counted as a lowered claim")
+	}
+}
+
+// A sidecar's share of a cap is its part of the bucket's global rate, from
+// a rate window of at least shareWindow and from the same window whether
+// a window ends or a policy is installed: the window before the last.
+// Found under load in TestConcurrencyAsProcesses, where two sidecars held
+// 11 slots of a cap of 10: a surge report's tenth of a second of bunched
+// requests, or a policy installed between windows taking the last one,
+// gave a sidecar more than its part.
+func TestConcurrencyShareWindows(t *testing.T) {
+	l := NewLimiter(LimiterOptions{})
+	p := policy("llm", Rule{Peer: "chat", LimitRPS: math.Inf(1), AllowedRPS: math.Inf(1), OfferedRPS: 200, MaxConcurrency: 10})
+	p.LiveInstances = 2
+	l.SetPolicy(p)
+	s := l.Service("llm")
+	send := func(n int) {
+		for range n {
+			if d := s.DecideHTTPCost("chat", "GET", "/", "", ""); !d.Drop {
+				d.Done(0, false)
+			}
+		}
+	}
+	held := func() int { // the slots the sidecar lets chat hold now
+		var ds []Decision
+		for range 20 {
+			if d := s.DecideHTTPCost("chat", "GET", "/", "", ""); !d.Drop {
+				ds = append(ds, d)
+			}
+		}
+		for _, d := range ds {
+			d.Done(0, false)
+		}
+		return len(ds)
+	}
+	if got := held(); got != 5 {
+		t.Fatalf("before any rate: %d slots, want the cap over 2 live sidecars, 5", got)
+	}
+	send(80)
+	l.EndWindow("llm", time.Second) // 100 rps, with held's 20
+	if got := held(); got != 5 {
+		t.Fatalf("one window: %d slots, want 5 still (no window before the last yet)", got)
+	}
+	send(80)
+	l.EndWindow("llm", time.Second) // 100 rps again: half of 200
+	if got := held(); got != 5 {
+		t.Fatalf("two windows of half the global rate: %d slots, want 5", got)
+	}
+	// A surge report cuts a tenth of a second holding 30 requests (300
+	// rps): too short for a rate; and a policy installed now shares by
+	// the same window as the last window's end did.
+	send(10)
+	l.EndWindow("llm", 100*time.Millisecond)
+	l.SetPolicy(p)
+	if got := held(); got != 5 {
+		t.Fatalf("after a short window and a policy: %d slots, want 5", got)
+	}
+	// The short window's requests count in the next rate window: 30 +
+	// 20 + 150 over 1.1 s, 182 rps. A rise is taken once the window
+	// before the last and the one before it both show it (the policy may
+	// be a window older on a busy machine), a fall once the window before
+	// the last does.
+	// Each window also counts the 20 requests of the check before it.
+	steps := []struct {
+		n    int
+		want int
+	}{
+		{150, 5}, // 182 last; 100 and 100 before
+		{160, 5}, // 182 before the last; 100 before it
+		{160, 9}, // 180 and 182: 10 × 180/200
+		{60, 9},  // 180 and 180
+		{60, 4},  // 80 before the last
+	}
+	for i, st := range steps {
+		send(st.n)
+		l.EndWindow("llm", time.Second)
+		l.SetPolicy(p)
+		if got := held(); got != st.want {
+			t.Fatalf("window %d (%d requests): %d slots, want %d", i, st.n, got, st.want)
+		}
 	}
 }
