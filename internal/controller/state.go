@@ -70,11 +70,10 @@ type State struct {
 	// the list, so at most MaxDescriptorValues per descriptor and only of
 	// descriptors the limits give. Nil while DescriptorHold is 0.
 	held map[descriptorKey]map[string]heldValue
-	// levels holds the level of every bucket that holds tokens below its
-	// burst or owes debt, in its callee's units (see debt.go): only
-	// buckets with a finite limit of their own that hold a burst, pay
-	// back or count cost, and none that is quiet (full, or at 0 without
-	// a burst).
+	// levels holds the level of every bucket that holds less than a full
+	// one or owes debt, in its callee's units (see debt.go): only buckets
+	// with a finite limit of their own that hold a burst, pay back or
+	// count cost, and none that is quiet (full: at dropratio.LevelTop).
 	levels map[levelKey]float64
 	// ordered holds the limit the last tick gave the law for each bucket
 	// that holds a level, and bucketOffered each one's offered rate this

@@ -114,13 +114,18 @@ func FuzzLevel(f *testing.F) {
 	f.Add(0.0, 150.0, 100.0, 200.0, int64(time.Second), int64(10*time.Second))
 	f.Add(-1e308, 1e308, 1e308, 1e308, int64(time.Hour), int64(time.Hour))
 	f.Add(math.NaN(), math.Inf(1), 1e-300, math.Inf(1), int64(1), int64(-1))
+	f.Add(1e308, 0.0, 1e308, 1e308, int64(time.Hour), int64(time.Hour)) // the band above a burst
 	f.Fuzz(func(t *testing.T, level, admitted, limit, burst float64, dt, payback int64) {
 		l := LevelStep(level, admitted, limit, burst, time.Duration(dt), time.Duration(payback))
 		if math.IsNaN(l) || math.IsInf(l, 0) {
 			t.Fatalf("LevelStep(%v, %v, %v, %v, %v, %v) = %v", level, admitted, limit, burst, dt, payback, l)
 		}
-		if l > 0 && !(l <= burst) {
-			t.Fatalf("level %v above the burst %v", l, burst)
+		top := LevelTop(limit, burst, time.Duration(payback))
+		if l > 0 && !(l <= top) {
+			t.Fatalf("level %v above the top %v (burst %v)", l, top, burst)
+		}
+		if band := LevelBand * limit * time.Duration(payback).Seconds(); top > 0 && !(top <= burst || top <= band) {
+			t.Fatalf("top %v above both the burst %v and the band %v", top, burst, band)
 		}
 		if l < 0 && (payback <= 0 || -l > limit*time.Duration(payback).Seconds()) {
 			t.Fatalf("level %v below a window of %v over %v", l, limit, payback)
