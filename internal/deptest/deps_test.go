@@ -183,6 +183,14 @@ func TestDependencyDirection(t *testing.T) {
 			return !g.standard(path) && !under(path, mod("pkg/dropratio"))
 		},
 	}, {
+		// The controller's capacity estimator, a pure law like the one
+		// it feeds.
+		name:    "pkg/adaptive imports only the standard library",
+		applies: func(rel string) bool { return under(rel, "pkg/adaptive") },
+		forbidden: func(path string) bool {
+			return !g.standard(path) && !under(path, mod("pkg/adaptive"))
+		},
+	}, {
 		// Every tier, the data plane and pkg/history included, uses its
 		// types.
 		name:    "pkg/dataplane imports only the standard library",
@@ -223,8 +231,8 @@ func TestDependencyDirection(t *testing.T) {
 			return !g.standard(path) && !under(path, mod("pkg/routes")) && !under(path, mod("pkg/names"))
 		},
 	}, {
-		// Test support: pkg/dropratio's tests, held to the standard
-		// library, may use internal/testkit; e2e's and live mode's child
+		// Test support: pkg/dropratio's and pkg/adaptive's tests, held
+		// to the standard library, may use internal/testkit; e2e's and live mode's child
 		// processes are only os/exec and HTTP.
 		name:    "internal/testkit and internal/child import only the standard library",
 		applies: func(rel string) bool { return under(rel, "internal/testkit") || under(rel, "internal/child") },
