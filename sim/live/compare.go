@@ -197,6 +197,15 @@ func Compare(live *Result, seed uint64, n int, m Margins) (*Comparison, error) {
 			}
 			v, vs = pick(func(x sim.Measures) float64 { return x.SteadyStateError })
 			c.add(name, "steady-state error", false, v, vs, m.SteadyStateError+le).Judged = judged
+			// The one measure in absolute terms: every other is relative
+			// to the limit, and a run against twice the limits overshoots,
+			// errs and releases by the same shares. Its margin is what the
+			// shares' margins allow either way, the steady error on what
+			// got through, and a request per sidecar (judged for a
+			// granular caller too: the rounding is in the margin).
+			v, vs = pick(admittedShare)
+			c.add(name, "admitted", false, v, vs,
+				m.Collateral+share(m.Shift.Seconds()*(excess+hold))+(m.SteadyStateError+le)*admittedShare(lm)+quantum(offered))
 		}
 		v, vs := pick(func(x sim.Measures) float64 { return x.Collateral })
 		c.add(name, "collateral", false, v, vs, m.Collateral+quantum(lm.CollateralOffered))
@@ -229,6 +238,14 @@ func Compare(live *Result, seed uint64, n int, m Margins) (*Comparison, error) {
 	v, vs = pickAll(func(s sim.Summary) float64 { return s.WronglyAllowed })
 	c.add("all callers", "wrongly allowed", false, v, vs, m.Collateral+shareAll(m.Shift.Seconds()*excessAll))
 	return c, nil
+}
+
+// admittedShare is the share of a caller's offered requests admitted.
+func admittedShare(m sim.Measures) float64 {
+	if m.Offered > 0 {
+		return m.Admitted / m.Offered
+	}
+	return 0
 }
 
 // tte is a caller's time to enforce in seconds: +Inf when an episode was
