@@ -1,65 +1,14 @@
 package dropratio
 
 import (
-	"go/ast"
-	"go/parser"
-	"go/token"
-	"path/filepath"
-	"strconv"
-	"strings"
 	"testing"
+
+	"github.com/sluicehq/sluice/internal/testkit"
 )
 
 // The law must stay pure: standard library only, and in the non-test code
-// nothing that reaches for a clock, a goroutine, I/O or a logger.
+// nothing that reaches for a clock, a goroutine, I/O or a logger. Its
+// tests may keep their seed corpus with internal/testkit.
 func TestPurity(t *testing.T) {
-	files, err := filepath.Glob("*.go")
-	if err != nil || len(files) == 0 {
-		t.Fatalf("glob: %v, %d files", err, len(files))
-	}
-	forbidden := map[string]bool{
-		"os": true, "io": true, "io/fs": true, "bufio": true, "log": true, "log/slog": true,
-		"net": true, "net/http": true, "sync": true, "sync/atomic": true, "unsafe": true,
-		"math/rand": true, "math/rand/v2": true, "crypto/rand": true, "runtime": true,
-		"reflect": true, "syscall": true, "os/exec": true,
-	}
-	fset := token.NewFileSet()
-	for _, name := range files {
-		f, err := parser.ParseFile(fset, name, nil, parser.ImportsOnly)
-		if err != nil {
-			t.Fatal(err)
-		}
-		test := strings.HasSuffix(name, "_test.go")
-		for _, imp := range f.Imports {
-			path, _ := strconv.Unquote(imp.Path.Value)
-			first, _, _ := strings.Cut(path, "/")
-			// Tests may also keep their seed corpus with internal/testkit,
-			// itself standard library only.
-			ownTestSupport := test && path == "github.com/sluicehq/sluice/internal/testkit"
-			if strings.Contains(first, ".") && path != "github.com/sluicehq/sluice/pkg/dropratio" && !ownTestSupport {
-				t.Errorf("%s imports %s: only the standard library is allowed", name, path)
-			}
-			if !test && forbidden[path] {
-				t.Errorf("%s imports %s: the law does no I/O, logging, concurrency or randomness", name, path)
-			}
-		}
-		if test {
-			continue
-		}
-		f, err = parser.ParseFile(fset, name, nil, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ast.Inspect(f, func(n ast.Node) bool {
-			switch n := n.(type) {
-			case *ast.GoStmt:
-				t.Errorf("%s: go statement at %v", name, fset.Position(n.Pos()))
-			case *ast.SelectorExpr:
-				if x, ok := n.X.(*ast.Ident); ok && x.Name == "time" && n.Sel.Name != "Duration" && n.Sel.Name != "Second" {
-					t.Errorf("%s: time.%s at %v: time arrives as an argument", name, n.Sel.Name, fset.Position(n.Pos()))
-				}
-			}
-			return true
-		})
-	}
+	testkit.CheckPure(t, "github.com/sluicehq/sluice/pkg/dropratio", "github.com/sluicehq/sluice/internal/testkit")
 }
