@@ -146,3 +146,40 @@ func TestCostDebt(t *testing.T) {
 		t.Errorf("after paying back: allowed %v, levels %v", given, s.levels)
 	}
 }
+
+// TestCappedOfferedRepublished: a capped bucket's policy goes out when its
+// global offered rate moves a twentieth, noise or not, since every
+// sidecar's share of the cap is its own rate over that one; under a
+// twentieth it waits.
+func TestCappedOfferedRepublished(t *testing.T) {
+	s := newState(t)
+	set := costLimits(t)
+	load := func(web float64) *sluicev1.ZoneLoad {
+		l := costLoad(20000, 5000)
+		l.Services[1].Peers[0].OfferedRps = web
+		return l
+	}
+	now := t0
+	tick := func(web float64) *sluicev1.DropPolicy {
+		t.Helper()
+		if err := s.Apply(load(web), now); err != nil {
+			t.Fatal(err)
+		}
+		res := s.Tick(now, set)
+		now = now.Add(time.Second)
+		return res.Changed["callee/search"]
+	}
+	if err := s.Apply(load(160), now); err != nil {
+		t.Fatal(err)
+	}
+	now = now.Add(3 * time.Second) // past the warm-up
+	if p := tick(160); p == nil || peer(p, "web").GetOfferedRps() != 160 {
+		t.Fatalf("first policy %v: want web's cap and its 160 rps", p)
+	}
+	if p := tick(164); p != nil {
+		t.Errorf("web at 164 rps, 2.5 %% over the published 160: republished %v, want it to wait", p)
+	}
+	if p := tick(200); p == nil || peer(p, "web").GetOfferedRps() != 200 {
+		t.Errorf("web at 200 rps against a published 160 (within a Poisson count's noise): %v, want it republished", p)
+	}
+}

@@ -397,6 +397,9 @@ func (s *State) due(policy *sluicev1.DropPolicy, now time.Time) bool {
 		if policy.GetUnit() != sluicev1.Unit_UNIT_COST && offeredChanged(op.GetOfferedRps(), np.GetOfferedRps()) {
 			return true
 		}
+		if np.GetMaxConcurrency() > 0 && cappedOfferedChanged(op.GetOfferedRps(), np.GetOfferedRps()) {
+			return true
+		}
 	}
 	return false
 }
@@ -426,6 +429,21 @@ func offeredChanged(a, b float64) bool {
 	// published rate by a fifth about one tick in three.
 	d := math.Abs(a - b)
 	return d >= OfferedRepublishMin && d > 3*math.Sqrt(max(a, b)) && relChanged(a, b, OfferedRepublish)
+}
+
+// CappedOfferedRepublish is the relative change of a capped bucket's
+// global offered rate that is pushed at once, noise or not: each sidecar
+// holds the cap times its own rate over that one, so a global rate that
+// stays low (a fleet's first window, counted part-way through) has every
+// sidecar take more than its part, and their shares add up past the cap
+// (TestConcurrencyAsProcesses held 12 of 10 for ten seconds, on a first
+// rate of 160 rps against 200). A twentieth keeps two sidecars' rounded
+// down shares within the cap; a capped callee's policy may go out every
+// tick for it, a price its few buckets pay.
+const CappedOfferedRepublish = 0.05
+
+func cappedOfferedChanged(a, b float64) bool {
+	return (a == 0) != (b == 0) || relChanged(a, b, CappedOfferedRepublish)
 }
 
 // RefreshAge is the age at which an unchanged policy of that resource name
