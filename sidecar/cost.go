@@ -376,12 +376,20 @@ func shareOf(cap uint32, local float64, hasLocal bool, global float64, live int)
 	var share float64
 	switch {
 	case hasLocal && global > 0 && !math.IsInf(global, 0) && local >= 0:
-		share = math.Floor(float64(cap) * local / global)
+		share = math.Floor(float64(cap)*local/global + shareSlack)
 	case live > 0:
 		share = math.Floor(float64(cap) / float64(live))
 	}
 	return int64(max(1, min(share, float64(cap))))
 }
+
+// shareSlack is the part of a slot a share rounds up from: two sidecars
+// at 49.8 % of a rate of 200.9 rps (the global rate is never exactly the
+// sum of the sidecars' windows) held 4 + 4 of a cap of 10. Parts that add
+// up to a whole round up past it only where their fractions are each
+// within shareSlack of a slot, and fractions adding up to k slots round
+// up at most k of them below twenty sidecars.
+const shareSlack = 0.05
 
 // Decision flags.
 const (

@@ -244,14 +244,16 @@ func TestConcurrencyShare(t *testing.T) {
 		live     int
 		want     int64
 	}{
-		{40, 0, false, 0, 4, 10},    // no rates yet: cap / instances
-		{40, 25, true, 100, 4, 10},  // a quarter of the load
-		{40, 1, true, 100, 4, 1},    // 0.4: at least 1
-		{10, 51, true, 100, 2, 5},   // 5.1 rounds down: with 4.9 → 4, the two hold 9 ≤ 10
-		{40, 0, true, 100, 4, 1},    // at least 1
-		{40, 500, true, 100, 4, 40}, // at most the cap
-		{40, 5, true, 0, 3, 13},     // no global rate: cap / instances, rounded down
-		{3, 0, false, 0, 0, 1},      // no live sidecar counted yet: 1
+		{40, 0, false, 0, 4, 10},      // no rates yet: cap / instances
+		{40, 25, true, 100, 4, 10},    // a quarter of the load
+		{40, 1, true, 100, 4, 1},      // 0.4: at least 1
+		{10, 51, true, 100, 2, 5},     // 5.1 rounds down: with 4.9 → 4, the two hold 9 ≤ 10
+		{10, 99.8, true, 200.9, 2, 5}, // 4.97: within a twentieth of a slot, 5 (two such hold 10, not 8)
+		{10, 94, true, 200, 2, 4},     // 4.7: 4
+		{40, 0, true, 100, 4, 1},      // at least 1
+		{40, 500, true, 100, 4, 40},   // at most the cap
+		{40, 5, true, 0, 3, 13},       // no global rate: cap / instances, rounded down
+		{3, 0, false, 0, 0, 1},        // no live sidecar counted yet: 1
 	} {
 		if got := shareOf(tc.cap, tc.local, tc.hasLocal, tc.global, tc.live); got != tc.want {
 			t.Errorf("shareOf(%+v) = %d, want %d", tc, got, tc.want)
