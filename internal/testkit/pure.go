@@ -5,6 +5,7 @@ import (
 	"go/parser"
 	"go/token"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -40,7 +41,7 @@ func CheckPure(t *testing.T, self string, testSupport ...string) {
 		for _, imp := range f.Imports {
 			path, _ := strconv.Unquote(imp.Path.Value)
 			first, _, _ := strings.Cut(path, "/")
-			support := test && (path == self || contains(testSupport, path))
+			support := test && (path == self || slices.Contains(testSupport, path))
 			if strings.Contains(first, ".") && path != self && !support {
 				t.Errorf("%s imports %s: only the standard library is allowed", name, path)
 			}
@@ -63,13 +64,4 @@ func CheckPure(t *testing.T, self string, testSupport ...string) {
 			return true
 		})
 	}
-}
-
-func contains(list []string, s string) bool {
-	for _, v := range list {
-		if v == s {
-			return true
-		}
-	}
-	return false
 }
