@@ -112,6 +112,8 @@ func (s *State) levelLimit(lim *limits.Service, caller, procedure string, l floa
 	level := s.level(k, bl)
 	if given, ok := s.ordered[k]; ok && s.stepDt > 0 {
 		a := min(s.bucketOffered[k], given) // what the law let through meanwhile
+		// LevelStep's bounds without its rounding: a debt predicted under
+		// a millionth of a window is still owed until the reports show it.
 		level = min(max(level+(bl.limit-a)*s.stepDt.Seconds(), -bl.limit*bl.payback.Seconds()), bl.top())
 	}
 	out := dropratio.LevelLimit(l, level, burstSpend, bl.payback)

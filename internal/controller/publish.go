@@ -394,10 +394,7 @@ func (s *State) due(policy *sluicev1.DropPolicy, now time.Time) bool {
 		if relChanged(op.GetAllowedRps(), np.GetAllowedRps(), th) {
 			return true
 		}
-		if policy.GetUnit() != sluicev1.Unit_UNIT_COST && offeredChanged(op.GetOfferedRps(), np.GetOfferedRps()) {
-			return true
-		}
-		if np.GetMaxConcurrency() > 0 && cappedOfferedChanged(op.GetOfferedRps(), np.GetOfferedRps()) {
+		if offeredChanged(op.GetOfferedRps(), np.GetOfferedRps(), np.GetMaxConcurrency() > 0, policy.GetUnit() == sluicev1.Unit_UNIT_COST) {
 			return true
 		}
 	}
@@ -421,8 +418,17 @@ const (
 	OfferedRepublishMin = 5.0
 )
 
-func offeredChanged(a, b float64) bool {
-	if (a == 0) != (b == 0) {
+// offeredChanged reports whether a listed bucket's global offered rate
+// moved from a to b enough to push its policy: a capped bucket's by
+// CappedOfferedRepublish, a callee counting cost's not at all, any
+// other's by OfferedRepublish and beyond noise.
+func offeredChanged(a, b float64, capped, cost bool) bool {
+	switch {
+	case capped:
+		return (a == 0) != (b == 0) || relChanged(a, b, CappedOfferedRepublish)
+	case cost:
+		return false
+	case (a == 0) != (b == 0):
 		return true
 	}
 	// Beyond noise too: a bucket at 30 rps differs from its last
@@ -441,10 +447,6 @@ func offeredChanged(a, b float64) bool {
 // down shares within the cap; a capped callee's policy may go out every
 // tick for it, a price its few buckets pay.
 const CappedOfferedRepublish = 0.05
-
-func cappedOfferedChanged(a, b float64) bool {
-	return (a == 0) != (b == 0) || relChanged(a, b, CappedOfferedRepublish)
-}
 
 // RefreshAge is the age at which an unchanged policy of that resource name
 // is issued again, on the first tick from then on: between a quarter and
