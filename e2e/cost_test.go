@@ -155,12 +155,9 @@ func TestConcurrencyAsProcesses(t *testing.T) {
 	peaks := make([]atomic.Int64, runFor+2) // by second of the run
 	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		n := inFlight.Add(1)
-		for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
-		}
+		raiseTo(&peak, n)
 		if g := gen.Load(); g != nil {
-			ps := &peaks[min(int(g.Elapsed()/time.Second), len(peaks)-1)]
-			for p := ps.Load(); n > p && !ps.CompareAndSwap(p, n); p = ps.Load() {
-			}
+			raiseTo(&peaks[min(int(g.Elapsed()/time.Second), len(peaks)-1)], n)
 		}
 		time.Sleep(latency)
 		inFlight.Add(-1)
@@ -235,5 +232,11 @@ func TestConcurrencyAsProcesses(t *testing.T) {
 	}
 	if dropped := g.Sum("web", 0, runFor+1).Dropped; refused != float64(dropped) {
 		t.Errorf("sluice_sidecar_concurrency_dropped_total{service=\"checkout\"} = %v over the sidecars, want web's %d refusals", refused, dropped)
+	}
+}
+
+// raiseTo sets a to n if n is larger, for concurrent callers.
+func raiseTo(a *atomic.Int64, n int64) {
+	for p := a.Load(); n > p && !a.CompareAndSwap(p, n); p = a.Load() {
 	}
 }
