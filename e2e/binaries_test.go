@@ -18,6 +18,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -52,9 +53,45 @@ const (
 // a data race in a real process fails the test that ran it.
 var bins = child.Built{Race: child.Race, Timeout: buildTimeout}
 
+// plainBins are the same binaries built without the race detector, and
+// the load rig (internal/loadgen/rig), for a test whose load is the point
+// (plainBinaries). Built on first use, as bins.
+var plainBins = child.Built{Timeout: buildTimeout, Extra: []string{"internal/tools/loadrig"}}
+
+// plain holds the names of the tests that called plainBinaries.
+var plain sync.Map
+
+// plainBinaries has the processes that t and its subtests start run
+// binaries built without the race detector. For the tests that must carry
+// a load a race-built process can not on this 2-core machine: a race-built
+// sidecar spends about four times a plain one's CPU a request, and the
+// descriptor tests' crowd then kept both cores busy and their load off its
+// schedule in 79 of 101 seconds. Every other test runs race-built
+// processes, and the unit tests cover the same code under -race.
+func plainBinaries(t *testing.T) {
+	plain.Store(t.Name(), true)
+	t.Cleanup(func() { plain.Delete(t.Name()) })
+}
+
+// isPlain reports whether t or a test it is a subtest of called
+// plainBinaries.
+func isPlain(t *testing.T) bool {
+	for name := t.Name(); ; {
+		if _, ok := plain.Load(name); ok {
+			return true
+		}
+		i := strings.LastIndexByte(name, '/')
+		if i < 0 {
+			return false
+		}
+		name = name[:i]
+	}
+}
+
 func TestMain(m *testing.M) {
 	code := m.Run()
 	bins.Remove()
+	plainBins.Remove()
 	// The fault tests' throwaway Postgres (faults_test.go), if one ran.
 	if err := pgtest.Close(); err != nil {
 		fmt.Fprintf(os.Stderr, "pgtest: %v\n", err)
@@ -66,10 +103,15 @@ func TestMain(m *testing.M) {
 }
 
 // binary returns the path of a freshly built binary: controller,
-// aggregator or sidecar.
+// aggregator or sidecar, race-built unless t is plain (plainBinaries), or
+// loadrig, never race-built.
 func binary(t *testing.T, name string) string {
 	t.Helper()
-	dir, err := bins.Dir()
+	b := &bins
+	if name == "loadrig" || isPlain(t) {
+		b = &plainBins
+	}
+	dir, err := b.Dir()
 	if err != nil {
 		t.Fatalf("build the binaries: %v", err)
 	}
@@ -315,24 +357,33 @@ func metric(t *testing.T, admin, name string, labels ...string) (sum float64, ok
 // /debug/sluice/policies; nil when it has none.
 func policy(t *testing.T, admin, name string) *sluicev1.DropPolicy {
 	t.Helper()
+	p, err := fetchPolicy(admin, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// fetchPolicy is policy for a goroutine other than the test's.
+func fetchPolicy(admin, name string) (*sluicev1.DropPolicy, error) {
 	code, _, body := get("http://" + admin + "/debug/sluice/policies")
 	if code != http.StatusOK {
-		t.Fatalf("GET /debug/sluice/policies: %d %s", code, body)
+		return nil, fmt.Errorf("GET /debug/sluice/policies: %d %s", code, body)
 	}
 	var list []json.RawMessage
 	if err := json.Unmarshal([]byte(body), &list); err != nil {
-		t.Fatalf("/debug/sluice/policies is not a JSON array: %v\n%s", err, body)
+		return nil, fmt.Errorf("/debug/sluice/policies is not a JSON array: %v\n%s", err, body)
 	}
 	for _, raw := range list {
 		var p sluicev1.DropPolicy
 		if err := protojson.Unmarshal(raw, &p); err != nil {
-			t.Fatalf("/debug/sluice/policies: not a DropPolicy: %v\n%s", err, raw)
+			return nil, fmt.Errorf("/debug/sluice/policies: not a DropPolicy: %v\n%s", err, raw)
 		}
 		if p.GetName() == name {
-			return &p
+			return &p, nil
 		}
 	}
-	return nil
+	return nil, nil
 }
 
 func peerRatio(p *sluicev1.DropPolicy, peer string) float64 {

@@ -116,7 +116,13 @@ func admittedRate(g *loadgen.Generator, caller string, from, to int) float64 {
 // testing nothing.
 func requireOnSchedule(t *testing.T, g *loadgen.Generator, from, to int) {
 	t.Helper()
-	late := g.OffSchedule(from, to)
+	requireDelivered(t, g.OffSchedule(from, to), from, to)
+}
+
+// requireDelivered is requireOnSchedule for a run whose off-schedule
+// seconds in [from, to) are late.
+func requireDelivered(t *testing.T, late []int, from, to int) {
+	t.Helper()
 	if len(late) == 0 {
 		return
 	}

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
-	"github.com/sluicehq/sluice/internal/loadgen"
+	"github.com/sluicehq/sluice/internal/loadgen/rig"
 )
 
 // startDescriptorLoop is startCheckoutLoop until checkout's policy names
@@ -54,70 +54,91 @@ const (
 
 // A crowd sends rate requests a second for seconds, the n-th with value n
 // mod crowdValues. The tenant test sends 1,000 rps for 101 s: all 100,000
-// values, which is what two sidecars, a load generator and an app keep on
-// schedule on this 2-core machine while it is busy (about half a core:
-// 2,000 rps for 50 s passed alone and went off schedule in a CI run,
-// 7,000 rps for 15 s went off it alone). The client-ip test, the same
-// code behind another Source, sends 15 s of it: 15,000 addresses.
+// values. The rig and the processes behind it run without the race
+// detector (plainBinaries): race-built, this load kept both cores busy.
+// The client-ip test, the same code behind another Vary, sends 15 s of
+// it: 15,000 addresses.
 type crowdLoad struct {
 	rate    float64
 	seconds int
 }
 
-// runDescriptorLoad sends the abuser's and the crowd's requests through
-// sidecars, the crowd's n-th request with value crowd(n), and checks what
+// startRig starts the load rig (internal/loadgen/rig), which serves the
+// app behind the sidecars and sends the load, and returns its base URL.
+func startRig(t *testing.T) string {
+	t.Helper()
+	p := start(t, "loadrig", "loadrig", "--listen=127.0.0.1:0")
+	return "http://" + p.addr(t, "http")
+}
+
+// runDescriptorLoad has the rig send the abuser's and the crowd's
+// requests through sidecars, the crowd's varied by crowd, and checks what
 // every descriptor test asserts: the rig kept its schedule, the abuser's
 // admitted rate is its limit ± 5 % once held, the crowd lost < 0.1 %, and
 // the app saw exactly the admitted requests.
-func runDescriptorLoad(t *testing.T, ctl, agg *node, sidecars []*node, desc string, abuser http.Header, abuserValue string,
-	load crowdLoad, crowd func(n uint64, h http.Header), served *atomic.Int64) {
+func runDescriptorLoad(t *testing.T, ctl, agg *node, sidecars []*node, rigURL, desc string, abuser http.Header, abuserValue string,
+	load crowdLoad, crowd *rig.Vary) {
 	t.Helper()
-	valueRunFor := load.seconds
-	g, err := loadgen.New(loadgen.Options{
-		Targets: targets(sidecars),
-		Callers: []loadgen.Caller{
-			{Name: "abuser", Header: abuser, Rate: rate(abuserRate)},
-			{Name: "crowd", Vary: crowd, Rate: rate(load.rate)},
-		},
-		Duration: time.Duration(valueRunFor) * time.Second,
-	})
+	secs := load.seconds
+	plan := rig.Plan{Targets: targets(sidecars), Seconds: secs, Callers: []rig.Caller{
+		{Name: "abuser", Header: abuser, Rate: abuserRate},
+		{Name: "crowd", Rate: load.rate, Vary: crowd},
+	}}
+	ctx, cancel := context.WithTimeout(t.Context(), time.Duration(secs)*time.Second+startTimeout)
+	defer cancel()
+	// The controller's ratio for the abuser at the end of each second,
+	// sampled while the rig runs, for the log.
+	ratios := make([]float64, secs)
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		tick := time.NewTicker(time.Second)
+		defer tick.Stop()
+		for s := range ratios {
+			ratios[s] = math.NaN()
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			if p, err := fetchPolicy(ctl.admin, "callee/checkout"); err == nil {
+				ratios[s] = valueRatio(p, desc, abuserValue)
+			}
+		}
+	}()
+	res, err := rig.Run(ctx, rigURL, plan)
+	cancel()
+	<-sampled
 	if err != nil {
 		t.Fatal(err)
 	}
-	ratios := make([]float64, valueRunFor)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(valueRunFor)*time.Second+startTimeout)
-	defer cancel()
-	if err := g.Run(ctx, func(s int) {
-		ratios[s] = valueRatio(policy(t, ctl.admin, "callee/checkout"), desc, abuserValue)
-	}); err != nil {
-		t.Fatal(err)
-	}
-	for s := range valueRunFor {
-		a, c := g.Second("abuser", s), g.Second("crowd", s)
+	for s := range secs {
+		a, c := res.Sum("abuser", s, s+1), res.Sum("crowd", s, s+1)
 		t.Logf("t=%2ds abuser sent=%3d admitted=%3d (ratio %.3f) | crowd sent=%3d dropped=%d | errors=%d skipped=%d",
 			s, a.Sent, a.Admitted, ratios[s], c.Sent, c.Dropped, a.Errors+c.Errors, a.Skipped+c.Skipped)
 	}
 	for _, flow := range []string{"abuser", "crowd"} {
-		if s := g.Sum(flow, 0, valueRunFor+1); s.Errors > 0 || s.Skipped > 0 {
+		if s := res.Sum(flow, 0, secs); s.Errors > 0 || s.Skipped > 0 {
 			t.Errorf("%s: %d errors, %d skipped: the rig, not the limiter, lost requests", flow, s.Errors, s.Skipped)
 		}
 	}
 	logDescriptorRejections(t, ctl, agg, sidecars)
-	requireOnSchedule(t, g, 0, valueRunFor)
+	requireDelivered(t, res.OffSchedule, 0, secs)
 
-	if got := admittedRate(g, "abuser", valueHeld, valueRunFor); math.Abs(got-valueLimit) > 0.05*valueLimit {
-		t.Errorf("the abusive %s: %.1f rps admitted over seconds [%d, %d), want %v ± 5 %%", desc, got, valueHeld, valueRunFor, valueLimit)
+	held := res.Sum("abuser", valueHeld, secs)
+	if got := float64(held.Admitted) / float64(secs-valueHeld); math.Abs(got-valueLimit) > 0.05*valueLimit {
+		t.Errorf("the abusive %s: %.1f rps admitted over seconds [%d, %d), want %v ± 5 %%", desc, got, valueHeld, secs, valueLimit)
 	} else {
-		t.Logf("the abusive %s: %.1f rps admitted over seconds [%d, %d) (limit %v)", desc, got, valueHeld, valueRunFor, valueLimit)
+		t.Logf("the abusive %s: %.1f rps admitted over seconds [%d, %d) (limit %v)", desc, got, valueHeld, secs, valueLimit)
 	}
-	c := g.Sum("crowd", 0, valueRunFor+1)
+	c := res.Sum("crowd", 0, secs)
 	loss := float64(c.Dropped) / float64(c.Sent)
 	t.Logf("the crowd: %d requests from %d distinct values of %s, lost %.4f %% (%d)", c.Sent, min(c.Sent, crowdValues), desc, 100*loss, c.Dropped)
 	if loss >= 0.001 {
 		t.Errorf("the crowd, every %s far under its limit, lost %.3f %% (%d of %d), want < 0.1 %%", desc, 100*loss, c.Dropped, c.Sent)
 	}
-	if want := g.Sum("abuser", 0, valueRunFor+1).Admitted + c.Admitted; served.Load() != want {
-		t.Errorf("the app served %d requests, want %d (the admitted ones)", served.Load(), want)
+	if want := res.Sum("abuser", 0, secs).Admitted + c.Admitted; res.Served != want {
+		t.Errorf("the app served %d requests, want %d (the admitted ones)", res.Served, want)
 	}
 	for _, s := range sidecars {
 		if n, _ := metric(t, s.admin, "sluice_sidecar_descriptor_dropped_total", `descriptor="`+desc+`"`); !(n > 0) {
@@ -151,32 +172,30 @@ func TestTenantLimitsAsProcesses(t *testing.T) {
 	if testing.Short() {
 		t.Skip("end-to-end with processes: about 2 minutes")
 	}
+	plainBinaries(t)
 	t.Run("tenant", func(t *testing.T) {
-		app, served := countingApp(t)
+		app := startRig(t)
 		ctl, agg, sidecars := startDescriptorLoop(t, fmt.Sprintf(`services:
   checkout:
     descriptors:
       tenant:
         from: header x-tenant-id
         limit: %v
-`, valueLimit), app.URL)
-		runDescriptorLoad(t, ctl, agg, sidecars, "tenant", http.Header{"X-Tenant-Id": {"abuser"}}, "abuser",
-			crowdLoad{rate: 1000, seconds: 101}, func(n uint64, h http.Header) { h.Set("X-Tenant-Id", fmt.Sprintf("tenant-%05d", n%crowdValues)) }, served)
+`, valueLimit), app)
+		runDescriptorLoad(t, ctl, agg, sidecars, app, "tenant", http.Header{"X-Tenant-Id": {"abuser"}}, "abuser",
+			crowdLoad{rate: 1000, seconds: 101}, &rig.Vary{Header: "X-Tenant-Id", Format: "tenant-%05d", Modulo: crowdValues})
 	})
 	t.Run("client-ip", func(t *testing.T) {
-		app, served := countingApp(t)
+		app := startRig(t)
 		ctl, agg, sidecars := startDescriptorLoop(t, fmt.Sprintf(`services:
   checkout:
     descriptors:
       client_ip:
         from: xff 1
         limit: %v
-`, valueLimit), app.URL)
-		runDescriptorLoad(t, ctl, agg, sidecars, "client_ip", http.Header{"X-Forwarded-For": {"203.0.113.7"}}, "203.0.113.7",
-			crowdLoad{rate: 1000, seconds: 15}, func(n uint64, h http.Header) {
-				n %= crowdValues
-				h.Set("X-Forwarded-For", fmt.Sprintf("10.%d.%d.%d", n>>16&255, n>>8&255, n&255))
-			}, served)
+`, valueLimit), app)
+		runDescriptorLoad(t, ctl, agg, sidecars, app, "client_ip", http.Header{"X-Forwarded-For": {"203.0.113.7"}}, "203.0.113.7",
+			crowdLoad{rate: 1000, seconds: 15}, &rig.Vary{Header: "X-Forwarded-For", Format: "ipv4", Modulo: crowdValues})
 	})
 }
 

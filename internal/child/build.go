@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -15,8 +16,9 @@ import (
 // Binaries names the binaries the end-to-end tests and live mode start.
 var Binaries = []string{"controller", "aggregator", "sidecar"}
 
-// Build compiles binaries (names of commands under cmd/, e.g. "sidecar")
-// into dir with the go command on PATH, with the race detector if race. It
+// Build compiles binaries (names of commands under cmd/, e.g. "sidecar",
+// or paths of commands in the module, e.g. "internal/tools/loadrig") into
+// dir with the go command on PATH, with the race detector if race. It
 // must run inside the sluice module (go run ./cmd/sim, go test); ctx bounds
 // the build.
 func Build(ctx context.Context, dir string, race bool, binaries ...string) error {
@@ -25,7 +27,10 @@ func Build(ctx context.Context, dir string, race bool, binaries ...string) error
 		args = append(args, "-race")
 	}
 	for _, b := range binaries {
-		args = append(args, "github.com/sluicehq/sluice/cmd/"+b)
+		if !strings.Contains(b, "/") {
+			b = "cmd/" + b
+		}
+		args = append(args, "github.com/sluicehq/sluice/"+b)
 	}
 	cmd := exec.CommandContext(ctx, "go", args...) // go test puts its own go first on PATH
 	if out, err := cmd.CombinedOutput(); err != nil {
@@ -56,6 +61,8 @@ func Check(dir string, binaries ...string) error {
 type Built struct {
 	Race    bool          // build with the race detector
 	Timeout time.Duration // bound on the build; 0 for none
+	// Extra are built beside Binaries, named as Build takes them.
+	Extra []string
 
 	once sync.Once
 	dir  string // "" until the temporary directory exists
@@ -76,7 +83,7 @@ func (b *Built) Dir() (string, error) {
 			ctx, cancel = context.WithTimeout(ctx, b.Timeout)
 			defer cancel()
 		}
-		b.err = Build(ctx, b.dir, b.Race, Binaries...)
+		b.err = Build(ctx, b.dir, b.Race, append(slices.Clone(Binaries), b.Extra...)...)
 	})
 	return b.dir, b.err
 }
