@@ -166,7 +166,7 @@ func (s *ServiceLimiter) Middleware(next http.Handler, opts HTTPOptions) http.Ha
 			// holds the response's headers and trailers then.
 			defer d.doneHTTP(w)
 		}
-		next.ServeHTTP(w, r)
+		serveUpstream(next, w, r, t.health[idx])
 	})
 }
 

@@ -14,6 +14,7 @@ import (
 
 	"github.com/sluicehq/sluice/pkg/criticality"
 	"github.com/sluicehq/sluice/pkg/dropratio"
+	"github.com/sluicehq/sluice/pkg/health"
 	"github.com/sluicehq/sluice/pkg/heavy"
 	"github.com/sluicehq/sluice/pkg/names"
 )
@@ -686,9 +687,10 @@ type table struct {
 	counted  int         // observed leaves (see observed); new ones are added while it is under limit
 	limit    int         // MaxPeers, or MaxLeaves for a service with procedures or criticality
 	policy   *Policy
-	verdicts map[leaf]*verdict // the policy compiled, by leaf, for leaves added later
-	desc     *descTable        // the policy's descriptors compiled; nil: none
-	cost     *costTable        // the policy's pricing and caps compiled; nil: none (see cost.go)
+	verdicts map[leaf]*verdict  // the policy compiled, by leaf, for leaves added later
+	desc     *descTable         // the policy's descriptors compiled; nil: none
+	cost     *costTable         // the policy's pricing and caps compiled; nil: none (see cost.go)
+	health   []*health.Recorder // by procedure index: what the callee does with admitted requests
 }
 
 // ServiceLimiter is a Limiter bound to one service: it skips the service
@@ -729,6 +731,9 @@ type ServiceLimiter struct {
 	descOpts   heavy.Options
 	descWindow time.Duration
 	descStates map[string]*descState // by descriptor name, those the current policy names; guarded by mu
+	// recorders count what the callee does with admitted requests, by
+	// procedure name (see upstream.go); guarded by mu.
+	recorders map[string]*health.Recorder
 }
 
 func newServiceLimiter(name string, maxPeers int, random bool, stripeMask uint64) *ServiceLimiter {
@@ -741,6 +746,7 @@ func newServiceLimiter(name string, maxPeers int, random bool, stripeMask uint64
 		overflow: []slot{overflow},
 		limit:    maxPeers,
 	}
+	t.health = s.healthRecorders(t.procs)
 	t.index = newPeerTable(t.leaves, t.procs, t.crit)
 	s.table.Store(t)
 	return s
@@ -1015,6 +1021,7 @@ func (s *ServiceLimiter) installLocked(p *Policy, procs *procedures, crit *critT
 		policy:   p,
 		verdicts: verdicts,
 		desc:     desc,
+		health:   s.healthRecorders(procs),
 	}
 	if procs != noProcedures || crit != nil {
 		nt.limit = s.maxLeaves

@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -505,6 +506,22 @@ func descriptorsProto(ds []sidecar.DescriptorCounts) []*sluicev1.DescriptorCount
 			m.Values[j] = &sluicev1.ValueCounts{Value: e.Value, Offered: uint64(e.Estimate)}
 		}
 		out[i] = m
+	}
+	return out
+}
+
+// healthProto renders a window's health counts, sorted by procedure so
+// that a report does not depend on a map's order.
+func healthProto(hs []sidecar.HealthCounts) []*sluicev1.UpstreamHealth {
+	if len(hs) == 0 {
+		return nil
+	}
+	slices.SortFunc(hs, func(a, b sidecar.HealthCounts) int { return strings.Compare(a.Procedure, b.Procedure) })
+	out := make([]*sluicev1.UpstreamHealth, len(hs))
+	for i := range hs {
+		h := &hs[i]
+		out[i] = &sluicev1.UpstreamHealth{Procedure: h.Procedure, Latency: slices.Clone(h.Latency[:]),
+			Ok: h.OK, Failed: h.Failed, TimedOut: h.Late, InFlight: h.InFlight}
 	}
 	return out
 }

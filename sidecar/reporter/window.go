@@ -81,6 +81,20 @@ type Window struct {
 	descs   []sidecar.DescriptorCounts
 	descAt  time.Time
 	descDue bool
+	// health is the scratch of the callee's health counts, reused;
+	// healthAt is when they were last taken, the start of their window.
+	health   []sidecar.HealthCounts
+	healthAt time.Time
+}
+
+// HealthSource is a Source that also measures what the callee does with
+// the requests it admits (issue #18); sidecar.Limiter implements it. A
+// Window whose Source implements it puts the service's health in every
+// regular report, over the window since the last one: TakeHealth returns
+// what was counted since its last call, reusing dst, so a service has one
+// such reader, its Window.
+type HealthSource interface {
+	TakeHealth(service string, dst []sidecar.HealthCounts) []sidecar.HealthCounts
 }
 
 // WindowSource is a Source that learns from each report window (issue
@@ -106,6 +120,10 @@ func NewWindow(cfg WindowConfig, now time.Time, src Source) *Window {
 		// The baseline, as for the counters: a window starts now.
 		w.descs = ds.RotateDescriptors(cfg.Header.Service, w.descs[:0])
 		w.descAt = now
+	}
+	if hs, ok := src.(HealthSource); ok && cfg.Header.Direction == sidecar.Inbound {
+		w.health = hs.TakeHealth(cfg.Header.Service, w.health[:0]) // the baseline
+		w.healthAt = now
 	}
 	if w.checks {
 		w.checked, w.checkedAt = slices.Clone(w.prev), now
@@ -156,6 +174,7 @@ func (w *Window) regular(now time.Time, src Source) *sluicev1.LoadReport {
 	start := w.prevAt
 	rep := w.send(w.prev, w.prevAt, now, false)
 	w.addDescriptors(rep, now, src)
+	w.addHealth(rep, now, src)
 	w.endWindow(start, now, src)
 	return rep
 }
@@ -176,6 +195,22 @@ func (w *Window) addDescriptors(rep *sluicev1.LoadReport, now time.Time, src Sou
 		rep.DescriptorWindow = durationpb.New(now.Sub(w.descAt))
 	}
 	w.descAt = now
+}
+
+// addHealth puts what the callee did since the last regular report in
+// rep, if src measures it: inbound only, the callee being this sidecar's
+// app.
+func (w *Window) addHealth(rep *sluicev1.LoadReport, now time.Time, src Source) {
+	hs, ok := src.(HealthSource)
+	if !ok || w.hdr.Direction != sidecar.Inbound {
+		return
+	}
+	w.health = hs.TakeHealth(w.hdr.Service, w.health[:0])
+	rep.Health = healthProto(w.health)
+	if len(rep.Health) > 0 {
+		rep.HealthWindow = durationpb.New(now.Sub(w.healthAt))
+	}
+	w.healthAt = now
 }
 
 // endWindow ends src's window, begun at start (the report before's end:

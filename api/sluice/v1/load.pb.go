@@ -108,8 +108,18 @@ type LoadReport struct {
 	// to the next, and a surge report in between cuts the report's window
 	// short, not the sketch's. Absent: the report's window.
 	DescriptorWindow *durationpb.Duration `protobuf:"bytes,11,opt,name=descriptor_window,json=descriptorWindow,proto3" json:"descriptor_window,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// What the callee did with the requests the sidecar let through, one
+	// entry per procedure the requests went to ("" when the callee declares
+	// none), each at most once, at most the policy's procedures and
+	// "_other". Inbound reports only, regular ones only: an urgent report
+	// carries none, and the aggregator keeps the last.
+	Health []*UpstreamHealth `protobuf:"bytes,12,rep,name=health,proto3" json:"health,omitempty"`
+	// How long health was counted: since the previous report that carried
+	// it, which a surge report in between does not move. Absent: the
+	// report's window.
+	HealthWindow  *durationpb.Duration `protobuf:"bytes,13,opt,name=health_window,json=healthWindow,proto3" json:"health_window,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *LoadReport) Reset() {
@@ -219,6 +229,119 @@ func (x *LoadReport) GetDescriptorWindow() *durationpb.Duration {
 	return nil
 }
 
+func (x *LoadReport) GetHealth() []*UpstreamHealth {
+	if x != nil {
+		return x.Health
+	}
+	return nil
+}
+
+func (x *LoadReport) GetHealthWindow() *durationpb.Duration {
+	if x != nil {
+		return x.HealthWindow
+	}
+	return nil
+}
+
+// UpstreamHealth is what a callee did with one procedure's admitted
+// requests at one sidecar in one window: how long it took to answer them
+// and how they ended (pkg/health).
+type UpstreamHealth struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A procedure the callee's policy declares, "_other", or "" for a
+	// callee that declares none.
+	Procedure string `protobuf:"bytes,1,opt,name=procedure,proto3" json:"procedure,omitempty"`
+	// Answered requests by latency, on sluice's fixed scale (pkg/health):
+	// exactly health.Buckets counts, the first up to 250us, each next bucket
+	// 2^(1/3) longer, the last open. Each answer (ok, failed or timed out)
+	// is in one bucket.
+	Latency []uint64 `protobuf:"varint,2,rep,packed,name=latency,proto3" json:"latency,omitempty"`
+	// Answers by outcome: ok is any but a failure (1xx-4xx, gRPC codes that
+	// blame the request); failed is 5xx but 504 and gRPC UNKNOWN,
+	// RESOURCE_EXHAUSTED, ABORTED, INTERNAL, UNAVAILABLE, DATA_LOSS;
+	// timed_out is 504 and DEADLINE_EXCEEDED. Requests the caller abandoned
+	// are in none.
+	Ok       uint64 `protobuf:"varint,3,opt,name=ok,proto3" json:"ok,omitempty"`
+	Failed   uint64 `protobuf:"varint,4,opt,name=failed,proto3" json:"failed,omitempty"`
+	TimedOut uint64 `protobuf:"varint,5,opt,name=timed_out,json=timedOut,proto3" json:"timed_out,omitempty"`
+	// Requests sent to the callee and not answered when the window closed.
+	InFlight      uint32 `protobuf:"varint,6,opt,name=in_flight,json=inFlight,proto3" json:"in_flight,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpstreamHealth) Reset() {
+	*x = UpstreamHealth{}
+	mi := &file_sluice_v1_load_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpstreamHealth) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpstreamHealth) ProtoMessage() {}
+
+func (x *UpstreamHealth) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_load_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpstreamHealth.ProtoReflect.Descriptor instead.
+func (*UpstreamHealth) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_load_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *UpstreamHealth) GetProcedure() string {
+	if x != nil {
+		return x.Procedure
+	}
+	return ""
+}
+
+func (x *UpstreamHealth) GetLatency() []uint64 {
+	if x != nil {
+		return x.Latency
+	}
+	return nil
+}
+
+func (x *UpstreamHealth) GetOk() uint64 {
+	if x != nil {
+		return x.Ok
+	}
+	return 0
+}
+
+func (x *UpstreamHealth) GetFailed() uint64 {
+	if x != nil {
+		return x.Failed
+	}
+	return 0
+}
+
+func (x *UpstreamHealth) GetTimedOut() uint64 {
+	if x != nil {
+		return x.TimedOut
+	}
+	return 0
+}
+
+func (x *UpstreamHealth) GetInFlight() uint32 {
+	if x != nil {
+		return x.InFlight
+	}
+	return 0
+}
+
 // DescriptorCounts are what one sidecar counted of one descriptor (a
 // request attribute with many values: tenant, API key, client IP) in one
 // window.
@@ -242,7 +365,7 @@ type DescriptorCounts struct {
 
 func (x *DescriptorCounts) Reset() {
 	*x = DescriptorCounts{}
-	mi := &file_sluice_v1_load_proto_msgTypes[2]
+	mi := &file_sluice_v1_load_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -254,7 +377,7 @@ func (x *DescriptorCounts) String() string {
 func (*DescriptorCounts) ProtoMessage() {}
 
 func (x *DescriptorCounts) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_load_proto_msgTypes[2]
+	mi := &file_sluice_v1_load_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -267,7 +390,7 @@ func (x *DescriptorCounts) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescriptorCounts.ProtoReflect.Descriptor instead.
 func (*DescriptorCounts) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_load_proto_rawDescGZIP(), []int{2}
+	return file_sluice_v1_load_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *DescriptorCounts) GetDescriptor_() string {
@@ -314,7 +437,7 @@ type ValueCounts struct {
 
 func (x *ValueCounts) Reset() {
 	*x = ValueCounts{}
-	mi := &file_sluice_v1_load_proto_msgTypes[3]
+	mi := &file_sluice_v1_load_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -326,7 +449,7 @@ func (x *ValueCounts) String() string {
 func (*ValueCounts) ProtoMessage() {}
 
 func (x *ValueCounts) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_load_proto_msgTypes[3]
+	mi := &file_sluice_v1_load_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -339,7 +462,7 @@ func (x *ValueCounts) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ValueCounts.ProtoReflect.Descriptor instead.
 func (*ValueCounts) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_load_proto_rawDescGZIP(), []int{3}
+	return file_sluice_v1_load_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ValueCounts) GetValue() string {
@@ -395,7 +518,7 @@ type PeerCounts struct {
 
 func (x *PeerCounts) Reset() {
 	*x = PeerCounts{}
-	mi := &file_sluice_v1_load_proto_msgTypes[4]
+	mi := &file_sluice_v1_load_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -407,7 +530,7 @@ func (x *PeerCounts) String() string {
 func (*PeerCounts) ProtoMessage() {}
 
 func (x *PeerCounts) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_load_proto_msgTypes[4]
+	mi := &file_sluice_v1_load_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -420,7 +543,7 @@ func (x *PeerCounts) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerCounts.ProtoReflect.Descriptor instead.
 func (*PeerCounts) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_load_proto_rawDescGZIP(), []int{4}
+	return file_sluice_v1_load_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *PeerCounts) GetPeer() string {
@@ -503,7 +626,7 @@ type StreamLoadReportsResponse struct {
 
 func (x *StreamLoadReportsResponse) Reset() {
 	*x = StreamLoadReportsResponse{}
-	mi := &file_sluice_v1_load_proto_msgTypes[5]
+	mi := &file_sluice_v1_load_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -515,7 +638,7 @@ func (x *StreamLoadReportsResponse) String() string {
 func (*StreamLoadReportsResponse) ProtoMessage() {}
 
 func (x *StreamLoadReportsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_load_proto_msgTypes[5]
+	mi := &file_sluice_v1_load_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -528,7 +651,7 @@ func (x *StreamLoadReportsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamLoadReportsResponse.ProtoReflect.Descriptor instead.
 func (*StreamLoadReportsResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_load_proto_rawDescGZIP(), []int{5}
+	return file_sluice_v1_load_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *StreamLoadReportsResponse) GetAccepted() bool {
@@ -565,7 +688,7 @@ const file_sluice_v1_load_proto_rawDesc = "" +
 	"\n" +
 	"\x14sluice/v1/load.proto\x12\tsluice.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16sluice/v1/common.proto\"I\n" +
 	"\x18StreamLoadReportsRequest\x12-\n" +
-	"\x06report\x18\x01 \x01(\v2\x15.sluice.v1.LoadReportR\x06report\"\x82\x04\n" +
+	"\x06report\x18\x01 \x01(\v2\x15.sluice.v1.LoadReportR\x06report\"\xf5\x04\n" +
 	"\n" +
 	"LoadReport\x12\x1d\n" +
 	"\n" +
@@ -580,7 +703,16 @@ const file_sluice_v1_load_proto_rawDesc = "" +
 	"\x06urgent\x18\t \x01(\bR\x06urgent\x12=\n" +
 	"\vdescriptors\x18\n" +
 	" \x03(\v2\x1b.sluice.v1.DescriptorCountsR\vdescriptors\x12F\n" +
-	"\x11descriptor_window\x18\v \x01(\v2\x19.google.protobuf.DurationR\x10descriptorWindow\"\x96\x01\n" +
+	"\x11descriptor_window\x18\v \x01(\v2\x19.google.protobuf.DurationR\x10descriptorWindow\x121\n" +
+	"\x06health\x18\f \x03(\v2\x19.sluice.v1.UpstreamHealthR\x06health\x12>\n" +
+	"\rhealth_window\x18\r \x01(\v2\x19.google.protobuf.DurationR\fhealthWindow\"\xaa\x01\n" +
+	"\x0eUpstreamHealth\x12\x1c\n" +
+	"\tprocedure\x18\x01 \x01(\tR\tprocedure\x12\x18\n" +
+	"\alatency\x18\x02 \x03(\x04R\alatency\x12\x0e\n" +
+	"\x02ok\x18\x03 \x01(\x04R\x02ok\x12\x16\n" +
+	"\x06failed\x18\x04 \x01(\x04R\x06failed\x12\x1b\n" +
+	"\ttimed_out\x18\x05 \x01(\x04R\btimedOut\x12\x1b\n" +
+	"\tin_flight\x18\x06 \x01(\rR\binFlight\"\x96\x01\n" +
 	"\x10DescriptorCounts\x12\x1e\n" +
 	"\n" +
 	"descriptor\x18\x01 \x01(\tR\n" +
@@ -622,37 +754,40 @@ func file_sluice_v1_load_proto_rawDescGZIP() []byte {
 	return file_sluice_v1_load_proto_rawDescData
 }
 
-var file_sluice_v1_load_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_sluice_v1_load_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
 var file_sluice_v1_load_proto_goTypes = []any{
 	(*StreamLoadReportsRequest)(nil),  // 0: sluice.v1.StreamLoadReportsRequest
 	(*LoadReport)(nil),                // 1: sluice.v1.LoadReport
-	(*DescriptorCounts)(nil),          // 2: sluice.v1.DescriptorCounts
-	(*ValueCounts)(nil),               // 3: sluice.v1.ValueCounts
-	(*PeerCounts)(nil),                // 4: sluice.v1.PeerCounts
-	(*StreamLoadReportsResponse)(nil), // 5: sluice.v1.StreamLoadReportsResponse
-	(Direction)(0),                    // 6: sluice.v1.Direction
-	(*timestamppb.Timestamp)(nil),     // 7: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),       // 8: google.protobuf.Duration
-	(Criticality)(0),                  // 9: sluice.v1.Criticality
+	(*UpstreamHealth)(nil),            // 2: sluice.v1.UpstreamHealth
+	(*DescriptorCounts)(nil),          // 3: sluice.v1.DescriptorCounts
+	(*ValueCounts)(nil),               // 4: sluice.v1.ValueCounts
+	(*PeerCounts)(nil),                // 5: sluice.v1.PeerCounts
+	(*StreamLoadReportsResponse)(nil), // 6: sluice.v1.StreamLoadReportsResponse
+	(Direction)(0),                    // 7: sluice.v1.Direction
+	(*timestamppb.Timestamp)(nil),     // 8: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),       // 9: google.protobuf.Duration
+	(Criticality)(0),                  // 10: sluice.v1.Criticality
 }
 var file_sluice_v1_load_proto_depIdxs = []int32{
 	1,  // 0: sluice.v1.StreamLoadReportsRequest.report:type_name -> sluice.v1.LoadReport
-	6,  // 1: sluice.v1.LoadReport.direction:type_name -> sluice.v1.Direction
-	7,  // 2: sluice.v1.LoadReport.window_start:type_name -> google.protobuf.Timestamp
-	8,  // 3: sluice.v1.LoadReport.window:type_name -> google.protobuf.Duration
-	4,  // 4: sluice.v1.LoadReport.peers:type_name -> sluice.v1.PeerCounts
-	8,  // 5: sluice.v1.LoadReport.interval:type_name -> google.protobuf.Duration
-	2,  // 6: sluice.v1.LoadReport.descriptors:type_name -> sluice.v1.DescriptorCounts
-	8,  // 7: sluice.v1.LoadReport.descriptor_window:type_name -> google.protobuf.Duration
-	3,  // 8: sluice.v1.DescriptorCounts.values:type_name -> sluice.v1.ValueCounts
-	9,  // 9: sluice.v1.PeerCounts.criticality:type_name -> sluice.v1.Criticality
-	0,  // 10: sluice.v1.LoadReportService.StreamLoadReports:input_type -> sluice.v1.StreamLoadReportsRequest
-	5,  // 11: sluice.v1.LoadReportService.StreamLoadReports:output_type -> sluice.v1.StreamLoadReportsResponse
-	11, // [11:12] is the sub-list for method output_type
-	10, // [10:11] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	7,  // 1: sluice.v1.LoadReport.direction:type_name -> sluice.v1.Direction
+	8,  // 2: sluice.v1.LoadReport.window_start:type_name -> google.protobuf.Timestamp
+	9,  // 3: sluice.v1.LoadReport.window:type_name -> google.protobuf.Duration
+	5,  // 4: sluice.v1.LoadReport.peers:type_name -> sluice.v1.PeerCounts
+	9,  // 5: sluice.v1.LoadReport.interval:type_name -> google.protobuf.Duration
+	3,  // 6: sluice.v1.LoadReport.descriptors:type_name -> sluice.v1.DescriptorCounts
+	9,  // 7: sluice.v1.LoadReport.descriptor_window:type_name -> google.protobuf.Duration
+	2,  // 8: sluice.v1.LoadReport.health:type_name -> sluice.v1.UpstreamHealth
+	9,  // 9: sluice.v1.LoadReport.health_window:type_name -> google.protobuf.Duration
+	4,  // 10: sluice.v1.DescriptorCounts.values:type_name -> sluice.v1.ValueCounts
+	10, // 11: sluice.v1.PeerCounts.criticality:type_name -> sluice.v1.Criticality
+	0,  // 12: sluice.v1.LoadReportService.StreamLoadReports:input_type -> sluice.v1.StreamLoadReportsRequest
+	6,  // 13: sluice.v1.LoadReportService.StreamLoadReports:output_type -> sluice.v1.StreamLoadReportsResponse
+	13, // [13:14] is the sub-list for method output_type
+	12, // [12:13] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_sluice_v1_load_proto_init() }
@@ -667,7 +802,7 @@ func file_sluice_v1_load_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sluice_v1_load_proto_rawDesc), len(file_sluice_v1_load_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   6,
+			NumMessages:   7,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -168,7 +168,11 @@ type ServiceLoad struct {
 	// The heavy values of each descriptor, summed over the zone's live
 	// sidecars, each descriptor at most once; at most the aggregator's bound
 	// of values per descriptor, the largest by offered rate.
-	Descriptors   []*DescriptorRates `protobuf:"bytes,5,rep,name=descriptors,proto3" json:"descriptors,omitempty"`
+	Descriptors []*DescriptorRates `protobuf:"bytes,5,rep,name=descriptors,proto3" json:"descriptors,omitempty"`
+	// What the service did with the requests its sidecars let through,
+	// summed over the zone's live sidecars, one entry per procedure, each at
+	// most once. Inbound loads only.
+	Health        []*HealthRates `protobuf:"bytes,6,rep,name=health,proto3" json:"health,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -238,6 +242,102 @@ func (x *ServiceLoad) GetDescriptors() []*DescriptorRates {
 	return nil
 }
 
+func (x *ServiceLoad) GetHealth() []*HealthRates {
+	if x != nil {
+		return x.Health
+	}
+	return nil
+}
+
+// HealthRates are UpstreamHealth's counts as rates summed over a zone, in
+// answers per second.
+type HealthRates struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Procedure string                 `protobuf:"bytes,1,opt,name=procedure,proto3" json:"procedure,omitempty"`
+	// Exactly health.Buckets rates, as UpstreamHealth.latency.
+	LatencyRps  []float64 `protobuf:"fixed64,2,rep,packed,name=latency_rps,json=latencyRps,proto3" json:"latency_rps,omitempty"`
+	OkRps       float64   `protobuf:"fixed64,3,opt,name=ok_rps,json=okRps,proto3" json:"ok_rps,omitempty"`
+	FailedRps   float64   `protobuf:"fixed64,4,opt,name=failed_rps,json=failedRps,proto3" json:"failed_rps,omitempty"`
+	TimedOutRps float64   `protobuf:"fixed64,5,opt,name=timed_out_rps,json=timedOutRps,proto3" json:"timed_out_rps,omitempty"`
+	// Requests in flight, summed over the zone's live sidecars' latest
+	// reports.
+	InFlight      uint32 `protobuf:"varint,6,opt,name=in_flight,json=inFlight,proto3" json:"in_flight,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HealthRates) Reset() {
+	*x = HealthRates{}
+	mi := &file_sluice_v1_zone_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HealthRates) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HealthRates) ProtoMessage() {}
+
+func (x *HealthRates) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_zone_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HealthRates.ProtoReflect.Descriptor instead.
+func (*HealthRates) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_zone_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *HealthRates) GetProcedure() string {
+	if x != nil {
+		return x.Procedure
+	}
+	return ""
+}
+
+func (x *HealthRates) GetLatencyRps() []float64 {
+	if x != nil {
+		return x.LatencyRps
+	}
+	return nil
+}
+
+func (x *HealthRates) GetOkRps() float64 {
+	if x != nil {
+		return x.OkRps
+	}
+	return 0
+}
+
+func (x *HealthRates) GetFailedRps() float64 {
+	if x != nil {
+		return x.FailedRps
+	}
+	return 0
+}
+
+func (x *HealthRates) GetTimedOutRps() float64 {
+	if x != nil {
+		return x.TimedOutRps
+	}
+	return 0
+}
+
+func (x *HealthRates) GetInFlight() uint32 {
+	if x != nil {
+		return x.InFlight
+	}
+	return 0
+}
+
 // DescriptorRates are the rates of one descriptor in one zone.
 type DescriptorRates struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
@@ -257,7 +357,7 @@ type DescriptorRates struct {
 
 func (x *DescriptorRates) Reset() {
 	*x = DescriptorRates{}
-	mi := &file_sluice_v1_zone_proto_msgTypes[3]
+	mi := &file_sluice_v1_zone_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -269,7 +369,7 @@ func (x *DescriptorRates) String() string {
 func (*DescriptorRates) ProtoMessage() {}
 
 func (x *DescriptorRates) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_zone_proto_msgTypes[3]
+	mi := &file_sluice_v1_zone_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -282,7 +382,7 @@ func (x *DescriptorRates) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescriptorRates.ProtoReflect.Descriptor instead.
 func (*DescriptorRates) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_zone_proto_rawDescGZIP(), []int{3}
+	return file_sluice_v1_zone_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *DescriptorRates) GetDescriptor_() string {
@@ -331,7 +431,7 @@ type ValueRate struct {
 
 func (x *ValueRate) Reset() {
 	*x = ValueRate{}
-	mi := &file_sluice_v1_zone_proto_msgTypes[4]
+	mi := &file_sluice_v1_zone_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -343,7 +443,7 @@ func (x *ValueRate) String() string {
 func (*ValueRate) ProtoMessage() {}
 
 func (x *ValueRate) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_zone_proto_msgTypes[4]
+	mi := &file_sluice_v1_zone_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -356,7 +456,7 @@ func (x *ValueRate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ValueRate.ProtoReflect.Descriptor instead.
 func (*ValueRate) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_zone_proto_rawDescGZIP(), []int{4}
+	return file_sluice_v1_zone_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ValueRate) GetValue() string {
@@ -402,7 +502,7 @@ type PeerRate struct {
 
 func (x *PeerRate) Reset() {
 	*x = PeerRate{}
-	mi := &file_sluice_v1_zone_proto_msgTypes[5]
+	mi := &file_sluice_v1_zone_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -414,7 +514,7 @@ func (x *PeerRate) String() string {
 func (*PeerRate) ProtoMessage() {}
 
 func (x *PeerRate) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_zone_proto_msgTypes[5]
+	mi := &file_sluice_v1_zone_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -427,7 +527,7 @@ func (x *PeerRate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerRate.ProtoReflect.Descriptor instead.
 func (*PeerRate) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_zone_proto_rawDescGZIP(), []int{5}
+	return file_sluice_v1_zone_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *PeerRate) GetPeer() string {
@@ -506,7 +606,7 @@ type StreamZoneLoadsResponse struct {
 
 func (x *StreamZoneLoadsResponse) Reset() {
 	*x = StreamZoneLoadsResponse{}
-	mi := &file_sluice_v1_zone_proto_msgTypes[6]
+	mi := &file_sluice_v1_zone_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -518,7 +618,7 @@ func (x *StreamZoneLoadsResponse) String() string {
 func (*StreamZoneLoadsResponse) ProtoMessage() {}
 
 func (x *StreamZoneLoadsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_zone_proto_msgTypes[6]
+	mi := &file_sluice_v1_zone_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -531,7 +631,7 @@ func (x *StreamZoneLoadsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamZoneLoadsResponse.ProtoReflect.Descriptor instead.
 func (*StreamZoneLoadsResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_zone_proto_rawDescGZIP(), []int{6}
+	return file_sluice_v1_zone_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *StreamZoneLoadsResponse) GetAccepted() bool {
@@ -560,13 +660,23 @@ const file_sluice_v1_zone_proto_rawDesc = "" +
 	"\x04zone\x18\x02 \x01(\tR\x04zone\x125\n" +
 	"\binterval\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\binterval\x122\n" +
 	"\bservices\x18\x04 \x03(\v2\x16.sluice.v1.ServiceLoadR\bservices\x12\x16\n" +
-	"\x06urgent\x18\x05 \x01(\bR\x06urgent\"\xe9\x01\n" +
+	"\x06urgent\x18\x05 \x01(\bR\x06urgent\"\x99\x02\n" +
 	"\vServiceLoad\x12\x18\n" +
 	"\aservice\x18\x01 \x01(\tR\aservice\x122\n" +
 	"\tdirection\x18\x02 \x01(\x0e2\x14.sluice.v1.DirectionR\tdirection\x12#\n" +
 	"\rlive_sidecars\x18\x03 \x01(\rR\fliveSidecars\x12)\n" +
 	"\x05peers\x18\x04 \x03(\v2\x13.sluice.v1.PeerRateR\x05peers\x12<\n" +
-	"\vdescriptors\x18\x05 \x03(\v2\x1a.sluice.v1.DescriptorRatesR\vdescriptors\"\xc0\x01\n" +
+	"\vdescriptors\x18\x05 \x03(\v2\x1a.sluice.v1.DescriptorRatesR\vdescriptors\x12.\n" +
+	"\x06health\x18\x06 \x03(\v2\x16.sluice.v1.HealthRatesR\x06health\"\xc3\x01\n" +
+	"\vHealthRates\x12\x1c\n" +
+	"\tprocedure\x18\x01 \x01(\tR\tprocedure\x12\x1f\n" +
+	"\vlatency_rps\x18\x02 \x03(\x01R\n" +
+	"latencyRps\x12\x15\n" +
+	"\x06ok_rps\x18\x03 \x01(\x01R\x05okRps\x12\x1d\n" +
+	"\n" +
+	"failed_rps\x18\x04 \x01(\x01R\tfailedRps\x12\"\n" +
+	"\rtimed_out_rps\x18\x05 \x01(\x01R\vtimedOutRps\x12\x1b\n" +
+	"\tin_flight\x18\x06 \x01(\rR\binFlight\"\xc0\x01\n" +
 	"\x0fDescriptorRates\x12\x1e\n" +
 	"\n" +
 	"descriptor\x18\x01 \x01(\tR\n" +
@@ -612,35 +722,37 @@ func file_sluice_v1_zone_proto_rawDescGZIP() []byte {
 	return file_sluice_v1_zone_proto_rawDescData
 }
 
-var file_sluice_v1_zone_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_sluice_v1_zone_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_sluice_v1_zone_proto_goTypes = []any{
 	(*StreamZoneLoadsRequest)(nil),  // 0: sluice.v1.StreamZoneLoadsRequest
 	(*ZoneLoad)(nil),                // 1: sluice.v1.ZoneLoad
 	(*ServiceLoad)(nil),             // 2: sluice.v1.ServiceLoad
-	(*DescriptorRates)(nil),         // 3: sluice.v1.DescriptorRates
-	(*ValueRate)(nil),               // 4: sluice.v1.ValueRate
-	(*PeerRate)(nil),                // 5: sluice.v1.PeerRate
-	(*StreamZoneLoadsResponse)(nil), // 6: sluice.v1.StreamZoneLoadsResponse
-	(*durationpb.Duration)(nil),     // 7: google.protobuf.Duration
-	(Direction)(0),                  // 8: sluice.v1.Direction
-	(Criticality)(0),                // 9: sluice.v1.Criticality
+	(*HealthRates)(nil),             // 3: sluice.v1.HealthRates
+	(*DescriptorRates)(nil),         // 4: sluice.v1.DescriptorRates
+	(*ValueRate)(nil),               // 5: sluice.v1.ValueRate
+	(*PeerRate)(nil),                // 6: sluice.v1.PeerRate
+	(*StreamZoneLoadsResponse)(nil), // 7: sluice.v1.StreamZoneLoadsResponse
+	(*durationpb.Duration)(nil),     // 8: google.protobuf.Duration
+	(Direction)(0),                  // 9: sluice.v1.Direction
+	(Criticality)(0),                // 10: sluice.v1.Criticality
 }
 var file_sluice_v1_zone_proto_depIdxs = []int32{
-	1, // 0: sluice.v1.StreamZoneLoadsRequest.load:type_name -> sluice.v1.ZoneLoad
-	7, // 1: sluice.v1.ZoneLoad.interval:type_name -> google.protobuf.Duration
-	2, // 2: sluice.v1.ZoneLoad.services:type_name -> sluice.v1.ServiceLoad
-	8, // 3: sluice.v1.ServiceLoad.direction:type_name -> sluice.v1.Direction
-	5, // 4: sluice.v1.ServiceLoad.peers:type_name -> sluice.v1.PeerRate
-	3, // 5: sluice.v1.ServiceLoad.descriptors:type_name -> sluice.v1.DescriptorRates
-	4, // 6: sluice.v1.DescriptorRates.values:type_name -> sluice.v1.ValueRate
-	9, // 7: sluice.v1.PeerRate.criticality:type_name -> sluice.v1.Criticality
-	0, // 8: sluice.v1.ZoneLoadService.StreamZoneLoads:input_type -> sluice.v1.StreamZoneLoadsRequest
-	6, // 9: sluice.v1.ZoneLoadService.StreamZoneLoads:output_type -> sluice.v1.StreamZoneLoadsResponse
-	9, // [9:10] is the sub-list for method output_type
-	8, // [8:9] is the sub-list for method input_type
-	8, // [8:8] is the sub-list for extension type_name
-	8, // [8:8] is the sub-list for extension extendee
-	0, // [0:8] is the sub-list for field type_name
+	1,  // 0: sluice.v1.StreamZoneLoadsRequest.load:type_name -> sluice.v1.ZoneLoad
+	8,  // 1: sluice.v1.ZoneLoad.interval:type_name -> google.protobuf.Duration
+	2,  // 2: sluice.v1.ZoneLoad.services:type_name -> sluice.v1.ServiceLoad
+	9,  // 3: sluice.v1.ServiceLoad.direction:type_name -> sluice.v1.Direction
+	6,  // 4: sluice.v1.ServiceLoad.peers:type_name -> sluice.v1.PeerRate
+	4,  // 5: sluice.v1.ServiceLoad.descriptors:type_name -> sluice.v1.DescriptorRates
+	3,  // 6: sluice.v1.ServiceLoad.health:type_name -> sluice.v1.HealthRates
+	5,  // 7: sluice.v1.DescriptorRates.values:type_name -> sluice.v1.ValueRate
+	10, // 8: sluice.v1.PeerRate.criticality:type_name -> sluice.v1.Criticality
+	0,  // 9: sluice.v1.ZoneLoadService.StreamZoneLoads:input_type -> sluice.v1.StreamZoneLoadsRequest
+	7,  // 10: sluice.v1.ZoneLoadService.StreamZoneLoads:output_type -> sluice.v1.StreamZoneLoadsResponse
+	10, // [10:11] is the sub-list for method output_type
+	9,  // [9:10] is the sub-list for method input_type
+	9,  // [9:9] is the sub-list for extension type_name
+	9,  // [9:9] is the sub-list for extension extendee
+	0,  // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_sluice_v1_zone_proto_init() }
@@ -655,7 +767,7 @@ func file_sluice_v1_zone_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sluice_v1_zone_proto_rawDesc), len(file_sluice_v1_zone_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   7,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
