@@ -406,3 +406,7 @@ func topValues(vs []valueRate, n int) []valueRate {
 // DescriptorsCut returns how many (service, direction, descriptor) sums
 // the last Flush left out beyond maxZoneDescriptors per service.
 func (s *State) DescriptorsCut() int { return s.descriptorsCut }
+
+// HealthCut returns how many (service, direction, procedure) health sums
+// the last Flush left out beyond maxZoneHealth.
+func (s *State) HealthCut() int { return s.healthCut }

@@ -256,7 +256,8 @@ func TestDescriptorsPerServiceBounded(t *testing.T) {
 // TestRejectedEntriesByReason: ByReason follows EntryReasons.
 func TestRejectedEntriesByReason(t *testing.T) {
 	e := RejectedEntries{BadProcedure: 1, BadCriticality: 2, MixedCriticality: 3, BadCost: 4, BadInFlight: 5, BadDescriptor: 6, BadDescriptorCounts: 7, DuplicateDescriptor: 8,
-		TooManyDescriptors: 9, OutboundDescriptor: 10, BadValue: 11, DuplicateValue: 12, TooManyValues: 13, QuotaValues: 14, ValueClamped: 100}
+		TooManyDescriptors: 9, OutboundDescriptor: 10, BadValue: 11, DuplicateValue: 12, TooManyValues: 13, QuotaValues: 14,
+		BadHealth: 15, DuplicateHealth: 16, TooManyHealth: 17, OutboundHealth: 18, HealthOverclaim: 19, ValueClamped: 100}
 	by := e.ByReason()
 	if len(by) != len(EntryReasons) {
 		t.Fatalf("ByReason has %d counts, EntryReasons %d", len(by), len(EntryReasons))
@@ -266,8 +267,8 @@ func TestRejectedEntriesByReason(t *testing.T) {
 			t.Errorf("ByReason()[%d] (%s) = %d, want %d", i, EntryReasons[i], n, i+1)
 		}
 	}
-	if e.Total() != 105 {
-		t.Errorf("Total = %d, want 105", e.Total())
+	if e.Total() != 190 {
+		t.Errorf("Total = %d, want 190", e.Total())
 	}
 }
 

@@ -31,6 +31,7 @@ type metrics struct {
 	descriptorValues *prometheus.GaugeVec
 	valuesCut        prometheus.Counter
 	descriptorsCut   prometheus.Counter
+	healthCut        prometheus.Counter
 }
 
 func (m *metrics) rejected(reason string) prometheus.Counter {
@@ -103,6 +104,10 @@ func newMetrics[Req, Resp any](reg prometheus.Registerer, logger *slog.Logger, u
 			Namespace: ns, Subsystem: sub, Name: "descriptors_cut_total",
 			Help: "Descriptors of a service left out of zone loads beyond twice the most a service may declare, the smallest first; once per descriptor per flush.",
 		}),
+		healthCut: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "health_cut_total",
+			Help: "Procedures' health of a service left out of zone loads beyond twice the most a policy may declare, the least answered first; once per procedure per flush.",
+		}),
 		shedServices: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "zone_load_shed_services_total",
 			Help: "Services left out of a zone load, the largest first, to fit the controller's receive limit; once per service per flush.",
@@ -123,7 +128,7 @@ func newMetrics[Req, Resp any](reg prometheus.Registerer, logger *slog.Logger, u
 	for _, c := range append([]prometheus.Collector{
 		m.reports, rejected, m.sidecars, m.streams, m.flushes, m.flushBuckets, m.controllerRejected,
 		m.sumsCapped, m.shedServices, folded, entries,
-		m.valuesClamped, m.descriptorValues, m.valuesCut, m.descriptorsCut,
+		m.valuesClamped, m.descriptorValues, m.valuesCut, m.descriptorsCut, m.healthCut,
 	}, uplinkCollectors(ups)...) {
 		// Registering is best effort, as in the other services: a second
 		// aggregator on the same registry must not fail or panic. Its

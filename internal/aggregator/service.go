@@ -335,8 +335,10 @@ func (s *Service) FlushNow() *sluicev1.ZoneLoad {
 	stale := s.state.TakeStale()
 	capped := s.state.Capped()
 	descriptorsCut := s.state.DescriptorsCut()
+	healthCut := s.state.HealthCut()
 	s.mu.Unlock()
 	s.noteDescriptors(zl, descriptorsCut)
+	s.m.healthCut.Add(float64(healthCut))
 	for _, id := range stale {
 		s.log.Warn("sidecar went silent; its load left the zone's sums", "sidecar_id", id)
 	}

@@ -11,6 +11,7 @@ import (
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/pkg/descriptor"
+	"github.com/sluicehq/sluice/pkg/health"
 	"github.com/sluicehq/sluice/pkg/names"
 )
 
@@ -30,7 +31,8 @@ const reportHeaderSlack = 4 << 10
 //
 // With the defaults: 10000 peers of at most 555 bytes (about 5.3 MiB),
 // and 4 descriptors of 4096 values of 273 bytes each (tag and length 3,
-// the value 259, the count 11: about 4.3 MiB), about 9.5 MiB in all. A
+// the value 259, the count 11: about 4.3 MiB), and 514 health entries
+// of at most 0.9 KiB, about 9.9 MiB in all. A
 // sidecar sends its heavy set, 256 values by default: 4096 leaves it room.
 func (b Bounds) MaxReportSize() int {
 	b = b.withDefaults()
@@ -40,7 +42,17 @@ func (b Bounds) MaxReportSize() int {
 		Offered:   math.MaxUint64, Dropped: math.MaxUint64, ShadowDropped: math.MaxUint64,
 	}
 	perPeer := protowire.SizeTag(peersField) + protowire.SizeBytes(proto.Size(worst))
-	return reportHeaderSlack + b.MaxPeersPerReport*perPeer + descriptor.MaxPerService*maxDescriptorCountsSize(b.MaxReportValues)
+	return reportHeaderSlack + b.MaxPeersPerReport*perPeer + descriptor.MaxPerService*maxDescriptorCountsSize(b.MaxReportValues) +
+		maxReportHealth*maxUpstreamHealthSize()
+}
+
+// maxUpstreamHealthSize is the most one UpstreamHealth takes in a report,
+// its tag included: about 0.9 KiB, 0.6 MiB for a report's maxReportHealth.
+func maxUpstreamHealthSize() int {
+	h := &sluicev1.UpstreamHealth{Procedure: strings.Repeat("p", names.MaxProcedureLen),
+		Latency: slices.Repeat([]uint64{math.MaxUint64}, health.Buckets),
+		Ok:      math.MaxUint64, Failed: math.MaxUint64, TimedOut: math.MaxUint64, InFlight: math.MaxUint32}
+	return protowire.SizeTag(healthField) + protowire.SizeBytes(proto.Size(h))
 }
 
 // maxDescriptorCountsSize is the most one DescriptorCounts of n values
@@ -75,6 +87,7 @@ var (
 	loadField     = (&sluicev1.StreamZoneLoadsRequest{}).ProtoReflect().Descriptor().Fields().ByName("load").Number()
 	servicesField = (&sluicev1.ZoneLoad{}).ProtoReflect().Descriptor().Fields().ByName("services").Number()
 
+	healthField             = (&sluicev1.LoadReport{}).ProtoReflect().Descriptor().Fields().ByName("health").Number()
 	descriptorsField        = (&sluicev1.LoadReport{}).ProtoReflect().Descriptor().Fields().ByName("descriptors").Number()
 	valuesField             = (&sluicev1.DescriptorCounts{}).ProtoReflect().Descriptor().Fields().ByName("values").Number()
 	serviceDescriptorsField = (&sluicev1.ServiceLoad{}).ProtoReflect().Descriptor().Fields().ByName("descriptors").Number()

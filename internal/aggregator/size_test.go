@@ -3,6 +3,7 @@ package aggregator
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/pkg/descriptor"
+	"github.com/sluicehq/sluice/pkg/health"
 	"github.com/sluicehq/sluice/pkg/names"
 )
 
@@ -38,13 +40,18 @@ func TestMaxReportSizeHoldsTheLargestValidReport(t *testing.T) {
 			}
 			r.Descriptors = append(r.Descriptors, d)
 		}
+		for i := range maxReportHealth {
+			r.Health = append(r.Health, &sluicev1.UpstreamHealth{Procedure: fmt.Sprintf("/%0252d", i),
+				Latency: slices.Repeat([]uint64{math.MaxUint64}, health.Buckets),
+				Ok:      math.MaxUint64, Failed: math.MaxUint64, TimedOut: math.MaxUint64, InFlight: math.MaxUint32})
+		}
 		size := proto.Size(&sluicev1.StreamLoadReportsRequest{Report: r})
 		if limit := b.MaxReportSize(); size > limit || limit > size+reportHeaderSlack {
 			t.Errorf("%d peers, %d values: the largest report is %d bytes, MaxReportSize %d", len(r.Peers), len(r.Descriptors[0].Values), size, limit)
 		}
 	}
 	// Procedures of the longest names doubled it from under 3 MiB;
-	// descriptors' values took it from 5.3 to 9.5 MiB.
+	// descriptors' values took it from 5.3 to 9.5 MiB, health to 9.9.
 	if got := DefaultBounds().MaxReportSize(); got > 10<<20 {
 		t.Errorf("default MaxReportSize = %d, want under 10 MiB", got)
 	}

@@ -274,6 +274,7 @@ var EntryReasons = []string{
 	EntryBadProcedure, EntryBadCriticality, EntryMixedCriticality, EntryBadCost, EntryBadInFlight,
 	EntryBadDescriptor, EntryBadDescriptorCounts, EntryDuplicateDescriptor, EntryTooManyDescriptors, EntryOutboundDescriptor,
 	EntryBadValue, EntryDuplicateValue, EntryTooManyValues, EntryQuotaValues,
+	EntryBadHealth, EntryDuplicateHealth, EntryTooManyHealth, EntryOutboundHealth, EntryHealthOverclaim,
 }
 
 // Reasons a peer of an accepted report is folded into names.Overflow: the
@@ -344,8 +345,9 @@ type State struct {
 	// badEntries counts the entries Apply left out of accepted reports
 	// since the last TakeRejectedEntries.
 	badEntries RejectedEntries
-	// descriptorsCut counts the descriptors the last Flush left out.
-	descriptorsCut int
+	// descriptorsCut counts the descriptors the last Flush left out;
+	// healthCut the health entries.
+	descriptorsCut, healthCut int
 	// scratch is Flush's, reused from one flush to the next.
 	scratch descriptorScratch
 	// urgent is set by Apply when a report shows a surge; see TakeUrgent.
@@ -374,6 +376,10 @@ type sidecarLoad struct {
 	// keepDescriptors), reported at descriptorsSeen; nil for none.
 	descriptors     []descriptorRate
 	descriptorsSeen time.Time
+	// health is that of the last report that carried it (see
+	// keepHealth), reported at healthSeen; nil for none.
+	health     []healthRate
+	healthSeen time.Time
 }
 
 // leaf is a bucket of a report: a peer, the procedure its requests did
@@ -529,6 +535,7 @@ func (s *State) ApplyFrom(from Sender, r *sluicev1.LoadReport, now time.Time) er
 		return err
 	}
 	descs, descsSeen := keepDescriptors(old, r, s.capValues(il, old, s.checkDescriptors(r, &bad), &bad), now)
+	hs, hsSeen := keepHealth(old, r, s.checkHealth(r, &bad), now)
 	s.badEntries.add(bad)
 	peers = s.fold(il, old, peers)
 
@@ -549,7 +556,8 @@ func (s *State) ApplyFrom(from Sender, r *sluicev1.LoadReport, now time.Time) er
 		s.urgent, s.urgentFlush = true, true
 	}
 	*old = sidecarLoad{holder: from.Holder, service: r.GetService(), direction: r.GetDirection(),
-		interval: s.staleInterval(r), seen: now, peers: peers, descriptors: descs, descriptorsSeen: descsSeen}
+		interval: s.staleInterval(r), seen: now, peers: peers, descriptors: descs, descriptorsSeen: descsSeen,
+		health: hs, healthSeen: hsSeen}
 	return nil
 }
 
@@ -739,6 +747,11 @@ type RejectedEntries struct {
 	DuplicateValue      int // EntryDuplicateValue
 	TooManyValues       int // EntryTooManyValues
 	QuotaValues         int // EntryQuotaValues
+	BadHealth           int // EntryBadHealth
+	DuplicateHealth     int // EntryDuplicateHealth
+	TooManyHealth       int // EntryTooManyHealth
+	OutboundHealth      int // EntryOutboundHealth
+	HealthOverclaim     int // EntryHealthOverclaim
 
 	// ValueClamped counts values kept but clamped to their descriptor's
 	// offered total, which they claimed to exceed: not left out.
@@ -747,10 +760,11 @@ type RejectedEntries struct {
 
 // ByReason returns the counts of the entries left out, in EntryReasons'
 // order (ValueClamped is not one).
-func (e RejectedEntries) ByReason() [14]int {
+func (e RejectedEntries) ByReason() [19]int {
 	return [...]int{e.BadProcedure, e.BadCriticality, e.MixedCriticality, e.BadCost, e.BadInFlight,
 		e.BadDescriptor, e.BadDescriptorCounts, e.DuplicateDescriptor, e.TooManyDescriptors, e.OutboundDescriptor,
-		e.BadValue, e.DuplicateValue, e.TooManyValues, e.QuotaValues}
+		e.BadValue, e.DuplicateValue, e.TooManyValues, e.QuotaValues,
+		e.BadHealth, e.DuplicateHealth, e.TooManyHealth, e.OutboundHealth, e.HealthOverclaim}
 }
 
 // Total is every entry left out.
@@ -777,6 +791,11 @@ func (e *RejectedEntries) add(o RejectedEntries) {
 	e.DuplicateValue += o.DuplicateValue
 	e.TooManyValues += o.TooManyValues
 	e.QuotaValues += o.QuotaValues
+	e.BadHealth += o.BadHealth
+	e.DuplicateHealth += o.DuplicateHealth
+	e.TooManyHealth += o.TooManyHealth
+	e.OutboundHealth += o.OutboundHealth
+	e.HealthOverclaim += o.HealthOverclaim
 	e.ValueClamped += o.ValueClamped
 }
 
@@ -1043,6 +1062,7 @@ func (s *State) Flush(now time.Time, interval time.Duration) *sluicev1.ZoneLoad 
 		live        uint32
 		peers       map[leaf]*sluicev1.PeerRate
 		descriptors []*sidecarLoad // the sidecars whose descriptors count
+		health      []*sidecarLoad // the sidecars whose health counts
 	}
 	buckets := make(map[bucketKey]*sums)
 	for _, k := range s.order {
@@ -1056,6 +1076,9 @@ func (s *State) Flush(now time.Time, interval time.Duration) *sluicev1.ZoneLoad 
 		b.live = min(b.live+1, zoneload.MaxLiveSidecars)
 		if s.descriptorsLive(sc, now) {
 			b.descriptors = append(b.descriptors, sc)
+		}
+		if s.healthLive(sc, now) {
+			b.health = append(b.health, sc)
 		}
 		for _, p := range sc.peers {
 			pr := b.peers[p.leaf]
@@ -1083,7 +1106,7 @@ func (s *State) Flush(now time.Time, interval time.Duration) *sluicev1.ZoneLoad 
 		Urgent:       s.urgentFlush,
 	}
 	s.urgentFlush = false
-	s.capped, s.descriptorsCut = 0, 0
+	s.capped, s.descriptorsCut, s.healthCut = 0, 0, 0
 	for _, k := range keys {
 		b := buckets[k]
 		sl := &sluicev1.ServiceLoad{
@@ -1100,6 +1123,7 @@ func (s *State) Flush(now time.Time, interval time.Duration) *sluicev1.ZoneLoad 
 			sl.Peers = append(sl.Peers, pr)
 		}
 		sl.Descriptors = s.sumDescriptors(b.descriptors)
+		sl.Health = s.sumHealth(b.health)
 		out.Services = append(out.Services, sl)
 	}
 	return out
