@@ -43,6 +43,14 @@ type metrics struct {
 	descHeld     *prometheus.GaugeVec
 	descSeen     map[descriptorKey]bool
 
+	// Per (service, procedure), bounded as offered is: what the callee did
+	// with admitted requests (health.go), "" the callee as a whole.
+	healthRejected *prometheus.CounterVec // by reason: the ReasonHealth* labels
+	healthP99      *prometheus.GaugeVec
+	healthErrors   *prometheus.GaugeVec
+	healthAnswered *prometheus.GaugeVec
+	healthSeen     map[ServiceProcedure]bool
+
 	// badLog throttles the lines about what the controller left out
 	// (logDropped, logRefused, logShed), each at most once per logEvery:
 	// a hostile or broken aggregator sends one zone load per flush.
@@ -131,13 +139,31 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Compliant values of a descriptor listed in its policy in the last tick though no zone reported them, within --descriptor-hold of their last report.",
 		}, []string{"service", "descriptor"}),
 		descSeen: map[descriptorKey]bool{},
+		healthRejected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_controller_health_entries_rejected_total",
+			Help: "Health entries left out of zone loads' service entries that were applied, by reason.",
+		}, []string{"reason"}),
+		healthP99: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "sluice_controller_upstream_latency_p99_seconds",
+			Help: "The callee's p99 latency over the fleet's last reports, per procedure (empty: the callee as a whole); absent under one answer a second.",
+		}, []string{"service", "procedure"}),
+		healthErrors: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "sluice_controller_upstream_error_ratio",
+			Help: "The share of the callee's answers that failed (5xx but 504, gRPC UNKNOWN, RESOURCE_EXHAUSTED, ABORTED, INTERNAL, UNAVAILABLE, DATA_LOSS) or timed out, per procedure (empty: the callee as a whole).",
+		}, []string{"service", "procedure"}),
+		healthAnswered: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "sluice_controller_upstream_answered_rps",
+			Help: "Requests per second the callee answered, whatever the outcome, per procedure (empty: the callee as a whole).",
+		}, []string{"service", "procedure"}),
+		healthSeen: map[ServiceProcedure]bool{},
 	}
 	m.peerRejected.WithLabelValues(ReasonBadProcedure) // at zero from the start
 	m.peerRejected.WithLabelValues(ReasonBadCriticality)
 	if reg != nil {
 		reg.MustRegister(m.tickSeconds, m.aggregators, m.buckets, m.warm, m.published, m.deleted, m.publishErrors,
 			m.accepted, m.rejected, m.svcRejected, m.peerRejected, m.claimsRefused, m.peersShed, m.streams, m.limitServices, m.offered, m.dropped, m.debt,
-			m.descRejected, m.descListed, m.descCut, m.descAbusive, m.descZoneCut, m.descHeld)
+			m.descRejected, m.descListed, m.descCut, m.descAbusive, m.descZoneCut, m.descHeld,
+			m.healthRejected, m.healthP99, m.healthErrors, m.healthAnswered)
 	}
 	return m
 }
@@ -168,6 +194,7 @@ func (m *metrics) observeTick(res TickResult, set *limits.Set, took time.Duratio
 		}
 	}
 	m.observeDescriptors(res.Descriptors)
+	m.observeHealth(res.Health)
 	for svc, d := range res.Debts {
 		m.debt.WithLabelValues(svc).Set(d)
 		m.debtSeen[svc] = true
@@ -176,6 +203,29 @@ func (m *metrics) observeTick(res TickResult, set *limits.Set, took time.Duratio
 		if _, ok := res.Debts[svc]; !ok {
 			m.debt.DeleteLabelValues(svc)
 			delete(m.debtSeen, svc)
+		}
+	}
+}
+
+// observeHealth sets the health gauges of a tick and deletes the series
+// of (service, procedure) pairs it no longer has health of.
+func (m *metrics) observeHealth(hs map[ServiceProcedure]UpstreamHealth) {
+	for k, h := range hs {
+		if h.HasP99 {
+			m.healthP99.WithLabelValues(k.Service, k.Procedure).Set(h.P99.Seconds())
+		} else {
+			m.healthP99.DeleteLabelValues(k.Service, k.Procedure)
+		}
+		m.healthErrors.WithLabelValues(k.Service, k.Procedure).Set(h.Errors())
+		m.healthAnswered.WithLabelValues(k.Service, k.Procedure).Set(h.Answered())
+		m.healthSeen[k] = true
+	}
+	for k := range m.healthSeen {
+		if _, ok := hs[k]; !ok {
+			for _, g := range []*prometheus.GaugeVec{m.healthP99, m.healthErrors, m.healthAnswered} {
+				g.DeleteLabelValues(k.Service, k.Procedure)
+			}
+			delete(m.healthSeen, k)
 		}
 	}
 }
@@ -220,6 +270,17 @@ func (m *metrics) noteDropped(log *slog.Logger, d Dropped, now time.Time) {
 				"aggregator_id", d.AggregatorID, "first", d.FirstDescriptor, "dropped", nd, "dropped_unlogged_before", unlogged)
 		}
 	}
+	nh := 0
+	for reason, c := range d.BadHealth {
+		m.healthRejected.WithLabelValues(reason).Add(float64(c))
+		nh += c
+	}
+	if nh > 0 {
+		if ok, unlogged := m.badLog.AllowN(logHealth, now, nh); ok {
+			log.Warn("health entries left out of a zone load; the rest of the zone was applied",
+				"aggregator_id", d.AggregatorID, "first", d.FirstHealth, "dropped", nh, "dropped_unlogged_before", unlogged)
+		}
+	}
 	n := 0
 	for reason, c := range d.ByReason {
 		m.svcRejected.WithLabelValues(reason).Add(float64(c))
@@ -245,6 +306,8 @@ const (
 	logShed    = "policy_peers_shed"
 	// logDescriptors: noteDropped's descriptor entries and values.
 	logDescriptors = "descriptor_entries_dropped"
+	// logHealth: noteDropped's health entries.
+	logHealth = "health_entries_dropped"
 )
 
 // noteRefused counts the outbound claims a tick refused and logs the first,

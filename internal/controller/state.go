@@ -154,11 +154,16 @@ func (s *State) Apply(load *sluicev1.ZoneLoad, now time.Time) error {
 	s.dropped.BadProcedures += bad.procedures
 	s.dropped.BadCriticality += bad.tiers
 	hadBad := s.dropped.BadDescriptors != nil
+	hadBadHealth := s.dropped.BadHealth != nil
 	for _, svc := range load.GetServices() {
 		keepValidDescriptors(svc, s.maxDescriptorValues(), &s.dropped)
+		keepValidHealth(svc, &s.dropped)
 	}
 	if !hadBad && s.dropped.BadDescriptors != nil {
 		s.dropped.FirstDescriptor = "aggregator " + id + ": " + s.dropped.FirstDescriptor
+	}
+	if !hadBadHealth && s.dropped.BadHealth != nil {
+		s.dropped.FirstHealth = "aggregator " + id + ": " + s.dropped.FirstHealth
 	}
 	if !ok {
 		s.lastJoin = now
@@ -206,6 +211,11 @@ type Dropped struct {
 	// the first one, for a log line.
 	BadDescriptors  map[string]int
 	FirstDescriptor string
+	// BadHealth counts the health entries left out of service entries
+	// that were kept, by reason (the ReasonHealth* labels); FirstHealth
+	// tells the first one, for a log line.
+	BadHealth   map[string]int
+	FirstHealth string
 }
 
 func (d *Dropped) add(aggregatorID string, errs []*RejectError) {

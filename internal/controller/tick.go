@@ -63,6 +63,10 @@ type TickResult struct {
 	// Debts holds, per callee counting cost with a bucket in debt, the
 	// sum of its buckets' debts in cost units, for metrics.
 	Debts map[string]float64
+	// Health holds what each callee did with the requests its sidecars
+	// let through, per procedure it declares and "" for the callee as a
+	// whole (health.go).
+	Health map[ServiceProcedure]UpstreamHealth
 }
 
 // BucketLoad is one bucket's global load in one tick: a leaf's when
@@ -137,6 +141,7 @@ func (s *State) Tick(now time.Time, set *limits.Set) TickResult {
 	}
 	s.lastStep = now
 	res.Debts = s.stepLevels(dt, inbound, set)
+	res.Health = s.sumHealth(set)
 	s.ordered, s.ordering, s.stepDt = s.ordering, map[levelKey]float64{}, dt
 	services := lawInput(inbound, set, s.levelLimit)
 	verdicts := s.law.Step(dt, services)
