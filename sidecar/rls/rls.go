@@ -52,6 +52,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -152,11 +154,11 @@ func (m Mapping) Validate() error {
 	key("ProcedureKey", m.ProcedureKey, false)
 	key("MethodKey", m.MethodKey, false)
 	key("TierKey", m.TierKey, false)
-	for name, k := range m.Descriptors {
+	for _, name := range slices.Sorted(maps.Keys(m.Descriptors)) {
 		if err := descriptor.CheckName(name); err != nil {
-			errs = append(errs, fmt.Errorf("Descriptors[%q]: %w", name, err))
+			errs = append(errs, fmt.Errorf("Descriptors: %q: %w", name, err))
 		}
-		key(fmt.Sprintf("Descriptors[%q]", name), k, true)
+		key(fmt.Sprintf("Descriptors: %q", name), m.Descriptors[name], true)
 	}
 	return errors.Join(errs...)
 }

@@ -297,7 +297,7 @@ func TestMappingValidate(t *testing.T) {
 	}
 	m = Mapping{CallerKey: "path", ProcedureKey: "path", MethodKey: "a b", Descriptors: map[string]string{"Bad Name": "x", "tenant": ""}}
 	err := m.Validate()
-	for _, field := range []string{"Domain", "ProcedureKey", "MethodKey", `Descriptors["Bad Name"]`, `Descriptors["tenant"]`} {
+	for _, field := range []string{"Domain", "ProcedureKey", "MethodKey", `Descriptors: "Bad Name"`, `Descriptors: "tenant"`} {
 		if err == nil || !strings.Contains(err.Error(), field) {
 			t.Errorf("Validate() = %v, want it to name %s", err, field)
 		}
