@@ -313,7 +313,11 @@ func (s *Service) ShouldRateLimit(_ context.Context, req *rlsv3.RateLimitRequest
 		var peer, method, path, tier string
 		bucket := false
 		for _, e := range d.GetEntries() {
-			switch k := e.GetKey(); k {
+			k := e.GetKey()
+			if k == "" { // no configured key is empty: the unset ones are
+				continue
+			}
+			switch k {
 			case s.m.CallerKey:
 				peer, bucket = e.GetValue(), true
 			case s.m.ProcedureKey:
@@ -370,7 +374,7 @@ func (s *Service) ShouldRateLimit(_ context.Context, req *rlsv3.RateLimitRequest
 			}
 			for _, e := range d.GetEntries() {
 				j := c.descIndex(s.descName(e.GetKey()))
-				if j < 0 || e.GetKey() == s.m.CallerKey || e.GetKey() == s.m.ProcedureKey || e.GetKey() == s.m.MethodKey || e.GetKey() == s.m.TierKey {
+				if j < 0 || e.GetKey() == "" || e.GetKey() == s.m.CallerKey || e.GetKey() == s.m.ProcedureKey || e.GetKey() == s.m.MethodKey || e.GetKey() == s.m.TierKey {
 					continue
 				}
 				if dec := s.svc.DecideDescriptor(c.descs[j].index, e.GetValue()); dec.Drop {
@@ -417,7 +421,17 @@ type statusCache struct {
 	cost   bool // the policy counts cost
 	rules  map[*sidecar.Rule]*ruleStatus
 	descs  []descStatus
+	// extra holds the statuses of rules that are not the policy's own
+	// (*sidecar.Rule → *ruleStatus): the provisional ratios a surge
+	// projection lays over it (sidecar/provisional.go) are copies. At
+	// most maxExtra; past that each is rendered per call.
+	extra  sync.Map
+	extras atomic.Int32
 }
+
+// maxExtra bounds statusCache.extra: a policy's rules, several surges
+// over. A new policy starts a new cache.
+const maxExtra = 4096
 
 // ruleStatus is what a decision under one rule answers.
 type ruleStatus struct {
@@ -476,7 +490,14 @@ func (c *statusCache) rule(s *Service, r *sidecar.Rule) *ruleStatus {
 	if rs, ok := c.rules[r]; ok {
 		return rs
 	}
-	return renderRule(s.svc.Name(), r)
+	if rs, ok := c.extra.Load(r); ok {
+		return rs.(*ruleStatus)
+	}
+	rs := renderRule(s.svc.Name(), r)
+	if c.extras.Add(1) <= maxExtra {
+		c.extra.Store(r, rs)
+	}
+	return rs
 }
 
 // descIndex returns the index in c.descs of the descriptor named name, -1

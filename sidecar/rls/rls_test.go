@@ -369,3 +369,59 @@ func BenchmarkShouldRateLimit(b *testing.B) {
 		}
 	})
 }
+
+// TestProvisionalStatuses: under a surge projection's provisional ratio
+// (a copy of the policy's rule) a call is answered by that ratio, and
+// its statuses are rendered once, not per call.
+func TestProvisionalStatuses(t *testing.T) {
+	s, l := newService(t, checkout(sidecar.UnitRequests), DefaultMapping("checkout"), nil)
+	l.SetProvisional("checkout", []sidecar.Provisional{{Peer: "web", Procedure: "get-item", Ratio: 0.5}})
+	req := &rlsv3.RateLimitRequest{Domain: "checkout", Descriptors: []*ratelimitv3.RateLimitDescriptor{
+		desc("source_cluster", "web", "method", "GET", "path", "/v1/items/7"),
+	}}
+	ctx := context.Background()
+	over := 0
+	for range 100 {
+		resp, err := s.ShouldRateLimit(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT {
+			over++
+			if got := resp.Statuses[0].GetCurrentLimit().GetRequestsPerUnit(); got != 100 {
+				t.Errorf("limit %d, want 100", got)
+			}
+		}
+	}
+	if over != 50 {
+		t.Errorf("%d of 100 over the limit, want 50 at a provisional ratio of 0.5", over)
+	}
+	if n := testing.AllocsPerRun(100, func() { s.ShouldRateLimit(ctx, req) }); n > 2 {
+		t.Errorf("%v allocations per call under a provisional ratio, want at most 2", n)
+	}
+}
+
+// FuzzShouldRateLimit: whatever the domain, keys, values and hits, a call
+// answers one status per descriptor, or refuses the call; never a panic.
+func FuzzShouldRateLimit(f *testing.F) {
+	f.Add("checkout", "source_cluster", "web", "path", "/v1/charges", "tenant", "evil", uint32(0), uint8(1))
+	f.Add("checkout", "", "", "path", strings.Repeat("/x", 3000), "method", "\xff", uint32(math.MaxUint32), uint8(3))
+	f.Add("edge", "source_cluster", "_overflow", "tier", "", "", "", uint32(7), uint8(70))
+	s, _ := newService(f, checkout(sidecar.UnitCost), DefaultMapping("checkout"), nil)
+	f.Fuzz(func(t *testing.T, domain, k1, v1, k2, v2, k3, v3 string, hits uint32, n uint8) {
+		req := &rlsv3.RateLimitRequest{Domain: domain, HitsAddend: hits}
+		for range int(n) % (MaxDescriptors + 2) {
+			req.Descriptors = append(req.Descriptors, desc(k1, v1, k2, v2, k3, v3))
+		}
+		resp, err := s.ShouldRateLimit(context.Background(), req)
+		if err != nil {
+			if len(req.Descriptors) <= MaxDescriptors {
+				t.Fatalf("%d descriptors refused: %v", len(req.Descriptors), err)
+			}
+			return
+		}
+		if len(resp.Statuses) != len(req.Descriptors) {
+			t.Fatalf("%d statuses for %d descriptors", len(resp.Statuses), len(req.Descriptors))
+		}
+	})
+}
