@@ -84,6 +84,10 @@ func Command() *cobra.Command {
 			}
 			cfg.TrustDomain = tlsFlags.TrustDomain
 			logIdentity(log, cfg)
+			if cfg.RLS.Listen != "" {
+				log.Info("rate limit service on its own port, plaintext gRPC: the descriptor names the caller, so any client that reaches it "+
+					"can spend any caller's limit; keep it on localhost, for the local Envoy", "rls_listen", cfg.RLS.Listen, "rls_domain", cfg.RLS.mapping(cfg.Service).Domain)
+			}
 			a, err := New(cfg, log, reg)
 			if err != nil {
 				return err
