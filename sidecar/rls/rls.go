@@ -27,9 +27,13 @@
 // A descriptor with a caller, procedure or method entry is one decision
 // of its bucket (a missing caller is names.Unknown, as a request without
 // a caller header is); Envoy should name the caller in one descriptor per
-// request, or the request counts once per such descriptor. Its
-// descriptors' values are decided once no bucket dropped the request, as
-// the proxy decides them after the bucket. A descriptor with none of the
+// request, or the request counts once per such descriptor. Once no
+// bucket dropped the call, every descriptor of the policy decides it, as
+// the proxy decides them after the bucket: by the first entry that
+// carries its value, or as descriptor.Missing when none does (a value
+// that drops it marks its own descriptor OVER_LIMIT, a missing one the
+// first bucket's). A call with neither a bucket nor a value decides no
+// descriptor. A descriptor with none of the
 // keys maps to no sluice bucket: OK with no limit, as envoyproxy/ratelimit
 // answers an unconfigured descriptor, counted as unmapped.
 //
@@ -61,6 +65,7 @@ import (
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
@@ -305,6 +310,7 @@ func (s *Service) ShouldRateLimit(_ context.Context, req *rlsv3.RateLimitRequest
 	// First the buckets, then, unless one dropped the request, the
 	// policy descriptors' values: the proxy's order.
 	var valued uint64 // descriptors with a policy descriptor's entry, by index
+	first := -1       // the first descriptor decided in a bucket
 	dropped := false
 	// The headers of the decided bucket with the least remaining.
 	var hdr []*corev3.HeaderValue
@@ -339,6 +345,9 @@ func (s *Service) ShouldRateLimit(_ context.Context, req *rlsv3.RateLimitRequest
 			}
 			continue
 		}
+		if first < 0 {
+			first = i
+		}
 		if len(path) > MaxPathLen {
 			path = ""
 			s.folded.Inc()
@@ -367,20 +376,19 @@ func (s *Service) ShouldRateLimit(_ context.Context, req *rlsv3.RateLimitRequest
 			hdr, least = hv, rem
 		}
 	}
-	if valued != 0 && !dropped {
-		for i, d := range ds {
-			if valued&(1<<i) == 0 {
-				continue
-			}
-			for _, e := range d.GetEntries() {
-				j := c.descIndex(s.descName(e.GetKey()))
-				if j < 0 || e.GetKey() == "" || e.GetKey() == s.m.CallerKey || e.GetKey() == s.m.ProcedureKey || e.GetKey() == s.m.MethodKey || e.GetKey() == s.m.TierKey {
-					continue
+	if !dropped && (first >= 0 || valued != 0) {
+		// As the proxy: every descriptor of the policy decides the
+		// request its buckets admitted, a value the call does not carry
+		// as descriptor.Missing.
+		for j := range c.descs {
+			value, at := s.valueOf(ds, valued, c.descs[j].name)
+			if dec := s.svc.DecideDescriptor(c.descs[j].index, value); dec.Drop {
+				dropped = true
+				if at < 0 {
+					at = first
 				}
-				if dec := s.svc.DecideDescriptor(c.descs[j].index, e.GetValue()); dec.Drop {
-					resp.Statuses[i] = c.descs[j].over
-					dropped = true
-					break
+				if at >= 0 {
+					resp.Statuses[at] = c.descs[j].over
 				}
 			}
 		}
@@ -405,6 +413,27 @@ func (s *Service) ShouldRateLimit(_ context.Context, req *rlsv3.RateLimitRequest
 		resp.ResponseHeadersToAdd = hdr
 	}
 	return resp, nil
+}
+
+// valueOf returns the value of the policy descriptor name in the first of
+// ds's descriptors valued marks that carries it, and that descriptor's
+// index; "" and -1 when none does.
+func (s *Service) valueOf(ds []*ratelimitv3.RateLimitDescriptor, valued uint64, name string) (string, int) {
+	for i, d := range ds {
+		if valued&(1<<i) == 0 {
+			continue
+		}
+		for _, e := range d.GetEntries() {
+			k := e.GetKey()
+			if k == "" || k == s.m.CallerKey || k == s.m.ProcedureKey || k == s.m.MethodKey || k == s.m.TierKey {
+				continue
+			}
+			if s.descName(k) == name {
+				return e.GetValue(), i
+			}
+		}
+	}
+	return "", -1
 }
 
 // descName returns the policy descriptor name entry key k stands for.

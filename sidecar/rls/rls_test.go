@@ -172,8 +172,8 @@ func TestShouldRateLimit(t *testing.T) {
 }
 
 // TestCountedAsProxied checks that each bucket descriptor is one decision
-// in its leaf's counters, as a proxied request, and that a request the
-// bucket dropped does not reach the tenant descriptor.
+// in its leaf's counters, as a proxied request, and that the tenant
+// descriptor decides every request its bucket admitted, and no other.
 func TestCountedAsProxied(t *testing.T) {
 	s, l := newService(t, checkout(sidecar.UnitRequests), DefaultMapping("checkout"), nil)
 	ctx := context.Background()
@@ -199,8 +199,9 @@ func TestCountedAsProxied(t *testing.T) {
 		t.Errorf("unknown/get-item: %+v, want 10 offered", got)
 	}
 	dc := l.RotateDescriptors("checkout", nil)
-	if len(dc) != 1 || dc[0].Offered != 10 {
-		t.Errorf("descriptors %+v, want tenant with 10 offered: only the requests the bucket admitted", dc)
+	if len(dc) != 1 || dc[0].Offered != 20 {
+		t.Errorf("descriptors %+v, want tenant with 20 offered: the requests the bucket admitted, "+
+			"10 of acme and 10 without a tenant (descriptor.Missing), as the proxy counts them", dc)
 	}
 }
 
@@ -424,4 +425,24 @@ func FuzzShouldRateLimit(f *testing.F) {
 			t.Fatalf("%d statuses for %d descriptors", len(resp.Statuses), len(req.Descriptors))
 		}
 	})
+}
+
+// TestMissingValue: a call without the tenant entry is decided as
+// descriptor.Missing, as a proxied request without the header; a policy
+// that blocks Missing marks the call's bucket descriptor OVER_LIMIT.
+func TestMissingValue(t *testing.T) {
+	p := checkout(sidecar.UnitRequests)
+	p.Descriptors[0].MissingLimitRPS = 0
+	s, _ := newService(t, p, DefaultMapping("checkout"), nil)
+	resp, err := s.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "checkout", Descriptors: []*ratelimitv3.RateLimitDescriptor{
+		desc("remote_address", "10.0.0.1"),
+		desc("source_cluster", "web", "method", "GET", "path", "/v1/items/7"),
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT || resp.Statuses[0].Code != rlsv3.RateLimitResponse_OK ||
+		resp.Statuses[1].Code != rlsv3.RateLimitResponse_OVER_LIMIT || resp.Statuses[1].GetCurrentLimit().GetName() != "tenant" {
+		t.Errorf("%v, want the bucket's descriptor over tenant's limit", resp)
+	}
 }
