@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/pkg/criticality"
+	"github.com/sluicehq/sluice/pkg/names"
 )
 
 // Cost units and concurrency caps (issue #16, step 2).
@@ -504,10 +505,11 @@ func (d Decision) finish(v uint64, st costStatus) {
 }
 
 // decideMetered decides a request of the leaf sl, which decide found in t,
-// a table with a costTable: it prices the request (raw is its request
-// header's cost, "" for none), counts its price and holds its concurrency
-// slot. Written out as decide is, for speed.
-func (s *ServiceLimiter) decideMetered(t *table, sl slot, proc uint32, raw string) Decision {
+// a table with a costTable: it prices the request (hits, when not 0, is
+// its cost in whole units, as Envoy's hits_addend gives it; else raw is
+// its request header's cost, "" for none), counts its price and holds its
+// concurrency slot. Written out as decide is, for speed.
+func (s *ServiceLimiter) decideMetered(t *table, sl slot, proc uint32, raw string, hits uint64) Decision {
 	c, m := t.cost, (*meter)(nil)
 	h := stackStripe() // one stripe of each kind for the request: counts and costs
 	if sl.v != nil {
@@ -517,19 +519,27 @@ func (s *ServiceLimiter) decideMetered(t *table, sl slot, proc uint32, raw strin
 	var flags uint8
 	if c.priced && m != nil {
 		// A static price is a load; only a header or a mean costs more.
-		if price = c.static[proc]; raw != "" || price == noStatic {
+		if price = c.static[proc]; hits > 0 {
+			price, flags = s.hitsPrice(c, hits), priceFromHeader
+		} else if raw != "" || price == noStatic {
 			var fromHeader bool
 			if price, fromHeader = s.price(c, price, raw, m); fromHeader {
 				flags = priceFromHeader
 			}
 		}
-		if c.dynamic {
+		switch {
+		case c.dynamic:
 			cs := &m.c[h&(nCostStripes-1)]
 			if c.response {
 				cs.respOff.Add(price)
 			} else {
 				cs.off.Add(price)
 			}
+		case hits > 0:
+			// A static price counts by multiplying the leaf's requests
+			// (mult): this request adds what its price differs by,
+			// wrapping, as totals sums.
+			m.c[h&(nCostStripes-1)].off.Add(price - c.static[proc])
 		}
 	}
 	var d Decision
@@ -558,8 +568,11 @@ func (s *ServiceLimiter) decideMetered(t *table, sl slot, proc uint32, raw strin
 		}
 	}
 	if d.Drop {
-		if c.priced && c.dynamic && !c.response {
+		switch {
+		case c.priced && c.dynamic && !c.response:
 			m.c[h&(nCostStripes-1)].drop.Add(price)
+		case c.priced && !c.dynamic && hits > 0:
+			m.c[h&(nCostStripes-1)].drop.Add(price - c.static[proc])
 		}
 		d.owed = owe(flags, price)
 		return d
@@ -597,6 +610,54 @@ func (s *ServiceLimiter) takeSlot(d Decision, sl slot, m *meter, i uint64) (Deci
 	m.pool.held.Add(-1)
 	sl.e.stripes[i].dropped.Add(1)
 	return Decision{Drop: true, v: sl.v.conc}, false
+}
+
+// hitsPrice is the price in milli-units of a request that stands for hits
+// units (Envoy's hits_addend), clamped to the policy's max (counted as a
+// clamped request cost).
+func (s *ServiceLimiter) hitsPrice(c *costTable, hits uint64) uint64 {
+	if hits > c.max/1000 {
+		s.costClamped[costFromRequest].Add(1)
+		return c.max
+	}
+	return hits * 1000
+}
+
+// DecideHits is DecideHTTPTier for a request that says what it costs as a
+// whole number of units, hits (Envoy's rate limit service's hits_addend),
+// rather than in a header: the edge for Envoy's ShouldRateLimit (see
+// sidecar/rls). hits 0 means the request did not say: it is priced as
+// DecideHTTPTier prices it. For a service whose policy counts cost
+// (UnitCost), a hits above 0 is the request's price, clamped to the
+// policy's max; for a service counting requests the request is one
+// request, whatever hits. Cost is counted as a request header's would be.
+// No allocation.
+func (s *ServiceLimiter) DecideHits(peer, method, path, tierValue string, hits uint64) Decision {
+	t := s.table.Load()
+	proc := t.procs.http(method, path)
+	if hits == 0 || t.cost == nil || !t.cost.priced {
+		return s.decide(t, peer, proc, tierValue, "")
+	}
+	idx := proc
+	if t.crit != nil {
+		idx = s.tierIndex(t, peer, proc, tierValue)
+	}
+	var sl slot
+	ok := false
+	if len(peer) <= names.MaxLen {
+		sl, ok = t.index.get(peer, idx)
+	}
+	if !ok {
+		sl = s.miss(t, peer, idx)
+	}
+	return s.decideMetered(t, sl, proc, "", hits)
+}
+
+// CountsCost reports whether the current policy counts cost (UnitCost):
+// whether DecideHits prices a request by its hits.
+func (s *ServiceLimiter) CountsCost() bool {
+	c := s.table.Load().cost
+	return c != nil && c.priced
 }
 
 // DecideHTTPCost is DecideHTTPTier for a request whose cost header (the

@@ -387,3 +387,44 @@ func (v *verdict) admitHeader(form RateLimitHeaders) metadata.MD {
 	}
 	return v.admit.grpcHeader(form)
 }
+
+// Quota is what the rate-limit headers tell a caller of its bucket's quota,
+// for an edge that renders them in another form (Envoy's rate limit
+// service, sidecar/rls). See Rule.Quota.
+type Quota struct {
+	// Name names the bucket as RateLimit-Policy does (see policyName).
+	Name string
+	// Limit is the whole requests (units, for a policy counting cost) per
+	// second the bucket may send now: min(allowed, limit).
+	Limit int64
+	// Remaining is what an admitted request is told is left of Limit:
+	// 0 while the bucket's ratio is above 0; at ratio 0 the headroom of
+	// the whole fleet per second, Limit less the bucket's global offered
+	// rate as of the policy (see remaining). A drop ratio is not a token
+	// bucket: this is an estimate, as old as the policy.
+	Remaining int64
+	// Reset is, at ratio 0, the 1 s window limits are counted in; above
+	// it, the Retry-After of a drop: the seconds the controller needs to
+	// release the ratio, 1 to MaxRetryAfter.
+	Reset int
+}
+
+// Quota returns what r's headers tell a request of r's bucket of service
+// (see renderAdmit), and false when they tell nothing: a rule without a
+// bounded limit, and a shadow rule. It allocates the name; an edge renders
+// it once per policy.
+func (r *Rule) Quota(service string) (Quota, bool) {
+	if r.Mode == dropratio.Shadow {
+		return Quota{}, false
+	}
+	q, exact, ok := quota(r)
+	if !ok {
+		return Quota{}, false
+	}
+	p := clampRatio(r.DropRatio)
+	reset := 1
+	if p > 0 {
+		reset = retryAfter(p, r.LimitRPS)
+	}
+	return Quota{Name: policyName(service, r), Limit: q, Remaining: remaining(exact, p, r.OfferedRPS), Reset: reset}, true
+}

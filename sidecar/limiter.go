@@ -865,7 +865,7 @@ func (s *ServiceLimiter) decide(t *table, peer string, proc uint32, tierValue, c
 		sl = s.miss(t, peer, idx)
 	}
 	if t.cost != nil {
-		return s.decideMetered(t, sl, proc, costValue)
+		return s.decideMetered(t, sl, proc, costValue, 0)
 	}
 	if s.random {
 		return sl.random()

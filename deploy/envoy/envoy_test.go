@@ -46,7 +46,13 @@ type validator interface{ ValidateAll() error }
 // extensions inside Any fields included.
 func load(t *testing.T) *bootstrap.Bootstrap {
 	t.Helper()
-	y, err := os.ReadFile("envoy.yaml")
+	return loadFile(t, "envoy.yaml")
+}
+
+// loadFile is load of the bootstrap file name.
+func loadFile(t *testing.T, name string) *bootstrap.Bootstrap {
+	t.Helper()
+	y, err := os.ReadFile(name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,10 +62,10 @@ func load(t *testing.T) *bootstrap.Bootstrap {
 	}
 	b := new(bootstrap.Bootstrap)
 	if err := protojson.Unmarshal(j, b); err != nil {
-		t.Fatalf("envoy.yaml is not a valid v3 Bootstrap: %v", err)
+		t.Fatalf("%s is not a valid v3 Bootstrap: %v", name, err)
 	}
 	if err := b.ValidateAll(); err != nil {
-		t.Fatalf("envoy.yaml breaks Envoy's constraints: %v", err)
+		t.Fatalf("%s breaks Envoy's constraints: %v", name, err)
 	}
 	return b
 }

@@ -33,6 +33,7 @@ import (
 	"github.com/sluicehq/sluice/pkg/routes"
 	"github.com/sluicehq/sluice/sidecar"
 	"github.com/sluicehq/sluice/sidecar/reporter"
+	"github.com/sluicehq/sluice/sidecar/rls"
 	"github.com/sluicehq/sluice/sidecar/xdsclient"
 )
 
@@ -149,6 +150,9 @@ type Config struct {
 	ProxyMinBodyRate int
 	ProxyMaxRequests int
 	ProxyMaxConns    int
+
+	// RLS is Envoy's rate limit service, answered from the limiter.
+	RLS RLSConfig
 }
 
 // DefaultConfig returns the defaults; Service is left for the caller.
@@ -181,6 +185,8 @@ func DefaultConfig() Config {
 		ProxyMinBodyRate: proxy.DefaultMinBodyRate,
 		ProxyMaxRequests: proxy.DefaultMaxRequests,
 		ProxyMaxConns:    proxy.DefaultMaxConns,
+
+		RLS: defaultRLS(),
 	}
 }
 
@@ -250,6 +256,7 @@ func (c Config) Validate() error {
 	if _, err := sidecar.ParseRateLimitHeaders(c.RateLimitHeaders); err != nil {
 		add("ratelimit-headers: %v", err)
 	}
+	errs = append(errs, c.RLS.validate(c.Service)...)
 	return errors.Join(append(errs, c.proxyBoundsErrors()...)...)
 }
 
@@ -393,6 +400,7 @@ type Agent struct {
 	handler  http.Handler
 	xds      *xdsclient.Client
 	reporter *reporter.Reporter
+	rls      *rls.Service // nil: off
 }
 
 // New builds a sidecar; it starts nothing.
@@ -441,6 +449,12 @@ func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Agent, er
 		TrustDecided:     cfg.TrustDecided,
 		RateLimitHeaders: headers,
 	})
+
+	if cfg.RLS.Listen != "" {
+		if a.rls, err = rls.New(a.svc, cfg.RLS.mapping(cfg.Service), reg); err != nil {
+			return nil, err
+		}
+	}
 
 	protocol := xdsclient.Delta
 	if cfg.XDSProtocol == "sotw" {

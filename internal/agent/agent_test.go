@@ -99,6 +99,17 @@ func TestBadConfigNamesTheFlag(t *testing.T) {
 		{"proxy-min-body-rate", func(c *Config) { c.ProxyMinBodyRate = -1 }},
 		{"proxy-max-requests", func(c *Config) { c.ProxyMaxRequests = 0 }},
 		{"proxy-max-connections", func(c *Config) { c.ProxyMaxConns = -1 }},
+		{"", func(c *Config) { c.RLS.CallerKey = "" }}, // off: not checked
+		{"", func(c *Config) {
+			c.RLS.Listen = "127.0.0.1:0"
+			c.RLS.DescriptorKeys = map[string]string{"tenant": "tenant_id"}
+		}},
+		{"", func(c *Config) { c.RLS.Listen = "127.0.0.1:0"; c.RLS.ProcedureKey, c.RLS.MethodKey = "", "" }},
+		{"rls-listen", func(c *Config) { c.RLS.Listen = "8081" }},
+		{"rls-caller-key", func(c *Config) { c.RLS.Listen = "127.0.0.1:0"; c.RLS.CallerKey = "" }},
+		{"rls-method-key", func(c *Config) { c.RLS.Listen = "127.0.0.1:0"; c.RLS.MethodKey = "path" }},
+		{"rls-tier-key", func(c *Config) { c.RLS.Listen = "127.0.0.1:0"; c.RLS.TierKey = "a key" }},
+		{"rls-descriptor-keys", func(c *Config) { c.RLS.Listen = "127.0.0.1:0"; c.RLS.DescriptorKeys = map[string]string{"tenant": ""} }},
 	} {
 		t.Run(fmt.Sprintf("%d/%s", i, cmpOr(tc.flag, "valid")), func(t *testing.T) {
 			c := validConfig()

@@ -25,6 +25,10 @@ and proxies the rest to --upstream. A dropped HTTP request gets 429 with Retry-A
 x-envoy-ratelimited (so that Envoy does not retry it) and RateLimit headers; a
 dropped gRPC call gets RESOURCE_EXHAUSTED with a RetryInfo of the same delay.
 With --ratelimit-headers, admitted responses carry the caller's quota too.
+With --rls-listen it also answers Envoy's rate limit service (ShouldRateLimit,
+for Envoy's ratelimit filter) on its own gRPC port, from the same limiter: the
+descriptor entry --rls-caller-key names the caller, --rls-procedure-key and
+--rls-method-key the request, hits_addend its cost (see docs/dataplanes.md).
 
 Who the caller is (--caller-identity): header, the default, reads --caller-header
 (default x-sluice-caller), which trusts the network: any client that reaches the port
@@ -80,6 +84,10 @@ func Command() *cobra.Command {
 			}
 			cfg.TrustDomain = tlsFlags.TrustDomain
 			logIdentity(log, cfg)
+			if cfg.RLS.Listen != "" {
+				log.Info("rate limit service on its own port, plaintext gRPC: the descriptor names the caller, so any client that reaches it "+
+					"can spend any caller's limit; keep it on localhost, for the local Envoy", "rls_listen", cfg.RLS.Listen, "rls_domain", cfg.RLS.mapping(cfg.Service).Domain)
+			}
 			a, err := New(cfg, log, reg)
 			if err != nil {
 				return err
@@ -89,12 +97,13 @@ func Command() *cobra.Command {
 				Logger: log,
 				Admin:  admin.New(reg, a.Ready), AdminAddr: adminAddr,
 				HTTP: a.Server(listen), HTTPAddr: listen,
+				GRPC: a.RLSServer(), GRPCAddr: cfg.RLS.Listen,
 				Workers:         a.Workers(),
 				DrainDelay:      drainDelay,
 				ShutdownTimeout: stopTimeout,
 			}
 			log.Info("sidecar starting", "service", cfg.Service, "id", cfg.ID, "upstream", cfg.Upstream,
-				"controllers", cfg.Controllers, "aggregators", cfg.Aggregators)
+				"controllers", cfg.Controllers, "aggregators", cfg.Aggregators, "rls_listen", cfg.RLS.Listen)
 			return p.Run(cmd.Context())
 		},
 	}
@@ -123,6 +132,7 @@ func Command() *cobra.Command {
 	f.StringVar(&cfg.Strategy, "strategy", cfg.Strategy, "drop decision: diffuse (exact error diffusion) or random")
 	f.StringVar(&cfg.RateLimitHeaders, "ratelimit-headers", cfg.RateLimitHeaders, "rate-limit headers on admitted responses: none, draft (RateLimit-Policy and RateLimit) or x-ratelimit (Envoy's X-RateLimit-*, on 429s too)")
 	addProxyFlags(f, &cfg)
+	addRLSFlags(f, &cfg.RLS)
 	tlsFlags.AddFlags(f)
 	logging.AddFlags(f)
 	return cmd

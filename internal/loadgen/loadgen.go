@@ -43,7 +43,22 @@ type Caller struct {
 	// (a tenant each, a client address each). It is called from many
 	// goroutines at once.
 	Vary func(n uint64, h http.Header)
+	// Send, when set, sends the caller's n-th request to target itself,
+	// instead of an HTTP request: a caller that asks another API (Envoy's
+	// rate limit service, say). It returns the request's outcome, Admitted,
+	// Dropped or Errored, and is called from many goroutines at once.
+	Send func(ctx context.Context, target string, n uint64) Outcome
 }
+
+// Outcome is what a Caller.Send request got.
+type Outcome uint8
+
+// Outcomes.
+const (
+	Admitted Outcome = iota
+	Dropped
+	Errored
+)
 
 // Options configures a Generator.
 type Options struct {
@@ -238,6 +253,17 @@ func (g *Generator) send(ctx context.Context, caller, sec int) {
 		defer func() { <-g.sem }()
 		// The request outlives the run's deadline: it was sent in time.
 		cl := &g.opts.Callers[caller]
+		if cl.Send != nil {
+			switch cl.Send(context.WithoutCancel(ctx), target, n) {
+			case Admitted:
+				c.admitted.Add(1)
+			case Dropped:
+				c.dropped.Add(1)
+			default:
+				c.errors.Add(1)
+			}
+			return
+		}
 		req, err := http.NewRequestWithContext(context.WithoutCancel(ctx),
 			cmp.Or(cl.Method, http.MethodGet), target+cmp.Or(cl.Path, g.opts.Path), nil)
 		if err != nil {

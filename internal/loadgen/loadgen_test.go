@@ -202,3 +202,37 @@ func TestCallerVary(t *testing.T) {
 		}
 	}
 }
+
+// TestCallerSend: a caller with Send sends its requests itself, numbered,
+// to the targets in turn, and its outcomes are counted.
+func TestCallerSend(t *testing.T) {
+	var mu sync.Mutex
+	seen := map[string]int{}
+	g, err := New(Options{
+		Targets: []string{"a", "b"},
+		Callers: []Caller{{Name: "rls", Rate: func(time.Duration) float64 { return 100 },
+			Send: func(_ context.Context, target string, n uint64) Outcome {
+				mu.Lock()
+				seen[target]++
+				mu.Unlock()
+				return Outcome(n % 3)
+			}}},
+		Duration: time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Run(context.Background(), nil); err != nil {
+		t.Fatal(err)
+	}
+	s := g.Sum("rls", 0, 2)
+	if s.Sent < 95 || s.Admitted+s.Dropped+s.Errors != s.Sent {
+		t.Errorf("%+v: want about 100 sent, every one counted", s)
+	}
+	if d := s.Admitted - s.Errors; d < 0 || d > 1 {
+		t.Errorf("%+v: want a third each of admitted, dropped and errors", s)
+	}
+	if d := seen["a"] - seen["b"]; d < -1 || d > 1 {
+		t.Errorf("targets %v, want round-robin", seen)
+	}
+}
