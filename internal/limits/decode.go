@@ -255,11 +255,29 @@ func (d *decoder) service(n *yaml.Node, path string) fileService {
 			fs.Unit = d.text(v, p)
 		case "cost":
 			fs.Cost = d.cost(v, p)
+		case "slo":
+			fs.SLO = d.slo(v, p)
 		default:
 			d.errorf(path, k, "field %s not found", key)
 		}
 	})
 	return fs
+}
+
+func (d *decoder) slo(n *yaml.Node, path string) *fileSLO {
+	f := &fileSLO{}
+	d.mapping(n, path, func(key string, k, v *yaml.Node) {
+		p := path + "." + key
+		switch key {
+		case "latency_p99":
+			f.LatencyP99 = d.text(v, p)
+		case "errors":
+			f.Errors = d.text(v, p)
+		default:
+			d.errorf(path, k, "field %s not found", key)
+		}
+	})
+	return f
 }
 
 func (d *decoder) bucket(n *yaml.Node, path string) fileBucket {

@@ -79,6 +79,10 @@ import (
 //	      chat: {limit: 5000, max_concurrency: 40} # requests in flight, global; any unit
 //	    procedures:
 //	      /llm.Chat/Complete: {cost: 10} # a static cost per procedure
+//	  search:
+//	    slo:                   # capacity estimated from the callee's health (issue #18)
+//	      latency_p99: 200ms   # over the fleet's answers (optional)
+//	      errors: 1%           # failed or timed out (optional; one of the two at least)
 //
 // A service declares procedures by its routes and by the keys of its
 // procedures; its requests then fall in (caller, procedure) leaves (see
@@ -135,6 +139,9 @@ type fileService struct {
 	// Unit is "requests" or "cost"; Cost prices requests (fileCost).
 	Unit string    `yaml:"unit,omitempty"`
 	Cost *fileCost `yaml:"cost,omitempty"`
+	// SLO is the service's objective, from which the controller
+	// estimates its capacity (fileSLO).
+	SLO *fileSLO `yaml:"slo,omitempty"`
 }
 
 type fileRoute struct {
@@ -269,6 +276,7 @@ func (b *builder) service(name string, fs fileService) *Service {
 	b.descriptors(svc, fs.Descriptors, path)
 	b.criticality(svc, fs, path)
 	b.cost(svc, fs, path)
+	b.slo(svc, fs, path)
 	upErr := upstreamErr(svc)
 	if upErr != nil && svc.Enforcement == dataplane.EnforceUpstream {
 		b.errs = append(b.errs, fmt.Errorf("%s.enforcement: %w", path, upErr))

@@ -12,6 +12,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/sluicehq/sluice/pkg/adaptive"
 	"github.com/sluicehq/sluice/pkg/dataplane"
 	"github.com/sluicehq/sluice/pkg/descriptor"
 	"github.com/sluicehq/sluice/pkg/dropratio"
@@ -44,6 +45,9 @@ type Service struct {
 	Name string
 	// Capacity is the rate all callers share; +Inf when there is none.
 	Capacity float64
+	// SLO is the objective the controller estimates a capacity from
+	// (pkg/adaptive); zero for none. The smaller of the two holds.
+	SLO adaptive.Objective
 	// DefaultLimit applies to callers without a limit of their own; +Inf
 	// when there is none.
 	DefaultLimit float64
