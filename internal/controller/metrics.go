@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice/internal/limits"
+	"github.com/sluicehq/sluice/pkg/adaptive"
 	"github.com/sluicehq/sluice/pkg/uplink"
 )
 
@@ -50,6 +51,9 @@ type metrics struct {
 	healthErrors   *prometheus.GaugeVec
 	healthAnswered *prometheus.GaugeVec
 	healthSeen     map[ServiceProcedure]bool
+	// estimated is per callee with an objective, bounded by the limits.
+	estimated     *prometheus.GaugeVec
+	estimatedSeen map[string]string // callee → the reason of its series
 
 	// badLog throttles the lines about what the controller left out
 	// (logDropped, logRefused, logShed), each at most once per logEvery:
@@ -156,6 +160,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Requests per second the callee answered, whatever the outcome, per procedure (empty: the callee as a whole).",
 		}, []string{"service", "procedure"}),
 		healthSeen: map[ServiceProcedure]bool{},
+		estimated: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "sluice_controller_estimated_capacity_rps",
+			Help: "The capacity estimated from a callee's objective (slo) at the last tick, and why it moved (reason: no_data, holding, probing_up, backing_off); the law shares the smaller of it and a written capacity. 0 until the callee has answered.",
+		}, []string{"service", "reason"}),
+		estimatedSeen: map[string]string{},
 	}
 	m.peerRejected.WithLabelValues(ReasonBadProcedure) // at zero from the start
 	m.peerRejected.WithLabelValues(ReasonBadCriticality)
@@ -163,7 +172,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		reg.MustRegister(m.tickSeconds, m.aggregators, m.buckets, m.warm, m.published, m.deleted, m.publishErrors,
 			m.accepted, m.rejected, m.svcRejected, m.peerRejected, m.claimsRefused, m.peersShed, m.streams, m.limitServices, m.offered, m.dropped, m.debt,
 			m.descRejected, m.descListed, m.descCut, m.descAbusive, m.descZoneCut, m.descHeld,
-			m.healthRejected, m.healthP99, m.healthErrors, m.healthAnswered)
+			m.healthRejected, m.healthP99, m.healthErrors, m.healthAnswered, m.estimated)
 	}
 	return m
 }
@@ -195,6 +204,7 @@ func (m *metrics) observeTick(res TickResult, set *limits.Set, took time.Duratio
 	}
 	m.observeDescriptors(res.Descriptors)
 	m.observeHealth(res.Health)
+	m.observeEstimates(res.Estimates)
 	for svc, d := range res.Debts {
 		m.debt.WithLabelValues(svc).Set(d)
 		m.debtSeen[svc] = true
@@ -227,6 +237,22 @@ func (m *metrics) observeHealth(hs map[ServiceProcedure]UpstreamHealth) {
 			}
 			delete(m.healthSeen, k)
 		}
+	}
+}
+
+// observeEstimates sets each estimated capacity, one series per callee
+// under its last reason: a series whose reason changed, or whose callee
+// lost its objective, is deleted.
+func (m *metrics) observeEstimates(est map[string]adaptive.Estimate) {
+	for svc, reason := range m.estimatedSeen {
+		if e, ok := est[svc]; !ok || e.Reason.String() != reason {
+			m.estimated.DeleteLabelValues(svc, reason)
+			delete(m.estimatedSeen, svc)
+		}
+	}
+	for svc, e := range est {
+		m.estimated.WithLabelValues(svc, e.Reason.String()).Set(e.Capacity)
+		m.estimatedSeen[svc] = e.Reason.String()
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/limits"
+	"github.com/sluicehq/sluice/pkg/adaptive"
 	"github.com/sluicehq/sluice/pkg/criticality"
 	"github.com/sluicehq/sluice/pkg/dropratio"
 	"github.com/sluicehq/sluice/pkg/names"
@@ -67,6 +68,9 @@ type TickResult struct {
 	// let through, per procedure it declares and "" for the callee as a
 	// whole (health.go).
 	Health map[ServiceProcedure]UpstreamHealth
+	// Estimates holds the capacity estimated for each callee with an
+	// objective (adaptive.go).
+	Estimates map[string]adaptive.Estimate
 }
 
 // BucketLoad is one bucket's global load in one tick: a leaf's when
@@ -142,8 +146,9 @@ func (s *State) Tick(now time.Time, set *limits.Set) TickResult {
 	s.lastStep = now
 	res.Debts = s.stepLevels(dt, inbound, set)
 	res.Health = s.sumHealth(set)
+	res.Estimates = s.stepEstimates(dt, inbound, res.Health, set)
 	s.ordered, s.ordering, s.stepDt = s.ordering, map[levelKey]float64{}, dt
-	services := lawInput(inbound, set, s.levelLimit)
+	services := lawInput(inbound, set, s.levelLimit, res.Estimates)
 	verdicts := s.law.Step(dt, services)
 	descriptors, dstats := s.stepDescriptors(now, dt, set)
 	res.Descriptors = dstats
@@ -252,7 +257,7 @@ func (s *State) seed(inbound map[string][]peerTotals) {
 // A callee counting cost (limits.Service.Counted) offers its leaves' cost
 // rates, and every limit, its own and lowered by its debt (limit), and
 // capacity is in its units.
-func lawInput(inbound map[string][]peerTotals, set *limits.Set, limit leafLimit) []dropratio.Service {
+func lawInput(inbound map[string][]peerTotals, set *limits.Set, limit leafLimit, est map[string]adaptive.Estimate) []dropratio.Service {
 	callees := map[string]bool{}
 	for svc := range inbound {
 		callees[svc] = true
@@ -264,13 +269,12 @@ func lawInput(inbound map[string][]peerTotals, set *limits.Set, limit leafLimit)
 	for _, name := range slices.Sorted(maps.Keys(callees)) {
 		lim := set.Service(name)
 		if lim.HasProcedures() {
-			out = append(out, capTiers(procedureInput(name, inbound[name], lim, limit), lim))
+			svc := procedureInput(name, inbound[name], lim, limit)
+			svc.Capacity = capacityOf(name, lim, est)
+			out = append(out, capTiers(svc, lim))
 			continue
 		}
-		svc := dropratio.Service{Name: name, Capacity: math.Inf(1)}
-		if lim != nil {
-			svc.Capacity = lim.Capacity
-		}
+		svc := dropratio.Service{Name: name, Capacity: capacityOf(name, lim, est)}
 		seen := map[string]bool{}
 		for _, p := range inbound[name] {
 			b := lim.Bucket(p.peer)
