@@ -181,6 +181,16 @@ type Config struct {
 	// Recovery is the half-life of the return toward the remembered knee,
 	// > 0.
 	Recovery time.Duration
+	// Settle is how long after a decrease the estimator waits before it
+	// decreases again, and after a probe past the knee before the next
+	// one, ≥ 0: a loop whose samples lag its decisions (a
+	// fleet's reports cover the window before its sidecars had the
+	// policy) shows the overload a decrease answered for a tick or two
+	// more, and cutting again for it took a callee offered twice its knee
+	// to a fifth of it, and probing a second ahead of what it saw ran
+	// past the knee by several steps. Meanwhile the goodput it shows still
+	// teaches the knee. 0 in a loop that samples what it decided.
+	Settle time.Duration
 	// Increase is the first probe's rate, per second, and how much it grows
 	// each second of probing, > 0.
 	Increase float64
@@ -225,6 +235,9 @@ func (c Config) Validate() error {
 	if c.Recovery <= 0 {
 		errs = append(errs, fmt.Errorf("recovery: %v, want above 0", c.Recovery))
 	}
+	if c.Settle < 0 {
+		errs = append(errs, fmt.Errorf("settle: %v, want 0 or above", c.Settle))
+	}
 	bad("increase", c.Increase, c.Increase > 0 && c.Increase <= 1, "in (0, 1]")
 	bad("max_increase", c.MaxIncrease, c.MaxIncrease >= c.Increase && c.MaxIncrease <= 1, "in [increase, 1]")
 	return errors.Join(errs...)
@@ -248,6 +261,8 @@ type Estimator struct {
 	violated bool    // the last valid tick violated the objective
 	lowered  bool    // the last valid tick lowered the estimate, or held while its queue drained
 	probing  float64 // seconds probed far past the knee in a row: the probe's speed-up
+	settle   float64 // seconds left before another decrease (Config.Settle)
+	paced    float64 // seconds left before another probe past the knee (Config.Settle)
 }
 
 // New returns an estimator with no estimate yet.
@@ -269,6 +284,8 @@ func (e *Estimator) Step(dt time.Duration, s Sample) Estimate {
 		return e.est
 	}
 	secs := dt.Seconds()
+	e.settle = max(e.settle-secs, 0)
+	e.paced = max(e.paced-secs, 0)
 	cfg := e.cfg
 	e.p99[e.next], e.errs[e.next], e.goodput[e.next] = s.P99.Seconds(), s.Errors, s.Goodput
 	e.next = (e.next + 1) % len(e.p99)
@@ -317,9 +334,13 @@ func (e *Estimator) Step(dt time.Duration, s Sample) Estimate {
 	reason, held := Holding, false
 	switch {
 	case violated || aboveAim && queueing:
-		if draining && e.lowered {
+		if draining && e.lowered || e.settle > 0 {
+			// The latency lags the last decrease: wait for it. What
+			// the callee answers meanwhile, overloaded, is its knee.
 			held = true
-			break // the latency lags the last decrease: wait for it
+			e.knee = max(e.knee, s.Goodput)
+			e.peak = max(e.peak, s.Goodput)
+			break
 		}
 		confirmed := first || e.violated
 		sig, sigErrs := raw, s.Errors
@@ -374,8 +395,14 @@ func (e *Estimator) Step(dt time.Duration, s Sample) Estimate {
 			}
 			break
 		}
+		near := c <= e.knee*(1+farFromKnee)
+		if near && e.paced > 0 {
+			reason = Holding
+			break // the last probe near the knee has not shown yet (Config.Settle)
+		}
 		rate := min(cfg.Increase*(1+e.probing), cfg.MaxIncrease)
 		c *= 1 + min(rate*secs, 1)
+		e.paced = cfg.Settle.Seconds()
 		if c > e.knee*(1+farFromKnee) {
 			e.probing = min(e.probing+secs, 1e6)
 		}
@@ -400,6 +427,7 @@ func (e *Estimator) Step(dt time.Duration, s Sample) Estimate {
 func (e *Estimator) decrease(c, goodput, factor float64) float64 {
 	e.knee = goodput
 	e.peak = max(e.peak, goodput)
+	e.settle = e.cfg.Settle.Seconds()
 	return e.lower(c, goodput, factor)
 }
 
