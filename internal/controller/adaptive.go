@@ -17,6 +17,24 @@ import (
 // widened"). Until the estimator has seen the callee answer, the
 // objective does not bind.
 
+// objectiveSettle is how long an estimator waits after a decrease before
+// it decreases again (adaptive.Config.Settle): the health a tick reads
+// was reported over the window before the sidecars had the policy of the
+// last tick, so a decrease shows a tick and a report window later, two
+// seconds at the defaults. Without it, a callee offered twice its knee
+// (TestAdaptiveCapacityAsProcesses) was cut to a fifth of its knee, and
+// its critical caller lost 7 %.
+const objectiveSettle = 2 * time.Second
+
+// objectiveMinDecrease is the deepest single decrease of an estimate
+// (adaptive.Config.MinDecrease). The law gives a shed caller its share
+// back at most doubling it a second (dropratio.Config.ReleaseRate), so a
+// cut to half the goodput, the model's default, left a callee offered
+// twice its knee under 80 % of it for four seconds after the estimate had
+// recovered; 0.7 drains the queue the overload built about as fast, in
+// the test's knee, and costs a third of that.
+const objectiveMinDecrease = 0.7
+
 // estimatorFor returns name's estimator under objective obj, made anew
 // when the objective changed (what it remembered was measured against the
 // old one).
@@ -24,7 +42,10 @@ func (s *State) estimatorFor(name string, obj adaptive.Objective) *adaptive.Esti
 	if e := s.estimators[name]; e != nil && s.objectives[name] == obj {
 		return e
 	}
-	e, err := adaptive.New(adaptive.DefaultConfig(obj))
+	cfg := adaptive.DefaultConfig(obj)
+	cfg.Settle = objectiveSettle
+	cfg.MinDecrease = objectiveMinDecrease
+	e, err := adaptive.New(cfg)
 	if err != nil {
 		return nil // limits.Parse validated obj; a hand-built Set may not have
 	}
