@@ -19,6 +19,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/sluicehq/sluice/pkg/health"
 )
 
 // Caller is one source of load.
@@ -88,7 +90,10 @@ type Second struct {
 	Admitted int64 // answered 2xx
 	Dropped  int64 // answered 429
 	Errors   int64 // transport errors and other statuses
-	Skipped  int64 // not sent: too many in flight
+	// Unavailable counts the 503s among Errors: an app that sheds load
+	// itself (internal/testkit/knee) answers them.
+	Unavailable int64
+	Skipped     int64 // not sent: too many in flight
 }
 
 // Generator runs one load run. Stats may be read while it runs.
@@ -106,7 +111,10 @@ type Generator struct {
 }
 
 type counters struct {
-	sent, admitted, dropped, errors, skipped atomic.Int64
+	sent, admitted, dropped, errors, skipped, unavailable atomic.Int64
+	// latency counts the admitted (2xx) requests by the time to their
+	// answer, on pkg/health's scale.
+	latency [health.Buckets]atomic.Int64
 }
 
 // New validates opts and builds a Generator.
@@ -281,6 +289,7 @@ func (g *Generator) send(ctx context.Context, caller, sec int) {
 		if cl.Client != nil {
 			client = cl.Client
 		}
+		began := time.Now()
 		resp, err := client.Do(req)
 		if err != nil {
 			c.errors.Add(1)
@@ -291,6 +300,10 @@ func (g *Generator) send(ctx context.Context, caller, sec int) {
 		switch {
 		case resp.StatusCode >= 200 && resp.StatusCode < 300:
 			c.admitted.Add(1)
+			c.latency[health.Bucket(time.Since(began))].Add(1)
+		case resp.StatusCode == http.StatusServiceUnavailable:
+			c.errors.Add(1)
+			c.unavailable.Add(1)
 		case resp.StatusCode == http.StatusTooManyRequests:
 			c.dropped.Add(1)
 		default:
@@ -304,7 +317,8 @@ func (g *Generator) Second(caller string, sec int) Second {
 	for i, c := range g.opts.Callers {
 		if c.Name == caller && sec >= 0 && sec < len(g.counts[i]) {
 			k := &g.counts[i][sec]
-			return Second{Sent: k.sent.Load(), Admitted: k.admitted.Load(), Dropped: k.dropped.Load(), Errors: k.errors.Load(), Skipped: k.skipped.Load()}
+			return Second{Sent: k.sent.Load(), Admitted: k.admitted.Load(), Dropped: k.dropped.Load(), Errors: k.errors.Load(), Skipped: k.skipped.Load(),
+				Unavailable: k.unavailable.Load()}
 		}
 	}
 	return Second{}
@@ -320,8 +334,27 @@ func (g *Generator) Sum(caller string, from, to int) Second {
 		s.Dropped += x.Dropped
 		s.Errors += x.Errors
 		s.Skipped += x.Skipped
+		s.Unavailable += x.Unavailable
 	}
 	return s
+}
+
+// Latency counts caller's admitted (2xx) requests sent in seconds [from,
+// to) by the time to their answer, on pkg/health's scale (health.Quantile
+// reads a percentile off it).
+func (g *Generator) Latency(caller string, from, to int) [health.Buckets]int64 {
+	var out [health.Buckets]int64
+	for i, c := range g.opts.Callers {
+		if c.Name != caller {
+			continue
+		}
+		for sec := max(from, 0); sec < to && sec < len(g.counts[i]); sec++ {
+			for b := range out {
+				out[b] += g.counts[i][sec].latency[b].Load()
+			}
+		}
+	}
+	return out
 }
 
 // Elapsed is the time since Run started.

@@ -22,11 +22,13 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/sluicehq/sluice/internal/loadgen"
+	"github.com/sluicehq/sluice/pkg/health"
 )
 
 // Plan is one load run.
@@ -61,8 +63,29 @@ type Result struct {
 	// OffSchedule lists the seconds some caller sent off its rate
 	// (loadgen.Generator.OffSchedule).
 	OffSchedule []int
-	// Served is what the app served since the rig started.
+	// Latency counts each caller's admitted requests by the time to their
+	// answer, per second, on pkg/health's scale (loadgen.Generator.Latency).
+	Latency map[string][][health.Buckets]int64
+	// Served is what reached the app since the rig started.
 	Served int64
+}
+
+// P99 is the p99 latency of the admitted requests of callers (all of
+// them when none is named) over seconds [from, to); ok is false without
+// any.
+func (r *Result) P99(from, to int, callers ...string) (d time.Duration, ok bool) {
+	w := make([]float64, health.Buckets)
+	for name, secs := range r.Latency {
+		if len(callers) > 0 && !slices.Contains(callers, name) {
+			continue
+		}
+		for i := max(from, 0); i < to && i < len(secs); i++ {
+			for b, n := range secs[i] {
+				w[b] += float64(n)
+			}
+		}
+	}
+	return health.Quantile(w, 0.99)
 }
 
 // Sum adds up seconds [from, to) of caller.
@@ -76,6 +99,7 @@ func (r *Result) Sum(caller string, from, to int) loadgen.Second {
 		s.Dropped += x.Dropped
 		s.Errors += x.Errors
 		s.Skipped += x.Skipped
+		s.Unavailable += x.Unavailable
 	}
 	return s
 }
@@ -124,6 +148,10 @@ func (v *Vary) fn() func(n uint64, h http.Header) {
 
 // Server is a rig: the app and the run endpoint. One run at a time.
 type Server struct {
+	// App, when set, is the app (a knee, internal/testkit/knee); nil
+	// answers every request 200 at once.
+	App http.Handler
+
 	served  atomic.Int64
 	running atomic.Bool
 }
@@ -131,6 +159,10 @@ type Server struct {
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.URL.Path != "/rig/run" {
 		s.served.Add(1)
+		if s.App != nil {
+			s.App.ServeHTTP(w, r)
+			return
+		}
 		io.WriteString(w, "from the app\n")
 		return
 	}
@@ -178,13 +210,16 @@ func (s *Server) run(ctx context.Context, p *Plan) (*Result, error) {
 	if err := g.Run(ctx, nil); err != nil {
 		return nil, err
 	}
-	res := &Result{Seconds: map[string][]loadgen.Second{}, OffSchedule: g.OffSchedule(0, p.Seconds), Served: s.served.Load()}
+	res := &Result{Seconds: map[string][]loadgen.Second{}, Latency: map[string][][health.Buckets]int64{},
+		OffSchedule: g.OffSchedule(0, p.Seconds), Served: s.served.Load()}
 	for _, c := range p.Callers {
 		secs := make([]loadgen.Second, p.Seconds)
+		lat := make([][health.Buckets]int64, p.Seconds)
 		for i := range secs {
 			secs[i] = g.Second(c.Name, i)
+			lat[i] = g.Latency(c.Name, i, i+1)
 		}
-		res.Seconds[c.Name] = secs
+		res.Seconds[c.Name], res.Latency[c.Name] = secs, lat
 	}
 	return res, nil
 }
