@@ -63,6 +63,33 @@ type crowdLoad struct {
 	seconds int
 }
 
+// sampleSeconds calls sample at the end of each of n seconds from now, on
+// a goroutine of its own, until ctx ends or stop is called; stop returns
+// once the goroutine has, and the values (NaN for seconds not reached)
+// may be read then.
+func sampleSeconds(ctx context.Context, n int, sample func() float64) (values []float64, stop func()) {
+	values = make([]float64, n)
+	for i := range values {
+		values[i] = math.NaN()
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(time.Second)
+		defer tick.Stop()
+		for i := range values {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			values[i] = sample()
+		}
+	}()
+	return values, func() { cancel(); <-done }
+}
+
 // startRig starts the load rig (internal/loadgen/rig), which serves the
 // app behind the sidecars and sends the load, and returns its base URL.
 func startRig(t *testing.T) string {
@@ -88,27 +115,15 @@ func runDescriptorLoad(t *testing.T, ctl, agg *node, sidecars []*node, rigURL, d
 	defer cancel()
 	// The controller's ratio for the abuser at the end of each second,
 	// sampled while the rig runs, for the log.
-	ratios := make([]float64, secs)
-	sampled := make(chan struct{})
-	go func() {
-		defer close(sampled)
-		tick := time.NewTicker(time.Second)
-		defer tick.Stop()
-		for s := range ratios {
-			ratios[s] = math.NaN()
-			select {
-			case <-ctx.Done():
-				return
-			case <-tick.C:
-			}
-			if p, err := fetchPolicy(ctl.admin, "callee/checkout"); err == nil {
-				ratios[s] = valueRatio(p, desc, abuserValue)
-			}
+	ratios, stop := sampleSeconds(ctx, secs, func() float64 {
+		p, err := fetchPolicy(ctl.admin, "callee/checkout")
+		if err != nil {
+			return math.NaN()
 		}
-	}()
+		return valueRatio(p, desc, abuserValue)
+	})
 	res, err := rig.Run(ctx, rigURL, plan)
-	cancel()
-	<-sampled
+	stop()
 	if err != nil {
 		t.Fatal(err)
 	}
