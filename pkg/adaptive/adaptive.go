@@ -263,6 +263,13 @@ type Estimator struct {
 	probing  float64 // seconds probed far past the knee in a row: the probe's speed-up
 	settle   float64 // seconds left before another decrease (Config.Settle)
 	paced    float64 // seconds left before another probe past the knee (Config.Settle)
+	// downTo is the estimate of the last decrease until a sample shows
+	// the callee admitted no more than it; upTo that of the last probe
+	// until a sample shows it admitted that much (or was offered less).
+	// Until then the loop has not carried the step out, and what the
+	// samples show is the step before's: the estimator neither
+	// decreases again nor probes, however long its loop's lag.
+	downTo, upTo float64
 }
 
 // New returns an estimator with no estimate yet.
@@ -334,7 +341,7 @@ func (e *Estimator) Step(dt time.Duration, s Sample) Estimate {
 	reason, held := Holding, false
 	switch {
 	case violated || aboveAim && queueing:
-		if draining && e.lowered || e.settle > 0 {
+		if draining && e.lowered || e.settle > 0 || e.downTo > 0 {
 			// The latency lags the last decrease: wait for it. What
 			// the callee answers meanwhile, overloaded, is its knee.
 			held = true
@@ -396,19 +403,30 @@ func (e *Estimator) Step(dt time.Duration, s Sample) Estimate {
 			break
 		}
 		near := c <= e.knee*(1+farFromKnee)
-		if near && e.paced > 0 {
+		if near && e.paced > 0 || e.upTo > 0 {
 			reason = Holding
-			break // the last probe near the knee has not shown yet (Config.Settle)
+			break // the last probe has not shown yet
 		}
 		rate := min(cfg.Increase*(1+e.probing), cfg.MaxIncrease)
 		c *= 1 + min(rate*secs, 1)
 		e.paced = cfg.Settle.Seconds()
+		e.upTo = c
 		if c > e.knee*(1+farFromKnee) {
 			e.probing = min(e.probing+secs, 1e6)
 		}
 	}
 	e.violated = violated
 	e.lowered = reason == BackingOff || held
+	// This sample showed the last steps carried out: the next may act.
+	if e.downTo > 0 && s.Admitted <= e.downTo*(1+slack) {
+		e.downTo = 0
+	}
+	if e.upTo > 0 && (s.Admitted >= e.upTo*(1-slack) || s.Offered < e.upTo) {
+		e.upTo = 0
+	}
+	if reason == BackingOff {
+		e.downTo, e.upTo = c, 0
+	}
 	if c == 0 && reason != BackingOff {
 		e.est = Estimate{Reason: reason} // still none
 		return e.est
