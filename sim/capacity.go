@@ -15,6 +15,10 @@ import (
 // found it, and how far past it an estimate overshoots: 10 %.
 const CapacityBand = 0.1
 
+// CapacityHeld is how long an estimate must stay within CapacityBand of
+// the knee to have found it, rather than passed through on its way.
+const CapacityHeld = 3 * time.Second
+
 // CapacityMeasures are one modelled callee's measures.
 type CapacityMeasures struct {
 	Series *CapacitySeries
@@ -32,8 +36,8 @@ type CapacityPhase struct {
 	// Reached is how long after From the estimate first got to the knee's
 	// side of the band, at the end of that second: at most Knee·(1 +
 	// CapacityBand) when the knee fell, at least Knee·(1 − CapacityBand)
-	// when it rose; Found, when it first came within CapacityBand of Knee.
-	// -1: never.
+	// when it rose; Found, when it first came within CapacityBand of Knee
+	// to stay there CapacityHeld. -1: never.
 	Reached, Found time.Duration
 	// From the second it was reached on: Overshoots counts the stretches
 	// of seconds the estimate spent above Knee·(1 + CapacityBand),
@@ -93,7 +97,13 @@ func measureCapacityPhase(s *CapacitySeries, from, to int, down bool) CapacityPh
 			p.Reached = time.Duration(bin+1-from) * Bin
 		}
 		if p.Found < 0 && math.Abs(r) <= CapacityBand {
-			p.Found = time.Duration(bin+1-from) * Bin
+			held := bin
+			for held < to && held-bin < int(CapacityHeld/Bin) && math.Abs(rel(held)) <= CapacityBand {
+				held++
+			}
+			if held-bin == int(CapacityHeld/Bin) {
+				p.Found = time.Duration(bin+1-from) * Bin
+			}
 		}
 	}
 	if reached < 0 {
@@ -140,8 +150,8 @@ func writeCapacity(b *strings.Builder, r *Result, ms []CapacityMeasures) {
 		if s.Objective.Errors > 0 {
 			obj = append(obj, "errors "+pct(s.Objective.Errors))
 		}
-		fmt.Fprintf(b, "\ncapacity from the objective: %s (%s), each instance a knee of %d workers × %v, queue %d; the estimate is judged against the fleet's knee in each phase, found once within %s of it:\n",
-			s.Callee, strings.Join(obj, ", "), k.Workers, k.Service, k.Queue, pct(CapacityBand))
+		fmt.Fprintf(b, "\ncapacity from the objective: %s (%s), each instance a knee of %d workers × %v, queue %d; the estimate is judged against the fleet's knee in each phase, found once within %s of it for %v:\n",
+			s.Callee, strings.Join(obj, ", "), k.Workers, k.Service, k.Queue, pct(CapacityBand), CapacityHeld)
 		fmt.Fprintf(b, "  %-11s %7s %-7s %7s %7s %8s %5s %6s %7s %7s %7s %9s %8s %8s %6s\n",
 			"phase", "knee", "to", "reached", "found", "lowest", "over", "under", "peak", "low", "mean", "admitted", "goodput", "max p99", "missed")
 		for _, p := range m.Phases {
@@ -164,7 +174,7 @@ func writeCapacity(b *strings.Builder, r *Result, ms []CapacityMeasures) {
 				span, rate(p.Knee), dir, p.Reached, never(p.Found), signedPct(p.Lowest), p.Overshoots, p.Undershoots, signedPct(p.Peak), signedPct(p.Low),
 				rate(p.Estimate), rate(p.Admitted), rate(p.Goodput), p.P99.Round(time.Millisecond), p.OverObjective)
 		}
-		b.WriteString("  (to: shed down to a knee that fell, release up to one that rose; reached: after the phase's start, by the end of the second, the estimate on the knee's side of the band; found: within the band; lowest: the lowest estimate in the phase; from the second reached on: overshoots (over) and undershoots (under) past the band, peak and low estimate, mean estimate, admitted and goodput rps, max p99, seconds the objective was missed)\n")
+		b.WriteString("  (to: shed down to a knee that fell, release up to one that rose; reached: after the phase's start, by the end of the second, the estimate on the knee's side of the band; found: within the band, to stay there; lowest: the lowest estimate in the phase; from the second reached on: overshoots (over) and undershoots (under) past the band, peak and low estimate, mean estimate, admitted and goodput rps, max p99, seconds the objective was missed)\n")
 		fmt.Fprintf(b, "  estimated capacity, rps, by second (the controller's last tick in it; - before its first):\n")
 		for row := 0; row < len(s.Estimate); row += 10 {
 			fmt.Fprintf(b, "    %4ds", row)

@@ -142,3 +142,21 @@ func TestMeasureCapacityPhase(t *testing.T) {
 		}
 	}
 }
+
+// An estimate found the knee when it stays within the band, not when it
+// passes through it.
+func TestMeasureCapacityFound(t *testing.T) {
+	s := &CapacitySeries{Objective: adaptive.Objective{Errors: 0.01}}
+	for _, est := range []float64{150, 95, 80, 85, 105, 96, 100, 120, 99, 101} { // the knee 100 throughout
+		s.Knee, s.Estimate = append(s.Knee, 100), append(s.Estimate, est)
+		s.P99, s.Errors, s.Goodput, s.Admitted = append(s.P99, 0), append(s.Errors, 0), append(s.Goodput, est), append(s.Admitted, est)
+	}
+	p := measureCapacityPhase(s, 0, len(s.Knee), true)
+	if p.Reached != 2*time.Second || p.Found != 5*time.Second {
+		t.Errorf("reached %v, found %v; want 2s (95 passes through), 5s (105, 96, 100 stay)", p.Reached, p.Found)
+	}
+	p = measureCapacityPhase(s, 8, len(s.Knee), true)
+	if p.Found != -1 {
+		t.Errorf("found %v in a phase that ends within the band before %v; want never", p.Found, CapacityHeld)
+	}
+}
