@@ -19,6 +19,13 @@
 // to enforce went. Measure turns one caller's series into the scenario
 // measures; WriteSummary, WriteCSV and WritePNG render a Result.
 //
+// A callee may be modelled (Service.Knee, and Brownout events that change
+// it): a knee.Sim behind each of its sidecars answers what the sidecar
+// admits, and the sidecar reports that as the callee's health, from which
+// the controller estimates a capacity for a callee with an objective;
+// Result.Capacities and MeasureCapacity show the estimate against the
+// knee.
+//
 // Live mode and scale mode reuse Scenario, BucketSeries, Measure and
 // Allowed, so that all modes report the same measures.
 package sim

@@ -66,6 +66,10 @@ type Result struct {
 	// Tenants is the run's tenant traffic and its oracle's counts; nil
 	// when the scenario has none.
 	Tenants *TenantResult
+	// Capacities holds, per modelled callee (Service.Knee), in scenario
+	// order, its knee and what the controller estimated of it; nil when
+	// none is modelled.
+	Capacities []CapacitySeries
 }
 
 // Expiry is a stretch of time in which a callee's sidecars held an expired
@@ -274,7 +278,8 @@ type engine struct {
 	timeline  []Happening
 	expiries  []Expiry
 	decisions int64
-	tenants   *tenantRun // nil: no tenants
+	tenants   *tenantRun    // nil: no tenants
+	models    []*modelState // the modelled callees (Service.Knee)
 }
 
 type calleeState struct {
@@ -326,6 +331,10 @@ type simSidecar struct {
 	flows   []sidecarFlow
 	held    []float64 // per bucket of the callee (calleeState.buckets order): rate its aggregator holds
 	desc    int       // the tenants' descriptor's index in its policy, -1: none
+	// src is what its report Window reads: lim, or for a modelled callee
+	// lim with up's health (modelSource).
+	src reporter.Source
+	up  *upstream // the callee's instance behind it; nil: not modelled
 }
 
 type sidecarFlow struct {
@@ -417,6 +426,7 @@ func newEngine(sc *Scenario, seed uint64, opts Options) (*engine, error) {
 		bs.flows = append(bs.flows, fi)
 	}
 	e.findOnsets()
+	e.initModels()
 
 	// Sidecars, each with its own Limiter, and their report phases.
 	for ci, c := range e.callees {
@@ -434,6 +444,15 @@ func newEngine(sc *Scenario, seed uint64, opts Options) (*engine, error) {
 					desc: -1,
 				}
 				s.svc = s.lim.Service(c.svc.Name)
+				s.src = s.lim
+				if c.svc.Knee != nil {
+					up, err := newUpstream(*c.svc.Knee)
+					if err != nil {
+						return nil, fmt.Errorf("service %s: %w", c.svc.Name, err)
+					}
+					s.up = up
+					s.src = &modelSource{Limiter: s.lim, service: c.svc.Name, up: up}
+				}
 				s.expiry = sidecar.Expiry{Limiter: s.lim, Service: c.svc.Name}
 				for fi, f := range sc.Flows {
 					if f.Callee != c.svc.Name || f.Weights[z] == 0 {
@@ -464,7 +483,7 @@ func newEngine(sc *Scenario, seed uint64, opts Options) (*engine, error) {
 		start := phase - sc.Loop.ReportInterval // the sidecar started one interval before its first report
 		name := e.callees[s.callee].svc.Name
 		hdr := reporter.Header{SidecarID: s.id, Service: name, Zone: sc.Zones[s.zone], Direction: sidecar.Inbound, Interval: sc.Loop.ReportInterval}
-		s.win = reporter.NewWindow(reporter.WindowConfig{Header: hdr, Interval: sc.Loop.ReportInterval, SurgeChecks: sc.Loop.SurgeCheck > 0, Project: true, Check: sc.Loop.SurgeCheck}, Epoch.Add(start), s.lim)
+		s.win = reporter.NewWindow(reporter.WindowConfig{Header: hdr, Interval: sc.Loop.ReportInterval, SurgeChecks: sc.Loop.SurgeCheck > 0, Project: true, Check: sc.Loop.SurgeCheck}, Epoch.Add(start), s.src)
 		// The reporter's tickers and the agent's policy clock started
 		// with the sidecar. At an instant where a report and a surge
 		// check fall together, the report goes first and the check sees
@@ -516,6 +535,11 @@ func newEngine(sc *Scenario, seed uint64, opts Options) (*engine, error) {
 			e.at(ev.At, func() { e.killAggregator(z) })
 		case RestartController:
 			e.at(ev.At, func() { e.restartController(ev.Down) })
+		case Brownout:
+			e.at(ev.At, func() { e.brownout(ev.Callee, ev.Knee, true) })
+			if end := ev.End(sc.Duration); end < sc.Duration {
+				e.at(end, func() { e.brownout(ev.Callee, *sc.Service(ev.Callee).Knee, false) })
+			}
 		}
 	}
 	e.newTenantRun()
@@ -611,8 +635,12 @@ func (e *engine) step() {
 		e.flowRate[fi] = f.Rate.At(t)
 	}
 	for _, s := range e.sidecars {
+		admitted := 0
 		for i := range s.flows {
-			e.offer(s, &s.flows[i], bin)
+			admitted += e.offer(s, &s.flows[i], bin)
+		}
+		if s.up != nil {
+			s.up.serve(e.sc.Step, float64(admitted)/e.stepSec)
 		}
 	}
 	e.offerTenants()
@@ -622,7 +650,9 @@ func (e *engine) step() {
 	}
 }
 
-func (e *engine) offer(s *simSidecar, sf *sidecarFlow, bin int) {
+// offer draws a traffic step's arrivals of one flow at one sidecar, and
+// its retries due, decides them, and returns how many it admitted.
+func (e *engine) offer(s *simSidecar, sf *sidecarFlow, bin int) int {
 	var n int
 	lambda := e.flowRate[sf.flow] * sf.share * e.stepSec
 	if e.sc.Arrivals == Deterministic {
@@ -641,7 +671,7 @@ func (e *engine) offer(s *simSidecar, sf *sidecarFlow, bin int) {
 	e.zoomAdd(bs, n, admitted)
 	rr := sf.retry
 	if rr == nil {
-		return
+		return admitted
 	}
 	slot := int(e.steps % int64(len(rr.due)))
 	rr.schedule(e.steps, 0, dropped)
@@ -658,10 +688,12 @@ func (e *engine) offer(s *simSidecar, sf *sidecarFlow, bin int) {
 		bs.dropped[bin] += float64(d)
 		e.flowAdd(sf.flow, bin, m, a)
 		e.zoomAdd(bs, m, a)
+		admitted += a
 		if k+1 < rr.max {
 			rr.schedule(e.steps, k+1, d)
 		}
 	}
+	return admitted
 }
 
 // schedule queues n requests dropped at attempt k (0: the first try) for
@@ -747,6 +779,7 @@ func (e *engine) sampleRatios(bin int) {
 	if bin < 0 || bin >= e.nbins {
 		return
 	}
+	e.sampleModels(bin)
 	for _, bs := range e.buckets {
 		bs.ratio[bin] = e.meanRatio(bs)
 		if bs.cost != nil {
@@ -786,7 +819,7 @@ func (e *engine) meanRatio(bs *bucketState) float64 {
 // out.
 func (e *engine) report(s *simSidecar) {
 	e.after(e.sc.Loop.ReportInterval, func() { e.report(s) })
-	if rep := s.win.Tick(Epoch.Add(e.now), s.lim); rep != nil {
+	if rep := s.win.Tick(Epoch.Add(e.now), s.src); rep != nil {
 		e.send(s, rep)
 	}
 }
@@ -838,7 +871,7 @@ func (e *engine) replaced(s *simSidecar) {
 // (reporter.Window.Check), which is not a surge report.
 func (e *engine) check(s *simSidecar) {
 	e.after(e.sc.Loop.SurgeCheck, func() { e.check(s) })
-	if rep := s.win.Check(Epoch.Add(e.now), s.lim); rep != nil {
+	if rep := s.win.Check(Epoch.Add(e.now), s.src); rep != nil {
 		if rep.GetUrgent() {
 			e.fast.SurgeReports++
 		}
@@ -850,7 +883,7 @@ func (e *engine) check(s *simSidecar) {
 // (reporter.Window.Project), on its own ticker as in the Reporter.
 func (e *engine) project(s *simSidecar) {
 	e.after(e.sc.Loop.SurgeCheck/reporter.DefaultProjectSteps, func() { e.project(s) })
-	s.win.Project(Epoch.Add(e.now), s.lim)
+	s.win.Project(Epoch.Add(e.now), s.src)
 }
 
 // send hands a report to the sidecar's uplink: to its aggregator, or kept,
@@ -1019,6 +1052,7 @@ func (e *engine) tickNow(gen int) {
 		return
 	}
 	res := e.ctl.state.Tick(Epoch.Add(e.now), e.sc.Limits)
+	e.readModels(&res)
 	if res.Warm && !e.ctl.warm {
 		e.ctl.warm = true
 		e.note("controller warm: publishing (%d aggregators)", res.Aggregators)
@@ -1274,5 +1308,6 @@ func (e *engine) result() *Result {
 	r.Flows = e.flowSeries
 	ExpectFlows(e.sc, r.Flows)
 	expectTieredBuckets(e.sc, r.Buckets, r.Flows)
+	r.Capacities = e.capacities(r.Buckets)
 	return r
 }

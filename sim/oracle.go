@@ -12,7 +12,9 @@ import (
 // Shadow from its limits (see BucketSeries.Limit), Nominal from its rate functions (averaged over
 // each second at the scenario's step, as the simulator offers them), and
 // Allowed from the oracle, given the nominal rates of all the callee's
-// callers in that second. Only Offered's length is read; every series gets
+// callers in that second (at a modelled callee with an objective, sharing
+// the fleet's knee as its capacity: see Scenario.ModelledCapacity). Only
+// Offered's length is read; every series gets
 // one entry per second of it. Live mode calls it on the series it measured,
 // so that both modes are judged by the same yardstick.
 func Expect(sc *Scenario, buckets []BucketSeries) {
@@ -85,7 +87,7 @@ func Expect(sc *Scenario, buckets []BucketSeries) {
 					}
 				}
 			}
-			allowed := AllowedLeaves(svc, c.leaves, nominal)
+			allowed := AllowedLeaves(sc.oracleService(svc, name, bin), c.leaves, nominal)
 			for j, i := range c.idx {
 				if bin >= len(buckets[i].Allowed) {
 					continue

@@ -113,6 +113,11 @@ func WritePNG(w io.Writer, r *Result) error {
 		return err
 	}
 	rows = append(rows, tierRows...)
+	capRows, err := capacityPanels(r, unit, xlabel, len(rows) == 0)
+	if err != nil {
+		return err
+	}
+	rows = append(rows, capRows...)
 
 	// Drop ratios.
 	p := plot.New()
@@ -653,4 +658,64 @@ func timeUnit(d time.Duration) (float64, string) {
 		return 60, "min"
 	}
 	return 1, "s"
+}
+
+// capacityPanels draws, per modelled callee with an objective, its fleet's
+// knee against the capacity the controller estimated, and what its
+// callers offered, its sidecars admitted and it answered well.
+func capacityPanels(r *Result, unit float64, xlabel string, first bool) ([][]*plot.Plot, error) {
+	var rows [][]*plot.Plot
+	for _, m := range MeasureCapacity(r) {
+		s := m.Series
+		offered := make([]float64, len(s.Knee))
+		for _, b := range r.Buckets {
+			if b.Callee == s.Callee {
+				for i, v := range b.Offered {
+					offered[i] += v / Bin.Seconds()
+				}
+			}
+		}
+		p := plot.New()
+		p.Title.Text = fmt.Sprintf("%s: the fleet's knee, the capacity the controller estimated from its objective, offered, admitted and goodput", s.Callee)
+		if first && len(rows) == 0 {
+			p.Title.Text = fmt.Sprintf("%s · seed %d\n%s", r.Scenario.Name, r.Seed, p.Title.Text)
+		}
+		p.Y.Label.Text = "rps"
+		p.X.Label.Text = xlabel
+		p.Y.Tick.Marker, p.X.Tick.Marker = compactTicks, timeTicks
+		p.Add(plotter.NewGrid())
+		top := 1.0
+		for _, v := range [][]float64{s.Knee, s.Estimate, offered, s.Admitted} {
+			for _, x := range v {
+				if !math.IsInf(x, 0) {
+					top = max(top, x)
+				}
+			}
+		}
+		p.Y.Min, p.Y.Max = 0, top*1.4
+		p.X.Min, p.X.Max = 0, r.Scenario.Duration.Seconds()/unit
+		for _, l := range []struct {
+			name   string
+			v      []float64
+			c      color.Color
+			width  float64
+			dashes []vg.Length
+		}{
+			{"offered", offered, colOffered, 1.5, nil},
+			{"admitted", s.Admitted, colAdmitted, 1.5, nil},
+			{"goodput (controller's view)", s.Goodput, palette[2], 1, nil},
+			{"knee (the model's)", s.Knee, colAllowed, 1, dashed},
+			{"estimated capacity", s.Estimate, palette[3], 2, nil},
+		} {
+			if err := addSeries(p, l.name, binXYs(l.v, unit), l.c, l.width, l.dashes); err != nil {
+				return nil, err
+			}
+		}
+		if err := addEvents(p, r.Timeline, unit, p.Y.Max, func(h Happening) bool { return h.Callee == s.Callee }); err != nil {
+			return nil, err
+		}
+		p.Legend.Top = true
+		rows = append(rows, []*plot.Plot{p})
+	}
+	return rows, nil
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/sluicehq/sluice/internal/controller"
 	"github.com/sluicehq/sluice/internal/duration"
 	"github.com/sluicehq/sluice/internal/limits"
+	"github.com/sluicehq/sluice/internal/testkit/knee"
 	"github.com/sluicehq/sluice/pkg/criticality"
 	"github.com/sluicehq/sluice/pkg/names"
 	"github.com/sluicehq/sluice/sidecar/reporter"
@@ -91,6 +92,13 @@ type Loop struct {
 type Service struct {
 	Name     string
 	Sidecars []int // per zone, in Scenario.Zones order
+	// Knee, when set, models the app behind each of the callee's sidecars
+	// (issue #18): one instance per sidecar, with Workers workers that
+	// serve a request each for Service and at most Queue more waiting, run
+	// as a knee.Sim on the requests the sidecar admits. Its sidecars then
+	// report what the model answered as the callee's health. Nil: the
+	// callee answers nothing and its sidecars report no health.
+	Knee *knee.Config
 }
 
 // Flow is the traffic of one caller to one callee. Several flows may share
@@ -163,6 +171,11 @@ const (
 	// empty state; it warms up before it publishes again, and sidecars keep
 	// their policies meanwhile.
 	RestartController
+	// Brownout: every modelled instance of Callee (Service.Knee) serves
+	// with Knee's workers and service time from At for For (to the end of
+	// the run if For is 0), then with its own again: a slow database, a
+	// bad deploy, half the fleet's threads gone.
+	Brownout
 )
 
 // Event is a failure injected at a time.
@@ -171,6 +184,20 @@ type Event struct {
 	Kind EventKind
 	Zone string        // KillAggregator
 	Down time.Duration // RestartController
+	// Brownout: the callee, its instances' workers and service time
+	// meanwhile (Queue is the callee's own), and for how long.
+	Callee string
+	Knee   knee.Config
+	For    time.Duration
+}
+
+// End is when a brownout ends: At + For, or the run's end for a brownout
+// that lasts.
+func (e *Event) End(duration time.Duration) time.Duration {
+	if e.For <= 0 || e.At+e.For > duration {
+		return duration
+	}
+	return e.At + e.For
 }
 
 // Targets are goals a scenario's summary is checked against. They are
@@ -302,6 +329,13 @@ type fileLoop struct {
 
 type fileService struct {
 	Sidecars map[string]int `yaml:"sidecars"`
+	Knee     *fileKnee      `yaml:"knee"`
+}
+
+type fileKnee struct {
+	Workers *int            `yaml:"workers"`
+	Service *duration.Value `yaml:"service"`
+	Queue   *int            `yaml:"queue"`
 }
 
 type fileFlow struct {
@@ -347,6 +381,14 @@ type fileEvent struct {
 	At                *duration.Value `yaml:"at"`
 	KillAggregator    string          `yaml:"kill_aggregator"`
 	RestartController *fileRestart    `yaml:"restart_controller"`
+	Brownout          *fileBrownout   `yaml:"brownout"`
+}
+
+type fileBrownout struct {
+	Callee  string          `yaml:"callee"`
+	Workers *int            `yaml:"workers"`
+	Service *duration.Value `yaml:"service"`
+	For     *duration.Value `yaml:"for"`
 }
 
 type fileRestart struct {
@@ -569,6 +611,9 @@ func (d *fileScenario) build() (*Scenario, []error) {
 		if total == 0 {
 			bad(path+".sidecars", "no sidecars in any zone")
 		}
+		if fk := d.Services[name].Knee; fk != nil {
+			svc.Knee = buildKnee(fk, path+".knee", bad)
+		}
 		sc.Services = append(sc.Services, svc)
 	}
 
@@ -665,12 +710,18 @@ func (d *fileScenario) build() (*Scenario, []error) {
 				bad(path+".restart_controller.down", "%v is negative", e.Down)
 			}
 		}
+		if fb := fe.Brownout; fb != nil {
+			actions++
+			e.Kind = Brownout
+			sc.buildBrownout(&e, fb, path+".brownout", bad)
+		}
 		if actions != 1 {
-			bad(path, "needs exactly one of kill_aggregator, restart_controller")
+			bad(path, "needs exactly one of kill_aggregator, restart_controller, brownout")
 		}
 		sc.Events = append(sc.Events, e)
 	}
 	slices.SortStableFunc(sc.Events, func(a, b Event) int { return cmp.Compare(a.At, b.At) })
+	sc.checkModels(bad)
 
 	// Targets.
 	t := d.Targets

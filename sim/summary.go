@@ -41,6 +41,9 @@ func WriteSummary(w io.Writer, r *Result) error {
 	if m := MeasureCost(r); m != nil {
 		writeCost(&b, m)
 	}
+	if ms := MeasureCapacity(r); ms != nil {
+		writeCapacity(&b, r, ms)
+	}
 
 	for _, p := range r.Pipelines {
 		writePipeline(&b, r, &p)

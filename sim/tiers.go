@@ -175,6 +175,9 @@ func ExpectFlows(sc *Scenario, flows []FlowSeries) {
 			}
 		}
 		for bin := range flows[idx[0]].Nominal {
+			if o := sc.oracleService(svc, callee, bin); o != nil {
+				tree.Capacity = o.Capacity // a modelled callee's knee may change
+			}
 			for l := range tree.Leaves {
 				tree.Leaves[l].Offered = 0
 			}
@@ -275,15 +278,26 @@ type TierFlow struct {
 
 // TierCallee is a tiered callee's totals per phase.
 type TierCallee struct {
-	Name              string
-	Capacity          float64
+	Name string
+	// Capacity is the one the oracle shares, per phase: the written one,
+	// or at a modelled callee with an objective the fleet's knee, averaged
+	// over the judged seconds.
+	Capacity          []float64
 	Offered, Admitted []float64
 }
 
 // TierPhases splits the run at every change of a tiered flow's rate
-// (steps and ramp points after 0s).
+// (steps and ramp points after 0s), and at every brownout's start and end.
 func TierPhases(sc *Scenario) []Phase {
 	cuts := []time.Duration{0}
+	for i := range sc.Events {
+		if ev := &sc.Events[i]; ev.Kind == Brownout {
+			cuts = append(cuts, ev.At)
+			if end := ev.End(sc.Duration); end < sc.Duration {
+				cuts = append(cuts, end)
+			}
+		}
+	}
 	for _, f := range sc.Flows {
 		if f.Criticality == "" {
 			continue
@@ -340,9 +354,19 @@ func MeasureTiers(r *Result) *TierMeasures {
 		if !ok {
 			ci = len(m.Callees)
 			callees[fs.Callee] = ci
-			capacity := math.Inf(1)
-			if svc := sc.Limits.Service(fs.Callee); svc != nil {
-				capacity = svc.Capacity
+			capacity := make([]float64, np)
+			svc := sc.Limits.Service(fs.Callee)
+			for p, ph := range m.Phases {
+				capacity[p] = math.Inf(1)
+				from, to := ph.Judged()
+				if svc == nil || to <= from {
+					continue
+				}
+				sum := 0.0
+				for bin := from; bin < to; bin++ {
+					sum += sc.oracleService(svc, fs.Callee, bin).Capacity
+				}
+				capacity[p] = sum / float64(to-from)
 			}
 			m.Callees = append(m.Callees, TierCallee{Name: fs.Callee, Capacity: capacity, Offered: make([]float64, np), Admitted: make([]float64, np)})
 		}
@@ -377,10 +401,10 @@ func writeTiers(b *strings.Builder, m *TierMeasures) {
 		}
 		for _, c := range m.Callees {
 			dev := math.NaN()
-			if c.Capacity > 0 && !math.IsInf(c.Capacity, 1) {
-				dev = c.Admitted[p]/c.Capacity - 1
+			if c.Capacity[p] > 0 && !math.IsInf(c.Capacity[p], 1) {
+				dev = c.Admitted[p]/c.Capacity[p] - 1
 			}
-			fmt.Fprintf(b, "    %s: offered %s, admitted %s of capacity %s (%s)\n", c.Name, rate(c.Offered[p]), rate(c.Admitted[p]), rate(c.Capacity), signedPct(dev))
+			fmt.Fprintf(b, "    %s: offered %s, admitted %s of capacity %s (%s)\n", c.Name, rate(c.Offered[p]), rate(c.Admitted[p]), rate(c.Capacity[p]), signedPct(dev))
 		}
 	}
 }

@@ -31,7 +31,7 @@ func TestOverloadTiers(t *testing.T) {
 	}
 	for p := range m.Phases {
 		c := m.Callees[0]
-		if dev := c.Admitted[p]/c.Capacity - 1; math.Abs(dev) > 0.02 {
+		if dev := c.Admitted[p]/c.Capacity[p] - 1; math.Abs(dev) > 0.02 {
 			t.Errorf("phase %d: admitted %.0f rps, %+.2f%% off the capacity %.0f; want within ±2%%", p+1, c.Admitted[p], 100*dev, c.Capacity)
 		}
 		if f := flow("web", criticality.CriticalPlus); f.Loss[p] > 0.0005 {

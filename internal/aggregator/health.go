@@ -22,9 +22,13 @@ import (
 // controller reads the callee's fleet-wide p99 and error ratio.
 //
 // A sidecar's word on its callee's health moves every caller's share of
-// it, so what one sidecar can claim is bounded by what it let through:
-// health answering more requests than the report says the sidecar
-// admitted (with slack for the windows' edges) is left out.
+// it, so what one sidecar can claim is bounded by the traffic it saw:
+// health answering more than twice the requests the report says reached
+// the sidecar, and 10 rps, is left out. Offered, not admitted: the health
+// window runs from one regular report to the next, and a surge report
+// between them cuts the report's window short, to the seconds after the
+// sidecar began dropping; answers counted before it (in the simulator's
+// brownout, 16 reports' worth at the cold start) would pass for a claim.
 
 // Reasons a health entry is left out of an accepted report, the rest
 // kept. Metric label values, as EntryBadProcedure.
@@ -36,8 +40,8 @@ const (
 	EntryDuplicateHealth = "duplicate_health" // a procedure listed again: the first is kept
 	EntryTooManyHealth   = "too_many_health"  // beyond maxReportHealth entries
 	EntryOutboundHealth  = "outbound_health"  // in an outbound report: a callee's health is its own sidecars' to report
-	// EntryHealthOverclaim: the entries answer more requests than the
-	// sidecar admitted (healthSlack); all of the report's are left out.
+	// EntryHealthOverclaim: the entries answer more requests than reached
+	// the sidecar (healthSlack); all of the report's are left out.
 	EntryHealthOverclaim = "health_overclaim"
 )
 
@@ -50,7 +54,7 @@ const maxReportHealth = 2 * (routes.MaxRoutes + 1)
 // largest by answers kept, as maxZoneDescriptors does descriptors.
 const maxZoneHealth = maxReportHealth
 
-// healthSlack is how far a report's answered rate may exceed its admitted
+// healthSlack is how far a report's answered rate may exceed its offered
 // rate, relatively and in requests per second: the health window and the
 // report's differ at their edges, and requests admitted in one window are
 // answered in the next.
@@ -114,7 +118,7 @@ func (s *State) checkHealth(r *sluicev1.LoadReport, bad *RejectedEntries) []heal
 		answered += hr.answered
 		out = append(out, hr)
 	}
-	if admitted := admittedRate(r); answered > admitted*healthSlackFactor+healthSlackRate {
+	if offered := offeredRate(r); answered > offered*healthSlackFactor+healthSlackRate {
 		bad.HealthOverclaim += len(out)
 		return nil
 	}
@@ -138,14 +142,12 @@ func healthAddsUp(h *sluicev1.UpstreamHealth) bool {
 	return sum == ok+failed+late
 }
 
-// admittedRate is the requests per second r says its sidecar admitted:
-// offered less dropped, over its peers.
-func admittedRate(r *sluicev1.LoadReport) float64 {
+// offeredRate is the requests per second r says reached its sidecar,
+// over its peers.
+func offeredRate(r *sluicev1.LoadReport) float64 {
 	var n uint64
 	for _, p := range r.GetPeers() {
-		if o, d := p.GetOffered(), p.GetDropped(); d <= o {
-			n += min(o-d, math.MaxUint64-n)
-		}
+		n += min(p.GetOffered(), math.MaxUint64-n)
 	}
 	return float64(n) / r.GetWindow().AsDuration().Seconds()
 }

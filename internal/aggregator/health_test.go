@@ -65,7 +65,7 @@ func TestHealthSummed(t *testing.T) {
 }
 
 // TestHealthBadEntries: a bad health entry costs itself, never the report
-// or its peers; health answering more than the sidecar admitted costs the
+// or its peers; health answering more than reached the sidecar costs the
 // report's health.
 func TestHealthBadEntries(t *testing.T) {
 	short := uh("/pay", 1, 0)

@@ -50,10 +50,10 @@ func TestConfigValidate(t *testing.T) {
 	}
 	bad := Config{
 		Aim: 1.5, MinRate: 0, FloorFraction: 1, CapMultiple: 0.5, MinDecrease: 1,
-		NoiseDecrease: math.NaN(), Recovery: 0, Increase: 0, MaxIncrease: 2,
+		NoiseDecrease: math.NaN(), Recovery: 0, Increase: 0, MaxIncrease: 2, Period: -1,
 	}
 	err := bad.Validate()
-	for _, f := range []string{"objective", "aim", "min_rate", "floor_fraction", "cap_multiple", "min_decrease", "noise_decrease", "recovery", "increase", "max_increase"} {
+	for _, f := range []string{"objective", "aim", "min_rate", "floor_fraction", "cap_multiple", "min_decrease", "noise_decrease", "recovery", "increase", "max_increase", "period"} {
 		if err == nil || !strings.Contains(err.Error(), f+":") {
 			t.Errorf("Validate() = %v, want it to name %s", err, f)
 		}
@@ -154,5 +154,51 @@ func BenchmarkStep(b *testing.B) {
 	for b.Loop() {
 		e.Step(time.Second, samples[i%len(samples)])
 		i++
+	}
+}
+
+// A controller ticks more often than its fleet's health changes while a
+// surge brings its ticks forward: the steps within one Period are one
+// decision, not twenty. Without the period, the sample below (a violated
+// objective, the same until the next report) halved the estimate at every
+// urgent tick: 7,600 → 3,800 → … → 119 in 300 ms.
+func TestPeriodOneDecision(t *testing.T) {
+	cfg := DefaultConfig(objective)
+	violated := Sample{Offered: 18000, Admitted: 18000, Goodput: 7600, P99: 128 * time.Millisecond, Errors: 0.33}
+	e := mustNew(t, cfg)
+	first := e.Step(50*time.Millisecond, violated)
+	if first.Reason != BackingOff || first.Capacity != 7600*cfg.MinDecrease {
+		t.Fatalf("first step: %+v, want backing off to %v", first, 7600*cfg.MinDecrease)
+	}
+	for i := 1; i < 20; i++ { // urgent ticks, 50ms apart, reading the same health
+		if got := e.Step(50*time.Millisecond, violated); got.Capacity != first.Capacity {
+			t.Fatalf("step %d, %v after the decision: %+v, want %v held", i, time.Duration(i)*50*time.Millisecond, got, first.Capacity)
+		}
+	}
+	// The next decision comes a period after the first, on a violated
+	// sample that shows the first carried out (the callee admitted no
+	// more than it, Estimator.downTo), and the period after that on one
+	// that the decrease's own sample did not cover: two periods.
+	carried := Sample{Offered: 18000, Admitted: first.Capacity, Goodput: first.Capacity * (1 - 0.33), P99: 128 * time.Millisecond, Errors: 0.33}
+	decided := func(e *Estimator, dt time.Duration) (steps int) {
+		for steps = 1; steps <= 100; steps++ {
+			if got := e.Step(dt, carried); got.Reason == BackingOff {
+				if got.Capacity >= first.Capacity {
+					t.Errorf("a second decision %+v, want below %v", got, first.Capacity)
+				}
+				return steps
+			}
+		}
+		return -1
+	}
+	if n := decided(e, 50*time.Millisecond); n < 20 || n > 41 {
+		t.Errorf("the second decrease after %d more steps of 50ms, want after one or two periods (20 to 40)", n)
+	}
+
+	cfg.Period = 0 // every step decides, as before
+	e = mustNew(t, cfg)
+	e.Step(50*time.Millisecond, violated)
+	if n := decided(e, 50*time.Millisecond); n != 2 {
+		t.Errorf("without a period, the second decrease after %d steps of 50ms, want 2 (one to see the first carried out)", n)
 	}
 }

@@ -230,6 +230,17 @@ func (s *Sim) Run(dt time.Duration, rate float64) Tick {
 	return t
 }
 
+// Answered calls fn with each latency the last Run's answered requests met
+// (their wait in the queue plus the service time) and how many requests
+// met it, fractions of requests included: the input of a latency histogram,
+// as the sidecars in front of the app would record it. Refused requests are
+// not in it; they are answered at once.
+func (s *Sim) Answered(fn func(latency time.Duration, n float64)) {
+	for _, m := range s.done {
+		fn(time.Duration(m.latency*float64(time.Second)), m.n)
+	}
+}
+
 // arrivedAt returns when the n-th request since the start joined the
 // queue, interpolated between steps; the oldest time the ring holds if it
 // is older.

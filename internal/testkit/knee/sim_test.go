@@ -116,3 +116,24 @@ func TestConfigValidate(t *testing.T) {
 		t.Error("NewSim(Config{}) = nil error")
 	}
 }
+
+// Answered holds what Run's tick counted: as many answers as its goodput,
+// at latencies whose top is its p99, from the service time up.
+func TestSimAnswered(t *testing.T) {
+	s := newSim(t, shape)
+	for _, rate := range []float64{100, 400, 400, 50} {
+		tk := s.Run(time.Second, rate)
+		var n float64
+		lo, hi := time.Duration(math.MaxInt64), time.Duration(0)
+		s.Answered(func(d time.Duration, k float64) {
+			n += k
+			lo, hi = min(lo, d), max(hi, d)
+		})
+		if !near(n, tk.Goodput, 1e-6) {
+			t.Errorf("at %v rps: %v answers, goodput %v", rate, n, tk.Goodput)
+		}
+		if lo < shape.Service-time.Microsecond || hi < tk.P99-time.Microsecond {
+			t.Errorf("at %v rps: latencies %v to %v, want from the service time %v and up to p99 %v", rate, lo, hi, shape.Service, tk.P99)
+		}
+	}
+}
