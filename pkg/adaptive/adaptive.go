@@ -67,6 +67,16 @@
 // report interval, and a decision taken again on the same health would
 // compound it. Steps in between hold the estimate.
 //
+// A step waits to show: after a confirmed decrease the estimator does not
+// decrease again until a sample shows the callee admitted no more than
+// the new estimate, and after a probe near the knee it does not probe
+// again until a sample shows the callee admitted more (each wait at most
+// 5 s). A fleet's samples lag its decisions by a tick and a report
+// window, more on a busy machine; without the wait the estimator cut for
+// an overload it had already answered (a callee offered twice its knee
+// went to a fifth of it through the real loop) and probed past the knee
+// by several steps. Config.Settle adds a least wait.
+//
 // On the modelled knee of internal/testkit/knee (a fluid queue, one tick a
 // second), a cold start offered twice the knee settles within 10 % of it,
 // the p99 within the objective, in 3 to 4 ticks, and then runs a sawtooth
