@@ -1,6 +1,8 @@
 package sidecar
 
 import (
+	"bufio"
+	"net"
 	"net/http"
 	"sync"
 	"time"
@@ -80,7 +82,8 @@ func (l *Limiter) TakeHealth(service string, dst []HealthCounts) []HealthCounts 
 // path allocates nothing.
 type upstreamWriter struct {
 	http.ResponseWriter
-	status int
+	status   int
+	hijacked bool // the connection left HTTP (an upgrade): not an answer to count
 }
 
 var upstreamWriters = sync.Pool{New: func() any { return new(upstreamWriter) }}
@@ -102,6 +105,24 @@ func (w *upstreamWriter) Write(b []byte) (int, error) {
 // Unwrap lets http.ResponseController (which the proxy flushes and
 // hijacks through) reach the server's writer.
 func (w *upstreamWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// Flush and Hijack keep what handlers that assert http.Flusher or
+// http.Hijacker on their writer found before the middleware wrapped it: an
+// app behind the library's middleware, not only the sidecar's proxy.
+func (w *upstreamWriter) Flush() {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	http.NewResponseController(w.ResponseWriter).Flush()
+}
+
+func (w *upstreamWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	c, rw, err := http.NewResponseController(w.ResponseWriter).Hijack()
+	if err == nil {
+		w.hijacked = true
+	}
+	return c, rw, err
+}
 
 // outcome is how the callee answered; the proxy has returned.
 func (w *upstreamWriter) outcome(grpcCall bool) health.Outcome {
@@ -139,13 +160,13 @@ func grpcCode(s string) uint32 {
 // the caller goes) is counted as abandoned, and the panic goes on.
 func serveUpstream(next http.Handler, w http.ResponseWriter, r *http.Request, rec *health.Recorder) {
 	uw := upstreamWriters.Get().(*upstreamWriter)
-	uw.ResponseWriter, uw.status = w, 0
+	uw.ResponseWriter, uw.status, uw.hijacked = w, 0, false
 	rec.Start()
 	began := time.Now()
 	done := false
 	defer func() {
 		o := health.Abandoned
-		if done {
+		if done && !uw.hijacked {
 			o = uw.outcome(grpcRequest(r))
 		}
 		rec.Done(time.Since(began), o)
