@@ -42,6 +42,8 @@ const costRunTimeout = 2 * time.Minute
 //   - direct: with nothing in between;
 //   - bare: through a bare httputil.ReverseProxy with the proxy's transports (NewBare), the
 //     floor any Go proxy pays;
+//   - proxy: through the sidecar's proxy alone (New, with its bounds, body deadline,
+//     X-Forwarded-* and gRPC guard), without the limiter's middleware;
 //   - sidecar: through the sidecar binary's handler (internal/agent: the limiter's middleware
 //     in front of the proxy) under a policy that admits the caller, on its server (NewServer).
 //
@@ -73,11 +75,18 @@ func benchProxyCost(b *testing.B, proto string, conc int) {
 	}
 	up := &url.URL{Scheme: "http", Host: app}
 	bare := proxy.Serve(b, proxy.NewServer("", proxy.NewBare(up)))
+	p, err := proxy.New(up, proxy.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(p.Close)
+	bounded := proxy.Serve(b, proxy.NewServer("", p))
 	sc := startSidecar(b, app)
 
 	paths := []path{
 		{"direct", newCaller(b, proto, app, conc)},
 		{"bare", newCaller(b, proto, bare, conc)},
+		{"proxy", newCaller(b, proto, bounded, conc)},
 		{"sidecar", newCaller(b, proto, sc, conc)},
 	}
 	if *costOnly != "" { // for a profile or a syscall count of one path: -proxycost.only sidecar
@@ -122,7 +131,7 @@ type path struct {
 	call func() error
 }
 
-var costOnly = flag.String("proxycost.only", "", "measure only direct and this path (bare or sidecar)")
+var costOnly = flag.String("proxycost.only", "", "measure only direct and this path (bare, proxy or sidecar)")
 
 // startSidecar runs the sidecar binary's handler in front of app under a policy that admits
 // the caller "web" (limited, far under its limit) and returns its address.
