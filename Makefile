@@ -37,6 +37,11 @@ bench: ## benchmarks recorded in docs/benchmarks.md (Postgres ones start a throw
 	$(GO) test -run '^$$' -bench . -benchtime 10x ./pkg/history
 	$(GO) test -run '^$$' -bench . -benchtime 5x ./internal/configurator
 
+.PHONY: bench-proxy
+bench-proxy: ## what the sidecar proxy costs per request: direct vs a bare httputil.ReverseProxy vs the proxy alone vs the sidecar, HTTP/1.1 and gRPC, CPU and added latency (~2-3 min), and the middleware's own share; docs/benchmarks.md
+	$(GO) test -run '^$$' -bench ProxyCost -benchtime 10000x -count 1 ./internal/agent/proxy
+	$(GO) test -run '^$$' -bench 'MiddlewareDecide/admit' -benchmem -count 5 ./sidecar
+
 bench-compare: ## sluice vs Redis + Lua, side by side (~6 min; QUICK=1 for a short check): tables in bin/bench-compare, plots in docs/img
 	@bash scripts/ensure-redis.sh
 	$(GO) test -race -count=1 -tags benchcompare ./bench/...

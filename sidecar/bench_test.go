@@ -148,12 +148,22 @@ func BenchmarkMiddlewareDecide(b *testing.B) {
 		{"admit-x-ratelimit", "steady", XRateLimitHeaders},
 		{"drop", "blocked", NoRateLimitHeaders},
 		{"drop-x-ratelimit", "blocked", XRateLimitHeaders},
+		// A unary gRPC call as the sidecar's proxy gets it: its outcome is
+		// read from the grpc-status the app answered with.
+		{"admit-grpc", "steady", NoRateLimitHeaders},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			h := s.Middleware(next, HTTPOptions{RateLimitHeaders: bc.form})
 			req := httptest.NewRequest(http.MethodGet, "/", nil)
 			req.Header.Set(DefaultCallerHeader, bc.caller)
 			w := &discardWriter{h: http.Header{}}
+			if bc.name == "admit-grpc" {
+				req = httptest.NewRequest(http.MethodPost, "/grpc.health.v1.Health/Check", nil)
+				req.ProtoMajor, req.ProtoMinor, req.Proto = 2, 0, "HTTP/2.0"
+				req.Header.Set("Content-Type", "application/grpc")
+				req.Header.Set(DefaultCallerHeader, bc.caller)
+				w.h["Grpc-Status"] = []string{"0"}
+			}
 			b.ReportAllocs()
 			for b.Loop() {
 				h.ServeHTTP(w, req)

@@ -102,6 +102,19 @@ func (w *upstreamWriter) Write(b []byte) (int, error) {
 	return w.ResponseWriter.Write(b)
 }
 
+// FlushError flushes what the handler wrote, as http.ResponseController
+// does through Unwrap; Flush is for handlers that assert http.Flusher, as
+// streaming ones often do, and would otherwise find the wrapper has none.
+// A flush before WriteHeader sends 200.
+func (w *upstreamWriter) FlushError() error {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return http.NewResponseController(w.ResponseWriter).Flush()
+}
+
+func (w *upstreamWriter) Flush() { _ = w.FlushError() }
+
 // Unwrap lets http.ResponseController (which the proxy flushes and
 // hijacks through) reach the server's writer.
 func (w *upstreamWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }

@@ -9,6 +9,10 @@
 // measures it; run
 //
 //	go test -run x -bench AddedLatency -benchtime 20000x ./internal/agent/proxy
+//
+// BenchmarkProxyCost (make bench-proxy) sets the sidecar's whole handler beside a bare
+// httputil.ReverseProxy with these transports, the floor any Go proxy pays: CPU per request and
+// added latency, HTTP/1.1 and gRPC (docs/benchmarks.md, "What the sidecar proxy costs").
 package proxy
 
 import (
