@@ -119,16 +119,9 @@ func (w *upstreamWriter) Flush() { _ = w.FlushError() }
 // hijacks through) reach the server's writer.
 func (w *upstreamWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-// Flush and Hijack keep what handlers that assert http.Flusher or
-// http.Hijacker on their writer found before the middleware wrapped it: an
-// app behind the library's middleware, not only the sidecar's proxy.
-func (w *upstreamWriter) Flush() {
-	if w.status == 0 {
-		w.status = http.StatusOK
-	}
-	http.NewResponseController(w.ResponseWriter).Flush()
-}
-
+// Hijack keeps what handlers that assert http.Hijacker on their writer
+// found before the middleware wrapped it (an upgrade to websockets, say):
+// an app behind the library's middleware, not only the sidecar's proxy.
 func (w *upstreamWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	c, rw, err := http.NewResponseController(w.ResponseWriter).Hijack()
 	if err == nil {
