@@ -328,15 +328,19 @@ func (g *Generator) Second(caller string, sec int) Second {
 func (g *Generator) Sum(caller string, from, to int) Second {
 	var s Second
 	for sec := from; sec < to; sec++ {
-		x := g.Second(caller, sec)
-		s.Sent += x.Sent
-		s.Admitted += x.Admitted
-		s.Dropped += x.Dropped
-		s.Errors += x.Errors
-		s.Skipped += x.Skipped
-		s.Unavailable += x.Unavailable
+		s.Add(g.Second(caller, sec))
 	}
 	return s
+}
+
+// Add adds x's counts to s's.
+func (s *Second) Add(x Second) {
+	s.Sent += x.Sent
+	s.Admitted += x.Admitted
+	s.Dropped += x.Dropped
+	s.Errors += x.Errors
+	s.Skipped += x.Skipped
+	s.Unavailable += x.Unavailable
 }
 
 // Latency counts caller's admitted (2xx) requests sent in seconds [from,

@@ -93,13 +93,7 @@ func (r *Result) Sum(caller string, from, to int) loadgen.Second {
 	var s loadgen.Second
 	secs := r.Seconds[caller]
 	for i := max(from, 0); i < to && i < len(secs); i++ {
-		x := secs[i]
-		s.Sent += x.Sent
-		s.Admitted += x.Admitted
-		s.Dropped += x.Dropped
-		s.Errors += x.Errors
-		s.Skipped += x.Skipped
-		s.Unavailable += x.Unavailable
+		s.Add(secs[i])
 	}
 	return s
 }
