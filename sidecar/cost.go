@@ -87,17 +87,13 @@ type costTable struct {
 	// default, or noStatic for a callee priced by its responses, whose
 	// price is then the leaf's running mean.
 	static   []uint64
-	def, max uint64 // milli-units
-	reqKey   string // lower case, the gRPC metadata key; "": none trusted
-	httpReq  string // reqKey canonical, an http.Header key
-	respKey  string // lower case; "": the price at admission stands
-	httpResp string // respKey canonical
-	// httpTrailer are the keys a handler's undeclared trailer has in its
-	// header map (http.TrailerPrefix): canonical as ReverseProxy writes
-	// it, and as given.
-	httpTrailer, httpTrailerLower string
-	response                      bool // respKey != ""
-	dynamic                       bool // a request header or a response: each request adds its price
+	def, max uint64       // milli-units
+	reqKey   string       // lower case, the gRPC metadata key; "": none trusted
+	httpReq  string       // reqKey canonical, an http.Header key
+	respKey  string       // lower case; "": the price at admission stands
+	httpResp responseKeys // respKey's keys in a response's header map
+	response bool         // respKey != ""
+	dynamic  bool         // a request header or a response: each request adds its price
 }
 
 // compileCost compiles p's cost and caps against its procedures; nil when
@@ -127,8 +123,7 @@ func compileCost(p *Policy, procs *procedures) *costTable {
 		c.httpReq = textproto.CanonicalMIMEHeaderKey(c.reqKey)
 	}
 	if c.response {
-		c.httpResp = textproto.CanonicalMIMEHeaderKey(c.respKey)
-		c.httpTrailer, c.httpTrailerLower = http.TrailerPrefix+c.httpResp, http.TrailerPrefix+c.respKey
+		c.httpResp = newResponseKeys(c.respKey)
 	}
 	c.static = make([]uint64, len(procs.names))
 	for i := range c.static {
@@ -460,18 +455,7 @@ func (d Decision) doneHTTP(w http.ResponseWriter) {
 		d.finish(0, costAbsent)
 		return
 	}
-	hdr := w.Header()
-	v := hdr[c.httpResp]
-	if len(v) == 0 {
-		if v = hdr[c.httpTrailer]; len(v) == 0 {
-			v = hdr[c.httpTrailerLower]
-		}
-	}
-	if len(v) == 0 {
-		d.doneRaw("", false)
-		return
-	}
-	d.doneRaw(v[0], true)
+	d.doneRaw(c.httpResp.value(w.Header()))
 }
 
 // countReported counts a reported cost that was invalid or clamped.

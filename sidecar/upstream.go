@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"net"
 	"net/http"
+	"net/textproto"
 	"sync"
 	"time"
 
@@ -133,17 +134,37 @@ func (w *upstreamWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 // outcome is how the callee answered; the proxy has returned.
 func (w *upstreamWriter) outcome(grpcCall bool) health.Outcome {
 	if grpcCall && w.status == http.StatusOK {
-		h := w.ResponseWriter.Header()
-		v := h["Grpc-Status"]
-		if len(v) == 0 {
-			v = h[http.TrailerPrefix+"Grpc-Status"]
-		}
-		if len(v) == 0 {
+		v, ok := grpcStatusKeys.value(w.ResponseWriter.Header())
+		if !ok {
 			return health.Failed // an answer without a status: the stream broke
 		}
-		return health.GRPCOutcome(grpcCode(v[0]))
+		return health.GRPCOutcome(grpcCode(v))
 	}
 	return health.HTTPOutcome(max(w.status, http.StatusOK))
+}
+
+// grpcStatusKeys are grpc-status's keys in a response's header map.
+var grpcStatusKeys = newResponseKeys("grpc-status")
+
+// responseKeys are the keys a response field (lower case) may have in a
+// handler's header map once it returned: a header, or a declared trailer,
+// under its canonical name; an undeclared trailer (http.TrailerPrefix),
+// canonical as ReverseProxy writes it, or as a handler gave it.
+type responseKeys struct{ header, trailer, trailerLower string }
+
+func newResponseKeys(lower string) responseKeys {
+	canonical := textproto.CanonicalMIMEHeaderKey(lower)
+	return responseKeys{canonical, http.TrailerPrefix + canonical, http.TrailerPrefix + lower}
+}
+
+// value returns the field's first value in h, and whether it has one.
+func (k responseKeys) value(h http.Header) (string, bool) {
+	for _, key := range [...]string{k.header, k.trailer, k.trailerLower} {
+		if v := h[key]; len(v) > 0 {
+			return v[0], true
+		}
+	}
+	return "", false
 }
 
 // grpcCode parses a grpc-status value; an unparsable one is UNKNOWN (2).
