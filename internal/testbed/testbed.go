@@ -49,6 +49,8 @@ type Options struct {
 	Controller *controller.Config
 	// ReportInterval and FlushInterval default to 1s.
 	ReportInterval, FlushInterval time.Duration
+	// PeerIdle is the sidecars' --peer-idle; zero means its default.
+	PeerIdle time.Duration
 	// XDSProtocol is "delta" (default) or "sotw".
 	XDSProtocol string
 	Logger      *slog.Logger
@@ -303,6 +305,7 @@ func (c *Cluster) startSidecar(id, zone string, aggregators []string) (*Node, er
 	cfg.Controllers = []string{c.ControllerAddr}
 	cfg.XDSProtocol = c.opts.XDSProtocol
 	cfg.ReportInterval = c.opts.ReportInterval
+	cfg.PeerIdle = c.opts.PeerIdle
 	// The cluster's callers (StartCaller) enforce outbound and mark what
 	// they decided: the sidecars trust them to.
 	cfg.TrustDecided = true
