@@ -90,6 +90,8 @@ func TestAdaptiveCapacityAsProcesses(t *testing.T) {
 
 	p99Without, _ := without.P99(adaptiveBy, adaptiveRun)
 	p99, ok := with.P99(adaptiveBy, adaptiveRun)
+	appP99, _ := with.AppP99(adaptiveBy, adaptiveRun)
+	t.Logf("app's own p99 over seconds [%d, %d): %v with sluice", adaptiveBy, adaptiveRun, appP99)
 	goodput := float64(with.Sum("web", adaptiveBy, adaptiveRun).Admitted+with.Sum("batch", adaptiveBy, adaptiveRun).Admitted) / (adaptiveRun - adaptiveBy)
 	web := with.Sum("web", adaptiveBy, adaptiveRun)
 	webLoss := float64(web.Sent-web.Admitted) / float64(web.Sent)
@@ -141,11 +143,12 @@ func logAdaptive(t *testing.T, what string, r *rig.Result, estimates []float64) 
 	for s := range adaptiveRun {
 		w, b := r.Sum("web", s, s+1), r.Sum("batch", s, s+1)
 		p99, _ := r.P99(s, s+1)
+		app, _ := r.AppP99(s, s+1)
 		est := math.NaN()
 		if estimates != nil {
 			est = estimates[s]
 		}
-		t.Logf("%s t=%2ds web sent=%3d admitted=%3d | batch sent=%3d admitted=%3d dropped=%3d 503=%3d | p99 %6.1fms | estimate %.0f",
-			what, s, w.Sent, w.Admitted, b.Sent, b.Admitted, b.Dropped, w.Unavailable+b.Unavailable, float64(p99)/1e6, est)
+		t.Logf("%s t=%2ds web sent=%3d admitted=%3d | batch sent=%3d admitted=%3d dropped=%3d 503=%3d | p99 %6.1fms, app's %6.1fms | estimate %.0f",
+			what, s, w.Sent, w.Admitted, b.Sent, b.Admitted, b.Dropped, w.Unavailable+b.Unavailable, float64(p99)/1e6, float64(app)/1e6, est)
 	}
 }

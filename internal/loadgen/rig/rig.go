@@ -68,6 +68,12 @@ type Result struct {
 	Latency map[string][][health.Buckets]int64
 	// Served is what reached the app since the rig started.
 	Served int64
+	// AppLatency counts the app's answers 200 by the time the app itself
+	// took (its queue and its service), per second of the run in which it
+	// answered, on pkg/health's scale: the callee's latency, which an
+	// objective (slo: latency_p99) bounds, without the proxies' and the
+	// load generator's time on the way. Empty when the rig has no App.
+	AppLatency [][health.Buckets]int64
 }
 
 // P99 is the p99 latency of the admitted requests of callers (all of
@@ -79,13 +85,26 @@ func (r *Result) P99(from, to int, callers ...string) (d time.Duration, ok bool)
 		if len(callers) > 0 && !slices.Contains(callers, name) {
 			continue
 		}
-		for i := max(from, 0); i < to && i < len(secs); i++ {
-			for b, n := range secs[i] {
-				w[b] += float64(n)
-			}
-		}
+		addSeconds(w, secs, from, to)
 	}
 	return health.Quantile(w, 0.99)
+}
+
+// AppP99 is the p99 of the app's own latency over seconds [from, to) (see
+// AppLatency); ok is false without any answer.
+func (r *Result) AppP99(from, to int) (d time.Duration, ok bool) {
+	w := make([]float64, health.Buckets)
+	addSeconds(w, r.AppLatency, from, to)
+	return health.Quantile(w, 0.99)
+}
+
+// addSeconds adds seconds [from, to) of secs into w.
+func addSeconds(w []float64, secs [][health.Buckets]int64, from, to int) {
+	for i := max(from, 0); i < to && i < len(secs); i++ {
+		for b, n := range secs[i] {
+			w[b] += float64(n)
+		}
+	}
 }
 
 // Sum adds up seconds [from, to) of caller.
@@ -148,13 +167,41 @@ type Server struct {
 
 	served  atomic.Int64
 	running atomic.Bool
+	// appLat is the run under way's AppLatency; nil between runs.
+	appLat atomic.Pointer[appLatency]
+}
+
+// appLatency is one run's app latency: its start and its seconds.
+type appLatency struct {
+	start   time.Time
+	seconds [][health.Buckets]atomic.Int64
+}
+
+// statusWriter keeps the status the app answered.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
 }
 
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.URL.Path != "/rig/run" {
 		s.served.Add(1)
 		if s.App != nil {
-			s.App.ServeHTTP(w, r)
+			s.serveApp(w, r)
 			return
 		}
 		io.WriteString(w, "from the app\n")
@@ -187,6 +234,22 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	json.NewEncoder(w).Encode(res)
 }
 
+// serveApp has the App answer r, timing its answers 200 into the run
+// under way's second.
+func (s *Server) serveApp(w http.ResponseWriter, r *http.Request) {
+	begin := time.Now()
+	sw := &statusWriter{ResponseWriter: w}
+	s.App.ServeHTTP(sw, r)
+	lat := s.appLat.Load()
+	if lat == nil || sw.status != http.StatusOK {
+		return
+	}
+	end := time.Now()
+	if sec := int(end.Sub(lat.start) / time.Second); sec >= 0 && sec < len(lat.seconds) {
+		lat.seconds[sec][health.Bucket(end.Sub(begin))].Add(1)
+	}
+}
+
 // run runs p; the caller ending the request ends the run.
 func (s *Server) run(ctx context.Context, p *Plan) (*Result, error) {
 	opts := loadgen.Options{Targets: p.Targets, Duration: time.Duration(p.Seconds) * time.Second}
@@ -201,11 +264,26 @@ func (s *Server) run(ctx context.Context, p *Plan) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The app's seconds count from here, as the generator's do from
+	// within Run: the same seconds within a few µs.
+	lat := &appLatency{start: time.Now(), seconds: make([][health.Buckets]atomic.Int64, p.Seconds)}
+	if s.App != nil {
+		s.appLat.Store(lat)
+		defer s.appLat.Store(nil)
+	}
 	if err := g.Run(ctx, nil); err != nil {
 		return nil, err
 	}
 	res := &Result{Seconds: map[string][]loadgen.Second{}, Latency: map[string][][health.Buckets]int64{},
 		OffSchedule: g.OffSchedule(0, p.Seconds), Served: s.served.Load()}
+	if s.App != nil {
+		res.AppLatency = make([][health.Buckets]int64, p.Seconds)
+		for i := range lat.seconds {
+			for b := range lat.seconds[i] {
+				res.AppLatency[i][b] = lat.seconds[i][b].Load()
+			}
+		}
+	}
 	for _, c := range p.Callers {
 		secs := make([]loadgen.Second, p.Seconds)
 		lat := make([][health.Buckets]int64, p.Seconds)

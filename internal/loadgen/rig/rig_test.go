@@ -8,6 +8,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/internal/testkit/knee"
+	"github.com/sluicehq/sluice/pkg/health"
 )
 
 // TestRunAgainstItself: a rig sends its plan to its own app, and the app
@@ -70,5 +73,45 @@ func TestBadPlans(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "400") {
 			t.Errorf("%+v: %v, want a 400 naming %s", tc.plan, err, tc.want)
 		}
+	}
+}
+
+// TestAppLatency: with an App, the rig times the app's own answers, per
+// second of the run: at least the app's service time, and no more than
+// what the load generator saw on the way through.
+func TestAppLatency(t *testing.T) {
+	const service = 20 * time.Millisecond
+	app, err := knee.New(knee.Config{Workers: 50, Service: service})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(&Server{App: app})
+	defer srv.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	res, err := Run(ctx, srv.URL, Plan{Targets: []string{srv.URL}, Seconds: 2, Callers: []Caller{{Name: "a", Rate: 50}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.AppLatency) != 2 {
+		t.Fatalf("%d seconds of app latency, want 2", len(res.AppLatency))
+	}
+	var answered int64
+	for _, sec := range res.AppLatency {
+		for _, n := range sec {
+			answered += n
+		}
+	}
+	// A request the run sent in its last moments may be answered after it.
+	if sent := res.Sum("a", 0, 2).Admitted; answered == 0 || answered > sent {
+		t.Errorf("the app timed %d answers, want 1 to %d (the admitted requests)", answered, sent)
+	}
+	appP99, ok := res.AppP99(0, 2)
+	clientP99, _ := res.P99(0, 2)
+	// Within a bucket of pkg/health's scale (26 %) a quantile is
+	// interpolated from the counts below it, which differ between the
+	// two: they are compared by bucket.
+	if !ok || health.Bucket(appP99) < health.Bucket(service) || health.Bucket(appP99) > health.Bucket(clientP99) {
+		t.Errorf("the app's p99 %v (ok %v), want from its service time %v to the client's p99 %v", appP99, ok, service, clientP99)
 	}
 }
