@@ -35,25 +35,32 @@
 //     same overload.
 //   - Trim, when the objective holds but the callee queues: C = min(C, G)·(1
 //     − Increase), just under the knee it showed, before the queue costs
-//     latency. A probe past the knee ends here, a few per cent above it.
+//     latency, and K = G. A probe past the knee ends here, a few per cent
+//     above it. A trim is a probe's size and does not hold off the next
+//     decrease (Settle): a queue that goes on growing is cut on the next
+//     tick.
 //     Rates alone would be too noisy for this: a fleet's admitted and
 //     answered rates differ by more than a probe's queue; the latency tells.
-//   - Single-tick noise: a violated tick after a good one costs at most a
-//     tenth of C (NoiseDecrease) and does not move K; only a second one in
-//     a row takes the whole gradient, judged on the median p99 and errors
-//     of the last three ticks.
+//   - Single-tick noise: a bad tick (one that decreases) after a good one
+//     costs at most a tenth of C (NoiseDecrease) and does not move K; only
+//     a second one in a row takes the whole gradient, judged on the median
+//     p99 and errors of the last three ticks.
 //   - Increase, only while the objective holds under its aim, the callee is
 //     limited by the estimate (offered above C, admitted at least 9/10 of
 //     it) and its p99 has settled: no further than a quarter of the way
 //     from its latency without a queue (the lowest p99 seen, or the p99
 //     while it is admitted well under K; Envoy's adaptive concurrency
 //     compares latency with a minimum it measures too) to T, so that the
-//     queue the last probe built has drained. Below K, C returns toward K
-//     fast, half the gap every Recovery (300ms), as CUBIC returns to its
-//     last window; from K it probes by Increase (2 %) a second, and only
-//     once it is 10 % past K, where the knee has plainly moved, does the
-//     probe speed up, by Increase every second, to MaxIncrease (10 %/s), so
-//     that a callee recovered from a brownout is found in seconds.
+//     queue the last probe built has drained. Below K, C returns toward
+//     just under it, K·(1 − Increase), fast, half the gap every Recovery
+//     (300ms), as CUBIC returns to its last window; from there it probes
+//     by Increase (2 %), and past K by half that for the first two probes:
+//     a probe past the knee builds a queue at the probe's size for as long
+//     as the loop takes to show it (3 s through the real loop), and half a
+//     probe keeps that queue within the objective. Probes past K that the
+//     p99 let pass say the knee moved: the probe speeds up, by Increase
+//     every second probed, to MaxIncrease (10 %/s), so that a callee
+//     recovered from a brownout is found in tens of seconds.
 //   - No inflation without evidence: a callee offered less than C is not
 //     limited by it and C holds. C starts at, and never exceeds,
 //     CapMultiple (2) times the highest goodput seen healthy or at a
@@ -69,21 +76,24 @@
 //
 // A step waits to show: after a confirmed decrease the estimator does not
 // decrease again until a sample shows the callee admitted no more than
-// the new estimate, and after a probe near the knee it does not probe
-// again until a sample shows the callee admitted more (each wait at most
-// 5 s). A fleet's samples lag its decisions by a tick and a report
-// window, more on a busy machine; without the wait the estimator cut for
-// an overload it had already answered (a callee offered twice its knee
-// went to a fifth of it through the real loop) and probed past the knee
-// by several steps. Config.Settle adds a least wait.
+// the new estimate, and after a probe it does not probe again until a
+// sample shows the callee admitted more (each wait at most 5 s), and,
+// past the knee, one sample more at the new rate, whose p99 shows the
+// probe's queue. A fleet's samples lag its decisions by a tick and a
+// report window, more on a busy machine; without the wait the estimator
+// cut for an overload it had already answered (a callee offered twice its
+// knee went to a fifth of it through the real loop) and probed past the
+// knee by several steps (12 % in a tick, the p99 past the objective for
+// seconds). Config.Settle adds a least wait.
 //
 // On the modelled knee of internal/testkit/knee (a fluid queue, one tick a
 // second), a cold start offered twice the knee settles within 10 % of it,
 // the p99 within the objective, in 3 to 4 ticks, and then runs a sawtooth
-// from 2 % under the knee to 4 % over it; a capacity halved is found in 5
-// ticks, one doubled again in 12, with no overshoot past 10 %. Measured
+// from 2 % under the knee to 2 % over it; a capacity halved is found in 5
+// ticks, one doubled again in 19, with no overshoot past 10 %. Measured
 // through ±2 % noise on the rates (±6 % on the p99) it still settles within
-// 10 %, in 3 ticks; through ±5 %, within 15 %.
+// 10 %, in 3 ticks, then stays within −5 % and +3 %; through ±5 %, within
+// 10 % (−9 % to +8 %).
 //
 // Why not a concurrency limit, as Envoy's adaptive concurrency and
 // Netflix's concurrency-limits use? They run in one process, on one host's
@@ -288,7 +298,7 @@ type Estimator struct {
 
 	base     float64       // the callee's p99 without a queue, in seconds: see Step
 	pending  time.Duration // valid steps' time since the last decision, under Period
-	violated bool          // the last valid tick violated the objective
+	violated bool          // the last decision's tick was bad: the objective violated, or above the aim while queueing
 	lowered  bool          // the last valid tick lowered the estimate, or held while its queue drained
 	probing  float64       // seconds probed far past the knee in a row: the probe's speed-up
 	settle   float64       // seconds left before another decrease (Config.Settle)
@@ -377,14 +387,18 @@ func (e *Estimator) Step(dt time.Duration, s Sample) Estimate {
 	first := c == 0
 	reason, held := Holding, false
 	deep := false // a confirmed decrease: the next waits for it to show
+	bad := violated || aboveAim && queueing
 	switch {
-	case violated || aboveAim && queueing:
+	case bad:
 		if draining && e.lowered || e.settle > 0 || e.downTo > 0 {
 			// The latency lags the last decrease: wait for it. What
-			// the callee answers meanwhile, overloaded, is its knee.
+			// the callee answers meanwhile, overloaded, is its knee:
+			// the median of its last ticks, as at a decrease, for the
+			// highest of a few noisy ticks would overstate it, and the
+			// return to the knee would then build a queue.
 			held = true
-			e.knee = max(e.knee, s.Goodput)
-			e.peak = max(e.peak, s.Goodput)
+			e.knee = max(e.knee, goodput)
+			e.peak = max(e.peak, goodput)
 			break
 		}
 		confirmed := first || e.violated
@@ -419,9 +433,15 @@ func (e *Estimator) Step(dt time.Duration, s Sample) Estimate {
 		e.probing = 0 // above the aim, not queueing: hold
 	case queueing:
 		// Healthy, but admitted past its knee: back to just under the
-		// goodput before the queue costs latency.
+		// goodput before the queue costs latency. A trim is a probe's
+		// size and sets no Settle: a queue that goes on growing past the
+		// aim must be cut on the next tick, not held for what the trim
+		// did (through the real loop on a busy machine, a trim's wait
+		// kept the p99 past the objective for four seconds).
 		e.good = goodput
-		c = e.decrease(c, goodput, 1-cfg.Increase)
+		e.knee = goodput
+		e.peak = max(e.peak, goodput)
+		c = e.lower(c, goodput, 1-cfg.Increase)
 		reason = BackingOff
 	default:
 		e.peak = max(e.peak, goodput)
@@ -434,28 +454,43 @@ func (e *Estimator) Step(dt time.Duration, s Sample) Estimate {
 			break // a queue is left: wait for it
 		}
 		reason = ProbingUp
-		if c < e.knee*(1-cfg.Increase) {
-			c += (e.knee - c) * (1 - math.Exp2(-secs/cfg.Recovery.Seconds()))
-			if c >= e.knee*(1-cfg.Increase) {
-				c = e.knee
+		// Back to just under the knee, not onto it: the knee was
+		// measured overloaded and a machine (or a callee) that has since
+		// slowed answers a little less; from there a probe finds it.
+		if under := e.knee * (1 - cfg.Increase); c < under*(1-cfg.Increase/2) {
+			c += (under - c) * (1 - math.Exp2(-secs/cfg.Recovery.Seconds()))
+			if c >= under*(1-cfg.Increase/2) {
+				c = under
 			}
 			break
 		}
-		near := c <= e.knee*(1+farFromKnee)
-		if near && (e.paced > 0 || e.upTo > 0) {
+		if e.paced > 0 || e.upTo > 0 {
+			// The last probe has not shown yet. Far from the knee too:
+			// probes sped up there and taken each tick before the last
+			// showed went 12 % past the knee in a tick through the real
+			// loop, their queue not yet in the p99.
 			reason = Holding
-			break // the last probe near the knee has not shown yet
+			break
 		}
 		rate := min(cfg.Increase*(1+e.probing), cfg.MaxIncrease)
+		if c >= e.knee && e.probing < halfProbes {
+			// The first probes past the knee it showed are half probes:
+			// their queue grows at the probe's size for as long as the
+			// loop takes to see it, a few seconds, and at a knee that
+			// has not moved half a probe keeps that queue within the
+			// objective. Probes that the p99 let pass are evidence that
+			// the knee moved: the next ones speed up.
+			rate = cfg.Increase / 2
+		}
 		e.upFrom = c
 		c *= 1 + min(rate*secs, 1)
 		e.paced = cfg.Settle.Seconds()
 		e.upTo, e.awaited = c, -secs // its wait starts with the next sample
-		if c > e.knee*(1+farFromKnee) {
+		if c > e.knee {
 			e.probing = min(e.probing+secs, 1e6)
 		}
 	}
-	e.violated = violated
+	e.violated = bad
 	e.lowered = reason == BackingOff || held
 	// This sample showed the last steps carried out, or the wait for
 	// them ran out (a loop that can not carry a step out, say a tier the
@@ -466,8 +501,17 @@ func (e *Estimator) Step(dt time.Duration, s Sample) Estimate {
 		e.downTo = 0
 	}
 	// A probe is a few per cent: it shows once the callee admits more
-	// than halfway from the estimate before it.
+	// than halfway from the estimate before it. Its latency shows later:
+	// a queue of a few per cent of the knee takes a tick or two to reach
+	// the p99, and a probe taken on the tick the rate showed ran past
+	// the knee by a probe more before the first one's queue was seen
+	// (through the real loop on a busy machine: p99 past the objective
+	// for three seconds). The next probe waits for probeSamples samples
+	// at the new rate.
 	if e.upTo > 0 && (s.Admitted >= (e.upFrom+e.upTo)/2 || s.Offered < e.upTo || e.awaited >= maxAwait) {
+		if s.Admitted >= (e.upFrom+e.upTo)/2 && e.upTo > e.knee && e.upTo <= e.knee*(1+farFromKnee) {
+			e.paced = max(e.paced, probeSamples*cfg.Period.Seconds())
+		}
 		e.upTo = 0
 	}
 	switch {
@@ -513,6 +557,14 @@ func (e *Estimator) lower(c, goodput, factor float64) float64 {
 // maxAwait is how long, in seconds, the estimator waits at most for a
 // sample that shows its last step carried out (Estimator.downTo, upTo).
 const maxAwait = 5.0
+
+// probeSamples is how many samples at a probe's rate near the knee the
+// next probe waits for, their p99 settled (see Step).
+const probeSamples = 1
+
+// halfProbes is how long, in seconds of probing, probes past the knee
+// are half probes (see Step).
+const halfProbes = 2.0
 
 // farFromKnee is how far past the remembered knee a probe is far from it:
 // there, and only there, the probe speeds up.
