@@ -53,6 +53,7 @@ func TestAdaptiveCapacityAsProcesses(t *testing.T) {
 		t.Skip("end-to-end with processes: about 70 s")
 	}
 	plainBinaries(t)
+	v := newVerdict(t)
 	callers := func(targets []string) rig.Plan {
 		return rig.Plan{Targets: targets, Seconds: adaptiveRun, Callers: []rig.Caller{
 			{Name: "web", Rate: 0.4 * kneeRate},
@@ -85,8 +86,8 @@ func TestAdaptiveCapacityAsProcesses(t *testing.T) {
 
 	logAdaptive(t, "without sluice", without, nil)
 	logAdaptive(t, "with sluice", with, estimates)
-	requireDelivered(t, with.OffSchedule, 0, adaptiveRun)
-	requireDelivered(t, without.OffSchedule, 0, adaptiveRun)
+	v.requireDelivered(with.OffSchedule, 0, adaptiveRun)
+	v.requireDelivered(without.OffSchedule, 0, adaptiveRun)
 
 	p99Without, _ := without.P99(adaptiveBy, adaptiveRun)
 	p99, ok := with.P99(adaptiveBy, adaptiveRun)
@@ -98,7 +99,7 @@ func TestAdaptiveCapacityAsProcesses(t *testing.T) {
 	t.Logf("over seconds [%d, %d): p99 %v with sluice, %v without (objective %v); goodput %.0f rps (knee %.0f); web lost %.2f %%",
 		adaptiveBy, adaptiveRun, p99, p99Without, kneeP99, goodput, kneeRate, 100*webLoss)
 	if !ok || p99 > kneeP99 {
-		t.Errorf("p99 of admitted requests %v (ok %v) over seconds [%d, %d), want within the objective %v", p99, ok, adaptiveBy, adaptiveRun, kneeP99)
+		v.Errorf("p99 of admitted requests %v (ok %v) over seconds [%d, %d), want within the objective %v", p99, ok, adaptiveBy, adaptiveRun, kneeP99)
 	}
 	// The issue asks for 90 % of the knee. A busy machine stalls the
 	// loop now and then, the estimator backs off for what looks like an
@@ -110,18 +111,18 @@ func TestAdaptiveCapacityAsProcesses(t *testing.T) {
 	t.Logf("goodput %.0f rps: %.0f %% of the knee (the issue's goal: 90 %%), %.0f %% of the %.0f rps the app answered without sluice",
 		goodput, 100*goodput/kneeRate, 100*goodput/appGoodput, appGoodput)
 	if goodput < 0.75*appGoodput {
-		t.Errorf("goodput %.0f rps, want at least 75 %% of the %.0f rps the app answered without sluice", goodput, appGoodput)
+		v.Errorf("goodput %.0f rps, want at least 75 %% of the %.0f rps the app answered without sluice", goodput, appGoodput)
 	}
 	if refused := with.Sum("web", adaptiveBy, adaptiveRun).Unavailable + with.Sum("batch", adaptiveBy, adaptiveRun).Unavailable; refused > 0 {
-		t.Errorf("the app refused %d requests (503) from second %d on: its queue overflowed behind sluice", refused, adaptiveBy)
+		v.Errorf("the app refused %d requests (503) from second %d on: its queue overflowed behind sluice", refused, adaptiveBy)
 	}
 	if webLoss >= 0.01 {
-		t.Errorf("web (CRITICAL) lost %.2f %% (%d of %d), want < 1 %%", 100*webLoss, web.Sent-web.Admitted, web.Sent)
+		v.Errorf("web (CRITICAL) lost %.2f %% (%d of %d), want < 1 %%", 100*webLoss, web.Sent-web.Admitted, web.Sent)
 	}
 	// Without sluice the queue fills: what is admitted waits the whole
 	// queue, and the rest is refused.
 	if p99Without < 2*kneeP99 {
-		t.Errorf("without sluice the p99 was %v, want the blow-up (at least %v): the test's load does not pass the knee", p99Without, 2*kneeP99)
+		v.Errorf("without sluice the p99 was %v, want the blow-up (at least %v): the test's load does not pass the knee", p99Without, 2*kneeP99)
 	}
 }
 

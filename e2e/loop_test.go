@@ -126,11 +126,15 @@ func requireDelivered(t *testing.T, late []int, from, to int) {
 	if len(late) == 0 {
 		return
 	}
-	msg := fmt.Sprintf("the load went out more than 10 %% off its schedule in seconds %v of [%d, %d): the machine is too busy for this run to say anything about the loop", late, from, to)
+	msg := offScheduleMsg(late, from, to)
 	if os.Getenv("CI") == "true" {
 		t.Fatal(msg)
 	}
 	t.Skip(msg)
+}
+
+func offScheduleMsg(late []int, from, to int) string {
+	return fmt.Sprintf("the load went out more than 10 %% off its schedule in seconds %v of [%d, %d): the machine is too busy for this run to say anything about the loop", late, from, to)
 }
 
 // logSeconds prints the run, one line a second, for whoever reads a failure.

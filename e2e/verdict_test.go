@@ -1,0 +1,65 @@
+package e2e
+
+import (
+	"fmt"
+	"os"
+	"sync"
+	"testing"
+)
+
+// verdict is a test's failures, said again as the last thing it logs. A
+// test that starts processes logs their whole output when it fails, after
+// its own messages (start's cleanup): hundreds of lines, and a CI summary
+// that shows a failing test's last lines then showed only the processes'
+// start-up logs, not why the test failed.
+type verdict struct {
+	t    *testing.T
+	mu   sync.Mutex
+	msgs []string
+}
+
+// newVerdict returns t's verdict. Call it before the test starts any
+// process: its recap is a cleanup, and cleanups run last first.
+func newVerdict(t *testing.T) *verdict {
+	v := &verdict{t: t}
+	t.Cleanup(func() {
+		v.mu.Lock()
+		defer v.mu.Unlock()
+		for _, m := range v.msgs {
+			t.Log("FAILED: " + m)
+		}
+	})
+	return v
+}
+
+func (v *verdict) record(format string, args ...any) string {
+	m := fmt.Sprintf(format, args...)
+	v.mu.Lock()
+	v.msgs = append(v.msgs, m)
+	v.mu.Unlock()
+	return m
+}
+
+// Errorf is t.Errorf, recapped.
+func (v *verdict) Errorf(format string, args ...any) {
+	v.t.Helper()
+	v.t.Error(v.record(format, args...))
+}
+
+// Fatalf is t.Fatalf, recapped.
+func (v *verdict) Fatalf(format string, args ...any) {
+	v.t.Helper()
+	v.t.Fatal(v.record(format, args...))
+}
+
+// requireDelivered is requireDelivered, recapped.
+func (v *verdict) requireDelivered(late []int, from, to int) {
+	v.t.Helper()
+	if len(late) == 0 {
+		return
+	}
+	if os.Getenv("CI") == "true" {
+		v.Fatalf("%s", offScheduleMsg(late, from, to))
+	}
+	v.t.Skip(offScheduleMsg(late, from, to))
+}
