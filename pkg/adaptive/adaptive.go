@@ -296,13 +296,13 @@ type Estimator struct {
 	p99, errs, goodput [3]float64
 	n, next            int
 
-	base     float64       // the callee's p99 without a queue, in seconds: see Step
-	pending  time.Duration // valid steps' time since the last decision, under Period
-	violated bool          // the last decision's tick was bad: the objective violated, or above the aim while queueing
-	lowered  bool          // the last valid tick lowered the estimate, or held while its queue drained
-	probing  float64       // seconds probed far past the knee in a row: the probe's speed-up
-	settle   float64       // seconds left before another decrease (Config.Settle)
-	paced    float64       // seconds left before another probe past the knee (Config.Settle)
+	base    float64       // the callee's p99 without a queue, in seconds: see Step
+	pending time.Duration // valid steps' time since the last decision, under Period
+	wasBad  bool          // the last decision's tick was bad: the objective violated, or above the aim while queueing
+	lowered bool          // the last valid tick lowered the estimate, or held while its queue drained
+	probing float64       // seconds probed past the knee in a row: the probe's speed-up
+	settle  float64       // seconds left before another decrease (Config.Settle)
+	paced   float64       // seconds left before another probe past the knee (Config.Settle)
 	// downTo is the estimate of the last decrease until a sample shows
 	// the callee admitted no more than it; upTo that of the last probe
 	// until a sample shows it admitted that much (or was offered less).
@@ -401,7 +401,7 @@ func (e *Estimator) Step(dt time.Duration, s Sample) Estimate {
 			e.peak = max(e.peak, goodput)
 			break
 		}
-		confirmed := first || e.violated
+		confirmed := first || e.wasBad
 		sig, sigErrs := raw, s.Errors
 		if confirmed {
 			sig, sigErrs = p99, errs
@@ -439,9 +439,7 @@ func (e *Estimator) Step(dt time.Duration, s Sample) Estimate {
 		// did (through the real loop on a busy machine, a trim's wait
 		// kept the p99 past the objective for four seconds).
 		e.good = goodput
-		e.knee = goodput
-		e.peak = max(e.peak, goodput)
-		c = e.lower(c, goodput, 1-cfg.Increase)
+		c = e.trim(c, goodput, 1-cfg.Increase)
 		reason = BackingOff
 	default:
 		e.peak = max(e.peak, goodput)
@@ -490,7 +488,7 @@ func (e *Estimator) Step(dt time.Duration, s Sample) Estimate {
 			e.probing = min(e.probing+secs, 1e6)
 		}
 	}
-	e.violated = bad
+	e.wasBad = bad
 	e.lowered = reason == BackingOff || held
 	// This sample showed the last steps carried out, or the wait for
 	// them ran out (a loop that can not carry a step out, say a tier the
@@ -538,9 +536,14 @@ func (e *Estimator) Step(dt time.Duration, s Sample) Estimate {
 // c and goodput (goodput alone before the first estimate), and remembers
 // goodput as the knee.
 func (e *Estimator) decrease(c, goodput, factor float64) float64 {
+	e.settle = e.cfg.Settle.Seconds()
+	return e.trim(c, goodput, factor)
+}
+
+// trim is decrease without the Settle that holds off the next one.
+func (e *Estimator) trim(c, goodput, factor float64) float64 {
 	e.knee = goodput
 	e.peak = max(e.peak, goodput)
-	e.settle = e.cfg.Settle.Seconds()
 	return e.lower(c, goodput, factor)
 }
 
