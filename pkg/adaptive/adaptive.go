@@ -570,7 +570,7 @@ const probeSamples = 1
 const halfProbes = 2.0
 
 // farFromKnee is how far past the remembered knee a probe is far from it:
-// there, and only there, the probe speeds up.
+// there a probe does not wait for probeSamples more samples.
 const farFromKnee = 0.1
 
 // slack is how far a callee's answers may fall short of, or run past, what
