@@ -4,8 +4,10 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -86,17 +88,18 @@ func TestAdaptiveCapacityAsProcesses(t *testing.T) {
 
 	logAdaptive(t, "without sluice", without, nil)
 	logAdaptive(t, "with sluice", with, estimates)
+	recapAdaptive(v, with, estimates)
 	v.requireDelivered(with.OffSchedule, 0, adaptiveRun)
 	v.requireDelivered(without.OffSchedule, 0, adaptiveRun)
 
 	p99Without, _ := without.P99(adaptiveBy, adaptiveRun)
 	p99, ok := with.P99(adaptiveBy, adaptiveRun)
 	appP99, _ := with.AppP99(adaptiveBy, adaptiveRun)
-	t.Logf("app's own p99 over seconds [%d, %d): %v with sluice", adaptiveBy, adaptiveRun, appP99)
+	v.Logf("app's own p99 over seconds [%d, %d): %v with sluice", adaptiveBy, adaptiveRun, appP99)
 	goodput := float64(with.Sum("web", adaptiveBy, adaptiveRun).Admitted+with.Sum("batch", adaptiveBy, adaptiveRun).Admitted) / (adaptiveRun - adaptiveBy)
 	web := with.Sum("web", adaptiveBy, adaptiveRun)
 	webLoss := float64(web.Sent-web.Admitted) / float64(web.Sent)
-	t.Logf("over seconds [%d, %d): p99 %v with sluice, %v without (objective %v); goodput %.0f rps (knee %.0f); web lost %.2f %%",
+	v.Logf("over seconds [%d, %d): p99 %v with sluice, %v without (objective %v); goodput %.0f rps (knee %.0f); web lost %.2f %%",
 		adaptiveBy, adaptiveRun, p99, p99Without, kneeP99, goodput, kneeRate, 100*webLoss)
 	if !ok || p99 > kneeP99 {
 		v.Errorf("p99 of admitted requests %v (ok %v) over seconds [%d, %d), want within the objective %v", p99, ok, adaptiveBy, adaptiveRun, kneeP99)
@@ -108,7 +111,7 @@ func TestAdaptiveCapacityAsProcesses(t *testing.T) {
 	// is asserted is measured against what the app itself delivered on
 	// this machine, without sluice, moments before.
 	appGoodput := float64(without.Sum("web", adaptiveBy, adaptiveRun).Admitted+without.Sum("batch", adaptiveBy, adaptiveRun).Admitted) / (adaptiveRun - adaptiveBy)
-	t.Logf("goodput %.0f rps: %.0f %% of the knee (the issue's goal: 90 %%), %.0f %% of the %.0f rps the app answered without sluice",
+	v.Logf("goodput %.0f rps: %.0f %% of the knee (the issue's goal: 90 %%), %.0f %% of the %.0f rps the app answered without sluice",
 		goodput, 100*goodput/kneeRate, 100*goodput/appGoodput, appGoodput)
 	if goodput < 0.75*appGoodput {
 		v.Errorf("goodput %.0f rps, want at least 75 %% of the %.0f rps the app answered without sluice", goodput, appGoodput)
@@ -151,5 +154,27 @@ func logAdaptive(t *testing.T, what string, r *rig.Result, estimates []float64) 
 		}
 		t.Logf("%s t=%2ds web sent=%3d admitted=%3d | batch sent=%3d admitted=%3d dropped=%3d 503=%3d | p99 %6.1fms, app's %6.1fms | estimate %.0f",
 			what, s, w.Sent, w.Admitted, b.Sent, b.Admitted, b.Dropped, w.Unavailable+b.Unavailable, float64(p99)/1e6, float64(app)/1e6, est)
+	}
+}
+
+// recapAdaptive logs the run with sluice in four lines, one figure a second,
+// so that a failure's recap shows it whole.
+func recapAdaptive(v *verdict, r *rig.Result, estimates []float64) {
+	var admitted, p99s, apps, ests strings.Builder
+	for s := range adaptiveRun {
+		w, b := r.Sum("web", s, s+1), r.Sum("batch", s, s+1)
+		p99, _ := r.P99(s, s+1)
+		app, _ := r.AppP99(s, s+1)
+		fmt.Fprintf(&admitted, " %d", w.Admitted+b.Admitted)
+		fmt.Fprintf(&p99s, " %d", p99.Milliseconds())
+		fmt.Fprintf(&apps, " %d", app.Milliseconds())
+		fmt.Fprintf(&ests, " %.0f", estimates[s])
+	}
+	v.Logf("with sluice, a figure a second: admitted rps%s", admitted.String())
+	v.Logf("with sluice, a figure a second: p99 ms%s", p99s.String())
+	v.Logf("with sluice, a figure a second: app's p99 ms%s", apps.String())
+	v.Logf("with sluice, a figure a second: estimate rps%s", ests.String())
+	if len(r.OffSchedule) > 0 {
+		v.Logf("with sluice: the rig sent off schedule in seconds %v", r.OffSchedule)
 	}
 }

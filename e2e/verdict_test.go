@@ -13,9 +13,10 @@ import (
 // that shows a failing test's last lines then showed only the processes'
 // start-up logs, not why the test failed.
 type verdict struct {
-	t    *testing.T
-	mu   sync.Mutex
-	msgs []string
+	t       *testing.T
+	mu      sync.Mutex
+	msgs    []string
+	details []string
 }
 
 // newVerdict returns t's verdict. Call it before the test starts any
@@ -25,6 +26,12 @@ func newVerdict(t *testing.T) *verdict {
 	t.Cleanup(func() {
 		v.mu.Lock()
 		defer v.mu.Unlock()
+		if len(v.msgs) == 0 {
+			return
+		}
+		for _, d := range v.details {
+			t.Log(d)
+		}
 		for _, m := range v.msgs {
 			t.Log("FAILED: " + m)
 		}
@@ -38,6 +45,17 @@ func (v *verdict) record(format string, args ...any) string {
 	v.msgs = append(v.msgs, m)
 	v.mu.Unlock()
 	return m
+}
+
+// Logf is t.Logf, and recapped before the failures if there are any: the
+// figures a failure is read against (a run second by second).
+func (v *verdict) Logf(format string, args ...any) {
+	v.t.Helper()
+	m := fmt.Sprintf(format, args...)
+	v.t.Log(m)
+	v.mu.Lock()
+	v.details = append(v.details, m)
+	v.mu.Unlock()
 }
 
 // Errorf is t.Errorf, recapped.

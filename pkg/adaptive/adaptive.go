@@ -72,7 +72,8 @@
 // One decision a Period (a second): the controller may tick more often (a
 // surge brings its ticks forward) but its fleet's health changes once a
 // report interval, and a decision taken again on the same health would
-// compound it. Steps in between hold the estimate.
+// compound it. Steps in between hold the estimate, and a step that comes
+// late is still one decision: it probes no further than one on time.
 //
 // A step waits to show: after a confirmed decrease the estimator does not
 // decrease again until a sample shows the callee admitted no more than
@@ -333,7 +334,7 @@ func (e *Estimator) Step(dt time.Duration, s Sample) Estimate {
 		return e.est
 	}
 	cfg := e.cfg
-	if e.pending += dt; e.est.Capacity > 0 && e.pending < cfg.Period {
+	if e.pending += dt; e.est.Capacity > 0 && e.pending < cfg.Period-cfg.Period/earlyTick {
 		e.est.Reason = Holding // too soon after the last decision
 		return e.est
 	}
@@ -480,6 +481,11 @@ func (e *Estimator) Step(dt time.Duration, s Sample) Estimate {
 			// the knee moved: the next ones speed up.
 			rate = cfg.Increase / 2
 		}
+		// A probe is one decision's: a step that comes late (a busy
+		// machine's tick) does not probe further for it.
+		if cfg.Period > 0 {
+			secs = min(secs, cfg.Period.Seconds())
+		}
 		e.upFrom = c
 		c *= 1 + min(rate*secs, 1)
 		e.paced = cfg.Settle.Seconds()
@@ -556,6 +562,15 @@ func (e *Estimator) lower(c, goodput, factor float64) float64 {
 	e.probing = 0
 	return c * factor
 }
+
+// earlyTick: a step that comes a Period/earlyTick early still decides. A
+// controller's ticks a second apart come microseconds either side of it;
+// held to the exact Period, one tick in two held as too soon, and the
+// next took two seconds' step at once. Not more than a millisecond: a
+// tick a surge brought forward a little before a regular one reads the
+// health the last decision read (in the simulator's brownout scenario, a
+// tolerance of 10ms kept the estimate from releasing after the brownout).
+const earlyTick = 1000
 
 // maxAwait is how long, in seconds, the estimator waits at most for a
 // sample that shows its last step carried out (Estimator.downTo, upTo).

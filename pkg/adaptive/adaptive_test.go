@@ -195,10 +195,42 @@ func TestPeriodOneDecision(t *testing.T) {
 		t.Errorf("the second decrease after %d more steps of 50ms, want after one or two periods (20 to 40)", n)
 	}
 
+	// A controller's ticks come a few µs either side of the period:
+	// each one decides.
+	e = mustNew(t, cfg)
+	e.Step(time.Second, violated)
+	for i := range 10 {
+		if got := e.Step(time.Second-time.Duration(i+1)*time.Microsecond, carried); got.Reason == Holding && got.Capacity == e.Estimate().Capacity && e.pending != 0 {
+			t.Fatalf("step %d, a hair under the period: held as too soon (%+v)", i, got)
+		}
+	}
+
 	cfg.Period = 0 // every step decides, as before
 	e = mustNew(t, cfg)
 	e.Step(50*time.Millisecond, violated)
 	if n := decided(e, 50*time.Millisecond); n != 2 {
 		t.Errorf("without a period, the second decrease after %d steps of 50ms, want 2 (one to see the first carried out)", n)
+	}
+}
+
+// A step that comes late (a busy machine's controller, or a tick held
+// as too soon before it) is one decision: it probes as far as a step on
+// time. Before, a late step probed twice as far, and a sped-up probe
+// taken with two seconds at once went 12 % past the knee in a step
+// through the real loop.
+func TestLateStepProbesOnce(t *testing.T) {
+	healthy := Sample{Offered: 1000, Admitted: 100, Goodput: 100, P99: 50 * time.Millisecond}
+	limited := Sample{Offered: 1000, Admitted: 200, Goodput: 200, P99: 50 * time.Millisecond}
+	probe := func(dt time.Duration) float64 {
+		e := mustNew(t, DefaultConfig(objective))
+		e.Step(time.Second, healthy)
+		got := e.Step(dt, limited)
+		if got.Reason != ProbingUp {
+			t.Fatalf("step of %v: %+v, want probing up", dt, got)
+		}
+		return got.Capacity
+	}
+	if onTime, late := probe(time.Second), probe(2*time.Second); late != onTime {
+		t.Errorf("a probe taken 2s after the last decision went to %v, one on time to %v: want the same", late, onTime)
 	}
 }
