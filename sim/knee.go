@@ -326,7 +326,7 @@ func (e *engine) brownout(callee string, k knee.Config, starts bool) {
 func (e *engine) readModels(res *controller.TickResult) {
 	for _, m := range e.models {
 		name := e.callees[m.callee].svc.Name
-		if est, ok := res.Estimates[name]; ok {
+		if est, ok := res.Estimates[controller.ServiceProcedure{Service: name}]; ok {
 			m.estimate = est.Capacity
 		}
 		if h, ok := res.Health[controller.ServiceProcedure{Service: name}]; ok {

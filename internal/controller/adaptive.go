@@ -1,11 +1,12 @@
 package controller
 
 import (
-	"math"
+	"slices"
 	"time"
 
 	"github.com/sluicehq/sluice/internal/limits"
 	"github.com/sluicehq/sluice/pkg/adaptive"
+	"github.com/sluicehq/sluice/pkg/names"
 )
 
 // Capacity from an objective (issue #18): a callee whose limits declare
@@ -35,11 +36,11 @@ const objectiveSettle = 2 * time.Second
 // the test's knee, and costs a third of that.
 const objectiveMinDecrease = 0.7
 
-// estimatorFor returns name's estimator under objective obj, made anew
-// when the objective changed (what it remembered was measured against the
-// old one).
-func (s *State) estimatorFor(name string, obj adaptive.Objective) *adaptive.Estimator {
-	if e := s.estimators[name]; e != nil && s.objectives[name] == obj {
+// estimatorFor returns the estimator of k (a callee, or one of its
+// procedures) under objective obj, made anew when the objective changed
+// (what it remembered was measured against the old one).
+func (s *State) estimatorFor(k ServiceProcedure, obj adaptive.Objective) *adaptive.Estimator {
+	if e := s.estimators[k]; e != nil && s.objectives[k] == obj {
 		return e
 	}
 	cfg := adaptive.DefaultConfig(obj)
@@ -50,61 +51,75 @@ func (s *State) estimatorFor(name string, obj adaptive.Objective) *adaptive.Esti
 		return nil // limits.Parse validated obj; a hand-built Set may not have
 	}
 	if s.estimators == nil {
-		s.estimators, s.objectives = map[string]*adaptive.Estimator{}, map[string]adaptive.Objective{}
+		s.estimators, s.objectives = map[ServiceProcedure]*adaptive.Estimator{}, map[ServiceProcedure]adaptive.Objective{}
 	}
-	s.estimators[name], s.objectives[name] = e, obj
+	s.estimators[k], s.objectives[k] = e, obj
 	return e
 }
 
-// stepEstimates steps the estimator of every callee with an objective,
-// dt after the last tick, and returns the estimates, by callee; callees
-// whose limits dropped their objective forget theirs.
-func (s *State) stepEstimates(dt time.Duration, inbound map[string][]peerTotals, hs map[ServiceProcedure]UpstreamHealth, set *limits.Set) map[string]adaptive.Estimate {
-	var out map[string]adaptive.Estimate
-	for _, name := range set.Services() {
-		lim := set.Service(name)
-		if lim.SLO == (adaptive.Objective{}) {
-			continue
-		}
-		e := s.estimatorFor(name, lim.SLO)
+// stepEstimates steps the estimator of every callee and procedure with an
+// objective, dt after the last tick, and returns the estimates: a
+// callee's under its name with Procedure "", a procedure's under both
+// names. Those whose limits dropped their objective forget theirs.
+//
+// A procedure's sample is its own leaves' load (folded as the law folds
+// them: a procedure the callee does not declare is names.Other) and its
+// own health, which the sidecars report per declared procedure.
+func (s *State) stepEstimates(dt time.Duration, inbound map[string][]peerTotals, hs map[ServiceProcedure]UpstreamHealth, set *limits.Set) map[ServiceProcedure]adaptive.Estimate {
+	var out map[ServiceProcedure]adaptive.Estimate
+	step := func(k ServiceProcedure, obj adaptive.Objective) {
+		e := s.estimatorFor(k, obj)
 		if e == nil {
-			continue
+			return
 		}
 		var offered, dropped float64
-		for _, p := range inbound[name] {
-			offered += p.Offered
-			dropped += p.Dropped
+		for _, p := range inbound[k.Service] {
+			if k.Procedure == "" || p.procedure == k.Procedure {
+				offered += p.Offered
+				dropped += p.Dropped
+			}
 		}
-		h, ok := hs[ServiceProcedure{name, ""}]
+		h, ok := hs[k]
 		sample := adaptive.Sample{Offered: offered, Admitted: max(offered-dropped, 0), Goodput: h.OK, P99: h.P99, Errors: h.Errors(), InFlight: h.InFlight}
-		step := dt
+		dt := dt
 		if !ok || !h.HasP99 {
-			step = 0 // nothing measured: the estimate holds
+			dt = 0 // nothing measured: the estimate holds
 		}
 		if out == nil {
-			out = map[string]adaptive.Estimate{}
+			out = map[ServiceProcedure]adaptive.Estimate{}
 		}
-		out[name] = e.Step(step, sample)
+		out[k] = e.Step(dt, sample)
 	}
-	for name := range s.estimators {
-		if _, ok := out[name]; !ok {
-			delete(s.estimators, name)
-			delete(s.objectives, name)
+	for _, name := range set.Services() {
+		lim := set.Service(name)
+		if lim.SLO != (adaptive.Objective{}) {
+			step(ServiceProcedure{name, ""}, lim.SLO)
+		}
+		if !lim.HasProcedures() {
+			continue
+		}
+		for _, proc := range append(slices.Clone(lim.Declared), names.Other) {
+			if p := lim.Procedures[proc]; p != nil && p.SLO != (adaptive.Objective{}) {
+				step(ServiceProcedure{name, proc}, p.SLO)
+			}
+		}
+	}
+	for k := range s.estimators {
+		if _, ok := out[k]; !ok {
+			delete(s.estimators, k)
+			delete(s.objectives, k)
 		}
 	}
 	return out
 }
 
-// capacityOf is the capacity the law shares for callee name: its written
-// capacity, or the estimate from its objective when that is smaller. An
-// estimate of 0 (none yet) does not bind.
-func capacityOf(name string, lim *limits.Service, est map[string]adaptive.Estimate) float64 {
-	c := math.Inf(1)
-	if lim != nil {
-		c = lim.Capacity
+// capacityOf is the capacity the law shares for k, a callee (Procedure
+// "") or one of its procedures: its written capacity, capped by the
+// estimate from its objective when there is one. An estimate of 0 (none
+// yet) does not bind.
+func capacityOf(k ServiceProcedure, written float64, est map[ServiceProcedure]adaptive.Estimate) float64 {
+	if e, ok := est[k]; ok && e.Capacity > 0 {
+		return min(written, e.Capacity)
 	}
-	if e, ok := est[name]; ok && e.Capacity > 0 {
-		c = min(c, e.Capacity)
-	}
-	return c
+	return written
 }

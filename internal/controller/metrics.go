@@ -51,9 +51,10 @@ type metrics struct {
 	healthErrors   *prometheus.GaugeVec
 	healthAnswered *prometheus.GaugeVec
 	healthSeen     map[ServiceProcedure]bool
-	// estimated is per callee with an objective, bounded by the limits.
+	// estimated is per callee and procedure with an objective, bounded by
+	// the limits.
 	estimated     *prometheus.GaugeVec
-	estimatedSeen map[string]string // callee → the reason of its series
+	estimatedSeen map[ServiceProcedure]string // the reason of each series
 
 	// badLog throttles the lines about what the controller left out
 	// (logDropped, logRefused, logShed), each at most once per logEvery:
@@ -162,9 +163,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		healthSeen: map[ServiceProcedure]bool{},
 		estimated: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "sluice_controller_estimated_capacity_rps",
-			Help: "The capacity estimated from a callee's objective (slo) at the last tick, and why it moved (reason: no_data, holding, probing_up, backing_off); the law shares the smaller of it and a written capacity. 0 until the callee has answered.",
-		}, []string{"service", "reason"}),
-		estimatedSeen: map[string]string{},
+			Help: "The capacity estimated from the objective (slo) of a callee or of one of its procedures (procedure empty: the callee as a whole) at the last tick, and why it moved (reason: no_data, holding, probing_up, backing_off); the law shares the smaller of it and a written capacity. 0 until the callee has answered.",
+		}, []string{"service", "procedure", "reason"}),
+		estimatedSeen: map[ServiceProcedure]string{},
 	}
 	m.peerRejected.WithLabelValues(ReasonBadProcedure) // at zero from the start
 	m.peerRejected.WithLabelValues(ReasonBadCriticality)
@@ -241,18 +242,18 @@ func (m *metrics) observeHealth(hs map[ServiceProcedure]UpstreamHealth) {
 }
 
 // observeEstimates sets each estimated capacity, one series per callee
-// under its last reason: a series whose reason changed, or whose callee
-// lost its objective, is deleted.
-func (m *metrics) observeEstimates(est map[string]adaptive.Estimate) {
-	for svc, reason := range m.estimatedSeen {
-		if e, ok := est[svc]; !ok || e.Reason.String() != reason {
-			m.estimated.DeleteLabelValues(svc, reason)
-			delete(m.estimatedSeen, svc)
+// or procedure under its last reason: a series whose reason changed, or
+// that lost its objective, is deleted.
+func (m *metrics) observeEstimates(est map[ServiceProcedure]adaptive.Estimate) {
+	for k, reason := range m.estimatedSeen {
+		if e, ok := est[k]; !ok || e.Reason.String() != reason {
+			m.estimated.DeleteLabelValues(k.Service, k.Procedure, reason)
+			delete(m.estimatedSeen, k)
 		}
 	}
-	for svc, e := range est {
-		m.estimated.WithLabelValues(svc, e.Reason.String()).Set(e.Capacity)
-		m.estimatedSeen[svc] = e.Reason.String()
+	for k, e := range est {
+		m.estimated.WithLabelValues(k.Service, k.Procedure, e.Reason.String()).Set(e.Capacity)
+		m.estimatedSeen[k] = e.Reason.String()
 	}
 }
 

@@ -71,11 +71,11 @@ type State struct {
 	// the list, so at most MaxDescriptorValues per descriptor and only of
 	// descriptors the limits give. Nil while DescriptorHold is 0.
 	held map[descriptorKey]map[string]heldValue
-	// estimators hold, per callee with an objective, its capacity
-	// estimator, and objectives the objective it was made for
+	// estimators hold, per callee and procedure with an objective, its
+	// capacity estimator, and objectives the objective it was made for
 	// (adaptive.go).
-	estimators map[string]*adaptive.Estimator
-	objectives map[string]adaptive.Objective
+	estimators map[ServiceProcedure]*adaptive.Estimator
+	objectives map[ServiceProcedure]adaptive.Objective
 	// levels holds the level of every bucket that holds less than a full
 	// one or owes debt, in its callee's units (see debt.go): only buckets
 	// with a finite limit of their own that hold a burst, pay back or

@@ -70,7 +70,7 @@ type TickResult struct {
 	Health map[ServiceProcedure]UpstreamHealth
 	// Estimates holds the capacity estimated for each callee with an
 	// objective (adaptive.go).
-	Estimates map[string]adaptive.Estimate
+	Estimates map[ServiceProcedure]adaptive.Estimate
 }
 
 // BucketLoad is one bucket's global load in one tick: a leaf's when
@@ -257,7 +257,7 @@ func (s *State) seed(inbound map[string][]peerTotals) {
 // A callee counting cost (limits.Service.Counted) offers its leaves' cost
 // rates, and every limit, its own and lowered by its debt (limit), and
 // capacity is in its units.
-func lawInput(inbound map[string][]peerTotals, set *limits.Set, limit leafLimit, est map[string]adaptive.Estimate) []dropratio.Service {
+func lawInput(inbound map[string][]peerTotals, set *limits.Set, limit leafLimit, est map[ServiceProcedure]adaptive.Estimate) []dropratio.Service {
 	callees := map[string]bool{}
 	for svc := range inbound {
 		callees[svc] = true
@@ -269,12 +269,15 @@ func lawInput(inbound map[string][]peerTotals, set *limits.Set, limit leafLimit,
 	for _, name := range slices.Sorted(maps.Keys(callees)) {
 		lim := set.Service(name)
 		if lim.HasProcedures() {
-			svc := procedureInput(name, inbound[name], lim, limit)
-			svc.Capacity = capacityOf(name, lim, est)
+			svc := procedureInput(name, inbound[name], lim, limit, est)
 			out = append(out, capTiers(svc, lim))
 			continue
 		}
-		svc := dropratio.Service{Name: name, Capacity: capacityOf(name, lim, est)}
+		written := math.Inf(1)
+		if lim != nil {
+			written = lim.Capacity
+		}
+		svc := dropratio.Service{Name: name, Capacity: capacityOf(ServiceProcedure{name, ""}, written, est)}
 		seen := map[string]bool{}
 		for _, p := range inbound[name] {
 			b := lim.Bucket(p.peer)
@@ -332,17 +335,17 @@ func capTiers(svc dropratio.Service, lim *limits.Service) dropratio.Service {
 
 // procedureInput is the law's input for a callee that declares
 // procedures: one Caller per leaf, its Limit the leaf's own and its mode
-// its caller's; the capacities of the declared procedures and
-// names.Other; and the limit across procedures of every caller in it, its
+// its caller's; the capacities of the callee, of the declared procedures
+// and of names.Other, each capped by its objective's estimate (est); and the limit across procedures of every caller in it, its
 // own or the callee's default. peers are the callee's observed leaves,
 // folded (foldBuckets). A caller named by any limit of the callee gets
 // a leaf for every procedure, traffic or not, so that its policy lists
 // them from the first request (a blocked caller is blocked at once).
-func procedureInput(name string, peers []peerTotals, lim *limits.Service, limit leafLimit) dropratio.Service {
+func procedureInput(name string, peers []peerTotals, lim *limits.Service, limit leafLimit, est map[ServiceProcedure]adaptive.Estimate) dropratio.Service {
 	procs := append(slices.Clone(lim.Declared), names.Other)
-	svc := dropratio.Service{Name: name, Capacity: lim.Capacity, Procedures: make([]dropratio.Procedure, 0, len(procs))}
+	svc := dropratio.Service{Name: name, Capacity: capacityOf(ServiceProcedure{name, ""}, lim.Capacity, est), Procedures: make([]dropratio.Procedure, 0, len(procs))}
 	for _, p := range procs {
-		svc.Procedures = append(svc.Procedures, dropratio.Procedure{Name: p, Capacity: lim.ProcedureCapacity(p)})
+		svc.Procedures = append(svc.Procedures, dropratio.Procedure{Name: p, Capacity: capacityOf(ServiceProcedure{name, p}, lim.ProcedureCapacity(p), est)})
 	}
 	type leaf struct{ caller, procedure string }
 	seen := map[leaf]bool{} // in any tier

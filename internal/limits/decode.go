@@ -342,6 +342,8 @@ func (d *decoder) procedure(n *yaml.Node, path string) fileProcedure {
 			fp.Criticality = d.text(v, p)
 		case "cost":
 			fp.Cost = d.number(v, p)
+		case "slo":
+			fp.SLO = d.slo(v, p)
 		default:
 			d.errorf(path, k, "field %s not found", key)
 		}

@@ -83,6 +83,11 @@ import (
 //	    slo:                   # capacity estimated from the callee's health (issue #18)
 //	      latency_p99: 200ms   # over the fleet's answers (optional)
 //	      errors: 1%           # failed or timed out (optional; one of the two at least)
+//	    routes:
+//	      - {route: "GET /v1/search", procedure: query}
+//	    procedures:
+//	      query:
+//	        slo: {latency_p99: 100ms} # the procedure's own: its estimate caps its callers' share
 //
 // A service declares procedures by its routes and by the keys of its
 // procedures; its requests then fall in (caller, procedure) leaves (see
@@ -158,6 +163,8 @@ type fileProcedure struct {
 	Criticality string `yaml:"criticality,omitempty"`
 	// Cost is the procedure's static cost, in a service counting cost.
 	Cost *float64 `yaml:"cost,omitempty"`
+	// SLO is the procedure's own objective (fileSLO).
+	SLO *fileSLO `yaml:"slo,omitempty"`
 }
 
 // fileLeaf is the limit and cap of a (caller, procedure) leaf.

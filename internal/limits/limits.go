@@ -129,6 +129,11 @@ type Procedure struct {
 	// requests in flight of their own, global, keyed by caller; a leaf
 	// may have one without a limit. See Service.MaxConcurrency.
 	MaxConcurrency map[string]uint32
+	// SLO is the procedure's own objective (issue #18): the controller
+	// estimates the procedure's capacity from its health as it does a
+	// service's, and the smaller of that and Capacity holds. Zero when
+	// there is none.
+	SLO adaptive.Objective
 }
 
 // HasProcedures reports whether svc declares procedures: its buckets are

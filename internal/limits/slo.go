@@ -2,6 +2,8 @@ package limits
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -23,15 +25,32 @@ type fileSLO struct {
 	Errors     string `yaml:"errors"`
 }
 
-// slo builds svc's objective from fs.SLO.
+// slo builds svc's objectives: the service's (fs.SLO) and each of its
+// procedures' (a procedure's estimate caps what its callers share, as
+// its capacity does).
 func (b *builder) slo(svc *Service, fs fileService, path string) {
-	f := fs.SLO
-	if f == nil {
-		return
+	if o, ok := b.objective(fs.SLO, svc, path+".slo"); ok {
+		svc.SLO = o
 	}
-	path += ".slo"
-	var o adaptive.Objective
-	ok := true
+	for _, proc := range slices.Sorted(maps.Keys(fs.Procedures)) {
+		p := svc.Procedures[proc]
+		if p == nil {
+			continue // refused by procedures, with its error
+		}
+		if o, ok := b.objective(fs.Procedures[proc].SLO, svc, path+".procedures."+proc+".slo"); ok {
+			p.SLO = o
+		}
+	}
+}
+
+// objective builds the objective f of svc, or of one of its procedures,
+// at path; ok is false when there is none or it is invalid (each error
+// is added, naming its field).
+func (b *builder) objective(f *fileSLO, svc *Service, path string) (o adaptive.Objective, ok bool) {
+	if f == nil {
+		return o, false
+	}
+	ok = true
 	if f.LatencyP99 != "" {
 		d, err := duration.Parse(f.LatencyP99)
 		if err != nil || d <= 0 {
@@ -49,19 +68,19 @@ func (b *builder) slo(svc *Service, fs fileService, path string) {
 		o.Errors = e
 	}
 	if !ok {
-		return
+		return o, false
 	}
 	if err := o.Validate(); err != nil {
 		b.errs = append(b.errs, fmt.Errorf("%s: %v", path, err))
-		return
+		return o, false
 	}
 	if svc.Counted() {
 		// Health counts requests; the capacity of a service counting cost
 		// is in its units, which an estimate from requests is not.
 		b.errs = append(b.errs, fmt.Errorf("%s: not yet supported with unit: cost (the estimate is in requests)", path))
-		return
+		return o, false
 	}
-	svc.SLO = o
+	return o, true
 }
 
 // parseRatio reads "1%", "0.5 %" or "0.01" as a ratio in (0, 1).
