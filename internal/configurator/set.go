@@ -12,6 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/sluicehq/sluice/internal/duration"
 	"github.com/sluicehq/sluice/internal/limits"
 	"github.com/sluicehq/sluice/pkg/criticality"
 	"github.com/sluicehq/sluice/pkg/dataplane"
@@ -33,6 +34,8 @@ type setOptions struct {
 	maxConcurrency, criticality, maxCriticality, cost                 string
 	unit, costDefault, costMax, costRequestHeader, costResponseHeader string
 	criticalityHeader                                                 string
+	// A callee's objective (issue #18).
+	sloLatencyP99, sloErrors string
 }
 
 // bucketSettingFlags are set's flags for a bucket's settings other than
@@ -41,6 +44,7 @@ var (
 	bucketSettingFlags = []string{"max-concurrency", "criticality", "max-criticality", "cost"}
 	serviceCostFlags   = []string{"cost-default", "cost-max", "cost-request-header", "cost-response-header"}
 	serviceTierFlags   = []string{"criticality", "max-criticality", "criticality-header"}
+	serviceSLOFlags    = []string{"slo-latency-p99", "slo-errors"}
 )
 
 func (a *app) setCommand() *cobra.Command {
@@ -86,6 +90,12 @@ per second; --unit requests undoes it) with --cost-default, --cost-max,
 --max-criticality and --criticality-header declare its tiers (--criticality
 none removes them). A tier needs the callee's tiers, a cost its unit cost.
 
+An objective (the limits file's slo): on a callee, --slo-latency-p99 (its p99
+over the fleet, e.g. 200ms) and --slo-errors (the share of answers that may
+fail, "1%" or 0.01); the controller then estimates its capacity from its health,
+and the smaller of that and --capacity holds. "none" removes each; not with
+--unit cost.
+
 Every change needs a --reason and is audited.`,
 		Example: `  configurator set checkout/web --limit 1500 --reason "launch week"
   configurator set checkout/batch --limit 0 --mode shadow --reason "would block batch"
@@ -96,7 +106,8 @@ Every change needs a --reason and is audited.`,
   configurator set llm --unit cost --cost-response-header x-sluice-cost --reason "count tokens"
   configurator set llm/chat --max-concurrency 40 --reason "GPU slots"
   configurator set ledger --criticality CRITICAL --reason "shed batch first"
-  configurator set ledger/batch --criticality SHEDDABLE --reason "batch can wait"`,
+  configurator set ledger/batch --criticality SHEDDABLE --reason "batch can wait"
+  configurator set search --slo-latency-p99 200ms --slo-errors 1% --reason "capacity from health"`,
 		Args: cobra.ExactArgs(1),
 		RunE: a.withStore(func(cmd *cobra.Command, args []string, st history.Store) error {
 			return a.runSet(cmd, st, args[0], o)
@@ -127,6 +138,8 @@ func addSetFlags(cmd *cobra.Command, o *setOptions) {
 	fl.StringVar(&o.costRequestHeader, "cost-request-header", "", `callee with --unit cost: a request header the callee trusts to carry a cost, or "none"`)
 	fl.StringVar(&o.costResponseHeader, "cost-response-header", "", `callee with --unit cost: the response header (or trailer) the app reports the real cost in, or "none"`)
 	fl.StringVar(&o.criticalityHeader, "criticality-header", "", `callee: the header a request's tier is read from (default x-sluice-criticality); declares its tiers`)
+	fl.StringVar(&o.sloLatencyP99, "slo-latency-p99", "", `callee: its objective's p99 latency over the fleet (e.g. 200ms), from which its capacity is estimated; "none" removes it`)
+	fl.StringVar(&o.sloErrors, "slo-errors", "", `callee: its objective's share of answers that may fail ("1%" or 0.01); "none" removes it`)
 	tiers := []string{"CRITICAL_PLUS", "CRITICAL", "SHEDDABLE_PLUS", "SHEDDABLE", "none"}
 	_ = cmd.RegisterFlagCompletionFunc("criticality", cobra.FixedCompletions(tiers, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("max-criticality", cobra.FixedCompletions(tiers, cobra.ShellCompDirectiveNoFileComp))
@@ -176,7 +189,7 @@ func (a *app) runSet(cmd *cobra.Command, st history.Store, arg string, o setOpti
 // runSetBucket is set callee/caller: errs are the problems found so far.
 func (a *app) runSetBucket(cmd *cobra.Command, st history.Store, t target, o setOptions, m *dropratio.Mode, e *dataplane.Enforcement, errs []error) error {
 	changed := cmd.Flags().Changed
-	for _, name := range append([]string{"default-limit", "capacity", "fail-mode", "unit", "criticality-header"}, serviceCostFlags...) {
+	for _, name := range append(append([]string{"default-limit", "capacity", "fail-mode", "unit", "criticality-header"}, serviceCostFlags...), serviceSLOFlags...) {
 		if changed(name) {
 			errs = append(errs, fmt.Errorf("--%s is a callee's setting: give %s alone, not %s", name, t.Callee, t))
 		}
@@ -399,9 +412,9 @@ func (a *app) runSetService(cmd *cobra.Command, st history.Store, t target, o se
 	if changed("limit") {
 		errs = append(errs, fmt.Errorf("--limit needs callee/caller; for all callers of %s without a limit of their own use --default-limit", t))
 	}
-	serviceFlags := append([]string{"default-limit", "capacity", "fail-mode", "mode", "enforcement", "unit"}, append(serviceCostFlags, serviceTierFlags...)...)
+	serviceFlags := slices.Concat([]string{"default-limit", "capacity", "fail-mode", "mode", "enforcement", "unit"}, serviceCostFlags, serviceTierFlags, serviceSLOFlags)
 	if !slices.ContainsFunc(serviceFlags, changed) {
-		errs = append(errs, fmt.Errorf("nothing to set for %s: give --default-limit, --capacity, --fail-mode, --mode, --enforcement, --unit, --cost-… or --criticality…", t))
+		errs = append(errs, fmt.Errorf("nothing to set for %s: give --default-limit, --capacity, --fail-mode, --mode, --enforcement, --unit, --cost-…, --criticality… or --slo-…", t))
 	}
 	if changed("max-concurrency") {
 		errs = append(errs, fmt.Errorf("--max-concurrency is a caller's or a leaf's: give %s/CALLER", t))
@@ -410,6 +423,7 @@ func (a *app) runSetService(cmd *cobra.Command, st history.Store, t target, o se
 		errs = append(errs, fmt.Errorf("--cost is a procedure's static cost: give %s/%s/PROCEDURE; a callee's default is --cost-default", t, history.AnyCaller))
 	}
 	tiersUpdate := serviceTiersUpdate(changed, o, &errs)
+	sloUpdate := serviceSLOUpdate(changed, o, &errs)
 	var fm *dataplane.FailMode
 	if changed("fail-mode") {
 		var err error
@@ -527,8 +541,53 @@ func (a *app) runSetService(cmd *cobra.Command, st history.Store, t target, o se
 			return err
 		}
 		tiersUpdate(s)
+		sloUpdate(s)
 		return nil
 	})
+}
+
+// serviceSLOUpdate checks set's objective flags for a callee and returns
+// what applies them: each sets its half of the objective, "none" unsets
+// it, and an objective with neither half set is none.
+func serviceSLOUpdate(changed func(string) bool, o setOptions, errs *[]error) func(*history.ServiceLimits) {
+	var lat time.Duration
+	if changed("slo-latency-p99") && o.sloLatencyP99 != "none" {
+		d, err := duration.Parse(o.sloLatencyP99)
+		switch {
+		case err != nil || d <= 0:
+			*errs = append(*errs, fmt.Errorf(`--slo-latency-p99 %q: want a positive duration (200ms) or "none"`, o.sloLatencyP99))
+		case d > history.MaxObjectiveLatency:
+			*errs = append(*errs, fmt.Errorf("--slo-latency-p99 %q: at most %v", o.sloLatencyP99, history.MaxObjectiveLatency))
+		}
+		lat = d
+	}
+	var ratio float64
+	if changed("slo-errors") && o.sloErrors != "none" {
+		r, err := limits.ParseRatio(o.sloErrors)
+		if err != nil {
+			*errs = append(*errs, fmt.Errorf(`--slo-errors: %v, or "none"`, err))
+		}
+		ratio = r
+	}
+	return func(s *history.ServiceLimits) {
+		if !slices.ContainsFunc(serviceSLOFlags, changed) {
+			return
+		}
+		var obj history.ObjectiveSettings
+		if s.SLO != nil {
+			obj = *s.SLO
+		}
+		if changed("slo-latency-p99") {
+			obj.LatencyP99 = lat
+		}
+		if changed("slo-errors") {
+			obj.Errors = ratio
+		}
+		s.SLO = nil
+		if obj != (history.ObjectiveSettings{}) {
+			s.SLO = &obj
+		}
+	}
 }
 
 // serviceTiersUpdate checks set's tier flags for a callee and returns what
@@ -724,7 +783,7 @@ func renderService(s history.ServiceLimits) string {
 	if s.Cost != nil {
 		out = strings.Replace(out, " rps", " units/s", -1)
 	}
-	out += s.RenderCostAndTiers(func(v *float64, def float64) string { return formatRate(*cmp.Or(v, &def)) })
+	out += s.RenderDeclarations(func(v *float64, def float64) string { return formatRate(*cmp.Or(v, &def)) })
 	return out
 }
 

@@ -60,7 +60,7 @@ func (b *builder) objective(f *fileSLO, svc *Service, path string) (o adaptive.O
 		o.LatencyP99 = d
 	}
 	if f.Errors != "" {
-		e, err := parseRatio(f.Errors)
+		e, err := ParseRatio(f.Errors)
 		if err != nil {
 			b.errs = append(b.errs, fmt.Errorf("%s.errors: %v", path, err))
 			ok = false
@@ -83,8 +83,8 @@ func (b *builder) objective(f *fileSLO, svc *Service, path string) (o adaptive.O
 	return o, true
 }
 
-// parseRatio reads "1%", "0.5 %" or "0.01" as a ratio in (0, 1).
-func parseRatio(s string) (float64, error) {
+// ParseRatio reads "1%", "0.5 %" or "0.01" as a ratio in (0, 1).
+func ParseRatio(s string) (float64, error) {
 	t := strings.TrimSpace(s)
 	scale := 1.0
 	if p, ok := strings.CutSuffix(t, "%"); ok {

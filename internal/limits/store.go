@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sluicehq/sluice/pkg/adaptive"
 	"github.com/sluicehq/sluice/pkg/criticality"
 	"github.com/sluicehq/sluice/pkg/dataplane"
 	"github.com/sluicehq/sluice/pkg/dropratio"
@@ -31,6 +32,9 @@ import (
 // A callee's routes and its limits with a procedure (history.Limits)
 // declare its procedures by the limits file's rules (procedures): they are
 // checked here again, each problem naming its row.
+//
+// A callee's objective (history.ServiceLimits.SLO) is its slo; a
+// procedure's own objective comes from the limits file only.
 //
 // A callee's cost block and tiers (history.ServiceLimits) and the
 // settings of its buckets (history.Limits.Settings: callers' tiers and
@@ -73,6 +77,7 @@ func FromHistory(l history.Limits) (*Set, error) {
 		s.Enforcement = stored(path+": enforcement", sl.Enforcement, dataplane.EnforceSidecar, &errs)
 		storedCost(s, sl.Cost, path, &errs)
 		storedCriticality(s, sl.Criticality, path, &errs, &warns)
+		storedSLO(s, sl.SLO, path, &errs)
 	}
 	var leaves []history.BucketLimit
 	for _, b := range l.Buckets {
@@ -259,6 +264,24 @@ func storedCriticality(s *Service, c *history.CriticalitySettings, path string, 
 		*warns = append(*warns, fmt.Sprintf("%s: criticality.default: %v is above max %v, so a request that claims no tier outranks one that claims it", path, crit.Default, crit.Max))
 	}
 	s.Criticality = crit
+}
+
+// storedSLO gives s the objective the store holds (o), as the limits
+// file's slo block would, checked as the file's is.
+func storedSLO(s *Service, o *history.ObjectiveSettings, path string, errs *[]error) {
+	if o == nil {
+		return
+	}
+	obj := adaptive.Objective{LatencyP99: o.LatencyP99, Errors: o.Errors}
+	if err := obj.Validate(); err != nil {
+		*errs = append(*errs, fmt.Errorf("%s: slo: %w", path, err))
+		return
+	}
+	if s.Counted() {
+		*errs = append(*errs, fmt.Errorf("%s: slo: not with unit: cost (the estimate is in requests)", path))
+		return
+	}
+	s.SLO = obj
 }
 
 // storedTier is t, def when t is None; a tier its type does not know is

@@ -5,6 +5,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	gocmp "github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
@@ -21,6 +22,7 @@ const tiersCostYAML = `
 services:
   ledger:
     capacity: 10000
+    slo: {latency_p99: 250ms, errors: 0.5%}
     criticality:
       from: header x-tier
       default: SHEDDABLE_PLUS
@@ -52,7 +54,8 @@ services:
 `
 
 // The same limits written to Postgres, through the store's API, read back
-// as the Set the limits file makes: tiers, cost and caps included.
+// as the Set the limits file makes: tiers, cost, caps and an objective
+// included.
 func TestFromHistoryTiersCostEqualsFile(t *testing.T) {
 	ctx := context.Background()
 	want, err := Parse(strings.NewReader(tiersCostYAML))
@@ -77,7 +80,8 @@ func TestFromHistoryTiersCostEqualsFile(t *testing.T) {
 		}
 	}
 	must(st.SetService(ctx, history.ServiceLimits{Callee: "ledger", Capacity: f(10000),
-		Criticality: &history.CriticalitySettings{Header: "x-tier", Default: criticality.SheddablePlus}}, c))
+		Criticality: &history.CriticalitySettings{Header: "x-tier", Default: criticality.SheddablePlus},
+		SLO:         &history.ObjectiveSettings{LatencyP99: 250 * time.Millisecond, Errors: 0.005}}, c))
 	must(st.SetService(ctx, history.ServiceLimits{Callee: "llm", Capacity: f(20000), DefaultLimit: f(900),
 		Cost: &history.CostSettings{Default: f(2), Max: f(5000), RequestHeader: "x-sluice-request-cost", ResponseHeader: "x-sluice-cost"}}, c))
 	for _, l := range []history.BucketLimit{
@@ -127,6 +131,8 @@ func TestFromHistoryRefusesTiersCostMisfits(t *testing.T) {
 			{Callee: "plain"},
 			{Callee: "tiered", Enforcement: &up, Criticality: &history.CriticalitySettings{}},
 			{Callee: "cheap", Cost: &history.CostSettings{Max: f(5)}},
+			{Callee: "priced", Cost: &history.CostSettings{}, SLO: &history.ObjectiveSettings{Errors: 0.01}},
+			{Callee: "vague", SLO: &history.ObjectiveSettings{}},
 		},
 		Buckets: []history.BucketLimit{{Bucket: history.Bucket{Callee: "cheap", Caller: "app"}, Limit: 1, Enforcement: &up}},
 		Settings: []history.BucketSettings{
@@ -146,6 +152,8 @@ func TestFromHistoryRefusesTiersCostMisfits(t *testing.T) {
 		"settings cheap/app: max_concurrency: upstream",
 		"service tiered: enforcement: upstream: the service has criticality tiers",
 		"limit cheap/app: enforcement: upstream: the service counts cost",
+		"service priced: slo: not with unit: cost",
+		"service vague: slo: latency_p99, errors: neither is set",
 	} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error lacks %q:\n%v", want, err)

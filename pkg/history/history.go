@@ -161,9 +161,13 @@ type ServiceLimits struct {
 	// rates are: nil removes them.
 	Cost        *CostSettings
 	Criticality *CriticalitySettings
-	UpdatedBy   string
-	Reason      string
-	UpdatedAt   time.Time
+	// SLO, when set, is the callee's objective (the limits file's slo
+	// block), from which the controller estimates its capacity; nil:
+	// none. Replaced by SetService as the rates are.
+	SLO       *ObjectiveSettings
+	UpdatedBy string
+	Reason    string
+	UpdatedAt time.Time
 }
 
 // The defaults of a callee's cost block, in its units: what a nil
@@ -191,6 +195,19 @@ type CriticalitySettings struct {
 	Header       string           // lower case; "": criticality.DefaultHeader
 	Default, Max criticality.Tier // None: CRITICAL
 }
+
+// ObjectiveSettings are a callee's objective (issue #18): a p99 latency
+// and an error ratio, each 0 when unset, not both. Not with a unit of
+// cost: health counts requests.
+type ObjectiveSettings struct {
+	LatencyP99 time.Duration // > 0, at most MaxObjectiveLatency; 0: unset
+	Errors     float64       // in (0, 1); 0: unset
+}
+
+// MaxObjectiveLatency bounds ObjectiveSettings.LatencyP99: the store
+// keeps it in milliseconds as a double, and a p99 objective of a day
+// says nothing a capacity would not.
+const MaxObjectiveLatency = 24 * time.Hour
 
 // BucketSettings are a bucket's settings other than its limit, which it
 // may have without a limit:

@@ -694,6 +694,7 @@ func copyService(s ServiceLimits) ServiceLimits {
 		s.Cost = &c
 	}
 	s.Criticality = copyOpt(s.Criticality)
+	s.SLO = copyOpt(s.SLO)
 	return s
 }
 

@@ -70,6 +70,10 @@ var olderBinaries = map[string]bool{
 	// binary a limit's burst and payback are ignored: it enforces the
 	// tightest edge and pays nothing back, the defaults.
 	"0006_burst_payback": true,
+	// Columns with a default of 0; older binaries neither read nor write
+	// them. Under an older binary a callee's objective is ignored: it is
+	// limited by its written capacity alone, as before objectives.
+	"0007_slo": true,
 }
 
 // loadMigrations reads the embedded migrations, sorted by version.

@@ -25,7 +25,7 @@ const (
 	selectBucketLimit = `SELECT callee, caller, procedure, limit_rps AS "limit", mode, enforcement, burst, payback_ms, source, updated_by, reason, updated_at FROM bucket_limits`
 	selectService     = `SELECT callee, default_limit, capacity, mode, fail_mode, enforcement, updated_by, reason, updated_at,
 		unit, cost_default, cost_max, cost_request_header, cost_response_header,
-		tiers, criticality_header, criticality_default, criticality_max FROM service_limits`
+		tiers, criticality_header, criticality_default, criticality_max, slo_latency_p99_ms, slo_errors FROM service_limits`
 	selectSettings = `SELECT callee, caller, procedure, criticality, max_criticality, max_concurrency, cost, updated_by, reason, updated_at FROM bucket_settings`
 	selectProposal = `SELECT id, callee, caller, procedure, current_limit AS current, proposed, peak_lookback, peak_recent, flags, status,
 		created_by, created_at, decided_by, COALESCE(decided_at, '0001-01-01 00:00:00+00') AS decided_at, reason FROM proposals`
@@ -58,6 +58,7 @@ type serviceRow struct {
 	Tiers                                 bool
 	CriticalityHeader                     string
 	CriticalityDefault, CriticalityMax    string
+	SloLatencyP99Ms, SloErrors            float64
 }
 
 type settingsRow struct {
@@ -155,6 +156,9 @@ func rowToService(row pgx.CollectableRow) (ServiceLimits, error) {
 			c.Max = *t
 		}
 		s.Criticality = c
+	}
+	if r.SloLatencyP99Ms != 0 || r.SloErrors != 0 {
+		s.SLO = &ObjectiveSettings{LatencyP99: time.Duration(r.SloLatencyP99Ms * float64(time.Millisecond)), Errors: r.SloErrors}
 	}
 	if err := errors.Join(errs...); err != nil {
 		return ServiceLimits{}, fmt.Errorf("service_limits row %s: %w", r.Callee, err)
@@ -540,11 +544,15 @@ func (p *Postgres) SetService(ctx context.Context, s ServiceLimits, c Change) er
 		if tiers {
 			crit = *s.Criticality
 		}
+		var slo ObjectiveSettings
+		if s.SLO != nil {
+			slo = *s.SLO
+		}
 		_, err = tx.Exec(ctx, `
 			INSERT INTO service_limits (callee, default_limit, capacity, mode, fail_mode, updated_by, reason, updated_at, enforcement,
 				unit, cost_default, cost_max, cost_request_header, cost_response_header,
-				tiers, criticality_header, criticality_default, criticality_max)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)
+				tiers, criticality_header, criticality_default, criticality_max, slo_latency_p99_ms, slo_errors)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20)
 			ON CONFLICT (callee) DO UPDATE SET
 				default_limit = excluded.default_limit, capacity = excluded.capacity, mode = excluded.mode,
 				fail_mode = excluded.fail_mode, updated_by = excluded.updated_by, reason = excluded.reason,
@@ -552,10 +560,12 @@ func (p *Postgres) SetService(ctx context.Context, s ServiceLimits, c Change) er
 				unit = excluded.unit, cost_default = excluded.cost_default, cost_max = excluded.cost_max,
 				cost_request_header = excluded.cost_request_header, cost_response_header = excluded.cost_response_header,
 				tiers = excluded.tiers, criticality_header = excluded.criticality_header,
-				criticality_default = excluded.criticality_default, criticality_max = excluded.criticality_max`,
+				criticality_default = excluded.criticality_default, criticality_max = excluded.criticality_max,
+				slo_latency_p99_ms = excluded.slo_latency_p99_ms, slo_errors = excluded.slo_errors`,
 			s.Callee, s.DefaultLimit, s.Capacity, s.Mode.String(), s.FailMode.String(), s.UpdatedBy, s.Reason, s.UpdatedAt, s.Enforcement.String(),
 			unit, cost.Default, cost.Max, cost.RequestHeader, cost.ResponseHeader,
-			tiers, crit.Header, crit.Default.String(), crit.Max.String())
+			tiers, crit.Header, crit.Default.String(), crit.Max.String(),
+			float64(slo.LatencyP99)/float64(time.Millisecond), slo.Errors)
 		if err != nil {
 			return false, err
 		}

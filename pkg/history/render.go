@@ -37,22 +37,22 @@ func renderLimit(l BucketLimit) string {
 }
 
 // renderService: "default 100 rps, capacity none, mode enforce, fail open",
-// and ", enforced upstream" when it is; a callee counting cost or with
-// tiers says so after (", unit cost (default 1, max 1e+06, request header
-// x-cost)", ", tiers (header x-sluice-criticality, default CRITICAL, max
-// CRITICAL)"), one that does neither reads as before they existed.
+// and ", enforced upstream" when it is; a callee counting cost, with
+// tiers or with an objective says so after (RenderDeclarations), one that
+// declares none reads as before they existed.
 func renderService(s ServiceLimits) string {
 	return fmt.Sprintf("default %s, capacity %s, mode %s, fail %s%s",
 		renderOptRate(s.DefaultLimit), renderOptRate(s.Capacity), renderSetting(s.Mode), renderSetting(s.FailMode), renderUpstream(s.Enforcement)) +
-		s.RenderCostAndTiers(renderNumber)
+		s.RenderDeclarations(renderNumber)
 }
 
-// RenderCostAndTiers renders what a callee counting cost or with tiers
-// adds to its settings, for the audit log and the configurator alike:
-// ", unit cost (default 1, max 1e+06, request header x-cost)", ", tiers
-// (header x-sluice-criticality, default CRITICAL, max CRITICAL)"; "" for
-// one that does neither. num renders a number, def when v is nil.
-func (s ServiceLimits) RenderCostAndTiers(num func(v *float64, def float64) string) string {
+// RenderDeclarations renders what a callee counting cost, with tiers or
+// with an objective adds to its settings, for the audit log and the
+// configurator alike: ", unit cost (default 1, max 1e+06, request header
+// x-cost)", ", tiers (header x-sluice-criticality, default CRITICAL, max
+// CRITICAL)", ", slo (latency_p99 200ms, errors 1%)"; "" for one that
+// declares none. num renders a number, def when v is nil.
+func (s ServiceLimits) RenderDeclarations(num func(v *float64, def float64) string) string {
 	var out string
 	if c := s.Cost; c != nil {
 		out += fmt.Sprintf(", unit cost (default %s, max %s", num(c.Default, DefaultCost), num(c.Max, DefaultMaxCost))
@@ -67,6 +67,16 @@ func (s ServiceLimits) RenderCostAndTiers(num func(v *float64, def float64) stri
 	if c := s.Criticality; c != nil {
 		out += fmt.Sprintf(", tiers (header %s, default %s, max %s)", cmp.Or(c.Header, criticality.DefaultHeader),
 			cmp.Or(c.Default, criticality.Critical), cmp.Or(c.Max, criticality.Critical))
+	}
+	if o := s.SLO; o != nil {
+		var parts []string
+		if o.LatencyP99 > 0 {
+			parts = append(parts, "latency_p99 "+o.LatencyP99.String())
+		}
+		if o.Errors > 0 {
+			parts = append(parts, "errors "+strconv.FormatFloat(100*o.Errors, 'g', -1, 64)+"%")
+		}
+		out += ", slo (" + strings.Join(parts, ", ") + ")"
 	}
 	return out
 }

@@ -338,7 +338,21 @@ func checkServiceLimits(s ServiceLimits) error {
 		if err := checkTier("service.criticality.default", c.Default); err != nil {
 			return err
 		}
-		return checkTier("service.criticality.max", c.Max)
+		if err := checkTier("service.criticality.max", c.Max); err != nil {
+			return err
+		}
+	}
+	if o := s.SLO; o != nil {
+		switch {
+		case o.LatencyP99 < 0 || o.LatencyP99 > MaxObjectiveLatency:
+			return invalid("service.slo.latency_p99", "%v is neither 0 (unset) nor in (0, %v]", o.LatencyP99, MaxObjectiveLatency)
+		case !(o.Errors >= 0 && o.Errors < 1):
+			return invalid("service.slo.errors", "%v is neither 0 (unset) nor a ratio in (0, 1)", o.Errors)
+		case o.LatencyP99 == 0 && o.Errors == 0:
+			return invalid("service.slo", "neither latency_p99 nor errors is set")
+		case s.Cost != nil:
+			return invalid("service.slo", "not with unit cost: the estimate is in requests")
+		}
 	}
 	return nil
 }

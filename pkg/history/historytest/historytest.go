@@ -67,6 +67,7 @@ func Run(t *testing.T, open func(t *testing.T) history.Store) {
 		{"BucketSettings", testBucketSettings},
 		{"CostMinutes", testCostMinutes},
 		{"BurstPayback", testBurstPayback},
+		{"Objective", testObjective},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
