@@ -12,6 +12,8 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/sluicehq/sluice/pkg/health"
 )
 
 // GRPCOptions configure the server interceptors. The zero value is ready to
@@ -75,7 +77,7 @@ func (o GRPCOptions) key() string {
 func (s *ServiceLimiter) UnaryServerInterceptor(opts GRPCOptions) grpc.UnaryServerInterceptor {
 	in := s.incoming(opts)
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		d, v, err := in.decide(ctx, unaryMethod(info))
+		d, v, rec, err := in.decide(ctx, unaryMethod(info))
 		if err != nil {
 			return nil, err
 		}
@@ -94,13 +96,26 @@ func (s *ServiceLimiter) UnaryServerInterceptor(opts GRPCOptions) grpc.UnaryServ
 		if md := v.admitHeader(opts.RateLimitHeaders); md != nil {
 			_ = grpc.SetHeader(ctx, md) // as above; or the handler has sent headers: it has not run yet
 		}
+		// What the app did with the call, for capacity from health
+		// (issue #18), as serveUpstream counts a proxied request: its
+		// latency and how it ended. A handler that panics is counted as
+		// failed, and the panic goes on.
+		rec.Start()
+		began := time.Now()
+		outcome := health.Failed
+		defer func() { rec.Done(time.Since(began), outcome) }()
+		var resp any
 		switch {
 		case d.flags()&responsePriced != 0:
-			return in.s.unaryCosted(ctx, req, handler, d)
+			resp, err = in.s.unaryCosted(ctx, req, handler, d)
 		case d.pending():
 			defer d.Done(0, false) // after the handler, returned or panicked
+			resp, err = handler(ctx, req)
+		default:
+			resp, err = handler(ctx, req)
 		}
-		return handler(ctx, req)
+		outcome = health.GRPCOutcome(uint32(status.Code(err)))
+		return resp, err
 	}
 }
 
@@ -109,7 +124,7 @@ func (s *ServiceLimiter) UnaryServerInterceptor(opts GRPCOptions) grpc.UnaryServ
 func (s *ServiceLimiter) StreamServerInterceptor(opts GRPCOptions) grpc.StreamServerInterceptor {
 	in := s.incoming(opts)
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-		d, v, err := in.decide(ss.Context(), streamMethod(info))
+		d, v, _, err := in.decide(ss.Context(), streamMethod(info))
 		if err != nil {
 			return err
 		}
@@ -155,7 +170,7 @@ func (s *ServiceLimiter) incoming(opts GRPCOptions) *incoming {
 // decided it already (see resolveCaller): then it admits it uncounted. v is
 // the verdict of the caller's rule either way (nil: none), for the headers
 // of an admitted call; err refuses the call before any decision.
-func (in *incoming) decide(ctx context.Context, fullMethod string) (d Decision, v *verdict, err error) {
+func (in *incoming) decide(ctx context.Context, fullMethod string) (d Decision, v *verdict, rec *health.Recorder, err error) {
 	var id string
 	res := Authenticated
 	if in.identify != nil {
@@ -165,11 +180,11 @@ func (in *incoming) decide(ctx context.Context, fullMethod string) (d Decision, 
 	caller, decided, reject := in.s.resolveCaller(in.rules, callerFromContext(ctx, in.key), id, res,
 		metadata.ValueFromIncomingContext(ctx, DecidedHeader), t.fineLeaves())
 	if reject {
-		return Decision{}, nil, in.refusal
+		return Decision{}, nil, nil, in.refusal
 	}
 	idx := t.procs.grpc(fullMethod)
 	if decided { // never with criticality: see fineLeaves
-		return Decision{}, in.s.verdictOf(t, caller, idx), nil
+		return Decision{}, in.s.verdictOf(t, caller, idx), t.health[idx], nil
 	}
 	var tier string
 	if t.crit != nil {
@@ -182,7 +197,7 @@ func (in *incoming) decide(ctx context.Context, fullMethod string) (d Decision, 
 		raw = callerFromContext(ctx, c.reqKey) // copies the value's slice, as the tier's
 	}
 	d = in.s.decide(t, caller, idx, tier, raw)
-	return d, d.v, nil
+	return d, d.v, t.health[idx], nil
 }
 
 // unaryMethod and streamMethod return a call's full method; "" (names.Other)
