@@ -1,12 +1,10 @@
 package controller
 
 import (
-	"slices"
 	"time"
 
 	"github.com/sluicehq/sluice/internal/limits"
 	"github.com/sluicehq/sluice/pkg/adaptive"
-	"github.com/sluicehq/sluice/pkg/names"
 )
 
 // Capacity from an objective (issue #18): a callee whose limits declare
@@ -95,11 +93,9 @@ func (s *State) stepEstimates(dt time.Duration, inbound map[string][]peerTotals,
 		if lim.SLO != (adaptive.Objective{}) {
 			step(ServiceProcedure{name, ""}, lim.SLO)
 		}
-		if !lim.HasProcedures() {
-			continue
-		}
-		for _, proc := range append(slices.Clone(lim.Declared), names.Other) {
-			if p := lim.Procedures[proc]; p != nil && p.SLO != (adaptive.Objective{}) {
+		// Each estimator steps on its own: the order does not matter.
+		for proc, p := range lim.Procedures {
+			if p.SLO != (adaptive.Objective{}) {
 				step(ServiceProcedure{name, proc}, p.SLO)
 			}
 		}
