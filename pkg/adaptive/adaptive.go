@@ -59,8 +59,10 @@
 //     as the loop takes to show it (3 s through the real loop), and half a
 //     probe keeps that queue within the objective. Probes past K that the
 //     p99 let pass say the knee moved: the probe speeds up, by Increase
-//     every second probed, to MaxIncrease (10 %/s), so that a callee
-//     recovered from a brownout is found in tens of seconds.
+//     every second probed, to MaxIncrease (10 %/s) once 10 % past K and
+//     to twice Increase nearer, so that a callee recovered from a
+//     brownout is found in tens of seconds and a knee remembered a little
+//     low is not overrun by a sped-up probe.
 //   - No inflation without evidence: a callee offered less than C is not
 //     limited by it and C holds. C starts at, and never exceeds,
 //     CapMultiple (2) times the highest goodput seen healthy or at a
@@ -472,14 +474,23 @@ func (e *Estimator) Step(dt time.Duration, s Sample) Estimate {
 			break
 		}
 		rate := min(cfg.Increase*(1+e.probing), cfg.MaxIncrease)
-		if c >= e.knee && e.probing < halfProbes {
+		switch {
+		case c >= e.knee && e.probing < halfProbes:
 			// The first probes past the knee it showed are half probes:
 			// their queue grows at the probe's size for as long as the
 			// loop takes to see it, a few seconds, and at a knee that
 			// has not moved half a probe keeps that queue within the
-			// objective. Probes that the p99 let pass are evidence that
-			// the knee moved: the next ones speed up.
+			// objective.
 			rate = cfg.Increase / 2
+		case c <= e.knee*(1+farFromKnee):
+			// Probes that the p99 let pass past the knee are evidence
+			// that it moved: the next ones speed up, but near it by
+			// twice a probe at most. A knee remembered a few per cent
+			// low (a trim's noisy goodput) lets small probes pass up to
+			// the real one, and a sped-up probe then went 8 % past it in
+			// a step through the real loop, the p99 past the objective
+			// for three seconds.
+			rate = min(rate, nearKneeProbes*cfg.Increase)
 		}
 		// A probe is one decision's: a step that comes late (a busy
 		// machine's tick) does not probe further for it.
@@ -580,12 +591,17 @@ const maxAwait = 5.0
 // next probe waits for, their p99 settled (see Step).
 const probeSamples = 1
 
+// nearKneeProbes bounds a probe within farFromKnee of the knee, in
+// probes (Config.Increase); see Step.
+const nearKneeProbes = 2
+
 // halfProbes is how long, in seconds of probing, probes past the knee
 // are half probes (see Step).
 const halfProbes = 2.0
 
 // farFromKnee is how far past the remembered knee a probe is far from it:
-// there a probe does not wait for probeSamples more samples.
+// there a probe does not wait for probeSamples more samples, and probes
+// speed up.
 const farFromKnee = 0.1
 
 // slack is how far a callee's answers may fall short of, or run past, what
