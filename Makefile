@@ -48,7 +48,7 @@ bench-compare: ## sluice vs Redis + Lua, side by side (~6 min; QUICK=1 for a sho
 	$(GO) run ./bench/cmd/compare $(if $(QUICK),-quick)
 
 .PHONY: bench-rls-compare
-bench-rls-compare: ## Envoy's rate limit API: sluice's sidecars vs a gubernator v2.13.0 cluster, 3 replicas each: latency at concurrency 1 and 64, throughput, CPU per decision, accuracy (~3 min; its own module, bench/rlscompare); docs/benchmarks.md
+bench-rls-compare: ## Envoy's rate limit API: sluice's sidecars vs a gubernator v2.13.0 cluster, 3 replicas each: latency at concurrency 1 and 64, throughput, CPU per decision, accuracy (~2.5 min; its own module, bench/rlscompare); docs/benchmarks.md
 	cd bench/rlscompare && $(GO) test -count=1 -run '^TestAccuracy$$' -bench Decision -benchtime 20000x -v .
 
 generate: ## regenerate api/ Go code from the protos (plugins pinned in go.mod)

@@ -3,6 +3,7 @@ package sidecar
 import (
 	"cmp"
 	"context"
+	"errors"
 	"strings"
 	"time"
 
@@ -98,8 +99,10 @@ func (s *ServiceLimiter) UnaryServerInterceptor(opts GRPCOptions) grpc.UnaryServ
 		}
 		// What the app did with the call, for capacity from health
 		// (issue #18), as serveUpstream counts a proxied request: its
-		// latency and how it ended. A handler that panics is counted as
-		// failed, and the panic goes on.
+		// latency and how it ended, by the status the caller gets. A
+		// handler that panics is counted as failed (in process, a panic
+		// is the app's, where the proxy's means the caller went away),
+		// and the panic goes on.
 		rec.Start()
 		began := time.Now()
 		outcome := health.Failed
@@ -114,9 +117,26 @@ func (s *ServiceLimiter) UnaryServerInterceptor(opts GRPCOptions) grpc.UnaryServ
 		default:
 			resp, err = handler(ctx, req)
 		}
-		outcome = health.GRPCOutcome(uint32(status.Code(err)))
+		outcome = health.GRPCOutcome(uint32(callStatus(err)))
 		return resp, err
 	}
+}
+
+// callStatus is the code the caller of a handler that returned err gets:
+// grpc-go turns a bare context error into CANCELLED or DEADLINE_EXCEEDED
+// (status.FromContextError), which status.Code alone reads as UNKNOWN, a
+// failure of the app's, where the caller went away or ran out of time.
+func callStatus(err error) codes.Code {
+	c := status.Code(err)
+	if c == codes.Unknown {
+		switch {
+		case errors.Is(err, context.Canceled):
+			return codes.Canceled
+		case errors.Is(err, context.DeadlineExceeded):
+			return codes.DeadlineExceeded
+		}
+	}
+	return c
 }
 
 // StreamServerInterceptor enforces s's policy on inbound streams, once per

@@ -2,6 +2,8 @@ package sidecar
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"net"
 	"testing"
 	"time"
@@ -164,6 +166,14 @@ func TestGRPCInterceptorHealth(t *testing.T) {
 	if err := call("web", status.Error(codes.NotFound, "no such order"), 0); status.Code(err) != codes.NotFound {
 		t.Fatalf("the handler's error %v, want it passed on", err)
 	}
+	// A bare context error is the caller's: grpc-go answers CANCELLED
+	// (not counted) or DEADLINE_EXCEEDED (late), not UNKNOWN (failed).
+	if err := call("web", context.Canceled, 0); err != context.Canceled {
+		t.Fatalf("the handler's error %v, want it passed on", err)
+	}
+	if err := call("web", fmt.Errorf("query: %w", context.DeadlineExceeded), 0); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("the handler's error %v, want it passed on", err)
+	}
 	if err := call("greedy", nil, 0); status.Code(err) != codes.ResourceExhausted {
 		t.Fatalf("greedy's call: %v, want it dropped", err)
 	}
@@ -173,8 +183,8 @@ func TestGRPCInterceptorHealth(t *testing.T) {
 	}
 	h := hs[0]
 	// No procedures declared: every call is the callee's ("").
-	if h.Procedure != "" || h.OK != 4 || h.Failed != 1 || h.Late != 1 || h.InFlight != 0 {
-		t.Errorf("health %+v: want 4 ok (NOT_FOUND is the caller's), 1 failed, 1 late, none in flight", h)
+	if h.Procedure != "" || h.OK != 4 || h.Failed != 1 || h.Late != 2 || h.InFlight != 0 {
+		t.Errorf("health %+v: want 4 ok (NOT_FOUND is the caller's), 1 failed, 2 late, none in flight (a cancelled call is not counted)", h)
 	}
 	var slow uint64
 	for b := sluicehealth.Bucket(25 * time.Millisecond); b < sluicehealth.Buckets; b++ {

@@ -68,8 +68,8 @@ type TickResult struct {
 	// let through, per procedure it declares and "" for the callee as a
 	// whole (health.go).
 	Health map[ServiceProcedure]UpstreamHealth
-	// Estimates holds the capacity estimated for each callee with an
-	// objective (adaptive.go).
+	// Estimates holds the capacity estimated for each callee (Procedure
+	// "") and each procedure with an objective (adaptive.go).
 	Estimates map[ServiceProcedure]adaptive.Estimate
 }
 

@@ -75,7 +75,9 @@
 // surge brings its ticks forward) but its fleet's health changes once a
 // report interval, and a decision taken again on the same health would
 // compound it. Steps in between hold the estimate, and a step that comes
-// late is still one decision: it probes no further than one on time.
+// late is still one decision: a probe it takes goes no further than one
+// on time (the return toward the knee, bounded by it, takes the time it
+// was given).
 //
 // A step waits to show: after a confirmed decrease the estimator does not
 // decrease again until a sample shows the callee admitted no more than
@@ -574,13 +576,14 @@ func (e *Estimator) lower(c, goodput, factor float64) float64 {
 	return c * factor
 }
 
-// earlyTick: a step that comes a Period/earlyTick early still decides. A
-// controller's ticks a second apart come microseconds either side of it;
-// held to the exact Period, one tick in two held as too soon, and the
-// next took two seconds' step at once. Not more than a millisecond: a
-// tick a surge brought forward a little before a regular one reads the
-// health the last decision read (in the simulator's brownout scenario, a
-// tolerance of 10ms kept the estimate from releasing after the brownout).
+// earlyTick: a step that comes a Period/earlyTick early (1 ms at the
+// default Period of 1 s) still decides. A controller's ticks a second
+// apart come microseconds either side of it; held to the exact Period,
+// one tick in two held as too soon, and the next took two seconds' step
+// at once. Not more: a tick a surge brought forward a little before a
+// regular one reads the health the last decision read (in the simulator's
+// brownout scenario, a tolerance of 10ms kept the estimate from releasing
+// after the brownout).
 const earlyTick = 1000
 
 // maxAwait is how long, in seconds, the estimator waits at most for a

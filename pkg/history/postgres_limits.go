@@ -158,7 +158,9 @@ func rowToService(row pgx.CollectableRow) (ServiceLimits, error) {
 		s.Criticality = c
 	}
 	if r.SloLatencyP99Ms != 0 || r.SloErrors != 0 {
-		s.SLO = &ObjectiveSettings{LatencyP99: time.Duration(r.SloLatencyP99Ms * float64(time.Millisecond)), Errors: r.SloErrors}
+		// Rounded: a duration in milliseconds as a double comes back a
+		// nanosecond short of what was written now and then.
+		s.SLO = &ObjectiveSettings{LatencyP99: time.Duration(math.Round(r.SloLatencyP99Ms * float64(time.Millisecond))), Errors: r.SloErrors}
 	}
 	if err := errors.Join(errs...); err != nil {
 		return ServiceLimits{}, fmt.Errorf("service_limits row %s: %w", r.Callee, err)

@@ -74,7 +74,8 @@ func (s ServiceLimits) RenderDeclarations(num func(v *float64, def float64) stri
 			parts = append(parts, "latency_p99 "+o.LatencyP99.String())
 		}
 		if o.Errors > 0 {
-			parts = append(parts, "errors "+strconv.FormatFloat(100*o.Errors, 'g', -1, 64)+"%")
+			// Ten digits: 100 × 0.07 is 7.000000000000001.
+			parts = append(parts, "errors "+strconv.FormatFloat(100*o.Errors, 'g', 10, 64)+"%")
 		}
 		out += ", slo (" + strings.Join(parts, ", ") + ")"
 	}

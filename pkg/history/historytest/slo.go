@@ -36,17 +36,25 @@ func testObjective(t *testing.T, s history.Store) {
 	if o := read()["search"]; o == nil || o.LatencyP99 != 0 || o.Errors != 0.005 {
 		t.Errorf("search's objective after a set of errors alone: %+v, want errors 0.005 and no latency", o)
 	}
+	// Kept as milliseconds in a double: read back exactly, and a ratio
+	// rendered as it was given.
+	odd := &history.ObjectiveSettings{LatencyP99: 1001 * time.Microsecond, Errors: 0.07}
+	must(t, s.SetService(ctx, history.ServiceLimits{Callee: "search", Capacity: f64(900), SLO: odd}, bob))
+	if o := read()["search"]; o == nil || *o != *odd {
+		t.Errorf("search's objective %+v, want %+v exactly", o, odd)
+	}
 	must(t, s.SetService(ctx, history.ServiceLimits{Callee: "search", Capacity: f64(900)}, bob))
 	if o := read()["search"]; o != nil {
 		t.Errorf("search's objective after a set without one: %+v, want none", o)
 	}
 	es := entries(audit(t, s, history.Filter{Callee: "search"}))
-	var rendered bool
+	var rendered, seven bool
 	for _, e := range es {
 		rendered = rendered || strings.HasSuffix(e.New, ", slo (latency_p99 250ms, errors 1%)")
+		seven = seven || strings.HasSuffix(e.New, ", slo (latency_p99 1.001ms, errors 7%)")
 	}
-	if !rendered {
-		t.Errorf("audit %+v: want the first set_service to render its objective", es)
+	if !rendered || !seven {
+		t.Errorf("audit %+v: want set_service to render its objectives (250ms, 1%%; 1.001ms, 7%%)", es)
 	}
 	for _, tc := range []struct {
 		field string
