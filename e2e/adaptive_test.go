@@ -50,7 +50,9 @@ func startKneeRig(t *testing.T) string {
 // knee, is logged: it holds on a quiet machine). (Before the first
 // estimate the app sheds as it must: 503s, web's too.) The same load sent
 // to the app directly, without sluice, shows the blow-up.
-func TestAdaptiveCapacityAsProcesses(t *testing.T) {
+func TestAdaptiveCapacityAsProcesses(t *testing.T) { retryBusy(testAdaptiveCapacityAsProcesses)(t) }
+
+func testAdaptiveCapacityAsProcesses(t *testing.T) {
 	if testing.Short() {
 		t.Skip("end-to-end with processes: about 70 s")
 	}

@@ -45,7 +45,9 @@ const costLimits = `services:
 // again, paid back within the payback window (10 s). Over every 10 s
 // window from 15 s on, the tokens the app spent on web's admitted requests
 // are within ±5 % of the limit's 3,000.
-func TestCostLimitsAsProcesses(t *testing.T) {
+func TestCostLimitsAsProcesses(t *testing.T) { retryBusy(testCostLimitsAsProcesses)(t) }
+
+func testCostLimitsAsProcesses(t *testing.T) {
 	if testing.Short() {
 		t.Skip("end-to-end with processes: about 50 s")
 	}
@@ -104,10 +106,10 @@ func TestCostLimitsAsProcesses(t *testing.T) {
 		t.Logf("t=%2ds web sent=%3d admitted=%3d tokens=%4d | policy: offered %6.1f tokens/s, ratio %.3f, debt %6.1f | errors=%d skipped=%d",
 			s, w.Sent, w.Admitted, tokens[s].Load(), ticks[s].offered, ticks[s].ratio, ticks[s].debt, w.Errors, w.Skipped)
 	}
+	requireOnSchedule(t, g, 0, runFor)
 	if s := g.Sum("web", 0, runFor+1); s.Errors > 0 || s.Skipped > 0 {
 		t.Errorf("web: %d errors, %d skipped: the rig, not the limiter, lost requests", s.Errors, s.Skipped)
 	}
-	requireOnSchedule(t, g, 0, runFor)
 
 	for from := warm; from < runFor; from += window {
 		var spent int64
@@ -141,7 +143,9 @@ const concurrencyLimits = `services:
 // that counts no sidecar yet gives each one slot); the rest are refused,
 // counted, and what is admitted is what 10 slots of 100 ms carry, about
 // 100 rps.
-func TestConcurrencyAsProcesses(t *testing.T) {
+func TestConcurrencyAsProcesses(t *testing.T) { retryBusy(testConcurrencyAsProcesses)(t) }
+
+func testConcurrencyAsProcesses(t *testing.T) {
 	if testing.Short() {
 		t.Skip("end-to-end with processes: about 25 s")
 	}
@@ -206,10 +210,10 @@ func TestConcurrencyAsProcesses(t *testing.T) {
 		t.Logf("t=%2ds web sent=%3d admitted=%3d dropped=%3d errors=%d skipped=%d | at most %2d in flight | policy: offered %5.1f rps, %d live",
 			s, w.Sent, w.Admitted, w.Dropped, w.Errors, w.Skipped, peaks[s].Load(), ticks[s].offered, ticks[s].live)
 	}
+	requireOnSchedule(t, g, 0, runFor)
 	if s := g.Sum("web", 0, runFor+1); s.Errors > 0 || s.Skipped > 0 {
 		t.Errorf("web: %d errors, %d skipped: the rig, not the limiter, lost requests", s.Errors, s.Skipped)
 	}
-	requireOnSchedule(t, g, 0, runFor)
 
 	if p := peak.Load(); p > capacity {
 		t.Errorf("the app had %d of web's requests in flight at once, want at most its cap of %d", p, capacity)

@@ -231,7 +231,9 @@ func keepReporting(t *testing.T, f *fakeSidecar, r *sluicev1.LoadReport) func() 
 // whole zone, and web got twice its limit until the attack ended. Now the
 // aggregator caps each sum at what the controller accepts: abuser's own
 // bucket is wrong, the zone is not.
-func TestHostileZoneSumOverflow(t *testing.T) {
+func TestHostileZoneSumOverflow(t *testing.T) { retryBusy(testHostileZoneSumOverflow)(t) }
+
+func testHostileZoneSumOverflow(t *testing.T) {
 	if testing.Short() {
 		t.Skip("hostile workload with processes: about 25 s")
 	}
@@ -276,7 +278,9 @@ func TestHostileZoneSumOverflow(t *testing.T) {
 // (sluice_aggregator_peers_folded_total), no report is rejected, memory
 // stays bounded, and a zone load that would still be too large loses its
 // largest services first (--max-zone-load-size).
-func TestHostileOversizedZoneLoad(t *testing.T) {
+func TestHostileOversizedZoneLoad(t *testing.T) { retryBusy(testHostileOversizedZoneLoad)(t) }
+
+func testHostileOversizedZoneLoad(t *testing.T) {
 	if testing.Short() {
 		t.Skip("hostile workload with processes: about 25 s")
 	}
@@ -344,7 +348,7 @@ func TestHostileIDSquatting(t *testing.T) {
 	if testing.Short() {
 		t.Skip("hostile workload with processes: about 40 s")
 	}
-	t.Run("mtls", func(t *testing.T) {
+	t.Run("mtls", retryBusy(func(t *testing.T) {
 		var squatted []func() (bool, string)
 		z := startHostileZone(t, true, func(z *hostileZone) {
 			cc := z.dial(t, "abuser")
@@ -363,8 +367,8 @@ func TestHostileIDSquatting(t *testing.T) {
 			t.Errorf("the aggregator rejected %v reports; the real sidecars' should all pass", n)
 		}
 		requireRSS(t, z.agg, 100<<20)
-	})
-	t.Run("plaintext", func(t *testing.T) {
+	}))
+	t.Run("plaintext", retryBusy(func(t *testing.T) {
 		z := startHostileZone(t, false, nil)
 		// The real sidecars report every second; wait for their first.
 		testkit.WaitFor(t, startTimeout, "both sidecars reported", func() bool {
@@ -384,5 +388,5 @@ func TestHostileIDSquatting(t *testing.T) {
 			t.Error("the squatter's reports were not rejected as id_in_use")
 		}
 		requireRSS(t, z.agg, 100<<20)
-	})
+	}))
 }

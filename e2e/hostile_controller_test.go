@@ -31,7 +31,9 @@ import (
 // as long as the claim lasted (issue 13). Now a claim toward a callee with
 // a capacity counts only for a bucket with a limit: victim keeps its 80
 // rps, and the controller counts the refused claims.
-func TestHostileOutboundFalseClaims(t *testing.T) {
+func TestHostileOutboundFalseClaims(t *testing.T) { retryBusy(testHostileOutboundFalseClaims)(t) }
+
+func testHostileOutboundFalseClaims(t *testing.T) {
 	if testing.Short() {
 		t.Skip("end-to-end with processes: about 15 s")
 	}

@@ -223,7 +223,7 @@ func TestHostileForgedCallerHeader(t *testing.T) {
 		t.Skip("end-to-end with processes: about 20 s per mode")
 	}
 	forged := http.Header{"X-Sluice-Caller": {"web"}}
-	t.Run("mtls", func(t *testing.T) {
+	t.Run("mtls", retryBusy(func(t *testing.T) {
 		r := startIdentRig(t, true, "--caller-identity=mtls")
 		g := identLoad(t, r, []loadgen.Caller{
 			{Name: "web", Rate: rate(identWebRate), Client: r.client(t, "web")},
@@ -231,8 +231,8 @@ func TestHostileForgedCallerHeader(t *testing.T) {
 		})
 		requireIdentOutcome(t, r, g, "abuser")
 		requireMismatches(t, r, g)
-	})
-	t.Run("xfcc", func(t *testing.T) {
+	}))
+	t.Run("xfcc", retryBusy(func(t *testing.T) {
 		r := startIdentRig(t, false, "--caller-identity=xfcc")
 		// The abuser also sends an XFCC element of its own naming web;
 		// its Envoy appends the real one after it.
@@ -244,7 +244,7 @@ func TestHostileForgedCallerHeader(t *testing.T) {
 		})
 		requireIdentOutcome(t, r, g, "abuser")
 		requireMismatches(t, r, g)
-	})
+	}))
 }
 
 // requireMismatches: every abuser request that reached the sidecar was
@@ -273,7 +273,7 @@ func TestHostileDecidedMark(t *testing.T) {
 	if testing.Short() {
 		t.Skip("end-to-end with processes: about 20 s per mode")
 	}
-	t.Run("header", func(t *testing.T) {
+	t.Run("header", retryBusy(func(t *testing.T) {
 		r := startIdentRig(t, false)
 		g := identLoad(t, r, []loadgen.Caller{
 			{Name: "web", Rate: rate(identWebRate)},
@@ -281,8 +281,8 @@ func TestHostileDecidedMark(t *testing.T) {
 		})
 		requireIdentOutcome(t, r, g, "abuser")
 		requireMarksIgnored(t, r, g, "abuser")
-	})
-	t.Run("mtls", func(t *testing.T) {
+	}))
+	t.Run("mtls", retryBusy(func(t *testing.T) {
 		r := startIdentRig(t, true, "--caller-identity=mtls")
 		abuser := r.client(t, "abuser")
 		// Half its load marked as its own, half as web's (with web's
@@ -295,7 +295,7 @@ func TestHostileDecidedMark(t *testing.T) {
 		})
 		requireIdentOutcome(t, r, g, "abuser", "abuser-as-web")
 		requireMarksIgnored(t, r, g, "abuser", "abuser-as-web")
-	})
+	}))
 }
 
 // requireMarksIgnored: no request passed as decided upstream, and every

@@ -188,7 +188,9 @@ func (p *slowPoster) count(code int) int64 {
 // (5 bytes at 240 B/s: 21 ms more) with 408, its connection to the app closed; the app's
 // connections stay under --proxy-max-connections (as the app can see it: never all it has),
 // and the victim keeps its allowance.
-func TestHostileSlowBodies(t *testing.T) {
+func TestHostileSlowBodies(t *testing.T) { retryBusy(testHostileSlowBodies)(t) }
+
+func testHostileSlowBodies(t *testing.T) {
 	const (
 		seconds     = 12
 		attackAt    = 3 // the abuser's fast load until then sets its drop ratio; the victim is judged from here
@@ -285,7 +287,9 @@ func TestHostileSlowBodies(t *testing.T) {
 // keepalive time + timeout (15 s); its policy's fail mode (local: each limit as a token
 // bucket) has taken over by then, so the victim under its limit keeps its allowance and the
 // abuser stays near its limit; after SIGCONT the sidecar reconnects.
-func TestHostileFrozenController(t *testing.T) {
+func TestHostileFrozenController(t *testing.T) { retryBusy(testHostileFrozenController)(t) }
+
+func testHostileFrozenController(t *testing.T) {
 	const (
 		seconds     = 22
 		freezeAt    = 4

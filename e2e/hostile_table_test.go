@@ -193,7 +193,9 @@ func (r *tableRun) requireVictim(t *testing.T, victim string, limit float64, fro
 // requests were counted and judged as _overflow. The controller never saw
 // mobile's load, its ratio stayed 0, and all of it was admitted (100/100
 // in the issue). Now a limited caller always has its own slot.
-func TestHostileTableFloodThenNewLimit(t *testing.T) {
+func TestHostileTableFloodThenNewLimit(t *testing.T) { retryBusy(testHostileTableFloodThenNewLimit)(t) }
+
+func testHostileTableFloodThenNewLimit(t *testing.T) {
 	if testing.Short() {
 		t.Skip("end-to-end with processes: about 20 s")
 	}
@@ -257,7 +259,9 @@ func TestHostileTableFloodThenNewLimit(t *testing.T) {
 // names, its table never shrank, and web and victim were _overflow there
 // for good: web unlimited. Now the controller lists only callers with a
 // limit or a ratio, and those always have their own slot.
-func TestHostileSortedNameSquat(t *testing.T) {
+func TestHostileSortedNameSquat(t *testing.T) { retryBusy(testHostileSortedNameSquat)(t) }
+
+func testHostileSortedNameSquat(t *testing.T) {
 	if testing.Short() {
 		t.Skip("end-to-end with processes: about 25 s")
 	}

@@ -9,7 +9,6 @@ import (
 	"io"
 	"log/slog"
 	"math"
-	"os"
 	"sync"
 	"testing"
 	"time"
@@ -111,9 +110,7 @@ func admittedRate(g *loadgen.Generator, caller string, from, to int) float64 {
 // requireOnSchedule ends a test whose load generator could not keep its
 // schedule over seconds [from, to), the ones the test judges: the rates it
 // measured are the machine's (a burst after a stall is a surge the loop
-// answers, rightly, by dropping more), not the loop's. It skips, saying
-// which seconds; with CI=true it fails instead, since CI must not pass by
-// testing nothing.
+// answers, rightly, by dropping more), not the loop's: see tooBusy.
 func requireOnSchedule(t *testing.T, g *loadgen.Generator, from, to int) {
 	t.Helper()
 	requireDelivered(t, g.OffSchedule(from, to), from, to)
@@ -126,11 +123,7 @@ func requireDelivered(t *testing.T, late []int, from, to int) {
 	if len(late) == 0 {
 		return
 	}
-	msg := offScheduleMsg(late, from, to)
-	if os.Getenv("CI") == "true" {
-		t.Fatal(msg)
-	}
-	t.Skip(msg)
+	tooBusy(t, offScheduleMsg(late, from, to))
 }
 
 func offScheduleMsg(late []int, from, to int) string {
@@ -151,7 +144,9 @@ func logSeconds(t *testing.T, g *loadgen.Generator, seconds int, ratio func(int)
 // brings its global admitted rate to the limit within 5 s and holds it
 // there, batch (under its limit) loses nothing, and once the surge ends the
 // ratio returns to 0.
-func TestLoopHoldsASurge(t *testing.T) {
+func TestLoopHoldsASurge(t *testing.T) { retryBusy(testLoopHoldsASurge)(t) }
+
+func testLoopHoldsASurge(t *testing.T) {
 	if testing.Short() {
 		t.Skip("end-to-end: about 35 s")
 	}
@@ -185,6 +180,7 @@ func TestLoopHoldsASurge(t *testing.T) {
 	}
 	logSeconds(t, g, runFor, func(s int) float64 { return ratios[s] })
 
+	requireOnSchedule(t, g, 0, runFor)
 	for _, caller := range []string{"web", "batch"} {
 		if s := g.Sum(caller, 0, runFor); s.Errors > 0 || s.Skipped > 0 {
 			t.Errorf("%s: %d errors, %d skipped: the rig, not the limiter, lost requests", caller, s.Errors, s.Skipped)
@@ -200,7 +196,6 @@ func TestLoopHoldsASurge(t *testing.T) {
 		}
 	}
 	t.Logf("time to enforce: %d s", enforced)
-	requireOnSchedule(t, g, 0, runFor)
 
 	// Steady state: from 5 s after the surge began to its end.
 	steady := admittedRate(g, "web", surgeStart+5, surgeEnd)
@@ -229,7 +224,9 @@ func TestLoopHoldsASurge(t *testing.T) {
 // TestControllerRestart: mid-surge the controller stops; every sidecar keeps
 // the very policy it held, so web keeps being dropped at that ratio; a new
 // controller comes up on the same address and the loop converges again.
-func TestControllerRestart(t *testing.T) {
+func TestControllerRestart(t *testing.T) { retryBusy(testControllerRestart)(t) }
+
+func testControllerRestart(t *testing.T) {
 	if testing.Short() {
 		t.Skip("end-to-end: about 35 s")
 	}
@@ -295,6 +292,7 @@ func TestControllerRestart(t *testing.T) {
 		}
 	}
 	logSeconds(t, g, runFor, func(s int) float64 { return ratios[s] })
+	requireOnSchedule(t, g, 0, runFor)
 
 	// While the controller is away, the sidecars keep their policies: the
 	// same objects, so web is dropped at the ratio it had when it left.
@@ -313,7 +311,6 @@ func TestControllerRestart(t *testing.T) {
 	}
 
 	// Before the stop and after the restart, web is at its limit.
-	requireOnSchedule(t, g, 0, runFor)
 	before := admittedRate(g, "web", 6, stopAt)
 	after := admittedRate(g, "web", startAt+6, runFor)
 	t.Logf("web admitted: %.1f rps before, %.1f while the controller was away (ratio held %.3f), %.1f after", before, admittedRate(g, "web", stopAt+1, startAt), heldRatio, after)

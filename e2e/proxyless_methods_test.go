@@ -52,7 +52,9 @@ services:
 //   - the callee counts Pay's offered load through the 1/(1−p) weighting:
 //     it reports what the client sent ± 10 %, drops nothing itself, and
 //     counts every Pay call that reached the app as an upstream arrival.
-func TestProxylessPerMethodLimits(t *testing.T) {
+func TestProxylessPerMethodLimits(t *testing.T) { retryBusy(testProxylessPerMethodLimits)(t) }
+
+func testProxylessPerMethodLimits(t *testing.T) {
 	if testing.Short() {
 		t.Skip("end-to-end: a whole loop for half a minute")
 	}

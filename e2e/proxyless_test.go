@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"math"
 	"net"
-	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -31,6 +30,7 @@ import (
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/controller"
 	"github.com/sluicehq/sluice/internal/limits"
+	"github.com/sluicehq/sluice/internal/loadgen"
 	"github.com/sluicehq/sluice/internal/testbed"
 	"github.com/sluicehq/sluice/internal/testkit"
 	"github.com/sluicehq/sluice/internal/xdsserver"
@@ -560,8 +560,7 @@ func (w *runtimeWatch) lastStatus(caller string) float64 {
 // upstreamCall is one call of a paced proxyless client.
 type upstreamCall struct {
 	start   time.Time
-	late    time.Duration // how long after its turn the pacer sent it
-	aborted bool          // by the client's fault filter
+	aborted bool // by the client's fault filter
 	// dropped by the callee's sluice interceptor: a second drop, which
 	// must not happen to a caller enforced upstream.
 	calleeDropped bool
@@ -573,22 +572,37 @@ type upstreamCall struct {
 // that calls again on return would offer more the more it is aborted).
 type pacedClient struct {
 	*proxylessClient
-	mu    sync.Mutex // guards calls
+	mu    sync.Mutex // guards calls and missed
 	calls []upstreamCall
+	// missed holds the turns the pacer let pass: each is when the call
+	// was due.
+	missed []time.Time
 }
 
+// pacerSlack is how late the pacer may send a call and still send it. A
+// turn missed by more is let pass, not made up: on a busy machine the
+// pacer's timer fires late, and a pacer that sent what it owes at once
+// would turn a 90 ms stall into a burst of 27 calls, a surge the loop
+// answers, rightly, by dropping more. Passing turns instead bounds a
+// burst to rate·pacerSlack calls and shows the stall as what it is, a
+// second that offered less, which the one off-schedule rule judges
+// (loadgen.OffRate).
+const pacerSlack = 10 * time.Millisecond
+
 // run starts the pacer; every call it makes is owned by wg too. At most
-// 256 calls are in flight: past that the pacer waits, and catches up after.
+// 256 calls are in flight: past that the pacer waits, and lets the turns
+// it missed meanwhile pass.
 func (c *pacedClient) run(ctx context.Context, t *testing.T, rate float64, wg *sync.WaitGroup) {
 	hc := healthpb.NewHealthClient(c.cc)
 	md := metadata.Pairs(callerHeader, c.caller)
 	inFlight := make(chan struct{}, 256)
 	wg.Go(func() {
 		start := time.Now()
+		due := func(i int) time.Time { return start.Add(time.Duration(float64(i) / rate * float64(time.Second))) }
 		timer := time.NewTimer(0)
 		defer timer.Stop()
 		for i := 0; ; i++ {
-			timer.Reset(time.Until(start.Add(time.Duration(float64(i) / rate * float64(time.Second)))))
+			timer.Reset(time.Until(due(i)))
 			select {
 			case <-ctx.Done():
 				return
@@ -599,7 +613,16 @@ func (c *pacedClient) run(ctx context.Context, t *testing.T, rate float64, wg *s
 				return
 			case inFlight <- struct{}{}:
 			}
-			due := start.Add(time.Duration(float64(i) / rate * float64(time.Second)))
+			if now := time.Now(); now.Sub(due(i)) > pacerSlack {
+				<-inFlight
+				c.mu.Lock()
+				for ; now.Sub(due(i)) > pacerSlack; i++ {
+					c.missed = append(c.missed, due(i))
+				}
+				c.mu.Unlock()
+				i-- // the loop's i++ comes to the first turn still on time
+				continue
+			}
 			wg.Go(func() {
 				defer func() { <-inFlight }()
 				s := time.Now()
@@ -609,7 +632,7 @@ func (c *pacedClient) run(ctx context.Context, t *testing.T, rate float64, wg *s
 				if err != nil && ctx.Err() != nil {
 					return // cut short by the end of the run
 				}
-				call := upstreamCall{start: s, late: s.Sub(due)}
+				call := upstreamCall{start: s}
 				switch status.Code(err) {
 				case codes.OK:
 				case codes.ResourceExhausted:
@@ -652,19 +675,27 @@ func (c *pacedClient) between(from, to time.Time) (n, aborted, calleeDropped int
 	return n, aborted, calleeDropped
 }
 
-// lateness returns how late, at worst, the pacer sent a call that started
-// in [from, to): on a busy machine its timer fires late, and it then sends
-// the calls it owes at once, a burst the loop sees as a surge.
-func (c *pacedClient) lateness(from, to time.Time) time.Duration {
+// offSchedule returns the whole seconds of [from, to) in which the pacer
+// sent a rate off the one it was asked for, by loadgen.OffRate: the
+// seconds in which it let turns pass, measured by when those turns were
+// due.
+func (c *pacedClient) offSchedule(from, to time.Time, rate float64) []int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	var worst time.Duration
-	for _, call := range c.calls {
-		if !call.start.Before(from) && call.start.Before(to) {
-			worst = max(worst, call.late)
+	var late []int
+	for sec := 0; from.Add(time.Duration(sec+1)*time.Second).Compare(to) <= 0; sec++ {
+		a, b := from.Add(time.Duration(sec)*time.Second), from.Add(time.Duration(sec+1)*time.Second)
+		missed := 0
+		for _, m := range c.missed {
+			if !m.Before(a) && m.Before(b) {
+				missed++
+			}
+		}
+		if loadgen.OffRate(rate-float64(missed), rate) {
+			late = append(late, sec)
 		}
 	}
-	return worst
+	return late
 }
 
 // ratioSamples polls the controller's published ratio of (checkout, web)
@@ -768,7 +799,7 @@ func limiterMetric(t *testing.T, g prometheus.Gatherer, name, peer, outcome stri
 //   - the rate the callee's app receives is 210 rps ± 5 %;
 //   - the offered rate the callee reports is the clients' ± 5 %;
 //   - no published ratio falls below 0.1 (the post-drop failure is 0 every
-//     other tick), and their mean is 0.3 ± 0.05;
+//     other tick), and their mean is 1 − 210/offered ± 0.05 (0.3 at 300);
 //   - the callee dropped nothing: no call failed with sluice's own
 //     rejection, its drop counter is 0, and every arrival it counted as
 //     enforced upstream reached the app.
@@ -778,13 +809,16 @@ func limiterMetric(t *testing.T, g prometheus.Gatherer, name, peer, outcome stri
 // 1 %, and one second's of about 4 %, which moves one tick's ratio by
 // about 0.03.
 func TestProxylessCallerCountedAtTheCallee(t *testing.T) {
+	retryBusy(testProxylessCallerCountedAtTheCallee)(t)
+}
+
+func testProxylessCallerCountedAtTheCallee(t *testing.T) {
 	if testing.Short() {
 		t.Skip("end-to-end: a whole loop for half a minute")
 	}
 	const (
 		offeredRPS = 300.0
 		limitRPS   = 210.0
-		wantRatio  = 1 - limitRPS/offeredRPS
 		rateTol    = 0.05
 		window     = 15 * time.Second
 	)
@@ -829,17 +863,14 @@ services:
 		}
 		return sidecar.PeerCounts{}, callee.Received("web")
 	}
-	// A window is judged only if the load went out on schedule through
-	// it and the settle time before it. On a busy machine the pacer's
-	// timer fires late and it sends what it owes at once: a burst of
-	// 210·late arrivals, which from about 90ms late is a surge that the
-	// loop answers, rightly, with a higher ratio released over a few
-	// seconds. Such a window measured the machine, not the loop; another
-	// is taken, at most three in all.
+	// A window is judged only if the load went out on schedule through it
+	// and the settle time before it: a pacer that let turns pass offered
+	// less in those seconds, and the loop's answer to a falling rate is
+	// not what is measured here. Another window is taken, at most three
+	// in all.
 	const (
-		stallBound = 50 * time.Millisecond // half what a surge report takes
-		settle     = 5 * time.Second
-		windows    = 3
+		settle  = 5 * time.Second
+		windows = 3
 	)
 	var (
 		from, to     time.Time
@@ -852,19 +883,15 @@ services:
 		time.Sleep(window)
 		to = time.Now()
 		c2, recv2 = counts()
-		late := web.lateness(from.Add(-settle), to)
-		if late < stallBound {
-			t.Logf("window %d: the pacer was at most %v late", attempt, late.Round(time.Millisecond))
+		off := web.offSchedule(from.Add(-settle), to, offeredRPS)
+		if len(off) == 0 {
+			t.Logf("window %d: the pacer kept its schedule", attempt)
 			break
 		}
-		t.Logf("window %d: the pacer sent a call %v late (bound %v): a burst of the machine's making; measuring again",
-			attempt, late.Round(time.Millisecond), stallBound)
+		t.Logf("window %d: the pacer let turns pass in %d of its seconds (settle time included): the machine's doing; measuring again",
+			attempt, len(off))
 		if attempt == windows {
-			msg := fmt.Sprintf("in %d windows of %v the load never went out on schedule: the machine is too busy to judge the loop", windows, window)
-			if os.Getenv("CI") == "true" {
-				t.Fatal(msg)
-			}
-			t.Skip(msg)
+			tooBusy(t, fmt.Sprintf("in %d windows of %v the load never went out on schedule: the machine is too busy to judge the loop", windows, window))
 		}
 	}
 	secs := to.Sub(from).Seconds()
@@ -889,6 +916,9 @@ services:
 	if math.Abs(reported-clientOffered) > rateTol*clientOffered {
 		t.Errorf("callee reported %.1f rps offered, the clients offered %.1f: want within %.0f %%", reported, clientOffered, 100*rateTol)
 	}
+	// The law's ratio for what the clients offered: 0.3 at 300 rps, a
+	// little less when the pacer let some turns pass.
+	wantRatio := 1 - limitRPS/clientOffered
 	if len(samples) < 10 || lo < 0.1 || math.Abs(mean-wantRatio) > 0.05 {
 		t.Errorf("published ratios over the window: mean %.3f, min %.3f over %d samples; want mean %.2f ± 0.05 and none below 0.1 (no swing to 0)",
 			mean, lo, len(samples), wantRatio)

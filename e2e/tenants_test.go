@@ -132,13 +132,13 @@ func runDescriptorLoad(t *testing.T, ctl, agg *node, sidecars []*node, rigURL, d
 		t.Logf("t=%2ds abuser sent=%3d admitted=%3d (ratio %.3f) | crowd sent=%3d dropped=%d | errors=%d skipped=%d",
 			s, a.Sent, a.Admitted, ratios[s], c.Sent, c.Dropped, a.Errors+c.Errors, a.Skipped+c.Skipped)
 	}
+	requireDelivered(t, res.OffSchedule, 0, secs)
 	for _, flow := range []string{"abuser", "crowd"} {
 		if s := res.Sum(flow, 0, secs); s.Errors > 0 || s.Skipped > 0 {
 			t.Errorf("%s: %d errors, %d skipped: the rig, not the limiter, lost requests", flow, s.Errors, s.Skipped)
 		}
 	}
 	logDescriptorRejections(t, ctl, agg, sidecars)
-	requireDelivered(t, res.OffSchedule, 0, secs)
 
 	held := res.Sum("abuser", valueHeld, secs)
 	if got := float64(held.Admitted) / float64(secs-valueHeld); math.Abs(got-valueLimit) > 0.05*valueLimit {
@@ -188,7 +188,7 @@ func TestTenantLimitsAsProcesses(t *testing.T) {
 		t.Skip("end-to-end with processes: about 2 minutes")
 	}
 	plainBinaries(t)
-	t.Run("tenant", func(t *testing.T) {
+	t.Run("tenant", retryBusy(func(t *testing.T) {
 		app := startRig(t)
 		ctl, agg, sidecars := startDescriptorLoop(t, fmt.Sprintf(`services:
   checkout:
@@ -199,8 +199,8 @@ func TestTenantLimitsAsProcesses(t *testing.T) {
 `, valueLimit), app)
 		runDescriptorLoad(t, ctl, agg, sidecars, app, "tenant", http.Header{"X-Tenant-Id": {"abuser"}}, "abuser",
 			crowdLoad{rate: 1000, seconds: 101}, &rig.Vary{Header: "X-Tenant-Id", Format: "tenant-%05d", Modulo: crowdValues})
-	})
-	t.Run("client-ip", func(t *testing.T) {
+	}))
+	t.Run("client-ip", retryBusy(func(t *testing.T) {
 		app := startRig(t)
 		ctl, agg, sidecars := startDescriptorLoop(t, fmt.Sprintf(`services:
   checkout:
@@ -211,7 +211,7 @@ func TestTenantLimitsAsProcesses(t *testing.T) {
 `, valueLimit), app)
 		runDescriptorLoad(t, ctl, agg, sidecars, app, "client_ip", http.Header{"X-Forwarded-For": {"203.0.113.7"}}, "203.0.113.7",
 			crowdLoad{rate: 1000, seconds: 15}, &rig.Vary{Header: "X-Forwarded-For", Format: "ipv4", Modulo: crowdValues})
-	})
+	}))
 }
 
 // logDescriptorRejections logs what each tier left out of the descriptors,
