@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/pkg/adaptive"
 	"github.com/sluicehq/sluice/pkg/criticality"
 	"github.com/sluicehq/sluice/pkg/dataplane"
 	"github.com/sluicehq/sluice/pkg/descriptor"
@@ -117,6 +118,12 @@ type Policy struct {
 	// defaults, see costTable) prices each request. Inbound policies only.
 	Unit Unit
 	Cost *CostPolicy
+
+	// Objective is the service's objective (issue #18); zero: none. A
+	// sidecar whose callee misses it sheds at once, for at most the
+	// controller's next tick (the health fast path, reporter.HealthGate).
+	// Inbound policies only.
+	Objective adaptive.Objective
 }
 
 // DescriptorPolicy is one descriptor limit: a limit per value of one
@@ -346,6 +353,7 @@ func PolicyFromProto(m *sluicev1.DropPolicy) (*Policy, error) {
 	}
 	p.Descriptors = descriptorsFromProto(m.GetDescriptors(), p.Direction, bad)
 	costFromProto(m, p, declared, bad)
+	p.Objective = objectiveFromProto(m.GetObjective(), p.Direction, bad)
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("invalid drop policy %q: %w", m.GetName(), err)
 	}
@@ -644,7 +652,35 @@ func (p *Policy) Proto() *sluicev1.DropPolicy {
 	m.Descriptors = descriptorsProto(p.Descriptors)
 	m.Criticality = criticalityProto(p.Criticality)
 	costProto(p, m)
+	if p.Objective != (adaptive.Objective{}) {
+		m.Objective = &sluicev1.HealthObjective{Errors: p.Objective.Errors}
+		if p.Objective.LatencyP99 != 0 {
+			m.Objective.LatencyP99 = durationpb.New(p.Objective.LatencyP99)
+		}
+	}
 	return m
+}
+
+// objectiveFromProto converts and checks a policy's objective: absent is
+// none; present, it is an inbound policy's and valid
+// (adaptive.Objective.Validate), each bad field named.
+func objectiveFromProto(m *sluicev1.HealthObjective, dir Direction, bad func(field, format string, args ...any)) adaptive.Objective {
+	if m == nil {
+		return adaptive.Objective{}
+	}
+	if dir == Outbound {
+		bad("objective", "set in an outbound policy")
+		return adaptive.Objective{}
+	}
+	o := adaptive.Objective{
+		LatencyP99: duration(m.GetLatencyP99(), "objective.latency_p99", bad),
+		Errors:     m.GetErrors(),
+	}
+	if err := o.Validate(); err != nil {
+		bad("objective", "%v", err)
+		return adaptive.Objective{}
+	}
+	return o
 }
 
 // rateOrInf reads an optional rate: absent means unbounded.

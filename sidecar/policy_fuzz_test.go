@@ -115,6 +115,10 @@ func policySeeds(t testing.TB) []seed {
 		return withDescriptors(func(m *sluicev1.DropPolicy) { edit(m.Descriptors[0]) })
 	}
 	return []seed{
+		{Name: "good-objective", Args: b(good(func(m *sluicev1.DropPolicy) {
+			m.Objective = &sluicev1.HealthObjective{LatencyP99: durationpb.New(250 * time.Millisecond), Errors: 0.01}
+		}))},
+		{Name: "bad-objective-errors", Args: b(good(func(m *sluicev1.DropPolicy) { m.Objective = &sluicev1.HealthObjective{Errors: 2} }))},
 		{Name: "good-descriptors", Args: b(withDescriptors(nil))},
 		{Name: "good-descriptor-client-ip", Args: b(desc0(func(d *sluicev1.DescriptorPolicy) { d.Source = "client-ip"; d.Overrides, d.Values = nil, nil }))},
 		{Name: "bad-descriptor-name", Args: b(desc0(func(d *sluicev1.DescriptorPolicy) { d.Name = "Tenant" }))},

@@ -47,6 +47,10 @@ func TestPolicyFromProtoRoundTrip(t *testing.T) {
 			return m
 		}(),
 		{Name: "callee/a", Service: "a", Direction: sluicev1.Direction_DIRECTION_INBOUND, FailMode: sluicev1.FailMode_FAIL_MODE_OPEN},
+		{Name: "callee/a", Service: "a", Direction: sluicev1.Direction_DIRECTION_INBOUND, FailMode: sluicev1.FailMode_FAIL_MODE_OPEN,
+			Objective: &sluicev1.HealthObjective{LatencyP99: durationpb.New(200 * time.Millisecond), Errors: 0.01}},
+		{Name: "callee/a", Service: "a", Direction: sluicev1.Direction_DIRECTION_INBOUND, FailMode: sluicev1.FailMode_FAIL_MODE_OPEN,
+			Objective: &sluicev1.HealthObjective{Errors: 0.05}},
 	} {
 		p, err := PolicyFromProto(m)
 		if err != nil {
@@ -136,6 +140,11 @@ func TestPolicyFromProtoRejects(t *testing.T) {
 		{"ttl malformed", func(m *sluicev1.DropPolicy) { m.Ttl = &durationpb.Duration{Seconds: 1, Nanos: -1} }, []string{"ttl: "}},
 		{"decay negative", func(m *sluicev1.DropPolicy) { m.FailOpenDecay = durationpb.New(-time.Second) }, []string{"fail_open_decay: -1s is negative"}},
 		{"fail mode unknown", func(m *sluicev1.DropPolicy) { m.FailMode = 5 }, []string{"fail_mode: unknown value 5"}},
+		{"objective empty", func(m *sluicev1.DropPolicy) { m.Objective = &sluicev1.HealthObjective{} }, []string{"objective: latency_p99, errors: neither is set"}},
+		{"objective errors out of range", func(m *sluicev1.DropPolicy) { m.Objective = &sluicev1.HealthObjective{Errors: 1} }, []string{"objective: errors: 1"}},
+		{"objective latency negative", func(m *sluicev1.DropPolicy) {
+			m.Objective = &sluicev1.HealthObjective{LatencyP99: durationpb.New(-time.Second), Errors: 0.01}
+		}, []string{"objective.latency_p99: -1s is negative"}},
 		{"issued_at malformed", func(m *sluicev1.DropPolicy) { m.IssuedAt = &timestamppb.Timestamp{Nanos: -1} }, []string{"issued_at: "}},
 		{"every problem at once", func(m *sluicev1.DropPolicy) {
 			m.Ttl = durationpb.New(-time.Second)

@@ -483,7 +483,7 @@ func newEngine(sc *Scenario, seed uint64, opts Options) (*engine, error) {
 		start := phase - sc.Loop.ReportInterval // the sidecar started one interval before its first report
 		name := e.callees[s.callee].svc.Name
 		hdr := reporter.Header{SidecarID: s.id, Service: name, Zone: sc.Zones[s.zone], Direction: sidecar.Inbound, Interval: sc.Loop.ReportInterval}
-		s.win = reporter.NewWindow(reporter.WindowConfig{Header: hdr, Interval: sc.Loop.ReportInterval, SurgeChecks: sc.Loop.SurgeCheck > 0, Project: true, Check: sc.Loop.SurgeCheck}, Epoch.Add(start), s.src)
+		s.win = reporter.NewWindow(reporter.WindowConfig{Header: hdr, Interval: sc.Loop.ReportInterval, SurgeChecks: sc.Loop.SurgeCheck > 0, Project: true, Check: sc.Loop.SurgeCheck, HealthGate: true}, Epoch.Add(start), s.src)
 		// The reporter's tickers and the agent's policy clock started
 		// with the sidecar. At an instant where a report and a surge
 		// check fall together, the report goes first and the check sees

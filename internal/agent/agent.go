@@ -76,6 +76,10 @@ type Config struct {
 	// until the controller's arrives (reporter.Projector). Default on;
 	// it needs surge checks.
 	SurgeProjection bool
+	// HealthFastPath has the sidecar shed at once when its app misses
+	// the objective its policy declares, until the controller's next
+	// tick (reporter.HealthGate); it needs surge checks.
+	HealthFastPath bool
 	// CallerHeader names the request header that carries the caller. In
 	// header mode it names the caller; otherwise it is only compared with
 	// the authenticated identity.
@@ -169,6 +173,7 @@ func DefaultConfig() Config {
 		XDSProtocol:        "delta",
 		ReportInterval:     time.Second,
 		SurgeProjection:    true,
+		HealthFastPath:     true,
 		CallerHeader:       "x-sluice-caller",
 		CallerIdentity:     "header",
 		TrustedProxies:     []string{"127.0.0.1/32", "::1/128", "127.0.0.6/32", "::6/128"}, // inject.XFCCTrustedProxies too
@@ -485,6 +490,7 @@ func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Agent, er
 		Interval:     cfg.ReportInterval,
 		SurgeCheck:   cfg.SurgeCheck,
 		NoProjection: !cfg.SurgeProjection,
+		NoHealthGate: !cfg.HealthFastPath,
 		Aggregators:  cfg.Aggregators,
 		DialOptions:  cfg.ReportDialOptions,
 		Logger:       logger,

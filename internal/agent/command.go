@@ -122,6 +122,7 @@ func Command() *cobra.Command {
 	duration.Var(f, &cfg.ReportInterval, "report-interval", cfg.ReportInterval, "how often to report load to the aggregator")
 	duration.Var(f, &cfg.SurgeCheck, "surge-check", cfg.SurgeCheck, "how often to look for a surge between reports and report it at once; 0 means a tenth of --report-interval, negative none")
 	f.BoolVar(&cfg.SurgeProjection, "surge-projection", cfg.SurgeProjection, "project a surge's drop ratio on this sidecar from its share of the caller's global rate until the controller's ratio arrives; needs --surge-check")
+	f.BoolVar(&cfg.HealthFastPath, "health-fast-path", cfg.HealthFastPath, "when the app misses the objective (slo) its policy declares, shed a share of the admitted load at once, the least critical first, until the controller's next tick; needs --surge-check")
 	f.StringVar(&cfg.CallerHeader, "caller-header", cfg.CallerHeader, "request header that names the caller")
 	addIdentityFlags(f, &cfg)
 	f.IntVar(&cfg.MaxPeers, "max-peers", cfg.MaxPeers, "distinct callers tracked, besides the ones the policy limits, before the rest share the _overflow bucket")

@@ -84,6 +84,21 @@ func TestObjectiveDoesNotBindUntilAnswered(t *testing.T) {
 	}
 }
 
+// TestPolicyCarriesObjective: a callee's objective travels in its policy,
+// for its sidecars' health fast path; a callee without one has none.
+func TestPolicyCarriesObjective(t *testing.T) {
+	res := tickOnce(t, sloLimits(adaptive.Objective{LatencyP99: 200 * time.Millisecond, Errors: 0.01}),
+		zoneLoad("a", "zone-a", 2, map[string]float64{"search/web": 300}))
+	o := res.Changed["callee/search"].GetObjective()
+	if o.GetLatencyP99().AsDuration() != 200*time.Millisecond || o.GetErrors() != 0.01 {
+		t.Errorf("the policy's objective %v, want p99 200ms and 1 %% errors", o)
+	}
+	res = tickOnce(t, sloLimits(adaptive.Objective{}), zoneLoad("a", "zone-a", 2, map[string]float64{"search/web": 300}))
+	if o := res.Changed["callee/search"].GetObjective(); o != nil {
+		t.Errorf("a callee without an objective published %v", o)
+	}
+}
+
 // TestCapacityFromProcedureObjective: a procedure's own objective caps
 // what its callers share of it, from its own health: create-charge, whose
 // p99 blows past 200ms once admitted more than 100 rps, gets a capacity

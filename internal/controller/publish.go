@@ -15,6 +15,7 @@ import (
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/limits"
+	"github.com/sluicehq/sluice/pkg/adaptive"
 	"github.com/sluicehq/sluice/pkg/criticality"
 	"github.com/sluicehq/sluice/pkg/dataplane"
 	"github.com/sluicehq/sluice/pkg/dropratio"
@@ -135,6 +136,7 @@ func (s *State) policy(sv dropratio.ServiceVerdict, live uint32, lim *limits.Ser
 	}
 	if lim != nil {
 		p.FailMode = failModeProto(lim.FailMode)
+		p.Objective = objectiveProto(lim.SLO)
 	}
 	p.Criticality = criticalityPolicy(lim)
 	if lim.Counted() {
@@ -164,6 +166,20 @@ func (s *State) policy(sv dropratio.ServiceVerdict, live uint32, lim *limits.Ser
 		}
 	}
 	return p
+}
+
+// objectiveProto renders a callee's objective for its sidecars' health
+// fast path; nil when it declares none. A procedure's own objective stays
+// the controller's: a sidecar judges its callee whole.
+func objectiveProto(o adaptive.Objective) *sluicev1.HealthObjective {
+	if o == (adaptive.Objective{}) {
+		return nil
+	}
+	m := &sluicev1.HealthObjective{Errors: o.Errors}
+	if o.LatencyP99 > 0 {
+		m.LatencyP99 = durationpb.New(o.LatencyP99)
+	}
+	return m
 }
 
 // criticalityPolicy renders how lim's sidecars find a request's tier;

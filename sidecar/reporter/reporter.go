@@ -90,6 +90,10 @@ type Config struct {
 	// sidecar then drops only with the controller's ratios. It needs
 	// surge checks.
 	NoProjection bool
+	// NoHealthGate turns the health fast path off (see HealthGate): the
+	// sidecar then sheds for its callee's health only with the
+	// controller's ratios. It needs surge checks.
+	NoHealthGate bool
 	// Aggregators are the zone's aggregator addresses, tried in order with
 	// failover. Required.
 	Aggregators []string
@@ -301,10 +305,14 @@ type Reporter struct {
 	log *slog.Logger
 	up  *uplink.Uplink[loadReq, loadResp]
 
-	zone      atomic.Pointer[string] // the zone the aggregator accounts us to; nil until it said
-	rejected  prometheus.Counter
-	surges    prometheus.Counter
-	rejectLog uplink.RejectLog
+	zone     atomic.Pointer[string] // the zone the aggregator accounts us to; nil until it said
+	rejected prometheus.Counter
+	surges   prometheus.Counter
+	// healthShed and healthEpisodes are the health gate's: the share its
+	// episode in force sheds, and the episodes it began.
+	healthShed     prometheus.Gauge
+	healthEpisodes prometheus.Counter
+	rejectLog      uplink.RejectLog
 }
 
 // New checks cfg and returns a Reporter that reports nothing until Run.
@@ -339,7 +347,7 @@ func New(cfg Config, src Source) (*Reporter, error) {
 		return nil, fmt.Errorf("aggregator uplink: %w", err)
 	}
 	r.up = up
-	r.rejected, r.surges = registerMetrics(cfg, up)
+	r.rejected, r.surges, r.healthShed, r.healthEpisodes = registerMetrics(cfg, up)
 	return r, nil
 }
 
@@ -388,7 +396,9 @@ func (r *Reporter) loop(ctx context.Context, send func(*sluicev1.LoadReport)) {
 		defer pt.Stop()
 		project = pt.C
 	}
-	w := NewWindow(WindowConfig{Header: r.hdr, Interval: r.cfg.Interval, SurgeChecks: r.cfg.SurgeCheck > 0, Project: !r.cfg.NoProjection, Check: r.cfg.SurgeCheck}, time.Now(), r.src)
+	w := NewWindow(WindowConfig{Header: r.hdr, Interval: r.cfg.Interval, SurgeChecks: r.cfg.SurgeCheck > 0, Project: !r.cfg.NoProjection,
+		Check: r.cfg.SurgeCheck, HealthGate: !r.cfg.NoHealthGate}, time.Now(), r.src)
+	var episodes uint64 // the gate's, counted so far
 	for {
 		var rep *sluicev1.LoadReport
 		select {
@@ -400,6 +410,10 @@ func (r *Reporter) loop(ctx context.Context, send func(*sluicev1.LoadReport)) {
 			if rep = w.Check(now, r.src); rep.GetUrgent() {
 				r.surges.Inc()
 			}
+			cut, n := w.HealthGate()
+			r.healthShed.Set(cut)
+			r.healthEpisodes.Add(float64(n - episodes))
+			episodes = n
 		case now := <-project:
 			w.Project(now, r.src)
 			continue
@@ -431,9 +445,9 @@ func (r *Reporter) onResponse(resp *loadResp) {
 	}
 }
 
-// registerMetrics registers the reporter's metrics and returns the one it
-// counts itself. The others read the uplink's counters when scraped.
-func registerMetrics(cfg Config, up *uplink.Uplink[loadReq, loadResp]) (rejected, surges prometheus.Counter) {
+// registerMetrics registers the reporter's metrics and returns the ones
+// it sets itself. The others read the uplink's counters when scraped.
+func registerMetrics(cfg Config, up *uplink.Uplink[loadReq, loadResp]) (rejected, surges prometheus.Counter, healthShed prometheus.Gauge, healthEpisodes prometheus.Counter) {
 	const ns, sub = "sluice", "sidecar_report"
 	// A sidecar may report both directions; the label keeps their
 	// reporters' metrics apart on one registry.
@@ -446,15 +460,26 @@ func registerMetrics(cfg Config, up *uplink.Uplink[loadReq, loadResp]) (rejected
 		Namespace: ns, Subsystem: sub, Name: "surges_total", ConstLabels: labels,
 		Help: "Load reports sent before the interval was up because a caller's rate jumped.",
 	})
+	// The health gate judges the service's own app: its metrics say
+	// which service, as the limiter's do.
+	svc := prometheus.Labels{"service": cfg.Service}
+	healthShed = prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: ns, Subsystem: "sidecar", Name: "health_fast_path_shed_ratio", ConstLabels: svc,
+		Help: "The share of the admitted load the health fast path sheds while its app misses the objective, until the controller's next tick; 0 when it is not shedding.",
+	})
+	healthEpisodes = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: "sidecar", Name: "health_fast_path_episodes_total", ConstLabels: svc,
+		Help: "Times the health fast path began to shed because the app missed the objective its policy declares.",
+	})
 	if cfg.Registerer == nil {
-		return rejected, surges
+		return rejected, surges, healthShed, healthEpisodes
 	}
 	counter := func(name, help string, f func(uplink.Stats) uint64) prometheus.Collector {
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: name, ConstLabels: labels, Help: help,
 		}, func() float64 { return float64(f(up.Stats())) })
 	}
-	for _, c := range []prometheus.Collector{
+	collectors := []prometheus.Collector{
 		rejected,
 		surges,
 		counter("sent_total", "Load reports sent to an aggregator.",
@@ -472,14 +497,18 @@ func registerMetrics(cfg Config, up *uplink.Uplink[loadReq, loadResp]) (rejected
 			}
 			return 0
 		}),
-	} {
+	}
+	if cfg.Direction == sidecar.Inbound {
+		collectors = append(collectors, healthShed, healthEpisodes)
+	}
+	for _, c := range collectors {
 		// Best effort, as in the other packages: a second reporter of the
 		// same direction on one registry must not fail the sidecar.
 		if err := cfg.Registerer.Register(c); err != nil {
 			cfg.Logger.Warn("reporter metric not registered", "error", err)
 		}
 	}
-	return rejected, surges
+	return rejected, surges, healthShed, healthEpisodes
 }
 
 // directionProto puts a validated direction on the wire.

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/pkg/adaptive"
+	"github.com/sluicehq/sluice/pkg/health"
 	"github.com/sluicehq/sluice/sidecar"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
@@ -28,6 +30,12 @@ type WindowConfig struct {
 	// checks every Check. Without SurgeChecks it does nothing.
 	Project bool
 	Check   time.Duration
+	// HealthGate turns on the health fast path (see HealthGate) for an
+	// inbound Source that measures its callee's health (HealthSource)
+	// and takes provisional ratios, at surge checks: it acts only for a
+	// callee whose policy declares an objective. Without SurgeChecks it
+	// does nothing.
+	HealthGate bool
 }
 
 // DefaultProjectSteps is how many projection steps a sidecar takes per
@@ -81,10 +89,23 @@ type Window struct {
 	descs   []sidecar.DescriptorCounts
 	descAt  time.Time
 	descDue bool
-	// health is the scratch of the callee's health counts, reused;
-	// healthAt is when they were last taken, the start of their window.
+	// health is the callee's health since the last regular report, by
+	// procedure, taken at the report and, while the health gate judges,
+	// at every check; healthAt is when that window began. hscratch is
+	// TakeHealth's scratch.
 	health   []sidecar.HealthCounts
+	hscratch []sidecar.HealthCounts
 	healthAt time.Time
+
+	// gate is the health fast path; nil: off. gatePol is the policy its
+	// cut was last laid over, gateSum its scratch. projOut is the surge
+	// projection's ratios in force, which the gate's cut lays over, and
+	// provOut the scratch of the two together.
+	gate    *HealthGate
+	gatePol *sidecar.Policy
+	gateSum health.Counts
+	projOut []sidecar.Provisional
+	provOut []sidecar.Provisional
 }
 
 // HealthSource is a Source that also measures what the callee does with
@@ -122,7 +143,7 @@ func NewWindow(cfg WindowConfig, now time.Time, src Source) *Window {
 		w.descAt = now
 	}
 	if hs, ok := src.(HealthSource); ok && cfg.Header.Direction == sidecar.Inbound {
-		w.health = hs.TakeHealth(cfg.Header.Service, w.health[:0]) // the baseline
+		w.hscratch = hs.TakeHealth(cfg.Header.Service, w.hscratch[:0]) // the baseline, not reported
 		w.healthAt = now
 	}
 	if w.checks {
@@ -135,6 +156,11 @@ func NewWindow(cfg WindowConfig, now time.Time, src Source) *Window {
 			w.proj = NewProjector(cfg.Interval, check, surgeMinCount(w.surge))
 			w.projThen, w.projAt = sumByBucket(w.prev), now
 			w.minStep = check / (2 * DefaultProjectSteps)
+		}
+		_, provisional := src.(ProvisionalSource)
+		_, measured := src.(HealthSource)
+		if cfg.HealthGate && provisional && measured && cfg.Header.Direction == sidecar.Inbound {
+			w.gate = NewHealthGate(cfg.Interval)
 		}
 	}
 	return w
@@ -205,12 +231,66 @@ func (w *Window) addHealth(rep *sluicev1.LoadReport, now time.Time, src Source) 
 	if !ok || w.hdr.Direction != sidecar.Inbound {
 		return
 	}
-	w.health = hs.TakeHealth(w.hdr.Service, w.health[:0])
+	w.takeHealth(now, hs)
 	rep.Health = healthProto(w.health)
 	if len(rep.Health) > 0 {
 		rep.HealthWindow = durationpb.New(now.Sub(w.healthAt))
 	}
-	w.healthAt = now
+	w.health, w.healthAt = w.health[:0], now
+}
+
+// takeHealth adds what the callee answered since the last take to the
+// report's window, and to the health gate's span.
+func (w *Window) takeHealth(now time.Time, hs HealthSource) {
+	w.hscratch = hs.TakeHealth(w.hdr.Service, w.hscratch[:0])
+	w.health = mergeHealth(w.health, w.hscratch)
+	if w.gate != nil {
+		w.gate.Add(now, sumHealth(&w.gateSum, w.hscratch))
+	}
+}
+
+// gateStep is the health gate's step at a check at now, before the check
+// moves w.checked on: it takes the callee's health when the policy
+// declares an objective, judges it, and hands ps the provisional ratios
+// when the gate's cut changed, or when the policy under it did.
+func (w *Window) gateStep(now time.Time, src Source, ps ProvisionalSource) {
+	if w.gate == nil || ps == nil {
+		return
+	}
+	pol := ps.Policy(w.hdr.Service)
+	var obj adaptive.Objective
+	if pol != nil && pol.Unit != sidecar.UnitCost {
+		obj = pol.Objective
+	}
+	if obj != (adaptive.Objective{}) {
+		w.takeHealth(now, src.(HealthSource))
+	}
+	changed := w.gate.Step(now, obj, func() map[bucket]uint64 { return gateAdmitted(pol, w.checked, w.cur) })
+	if changed || (w.gate.Shedding() > 0 && pol != w.gatePol) {
+		w.setProvisional(ps)
+	}
+}
+
+// HealthGate returns the share of the admitted load the health gate's
+// episode in force sheds (0: none), and how many episodes it began; 0 and
+// 0 when the gate is off.
+func (w *Window) HealthGate() (shed float64, episodes uint64) {
+	if w.gate == nil {
+		return 0, 0
+	}
+	return w.gate.Shedding(), w.gate.Episodes()
+}
+
+// setProvisional hands ps the surge projection's ratios in force with the
+// health gate's cut laid over them.
+func (w *Window) setProvisional(ps ProvisionalSource) {
+	out := w.projOut
+	if w.gate != nil && w.gate.Shedding() > 0 {
+		pol := ps.Policy(w.hdr.Service)
+		w.provOut = w.gate.Overlay(w.provOut, pol, w.projOut)
+		out, w.gatePol = w.provOut, pol
+	}
+	ps.SetProvisional(w.hdr.Service, out)
 }
 
 // endWindow ends src's window, begun at start (the report before's end:
@@ -249,11 +329,13 @@ func (w *Window) Check(now time.Time, src Source) *sluicev1.LoadReport {
 	}
 	w.cur = src.AppendCounts(w.hdr.Service, w.cur[:0])
 	ps, _ := src.(ProvisionalSource)
+	w.gateStep(now, src, ps)
 	if w.proj == nil || ps == nil {
 		return w.check(now, src)
 	}
 	w.proj.Policy(ps.Policy(w.hdr.Service), now)
 	if w.proj.Idle() {
+		w.projOut = nil
 		return w.check(now, src)
 	}
 	cur := sumByBucket(w.cur)
@@ -296,7 +378,8 @@ func (w *Window) projectStep(now time.Time, cur map[bucket]sidecar.PeerCounts, p
 	if now.Sub(w.projAt) < w.minStep {
 		return
 	}
-	ps.SetProvisional(w.hdr.Service, w.proj.Check(now, w.projThen, cur, now.Sub(w.projAt)))
+	w.projOut = w.proj.Check(now, w.projThen, cur, now.Sub(w.projAt))
+	w.setProvisional(ps)
 	w.projThen, w.projAt = cur, now
 }
 

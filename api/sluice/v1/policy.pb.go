@@ -254,8 +254,14 @@ type DropPolicy struct {
 	// UNIT_COST every rate of the policy (limit_rps, allowed_rps,
 	// offered_rps, the descriptors' limits excepted) is in units per second,
 	// and cost says how a request is priced. Inbound policies only.
-	Unit          Unit        `protobuf:"varint,14,opt,name=unit,proto3,enum=sluice.v1.Unit" json:"unit,omitempty"`
-	Cost          *CostPolicy `protobuf:"bytes,15,opt,name=cost,proto3" json:"cost,omitempty"`
+	Unit Unit        `protobuf:"varint,14,opt,name=unit,proto3,enum=sluice.v1.Unit" json:"unit,omitempty"`
+	Cost *CostPolicy `protobuf:"bytes,15,opt,name=cost,proto3" json:"cost,omitempty"`
+	// The service's objective (issue #18), when its limits declare one: a
+	// sidecar that sees its callee miss it sheds a share of the admitted
+	// load at once, until the controller's next tick answers with a
+	// capacity estimated from the fleet's health (the health fast path).
+	// Absent: no objective, no fast path. Inbound policies only.
+	Objective     *HealthObjective `protobuf:"bytes,16,opt,name=objective,proto3" json:"objective,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -395,6 +401,69 @@ func (x *DropPolicy) GetCost() *CostPolicy {
 	return nil
 }
 
+func (x *DropPolicy) GetObjective() *HealthObjective {
+	if x != nil {
+		return x.Objective
+	}
+	return nil
+}
+
+// HealthObjective is what a callee must meet: a p99 latency and a share
+// of failed answers (5xx, gRPC failures, timeouts). At least one is set.
+type HealthObjective struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The p99 latency of the callee's answers; absent or 0: unset.
+	LatencyP99 *durationpb.Duration `protobuf:"bytes,1,opt,name=latency_p99,json=latencyP99,proto3" json:"latency_p99,omitempty"`
+	// The share of answers that may fail, in [0, 1); 0: unset.
+	Errors        float64 `protobuf:"fixed64,2,opt,name=errors,proto3" json:"errors,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HealthObjective) Reset() {
+	*x = HealthObjective{}
+	mi := &file_sluice_v1_policy_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HealthObjective) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HealthObjective) ProtoMessage() {}
+
+func (x *HealthObjective) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_policy_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HealthObjective.ProtoReflect.Descriptor instead.
+func (*HealthObjective) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_policy_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *HealthObjective) GetLatencyP99() *durationpb.Duration {
+	if x != nil {
+		return x.LatencyP99
+	}
+	return nil
+}
+
+func (x *HealthObjective) GetErrors() float64 {
+	if x != nil {
+		return x.Errors
+	}
+	return 0
+}
+
 // CostPolicy says how a sidecar prices a request of a callee counting
 // cost, most specific first: the request header, if the callee trusts
 // one and it holds a valid cost; else the procedure's static cost; else
@@ -420,7 +489,7 @@ type CostPolicy struct {
 
 func (x *CostPolicy) Reset() {
 	*x = CostPolicy{}
-	mi := &file_sluice_v1_policy_proto_msgTypes[1]
+	mi := &file_sluice_v1_policy_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -432,7 +501,7 @@ func (x *CostPolicy) String() string {
 func (*CostPolicy) ProtoMessage() {}
 
 func (x *CostPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_policy_proto_msgTypes[1]
+	mi := &file_sluice_v1_policy_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -445,7 +514,7 @@ func (x *CostPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CostPolicy.ProtoReflect.Descriptor instead.
 func (*CostPolicy) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_policy_proto_rawDescGZIP(), []int{1}
+	return file_sluice_v1_policy_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *CostPolicy) GetDefaultCost() float64 {
@@ -494,7 +563,7 @@ type ProcedureCost struct {
 
 func (x *ProcedureCost) Reset() {
 	*x = ProcedureCost{}
-	mi := &file_sluice_v1_policy_proto_msgTypes[2]
+	mi := &file_sluice_v1_policy_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -506,7 +575,7 @@ func (x *ProcedureCost) String() string {
 func (*ProcedureCost) ProtoMessage() {}
 
 func (x *ProcedureCost) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_policy_proto_msgTypes[2]
+	mi := &file_sluice_v1_policy_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -519,7 +588,7 @@ func (x *ProcedureCost) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcedureCost.ProtoReflect.Descriptor instead.
 func (*ProcedureCost) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_policy_proto_rawDescGZIP(), []int{2}
+	return file_sluice_v1_policy_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *ProcedureCost) GetProcedure() string {
@@ -559,7 +628,7 @@ type CriticalityPolicy struct {
 
 func (x *CriticalityPolicy) Reset() {
 	*x = CriticalityPolicy{}
-	mi := &file_sluice_v1_policy_proto_msgTypes[3]
+	mi := &file_sluice_v1_policy_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -571,7 +640,7 @@ func (x *CriticalityPolicy) String() string {
 func (*CriticalityPolicy) ProtoMessage() {}
 
 func (x *CriticalityPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_policy_proto_msgTypes[3]
+	mi := &file_sluice_v1_policy_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -584,7 +653,7 @@ func (x *CriticalityPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CriticalityPolicy.ProtoReflect.Descriptor instead.
 func (*CriticalityPolicy) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_policy_proto_rawDescGZIP(), []int{3}
+	return file_sluice_v1_policy_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *CriticalityPolicy) GetHeader() string {
@@ -633,7 +702,7 @@ type ProcedureCriticality struct {
 
 func (x *ProcedureCriticality) Reset() {
 	*x = ProcedureCriticality{}
-	mi := &file_sluice_v1_policy_proto_msgTypes[4]
+	mi := &file_sluice_v1_policy_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -645,7 +714,7 @@ func (x *ProcedureCriticality) String() string {
 func (*ProcedureCriticality) ProtoMessage() {}
 
 func (x *ProcedureCriticality) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_policy_proto_msgTypes[4]
+	mi := &file_sluice_v1_policy_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -658,7 +727,7 @@ func (x *ProcedureCriticality) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcedureCriticality.ProtoReflect.Descriptor instead.
 func (*ProcedureCriticality) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_policy_proto_rawDescGZIP(), []int{4}
+	return file_sluice_v1_policy_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ProcedureCriticality) GetProcedure() string {
@@ -688,7 +757,7 @@ type CallerCriticality struct {
 
 func (x *CallerCriticality) Reset() {
 	*x = CallerCriticality{}
-	mi := &file_sluice_v1_policy_proto_msgTypes[5]
+	mi := &file_sluice_v1_policy_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -700,7 +769,7 @@ func (x *CallerCriticality) String() string {
 func (*CallerCriticality) ProtoMessage() {}
 
 func (x *CallerCriticality) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_policy_proto_msgTypes[5]
+	mi := &file_sluice_v1_policy_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -713,7 +782,7 @@ func (x *CallerCriticality) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CallerCriticality.ProtoReflect.Descriptor instead.
 func (*CallerCriticality) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_policy_proto_rawDescGZIP(), []int{5}
+	return file_sluice_v1_policy_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *CallerCriticality) GetCaller() string {
@@ -770,7 +839,7 @@ type DescriptorPolicy struct {
 
 func (x *DescriptorPolicy) Reset() {
 	*x = DescriptorPolicy{}
-	mi := &file_sluice_v1_policy_proto_msgTypes[6]
+	mi := &file_sluice_v1_policy_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -782,7 +851,7 @@ func (x *DescriptorPolicy) String() string {
 func (*DescriptorPolicy) ProtoMessage() {}
 
 func (x *DescriptorPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_policy_proto_msgTypes[6]
+	mi := &file_sluice_v1_policy_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -795,7 +864,7 @@ func (x *DescriptorPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescriptorPolicy.ProtoReflect.Descriptor instead.
 func (*DescriptorPolicy) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_policy_proto_rawDescGZIP(), []int{6}
+	return file_sluice_v1_policy_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *DescriptorPolicy) GetName() string {
@@ -858,7 +927,7 @@ type ValueLimit struct {
 
 func (x *ValueLimit) Reset() {
 	*x = ValueLimit{}
-	mi := &file_sluice_v1_policy_proto_msgTypes[7]
+	mi := &file_sluice_v1_policy_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -870,7 +939,7 @@ func (x *ValueLimit) String() string {
 func (*ValueLimit) ProtoMessage() {}
 
 func (x *ValueLimit) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_policy_proto_msgTypes[7]
+	mi := &file_sluice_v1_policy_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -883,7 +952,7 @@ func (x *ValueLimit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ValueLimit.ProtoReflect.Descriptor instead.
 func (*ValueLimit) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_policy_proto_rawDescGZIP(), []int{7}
+	return file_sluice_v1_policy_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ValueLimit) GetValue() string {
@@ -916,7 +985,7 @@ type ValuePolicy struct {
 
 func (x *ValuePolicy) Reset() {
 	*x = ValuePolicy{}
-	mi := &file_sluice_v1_policy_proto_msgTypes[8]
+	mi := &file_sluice_v1_policy_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -928,7 +997,7 @@ func (x *ValuePolicy) String() string {
 func (*ValuePolicy) ProtoMessage() {}
 
 func (x *ValuePolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_policy_proto_msgTypes[8]
+	mi := &file_sluice_v1_policy_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -941,7 +1010,7 @@ func (x *ValuePolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ValuePolicy.ProtoReflect.Descriptor instead.
 func (*ValuePolicy) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_policy_proto_rawDescGZIP(), []int{8}
+	return file_sluice_v1_policy_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ValuePolicy) GetValue() string {
@@ -986,7 +1055,7 @@ type Route struct {
 
 func (x *Route) Reset() {
 	*x = Route{}
-	mi := &file_sluice_v1_policy_proto_msgTypes[9]
+	mi := &file_sluice_v1_policy_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -998,7 +1067,7 @@ func (x *Route) String() string {
 func (*Route) ProtoMessage() {}
 
 func (x *Route) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_policy_proto_msgTypes[9]
+	mi := &file_sluice_v1_policy_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1011,7 +1080,7 @@ func (x *Route) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Route.ProtoReflect.Descriptor instead.
 func (*Route) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_policy_proto_rawDescGZIP(), []int{9}
+	return file_sluice_v1_policy_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Route) GetPattern() string {
@@ -1094,7 +1163,7 @@ type PeerPolicy struct {
 
 func (x *PeerPolicy) Reset() {
 	*x = PeerPolicy{}
-	mi := &file_sluice_v1_policy_proto_msgTypes[10]
+	mi := &file_sluice_v1_policy_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1106,7 +1175,7 @@ func (x *PeerPolicy) String() string {
 func (*PeerPolicy) ProtoMessage() {}
 
 func (x *PeerPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_policy_proto_msgTypes[10]
+	mi := &file_sluice_v1_policy_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1119,7 +1188,7 @@ func (x *PeerPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerPolicy.ProtoReflect.Descriptor instead.
 func (*PeerPolicy) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_policy_proto_rawDescGZIP(), []int{10}
+	return file_sluice_v1_policy_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *PeerPolicy) GetPeer() string {
@@ -1224,7 +1293,7 @@ var File_sluice_v1_policy_proto protoreflect.FileDescriptor
 
 const file_sluice_v1_policy_proto_rawDesc = "" +
 	"\n" +
-	"\x16sluice/v1/policy.proto\x12\tsluice.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16sluice/v1/common.proto\"\xb6\x05\n" +
+	"\x16sluice/v1/policy.proto\x12\tsluice.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16sluice/v1/common.proto\"\xf0\x05\n" +
 	"\n" +
 	"DropPolicy\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
@@ -1244,7 +1313,12 @@ const file_sluice_v1_policy_proto_rawDesc = "" +
 	"\vdescriptors\x18\f \x03(\v2\x1b.sluice.v1.DescriptorPolicyR\vdescriptors\x12>\n" +
 	"\vcriticality\x18\r \x01(\v2\x1c.sluice.v1.CriticalityPolicyR\vcriticality\x12#\n" +
 	"\x04unit\x18\x0e \x01(\x0e2\x0f.sluice.v1.UnitR\x04unit\x12)\n" +
-	"\x04cost\x18\x0f \x01(\v2\x15.sluice.v1.CostPolicyR\x04cost\"\xd4\x01\n" +
+	"\x04cost\x18\x0f \x01(\v2\x15.sluice.v1.CostPolicyR\x04cost\x128\n" +
+	"\tobjective\x18\x10 \x01(\v2\x1a.sluice.v1.HealthObjectiveR\tobjective\"e\n" +
+	"\x0fHealthObjective\x12:\n" +
+	"\vlatency_p99\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\n" +
+	"latencyP99\x12\x16\n" +
+	"\x06errors\x18\x02 \x01(\x01R\x06errors\"\xd4\x01\n" +
 	"\n" +
 	"CostPolicy\x12!\n" +
 	"\fdefault_cost\x18\x01 \x01(\x01R\vdefaultCost\x128\n" +
@@ -1349,60 +1423,63 @@ func file_sluice_v1_policy_proto_rawDescGZIP() []byte {
 }
 
 var file_sluice_v1_policy_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_sluice_v1_policy_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_sluice_v1_policy_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_sluice_v1_policy_proto_goTypes = []any{
 	(FailMode)(0),                 // 0: sluice.v1.FailMode
 	(DropBound)(0),                // 1: sluice.v1.DropBound
 	(DropReason)(0),               // 2: sluice.v1.DropReason
 	(*DropPolicy)(nil),            // 3: sluice.v1.DropPolicy
-	(*CostPolicy)(nil),            // 4: sluice.v1.CostPolicy
-	(*ProcedureCost)(nil),         // 5: sluice.v1.ProcedureCost
-	(*CriticalityPolicy)(nil),     // 6: sluice.v1.CriticalityPolicy
-	(*ProcedureCriticality)(nil),  // 7: sluice.v1.ProcedureCriticality
-	(*CallerCriticality)(nil),     // 8: sluice.v1.CallerCriticality
-	(*DescriptorPolicy)(nil),      // 9: sluice.v1.DescriptorPolicy
-	(*ValueLimit)(nil),            // 10: sluice.v1.ValueLimit
-	(*ValuePolicy)(nil),           // 11: sluice.v1.ValuePolicy
-	(*Route)(nil),                 // 12: sluice.v1.Route
-	(*PeerPolicy)(nil),            // 13: sluice.v1.PeerPolicy
-	(Direction)(0),                // 14: sluice.v1.Direction
-	(*durationpb.Duration)(nil),   // 15: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 16: google.protobuf.Timestamp
-	(Unit)(0),                     // 17: sluice.v1.Unit
-	(Criticality)(0),              // 18: sluice.v1.Criticality
-	(Mode)(0),                     // 19: sluice.v1.Mode
+	(*HealthObjective)(nil),       // 4: sluice.v1.HealthObjective
+	(*CostPolicy)(nil),            // 5: sluice.v1.CostPolicy
+	(*ProcedureCost)(nil),         // 6: sluice.v1.ProcedureCost
+	(*CriticalityPolicy)(nil),     // 7: sluice.v1.CriticalityPolicy
+	(*ProcedureCriticality)(nil),  // 8: sluice.v1.ProcedureCriticality
+	(*CallerCriticality)(nil),     // 9: sluice.v1.CallerCriticality
+	(*DescriptorPolicy)(nil),      // 10: sluice.v1.DescriptorPolicy
+	(*ValueLimit)(nil),            // 11: sluice.v1.ValueLimit
+	(*ValuePolicy)(nil),           // 12: sluice.v1.ValuePolicy
+	(*Route)(nil),                 // 13: sluice.v1.Route
+	(*PeerPolicy)(nil),            // 14: sluice.v1.PeerPolicy
+	(Direction)(0),                // 15: sluice.v1.Direction
+	(*durationpb.Duration)(nil),   // 16: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 17: google.protobuf.Timestamp
+	(Unit)(0),                     // 18: sluice.v1.Unit
+	(Criticality)(0),              // 19: sluice.v1.Criticality
+	(Mode)(0),                     // 20: sluice.v1.Mode
 }
 var file_sluice_v1_policy_proto_depIdxs = []int32{
-	14, // 0: sluice.v1.DropPolicy.direction:type_name -> sluice.v1.Direction
-	13, // 1: sluice.v1.DropPolicy.peers:type_name -> sluice.v1.PeerPolicy
-	15, // 2: sluice.v1.DropPolicy.ttl:type_name -> google.protobuf.Duration
+	15, // 0: sluice.v1.DropPolicy.direction:type_name -> sluice.v1.Direction
+	14, // 1: sluice.v1.DropPolicy.peers:type_name -> sluice.v1.PeerPolicy
+	16, // 2: sluice.v1.DropPolicy.ttl:type_name -> google.protobuf.Duration
 	0,  // 3: sluice.v1.DropPolicy.fail_mode:type_name -> sluice.v1.FailMode
-	15, // 4: sluice.v1.DropPolicy.fail_open_decay:type_name -> google.protobuf.Duration
-	16, // 5: sluice.v1.DropPolicy.issued_at:type_name -> google.protobuf.Timestamp
-	12, // 6: sluice.v1.DropPolicy.routes:type_name -> sluice.v1.Route
-	9,  // 7: sluice.v1.DropPolicy.descriptors:type_name -> sluice.v1.DescriptorPolicy
-	6,  // 8: sluice.v1.DropPolicy.criticality:type_name -> sluice.v1.CriticalityPolicy
-	17, // 9: sluice.v1.DropPolicy.unit:type_name -> sluice.v1.Unit
-	4,  // 10: sluice.v1.DropPolicy.cost:type_name -> sluice.v1.CostPolicy
-	5,  // 11: sluice.v1.CostPolicy.procedures:type_name -> sluice.v1.ProcedureCost
-	18, // 12: sluice.v1.CriticalityPolicy.default_tier:type_name -> sluice.v1.Criticality
-	7,  // 13: sluice.v1.CriticalityPolicy.procedures:type_name -> sluice.v1.ProcedureCriticality
-	8,  // 14: sluice.v1.CriticalityPolicy.callers:type_name -> sluice.v1.CallerCriticality
-	18, // 15: sluice.v1.CriticalityPolicy.max_tier:type_name -> sluice.v1.Criticality
-	18, // 16: sluice.v1.ProcedureCriticality.default_tier:type_name -> sluice.v1.Criticality
-	18, // 17: sluice.v1.CallerCriticality.default_tier:type_name -> sluice.v1.Criticality
-	18, // 18: sluice.v1.CallerCriticality.max_tier:type_name -> sluice.v1.Criticality
-	10, // 19: sluice.v1.DescriptorPolicy.overrides:type_name -> sluice.v1.ValueLimit
-	11, // 20: sluice.v1.DescriptorPolicy.values:type_name -> sluice.v1.ValuePolicy
-	19, // 21: sluice.v1.PeerPolicy.mode:type_name -> sluice.v1.Mode
-	2,  // 22: sluice.v1.PeerPolicy.reason:type_name -> sluice.v1.DropReason
-	1,  // 23: sluice.v1.PeerPolicy.bound:type_name -> sluice.v1.DropBound
-	18, // 24: sluice.v1.PeerPolicy.criticality:type_name -> sluice.v1.Criticality
-	25, // [25:25] is the sub-list for method output_type
-	25, // [25:25] is the sub-list for method input_type
-	25, // [25:25] is the sub-list for extension type_name
-	25, // [25:25] is the sub-list for extension extendee
-	0,  // [0:25] is the sub-list for field type_name
+	16, // 4: sluice.v1.DropPolicy.fail_open_decay:type_name -> google.protobuf.Duration
+	17, // 5: sluice.v1.DropPolicy.issued_at:type_name -> google.protobuf.Timestamp
+	13, // 6: sluice.v1.DropPolicy.routes:type_name -> sluice.v1.Route
+	10, // 7: sluice.v1.DropPolicy.descriptors:type_name -> sluice.v1.DescriptorPolicy
+	7,  // 8: sluice.v1.DropPolicy.criticality:type_name -> sluice.v1.CriticalityPolicy
+	18, // 9: sluice.v1.DropPolicy.unit:type_name -> sluice.v1.Unit
+	5,  // 10: sluice.v1.DropPolicy.cost:type_name -> sluice.v1.CostPolicy
+	4,  // 11: sluice.v1.DropPolicy.objective:type_name -> sluice.v1.HealthObjective
+	16, // 12: sluice.v1.HealthObjective.latency_p99:type_name -> google.protobuf.Duration
+	6,  // 13: sluice.v1.CostPolicy.procedures:type_name -> sluice.v1.ProcedureCost
+	19, // 14: sluice.v1.CriticalityPolicy.default_tier:type_name -> sluice.v1.Criticality
+	8,  // 15: sluice.v1.CriticalityPolicy.procedures:type_name -> sluice.v1.ProcedureCriticality
+	9,  // 16: sluice.v1.CriticalityPolicy.callers:type_name -> sluice.v1.CallerCriticality
+	19, // 17: sluice.v1.CriticalityPolicy.max_tier:type_name -> sluice.v1.Criticality
+	19, // 18: sluice.v1.ProcedureCriticality.default_tier:type_name -> sluice.v1.Criticality
+	19, // 19: sluice.v1.CallerCriticality.default_tier:type_name -> sluice.v1.Criticality
+	19, // 20: sluice.v1.CallerCriticality.max_tier:type_name -> sluice.v1.Criticality
+	11, // 21: sluice.v1.DescriptorPolicy.overrides:type_name -> sluice.v1.ValueLimit
+	12, // 22: sluice.v1.DescriptorPolicy.values:type_name -> sluice.v1.ValuePolicy
+	20, // 23: sluice.v1.PeerPolicy.mode:type_name -> sluice.v1.Mode
+	2,  // 24: sluice.v1.PeerPolicy.reason:type_name -> sluice.v1.DropReason
+	1,  // 25: sluice.v1.PeerPolicy.bound:type_name -> sluice.v1.DropBound
+	19, // 26: sluice.v1.PeerPolicy.criticality:type_name -> sluice.v1.Criticality
+	27, // [27:27] is the sub-list for method output_type
+	27, // [27:27] is the sub-list for method input_type
+	27, // [27:27] is the sub-list for extension type_name
+	27, // [27:27] is the sub-list for extension extendee
+	0,  // [0:27] is the sub-list for field type_name
 }
 
 func init() { file_sluice_v1_policy_proto_init() }
@@ -1411,14 +1488,14 @@ func file_sluice_v1_policy_proto_init() {
 		return
 	}
 	file_sluice_v1_common_proto_init()
-	file_sluice_v1_policy_proto_msgTypes[10].OneofWrappers = []any{}
+	file_sluice_v1_policy_proto_msgTypes[11].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sluice_v1_policy_proto_rawDesc), len(file_sluice_v1_policy_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   11,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
