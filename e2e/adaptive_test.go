@@ -87,6 +87,14 @@ func testAdaptiveCapacityAsProcesses(t *testing.T) {
 	})
 	with := runRig(t, app, callers(targets(sidecars)))
 	stop()
+	episodes := 0.0
+	for _, s := range sidecars {
+		if m, err := child.Scrape(t.Context(), s.admin); err == nil {
+			n, _ := m.Sum("sluice_sidecar_health_fast_path_episodes_total", `service="checkout"`)
+			episodes += n
+		}
+	}
+	v.Logf("the sidecars' health fast path began %v episodes", episodes)
 
 	logAdaptive(t, "without sluice", without, nil)
 	logAdaptive(t, "with sluice", with, estimates)
