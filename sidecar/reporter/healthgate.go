@@ -28,12 +28,15 @@ import (
 
 // Tuning of the gate, in one place.
 const (
-	// healthSpan is how far back a check judges: five checks at the
-	// default 100 ms, long enough for a p99 of a few hundred answers.
-	healthSpan = 500 * time.Millisecond
-	// minGateAnswers is how many answers a judgement needs: fewer say
-	// little of a p99 (the 99th of 50 is the slowest but one).
-	minGateAnswers = 50
+	// healthSpan is how far back a check judges: ten checks at the
+	// default 100 ms. A p99 turns as soon as one answer in a hundred is
+	// slow, so a longer span hardly slows the gate down, and it lets a
+	// sidecar of 100 rps judge at all.
+	healthSpan = time.Second
+	// minGateAnswers is how many answers a judgement needs: the p99 of
+	// 100 is the second slowest, so one stray slow answer (a pause of
+	// the app's runtime) is not a miss.
+	minGateAnswers = 100
 	// minGateCut and maxGateCut bound the share of the admitted load an
 	// episode sheds: a miss worth acting on sheds at least a tenth, and
 	// a single sidecar's view never sheds more than half before the

@@ -67,8 +67,8 @@ func TestHealthGateEpisode(t *testing.T) {
 			t.Fatal("a healthy callee began an episode")
 		}
 	}
-	if check(answers(3, 0, time.Second)); g.Shedding() != 0 {
-		t.Fatal("three slow answers among five hundred fast ones began an episode")
+	if check(answers(1, 0, time.Second)); g.Shedding() != 0 {
+		t.Fatal("one slow answer among a thousand fast ones began an episode")
 	}
 	if !check(answers(100, 0, 600*time.Millisecond)) || g.Shedding() != maxGateCut {
 		t.Fatalf("the first check that saw a p99 of 600ms against 200ms: shedding %v, want %v", g.Shedding(), maxGateCut)
@@ -87,7 +87,7 @@ func TestHealthGateEpisode(t *testing.T) {
 			t.Fatal("a resting gate began an episode on its own while the miss went on")
 		}
 	}
-	for range 5 {
+	for range 10 {
 		check(answers(100, 0, 20*time.Millisecond))
 	}
 	if !check(answers(100, 0, 600*time.Millisecond)) || g.Episodes() != 2 {
