@@ -98,15 +98,27 @@ type costTable struct {
 
 // compileCost compiles p's cost and caps against its procedures; nil when
 // it has neither.
-func compileCost(p *Policy, procs *procedures) *costTable {
+// Metered reports whether p's leaves are metered one by one: it counts
+// cost, or caps a leaf's concurrency. Such a service is decided through a
+// cost table, and takes no provisional ratios (see SetProvisional). A nil
+// policy is not.
+func (p *Policy) Metered() bool {
 	if p == nil {
-		return nil
+		return false
 	}
-	capped := false
+	if p.Unit == UnitCost {
+		return true
+	}
 	for i := range p.Peers {
-		capped = capped || p.Peers[i].MaxConcurrency > 0
+		if p.Peers[i].MaxConcurrency > 0 {
+			return true
+		}
 	}
-	if p.Unit != UnitCost && !capped {
+	return false
+}
+
+func compileCost(p *Policy, procs *procedures) *costTable {
+	if !p.Metered() {
 		return nil
 	}
 	c := &costTable{priced: p.Unit == UnitCost}

@@ -58,7 +58,12 @@ func (s *ServiceLimiter) setProvisional(ps []Provisional) {
 		// No overlay: none to lay over, a service whose leaves are metered
 		// (a cost table, a concurrency cap), or an expired policy, whose
 		// fail mode's verdicts (hold's too: the controller's last ratios)
-		// stay until a new policy applies it.
+		// stay until a new policy applies it. An end to the ratios is
+		// heard all the same: a new policy lays s.prov over its verdicts,
+		// and ratios their giver has ended must not come back with it.
+		if len(next) == 0 {
+			s.prov = nil
+		}
 		return
 	}
 	if closeProvisional(s.prov, next) {

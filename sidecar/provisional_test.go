@@ -57,3 +57,30 @@ func TestProvisionalReplacesTheControllersRatio(t *testing.T) {
 		t.Errorf("batch after the projection ended: ratio %v, want %v", got, want)
 	}
 }
+
+// TestProvisionalEndHeardWithoutATable: the end of provisional ratios
+// (SetProvisional with none) is heard while the service takes none, its
+// policy removed or metered; the next policy comes without them, not with
+// ratios whose giver had ended them.
+func TestProvisionalEndHeardWithoutATable(t *testing.T) {
+	rule := Rule{Peer: "web", Mode: dropratio.Enforce, LimitRPS: 100, AllowedRPS: 100, OfferedRPS: 50}
+	capped := rule
+	capped.MaxConcurrency = 4
+	for _, c := range []struct {
+		name    string
+		between func(l *Limiter)
+	}{
+		{"removed", func(l *Limiter) { l.RemovePolicy("checkout") }},
+		{"metered", func(l *Limiter) { l.SetPolicy(policy("checkout", capped)) }},
+	} {
+		l := NewLimiter(LimiterOptions{})
+		l.SetPolicy(policy("checkout", rule))
+		l.SetProvisional("checkout", []Provisional{{Peer: "web", Ratio: 0.8}})
+		c.between(l)
+		l.SetProvisional("checkout", nil)
+		l.SetPolicy(policy("checkout", rule))
+		if r, _ := l.Service("checkout").Ratio("web"); r != 0 {
+			t.Errorf("%s: web's ratio %v under the next policy, want the controller's 0: an ended provisional ratio came back", c.name, r)
+		}
+	}
+}

@@ -17,11 +17,12 @@ import (
 // a callee pushed past its knee queues, and its p99 runs away. A sidecar
 // sees its own share of that at once. At each surge check it judges its
 // callee's answers over the last healthSpan; when they miss the objective
-// it sheds a share of what it admits (the least critical tiers first) and
-// holds that cut for one report interval, the controller's tick, by which
-// the controller has the health in hand. Then it rests: the controller's
-// estimate decides, and the gate acts again only after its callee has met
-// the objective once more. Like Envoy's admission control it reacts to
+// it sheds a share of what its enforced leaves admit (the least critical
+// tiers first) and holds that cut for one report interval, the
+// controller's tick: it bridges the first of the seconds the controller
+// needs, and never the rest. Then it rests: the controller's estimate
+// decides, and the gate acts again only after its callee has met the
+// objective once more. Like Envoy's admission control it reacts to
 // what the local instance sees; unlike it, it never decides on its own for
 // longer than a tick, so a few sidecars with a noisy view cannot hold a
 // fleet's capacity down.
@@ -52,7 +53,7 @@ type HealthGate struct {
 
 	state    gateState
 	since    time.Time                      // when the episode began
-	cut      float64                        // the share the episode sheds, of all admitted
+	cut      float64                        // the share the episode sheds of what its leaves admit
 	tierCut  [criticality.Count + 1]float64 // the share each tier loses (index: Tier)
 	episodes uint64                         // episodes begun
 	w        [health.Buckets]float64        // scratch: the span's latency weights
@@ -213,16 +214,16 @@ func (g *HealthGate) Shedding() float64 {
 // Episodes returns how many episodes the gate began.
 func (g *HealthGate) Episodes() uint64 { return g.episodes }
 
-// Overlay appends to dst, and returns, the provisional ratios of pol's
-// enforced leaves with the episode's cut laid over the ratios in force:
-// proj's (the surge projection's, which the gate cuts further) where it
-// has one, the policy's elsewhere. It returns proj itself when no episode
-// is in force.
+// Overlay copies proj, the surge projection's provisional ratios, into
+// dst and returns it, with the episode in force (if any) laid over pol's
+// enforced leaves: its cut on the ratio in force, proj's where it has one
+// (which the gate cuts further), the policy's elsewhere. It never returns
+// proj itself, whose array is the projector's scratch.
 func (g *HealthGate) Overlay(dst []sidecar.Provisional, pol *sidecar.Policy, proj []sidecar.Provisional) []sidecar.Provisional {
-	if g.state != gateShedding || pol == nil {
-		return proj
-	}
 	dst = append(dst[:0], proj...)
+	if g.state != gateShedding || pol == nil {
+		return dst
+	}
 	projected := len(dst)
 	for i := range pol.Peers {
 		r := &pol.Peers[i]

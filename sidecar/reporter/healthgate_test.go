@@ -136,6 +136,9 @@ func TestHealthGateSheddableFirst(t *testing.T) {
 		{Peer: "web", Tier: criticality.Critical, Mode: dropratio.Enforce, DropRatio: 0.1},
 	}}
 	proj := []sidecar.Provisional{{Peer: "web", Tier: criticality.Critical, Ratio: 0.4}}
+	if out := NewHealthGate(time.Second).Overlay(nil, pol, proj); len(out) != 1 || &out[0] == &proj[0] {
+		t.Errorf("no episode: Overlay returned %v sharing proj's array %v; want a copy (proj is the projector's scratch)", out, &out[0] == &proj[0])
+	}
 	got := map[string]float64{}
 	for _, p := range g.Overlay(nil, pol, proj) {
 		got[p.Peer] = p.Ratio
@@ -151,6 +154,32 @@ func TestHealthGateSheddableFirst(t *testing.T) {
 		if math.Abs(got[peer]-w) > 1e-9 {
 			t.Errorf("%s: ratio %v, want %v", peer, got[peer], w)
 		}
+	}
+}
+
+// TestWindowHealthGateMetered: a callee whose leaves are metered (here a
+// concurrency cap) takes no provisional ratios, so the gate does not act
+// on it, and says so: no episode, nothing shed.
+func TestWindowHealthGateMetered(t *testing.T) {
+	l := sidecar.NewLimiter(sidecar.LimiterOptions{})
+	l.SetPolicy(&sidecar.Policy{Name: names.Callee("api"), Service: "api", LiveInstances: 1,
+		Objective: adaptive.Objective{Errors: 0.01},
+		Peers:     []sidecar.Rule{{Peer: "web", Mode: dropratio.Enforce, LimitRPS: 1000, AllowedRPS: 1000, OfferedRPS: 100, MaxConcurrency: 50}}})
+	h := l.Service("api").Middleware(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}), sidecar.HTTPOptions{})
+	start := time.Unix(0, 0)
+	w := NewWindow(WindowConfig{Header: Header{SidecarID: "a", Service: "api"}, Interval: time.Second, SurgeChecks: true, HealthGate: true}, start, l)
+	for i := range 3 {
+		for range 200 {
+			req := httptest.NewRequest(http.MethodGet, "/", nil)
+			req.Header.Set(sidecar.DefaultCallerHeader, "web")
+			h.ServeHTTP(httptest.NewRecorder(), req)
+		}
+		w.Check(start.Add(time.Duration(i+1)*100*time.Millisecond), l)
+	}
+	if shed, n := w.HealthGate(); shed != 0 || n != 0 {
+		t.Errorf("a metered callee failing every request: shedding %v in %d episodes, want none", shed, n)
 	}
 }
 

@@ -259,15 +259,20 @@ func (w *Window) gateStep(now time.Time, src Source, ps ProvisionalSource) {
 	}
 	pol := ps.Policy(w.hdr.Service)
 	var obj adaptive.Objective
-	if pol != nil && pol.Unit != sidecar.UnitCost {
+	if pol != nil && !pol.Metered() {
+		// A metered service (cost, concurrency caps) takes no
+		// provisional ratios: the gate would judge, and shed nothing.
 		obj = pol.Objective
 	}
 	if obj != (adaptive.Objective{}) {
 		w.takeHealth(now, src.(HealthSource))
 	}
-	changed := w.gate.Step(now, obj, func() map[bucket]uint64 { return gateAdmitted(pol, w.checked, w.cur) })
+	// The tiers' shares of what was admitted since the last report (up
+	// to an interval): a check window's tenth of a second may show a
+	// small sheddable tier none, and the cut would fall on the critical.
+	changed := w.gate.Step(now, obj, func() map[bucket]uint64 { return gateAdmitted(pol, w.prev, w.cur) })
 	if changed || (w.gate.Shedding() > 0 && pol != w.gatePol) {
-		w.setProvisional(ps)
+		w.setProvisional(ps, pol)
 	}
 }
 
@@ -282,11 +287,11 @@ func (w *Window) HealthGate() (shed float64, episodes uint64) {
 }
 
 // setProvisional hands ps the surge projection's ratios in force with the
-// health gate's cut laid over them.
-func (w *Window) setProvisional(ps ProvisionalSource) {
+// health gate's cut, if one is in force, laid over pol's leaves: pol is
+// the policy both were read against.
+func (w *Window) setProvisional(ps ProvisionalSource, pol *sidecar.Policy) {
 	out := w.projOut
-	if w.gate != nil && w.gate.Shedding() > 0 {
-		pol := ps.Policy(w.hdr.Service)
+	if w.gate != nil {
 		w.provOut = w.gate.Overlay(w.provOut, pol, w.projOut)
 		out, w.gatePol = w.provOut, pol
 	}
@@ -333,7 +338,8 @@ func (w *Window) Check(now time.Time, src Source) *sluicev1.LoadReport {
 	if w.proj == nil || ps == nil {
 		return w.check(now, src)
 	}
-	w.proj.Policy(ps.Policy(w.hdr.Service), now)
+	pol := ps.Policy(w.hdr.Service)
+	w.proj.Policy(pol, now)
 	if w.proj.Idle() {
 		w.projOut = nil
 		return w.check(now, src)
@@ -341,7 +347,7 @@ func (w *Window) Check(now time.Time, src Source) *sluicev1.LoadReport {
 	cur := sumByBucket(w.cur)
 	w.proj.Started(now, cur, Since{sumByBucket(w.prev), w.prevAt})
 	rep := w.check(now, src)
-	w.projectStep(now, cur, ps)
+	w.projectStep(now, cur, ps, pol)
 	return rep
 }
 
@@ -358,28 +364,29 @@ func (w *Window) Project(now time.Time, src Source) {
 	if w.proj == nil || ps == nil || now.Sub(w.projAt) < w.minStep {
 		return
 	}
-	w.proj.Policy(ps.Policy(w.hdr.Service), now)
+	pol := ps.Policy(w.hdr.Service)
+	w.proj.Policy(pol, now)
 	if w.proj.Idle() {
 		return // no rule to project from: nothing to read
 	}
 	w.pcur = src.AppendCounts(w.hdr.Service, w.pcur[:0])
 	cur := sumByBucket(w.pcur)
 	w.proj.Started(now, cur, Since{sumByBucket(w.checked), w.checkedAt}, Since{sumByBucket(w.prev), w.prevAt})
-	w.projectStep(now, cur, ps)
+	w.projectStep(now, cur, ps, pol)
 }
 
 // projectStep moves the projection on to now, whose counts are cur, and
-// hands its ratios to ps. A step under minStep after the last is skipped,
+// hands its ratios to ps, read against pol. A step under minStep after the last is skipped,
 // the ratios in force kept: the Reporter's step ticker and check ticker
 // fire at unrelated phases, and a step microseconds after a check
 // predicted its next count from nothing (a ratio of 0 or 0.99 held for a
 // whole step).
-func (w *Window) projectStep(now time.Time, cur map[bucket]sidecar.PeerCounts, ps ProvisionalSource) {
+func (w *Window) projectStep(now time.Time, cur map[bucket]sidecar.PeerCounts, ps ProvisionalSource, pol *sidecar.Policy) {
 	if now.Sub(w.projAt) < w.minStep {
 		return
 	}
 	w.projOut = w.proj.Check(now, w.projThen, cur, now.Sub(w.projAt))
-	w.setProvisional(ps)
+	w.setProvisional(ps, pol)
 	w.projThen, w.projAt = cur, now
 }
 

@@ -257,10 +257,10 @@ type DropPolicy struct {
 	Unit Unit        `protobuf:"varint,14,opt,name=unit,proto3,enum=sluice.v1.Unit" json:"unit,omitempty"`
 	Cost *CostPolicy `protobuf:"bytes,15,opt,name=cost,proto3" json:"cost,omitempty"`
 	// The service's objective (issue #18), when its limits declare one: a
-	// sidecar that sees its callee miss it sheds a share of the admitted
-	// load at once, until the controller's next tick answers with a
-	// capacity estimated from the fleet's health (the health fast path).
-	// Absent: no objective, no fast path. Inbound policies only.
+	// sidecar that sees its callee miss it sheds a share of what it admits
+	// at once, for one report interval (the controller's tick), while the
+	// controller's estimate from the fleet's health catches up (the health
+	// fast path). Absent: no objective, no fast path. Inbound policies only.
 	Objective     *HealthObjective `protobuf:"bytes,16,opt,name=objective,proto3" json:"objective,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
