@@ -157,29 +157,42 @@ func TestHealthGateSheddableFirst(t *testing.T) {
 	}
 }
 
-// TestWindowHealthGateMetered: a callee whose leaves are metered (here a
-// concurrency cap) takes no provisional ratios, so the gate does not act
-// on it, and says so: no episode, nothing shed.
-func TestWindowHealthGateMetered(t *testing.T) {
-	l := sidecar.NewLimiter(sidecar.LimiterOptions{})
-	l.SetPolicy(&sidecar.Policy{Name: names.Callee("api"), Service: "api", LiveInstances: 1,
-		Objective: adaptive.Objective{Errors: 0.01},
-		Peers:     []sidecar.Rule{{Peer: "web", Mode: dropratio.Enforce, LimitRPS: 1000, AllowedRPS: 1000, OfferedRPS: 100, MaxConcurrency: 50}}})
-	h := l.Service("api").Middleware(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		w.WriteHeader(http.StatusServiceUnavailable)
-	}), sidecar.HTTPOptions{})
-	start := time.Unix(0, 0)
-	w := NewWindow(WindowConfig{Header: Header{SidecarID: "a", Service: "api"}, Interval: time.Second, SurgeChecks: true, HealthGate: true}, start, l)
-	for i := range 3 {
-		for range 200 {
-			req := httptest.NewRequest(http.MethodGet, "/", nil)
-			req.Header.Set(sidecar.DefaultCallerHeader, "web")
-			h.ServeHTTP(httptest.NewRecorder(), req)
+// TestWindowHealthGateStandsDown: a callee that takes no provisional
+// ratios, its leaves metered (here a concurrency cap) or its policy
+// expired (its fail mode decides), is not acted on by the gate, which
+// says so: no episode, nothing shed.
+func TestWindowHealthGateStandsDown(t *testing.T) {
+	rule := sidecar.Rule{Peer: "web", Mode: dropratio.Enforce, LimitRPS: 1000, AllowedRPS: 1000, OfferedRPS: 100}
+	capped := rule
+	capped.MaxConcurrency = 50
+	for _, c := range []struct {
+		name   string
+		rule   sidecar.Rule
+		expire bool
+	}{{"metered", capped, false}, {"expired", rule, true}} {
+		l := sidecar.NewLimiter(sidecar.LimiterOptions{})
+		received := time.Now()
+		l.SetPolicyAt(&sidecar.Policy{Name: names.Callee("api"), Service: "api", LiveInstances: 1, TTL: time.Second,
+			Objective: adaptive.Objective{Errors: 0.01}, Peers: []sidecar.Rule{c.rule}}, received)
+		if c.expire {
+			l.Expire(received.Add(time.Minute))
 		}
-		w.Check(start.Add(time.Duration(i+1)*100*time.Millisecond), l)
-	}
-	if shed, n := w.HealthGate(); shed != 0 || n != 0 {
-		t.Errorf("a metered callee failing every request: shedding %v in %d episodes, want none", shed, n)
+		h := l.Service("api").Middleware(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}), sidecar.HTTPOptions{})
+		start := time.Unix(0, 0)
+		w := NewWindow(WindowConfig{Header: Header{SidecarID: "a", Service: "api"}, Interval: time.Second, SurgeChecks: true, HealthGate: true}, start, l)
+		for i := range 3 {
+			for range 200 {
+				req := httptest.NewRequest(http.MethodGet, "/", nil)
+				req.Header.Set(sidecar.DefaultCallerHeader, "web")
+				h.ServeHTTP(httptest.NewRecorder(), req)
+			}
+			w.Check(start.Add(time.Duration(i+1)*100*time.Millisecond), l)
+		}
+		if shed, n := w.HealthGate(); shed != 0 || n != 0 {
+			t.Errorf("%s: a callee failing every request: shedding %v in %d episodes, want none", c.name, shed, n)
+		}
 	}
 }
 

@@ -259,9 +259,10 @@ func (w *Window) gateStep(now time.Time, src Source, ps ProvisionalSource) {
 	}
 	pol := ps.Policy(w.hdr.Service)
 	var obj adaptive.Objective
-	if pol != nil && !pol.Metered() {
+	if pol != nil && !pol.Metered() && !expired(src, w.hdr.Service) {
 		// A metered service (cost, concurrency caps) takes no
-		// provisional ratios: the gate would judge, and shed nothing.
+		// provisional ratios, nor does one whose policy expired (its
+		// fail mode decides): the gate would judge, and shed nothing.
 		obj = pol.Objective
 	}
 	if obj != (adaptive.Objective{}) {
@@ -274,6 +275,15 @@ func (w *Window) gateStep(now time.Time, src Source, ps ProvisionalSource) {
 	if changed || (w.gate.Shedding() > 0 && pol != w.gatePol) {
 		w.setProvisional(ps, pol)
 	}
+}
+
+// expired reports whether src holds service's policy past its TTL, as a
+// sidecar.Limiter says (Status); a Source that does not say holds none.
+func expired(src Source, service string) bool {
+	st, ok := src.(interface {
+		Status(service string) sidecar.PolicyStatus
+	})
+	return ok && st.Status(service).State == sidecar.Expired
 }
 
 // HealthGate returns the share of the admitted load the health gate's
