@@ -3,6 +3,7 @@ package controller
 import (
 	"fmt"
 	"math"
+	"slices"
 	"time"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
@@ -157,20 +158,20 @@ func validateService(i int, svc *sluicev1.ServiceLoad) *RejectError {
 	if n := svc.GetLiveSidecars(); n > maxLiveSidecars {
 		return fail("bad_live_sidecars", "live_sidecars: %d is above %d", n, maxLiveSidecars)
 	}
-	type leaf struct {
-		peer, procedure string
-		tier            sluicev1.Criticality
+	// Sorted here, as sum and zoneSurged read them (sortPeers), so that a
+	// bucket listed twice is next to itself: a map of every bucket to
+	// find one cost the controller half its allocations at 110,000
+	// buckets. Indexes in errors are the sorted order's.
+	if !slices.IsSortedFunc(svc.GetPeers(), comparePeerRates) {
+		slices.SortFunc(svc.Peers, comparePeerRates)
 	}
-	peers := make(map[leaf]bool, len(svc.GetPeers()))
 	for j, p := range svc.GetPeers() {
 		if err := names.Check(p.GetPeer()); err != nil {
 			return fail("bad_name", "peers[%d].peer: %v", j, err)
 		}
-		l := leaf{p.GetPeer(), p.GetProcedure(), p.GetCriticality()}
-		if peers[l] {
-			return fail("duplicate_peer", "peers[%d]: %q procedure %q criticality %v listed twice", j, l.peer, l.procedure, l.tier)
+		if j > 0 && comparePeerRates(svc.Peers[j-1], p) == 0 {
+			return fail("duplicate_peer", "peers[%d]: %q procedure %q criticality %v listed twice", j, p.GetPeer(), p.GetProcedure(), p.GetCriticality())
 		}
-		peers[l] = true
 		for _, r := range []struct {
 			field string
 			v     float64

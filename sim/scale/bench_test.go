@@ -84,6 +84,37 @@ func BenchmarkControllerTick110k(b *testing.B) {
 	}
 }
 
+// BenchmarkControllerApply110k is Apply of the 12 zone loads of one second
+// at issue 4's scale (110,000 buckets) into a controller that holds the
+// second before: validation, the surge check against each aggregator's
+// last load (no bucket jumps, so every bucket is compared) and the swap.
+func BenchmarkControllerApply110k(b *testing.B) {
+	cfg := Default()
+	m := newMesh(cfg, newRNG(cfg))
+	loads := zoneLoads(cfg, m, false)
+	st, err := controller.NewState(cfg.Controller, epoch)
+	if err != nil {
+		b.Fatal(err)
+	}
+	now := epoch
+	apply := func() {
+		for _, zl := range loads {
+			if err := st.Apply(zl, now); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	apply()
+	b.ReportAllocs()
+	for b.Loop() {
+		now = now.Add(time.Second)
+		apply()
+		if st.TakeUrgent() {
+			b.Fatal("a calm second's loads marked urgent")
+		}
+	}
+}
+
 // BenchmarkAggregatorApply is Apply of one 100-caller report into an
 // aggregator that holds ~8,333 sidecars, issue 4's share of one of 12.
 func BenchmarkAggregatorApply(b *testing.B) {
