@@ -2,7 +2,6 @@ package controller
 
 import (
 	"cmp"
-	"slices"
 	"strings"
 	"time"
 
@@ -171,7 +170,6 @@ func (s *State) Apply(load *sluicev1.ZoneLoad, now time.Time) error {
 	if !hadBadHealth && s.dropped.BadHealth != nil {
 		s.dropped.FirstHealth = "aggregator " + id + ": " + s.dropped.FirstHealth
 	}
-	sortPeers(load)
 	if !ok {
 		s.lastJoin = now
 		s.urgent = s.urgent || load.GetUrgent()
@@ -246,17 +244,6 @@ func (s *State) TakeDropped() Dropped {
 	return d
 }
 
-// sortPeers sorts every service's peers by name, then procedure, which sum
-// relies on. The aggregators send them sorted; a load that is not is
-// sorted in place rather than refused.
-func sortPeers(load *sluicev1.ZoneLoad) {
-	for _, svc := range load.GetServices() {
-		if !slices.IsSortedFunc(svc.GetPeers(), comparePeerRates) {
-			slices.SortFunc(svc.Peers, comparePeerRates)
-		}
-	}
-}
-
 // comparePeerRates orders a service's peer entries by peer, procedure and
 // tier: a bucket's key.
 func comparePeerRates(a, b *sluicev1.PeerRate) int {
@@ -266,8 +253,8 @@ func comparePeerRates(a, b *sluicev1.PeerRate) int {
 // zoneSurged reports whether some bucket's offered rate, inbound or
 // outbound, jumped from before to after, up or down (dropratio.Jumped); a
 // bucket missing from one of them had rate 0 there. Both loads are
-// validated (no service or bucket twice) and their peers sorted
-// (sortPeers): each service's buckets are compared in one merge, not
+// validated: no service or bucket twice, and each service's peers sorted
+// (validateService). Each service's buckets are compared in one merge, not
 // through maps of every bucket of the zone, which at 110,000 buckets cost
 // the controller two thirds of its CPU (sim/scale's profile).
 func zoneSurged(before, after *sluicev1.ZoneLoad) bool {

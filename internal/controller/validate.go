@@ -158,7 +158,8 @@ func validateService(i int, svc *sluicev1.ServiceLoad) *RejectError {
 	if n := svc.GetLiveSidecars(); n > maxLiveSidecars {
 		return fail("bad_live_sidecars", "live_sidecars: %d is above %d", n, maxLiveSidecars)
 	}
-	// Sorted here, as sum and zoneSurged read them (sortPeers), so that a
+	// Sorted here, as sum and zoneSurged read them: the aggregators send
+	// them sorted, and a load that is not is sorted, not refused. So a
 	// bucket listed twice is next to itself: a map of every bucket to
 	// find one cost the controller half its allocations at 110,000
 	// buckets. Indexes in errors are the sorted order's.
