@@ -42,6 +42,29 @@ func zoneLoads(cfg Config, m *mesh, surge bool) []*sluicev1.ZoneLoad {
 	return out
 }
 
+// controllerAtScale is a controller state for issue 4's mesh (Default) and
+// apply, which applies the mesh's 12 zone loads (surge: with 1 % of the
+// buckets at 15×) at the time now points to.
+func controllerAtScale(b *testing.B, surge bool) (cfg Config, m *mesh, st *controller.State, now *time.Time, apply func()) {
+	b.Helper()
+	cfg = Default()
+	m = newMesh(cfg, newRNG(cfg))
+	loads := zoneLoads(cfg, m, surge)
+	st, err := controller.NewState(cfg.Controller, epoch)
+	if err != nil {
+		b.Fatal(err)
+	}
+	t := epoch
+	apply = func() {
+		for _, zl := range loads {
+			if err := st.Apply(zl, t); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	return cfg, m, st, &t, apply
+}
+
 // BenchmarkControllerTick110k is one controller tick at issue 4's scale:
 // 12 zone loads (3 zones × 4 aggregators) over 1,100 services × 100 callers
 // = 110,000 buckets, 1% of them surging 15× over their limits. The loads are
@@ -49,35 +72,21 @@ func zoneLoads(cfg Config, m *mesh, surge bool) []*sluicev1.ZoneLoad {
 // measures the controller state alone, on a heap that holds only it; the
 // scale command measures the same call inside the whole simulation.
 func BenchmarkControllerTick110k(b *testing.B) {
-	cfg := Default()
-	m := newMesh(cfg, newRNG(cfg))
-	loads := zoneLoads(cfg, m, true)
-	st, err := controller.NewState(cfg.Controller, epoch)
-	if err != nil {
-		b.Fatal(err)
-	}
-	now := epoch
-	apply := func() {
-		for _, zl := range loads {
-			if err := st.Apply(zl, now); err != nil {
-				b.Fatal(err)
-			}
-		}
-	}
+	cfg, m, st, now, apply := controllerAtScale(b, true)
 	// Past the warm-up, and past the first tick, which publishes every
 	// policy: the loop measures steady ticks with TTL/2 refreshes.
 	for range 6 {
-		now = now.Add(time.Second)
+		*now = now.Add(time.Second)
 		apply()
-		st.Tick(now, m.set)
+		st.Tick(*now, m.set)
 	}
 	b.ReportAllocs()
 	for b.Loop() {
 		b.StopTimer()
-		now = now.Add(time.Second)
+		*now = now.Add(time.Second)
 		apply()
 		b.StartTimer()
-		res := st.Tick(now, m.set)
+		res := st.Tick(*now, m.set)
 		if res.Buckets != cfg.Buckets() {
 			b.Fatalf("tick ran %d buckets, want %d", res.Buckets, cfg.Buckets())
 		}
@@ -89,25 +98,11 @@ func BenchmarkControllerTick110k(b *testing.B) {
 // second before: validation, the surge check against each aggregator's
 // last load (no bucket jumps, so every bucket is compared) and the swap.
 func BenchmarkControllerApply110k(b *testing.B) {
-	cfg := Default()
-	m := newMesh(cfg, newRNG(cfg))
-	loads := zoneLoads(cfg, m, false)
-	st, err := controller.NewState(cfg.Controller, epoch)
-	if err != nil {
-		b.Fatal(err)
-	}
-	now := epoch
-	apply := func() {
-		for _, zl := range loads {
-			if err := st.Apply(zl, now); err != nil {
-				b.Fatal(err)
-			}
-		}
-	}
+	_, _, st, now, apply := controllerAtScale(b, false)
 	apply()
 	b.ReportAllocs()
 	for b.Loop() {
-		now = now.Add(time.Second)
+		*now = now.Add(time.Second)
 		apply()
 		if st.TakeUrgent() {
 			b.Fatal("a calm second's loads marked urgent")
