@@ -123,6 +123,17 @@ type Counts struct {
 // Answered is the requests the counts cover.
 func (c *Counts) Answered() uint64 { return c.OK + c.Failed + c.Late }
 
+// Add adds o's answers to c's: two windows of one callee, or two of its
+// procedures. InFlight, a reading, not a count, is left as it is.
+func (c *Counts) Add(o *Counts) {
+	for b, n := range o.Latency {
+		c.Latency[b] += n
+	}
+	c.OK += o.OK
+	c.Failed += o.Failed
+	c.Late += o.Late
+}
+
 // Recorder counts one callee's (or procedure's) answers as they come. Its
 // methods may be called concurrently; Start, Done and Take never allocate
 // nor block. The zero value is ready.

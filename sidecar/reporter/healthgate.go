@@ -280,18 +280,9 @@ func gateAdmitted(pol *sidecar.Policy, then, cur []sidecar.PeerCounts) map[bucke
 func sumHealth(c *health.Counts, hs []sidecar.HealthCounts) *health.Counts {
 	*c = health.Counts{}
 	for i := range hs {
-		addCounts(c, &hs[i].Counts)
+		c.Add(&hs[i].Counts)
 	}
 	return c
-}
-
-func addCounts(dst, src *health.Counts) {
-	for b, n := range src.Latency {
-		dst.Latency[b] += n
-	}
-	dst.OK += src.OK
-	dst.Failed += src.Failed
-	dst.Late += src.Late
 }
 
 // mergeHealth adds src, a TakeHealth's counts by procedure, to dst, the
@@ -310,7 +301,7 @@ func mergeHealth(dst, src []sidecar.HealthCounts) []sidecar.HealthCounts {
 		if j == len(dst) {
 			dst = append(dst, sidecar.HealthCounts{Procedure: s.Procedure})
 		}
-		addCounts(&dst[j].Counts, &s.Counts)
+		dst[j].Counts.Add(&s.Counts)
 		dst[j].InFlight = s.InFlight
 	}
 	return dst
