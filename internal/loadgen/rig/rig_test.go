@@ -107,11 +107,31 @@ func TestAppLatency(t *testing.T) {
 		t.Errorf("the app timed %d answers, want 1 to %d (the admitted requests)", answered, sent)
 	}
 	appP99, ok := res.AppP99(0, 2)
-	clientP99, _ := res.P99(0, 2)
-	// Within a bucket of pkg/health's scale (26 %) a quantile is
-	// interpolated from the counts below it, which differ between the
-	// two: they are compared by bucket.
-	if !ok || health.Bucket(appP99) < health.Bucket(service) || health.Bucket(appP99) > health.Bucket(clientP99) {
-		t.Errorf("the app's p99 %v (ok %v), want from its service time %v to the client's p99 %v", appP99, ok, service, clientP99)
+	if !ok || health.Bucket(appP99) < health.Bucket(service) {
+		t.Errorf("the app's p99 %v (ok %v), want at least its service time %v", appP99, ok, service)
+	}
+	// The app's answers are some of the client's (those it gave within
+	// the run's seconds), and each took the app no longer than it took
+	// the client. So below any latency the client cannot have more
+	// answers than the app had plus those the app did not count: the
+	// app's times exclude the way to it and back. (Comparing the two
+	// p99s instead compares different sets of requests at the run's
+	// edges, and flaked when one straggler moved a quantile a bucket.)
+	client := res.Latency["a"]
+	var appBelow, clientBelow, clientAll int64
+	for _, sec := range client {
+		for _, n := range sec {
+			clientAll += n
+		}
+	}
+	for b := range health.Buckets {
+		for i := range 2 {
+			appBelow += res.AppLatency[i][b]
+			clientBelow += client[i][b]
+		}
+		if clientBelow > appBelow+(clientAll-answered) {
+			t.Fatalf("up to bucket %d the client had %d answers and the app %d of its %d (client %d): the app timed more than the client saw",
+				b, clientBelow, appBelow, answered, clientAll)
+		}
 	}
 }
