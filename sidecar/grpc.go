@@ -44,6 +44,14 @@ type GRPCOptions struct {
 	// of a proxied app (the sidecar binary) does not change the form of
 	// the app's answer.
 	RateLimitHeaders RateLimitHeaders
+	// StreamHealth has StreamServerInterceptor record each stream as the
+	// unary interceptor records a call, for capacity from health (issue
+	// #18): its duration and the status it ended with. The sidecar's gRPC
+	// forwarder sets it: it sees every call, unary ones too, as a stream,
+	// and its HTTP path records every request it forwards. In an app's own
+	// server, streams are mostly long-lived and their durations say nothing
+	// of its latency, so they are left out by default.
+	StreamHealth bool
 }
 
 func (o GRPCOptions) rules() callerRules {
@@ -144,7 +152,7 @@ func callStatus(err error) codes.Code {
 func (s *ServiceLimiter) StreamServerInterceptor(opts GRPCOptions) grpc.StreamServerInterceptor {
 	in := s.incoming(opts)
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-		d, v, _, err := in.decide(ss.Context(), streamMethod(info))
+		d, v, rec, err := in.decide(ss.Context(), streamMethod(info))
 		if err != nil {
 			return err
 		}
@@ -160,14 +168,29 @@ func (s *ServiceLimiter) StreamServerInterceptor(opts GRPCOptions) grpc.StreamSe
 		if md := v.admitHeader(opts.RateLimitHeaders); md != nil {
 			_ = ss.SetHeader(md) // fails only once headers are sent, and the handler has not run
 		}
-		switch {
-		case d.flags()&responsePriced != 0:
-			return in.s.streamCosted(srv, ss, handler, d)
-		case d.pending():
-			defer d.Done(0, false)
+		if !opts.StreamHealth {
+			return in.s.serveStream(srv, ss, handler, d)
 		}
-		return handler(srv, ss)
+		// As the unary interceptor counts a call; a panic counts as failed.
+		rec.Start()
+		began := time.Now()
+		outcome := health.Failed
+		defer func() { rec.Done(time.Since(began), outcome) }()
+		err = in.s.serveStream(srv, ss, handler, d)
+		outcome = health.GRPCOutcome(uint32(callStatus(err)))
+		return err
 	}
+}
+
+// serveStream runs the handler of an admitted stream decided by d.
+func (s *ServiceLimiter) serveStream(srv any, ss grpc.ServerStream, handler grpc.StreamHandler, d Decision) error {
+	switch {
+	case d.flags()&responsePriced != 0:
+		return s.streamCosted(srv, ss, handler, d)
+	case d.pending():
+		defer d.Done(0, false)
+	}
+	return handler(srv, ss)
 }
 
 // incoming is what the server interceptors decide calls with.

@@ -2,6 +2,7 @@ package sidecar
 
 import (
 	"context"
+	"net"
 	"net/http"
 	"net/netip"
 	"net/url"
@@ -10,6 +11,7 @@ import (
 	"sync/atomic"
 
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 
 	"github.com/sluicehq/sluice/pkg/spiffe"
@@ -148,6 +150,57 @@ func XFCCIdentity(trusted []netip.Prefix, trustDomain string) Identify {
 		}
 		return "", InvalidIdentity
 	}
+}
+
+// XFCCIdentityContext is XFCCIdentity for a gRPC call: the header is its
+// incoming metadata's x-forwarded-client-cert, believed when the call's
+// peer address is in trusted.
+func XFCCIdentityContext(trusted []netip.Prefix, trustDomain string) IdentifyContext {
+	trusted = append([]netip.Prefix(nil), trusted...)
+	key := strings.ToLower(XFCCHeader)
+	return func(ctx context.Context) (string, IdentityResult) {
+		v := metadata.ValueFromIncomingContext(ctx, key)
+		if len(v) == 0 {
+			return "", NoIdentity
+		}
+		p, ok := peer.FromContext(ctx)
+		if !ok || !addrTrusted(p.Addr, trusted) {
+			return "", UntrustedProxy
+		}
+		uri, ok := xfccURI(v[len(v)-1])
+		if !ok {
+			return "", InvalidIdentity
+		}
+		if svc, ok := spiffe.Service(uri, trustDomain); ok {
+			return svc, Authenticated
+		}
+		return "", InvalidIdentity
+	}
+}
+
+// addrTrusted reports whether a, a call's peer address, is in one of
+// trusted; without allocating for a TCP address.
+func addrTrusted(a net.Addr, trusted []netip.Prefix) bool {
+	var ip netip.Addr
+	switch a := a.(type) {
+	case *net.TCPAddr:
+		ip = a.AddrPort().Addr()
+	case nil:
+		return false
+	default:
+		ap, err := netip.ParseAddrPort(a.String())
+		if err != nil {
+			return false
+		}
+		ip = ap.Addr()
+	}
+	ip = ip.Unmap()
+	for _, p := range trusted {
+		if p.Contains(ip) {
+			return true
+		}
+	}
+	return false
 }
 
 // fromTrusted reports whether remote, a request's RemoteAddr (ip:port), is

@@ -154,6 +154,13 @@ type Config struct {
 	ProxyMinBodyRate int
 	ProxyMaxRequests int
 	ProxyMaxConns    int
+	// GRPCForwarder has the proxy port's h2c connections (gRPC clients')
+	// served by grpc-go and carried to the app on grpc-go's transport
+	// (proxy.GRPCForwarder), at about half the CPU of net/http's HTTP/2;
+	// off, net/http's server and ReverseProxy carry them, and HTTP/2
+	// clients other than gRPC's are served too. Plaintext only: under
+	// mtls the port's TLS server keeps every connection.
+	GRPCForwarder bool
 
 	// RLS is Envoy's rate limit service, answered from the limiter.
 	RLS RLSConfig
@@ -190,6 +197,7 @@ func DefaultConfig() Config {
 		ProxyMinBodyRate: proxy.DefaultMinBodyRate,
 		ProxyMaxRequests: proxy.DefaultMaxRequests,
 		ProxyMaxConns:    proxy.DefaultMaxConns,
+		GRPCForwarder:    true,
 
 		RLS: defaultRLS(),
 	}
@@ -405,7 +413,8 @@ type Agent struct {
 	handler  http.Handler
 	xds      *xdsclient.Client
 	reporter *reporter.Reporter
-	rls      *rls.Service // nil: off
+	rls      *rls.Service         // nil: off
+	fwd      *proxy.GRPCForwarder // nil: off
 }
 
 // New builds a sidecar; it starts nothing.
@@ -454,6 +463,26 @@ func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Agent, er
 		TrustDecided:     cfg.TrustDecided,
 		RateLimitHeaders: headers,
 	})
+	if cfg.GRPCForwarder && cfg.CallerIdentity != MTLSIdentity {
+		// The same decision as the middleware's, by the interceptor that
+		// proxyless gRPC servers use, and the same health records.
+		var identifyCtx sidecar.IdentifyContext
+		if cfg.CallerIdentity == XFCCIdentity {
+			trusted, _ := parsePrefixes(cfg.TrustedProxies) // checked by identify
+			identifyCtx = sidecar.XFCCIdentityContext(trusted, cfg.TrustDomain)
+		}
+		a.fwd, err = p.NewGRPCForwarder(a.svc.StreamServerInterceptor(sidecar.GRPCOptions{
+			CallerHeader:     cfg.CallerHeader,
+			Identify:         identifyCtx,
+			RejectMismatch:   cfg.CallerMismatch == "reject",
+			TrustDecided:     cfg.TrustDecided,
+			RateLimitHeaders: headers,
+			StreamHealth:     true,
+		}))
+		if err != nil {
+			return nil, err
+		}
+	}
 
 	if cfg.RLS.Listen != "" {
 		if a.rls, err = rls.New(a.svc, cfg.RLS.mapping(cfg.Service), reg); err != nil {
@@ -511,6 +540,16 @@ func (a *Agent) Server(addr string) *http.Server {
 	return proxy.NewServer(addr, a.handler)
 }
 
+// H2C is the gRPC forwarder's server, for the proxy port's h2c
+// connections (process.Process.H2C); nil when the forwarder is off or
+// the port serves TLS.
+func (a *Agent) H2C() *grpc.Server {
+	if a.fwd == nil {
+		return nil
+	}
+	return a.fwd.Server
+}
+
 // Handler is the request path: decide, then proxy to the app.
 func (a *Agent) Handler() http.Handler { return a.handler }
 
@@ -554,7 +593,12 @@ func (a *Agent) runFailModes(ctx context.Context) error {
 }
 
 // Close releases the proxy's idle upstream connections.
-func (a *Agent) Close() { a.proxy.Close() }
+func (a *Agent) Close() {
+	a.proxy.Close()
+	if a.fwd != nil {
+		_ = a.fwd.Close() // the connection to the app; nothing to do if it fails
+	}
+}
 
 // Ready is nil once the proxy can take traffic, which is at once: a sidecar
 // without a policy admits everything, so it must not hold the pod out of

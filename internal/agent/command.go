@@ -96,7 +96,7 @@ func Command() *cobra.Command {
 			p := &process.Process{
 				Logger: log,
 				Admin:  admin.New(reg, a.Ready), AdminAddr: adminAddr,
-				HTTP: a.Server(listen), HTTPAddr: listen,
+				HTTP: a.Server(listen), HTTPAddr: listen, H2C: a.H2C(),
 				GRPC: a.RLSServer(), GRPCAddr: cfg.RLS.Listen,
 				Workers:         a.Workers(),
 				DrainDelay:      drainDelay,
@@ -187,4 +187,5 @@ func addProxyFlags(f *pflag.FlagSet, cfg *Config) {
 	f.IntVar(&cfg.ProxyMinBodyRate, "proxy-min-body-rate", cfg.ProxyMinBodyRate, "least rate of a request body, in bytes per second, past --proxy-body-timeout: a body of n bytes may take --proxy-body-timeout + n/rate (Kestrel's MinRequestBodyDataRate); 0 for none, the timeout is then a total")
 	f.IntVar(&cfg.ProxyMaxRequests, "proxy-max-requests", cfg.ProxyMaxRequests, "requests in flight to the app; more get 503 (gRPC: UNAVAILABLE) at once")
 	f.IntVar(&cfg.ProxyMaxConns, "proxy-max-connections", cfg.ProxyMaxConns, "connections open to the app; a request that needs one more gets 503 at once")
+	f.BoolVar(&cfg.GRPCForwarder, "grpc-forwarder", cfg.GRPCForwarder, "carry the proxy port's h2c connections (gRPC) on grpc-go's transport, at about half the CPU of net/http's HTTP/2; HTTP/2 with prior knowledge is then gRPC only (other requests get 415); false sends them through net/http. Plaintext only: with --caller-identity mtls, net/http serves the port")
 }

@@ -14,6 +14,7 @@
 package process
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -45,6 +46,10 @@ type Process struct {
 	// TLS when its TLSConfig is set.
 	HTTP     *http.Server
 	HTTPAddr string
+	// H2C, when set with a plaintext HTTP, takes the connections of
+	// HTTPAddr that open with HTTP/2's preface (h2c with prior knowledge,
+	// as gRPC clients speak); HTTP keeps the rest (SplitH2C).
+	H2C *grpc.Server
 
 	// Workers run from start to step 4; an error from one stops the process.
 	Workers []func(ctx context.Context) error
@@ -113,6 +118,10 @@ type run struct {
 
 	adminSrv *http.Server
 	servers  sync.WaitGroup
+	// h2c is set when H2C serves half of the HTTP port; only serve writes
+	// it, before any shutdown. (HTTP's TLSConfig can not say afterwards:
+	// net/http sets one on a plaintext server that speaks HTTP/2.)
+	h2c bool
 }
 
 type listener struct {
@@ -170,9 +179,25 @@ func (r *run) serve(lns []listener) {
 			serve = func() error { return r.p.GRPC.Serve(l.ln) }
 		case "http":
 			serve = func() error { return r.p.HTTP.Serve(l.ln) }
-			if r.p.HTTP.TLSConfig != nil {
+			switch {
+			case r.p.HTTP.TLSConfig != nil:
 				// The certificate comes from TLSConfig (GetCertificate).
 				serve = func() error { return r.p.HTTP.ServeTLS(l.ln, "", "") }
+			case r.p.H2C != nil:
+				r.h2c = true
+				split := SplitH2C(l.ln, cmp.Or(r.p.HTTP.ReadHeaderTimeout, 10*time.Second))
+				serve = func() error { return r.p.HTTP.Serve(split.HTTP1) }
+				r.servers.Add(2)
+				go func() {
+					defer r.servers.Done()
+					split.Wait()
+				}()
+				go func() {
+					defer r.servers.Done()
+					if err := r.p.H2C.Serve(split.H2C); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+						r.fail("serve h2c", err)
+					}
+				}()
 			}
 		}
 		r.servers.Add(1)
@@ -221,6 +246,9 @@ func (r *run) stopAccepting() {
 	}
 	if p.GRPC != nil {
 		stopGRPC(p.GRPC, r.timeout)
+	}
+	if r.h2c {
+		stopGRPC(p.H2C, r.timeout)
 	}
 	if p.HTTP != nil {
 		sctx, cancel := context.WithTimeout(context.Background(), r.timeout)

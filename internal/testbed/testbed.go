@@ -318,7 +318,7 @@ func (c *Cluster) startSidecar(id, zone string, aggregators []string) (*Node, er
 	n, err := run(id, &process.Process{
 		Logger: log,
 		Admin:  admin.New(reg, a.Ready), AdminAddr: "127.0.0.1:0",
-		HTTP: proxy.NewServer("", a.Handler()), HTTPAddr: "127.0.0.1:0",
+		HTTP: proxy.NewServer("", a.Handler()), HTTPAddr: "127.0.0.1:0", H2C: a.H2C(),
 		Workers:         a.Workers(),
 		ShutdownTimeout: 2 * time.Second,
 	}, 2)

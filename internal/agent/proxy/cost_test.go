@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net"
 	"net/http"
 	"net/url"
 	"slices"
@@ -25,6 +26,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/agent"
 	"github.com/sluicehq/sluice/internal/agent/proxy"
+	"github.com/sluicehq/sluice/internal/process"
 	"github.com/sluicehq/sluice/pkg/names"
 	"github.com/sluicehq/sluice/sidecar"
 )
@@ -45,7 +47,11 @@ const costRunTimeout = 2 * time.Minute
 //   - proxy: through the sidecar's proxy alone (New, with its bounds, body deadline,
 //     X-Forwarded-* and gRPC guard), without the limiter's middleware;
 //   - sidecar: through the sidecar binary's handler (internal/agent: the limiter's middleware
-//     in front of the proxy) under a policy that admits the caller, on its server (NewServer).
+//     in front of the proxy) under a policy that admits the caller, on its server (NewServer),
+//     its port served as the binary serves it: gRPC by the forwarder (GRPCForwarder, behind
+//     the limiter's stream interceptor);
+//   - for gRPC, fwd: through the forwarder alone, with no interceptor; and sidecar-nethttp:
+//     the sidecar with --grpc-forwarder=false, gRPC through the middleware and ReverseProxy.
 //
 // Each path makes b.N requests at a fixed concurrency, costRounds times, the paths taking
 // turns. Reported: the process's CPU time (getrusage: user + system, client and app
@@ -81,13 +87,23 @@ func benchProxyCost(b *testing.B, proto string, conc int) {
 	}
 	b.Cleanup(p.Close)
 	bounded := proxy.Serve(b, proxy.NewServer("", p))
-	sc := startSidecar(b, app)
 
 	paths := []path{
 		{"direct", newCaller(b, proto, app, conc)},
 		{"bare", newCaller(b, proto, bare, conc)},
 		{"proxy", newCaller(b, proto, bounded, conc)},
-		{"sidecar", newCaller(b, proto, sc, conc)},
+		{"sidecar", newCaller(b, proto, startSidecar(b, app, true), conc)},
+	}
+	if proto == "grpc" {
+		f, err := p.NewGRPCForwarder(nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		fwd := serveGRPC(b, f.Server)
+		b.Cleanup(func() { f.Close() })
+		paths = append(paths,
+			path{"fwd", newCaller(b, proto, fwd, conc)},
+			path{"sidecar-nethttp", newCaller(b, proto, startSidecar(b, app, false), conc)})
 	}
 	if *costOnly != "" { // for a profile or a syscall count of one path: -proxycost.only sidecar
 		paths = slices.DeleteFunc(paths, func(p path) bool { return p.name != "direct" && p.name != *costOnly })
@@ -131,14 +147,17 @@ type path struct {
 	call func() error
 }
 
-var costOnly = flag.String("proxycost.only", "", "measure only direct and this path (bare, proxy or sidecar)")
+var costOnly = flag.String("proxycost.only", "", "measure only direct and this path (bare, proxy, sidecar, fwd or sidecar-nethttp)")
 
 // startSidecar runs the sidecar binary's handler in front of app under a policy that admits
-// the caller "web" (limited, far under its limit) and returns its address.
-func startSidecar(b *testing.B, app string) string {
+// the caller "web" (limited, far under its limit) and returns its address. The port is
+// served as the binary serves it: h2c connections by the gRPC forwarder when fwd (the
+// default, --grpc-forwarder), by net/http's server and ReverseProxy otherwise.
+func startSidecar(b *testing.B, app string, fwd bool) string {
 	cfg := agent.DefaultConfig()
 	cfg.Service = "checkout"
 	cfg.Upstream = "http://" + app
+	cfg.GRPCForwarder = fwd
 	a, err := agent.New(cfg, nil, prometheus.NewRegistry())
 	if err != nil {
 		b.Fatal(err)
@@ -151,7 +170,34 @@ func startSidecar(b *testing.B, app string) string {
 	if d := a.Limiter().Service("checkout").Decide("web"); d.Drop {
 		b.Fatal("the policy drops web")
 	}
-	return proxy.Serve(b, a.Server(""))
+	if a.H2C() == nil {
+		return proxy.Serve(b, a.Server(""))
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	split := process.SplitH2C(ln, 10*time.Second)
+	srv := a.Server("")
+	go srv.Serve(split.HTTP1)
+	go a.H2C().Serve(split.H2C)
+	b.Cleanup(func() {
+		a.H2C().Stop()
+		srv.Close()
+		split.Wait()
+	})
+	return ln.Addr().String()
+}
+
+// serveGRPC serves g on a loopback port until the benchmark ends and returns its address.
+func serveGRPC(b *testing.B, g *grpc.Server) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	go g.Serve(ln)
+	b.Cleanup(g.Stop)
+	return ln.Addr().String()
 }
 
 // newCaller returns a function that makes one request to addr as the caller "web": a GET of

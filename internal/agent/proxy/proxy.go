@@ -194,6 +194,8 @@ type Proxy struct {
 	rpH1     *httputil.ReverseProxy
 	rpH2C    *httputil.ReverseProxy
 	bounds   *bounds
+	// dialTimeout bounds a dial to the app (Options.DialTimeout), for the gRPC forwarder.
+	dialTimeout time.Duration
 
 	log         *slog.Logger
 	logInterval int64        // nanoseconds between upstream-failure log lines
@@ -223,6 +225,7 @@ func New(upstream *url.URL, opts Options) (*Proxy, error) {
 		h1:          newTransport(opts, b, false),
 		h2c:         newTransport(opts, b, true),
 		bounds:      b,
+		dialTimeout: opts.DialTimeout,
 		log:         opts.Logger,
 		logInterval: int64(opts.ErrorLogInterval),
 	}
