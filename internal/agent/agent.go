@@ -156,8 +156,9 @@ type Config struct {
 	ProxyMaxConns    int
 	// GRPCForwarder has the proxy port's h2c connections (gRPC clients')
 	// served by grpc-go and carried to the app on grpc-go's transport
-	// (proxy.GRPCForwarder), at about half the CPU of net/http's HTTP/2;
-	// off, net/http's server and ReverseProxy carry them, and HTTP/2
+	// (proxy.GRPCForwarder), with a third to a half less CPU than
+	// net/http's HTTP/2; off, net/http's server and ReverseProxy carry
+	// them, and HTTP/2
 	// clients other than gRPC's are served too. Plaintext only: under
 	// mtls the port's TLS server keeps every connection.
 	GRPCForwarder bool
