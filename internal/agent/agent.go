@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"net/netip"
@@ -162,6 +163,10 @@ type Config struct {
 	// clients other than gRPC's are served too. Plaintext only: under
 	// mtls the port's TLS server keeps every connection.
 	GRPCForwarder bool
+	// GRPCMaxMessage bounds one message through the forwarder, either
+	// way, in bytes: it holds each whole while carrying it. Larger ones
+	// fail with RESOURCE_EXHAUSTED, as an app with the same limit would.
+	GRPCMaxMessage int
 
 	// RLS is Envoy's rate limit service, answered from the limiter.
 	RLS RLSConfig
@@ -199,6 +204,7 @@ func DefaultConfig() Config {
 		ProxyMaxRequests: proxy.DefaultMaxRequests,
 		ProxyMaxConns:    proxy.DefaultMaxConns,
 		GRPCForwarder:    true,
+		GRPCMaxMessage:   proxy.DefaultGRPCMaxMessage,
 
 		RLS: defaultRLS(),
 	}
@@ -288,6 +294,9 @@ func (c Config) proxyBoundsErrors() []error {
 	}
 	if c.ProxyMaxConns < 1 {
 		errs = append(errs, fmt.Errorf("proxy-max-connections: %d must be at least 1", c.ProxyMaxConns))
+	}
+	if c.GRPCMaxMessage < 1 || c.GRPCMaxMessage > math.MaxInt32 {
+		errs = append(errs, fmt.Errorf("grpc-max-message-size: %d must be from 1 to %d bytes", c.GRPCMaxMessage, math.MaxInt32))
 	}
 	return errs
 }
@@ -442,7 +451,8 @@ func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Agent, er
 		Logger:      logger,
 		BodyTimeout: cfg.ProxyBodyTimeout, MinBodyRate: proxyMinBodyRate(cfg.ProxyMinBodyRate),
 		MaxRequests: cfg.ProxyMaxRequests, MaxConns: cfg.ProxyMaxConns,
-		Registerer: reg,
+		GRPCMaxMessage: cfg.GRPCMaxMessage,
+		Registerer:     reg,
 	})
 	if err != nil {
 		return nil, err

@@ -99,6 +99,9 @@ func TestBadConfigNamesTheFlag(t *testing.T) {
 		{"proxy-min-body-rate", func(c *Config) { c.ProxyMinBodyRate = -1 }},
 		{"proxy-max-requests", func(c *Config) { c.ProxyMaxRequests = 0 }},
 		{"proxy-max-connections", func(c *Config) { c.ProxyMaxConns = -1 }},
+		{"grpc-max-message-size", func(c *Config) { c.GRPCMaxMessage = 0 }},
+		{"grpc-max-message-size", func(c *Config) { c.GRPCMaxMessage = 1 << 31 }},
+		{"", func(c *Config) { c.GRPCMaxMessage = 1<<31 - 1 }},
 		{"", func(c *Config) { c.RLS.CallerKey = "" }}, // off: not checked
 		{"", func(c *Config) {
 			c.RLS.Listen = "127.0.0.1:0"
@@ -149,7 +152,7 @@ func TestBadConfigReportsEveryProblemAtOnce(t *testing.T) {
 	c := Config{Zone: "zone a"} // every other field zero, and zero is wrong for each
 	want := []string{"service", "id", "zone", "upstream", "aggregators", "controllers",
 		"xds-protocol", "report-interval", "caller-header", "caller-identity", "caller-mismatch", "max-leaves", "max-peers", "strategy", "ratelimit-headers",
-		"proxy-body-timeout", "proxy-max-requests", "proxy-max-connections"}
+		"proxy-body-timeout", "proxy-max-requests", "proxy-max-connections", "grpc-max-message-size"}
 	var got []string
 	for _, p := range problems(c.Validate()) {
 		name := flagOf(p)

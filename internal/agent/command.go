@@ -188,4 +188,5 @@ func addProxyFlags(f *pflag.FlagSet, cfg *Config) {
 	f.IntVar(&cfg.ProxyMaxRequests, "proxy-max-requests", cfg.ProxyMaxRequests, "requests in flight to the app; more get 503 (gRPC: UNAVAILABLE) at once")
 	f.IntVar(&cfg.ProxyMaxConns, "proxy-max-connections", cfg.ProxyMaxConns, "connections open to the app; a request that needs one more gets 503 at once")
 	f.BoolVar(&cfg.GRPCForwarder, "grpc-forwarder", cfg.GRPCForwarder, "carry the proxy port's h2c connections (gRPC) on grpc-go's transport, with a third to a half less CPU than net/http's HTTP/2; HTTP/2 with prior knowledge is then gRPC only (other requests get 415); false sends them through net/http. Plaintext only: with --caller-identity mtls, net/http serves the port")
+	f.IntVar(&cfg.GRPCMaxMessage, "grpc-max-message-size", cfg.GRPCMaxMessage, "largest gRPC message, in bytes, the forwarder carries either way (it holds each whole on its way); larger ones get RESOURCE_EXHAUSTED. Raise it with the app's own limit")
 }

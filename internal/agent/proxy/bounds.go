@@ -35,6 +35,10 @@ const (
 	DefaultMaxRequests = 1024
 	// DefaultMaxConns bounds the connections open to the app (Envoy's max_connections).
 	DefaultMaxConns = 1024
+	// DefaultGRPCMaxMessage bounds one gRPC message through the forwarder, which holds each
+	// whole while it carries it: grpc-go's own default for what a server receives, so an app
+	// that kept it refuses nothing more than before.
+	DefaultGRPCMaxMessage = 4 << 20
 )
 
 // Reasons the proxy answers a request itself, the label values of

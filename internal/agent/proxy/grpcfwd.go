@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"io"
-	"math"
 	"net"
 	"net/netip"
 	"strings"
@@ -126,7 +125,7 @@ func (p *Proxy) NewGRPCForwarder(intercept grpc.StreamServerInterceptor) (*GRPCF
 		}),
 		grpc.WithInitialWindowSize(forwardWindow),
 		grpc.WithInitialConnWindowSize(forwardWindow),
-		grpc.WithDefaultCallOptions(grpc.ForceCodecV2(rawCodec{}), grpc.MaxCallRecvMsgSize(math.MaxInt32), grpc.MaxCallSendMsgSize(math.MaxInt32)),
+		grpc.WithDefaultCallOptions(grpc.ForceCodecV2(rawCodec{}), grpc.MaxCallRecvMsgSize(p.grpcMaxMessage), grpc.MaxCallSendMsgSize(p.grpcMaxMessage)),
 	)
 	if err != nil {
 		return nil, err
@@ -135,8 +134,10 @@ func (p *Proxy) NewGRPCForwarder(intercept grpc.StreamServerInterceptor) (*GRPCF
 	opts := []grpc.ServerOption{
 		grpc.UnknownServiceHandler(f.forward),
 		grpc.ForceServerCodecV2(rawCodec{}),
-		grpc.MaxRecvMsgSize(math.MaxInt32),
-		grpc.MaxSendMsgSize(math.MaxInt32),
+		// Each message is held whole on its way: bounded, or one caller could make the
+		// sidecar hold gigabytes (grpc-go would take up to 2 GiB).
+		grpc.MaxRecvMsgSize(p.grpcMaxMessage),
+		grpc.MaxSendMsgSize(p.grpcMaxMessage),
 		grpc.MaxConcurrentStreams(maxConcurrentStreams),
 		grpc.InitialWindowSize(forwardWindow),
 		grpc.InitialConnWindowSize(forwardWindow),

@@ -226,10 +226,11 @@ func TestGRPCForwarderStatusAndTrailers(t *testing.T) {
 
 func TestGRPCForwarderStreams(t *testing.T) {
 	app, _, _ := startInspectApp(t)
-	conn := startForwarder(t, app, Options{}, nil)
+	conn := startForwarder(t, app, Options{GRPCMaxMessage: maxMsg}, nil)
 	desc := &grpc.StreamDesc{ClientStreams: true, ServerStreams: true}
 
-	// Many messages up, one down; one larger than grpc-go's default limit of 4 MiB.
+	// Many messages up, one down; one larger than grpc-go's default limit of 4 MiB, which
+	// the forwarder is set above.
 	cs, err := conn.NewStream(t.Context(), desc, "/any.Service/Count")
 	if err != nil {
 		t.Fatal(err)
@@ -352,5 +353,22 @@ func TestGRPCForwarderMaxRequests(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("a call 10s after the first ended: %v", err)
 		}
+	}
+}
+
+// One message larger than GRPCMaxMessage fails the call with RESOURCE_EXHAUSTED, before the
+// forwarder holds it; one of the bound's size passes.
+func TestGRPCForwarderMaxMessage(t *testing.T) {
+	app, _, _ := startInspectApp(t)
+	const bound = 1 << 20
+	conn := startForwarder(t, app, Options{GRPCMaxMessage: bound}, nil)
+	// A BytesValue of n bytes is n plus its tag and length (4 bytes for n near 1 MiB).
+	out := new(wrapperspb.BytesValue)
+	if err := conn.Invoke(t.Context(), "/any.Service/Meta", wrapperspb.Bytes(make([]byte, bound-4)), out); err != nil {
+		t.Fatalf("a message of the bound's size: %v", err)
+	}
+	err := conn.Invoke(t.Context(), "/any.Service/Meta", wrapperspb.Bytes(make([]byte, bound)), out)
+	if status.Code(err) != codes.ResourceExhausted {
+		t.Errorf("a message over the bound: %v, want RESOURCE_EXHAUSTED", err)
 	}
 }

@@ -84,6 +84,11 @@ type Options struct {
 	// answered 503 at once. Default DefaultMaxConns.
 	MaxConns int
 
+	// GRPCMaxMessage bounds one message, either way, through the gRPC forwarder, which
+	// holds each whole while it carries it (the HTTP path streams bodies): one more byte is
+	// RESOURCE_EXHAUSTED. Default DefaultGRPCMaxMessage; raise it with the app's own limit.
+	GRPCMaxMessage int
+
 	// Registerer, when set, receives the proxy's metrics (sluice_sidecar_proxy_*).
 	Registerer prometheus.Registerer
 }
@@ -125,6 +130,7 @@ func (o Options) withDefaults() Options {
 	o.MinBodyRate = cmp.Or(o.MinBodyRate, DefaultMinBodyRate)
 	o.MaxRequests = cmp.Or(o.MaxRequests, DefaultMaxRequests)
 	o.MaxConns = cmp.Or(o.MaxConns, DefaultMaxConns)
+	o.GRPCMaxMessage = cmp.Or(o.GRPCMaxMessage, DefaultGRPCMaxMessage)
 	return o
 }
 
@@ -153,6 +159,9 @@ func (o Options) validate() error {
 	}
 	if o.MaxConns < 0 {
 		errs = append(errs, fmt.Errorf("MaxConns %d: must be >= 0", o.MaxConns))
+	}
+	if o.GRPCMaxMessage < 0 {
+		errs = append(errs, fmt.Errorf("GRPCMaxMessage %d: must be >= 0", o.GRPCMaxMessage))
 	}
 	return errors.Join(errs...)
 }
@@ -194,8 +203,10 @@ type Proxy struct {
 	rpH1     *httputil.ReverseProxy
 	rpH2C    *httputil.ReverseProxy
 	bounds   *bounds
-	// dialTimeout bounds a dial to the app (Options.DialTimeout), for the gRPC forwarder.
-	dialTimeout time.Duration
+	// dialTimeout and grpcMaxMessage are Options.DialTimeout and GRPCMaxMessage, for the
+	// gRPC forwarder.
+	dialTimeout    time.Duration
+	grpcMaxMessage int
 
 	log         *slog.Logger
 	logInterval int64        // nanoseconds between upstream-failure log lines
@@ -225,7 +236,7 @@ func New(upstream *url.URL, opts Options) (*Proxy, error) {
 		h1:          newTransport(opts, b, false),
 		h2c:         newTransport(opts, b, true),
 		bounds:      b,
-		dialTimeout: opts.DialTimeout,
+		dialTimeout: opts.DialTimeout, grpcMaxMessage: opts.GRPCMaxMessage,
 		log:         opts.Logger,
 		logInterval: int64(opts.ErrorLogInterval),
 	}
