@@ -7,6 +7,8 @@ import (
 	"slices"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/limits"
 	"github.com/sluicehq/sluice/pkg/dropratio"
@@ -223,7 +225,8 @@ func costPolicy(lim *limits.Service) *sluicev1.CostPolicy {
 // flight and its debt.
 func (s *State) markCost(pp *sluicev1.PeerPolicy, v dropratio.Verdict, lim *limits.Service, service string) {
 	if c := lim.MaxConcurrency(v.Caller, v.Procedure); c > 0 {
-		pp.MaxConcurrency = &c
+		// A copy: &c would move c to the heap for every bucket, capped or not.
+		pp.MaxConcurrency = proto.Uint32(c)
 	}
 	if lim.Counted() {
 		pp.Debt = max(-s.levels[levelKey{service, v.Caller, v.Procedure}], 0)

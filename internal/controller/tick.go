@@ -157,6 +157,11 @@ func (s *State) Tick(now time.Time, set *limits.Set) TickResult {
 	res.Services = make(map[string]Totals, len(verdicts))
 	res.Procedures = make(map[ServiceProcedure]Totals, len(verdicts))
 	current := make(map[string]bool, len(verdicts))
+	entries := 0
+	for _, sv := range verdicts {
+		entries += len(inbound[sv.Service])
+	}
+	res.Loads = make([]BucketLoad, 0, entries) // at most one per entry: tiers of a bucket merge
 	for _, sv := range verdicts {
 		var tot Totals
 		counted := set.Service(sv.Service).Counted()
@@ -278,14 +283,24 @@ func lawInput(inbound map[string][]peerTotals, set *limits.Set, limit leafLimit,
 			written = lim.Capacity
 		}
 		svc := dropratio.Service{Name: name, Capacity: capacityOf(ServiceProcedure{name, ""}, written, est)}
-		seen := map[string]bool{}
+		var configured int
+		if lim != nil {
+			configured = len(lim.Callers)
+		}
+		svc.Callers = make([]dropratio.Caller, 0, len(inbound[name])+configured)
+		var seen map[string]bool // only to add the configured callers that sent nothing
+		if configured > 0 {
+			seen = make(map[string]bool, len(inbound[name]))
+		}
 		for _, p := range inbound[name] {
 			b := lim.Bucket(p.peer)
 			svc.Callers = append(svc.Callers, dropratio.Caller{Name: p.peer, Tier: uint8(p.tier), Offered: p.offered(lim),
 				Limit: limit(lim, p.peer, "", b.Limit), Mode: b.Mode})
-			seen[p.peer] = true
+			if seen != nil {
+				seen[p.peer] = true
+			}
 		}
-		if lim != nil {
+		if configured > 0 {
 			for _, caller := range slices.Sorted(maps.Keys(lim.Callers)) {
 				if !seen[caller] {
 					b := lim.Callers[caller]
