@@ -648,7 +648,7 @@ func (s *State) checkPeers(r *sluicev1.LoadReport, old *sidecarLoad) (peers []pe
 		if rate > s.bounds.MaxRate {
 			return nil, bad, reject(ReasonAbsurdRate, "peer %q: offered rate %.0f/s above %.0f/s", p.GetPeer(), rate, s.bounds.MaxRate)
 		}
-		if !s.plausibleCost(p, old.inFlight(leaf{p.GetPeer(), p.GetProcedure(), criticality.Tier(c)})) {
+		if !s.plausibleCost(p, old, leaf{p.GetPeer(), p.GetProcedure(), criticality.Tier(c)}) {
 			bad.BadCost++
 			continue
 		}
@@ -690,13 +690,21 @@ func (s *State) checkPeers(r *sluicev1.LoadReport, old *sidecarLoad) (peers []pe
 // began (before, the sidecar's last in_flight for the leaf; its current one
 // if larger, for a first report), and one more (a long request of a
 // bucket whose sidecar counts none in flight).
-func (s *State) plausibleCost(p *sluicev1.PeerCounts, before uint32) bool {
+//
+// before is looked up in old, the sidecar's last load, under leaf l, only
+// when the admitted cost is above what the current in_flight allows: the
+// bound only grows with it, and most reports are far under it.
+func (s *State) plausibleCost(p *sluicev1.PeerCounts, old *sidecarLoad, l leaf) bool {
 	oc, ac := p.GetOfferedCost(), p.GetAdmittedCost()
 	if !(oc >= 0) || !(ac >= 0) || math.IsInf(oc, 1) || math.IsInf(ac, 1) {
 		return false // also NaN
 	}
 	m := s.bounds.MaxCostPerRequest
-	return oc <= m*float64(p.GetOffered()) && ac <= m*(float64(p.GetOffered())+float64(max(before, p.GetInFlight()))+1)
+	if oc > m*float64(p.GetOffered()) {
+		return false
+	}
+	admissible := func(inFlight uint32) bool { return ac <= m*(float64(p.GetOffered())+float64(inFlight)+1) }
+	return admissible(p.GetInFlight()) || admissible(max(old.inFlight(l), p.GetInFlight()))
 }
 
 // inFlight returns the requests of leaf l in flight at sc's sidecar when
@@ -851,11 +859,10 @@ func (s *State) fold(il *identityLoad, old *sidecarLoad, peers []peerRate) []pee
 	if il == nil {
 		il = &identityLoad{}
 	}
-	var own []peerRate // the report's leaves that may fold
-	held := 0
+	n, held := 0, 0 // the report's leaves that may fold, and those the identity holds
 	for _, p := range peers {
 		if !reserved(p.leaf) {
-			own = append(own, p)
+			n++
 			if il.peers[p.leaf] != nil {
 				held++
 			}
@@ -866,7 +873,6 @@ func (s *State) fold(il *identityLoad, old *sidecarLoad, peers []peerRate) []pee
 	// first, so the identity's bound keeps all held ones that the others
 	// keep. (Were held ones folded, its room would be larger than
 	// counted: no matter, every new one folds too.)
-	n := len(own)
 	kReport := min(n, s.bounds.MaxPeersPerReport)
 	kEntries := min(kReport, max(0, s.bounds.MaxEntriesPerIdentity-(il.entries-oldOwn)))
 	kPeers := min(kEntries, held+max(0, s.bounds.MaxPeersPerIdentity-after))
@@ -877,6 +883,12 @@ func (s *State) fold(il *identityLoad, old *sidecarLoad, peers []peerRate) []pee
 	s.folds.Entries += kReport - kEntries
 	s.folds.Identity += kEntries - kPeers
 
+	own := make([]peerRate, 0, n) // built only when some fold: most reports keep all
+	for _, p := range peers {
+		if !reserved(p.leaf) {
+			own = append(own, p)
+		}
+	}
 	slices.SortFunc(own, func(a, b peerRate) int {
 		ha, hb := il.peers[a.leaf] != nil, il.peers[b.leaf] != nil
 		if ha != hb {
