@@ -247,8 +247,11 @@ func (r *run) stopAccepting() {
 	if p.GRPC != nil {
 		stopGRPC(p.GRPC, r.timeout)
 	}
+	// The two halves of the HTTP port stop together: one after the
+	// other, each with its own timeout, could outlast the pod's grace.
+	var h2c sync.WaitGroup
 	if r.h2c {
-		stopGRPC(p.H2C, r.timeout)
+		h2c.Go(func() { stopGRPC(p.H2C, r.timeout) })
 	}
 	if p.HTTP != nil {
 		sctx, cancel := context.WithTimeout(context.Background(), r.timeout)
@@ -257,6 +260,7 @@ func (r *run) stopAccepting() {
 		}
 		cancel()
 	}
+	h2c.Wait()
 }
 
 // flush is step 5: what the workers left behind, each hook on a context of

@@ -71,16 +71,23 @@ func (s *Split) accept(h2c, h1 *half) {
 		s.sorting.Wait()
 		close(s.done)
 	}()
+	var pause time.Duration
 	for {
 		c, err := s.l.Accept()
 		if err != nil {
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				continue // as http.Server does, after a pause it takes itself; rare enough here
+			// Out of file descriptors (EMFILE, ENFILE), say, until some
+			// connections close: wait and accept again, as http.Server
+			// and grpc.Server do. Only a closed or broken listener ends
+			// the split.
+			if ne, ok := err.(interface{ Temporary() bool }); ok && ne.Temporary() && !errors.Is(err, net.ErrClosed) {
+				pause = min(max(2*pause, 5*time.Millisecond), time.Second)
+				time.Sleep(pause)
+				continue
 			}
 			s.err = err
 			return
 		}
+		pause = 0
 		s.sorting.Add(1)
 		go func() {
 			defer s.sorting.Done()

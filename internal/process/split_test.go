@@ -71,41 +71,117 @@ func TestSplitH2CSortsByPreface(t *testing.T) {
 	}
 }
 
-// A connection that says nothing is closed after the timeout, and holds no other meanwhile.
+// A connection that says nothing holds no other while it is read from, and is closed after
+// the timeout.
 func TestSplitH2CClosesSilentConnections(t *testing.T) {
+	for _, tc := range []struct {
+		name, send string
+	}{
+		{"silent", ""},
+		// The start of the preface, then nothing: the split can not tell yet.
+		{"half a preface", "PRI * HTTP/2"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			const timeout = 3 * time.Second
+			s := SplitH2C(ln, timeout)
+			srv := &http.Server{ReadHeaderTimeout: timeout,
+				Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") })}
+			served := make(chan error, 1)
+			go func() { served <- srv.Serve(s.HTTP1) }()
+			defer func() {
+				s.H2C.Close()
+				srv.Close()
+				if err := <-served; !errors.Is(err, http.ErrServerClosed) {
+					t.Errorf("serve: %v", err)
+				}
+				s.Wait()
+			}()
+
+			silent, err := net.Dial("tcp", ln.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer silent.Close()
+			io.WriteString(silent, tc.send)
+			began := time.Now()
+			// Well within the split's timeout: a split that read one connection at a
+			// time would hold this request behind the silent one.
+			client := &http.Client{Timeout: timeout / 2}
+			res, err := client.Get("http://" + ln.Addr().String() + "/")
+			if err != nil {
+				t.Fatalf("a request beside a silent connection: %v", err)
+			}
+			res.Body.Close()
+			if res.StatusCode != http.StatusOK {
+				t.Errorf("a request beside a silent connection: %s", res.Status)
+			}
+			// Closed by the split (silent), or by the HTTP server after its own header
+			// timeout (half a preface, which the split hands it when its time is up).
+			silent.SetReadDeadline(time.Now().Add(4 * timeout))
+			_, err = io.ReadAll(bufio.NewReader(silent))
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				t.Errorf("the connection is still open %v after it was opened (timeouts %v)", time.Since(began), timeout)
+			}
+			if waited := time.Since(began); waited < timeout/2 {
+				t.Errorf("the connection ended %v after it was opened, before the split's timeout of %v", waited, timeout)
+			}
+		})
+	}
+}
+
+// tempErr is a temporary Accept error, as EMFILE is.
+type tempErr struct{}
+
+func (tempErr) Error() string   { return "too many open files (test)" }
+func (tempErr) Temporary() bool { return true }
+func (tempErr) Timeout() bool   { return false }
+
+// flakyListener fails its first Accepts with a temporary error.
+type flakyListener struct {
+	net.Listener
+	fails int
+}
+
+func (l *flakyListener) Accept() (net.Conn, error) {
+	if l.fails > 0 {
+		l.fails--
+		return nil, tempErr{}
+	}
+	return l.Listener.Accept()
+}
+
+// A temporary Accept error (out of file descriptors) pauses the split; it does not end it.
+func TestSplitH2CSurvivesTemporaryErrors(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := SplitH2C(ln, 200*time.Millisecond)
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") })}
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(s.HTTP1) }()
+	s := SplitH2C(&flakyListener{Listener: ln, fails: 3}, 5*time.Second)
 	defer func() {
 		s.H2C.Close()
-		srv.Close()
-		if err := <-served; !errors.Is(err, http.ErrServerClosed) {
-			t.Errorf("serve: %v", err)
-		}
+		s.HTTP1.Close()
 		s.Wait()
 	}()
-
-	silent, err := net.Dial("tcp", ln.Addr().String())
+	send := "GET / HTTP/1.1\r\nHost: x\r\n\r\n"
+	got := acceptOne(s.HTTP1, len(send))
+	c, err := net.Dial("tcp", ln.Addr().String())
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer silent.Close()
-	res, err := http.Get("http://" + ln.Addr().String() + "/")
-	if err != nil {
-		t.Fatal(err)
-	}
-	res.Body.Close()
-	if res.StatusCode != http.StatusOK {
-		t.Errorf("a request beside a silent connection: %s", res.Status)
-	}
-	silent.SetReadDeadline(time.Now().Add(5 * time.Second))
-	if _, err := bufio.NewReader(silent).ReadByte(); !errors.Is(err, io.EOF) {
-		t.Errorf("the silent connection: %v, want closed by the split", err)
+	defer c.Close()
+	io.WriteString(c, send)
+	select {
+	case g := <-got:
+		if g != send {
+			t.Errorf("after temporary errors the half read %q, want %q", g, send)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no connection delivered 5s after three temporary Accept errors")
 	}
 }
 

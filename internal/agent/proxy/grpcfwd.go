@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -37,9 +38,11 @@ import (
 // and status, the status's details included; a trailers-only answer stays trailers-only; the
 // deadline travels on (grpc-timeout); the :authority the caller asked for reaches the app;
 // x-forwarded-for gets the caller's address appended, and x-forwarded-proto and
-// x-forwarded-host are set, as ReverseProxy sets them. What differs: the caller's
-// user-agent reaches the app after grpc-go's own (grpc-go puts its name first), and a caller's
-// compressed messages reach the app uncompressed (gzip; grpc-go decompresses on the way in).
+// x-forwarded-host are set, as ReverseProxy sets them. What differs: the app sees grpc-go's
+// user-agent, not the caller's (grpc-go sets the header itself); a caller's gzip-compressed
+// messages reach the app uncompressed (grpc-go decompresses on the way in), and other
+// encodings are refused UNIMPLEMENTED; headers the app sends before its first message reach
+// the caller with that message (or its status), not before.
 
 // rawCodec hands messages on as the bytes they arrived as. Its name is "proto" so that a
 // call without a content-subtype (application/grpc) reaches the app as one it accepts
@@ -89,21 +92,34 @@ var forwardDesc = grpc.StreamDesc{ServerStreams: true, ClientStreams: true}
 
 // forwardWindow is the fixed HTTP/2 flow-control window of the forwarder's streams and
 // connections, on both legs. A fixed window turns off grpc-go's bandwidth estimation and the
-// PING it sends with small messages; 4 MiB is grpc-go's largest estimate on a fast link, so
-// a stream of large messages is not slowed by it on loopback.
-const forwardWindow = 4 << 20
+// PING it sends with small messages. It is also what a caller can make the forwarder hold
+// unread per stream (grpc-go refills a window as data arrives, not as it is read): 1 MiB,
+// as net/http's HTTP/2 server buffers per connection, is far above loopback's
+// bandwidth-delay product.
+const forwardWindow = 1 << 20
+
+// maxHeaderList bounds the metadata of a call either way (grpc-go's default is 16 MiB), as
+// net/http's server bounds a request's headers (1 MiB).
+const maxHeaderList = 1 << 20
+
+// appConns is how many connections the forwarder spreads calls over, round robin. One would
+// cap every call in flight at the app's SETTINGS_MAX_CONCURRENT_STREAMS (250 for Go's HTTP/2
+// server, 100 for many others), with calls past it waiting for a stream; net/http's
+// Transport opens another connection instead.
+const appConns = 4
 
 // GRPCForwarder is the gRPC server of the sidecar's h2c connections: every call, of any
 // service, goes through the interceptor it was made with (the limiter's decision: see
 // sidecar.ServiceLimiter.StreamServerInterceptor) and then to the app, within the Proxy's
-// bounds (MaxRequests; MaxConns bounds the one connection it keeps to the app).
+// bounds (MaxRequests; MaxConns bounds the appConns connections it keeps to the app).
 type GRPCForwarder struct {
 	// Server serves the h2c half of the sidecar's port (SplitH2C); GracefulStop or Stop it
 	// on shutdown, then Close the forwarder.
 	Server *grpc.Server
 
-	p   *Proxy
-	app *grpc.ClientConn
+	p    *Proxy
+	app  [appConns]*grpc.ClientConn
+	next atomic.Uint32 // the connection of the next call, mod appConns
 }
 
 // NewGRPCForwarder returns p's gRPC forwarder; intercept, when not nil, sees every call
@@ -112,25 +128,15 @@ func (p *Proxy) NewGRPCForwarder(intercept grpc.StreamServerInterceptor) (*GRPCF
 	host := strings.TrimPrefix(p.upstream, "http://")
 	d := &net.Dialer{Timeout: p.dialTimeout, KeepAlive: 30 * time.Second}
 	dial := p.bounds.dialer(d.DialContext)
-	conn, err := grpc.NewClient("passthrough:///"+host,
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) { return dial(ctx, "tcp", addr) }),
-		// HTTP_PROXY from the environment must never apply to the local app.
-		grpc.WithNoProxy(),
-		// The app restarts in place: redial it within a second, as the HTTP path dials per
-		// request, not after grpc-go's default backoff of up to two minutes.
-		grpc.WithConnectParams(grpc.ConnectParams{
-			Backoff:           backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
-			MinConnectTimeout: p.dialTimeout,
-		}),
-		grpc.WithInitialWindowSize(forwardWindow),
-		grpc.WithInitialConnWindowSize(forwardWindow),
-		grpc.WithDefaultCallOptions(grpc.ForceCodecV2(rawCodec{}), grpc.MaxCallRecvMsgSize(p.grpcMaxMessage), grpc.MaxCallSendMsgSize(p.grpcMaxMessage)),
-	)
-	if err != nil {
-		return nil, err
+	f := &GRPCForwarder{p: p}
+	for i := range f.app {
+		conn, err := p.dialApp(host, dial)
+		if err != nil {
+			f.Close()
+			return nil, err
+		}
+		f.app[i] = conn
 	}
-	f := &GRPCForwarder{p: p, app: conn}
 	opts := []grpc.ServerOption{
 		grpc.UnknownServiceHandler(f.forward),
 		grpc.ForceServerCodecV2(rawCodec{}),
@@ -138,6 +144,7 @@ func (p *Proxy) NewGRPCForwarder(intercept grpc.StreamServerInterceptor) (*GRPCF
 		// sidecar hold gigabytes (grpc-go would take up to 2 GiB).
 		grpc.MaxRecvMsgSize(p.grpcMaxMessage),
 		grpc.MaxSendMsgSize(p.grpcMaxMessage),
+		grpc.MaxHeaderListSize(maxHeaderList),
 		grpc.MaxConcurrentStreams(maxConcurrentStreams),
 		grpc.InitialWindowSize(forwardWindow),
 		grpc.InitialConnWindowSize(forwardWindow),
@@ -155,9 +162,37 @@ func (p *Proxy) NewGRPCForwarder(intercept grpc.StreamServerInterceptor) (*GRPCF
 	return f, nil
 }
 
-// Close closes the connection to the app; calls still in flight fail. Call it once Server has
-// stopped.
-func (f *GRPCForwarder) Close() error { return f.app.Close() }
+// dialApp makes one of the forwarder's (lazy) connections to the app at host.
+func (p *Proxy) dialApp(host string, dial func(ctx context.Context, network, addr string) (net.Conn, error)) (*grpc.ClientConn, error) {
+	return grpc.NewClient("passthrough:///"+host,
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) { return dial(ctx, "tcp", addr) }),
+		// HTTP_PROXY from the environment must never apply to the local app.
+		grpc.WithNoProxy(),
+		// The app restarts in place: redial it within a second, as the HTTP path dials per
+		// request, not after grpc-go's default backoff of up to two minutes.
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
+			MinConnectTimeout: p.dialTimeout,
+		}),
+		grpc.WithInitialWindowSize(forwardWindow),
+		grpc.WithInitialConnWindowSize(forwardWindow),
+		grpc.WithMaxHeaderListSize(maxHeaderList),
+		grpc.WithDefaultCallOptions(grpc.ForceCodecV2(rawCodec{}), grpc.MaxCallRecvMsgSize(p.grpcMaxMessage), grpc.MaxCallSendMsgSize(p.grpcMaxMessage)),
+	)
+}
+
+// Close closes the connections to the app; calls still in flight fail. Call it once Server
+// has stopped.
+func (f *GRPCForwarder) Close() error {
+	var errs []error
+	for _, c := range f.app {
+		if c != nil {
+			errs = append(errs, c.Close())
+		}
+	}
+	return errors.Join(errs...)
+}
 
 // forward carries one call to the app and its answer back. It returns once the answer is
 // complete; the goroutine that carries the caller's messages ends when the call does (the
@@ -184,7 +219,8 @@ func (f *GRPCForwarder) forward(_ any, ss grpc.ServerStream) error {
 	if subtype != "" {
 		opts = append(opts, grpc.CallContentSubtype(subtype))
 	}
-	cs, err := f.app.NewStream(ctx, &forwardDesc, method, opts...)
+	app := f.app[f.next.Add(1)%appConns]
+	cs, err := app.NewStream(ctx, &forwardDesc, method, opts...)
 	if err != nil {
 		// No stream: the app was not reached.
 		return f.unreached(in, err)
@@ -287,6 +323,11 @@ func outgoing(md metadata.MD, ctx context.Context) (out metadata.MD, authority, 
 			}
 			continue
 		case "x-forwarded-for", "x-forwarded-proto", "x-forwarded-host":
+			continue
+		case "grpc-accept-encoding":
+			// The app's answer is decoded on the forwarder's leg, which
+			// offers its own encodings: the caller's could name one the
+			// leg can not read (the caller then reads the leg's encoding).
 			continue
 		}
 		out[k] = v
