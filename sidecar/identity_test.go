@@ -1,14 +1,19 @@
 package sidecar
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"math"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
 	"net/url"
 	"testing"
+
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 
 	"github.com/sluicehq/sluice/pkg/names"
 )
@@ -62,6 +67,45 @@ func TestXFCCIdentity(t *testing.T) {
 			r.Header.Add(XFCCHeader, v)
 		}
 		if got, res := id(r); got != tc.want || res != tc.res {
+			t.Errorf("%s: %q, %v; want %q, %v", tc.name, got, res, tc.want, tc.res)
+		}
+	}
+}
+
+// The gRPC form reads the same header from metadata and the peer's address
+// from the call's context, and agrees with the HTTP form on every case.
+func TestXFCCIdentityContext(t *testing.T) {
+	trusted := []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32"), netip.MustParsePrefix("::1/128")}
+	id := XFCCIdentityContext(trusted, testTD)
+	web := "By=spiffe://example.org/ns/shop/sa/checkout;URI=spiffe://example.org/ns/shop/sa/web"
+	tcp := func(s string) net.Addr { return net.TCPAddrFromAddrPort(netip.MustParseAddrPort(s)) }
+	for _, tc := range []struct {
+		name string
+		addr net.Addr
+		xfcc []string
+		want string
+		res  IdentityResult
+	}{
+		{"trusted proxy", tcp("127.0.0.1:4000"), []string{web}, "web", Authenticated},
+		{"trusted proxy, IPv6", tcp("[::1]:4000"), []string{web}, "web", Authenticated},
+		{"trusted proxy, IPv4 in IPv6", tcp("[::ffff:127.0.0.1]:4000"), []string{web}, "web", Authenticated},
+		{"untrusted address", tcp("10.0.0.9:4000"), []string{web}, "", UntrustedProxy},
+		{"no header", tcp("10.0.0.9:4000"), nil, "", NoIdentity},
+		{"two values: the last one's element", tcp("127.0.0.1:1"), []string{web, "URI=spiffe://example.org/sluice/service/abuser"}, "abuser", Authenticated},
+		{"another trust domain", tcp("127.0.0.1:1"), []string{"URI=spiffe://other.org/ns/shop/sa/web"}, "", InvalidIdentity},
+		{"no peer address", nil, []string{web}, "", UntrustedProxy},
+		{"not TCP", &net.UnixAddr{Name: "/tmp/x", Net: "unix"}, []string{web}, "", UntrustedProxy},
+	} {
+		ctx := context.Background()
+		if tc.addr != nil {
+			ctx = peer.NewContext(ctx, &peer.Peer{Addr: tc.addr})
+		}
+		md := metadata.MD{}
+		for _, v := range tc.xfcc {
+			md.Append("x-forwarded-client-cert", v)
+		}
+		ctx = metadata.NewIncomingContext(ctx, md)
+		if got, res := id(ctx); got != tc.want || res != tc.res {
 			t.Errorf("%s: %q, %v; want %q, %v", tc.name, got, res, tc.want, tc.res)
 		}
 	}
