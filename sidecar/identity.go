@@ -139,17 +139,23 @@ func XFCCIdentity(trusted []netip.Prefix, trustDomain string) Identify {
 		if !fromTrusted(r.RemoteAddr, trusted) {
 			return "", UntrustedProxy
 		}
-		// Header lines join with commas: the last line holds the last
-		// element.
-		uri, ok := xfccURI(v[len(v)-1])
-		if !ok {
-			return "", InvalidIdentity
-		}
-		if svc, ok := spiffe.Service(uri, trustDomain); ok {
-			return svc, Authenticated
-		}
+		return xfccService(v, trustDomain)
+	}
+}
+
+// xfccService names the caller of the values v of a believed
+// x-forwarded-client-cert header (see XFCCIdentity).
+func xfccService(v []string, trustDomain string) (string, IdentityResult) {
+	// Header lines join with commas: the last line holds the last
+	// element.
+	uri, ok := xfccURI(v[len(v)-1])
+	if !ok {
 		return "", InvalidIdentity
 	}
+	if svc, ok := spiffe.Service(uri, trustDomain); ok {
+		return svc, Authenticated
+	}
+	return "", InvalidIdentity
 }
 
 // XFCCIdentityContext is XFCCIdentity for a gRPC call: the header is its
@@ -167,14 +173,7 @@ func XFCCIdentityContext(trusted []netip.Prefix, trustDomain string) IdentifyCon
 		if !ok || !addrTrusted(p.Addr, trusted) {
 			return "", UntrustedProxy
 		}
-		uri, ok := xfccURI(v[len(v)-1])
-		if !ok {
-			return "", InvalidIdentity
-		}
-		if svc, ok := spiffe.Service(uri, trustDomain); ok {
-			return svc, Authenticated
-		}
-		return "", InvalidIdentity
+		return xfccService(v, trustDomain)
 	}
 }
 

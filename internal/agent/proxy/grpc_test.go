@@ -52,15 +52,20 @@ func startGRPCApp(t testing.TB) *grpcApp {
 	srv := grpc.NewServer(grpc.MaxRecvMsgSize(maxMsg), grpc.MaxSendMsgSize(maxMsg))
 	healthpb.RegisterHealthServer(srv, app.health)
 	srv.RegisterService(&echoService, app)
+	serveGRPCTest(t, srv, app.conns)
+	return app
+}
+
+// serveGRPCTest serves srv on l until the test ends, and fails it if Serve does.
+func serveGRPCTest(t testing.TB, srv *grpc.Server, l net.Listener) {
 	done := make(chan error, 1)
-	go func() { done <- srv.Serve(app.conns) }()
+	go func() { done <- srv.Serve(l) }()
 	t.Cleanup(func() {
 		srv.Stop()
 		if err := <-done; err != nil {
 			t.Errorf("grpc serve: %v", err)
 		}
 	})
-	return app
 }
 
 var echoService = grpc.ServiceDesc{

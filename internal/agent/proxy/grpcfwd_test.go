@@ -105,14 +105,7 @@ func startInspectApp(t testing.TB) (addr string, entered chan struct{}, waited c
 	entered, waited = make(chan struct{}, 4), make(chan error, 4)
 	app := &grpcApp{addr: ln.Addr().String(), conns: &connTracker{Listener: ln}}
 	srv := grpc.NewServer(grpc.MaxRecvMsgSize(maxMsg), grpc.MaxSendMsgSize(maxMsg), grpc.UnknownServiceHandler(inspect(entered, waited)))
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(app.conns) }()
-	t.Cleanup(func() {
-		srv.Stop()
-		if err := <-done; err != nil {
-			t.Errorf("grpc serve: %v", err)
-		}
-	})
+	serveGRPCTest(t, srv, app.conns)
 	return app.addr, entered, waited
 }
 
@@ -286,15 +279,7 @@ func TestGRPCForwarderStreams(t *testing.T) {
 func TestGRPCForwarderCancelReachesTheApp(t *testing.T) {
 	app, entered, waited := startInspectApp(t)
 	conn := startForwarder(t, app, Options{}, nil)
-	ctx, cancel := context.WithCancel(t.Context())
-	cs, err := conn.NewStream(ctx, &grpc.StreamDesc{ServerStreams: true, ClientStreams: true}, "/any.Service/Wait")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cs.SendMsg(wrapperspb.Bytes(nil)); err != nil {
-		t.Fatal(err)
-	}
-	<-entered
+	cancel := startWait(t, conn, entered)
 	cancel()
 	select {
 	case err := <-waited:
@@ -323,19 +308,11 @@ func TestGRPCForwarderAppDown(t *testing.T) {
 func TestGRPCForwarderMaxRequests(t *testing.T) {
 	app, entered, waited := startInspectApp(t)
 	conn := startForwarder(t, app, Options{MaxRequests: 1}, nil)
-	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
-	cs, err := conn.NewStream(ctx, &grpc.StreamDesc{ServerStreams: true, ClientStreams: true}, "/any.Service/Wait")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cs.SendMsg(wrapperspb.Bytes(nil)); err != nil {
-		t.Fatal(err)
-	}
 	// The first call holds the one slot until cancelled; the second is refused at once.
-	<-entered
+	cancel := startWait(t, conn, entered)
+	defer cancel()
 	var trailer metadata.MD
-	err = conn.Invoke(t.Context(), "/any.Service/Meta", wrapperspb.Bytes(nil), new(wrapperspb.BytesValue), grpc.Trailer(&trailer))
+	err := conn.Invoke(t.Context(), "/any.Service/Meta", wrapperspb.Bytes(nil), new(wrapperspb.BytesValue), grpc.Trailer(&trailer))
 	if st := status.Convert(err); st.Code() != codes.Unavailable || st.Message() != msgMaxRequests {
 		t.Fatalf("second call: %v, want UNAVAILABLE %q", st, msgMaxRequests)
 	}
@@ -371,4 +348,20 @@ func TestGRPCForwarderMaxMessage(t *testing.T) {
 	if status.Code(err) != codes.ResourceExhausted {
 		t.Errorf("a message over the bound: %v, want RESOURCE_EXHAUSTED", err)
 	}
+}
+
+// startWait opens a Wait call through conn and returns once the app has it; cancel ends it.
+func startWait(t *testing.T, conn *grpc.ClientConn, entered <-chan struct{}) (cancel context.CancelFunc) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(t.Context())
+	cs, err := conn.NewStream(ctx, &grpc.StreamDesc{ServerStreams: true, ClientStreams: true}, "/any.Service/Wait")
+	if err == nil {
+		err = cs.SendMsg(wrapperspb.Bytes(nil))
+	}
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	<-entered
+	return cancel
 }
