@@ -180,36 +180,24 @@ func XFCCIdentityContext(trusted []netip.Prefix, trustDomain string) IdentifyCon
 // addrTrusted reports whether a, a call's peer address, is in one of
 // trusted; without allocating for a TCP address.
 func addrTrusted(a net.Addr, trusted []netip.Prefix) bool {
-	var ip netip.Addr
 	switch a := a.(type) {
 	case *net.TCPAddr:
-		ip = a.AddrPort().Addr()
+		return inPrefixes(a.AddrPort().Addr(), trusted)
 	case nil:
 		return false
-	default:
-		ap, err := netip.ParseAddrPort(a.String())
-		if err != nil {
-			return false
-		}
-		ip = ap.Addr()
 	}
-	ip = ip.Unmap()
-	for _, p := range trusted {
-		if p.Contains(ip) {
-			return true
-		}
-	}
-	return false
+	return fromTrusted(a.String(), trusted)
 }
 
 // fromTrusted reports whether remote, a request's RemoteAddr (ip:port), is
 // in one of trusted.
 func fromTrusted(remote string, trusted []netip.Prefix) bool {
 	ap, err := netip.ParseAddrPort(remote)
-	if err != nil {
-		return false
-	}
-	a := ap.Addr().Unmap()
+	return err == nil && inPrefixes(ap.Addr(), trusted)
+}
+
+func inPrefixes(a netip.Addr, trusted []netip.Prefix) bool {
+	a = a.Unmap()
 	for _, p := range trusted {
 		if p.Contains(a) {
 			return true
