@@ -159,9 +159,9 @@ type Config struct {
 	// served by grpc-go and carried to the app on grpc-go's transport
 	// (proxy.GRPCForwarder), with a third to a half less CPU than
 	// net/http's HTTP/2; off, net/http's server and ReverseProxy carry
-	// them, and HTTP/2
-	// clients other than gRPC's are served too. Plaintext only: under
-	// mtls the port's TLS server keeps every connection.
+	// them, and HTTP/2 clients other than gRPC's are served too.
+	// Plaintext only: under mtls the port's TLS server keeps every
+	// connection.
 	GRPCForwarder bool
 	// GRPCMaxMessage bounds one message through the forwarder, either
 	// way, in bytes: it holds each whole while carrying it. Larger ones
@@ -363,23 +363,24 @@ func parsePrefixes(list []string) ([]netip.Prefix, error) {
 	return out, errors.Join(errs...)
 }
 
-// identify is the middleware's Identify for the configured mode; nil in
-// header mode.
-func (c Config) identify() (sidecar.Identify, error) {
+// identify is the configured mode's Identify, for the middleware, and
+// IdentifyContext, for the gRPC forwarder's interceptor; both nil in header
+// mode.
+func (c Config) identify() (sidecar.Identify, sidecar.IdentifyContext, error) {
 	switch c.CallerIdentity {
 	case XFCCIdentity:
 		trusted, err := parsePrefixes(c.TrustedProxies)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		return sidecar.XFCCIdentity(trusted, c.TrustDomain), nil
+		return sidecar.XFCCIdentity(trusted, c.TrustDomain), sidecar.XFCCIdentityContext(trusted, c.TrustDomain), nil
 	case MTLSIdentity:
 		if c.ServerTLS == nil || c.ServerTLS.ClientAuth != tls.RequireAnyClientCert && c.ServerTLS.ClientAuth != tls.RequireAndVerifyClientCert {
-			return nil, errors.New("caller-identity: mtls needs --tls-cert, --tls-key and --tls-ca: the proxy port serves TLS and requires client certificates")
+			return nil, nil, errors.New("caller-identity: mtls needs --tls-cert, --tls-key and --tls-ca: the proxy port serves TLS and requires client certificates")
 		}
-		return sidecar.PeerCertIdentity(c.TrustDomain), nil
+		return sidecar.PeerCertIdentity(c.TrustDomain), sidecar.PeerTLSIdentity(c.TrustDomain), nil
 	}
-	return nil, nil
+	return nil, nil, nil
 }
 
 // peerIdle is PeerIdle, its default filled in.
@@ -459,7 +460,7 @@ func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Agent, er
 	}
 	a.proxy = p
 	headers, _ := sidecar.ParseRateLimitHeaders(cfg.RateLimitHeaders) // checked by Validate
-	identify, err := cfg.identify()
+	identify, identifyCtx, err := cfg.identify()
 	if err != nil {
 		return nil, err
 	}
@@ -477,11 +478,6 @@ func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Agent, er
 	if cfg.GRPCForwarder && cfg.CallerIdentity != MTLSIdentity {
 		// The same decision as the middleware's, by the interceptor that
 		// proxyless gRPC servers use, and the same health records.
-		var identifyCtx sidecar.IdentifyContext
-		if cfg.CallerIdentity == XFCCIdentity {
-			trusted, _ := parsePrefixes(cfg.TrustedProxies) // checked by identify
-			identifyCtx = sidecar.XFCCIdentityContext(trusted, cfg.TrustDomain)
-		}
 		a.fwd, err = p.NewGRPCForwarder(a.svc.StreamServerInterceptor(sidecar.GRPCOptions{
 			CallerHeader:     cfg.CallerHeader,
 			Identify:         identifyCtx,

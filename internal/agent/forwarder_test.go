@@ -122,8 +122,11 @@ func TestSidecarPortForwardsGRPC(t *testing.T) {
 			t.Fatalf("call: %v", err)
 		}
 	}
-	// Error diffusion drops exactly every other call at 0.5.
-	if dropped < n/2-1 || dropped > n/2+1 {
+	// Error diffusion drops n·p calls give or take 4, half its 8 counter
+	// stripes (sidecar.Diffuse): which stripe a call lands on depends on
+	// the goroutine that decides it.
+	const slack = 4
+	if dropped < n/2-slack || dropped > n/2+slack {
 		t.Errorf("%d of %d calls dropped at ratio 0.5", dropped, n)
 	}
 
@@ -146,7 +149,7 @@ func TestSidecarPortForwardsGRPC(t *testing.T) {
 			t.Fatalf("HTTP/1.1 request: %s", res.Status)
 		}
 	}
-	if httpDropped < n/2-1 || httpDropped > n/2+1 {
+	if httpDropped < n/2-slack || httpDropped > n/2+slack {
 		t.Errorf("%d of %d HTTP/1.1 requests dropped at ratio 0.5", httpDropped, n)
 	}
 	var web sidecar.PeerCounts
