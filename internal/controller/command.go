@@ -210,6 +210,8 @@ func addFlags(f *pflag.FlagSet, cfg *Config, fl *Flags) {
 	duration.Var(f, &cfg.PolicyTTL, "policy-ttl", cfg.PolicyTTL, "TTL written into policies; unchanged policies are re-issued every half TTL")
 	duration.Var(f, &cfg.FailOpenDecay, "fail-open-decay", cfg.FailOpenDecay, "how long sidecars in fail mode open take to decay ratios to 0")
 	f.Float64Var(&cfg.RepublishThreshold, "republish-threshold", cfg.RepublishThreshold, "relative change of a caller's admitted share that is pushed before the refresh is due")
+	f.IntVar(&cfg.Shard.Count, "shards", 1, "how many controller shards split the callees between them (by their name's hash; docs/operations.md, \"Sharded controllers\"); aggregators and sidecars follow the count the shards announce")
+	f.IntVar(&cfg.Shard.Index, "shard", 0, "this controller's shard, in [0, --shards): in a StatefulSet, its pod's ordinal (SLUICE_CONTROLLER_SHARD from the apps.kubernetes.io/pod-index label)")
 	f.IntVar(&cfg.MaxAggregators, "max-aggregators", cfg.MaxAggregators, "most aggregators whose loads are held")
 	f.IntVar(&cfg.MaxDescriptorValues, "max-descriptor-values", cfg.MaxDescriptorValues, "most values of one descriptor a policy lists (and a zone load may carry): reserved, then dropped, then compliant, largest first")
 	duration.Var(f, &cfg.CostPayback, "cost-payback", cfg.CostPayback, "window over which a bucket of a callee counting cost pays back what it admitted above its limit (its limit lowered meanwhile)")

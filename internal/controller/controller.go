@@ -30,6 +30,7 @@ import (
 	"github.com/sluicehq/sluice/internal/ticker"
 	"github.com/sluicehq/sluice/internal/xdsserver"
 	"github.com/sluicehq/sluice/pkg/dropratio"
+	"github.com/sluicehq/sluice/pkg/shard"
 	"github.com/sluicehq/sluice/pkg/uplink"
 )
 
@@ -99,6 +100,11 @@ func (c Config) Validate() error {
 	check(c.MaxDescriptorValues >= 1 && c.MaxDescriptorValues <= MaxDescriptorValuesBound,
 		"max-descriptor-values: %d is outside [1, %d]", c.MaxDescriptorValues, MaxDescriptorValuesBound)
 	check(c.DescriptorHold >= 0 && c.DescriptorHold <= maxDescriptorHold, "descriptor-hold: %v is outside [0, %v]", c.DescriptorHold, maxDescriptorHold)
+	if c.Shard != (shard.Map{}) {
+		if err := c.Shard.Validate(); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	check(c.CostPayback > 0 && c.CostPayback <= 10*time.Minute, "cost-payback: %v is outside (0, 10m]", c.CostPayback)
 	// The law's own Validate names its Go fields; the flags are what an
 	// operator typed. It runs again in dropratio.New as the last word.
@@ -135,6 +141,8 @@ type Service struct {
 	state   *State
 	streams map[string]int64 // aggregator id → the stream that owns it
 	nextID  int64
+
+	published bool // tick's: whether an Update has opened the xDS gate
 }
 
 // New builds a controller that reads limits from src.
@@ -151,17 +159,20 @@ func New(cfg Config, src limits.Source, logger *slog.Logger, reg prometheus.Regi
 	}
 	xctx, stopXDS := context.WithCancel(context.Background())
 	s := &Service{
-		cfg:      cfg,
-		log:      logger,
-		limits:   src,
-		m:        newMetrics(reg),
-		xds:      xdsserver.New(xctx, xdsserver.Options{Logger: logger, Registerer: reg, Proxyless: cfg.Proxyless, RequirePeerIdentity: cfg.RequirePeerIdentity}),
+		cfg:    cfg,
+		log:    logger,
+		limits: src,
+		m:      newMetrics(reg),
+		xds: xdsserver.New(xctx, xdsserver.Options{Logger: logger, Registerer: reg, Proxyless: cfg.Proxyless,
+			RequirePeerIdentity: cfg.RequirePeerIdentity, Shard: cfg.Shard}),
 		stopXDS:  stopXDS,
 		draining: make(chan struct{}),
 		ticks:    ticker.New(cfg.Tick, ticker.MinGap(cfg.Tick)).Aligned(),
 		state:    state,
 		streams:  map[string]int64{},
 	}
+	s.m.shard.Set(float64(cfg.Shard.Index))
+	s.m.shards.Set(float64(max(cfg.Shard.Count, 1)))
 	return s, nil
 }
 
@@ -238,7 +249,11 @@ func (s *Service) tick(now time.Time) {
 	if s.recorder != nil && res.Warm {
 		s.recorder.Observe(now, res.Loads)
 	}
-	if len(res.Changed) > 0 || len(res.Deleted) > 0 {
+	// The first warm tick opens the xDS gate even with nothing to publish:
+	// a shard that owns no callee yet still answers the sidecars that ask
+	// it for one (with where to go instead).
+	if len(res.Changed) > 0 || len(res.Deleted) > 0 || (res.Warm && !s.published) {
+		s.published = true
 		if err := s.xds.Update(res.Changed, res.Deleted); err != nil {
 			s.log.Error("publish policies", "err", err)
 			s.m.publishErrors.Inc()
@@ -349,7 +364,7 @@ func (s *Service) applyZoneLoad(load *sluicev1.ZoneLoad, peer identity.ID, peerE
 		// A surge: run the law now rather than at the next tick.
 		s.ticks.Poke()
 	}
-	resp := &sluicev1.StreamZoneLoadsResponse{Accepted: err == nil}
+	resp := &sluicev1.StreamZoneLoadsResponse{Accepted: err == nil, Shard: ShardInfo(s.cfg.Shard, true)}
 	if err != nil {
 		var rej *RejectError
 		reason := "invalid"

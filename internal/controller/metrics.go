@@ -23,6 +23,8 @@ type metrics struct {
 	rejected      *prometheus.CounterVec
 	svcRejected   *prometheus.CounterVec
 	peerRejected  *prometheus.CounterVec // by reason: ReasonBadProcedure
+	notOwned      prometheus.Counter
+	shard, shards prometheus.Gauge
 	claimsRefused *prometheus.CounterVec
 	peersShed     prometheus.Counter
 	streams       prometheus.Gauge
@@ -161,6 +163,18 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Requests per second the callee answered, whatever the outcome, per procedure (empty: the callee as a whole).",
 		}, []string{"service", "procedure"}),
 		healthSeen: map[ServiceProcedure]bool{},
+		notOwned: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sluice_controller_entries_not_owned_total",
+			Help: "Zone-load entries of callees another controller shard owns, left out: service entries, and an outbound entry's peers. Aggregators send them while a reshard is under way; a steady rise means an aggregator uses another shard count.",
+		}),
+		shard: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "sluice_controller_shard",
+			Help: "This controller's shard index (--shard), in [0, sluice_controller_shards).",
+		}),
+		shards: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "sluice_controller_shards",
+			Help: "The shard count (--shards): callees are split across that many controllers by their name's hash.",
+		}),
 		estimated: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "sluice_controller_estimated_capacity_rps",
 			Help: "The capacity estimated from the objective (slo) of a callee or of one of its procedures (procedure empty: the callee as a whole) at the last tick, and why it moved (reason: no_data, holding, probing_up, backing_off); the law shares the smaller of it and a written capacity. 0 until the callee has answered.",
@@ -170,6 +184,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m.peerRejected.WithLabelValues(ReasonBadProcedure) // at zero from the start
 	m.peerRejected.WithLabelValues(ReasonBadCriticality)
 	if reg != nil {
+		reg.MustRegister(m.notOwned, m.shard, m.shards)
 		reg.MustRegister(m.tickSeconds, m.aggregators, m.buckets, m.warm, m.published, m.deleted, m.publishErrors,
 			m.accepted, m.rejected, m.svcRejected, m.peerRejected, m.claimsRefused, m.peersShed, m.streams, m.limitServices, m.offered, m.dropped, m.debt,
 			m.descRejected, m.descListed, m.descCut, m.descAbusive, m.descZoneCut, m.descHeld,
@@ -285,6 +300,7 @@ func (m *metrics) observeDescriptors(stats []DescriptorStat) {
 // unlogged: a hostile or broken aggregator sends one per flush.
 func (m *metrics) noteDropped(log *slog.Logger, d Dropped, now time.Time) {
 	m.peerRejected.WithLabelValues(ReasonBadProcedure).Add(float64(d.BadProcedures))
+	m.notOwned.Add(float64(d.NotOwned))
 	m.peerRejected.WithLabelValues(ReasonBadCriticality).Add(float64(d.BadCriticality))
 	nd := 0
 	for reason, c := range d.BadDescriptors {

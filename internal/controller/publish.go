@@ -133,6 +133,7 @@ func (s *State) policy(sv dropratio.ServiceVerdict, live uint32, lim *limits.Ser
 		FailOpenDecay: durationpb.New(s.cfg.FailOpenDecay),
 		IssuedAt:      timestamppb.New(now),
 		Peers:         make([]*sluicev1.PeerPolicy, 0, len(sv.Verdicts)),
+		Shard:         s.shardInfo(),
 	}
 	if lim != nil {
 		p.FailMode = failModeProto(lim.FailMode)
@@ -241,7 +242,11 @@ func markUpstream(pp *sluicev1.PeerPolicy, mode dropratio.Mode, b limits.Bucket)
 // A policy has one fail mode while its callees may each have their own: the
 // callees' common fail mode when they agree, else open, the default.
 func (s *State) callerPolicies(verdicts []dropratio.ServiceVerdict, outLive map[string]uint32, set *limits.Set, now time.Time) []*sluicev1.DropPolicy {
-	if len(outLive) == 0 {
+	if len(outLive) == 0 || s.cfg.Shard.Sharded() {
+		// A caller's outbound policy lists its callees, which sharded
+		// controllers compute on several shards: not served sharded yet
+		// (docs/operations.md, "Sharded controllers"); the xDS client
+		// refuses to subscribe to one at sharded controllers.
 		return nil
 	}
 	policies := make(map[string]*sluicev1.DropPolicy, len(outLive))

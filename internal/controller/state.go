@@ -6,8 +6,10 @@ import (
 	"time"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/limits"
 	"github.com/sluicehq/sluice/pkg/adaptive"
 	"github.com/sluicehq/sluice/pkg/dropratio"
+	"github.com/sluicehq/sluice/pkg/shard"
 )
 
 // StateConfig holds what the pure part of the controller needs to know.
@@ -53,6 +55,9 @@ type StateConfig struct {
 	CostPayback time.Duration
 	// Law configures the control law.
 	Law dropratio.Config
+	// Shard is this controller's place among the shards (shard.go); the
+	// zero Map, like shard.Single, owns every callee.
+	Shard shard.Map
 }
 
 // State is the controller's logic without goroutines, sockets or clocks:
@@ -102,6 +107,10 @@ type State struct {
 	urgent    bool // set by Apply on a surge; see TakeUrgent
 	dropped   Dropped
 	published map[string]*published
+
+	// owned is the limits set without other shards' callees, computed from
+	// ownedFrom (see ownedSet).
+	ownedFrom, owned *limits.Set
 }
 
 type aggregatorLoad struct {
@@ -154,6 +163,7 @@ func (s *State) Apply(load *sluicev1.ZoneLoad, now time.Time) error {
 	if !ok && len(s.aggs) >= s.cfg.MaxAggregators {
 		return reject("too_many_aggregators", "already holding %d aggregators", len(s.aggs))
 	}
+	s.dropped.NotOwned += keepOwned(load, s.cfg.Shard)
 	errs, bad := keepValidServices(load)
 	s.dropped.add(id, errs)
 	s.dropped.BadProcedures += bad.procedures
@@ -220,6 +230,9 @@ type Dropped struct {
 	// tells the first one, for a log line.
 	BadHealth   map[string]int
 	FirstHealth string
+	// NotOwned counts the entries of callees another shard owns, left out
+	// (shard.go); not an error while a reshard is under way.
+	NotOwned int
 }
 
 func (d *Dropped) add(aggregatorID string, errs []*RejectError) {

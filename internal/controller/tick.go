@@ -133,6 +133,7 @@ func (s *State) Tick(now time.Time, set *limits.Set) TickResult {
 		return res
 	}
 	res.Warm = true
+	set = s.ownedSet(set)
 
 	loads := s.sum(set)
 	res.RefusedClaims = loads.refused
@@ -216,7 +217,7 @@ func (s *State) Tick(now time.Time, set *limits.Set) TickResult {
 		switch {
 		case p.tombstone.IsZero():
 			empty := &sluicev1.DropPolicy{
-				Name: name, Service: p.policy.GetService(), Direction: p.policy.GetDirection(),
+				Name: name, Service: p.policy.GetService(), Direction: p.policy.GetDirection(), Shard: p.policy.GetShard(),
 				Ttl: p.policy.GetTtl(), FailMode: p.policy.GetFailMode(), FailOpenDecay: p.policy.GetFailOpenDecay(),
 				IssuedAt: timestamppb.New(now),
 			}

@@ -14,6 +14,7 @@ type metrics struct {
 	resources      prometheus.Gauge
 	updates        prometheus.Counter
 	nacks          prometheus.Counter
+	moved          prometheus.Counter
 	requestsSotW   prometheus.Counter
 	requestsDelta  prometheus.Counter
 	responsesSotW  prometheus.Counter
@@ -44,6 +45,10 @@ func newMetrics(reg prometheus.Registerer, logger *slog.Logger) metrics {
 			Namespace: ns, Subsystem: sub, Name: "updates_total",
 			Help: "Batches applied to the served table (one per controller tick with changes).",
 		}),
+		moved: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "moved_answers_total",
+			Help: "Callee policies asked of this controller shard that another shard owns, answered with where to go (at most once per name).",
+		}),
 		nacks: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "nacks_total",
 			Help: "Responses rejected by clients (requests carrying error_detail).",
@@ -63,7 +68,7 @@ func newMetrics(reg prometheus.Registerer, logger *slog.Logger) metrics {
 	if reg == nil {
 		return m
 	}
-	for _, c := range []prometheus.Collector{m.streams, m.resources, m.updates, m.nacks, requests, responses, m.badMessages} {
+	for _, c := range []prometheus.Collector{m.streams, m.resources, m.updates, m.nacks, m.moved, requests, responses, m.badMessages} {
 		// Registering is best effort: a second Server on the same registry
 		// (tests, or a process serving twice) must not panic. Its metrics
 		// then stay unexported, which the log says.

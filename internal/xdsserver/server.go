@@ -14,6 +14,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -30,6 +32,7 @@ import (
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/recvfail"
 	"github.com/sluicehq/sluice/pkg/names"
+	"github.com/sluicehq/sluice/pkg/shard"
 )
 
 // Options configure a Server. The zero value is usable.
@@ -45,6 +48,9 @@ type Options struct {
 	// RequirePeerIdentity, set under mutual TLS, serves each stream only
 	// what its peer's identity may have (see authz.go).
 	RequirePeerIdentity bool
+	// Shard is the controller's shard; a sharded server answers a request
+	// for another shard's callee with where to go (moved.go).
+	Shard shard.Map
 }
 
 // Server holds the DropPolicy table and serves it over ADS. Its methods are
@@ -74,6 +80,10 @@ type Server struct {
 	// missing resource with removed_resources).
 	ready     chan struct{}
 	readyOnce sync.Once
+
+	shard   shard.Map
+	movedMu sync.Mutex
+	moved   map[string]bool // the names answerMoved answered
 }
 
 // New returns a Server with an empty table. ctx bounds go-control-plane's
@@ -92,6 +102,8 @@ func New(ctx context.Context, opts Options) *Server {
 		ready: make(chan struct{}),
 
 		deltaNodes: make(map[int64]*core.Node),
+		shard:      opts.Shard,
+		moved:      map[string]bool{},
 	}
 	cpLog := cpLogger{logger.With("component", "go-control-plane")}
 	// The version prefix is unique per Server. A SotW client that reconnects
@@ -238,6 +250,7 @@ func (c callbacks) OnDeltaStreamClosed(id int64, _ *core.Node) {
 
 func (c callbacks) OnStreamRequest(id int64, req *discovery.DiscoveryRequest) error {
 	c.s.m.requestsSotW.Inc()
+	c.s.answerMoved(req.GetTypeUrl(), req.GetResourceNames())
 	if d := req.GetErrorDetail(); d != nil {
 		c.nack("sotw", id, req.GetNode(), req.GetResponseNonce(), d.GetMessage())
 	}
@@ -258,6 +271,10 @@ func (c callbacks) OnStreamDeltaRequest(id int64, req *discovery.DeltaDiscoveryR
 		node = c.s.deltaNodes[id]
 	}
 	c.s.deltaNodesMu.Unlock()
+	c.s.answerMoved(req.GetTypeUrl(), req.GetResourceNamesSubscribe())
+	if len(req.GetInitialResourceVersions()) > 0 {
+		c.s.answerMoved(req.GetTypeUrl(), slices.Collect(maps.Keys(req.GetInitialResourceVersions())))
+	}
 	if d := req.GetErrorDetail(); d != nil {
 		c.nack("delta", id, node, req.GetResponseNonce(), d.GetMessage())
 	}

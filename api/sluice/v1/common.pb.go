@@ -240,11 +240,81 @@ func (Mode) EnumDescriptor() ([]byte, []int) {
 	return file_sluice_v1_common_proto_rawDescGZIP(), []int{3}
 }
 
+// ShardInfo is a controller shard's place among the shards, as it tells its
+// clients: aggregators and sidecars follow the count the shards announce,
+// so a reshard needs no change to their configuration.
+type ShardInfo struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The shard's index, in [0, count).
+	Index uint32 `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
+	// How many shards there are; 0 or 1: unsharded.
+	Count uint32 `protobuf:"varint,2,opt,name=count,proto3" json:"count,omitempty"`
+	// Whether the shard owns the resource or entries it answers for.
+	Owner         bool `protobuf:"varint,3,opt,name=owner,proto3" json:"owner,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ShardInfo) Reset() {
+	*x = ShardInfo{}
+	mi := &file_sluice_v1_common_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ShardInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ShardInfo) ProtoMessage() {}
+
+func (x *ShardInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_common_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ShardInfo.ProtoReflect.Descriptor instead.
+func (*ShardInfo) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_common_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *ShardInfo) GetIndex() uint32 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *ShardInfo) GetCount() uint32 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *ShardInfo) GetOwner() bool {
+	if x != nil {
+		return x.Owner
+	}
+	return false
+}
+
 var File_sluice_v1_common_proto protoreflect.FileDescriptor
 
 const file_sluice_v1_common_proto_rawDesc = "" +
 	"\n" +
-	"\x16sluice/v1/common.proto\x12\tsluice.v1*U\n" +
+	"\x16sluice/v1/common.proto\x12\tsluice.v1\"M\n" +
+	"\tShardInfo\x12\x14\n" +
+	"\x05index\x18\x01 \x01(\rR\x05index\x12\x14\n" +
+	"\x05count\x18\x02 \x01(\rR\x05count\x12\x14\n" +
+	"\x05owner\x18\x03 \x01(\bR\x05owner*U\n" +
 	"\tDirection\x12\x19\n" +
 	"\x15DIRECTION_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11DIRECTION_INBOUND\x10\x01\x12\x16\n" +
@@ -276,11 +346,13 @@ func file_sluice_v1_common_proto_rawDescGZIP() []byte {
 }
 
 var file_sluice_v1_common_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
+var file_sluice_v1_common_proto_msgTypes = make([]protoimpl.MessageInfo, 1)
 var file_sluice_v1_common_proto_goTypes = []any{
-	(Direction)(0),   // 0: sluice.v1.Direction
-	(Criticality)(0), // 1: sluice.v1.Criticality
-	(Unit)(0),        // 2: sluice.v1.Unit
-	(Mode)(0),        // 3: sluice.v1.Mode
+	(Direction)(0),    // 0: sluice.v1.Direction
+	(Criticality)(0),  // 1: sluice.v1.Criticality
+	(Unit)(0),         // 2: sluice.v1.Unit
+	(Mode)(0),         // 3: sluice.v1.Mode
+	(*ShardInfo)(nil), // 4: sluice.v1.ShardInfo
 }
 var file_sluice_v1_common_proto_depIdxs = []int32{
 	0, // [0:0] is the sub-list for method output_type
@@ -301,13 +373,14 @@ func file_sluice_v1_common_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sluice_v1_common_proto_rawDesc), len(file_sluice_v1_common_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   0,
+			NumMessages:   1,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
 		GoTypes:           file_sluice_v1_common_proto_goTypes,
 		DependencyIndexes: file_sluice_v1_common_proto_depIdxs,
 		EnumInfos:         file_sluice_v1_common_proto_enumTypes,
+		MessageInfos:      file_sluice_v1_common_proto_msgTypes,
 	}.Build()
 	File_sluice_v1_common_proto = out.File
 	file_sluice_v1_common_proto_goTypes = nil

@@ -261,7 +261,12 @@ type DropPolicy struct {
 	// at once, for one report interval (the controller's tick), while the
 	// controller's estimate from the fleet's health catches up (the health
 	// fast path). Absent: no objective, no fast path. Inbound policies only.
-	Objective     *HealthObjective `protobuf:"bytes,16,opt,name=objective,proto3" json:"objective,omitempty"`
+	Objective *HealthObjective `protobuf:"bytes,16,opt,name=objective,proto3" json:"objective,omitempty"`
+	// The controller shard that wrote the policy, when controllers are
+	// sharded by callee (pkg/shard). A shard asked for a callee it does not
+	// own answers with owner false and nothing else: the client keeps the
+	// policy it holds and subscribes at the owner under shard.count.
+	Shard         *ShardInfo `protobuf:"bytes,17,opt,name=shard,proto3" json:"shard,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -404,6 +409,13 @@ func (x *DropPolicy) GetCost() *CostPolicy {
 func (x *DropPolicy) GetObjective() *HealthObjective {
 	if x != nil {
 		return x.Objective
+	}
+	return nil
+}
+
+func (x *DropPolicy) GetShard() *ShardInfo {
+	if x != nil {
+		return x.Shard
 	}
 	return nil
 }
@@ -1293,7 +1305,7 @@ var File_sluice_v1_policy_proto protoreflect.FileDescriptor
 
 const file_sluice_v1_policy_proto_rawDesc = "" +
 	"\n" +
-	"\x16sluice/v1/policy.proto\x12\tsluice.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16sluice/v1/common.proto\"\xf0\x05\n" +
+	"\x16sluice/v1/policy.proto\x12\tsluice.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16sluice/v1/common.proto\"\x9c\x06\n" +
 	"\n" +
 	"DropPolicy\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
@@ -1314,7 +1326,8 @@ const file_sluice_v1_policy_proto_rawDesc = "" +
 	"\vcriticality\x18\r \x01(\v2\x1c.sluice.v1.CriticalityPolicyR\vcriticality\x12#\n" +
 	"\x04unit\x18\x0e \x01(\x0e2\x0f.sluice.v1.UnitR\x04unit\x12)\n" +
 	"\x04cost\x18\x0f \x01(\v2\x15.sluice.v1.CostPolicyR\x04cost\x128\n" +
-	"\tobjective\x18\x10 \x01(\v2\x1a.sluice.v1.HealthObjectiveR\tobjective\"e\n" +
+	"\tobjective\x18\x10 \x01(\v2\x1a.sluice.v1.HealthObjectiveR\tobjective\x12*\n" +
+	"\x05shard\x18\x11 \x01(\v2\x14.sluice.v1.ShardInfoR\x05shard\"e\n" +
 	"\x0fHealthObjective\x12:\n" +
 	"\vlatency_p99\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\n" +
 	"latencyP99\x12\x16\n" +
@@ -1444,8 +1457,9 @@ var file_sluice_v1_policy_proto_goTypes = []any{
 	(*durationpb.Duration)(nil),   // 16: google.protobuf.Duration
 	(*timestamppb.Timestamp)(nil), // 17: google.protobuf.Timestamp
 	(Unit)(0),                     // 18: sluice.v1.Unit
-	(Criticality)(0),              // 19: sluice.v1.Criticality
-	(Mode)(0),                     // 20: sluice.v1.Mode
+	(*ShardInfo)(nil),             // 19: sluice.v1.ShardInfo
+	(Criticality)(0),              // 20: sluice.v1.Criticality
+	(Mode)(0),                     // 21: sluice.v1.Mode
 }
 var file_sluice_v1_policy_proto_depIdxs = []int32{
 	15, // 0: sluice.v1.DropPolicy.direction:type_name -> sluice.v1.Direction
@@ -1460,26 +1474,27 @@ var file_sluice_v1_policy_proto_depIdxs = []int32{
 	18, // 9: sluice.v1.DropPolicy.unit:type_name -> sluice.v1.Unit
 	5,  // 10: sluice.v1.DropPolicy.cost:type_name -> sluice.v1.CostPolicy
 	4,  // 11: sluice.v1.DropPolicy.objective:type_name -> sluice.v1.HealthObjective
-	16, // 12: sluice.v1.HealthObjective.latency_p99:type_name -> google.protobuf.Duration
-	6,  // 13: sluice.v1.CostPolicy.procedures:type_name -> sluice.v1.ProcedureCost
-	19, // 14: sluice.v1.CriticalityPolicy.default_tier:type_name -> sluice.v1.Criticality
-	8,  // 15: sluice.v1.CriticalityPolicy.procedures:type_name -> sluice.v1.ProcedureCriticality
-	9,  // 16: sluice.v1.CriticalityPolicy.callers:type_name -> sluice.v1.CallerCriticality
-	19, // 17: sluice.v1.CriticalityPolicy.max_tier:type_name -> sluice.v1.Criticality
-	19, // 18: sluice.v1.ProcedureCriticality.default_tier:type_name -> sluice.v1.Criticality
-	19, // 19: sluice.v1.CallerCriticality.default_tier:type_name -> sluice.v1.Criticality
-	19, // 20: sluice.v1.CallerCriticality.max_tier:type_name -> sluice.v1.Criticality
-	11, // 21: sluice.v1.DescriptorPolicy.overrides:type_name -> sluice.v1.ValueLimit
-	12, // 22: sluice.v1.DescriptorPolicy.values:type_name -> sluice.v1.ValuePolicy
-	20, // 23: sluice.v1.PeerPolicy.mode:type_name -> sluice.v1.Mode
-	2,  // 24: sluice.v1.PeerPolicy.reason:type_name -> sluice.v1.DropReason
-	1,  // 25: sluice.v1.PeerPolicy.bound:type_name -> sluice.v1.DropBound
-	19, // 26: sluice.v1.PeerPolicy.criticality:type_name -> sluice.v1.Criticality
-	27, // [27:27] is the sub-list for method output_type
-	27, // [27:27] is the sub-list for method input_type
-	27, // [27:27] is the sub-list for extension type_name
-	27, // [27:27] is the sub-list for extension extendee
-	0,  // [0:27] is the sub-list for field type_name
+	19, // 12: sluice.v1.DropPolicy.shard:type_name -> sluice.v1.ShardInfo
+	16, // 13: sluice.v1.HealthObjective.latency_p99:type_name -> google.protobuf.Duration
+	6,  // 14: sluice.v1.CostPolicy.procedures:type_name -> sluice.v1.ProcedureCost
+	20, // 15: sluice.v1.CriticalityPolicy.default_tier:type_name -> sluice.v1.Criticality
+	8,  // 16: sluice.v1.CriticalityPolicy.procedures:type_name -> sluice.v1.ProcedureCriticality
+	9,  // 17: sluice.v1.CriticalityPolicy.callers:type_name -> sluice.v1.CallerCriticality
+	20, // 18: sluice.v1.CriticalityPolicy.max_tier:type_name -> sluice.v1.Criticality
+	20, // 19: sluice.v1.ProcedureCriticality.default_tier:type_name -> sluice.v1.Criticality
+	20, // 20: sluice.v1.CallerCriticality.default_tier:type_name -> sluice.v1.Criticality
+	20, // 21: sluice.v1.CallerCriticality.max_tier:type_name -> sluice.v1.Criticality
+	11, // 22: sluice.v1.DescriptorPolicy.overrides:type_name -> sluice.v1.ValueLimit
+	12, // 23: sluice.v1.DescriptorPolicy.values:type_name -> sluice.v1.ValuePolicy
+	21, // 24: sluice.v1.PeerPolicy.mode:type_name -> sluice.v1.Mode
+	2,  // 25: sluice.v1.PeerPolicy.reason:type_name -> sluice.v1.DropReason
+	1,  // 26: sluice.v1.PeerPolicy.bound:type_name -> sluice.v1.DropBound
+	20, // 27: sluice.v1.PeerPolicy.criticality:type_name -> sluice.v1.Criticality
+	28, // [28:28] is the sub-list for method output_type
+	28, // [28:28] is the sub-list for method input_type
+	28, // [28:28] is the sub-list for extension type_name
+	28, // [28:28] is the sub-list for extension extendee
+	0,  // [0:28] is the sub-list for field type_name
 }
 
 func init() { file_sluice_v1_policy_proto_init() }

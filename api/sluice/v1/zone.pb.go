@@ -599,7 +599,11 @@ type StreamZoneLoadsResponse struct {
 	// Whether the flush was taken into the global sums.
 	Accepted bool `protobuf:"varint,1,opt,name=accepted,proto3" json:"accepted,omitempty"`
 	// Why the flush was rejected; empty when accepted.
-	RejectReason  string `protobuf:"bytes,2,opt,name=reject_reason,json=rejectReason,proto3" json:"reject_reason,omitempty"`
+	RejectReason string `protobuf:"bytes,2,opt,name=reject_reason,json=rejectReason,proto3" json:"reject_reason,omitempty"`
+	// The controller's shard: an aggregator sends each shard only the
+	// callees it owns under the count the shards announce. Absent from an
+	// unsharded controller.
+	Shard         *ShardInfo `protobuf:"bytes,3,opt,name=shard,proto3" json:"shard,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -646,6 +650,13 @@ func (x *StreamZoneLoadsResponse) GetRejectReason() string {
 		return x.RejectReason
 	}
 	return ""
+}
+
+func (x *StreamZoneLoadsResponse) GetShard() *ShardInfo {
+	if x != nil {
+		return x.Shard
+	}
+	return nil
 }
 
 var File_sluice_v1_zone_proto protoreflect.FileDescriptor
@@ -703,10 +714,11 @@ const file_sluice_v1_zone_proto_rawDesc = "" +
 	"\vcriticality\x18\x06 \x01(\x0e2\x16.sluice.v1.CriticalityR\vcriticality\x12(\n" +
 	"\x10offered_cost_rps\x18\a \x01(\x01R\x0eofferedCostRps\x12*\n" +
 	"\x11admitted_cost_rps\x18\b \x01(\x01R\x0fadmittedCostRps\x12\x1b\n" +
-	"\tin_flight\x18\t \x01(\rR\binFlight\"Z\n" +
+	"\tin_flight\x18\t \x01(\rR\binFlight\"\x86\x01\n" +
 	"\x17StreamZoneLoadsResponse\x12\x1a\n" +
 	"\baccepted\x18\x01 \x01(\bR\baccepted\x12#\n" +
-	"\rreject_reason\x18\x02 \x01(\tR\frejectReason2o\n" +
+	"\rreject_reason\x18\x02 \x01(\tR\frejectReason\x12*\n" +
+	"\x05shard\x18\x03 \x01(\v2\x14.sluice.v1.ShardInfoR\x05shard2o\n" +
 	"\x0fZoneLoadService\x12\\\n" +
 	"\x0fStreamZoneLoads\x12!.sluice.v1.StreamZoneLoadsRequest\x1a\".sluice.v1.StreamZoneLoadsResponse(\x010\x01B3Z1github.com/sluicehq/sluice/api/sluice/v1;sluicev1b\x06proto3"
 
@@ -735,6 +747,7 @@ var file_sluice_v1_zone_proto_goTypes = []any{
 	(*durationpb.Duration)(nil),     // 8: google.protobuf.Duration
 	(Direction)(0),                  // 9: sluice.v1.Direction
 	(Criticality)(0),                // 10: sluice.v1.Criticality
+	(*ShardInfo)(nil),               // 11: sluice.v1.ShardInfo
 }
 var file_sluice_v1_zone_proto_depIdxs = []int32{
 	1,  // 0: sluice.v1.StreamZoneLoadsRequest.load:type_name -> sluice.v1.ZoneLoad
@@ -746,13 +759,14 @@ var file_sluice_v1_zone_proto_depIdxs = []int32{
 	3,  // 6: sluice.v1.ServiceLoad.health:type_name -> sluice.v1.HealthRates
 	5,  // 7: sluice.v1.DescriptorRates.values:type_name -> sluice.v1.ValueRate
 	10, // 8: sluice.v1.PeerRate.criticality:type_name -> sluice.v1.Criticality
-	0,  // 9: sluice.v1.ZoneLoadService.StreamZoneLoads:input_type -> sluice.v1.StreamZoneLoadsRequest
-	7,  // 10: sluice.v1.ZoneLoadService.StreamZoneLoads:output_type -> sluice.v1.StreamZoneLoadsResponse
-	10, // [10:11] is the sub-list for method output_type
-	9,  // [9:10] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	11, // 9: sluice.v1.StreamZoneLoadsResponse.shard:type_name -> sluice.v1.ShardInfo
+	0,  // 10: sluice.v1.ZoneLoadService.StreamZoneLoads:input_type -> sluice.v1.StreamZoneLoadsRequest
+	7,  // 11: sluice.v1.ZoneLoadService.StreamZoneLoads:output_type -> sluice.v1.StreamZoneLoadsResponse
+	11, // [11:12] is the sub-list for method output_type
+	10, // [10:11] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_sluice_v1_zone_proto_init() }
