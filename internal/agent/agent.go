@@ -31,6 +31,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/agent/proxy"
 	"github.com/sluicehq/sluice/pkg/names"
+	"github.com/sluicehq/sluice/pkg/shard"
 	"github.com/sluicehq/sluice/pkg/routes"
 	"github.com/sluicehq/sluice/sidecar"
 	"github.com/sluicehq/sluice/sidecar/reporter"
@@ -64,8 +65,12 @@ type Config struct {
 	Upstream string
 	// Aggregators are the zone aggregators' addresses, in failover order.
 	Aggregators []string
-	// Controllers are the xDS servers' addresses, in failover order.
+	// Controllers are the xDS servers' addresses, in failover order; with
+	// sharded controllers, templates naming "{shard}" (pkg/shard).
 	Controllers []string
+	// ControllerShards is the shard count assumed at start (the shards
+	// announce the real one); see xdsclient.Config.ShardCount.
+	ControllerShards int
 	// XDSProtocol is "delta" or "sotw".
 	XDSProtocol string
 	// ReportInterval is how often load reports go out.
@@ -229,6 +234,9 @@ func (c Config) Validate() error {
 	}
 	if u, err := url.Parse(c.Upstream); err != nil || u.Scheme != "http" || u.Host == "" {
 		add("upstream: %q is not an http://host:port URL", c.Upstream)
+	}
+	if c.ControllerShards < 0 || c.ControllerShards > shard.MaxCount {
+		add("controller-shards: %d is not in [0, %d]", c.ControllerShards, shard.MaxCount)
 	}
 	for _, list := range []struct {
 		flag  string
@@ -503,6 +511,7 @@ func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Agent, er
 	}
 	a.xds, err = xdsclient.New(xdsclient.Config{
 		Servers:     cfg.Controllers,
+		ShardCount:  cfg.ControllerShards,
 		NodeID:      cfg.ID,
 		Cluster:     cfg.Service,
 		Zone:        cfg.Zone,

@@ -30,6 +30,7 @@ import (
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/pkg/liveness"
 	"github.com/sluicehq/sluice/pkg/names"
+	"github.com/sluicehq/sluice/pkg/shard"
 )
 
 // maxRecvMsgSize bounds one xDS response. gRPC's 4 MiB default is too small
@@ -75,6 +76,12 @@ type Handler interface {
 // Config configures a Client.
 type Config struct {
 	Servers     []string // host:port of controllers or relays, tried in order, failover to the next on error
+	// ShardCount is how many controller shards to assume at start when
+	// Servers name "{shard}" (pkg/shard): the client subscribes at the
+	// shard that owns its callee, and follows the count the shards
+	// announce, so a wrong or stale count costs one redirect, not a
+	// policy. 0 means 1. Ignored when no server names a shard.
+	ShardCount int
 	NodeID      string   // core.v3 Node id, e.g. pod name
 	Cluster     string   // Node cluster: the service name
 	Zone        string   // Node locality zone
@@ -105,6 +112,16 @@ type Client struct {
 
 	running   atomic.Bool
 	connected atomic.Bool
+
+	// Run's goroutine alone uses these. callee is the subscribed callee,
+	// whose owner shard the servers are for, when Servers are templated;
+	// shards is the count in force; moved is set by apply when a shard
+	// said the callee is another's, and fresh makes the next subscription
+	// name no versions (see followShard).
+	callee string
+	shards int
+	moved  bool
+	fresh  bool
 
 	// mu protects held. Only Run's goroutine writes it; Policy reads it.
 	// It is never held across Recv or a Handler call.
@@ -162,7 +179,11 @@ func New(cfg Config, h Handler) (*Client, error) {
 	}
 	for _, n := range cfg.Resources {
 		c.names[n] = struct{}{}
+		if svc, ok := strings.CutPrefix(n, names.CalleePrefix); ok {
+			c.callee = svc
+		}
 	}
+	c.shards = max(cfg.ShardCount, 1)
 	return c, nil
 }
 
@@ -176,7 +197,7 @@ func validate(cfg Config, h Handler) error {
 		errs = append(errs, errors.New("Servers: at least one host:port is required"))
 	}
 	for i, s := range cfg.Servers {
-		if host, port, err := net.SplitHostPort(s); err != nil || host == "" || port == "" {
+		if host, port, err := net.SplitHostPort(shard.Addrs([]string{s}, 0)[0]); err != nil || host == "" || port == "" {
 			errs = append(errs, fmt.Errorf("Servers[%d]: %q is not host:port", i, s))
 		}
 	}
@@ -202,6 +223,25 @@ func validate(cfg Config, h Handler) error {
 		}
 		seen[n] = true
 	}
+	if shard.Templated(cfg.Servers) {
+		// One owner per client: the shard of its one callee. A caller's
+		// outbound policy spans every shard's callees, and sharded
+		// controllers do not serve it.
+		callees := 0
+		for i, n := range cfg.Resources {
+			if strings.HasPrefix(n, names.CalleePrefix) {
+				callees++
+			} else {
+				errs = append(errs, fmt.Errorf("Resources[%d]: %q: sharded controllers (Servers naming %s) serve callee policies only", i, n, shard.Placeholder))
+			}
+		}
+		if callees > 1 {
+			errs = append(errs, fmt.Errorf("Resources: %d callees; with sharded controllers a client subscribes to one", callees))
+		}
+	}
+	if cfg.ShardCount < 0 || cfg.ShardCount > shard.MaxCount {
+		errs = append(errs, fmt.Errorf("ShardCount: %d is not in [0, %d]", cfg.ShardCount, shard.MaxCount))
+	}
 	if cfg.Protocol != Delta && cfg.Protocol != SotW {
 		errs = append(errs, fmt.Errorf("Protocol: %d is neither Delta (0) nor SotW (1)", cfg.Protocol))
 	}
@@ -215,7 +255,7 @@ func validate(cfg Config, h Handler) error {
 		// grpc.NewClient does not connect; it checks the options (for
 		// example that transport credentials are set), so a bad option is
 		// an error now rather than on every reconnect.
-		if cc, err := grpc.NewClient(cfg.Servers[0], cfg.DialOptions...); err != nil {
+		if cc, err := grpc.NewClient(shard.Addrs(cfg.Servers[:1], 0)[0], cfg.DialOptions...); err != nil {
 			errs = append(errs, fmt.Errorf("DialOptions: %w", err))
 		} else {
 			_ = cc.Close()
@@ -241,22 +281,36 @@ func (c *Client) Run(ctx context.Context) error {
 		if attempt > 0 {
 			c.m.reconnects.Inc()
 		}
-		addr := c.cfg.Servers[server]
+		servers := c.servers()
+		addr := servers[server%len(servers)]
+		c.moved = false
 		received, err := c.runStream(ctx, addr)
 		if ctx.Err() != nil {
 			return nil
+		}
+		if c.moved && !shard.Templated(c.cfg.Servers) {
+			received = false // try the next address, with backoff
+		}
+		if c.moved && shard.Templated(c.cfg.Servers) {
+			// Another shard owns the callee: go there at once, first
+			// address first, naming no versions (see followShard).
+			c.m.moves.Inc()
+			c.log.Info("xds: the callee's policy is at another shard", "server", addr,
+				"shards", c.shards, "owner", shard.Owner(c.callee, c.shards), "next_server", c.servers()[0])
+			server, backoff = 0, c.cfg.BackoffMin
+			continue
 		}
 		if received {
 			// The server worked: retry it first, soon. If it is really
 			// gone, the next attempt fails and moves on.
 			backoff = c.cfg.BackoffMin
 		} else {
-			server = (server + 1) % len(c.cfg.Servers)
+			server = (server + 1) % len(servers)
 		}
 		wait := jitter(backoff)
 		backoff = min(2*backoff, c.cfg.BackoffMax)
 		c.log.Warn("xds stream ended", "server", addr, "error", err, "retry_in", wait,
-			"next_server", c.cfg.Servers[server])
+			"next_server", servers[server])
 
 		if timer == nil {
 			timer = time.NewTimer(wait)
@@ -271,6 +325,59 @@ func (c *Client) Run(ctx context.Context) error {
 		}
 	}
 }
+
+// servers are the addresses of the shard that owns the callee under the
+// count in force, or Servers as they are when they name no shard.
+func (c *Client) servers() []string {
+	if !shard.Templated(c.cfg.Servers) {
+		return c.cfg.Servers
+	}
+	return shard.Addrs(c.cfg.Servers, shard.Owner(c.callee, c.shards))
+}
+
+// followShard takes what a shard says of itself from a policy it sent, and
+// reports whether the policy is the owner's, to be applied. A count
+// other than the one in force is taken (sharded controllers announce theirs
+// in every policy), and when it moves the callee to another shard the stream
+// ends (Run goes there). A policy from a shard that does not own the callee
+// is never applied: the client keeps what it holds, and goes to the owner;
+// when that is the shard it is on (the two disagree on the owner, as mixed
+// releases could), it stays and logs it, its policy held until its TTL.
+func (c *Client) followShard(si *sluicev1.ShardInfo) bool {
+	templated := shard.Templated(c.cfg.Servers)
+	if n := int(si.GetCount()); templated && n >= 1 && n <= shard.MaxCount && n != c.shards {
+		before := shard.Owner(c.callee, c.shards)
+		c.shards = n
+		if shard.Owner(c.callee, n) != before {
+			c.moved, c.fresh = true, true
+		}
+	}
+	if si.GetOwner() {
+		return true
+	}
+	switch {
+	case !templated:
+		// The address may lead to any shard (a Service in front of
+		// them): end the stream and try again, another shard may answer.
+		c.moved = true
+	case shard.Owner(c.callee, c.shards) != int(si.GetIndex()):
+		c.moved = true
+	default:
+		c.log.Warn("xds: a shard says it does not own the callee it owns by our count; staying",
+			"callee", c.callee, "shard", si.GetIndex(), "shards", c.shards)
+	}
+	if c.moved {
+		// The next owner is asked without versions: a resuming delta
+		// client is told "removed" of every resource it names that a
+		// server lacks, and a new owner may not have computed the callee
+		// yet. Without versions it just sends it once it has it.
+		c.fresh = true
+	}
+	return false
+}
+
+// errMoved ends a stream whose server said another shard owns the callee.
+var errMoved = errors.New("the callee's policy is at another shard")
 
 // jitter spreads reconnects of many sidecars over [d/2, d].
 func jitter(d time.Duration) time.Duration {

@@ -11,6 +11,7 @@ type metrics struct {
 	updates    prometheus.Counter
 	nacks      prometheus.Counter
 	reconnects prometheus.Counter
+	moves      prometheus.Counter
 	lastUpdate prometheus.Gauge
 }
 
@@ -33,6 +34,10 @@ func newMetrics(reg prometheus.Registerer, logger *slog.Logger) metrics {
 			Namespace: ns, Subsystem: sub, Name: "reconnects_total",
 			Help: "xDS stream attempts after the first.",
 		}),
+		moves: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "shard_moves_total",
+			Help: "Moves to another controller shard: the shard asked said another owns the callee, or announced a shard count that moves it.",
+		}),
 		lastUpdate: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: ns, Subsystem: sub, Name: "last_update_timestamp_seconds",
 			Help: "Unix time of the last accepted DropPolicy update or removal.",
@@ -41,7 +46,7 @@ func newMetrics(reg prometheus.Registerer, logger *slog.Logger) metrics {
 	if reg == nil {
 		return m
 	}
-	for _, c := range []prometheus.Collector{m.connected, m.updates, m.nacks, m.reconnects, m.lastUpdate} {
+	for _, c := range []prometheus.Collector{m.connected, m.updates, m.nacks, m.reconnects, m.moves, m.lastUpdate} {
 		// Best effort, so that two clients on one registry (tests) do not
 		// panic; the second one's metrics then stay unexported.
 		if err := reg.Register(c); err != nil {

@@ -38,11 +38,15 @@ func (s *stream) runDelta(ctx context.Context, ads discovery.AggregatedDiscovery
 	if err != nil {
 		return false, fmt.Errorf("open delta stream to %s: %w", s.addr, err)
 	}
+	versions := c.heldVersions()
+	if c.fresh {
+		versions = nil
+	}
 	err = st.Send(&discovery.DeltaDiscoveryRequest{
 		Node:                    c.node,
 		TypeUrl:                 names.DropPolicyType,
 		ResourceNamesSubscribe:  c.cfg.Resources,
-		InitialResourceVersions: c.heldVersions(),
+		InitialResourceVersions: versions,
 	})
 	if err != nil {
 		return false, fmt.Errorf("subscribe on %s: %w", s.addr, sendErr(st, err))
@@ -61,6 +65,9 @@ func (s *stream) runDelta(ctx context.Context, ads discovery.AggregatedDiscovery
 		}
 		if err := st.Send(req); err != nil {
 			return s.received, fmt.Errorf("acknowledge on %s: %w", s.addr, sendErr(st, err))
+		}
+		if c.moved {
+			return s.received, errMoved
 		}
 	}
 }
@@ -104,6 +111,9 @@ func (s *stream) runSotW(ctx context.Context, ads discovery.AggregatedDiscoveryS
 		if err := st.Send(req); err != nil {
 			return s.received, fmt.Errorf("acknowledge on %s: %w", s.addr, sendErr(st, err))
 		}
+		if c.moved {
+			return s.received, errMoved
+		}
 	}
 }
 
@@ -112,6 +122,9 @@ func (s *stream) gotResponse() {
 		return
 	}
 	s.received = true
+	// The first answer of a new owner: from now on a reconnect may name
+	// the versions held (see followShard).
+	s.c.fresh = false
 	s.c.setConnected(true)
 	s.c.log.Info("xds connected", "server", s.addr, "protocol", s.c.cfg.Protocol.String())
 }
@@ -218,6 +231,9 @@ func (c *Client) decode(name string, a *anypb.Any) (*sluicev1.DropPolicy, error)
 // handler accepts it. A version equal in content to the one held is not
 // handed over again (a SotW reconnect resends everything).
 func (c *Client) apply(name, version string, p *sluicev1.DropPolicy) error {
+	if si := p.GetShard(); si != nil && !c.followShard(si) {
+		return nil
+	}
 	// Only this goroutine writes held, so reading it unlocked is safe.
 	old, ok := c.held[name]
 	if ok && proto.Equal(old.policy, p) {
