@@ -31,8 +31,8 @@ import (
 
 	"github.com/sluicehq/sluice/internal/agent/proxy"
 	"github.com/sluicehq/sluice/pkg/names"
-	"github.com/sluicehq/sluice/pkg/shard"
 	"github.com/sluicehq/sluice/pkg/routes"
+	"github.com/sluicehq/sluice/pkg/shard"
 	"github.com/sluicehq/sluice/sidecar"
 	"github.com/sluicehq/sluice/sidecar/reporter"
 	"github.com/sluicehq/sluice/sidecar/rls"

@@ -75,13 +75,13 @@ type Handler interface {
 
 // Config configures a Client.
 type Config struct {
-	Servers     []string // host:port of controllers or relays, tried in order, failover to the next on error
+	Servers []string // host:port of controllers or relays, tried in order, failover to the next on error
 	// ShardCount is how many controller shards to assume at start when
 	// Servers name "{shard}" (pkg/shard): the client subscribes at the
 	// shard that owns its callee, and follows the count the shards
 	// announce, so a wrong or stale count costs one redirect, not a
 	// policy. 0 means 1. Ignored when no server names a shard.
-	ShardCount int
+	ShardCount  int
 	NodeID      string   // core.v3 Node id, e.g. pod name
 	Cluster     string   // Node cluster: the service name
 	Zone        string   // Node locality zone
