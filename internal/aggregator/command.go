@@ -89,6 +89,7 @@ flags win over the environment, the environment over the file.`,
 	f.StringVar(&cfg.ID, "id", cfg.ID, "this aggregator's id, unique while it runs")
 	f.StringVar(&cfg.Zone, "zone", "", "the zone every sidecar reporting here is accounted to (required)")
 	f.StringSliceVar(&cfg.Controllers, "controllers", []string{"127.0.0.1:18000"}, "controller addresses, in failover order (with --controller-fanout: one per replica)")
+	f.IntVar(&cfg.ControllerShards, "controller-shards", 0, "with --controllers naming {shard} (sluice-controller-{shard}.sluice-controller:18000): the controller shard count to assume at start; each shard is sent its callees' loads, and the count the shards announce is followed")
 	f.BoolVar(&cfg.ControllerFanout, "controller-fanout", false, "send every flush to every --controllers address, each a controller replica, so that all replicas publish the same ratios")
 	duration.Var(f, &cfg.FlushInterval, "flush-interval", cfg.FlushInterval, "how often the zone's rates go to the controller")
 	f.IntVar(&cfg.StaleAfter, "stale-after", cfg.StaleAfter, "report windows a sidecar may miss before it leaves the sums")

@@ -41,7 +41,7 @@ func (m *metrics) rejected(reason string) prometheus.Counter {
 	return m.rejectedOther
 }
 
-func newMetrics[Req, Resp any](reg prometheus.Registerer, logger *slog.Logger, ups []*uplink.Uplink[Req, Resp]) metrics {
+func newMetrics[Req, Resp any](reg prometheus.Registerer, logger *slog.Logger, ups func() []*uplink.Uplink[Req, Resp]) metrics {
 	const ns, sub = "sluice", "aggregator"
 	rejected := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: ns, Subsystem: sub, Name: "reports_rejected_total",
@@ -143,12 +143,12 @@ func newMetrics[Req, Resp any](reg prometheus.Registerer, logger *slog.Logger, u
 // uplinkCollectors are the metrics of the controller link, read from ups at
 // scrape time. With fan-out there is one uplink per controller replica;
 // the metrics add them up.
-func uplinkCollectors[Req, Resp any](ups []*uplink.Uplink[Req, Resp]) []prometheus.Collector {
+func uplinkCollectors[Req, Resp any](ups func() []*uplink.Uplink[Req, Resp]) []prometheus.Collector {
 	const ns, sub = "sluice", "aggregator"
 	stat := func(f func(uplink.Stats) uint64) func() float64 {
 		return func() float64 {
 			var n uint64
-			for _, up := range ups {
+			for _, up := range ups() {
 				n += f(up.Stats())
 			}
 			return float64(n)
@@ -159,7 +159,7 @@ func uplinkCollectors[Req, Resp any](ups []*uplink.Uplink[Req, Resp]) []promethe
 		Help: "Controller streams open that have answered: 1 for a single controller, the number of replicas reached with fan-out.",
 	}, func() float64 {
 		n := 0
-		for _, up := range ups {
+		for _, up := range ups() {
 			if up.Connected() {
 				n++
 			}

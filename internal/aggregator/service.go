@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math"
 	"os"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -25,6 +26,7 @@ import (
 	"github.com/sluicehq/sluice/internal/ticker"
 	"github.com/sluicehq/sluice/internal/zoneload"
 	"github.com/sluicehq/sluice/pkg/names"
+	"github.com/sluicehq/sluice/pkg/shard"
 	"github.com/sluicehq/sluice/pkg/uplink"
 )
 
@@ -53,6 +55,11 @@ type Config struct {
 	// its policy from any of them. Off, the addresses are one controller's
 	// in failover order.
 	ControllerFanout bool
+	// ControllerShards is the shard count assumed at start when
+	// Controllers name "{shard}" (pkg/shard): the aggregator then holds a
+	// link per shard and sends each its callees, following the count the
+	// shards announce (shards.go). 0 means 1.
+	ControllerShards int
 	// Bounds bound what a report may claim; zero fields take defaults.
 	Bounds Bounds
 	// MaxZoneLoadSize bounds a zone load sent to the controller, in bytes:
@@ -143,6 +150,12 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("controllers[%d]: empty address", i))
 		}
 	}
+	if c.ControllerShards < 0 || c.ControllerShards > shard.MaxCount {
+		errs = append(errs, fmt.Errorf("controller-shards: must be in [0, %d], got %d", shard.MaxCount, c.ControllerShards))
+	}
+	if c.ControllerShards > 1 && !shard.Templated(c.Controllers) {
+		errs = append(errs, fmt.Errorf("controller-shards: %d shards need --controllers naming %s (sluice-controller-%s.sluice-controller:18000)", c.ControllerShards, shard.Placeholder, shard.Placeholder))
+	}
 	if c.MaxZoneLoadSize != 0 && (c.MaxZoneLoadSize < minZoneLoadSize || c.MaxZoneLoadSize > math.MaxInt32) {
 		errs = append(errs, fmt.Errorf("max-zone-load-size: must be in [%d, %d] (0 for the default), got %d", minZoneLoadSize, math.MaxInt32, c.MaxZoneLoadSize))
 	}
@@ -180,7 +193,8 @@ const ReasonUnparseable = recvfail.Unparseable
 const ReasonIdentityMismatch = "identity_mismatch"
 
 type (
-	zoneReq  = sluicev1.StreamZoneLoadsRequest
+	zoneReq    = sluicev1.StreamZoneLoadsRequest
+	zoneUplink = uplink.Uplink[zoneReq, zoneResp]
 	zoneResp = sluicev1.StreamZoneLoadsResponse
 )
 
@@ -190,7 +204,8 @@ type (
 type Service struct {
 	cfg Config
 	log *slog.Logger
-	ups []*uplink.Uplink[zoneReq, zoneResp] // one per controller replica with fan-out, else one
+	// links are the controller links: one, or one per shard (shards.go).
+	links links
 	m   metrics
 
 	// mu protects state. Every report takes it once, briefly.
@@ -242,34 +257,55 @@ func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Service, 
 		flushes: ticker.New(cfg.FlushInterval, ticker.MinGap(cfg.FlushInterval)),
 		state:   NewState(cfg.Zone, cfg.ID, cfg.StaleAfter, cfg.Bounds),
 	}
-	targets := [][]string{cfg.Controllers}
-	if cfg.ControllerFanout {
-		targets = targets[:0]
-		for _, a := range cfg.Controllers {
-			targets = append(targets, []string{a})
+	s.links.make = func(index int) (*shardLink, error) {
+		sl := &shardLink{index: index}
+		addrs := shard.Addrs(cfg.Controllers, index)
+		targets := [][]string{addrs}
+		if cfg.ControllerFanout {
+			targets = targets[:0]
+			for _, a := range addrs {
+				targets = append(targets, []string{a})
+			}
 		}
-	}
-	for _, addrs := range targets {
-		up, err := s.newUplink(cfg, addrs, logger)
-		if err != nil {
-			return nil, err
+		for _, t := range targets {
+			up, err := s.newUplink(cfg, t, logger, sl)
+			if err != nil {
+				return nil, err
+			}
+			sl.ups = append(sl.ups, up)
 		}
-		s.ups = append(s.ups, up)
+		return sl, nil
 	}
-	s.m = newMetrics(reg, logger, s.ups)
+	first, err := s.links.make(0)
+	if err != nil {
+		return nil, err
+	}
+	s.links.all = []*shardLink{first}
+	if shard.Templated(cfg.Controllers) {
+		s.links.grow(max(cfg.ControllerShards, 1), logger)
+	}
+	s.m = newMetrics(reg, logger, s.links.uplinks)
 	return s, nil
 }
 
 // newUplink is the link to one controller replica, failing over across
 // addrs.
-func (s *Service) newUplink(cfg Config, addrs []string, logger *slog.Logger) (*uplink.Uplink[zoneReq, zoneResp], error) {
+func (s *Service) newUplink(cfg Config, addrs []string, logger *slog.Logger, sl *shardLink) (*zoneUplink, error) {
 	up, err := uplink.New(uplink.Config[zoneReq, zoneResp]{
 		Addrs:       addrs,
 		DialOptions: cfg.DialOptions,
 		Open: func(ctx context.Context, cc grpc.ClientConnInterface) (grpc.BidiStreamingClient[zoneReq, zoneResp], error) {
 			return sluicev1.NewZoneLoadServiceClient(cc).StreamZoneLoads(ctx)
 		},
-		OnResponse: s.onControllerResponse,
+		OnResponse: func(r *zoneResp) {
+			// An unsharded controller owns every callee: a count of 1.
+			n := 1
+			if si := r.GetShard(); si != nil && si.GetCount() >= 1 && si.GetCount() <= shard.MaxCount {
+				n = int(si.GetCount())
+			}
+			sl.announced.Store(int32(n))
+			s.onControllerResponse(r)
+		},
 		// Few aggregators dial the controller, so a short backoff cannot
 		// storm it; a restarted controller waits for every zone before it
 		// publishes, and a long backoff would make it wait longer.
@@ -277,7 +313,7 @@ func (s *Service) newUplink(cfg Config, addrs []string, logger *slog.Logger) (*u
 		// The controller answers every flush; one that stays silent for
 		// many flushes is wedged, and another replica may not be.
 		ResponseTimeout: max(10*cfg.FlushInterval, 5*time.Second),
-		Logger:          logger.With("uplink", "controller"),
+		Logger:          logger.With("uplink", "controller", "shard", sl.index),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("controller uplink: %w", err)
@@ -297,12 +333,7 @@ func (s *Service) Ready() bool {
 	if s.draining.Load() {
 		return false
 	}
-	for _, up := range s.ups {
-		if up.Connected() {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(s.links.uplinks(), (*zoneUplink).Connected)
 }
 
 // Drain makes every sidecar stream end at its next report with UNAVAILABLE,
@@ -315,9 +346,10 @@ func (s *Service) Drain() { s.draining.Store(true) }
 // is cancelled; it returns nil after its goroutines stopped.
 func (s *Service) Run(ctx context.Context) error {
 	g, ctx := errgroup.WithContext(ctx)
-	for _, up := range s.ups {
-		g.Go(func() error { return up.Run(ctx) })
-	}
+	g.Go(func() error {
+		s.links.run(ctx)
+		return nil
+	})
 	g.Go(func() error {
 		s.flushes.Run(ctx, func(time.Time) { s.FlushNow() })
 		return nil
@@ -351,12 +383,28 @@ func (s *Service) FlushNow() *sluicev1.ZoneLoad {
 	s.m.sidecars.Set(float64(n))
 	s.m.flushes.Inc()
 	s.m.flushBuckets.Set(float64(buckets))
-	for _, up := range s.ups {
-		// Each uplink sends the message it is offered; sharing one
-		// read-only message is safe.
-		up.Offer(&zoneReq{Load: zl})
-	}
+	s.offer(zl)
 	return zl
+}
+
+// offer hands zl to the controller links: whole to an unsharded
+// controller, each shard its part (shards.go). Each uplink sends the
+// message it is offered; sharing read-only entries is safe.
+func (s *Service) offer(zl *sluicev1.ZoneLoad) {
+	if !shard.Templated(s.cfg.Controllers) {
+		for _, up := range s.links.uplinks() {
+			up.Offer(&zoneReq{Load: zl})
+		}
+		return
+	}
+	counts := s.links.counts(s.cfg.ControllerShards)
+	s.links.grow(counts[len(counts)-1], s.log)
+	ls := s.links.list()
+	for i, part := range splitZoneLoad(zl, len(ls), counts) {
+		for _, up := range ls[i].ups {
+			up.Offer(&zoneReq{Load: part})
+		}
+	}
 }
 
 // fit counts the sums the state capped and makes zl fit the controller's

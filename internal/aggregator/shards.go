@@ -1,0 +1,174 @@
+package aggregator
+
+import (
+	"context"
+	"log/slog"
+	"slices"
+	"sync"
+	"sync/atomic"
+
+	"google.golang.org/protobuf/proto"
+
+	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/pkg/shard"
+)
+
+// Sharded controllers (pkg/shard): with Controllers naming "{shard}", the
+// aggregator holds one link per controller shard and sends each shard the
+// entries of the callees it owns. The count is the shards' to say: every
+// answer of a shard announces it, and the aggregator routes under every
+// count its connected shards announce, so that while a reshard is under way
+// (some shards restarted with the new count, some not yet) each callee goes
+// to its owner under both counts and no owner goes without its load. It
+// opens links to new shards as the count grows, and keeps them.
+
+// shardLink is the link to one controller shard: its uplinks (one per
+// replica with fan-out, else one) and the count it announced last.
+type shardLink struct {
+	index     int
+	ups       []*zoneUplink
+	announced atomic.Int32 // 0 before the shard answered
+}
+
+// links holds the shard links. Only FlushNow grows it; Run starts them.
+type links struct {
+	mu   sync.Mutex
+	all  []*shardLink
+	ctx  context.Context // Run's, nil before Run: links made then wait for it
+	wg   *sync.WaitGroup
+	make func(index int) (*shardLink, error)
+}
+
+// list returns the links made so far.
+func (l *links) list() []*shardLink {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.all)
+}
+
+// uplinks returns every uplink of every link, for metrics and readiness.
+func (l *links) uplinks() []*zoneUplink {
+	var out []*zoneUplink
+	for _, sl := range l.list() {
+		out = append(out, sl.ups...)
+	}
+	return out
+}
+
+// grow makes the links up to n, starting the new ones when Run runs.
+func (l *links) grow(n int, log *slog.Logger) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for len(l.all) < n {
+		sl, err := l.make(len(l.all))
+		if err != nil {
+			// The addresses were checked at start; only a bad dial
+			// option could fail here, and that fails at start too.
+			log.Error("open a link to a controller shard", "shard", len(l.all), "err", err)
+			return
+		}
+		l.all = append(l.all, sl)
+		if l.ctx != nil && l.ctx.Err() == nil {
+			l.start(sl)
+		}
+	}
+}
+
+// start runs sl's uplinks under Run's context. l.mu must be held.
+func (l *links) start(sl *shardLink) {
+	for _, up := range sl.ups {
+		l.wg.Add(1)
+		go func() {
+			defer l.wg.Done()
+			_ = up.Run(l.ctx)
+		}()
+	}
+}
+
+// run starts every link made so far and every one made until ctx is done,
+// and returns once they all stopped.
+func (l *links) run(ctx context.Context) {
+	var wg sync.WaitGroup
+	l.mu.Lock()
+	l.ctx, l.wg = ctx, &wg
+	for _, sl := range l.all {
+		l.start(sl)
+	}
+	l.mu.Unlock()
+	<-ctx.Done()
+	l.mu.Lock() // no link starts past here: grow sees ctx done
+	l.mu.Unlock()
+	wg.Wait()
+}
+
+// counts returns the shard counts to route under: those the connected
+// shards announced, or configured before any has.
+func (l *links) counts(configured int) []int {
+	var out []int
+	for _, sl := range l.list() {
+		n := int(sl.announced.Load())
+		if n < 1 || !slices.ContainsFunc(sl.ups, (*zoneUplink).Connected) {
+			continue
+		}
+		if !slices.Contains(out, n) {
+			out = append(out, n)
+		}
+	}
+	if len(out) == 0 {
+		out = append(out, max(configured, 1))
+	}
+	slices.Sort(out)
+	return out
+}
+
+// splitZoneLoad returns, for each of n shards, the part of zl it owns under
+// any of counts: an inbound entry by its service (the callee), an outbound
+// entry by each of its peers (the callees). Every shard gets a zone load,
+// empty if need be: it tells the shard the zone is alive, which its warm-up
+// waits for. The parts share zl's entries; the caller must not modify them.
+func splitZoneLoad(zl *sluicev1.ZoneLoad, n int, counts []int) []*sluicev1.ZoneLoad {
+	parts := make([]*sluicev1.ZoneLoad, n)
+	for i := range parts {
+		parts[i] = &sluicev1.ZoneLoad{AggregatorId: zl.GetAggregatorId(), Zone: zl.GetZone(), Interval: zl.GetInterval(), Urgent: zl.GetUrgent()}
+	}
+	owners := make([]bool, n)
+	ownersOf := func(callee string) {
+		clear(owners)
+		for _, c := range counts {
+			if o := shard.Owner(callee, c); o < n {
+				owners[o] = true
+			}
+		}
+	}
+	for _, sl := range zl.GetServices() {
+		if sl.GetDirection() != sluicev1.Direction_DIRECTION_OUTBOUND {
+			ownersOf(sl.GetService())
+			for i, own := range owners {
+				if own {
+					parts[i].Services = append(parts[i].Services, sl)
+				}
+			}
+			continue
+		}
+		// Outbound: a caller's entry lists its callees, which may belong
+		// to several shards; each gets the entry with its own peers.
+		byShard := make([][]*sluicev1.PeerRate, n)
+		for _, p := range sl.GetPeers() {
+			ownersOf(p.GetPeer())
+			for i, own := range owners {
+				if own {
+					byShard[i] = append(byShard[i], p)
+				}
+			}
+		}
+		for i, peers := range byShard {
+			if len(peers) == 0 {
+				continue
+			}
+			part := proto.CloneOf(sl)
+			part.Peers = peers
+			parts[i].Services = append(parts[i].Services, part)
+		}
+	}
+	return parts
+}
