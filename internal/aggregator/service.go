@@ -195,7 +195,7 @@ const ReasonIdentityMismatch = "identity_mismatch"
 type (
 	zoneReq    = sluicev1.StreamZoneLoadsRequest
 	zoneUplink = uplink.Uplink[zoneReq, zoneResp]
-	zoneResp = sluicev1.StreamZoneLoadsResponse
+	zoneResp   = sluicev1.StreamZoneLoadsResponse
 )
 
 // Service is a zone aggregator: the LoadReportService for the zone's
@@ -206,7 +206,7 @@ type Service struct {
 	log *slog.Logger
 	// links are the controller links: one, or one per shard (shards.go).
 	links links
-	m   metrics
+	m     metrics
 
 	// mu protects state. Every report takes it once, briefly.
 	mu    sync.Mutex
