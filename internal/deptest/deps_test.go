@@ -199,6 +199,14 @@ func TestDependencyDirection(t *testing.T) {
 			return !g.standard(path) && !under(path, mod("pkg/dataplane"))
 		},
 	}, {
+		// Aggregators, sidecars and controllers compute a callee's owner
+		// alike; the sidecar library imports it.
+		name:    "pkg/shard imports only the standard library",
+		applies: func(rel string) bool { return under(rel, "pkg/shard") },
+		forbidden: func(path string) bool {
+			return !g.standard(path) && !under(path, mod("pkg/shard"))
+		},
+	}, {
 		// Sized on the request path's side (the sidecar) and the
 		// controller's: the Poisson allowance stays pure arithmetic.
 		name:    "pkg/allowance imports only the standard library",

@@ -125,13 +125,20 @@ type testServer struct {
 // startServer serves content on addr ("127.0.0.1:0" for any port).
 func startServer(t *testing.T, addr string, content ...*sluicev1.DropPolicy) *testServer {
 	t.Helper()
+	return startServerWith(t, addr, xdsserver.Options{}, content...)
+}
+
+// startServerWith is startServer with the server's options.
+func startServerWith(t *testing.T, addr string, opts xdsserver.Options, content ...*sluicev1.DropPolicy) *testServer {
+	t.Helper()
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &testServer{reg: prometheus.NewRegistry(), addr: lis.Addr().String(), done: make(chan struct{}), stop: cancel}
-	s.xds = xdsserver.New(ctx, xdsserver.Options{Registerer: s.reg})
+	opts.Registerer = s.reg
+	s.xds = xdsserver.New(ctx, opts)
 	s.publish(t, content...)
 	s.g = grpc.NewServer(grpc.StreamInterceptor(s.intercept))
 	s.xds.Register(s.g)
