@@ -400,7 +400,7 @@ func (s *Service) offer(zl *sluicev1.ZoneLoad) {
 	counts := s.links.counts(s.cfg.ControllerShards)
 	s.links.grow(counts[len(counts)-1], s.log)
 	ls := s.links.list()
-	for i, part := range splitZoneLoad(zl, len(ls), counts) {
+	for i, part := range SplitZoneLoad(zl, len(ls), counts) {
 		for _, up := range ls[i].ups {
 			up.Offer(&zoneReq{Load: part})
 		}

@@ -121,12 +121,12 @@ func (l *links) counts(configured int) []int {
 	return out
 }
 
-// splitZoneLoad returns, for each of n shards, the part of zl it owns under
+// SplitZoneLoad returns, for each of n shards, the part of zl it owns under
 // any of counts: an inbound entry by its service (the callee), an outbound
 // entry by each of its peers (the callees). Every shard gets a zone load,
 // empty if need be: it tells the shard the zone is alive, which its warm-up
 // waits for. The parts share zl's entries; the caller must not modify them.
-func splitZoneLoad(zl *sluicev1.ZoneLoad, n int, counts []int) []*sluicev1.ZoneLoad {
+func SplitZoneLoad(zl *sluicev1.ZoneLoad, n int, counts []int) []*sluicev1.ZoneLoad {
 	parts := make([]*sluicev1.ZoneLoad, n)
 	for i := range parts {
 		parts[i] = &sluicev1.ZoneLoad{AggregatorId: zl.GetAggregatorId(), Zone: zl.GetZone(), Interval: zl.GetInterval(), Urgent: zl.GetUrgent()}

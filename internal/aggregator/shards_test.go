@@ -41,7 +41,7 @@ func TestSplitZoneLoad(t *testing.T) {
 		// A reshard under way: each callee to its owner under both.
 		{[]int{2, 3}, [3][]string{{"charlie", "foxtrot", "web→charlie,"}, {"bravo", "echo", "web→echo,"}, {"foxtrot", "bravo"}}},
 	} {
-		parts := splitZoneLoad(zl, 3, c.counts)
+		parts := SplitZoneLoad(zl, 3, c.counts)
 		for i, p := range parts {
 			if p.GetAggregatorId() != "a" || p.GetZone() != "z" {
 				t.Fatalf("counts %v: part %d lost the envelope", c.counts, i)

@@ -57,6 +57,8 @@ for a quick look.`,
 	f := cmd.Flags()
 	f.IntVar(&cfg.Services, "services", cfg.Services, "callee services")
 	f.IntVar(&cfg.Callers, "callers", cfg.Callers, "callers per service (buckets = services × callers)")
+	f.IntVar(&cfg.Procedures, "procedures", cfg.Procedures, "gRPC procedures per service, each (caller, procedure) leaf with a limit of its own under the caller's (leaves = services × callers × procedures); 0: none")
+	f.IntVar(&cfg.ControllerShards, "controller-shards", cfg.ControllerShards, "controller shards the callees are split over (pkg/shard), each aggregator's flush split per shard; the table then gives every shard's tick, CPU, memory and zone-load bytes; 0 or 1: one controller")
 	f.IntVar(&cfg.Sidecars, "sidecars", cfg.Sidecars, "sidecars in the mesh, split over services by traffic")
 	f.Float64Var(&cfg.RPS, "rps", cfg.RPS, "total offered rate before the surge")
 	f.IntVar(&cfg.Zones, "zones", cfg.Zones, "zones")
@@ -104,10 +106,10 @@ func applySmall(fs *pflag.FlagSet, cfg *Config) {
 // CommandLine is the scale command that reproduces cfg.
 func CommandLine(cfg Config) string {
 	c := cfg.Controller
-	return fmt.Sprintf("scale --services %d --callers %d --sidecars %d --rps %g --zones %d --aggregators-per-zone %d "+
+	return fmt.Sprintf("scale --services %d --callers %d --procedures %d --controller-shards %d --sidecars %d --rps %g --zones %d --aggregators-per-zone %d "+
 		"--seconds %d --seed %d --spread %g --noise %g --headroom %g --surge-fraction %g --surge-factor %g "+
 		"--surge-at %d --surge-for %d --warmup %v --policy-ttl %v --republish-threshold %g --xds-streams %d",
-		cfg.Services, cfg.Callers, cfg.Sidecars, cfg.RPS, cfg.Zones, cfg.AggregatorsPerZone,
+		cfg.Services, cfg.Callers, cfg.Procedures, cfg.ControllerShards, cfg.Sidecars, cfg.RPS, cfg.Zones, cfg.AggregatorsPerZone,
 		cfg.Seconds, cfg.Seed, cfg.Spread, cfg.Noise, cfg.Headroom, cfg.SurgeFraction, cfg.SurgeFactor,
 		cfg.SurgeAt, cfg.SurgeFor, c.Warmup, c.PolicyTTL, c.RepublishThreshold, cfg.XDSStreams)
 }
@@ -125,8 +127,12 @@ func Print(w io.Writer, r *Result) {
 	last := secs[len(secs)-1]
 
 	fmt.Fprintf(w, "sluice scale mode\ncommand: %s\n\n", CommandLine(cfg))
-	fmt.Fprintf(w, "mesh: %d services × %d callers = %d buckets; %d sidecars (%d–%d per service); %d zones × %d aggregators (~%d sidecars each)\n",
-		cfg.Services, cfg.Callers, c.Buckets, cfg.Sidecars, c.MinSidecars, c.MaxSidecars,
+	procs := ""
+	if cfg.Procedures > 0 {
+		procs = fmt.Sprintf(" × %d procedures", cfg.Procedures)
+	}
+	fmt.Fprintf(w, "mesh: %d services × %d callers%s = %d buckets; %d sidecars (%d–%d per service); %d zones × %d aggregators (~%d sidecars each)\n",
+		cfg.Services, cfg.Callers, procs, c.Buckets, cfg.Sidecars, c.MinSidecars, c.MaxSidecars,
 		cfg.Zones, cfg.AggregatorsPerZone, cfg.Sidecars/c.Aggregators)
 	fmt.Fprintf(w, "traffic: %s rps base, ±%g%% noise; %d buckets surge ×%g in seconds %d–%d; limits = base × %g\n",
 		si(cfg.RPS), 100*cfg.Noise, c.Surging, cfg.SurgeFactor, cfg.SurgeAt+1, cfg.SurgeAt+cfg.SurgeFor, 1+cfg.Headroom)
@@ -167,6 +173,9 @@ func Print(w io.Writer, r *Result) {
 		fmt.Fprintf(w, "allocated per warm tick: %s (mean)\n", bytesIEC(meanU(tm.TickAlloc)))
 	}
 	fmt.Fprintln(w)
+	if len(tm.Shards) > 0 {
+		printShards(w, r)
+	}
 
 	mem := r.Memory
 	fmt.Fprintln(w, "memory: live heap retained by each state at the end (HeapAlloc drop after a full GC when it is released; HeapInuse in brackets)")
@@ -258,6 +267,28 @@ func Print(w io.Writer, r *Result) {
 		}
 		tw.Flush()
 	}
+}
+
+// printShards writes the table of the controller shards: what each one
+// process of a sharded controller would spend.
+func printShards(w io.Writer, r *Result) {
+	n := r.Config.Seconds
+	fmt.Fprintf(w, "controller shards: %d, callees split by pkg/shard; each shard's own calls, as one process would run them\n", len(r.Timing.Shards))
+	tw := tabwriter.NewWriter(w, 2, 8, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "shard\tleaves\ttick p50\ttick p99\ttick max\tCPU per virtual s\tallocated per tick\tlive heap\tzone loads in, bytes/s\t")
+	var worstP99, worstCPU time.Duration
+	for i, s := range r.Timing.Shards {
+		heap := "—"
+		if i < len(r.Memory.Shards) {
+			heap = bytesIEC(r.Memory.Shards[i])
+		}
+		cpu := s.CPUPerSecond(n)
+		worstP99, worstCPU = max(worstP99, s.Tick.Quantile(.99)), max(worstCPU, cpu)
+		fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", i, s.Buckets, dur(s.Tick.Quantile(.5)), dur(s.Tick.Quantile(.99)),
+			dur(s.Tick.Max()), dur(cpu), bytesIEC(meanU(s.TickAlloc)), heap, bytesIEC(uint64(s.ZoneLoadBytes/int64(max(n, 1)))))
+	}
+	tw.Flush()
+	fmt.Fprintf(w, "worst shard: tick p99 %s, CPU %s per virtual second\n\n", dur(worstP99), dur(worstCPU))
 }
 
 func sum(s Samples) time.Duration {

@@ -33,10 +33,16 @@ type service struct {
 	name, policy string
 	callers      []string       // sorted by name, as policies list them
 	callerIdx    map[string]int // caller name → index into callers
-	base         []float64      // rps per caller before surge and noise
-	limit        []float64      // rps per caller
-	surge        []bool
-	// ratio and shadow are what the service's sidecars hold, per caller,
+	// procs are the service's procedures, one "" when it declares none;
+	// procIdx indexes them. A leaf is a (caller, procedure) pair: leaf l
+	// is caller l / len(procs), procedure l % len(procs), so a caller's
+	// leaves are adjacent, in the order policies list them.
+	procs   []string
+	procIdx map[string]int
+	base    []float64 // rps per leaf before surge and noise
+	limit   []float64 // rps per leaf
+	surge   []bool
+	// ratio and shadow are what the service's sidecars hold, per leaf,
 	// from the last policy pushed to them.
 	ratio  []float64
 	shadow []bool
@@ -55,7 +61,18 @@ type sidecarInfo struct {
 
 type aggInfo struct{ zone, id string }
 
-type bucketRef struct{ svc, caller int }
+type bucketRef struct{ svc, leaf int }
+
+// leaf is the index of the (caller j, procedure p) leaf.
+func (s *service) leaf(j, p int) int { return j*len(s.procs) + p }
+
+// caller and proc name leaf l's caller and procedure.
+func (s *service) caller(l int) string { return s.callers[l/len(s.procs)] }
+func (s *service) proc(l int) string   { return s.procs[l%len(s.procs)] }
+
+// procedureName is procedure k of every service: a gRPC full method, as a
+// sidecar sees it.
+func procedureName(k int) string { return fmt.Sprintf("/sim.Service/Method%02d", k) }
 
 // serviceName is the name of service i. Twelve characters: names are on
 // the wire in every report entry and policy entry, so their length is part
@@ -110,20 +127,48 @@ func newMesh(cfg Config, rng *rand.Rand) *mesh {
 		}
 		slices.SortFunc(cs, func(a, b caller) int { return cmp.Compare(a.name, b.name) })
 		n := cfg.Callers
-		s.callers, s.base, s.limit = make([]string, n), make([]float64, n), make([]float64, n)
-		s.surge, s.ratio, s.shadow = make([]bool, n), make([]float64, n), make([]bool, n)
+		s.procs = []string{""}
+		if cfg.Procedures > 0 {
+			s.procs = make([]string, cfg.Procedures)
+			for k := range s.procs {
+				s.procs[k] = procedureName(k)
+			}
+		}
+		s.procIdx = make(map[string]int, len(s.procs))
+		for k, p := range s.procs {
+			s.procIdx[p] = k
+		}
+		leaves := n * len(s.procs)
+		s.callers, s.base, s.limit = make([]string, n), make([]float64, leaves), make([]float64, leaves)
+		s.surge, s.ratio, s.shadow = make([]bool, leaves), make([]float64, leaves), make([]bool, leaves)
 		s.callerIdx = make(map[string]int, n)
 		ls := &limits.Service{
 			Name: s.name, Capacity: math.Inf(1), DefaultLimit: math.Inf(1),
 			Mode: dropratio.Enforce, FailMode: dataplane.FailOpen,
 			Callers: make(map[string]limits.Bucket, n),
 		}
+		if cfg.Procedures > 0 {
+			// Nested limits: each caller's limit across its procedures,
+			// and each (caller, procedure) leaf's own, a share of it.
+			ls.Declared = slices.Clone(s.procs)
+			ls.Procedures = make(map[string]*limits.Procedure, len(s.procs))
+			for _, p := range s.procs {
+				ls.Procedures[p] = &limits.Procedure{Capacity: math.Inf(1), Callers: make(map[string]float64, n)}
+			}
+		}
 		for j, c := range cs {
 			s.callers[j] = c.name
 			s.callerIdx[c.name] = j
-			s.base[j] = cfg.RPS * svcWeight[i] * c.w
-			s.limit[j] = s.base[j] * (1 + cfg.Headroom)
-			ls.Callers[c.name] = limits.Bucket{Limit: s.limit[j], Mode: dropratio.Enforce}
+			rate := cfg.RPS * svcWeight[i] * c.w
+			ls.Callers[c.name] = limits.Bucket{Limit: rate * (1 + cfg.Headroom), Mode: dropratio.Enforce}
+			for k, p := range s.procs {
+				l := s.leaf(j, k)
+				s.base[l] = rate / float64(len(s.procs))
+				s.limit[l] = s.base[l] * (1 + cfg.Headroom)
+				if cfg.Procedures > 0 {
+					ls.Procedures[p].Callers[c.name] = s.limit[l]
+				}
+			}
 		}
 		lim[s.name] = ls
 	}
@@ -166,9 +211,10 @@ func newMesh(cfg Config, rng *rand.Rand) *mesh {
 	}
 	m.surging = k
 	m.probe = bucketRef{-1, -1}
+	perSvc := nb / cfg.Services
 	for _, b := range rng.Perm(nb)[:k] {
-		ref := bucketRef{b / cfg.Callers, b % cfg.Callers}
-		m.services[ref.svc].surge[ref.caller] = true
+		ref := bucketRef{b / perSvc, b % perSvc}
+		m.services[ref.svc].surge[ref.leaf] = true
 		if m.probe.svc < 0 || m.base(ref) > m.base(m.probe) {
 			m.probe = ref
 		}
@@ -177,8 +223,8 @@ func newMesh(cfg Config, rng *rand.Rand) *mesh {
 		// No surge: follow the largest bucket instead.
 		m.probe = bucketRef{0, 0}
 		for i := range m.services {
-			for j := range m.services[i].callers {
-				if ref := (bucketRef{i, j}); m.base(ref) > m.base(m.probe) {
+			for l := range m.services[i].base {
+				if ref := (bucketRef{i, l}); m.base(ref) > m.base(m.probe) {
 					m.probe = ref
 				}
 			}
@@ -193,7 +239,7 @@ func (m *mesh) sidecarService(k int) int {
 	return m.byService[svc]
 }
 
-func (m *mesh) base(b bucketRef) float64 { return m.services[b.svc].base[b.caller] }
+func (m *mesh) base(b bucketRef) float64 { return m.services[b.svc].base[b.leaf] }
 
 // apportion splits total into len(w) integers of at least 1 each, the rest
 // in proportion to w by largest remainder, so that they add up to total.

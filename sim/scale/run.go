@@ -22,6 +22,7 @@ import (
 	"github.com/sluicehq/sluice/internal/aggregator"
 	"github.com/sluicehq/sluice/internal/controller"
 	"github.com/sluicehq/sluice/pkg/names"
+	"github.com/sluicehq/sluice/pkg/shard"
 	"github.com/sluicehq/sluice/sidecar"
 	"github.com/sluicehq/sluice/sidecar/reporter"
 )
@@ -88,7 +89,7 @@ type Second struct {
 
 // Probe is one bucket's course through the run.
 type Probe struct {
-	Callee, Caller string
+	Callee, Caller, Procedure string
 	Limit          float64
 	Offered        []float64 // generated rps, per second
 	Seen           []float64 // the controller's global offered rps at the tick
@@ -108,18 +109,42 @@ type Timing struct {
 	Apply           Hist    // aggregator.State.Apply, per report
 	ReportDecode    Hist    // proto.Unmarshal of a report, at the aggregator
 	Report          Hist    // reporter.Window.Tick, per report (sidecar side)
-	Wall            time.Duration
+	// Shards holds each controller shard's own calls, with
+	// Config.ControllerShards above 1; the rows above then add the
+	// shards up (Tick: their ticks of one second, summed).
+	Shards []ShardTiming
+	Wall   time.Duration
 	// LoadAvg is the machine's load average (1, 5, 15 minutes) at the
 	// start and the end of the run, where the system tells it: other work
 	// on the machine shows in every time above.
 	LoadAvg [2]string
 }
 
+// ShardTiming is one controller shard's share of the work.
+type ShardTiming struct {
+	Buckets   int     // leaves its last tick ran the law on
+	Tick      Samples // its warm ticks
+	TickAlloc []uint64
+	Apply     Samples // Apply of its part of each zone load
+	Decode    Samples // decoding its part of each zone load
+	// ZoneLoadBytes is what the aggregators sent it over the run.
+	ZoneLoadBytes int64
+}
+
+// CPUPerSecond is what the shard spent per virtual second: its mean warm
+// tick, and the decoding and applying of its zone loads over the run.
+func (s ShardTiming) CPUPerSecond(seconds int) time.Duration {
+	return s.Tick.Mean() + time.Duration(float64(sum(s.Apply)+sum(s.Decode))/float64(seconds))
+}
+
 // Memory is the live heap retained by each state at the end of the run:
 // the drop in runtime.MemStats.HeapAlloc, after a full GC, when the state
 // is released. InUse is the same for HeapInuse (whole spans, so coarser).
 type Memory struct {
-	Controller, ControllerInUse   uint64
+	Controller, ControllerInUse uint64
+	// Shards is each controller shard's state, with more than one; the
+	// Controller figures are then their sum.
+	Shards                        []uint64
 	Aggregators, AggregatorsInUse []uint64
 	// Heap is HeapAlloc after a full GC with everything live (the
 	// simulation's own mesh and buffers included); Sys is what the process
@@ -141,10 +166,19 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Result, error) {
 	load0 := loadAvg()
 	rng := newRNG(cfg)
 	m := newMesh(cfg, rng)
-	ctl, err := controller.NewState(cfg.Controller, epoch)
-	if err != nil {
-		return nil, fmt.Errorf("controller state: %w", err)
+	nShards := max(cfg.ControllerShards, 1)
+	ctls := make([]*controller.State, nShards)
+	var err error
+	for i := range ctls {
+		sc := cfg.Controller
+		if nShards > 1 {
+			sc.Shard = shard.Map{Index: i, Count: nShards}
+		}
+		if ctls[i], err = controller.NewState(sc, epoch); err != nil {
+			return nil, fmt.Errorf("controller state: %w", err)
+		}
 	}
+	shardCounts := []int{nShards}
 	aggs := make([]*aggregator.State, len(m.aggs))
 	for i, a := range m.aggs {
 		aggs[i] = aggregator.NewState(a.zone, a.id, cfg.Controller.StaleAfter, aggregator.Bounds{})
@@ -160,6 +194,9 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Result, error) {
 	}
 
 	res := &Result{Config: cfg}
+	if nShards > 1 {
+		res.Timing.Shards = make([]ShardTiming, nShards)
+	}
 	c := &res.Counted
 	c.Buckets, c.Aggregators, c.Surging = cfg.Buckets(), len(m.aggs), m.surging
 	c.MinSidecars, c.MaxSidecars = math.MaxInt, 0
@@ -168,7 +205,7 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Result, error) {
 		c.MaxSidecars = max(c.MaxSidecars, len(s.sidecars))
 	}
 	probe := &m.services[m.probe.svc]
-	c.Probe = Probe{Callee: probe.name, Caller: probe.callers[m.probe.caller], Limit: probe.limit[m.probe.caller]}
+	c.Probe = Probe{Callee: probe.name, Caller: probe.caller(m.probe.leaf), Procedure: probe.proc(m.probe.leaf), Limit: probe.limit[m.probe.leaf]}
 
 	ackSizes := make([]int64, len(m.aggs))
 	for i, a := range m.aggs {
@@ -177,7 +214,7 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Result, error) {
 	xdsAckSize := int64(proto.Size(&discovery.DeltaDiscoveryRequest{TypeUrl: names.DropPolicyType, ResponseNonce: sampleNonce}))
 
 	var (
-		counts   = make([]uint64, cfg.Callers) // one service's bucket counts for the second
+		counts   = make([]uint64, cfg.Buckets()/cfg.Services) // one service's leaf counts for the second
 		cur      []sidecar.PeerCounts
 		buf      []byte
 		lastPush = make(map[string]*sluicev1.DropPolicy, cfg.Services)
@@ -196,20 +233,20 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Result, error) {
 		for i := range m.services {
 			s := &m.services[i]
 			var svcTotal uint64
-			for j := range s.callers {
-				rate := s.base[j]
-				if surging && s.surge[j] {
+			for l := range s.base {
+				rate := s.base[l]
+				if surging && s.surge[l] {
 					rate *= cfg.SurgeFactor
 				}
 				if cfg.Noise > 0 {
 					rate *= 1 + cfg.Noise*(2*rng.Float64()-1)
 				}
-				counts[j] = uint64(math.Round(rate))
-				svcTotal += counts[j]
+				counts[l] = uint64(math.Round(rate))
+				svcTotal += counts[l]
 			}
 			sec.Generated += float64(svcTotal)
 			if i == m.probe.svc {
-				c.Probe.Offered = append(c.Probe.Offered, float64(counts[m.probe.caller]))
+				c.Probe.Offered = append(c.Probe.Offered, float64(counts[m.probe.leaf]))
 			}
 			n := uint64(len(s.sidecars))
 			for k, scIdx := range s.sidecars {
@@ -227,7 +264,7 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Result, error) {
 					if cnt == 0 {
 						continue
 					}
-					pc := sidecar.PeerCounts{Peer: s.callers[j], Offered: cnt}
+					pc := sidecar.PeerCounts{Peer: s.caller(j), Procedure: s.proc(j), Offered: cnt}
 					// What the sidecar drops with the ratio it holds: error
 					// diffusion drops n·p of n requests, give or take one.
 					if p := s.ratio[j]; p > 0 {
@@ -281,42 +318,79 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Result, error) {
 			}
 		}
 
-		// Aggregators flush to the controller.
+		// Aggregators flush to the controller, each shard its part.
 		for a, st := range aggs {
 			t0 := time.Now()
 			zl := st.Flush(now, time.Second)
 			t1 := time.Now()
-			buf, err = proto.MarshalOptions{}.MarshalAppend(buf[:0], &sluicev1.StreamZoneLoadsRequest{Load: zl})
-			if err != nil {
-				return nil, fmt.Errorf("encode zone load of %s: %w", m.aggs[a].id, err)
+			parts := []*sluicev1.ZoneLoad{zl}
+			if nShards > 1 {
+				parts = aggregator.SplitZoneLoad(zl, nShards, shardCounts)
 			}
-			t2 := time.Now()
-			var req sluicev1.StreamZoneLoadsRequest
-			if err := proto.Unmarshal(buf, &req); err != nil {
-				return nil, fmt.Errorf("decode zone load of %s: %w", m.aggs[a].id, err)
-			}
-			t3 := time.Now()
-			cerr := ctl.Apply(req.GetLoad(), now)
-			t4 := time.Now()
 			res.Timing.Flush = append(res.Timing.Flush, t1.Sub(t0))
-			res.Timing.ZoneLoadEncode = append(res.Timing.ZoneLoadEncode, t2.Sub(t1))
-			res.Timing.ZoneLoadDecode = append(res.Timing.ZoneLoadDecode, t3.Sub(t2))
-			res.Timing.ControllerApply = append(res.Timing.ControllerApply, t4.Sub(t3))
-			if cerr != nil {
-				c.Rejected++
+			for i, part := range parts {
+				t1 := time.Now()
+				buf, err = proto.MarshalOptions{}.MarshalAppend(buf[:0], &sluicev1.StreamZoneLoadsRequest{Load: part})
+				if err != nil {
+					return nil, fmt.Errorf("encode zone load of %s: %w", m.aggs[a].id, err)
+				}
+				t2 := time.Now()
+				var req sluicev1.StreamZoneLoadsRequest
+				if err := proto.Unmarshal(buf, &req); err != nil {
+					return nil, fmt.Errorf("decode zone load of %s: %w", m.aggs[a].id, err)
+				}
+				t3 := time.Now()
+				cerr := ctls[i].Apply(req.GetLoad(), now)
+				t4 := time.Now()
+				res.Timing.ZoneLoadEncode = append(res.Timing.ZoneLoadEncode, t2.Sub(t1))
+				res.Timing.ZoneLoadDecode = append(res.Timing.ZoneLoadDecode, t3.Sub(t2))
+				res.Timing.ControllerApply = append(res.Timing.ControllerApply, t4.Sub(t3))
+				if nShards > 1 {
+					sh := &res.Timing.Shards[i]
+					sh.Decode = append(sh.Decode, t3.Sub(t2))
+					sh.Apply = append(sh.Apply, t4.Sub(t3))
+					sh.ZoneLoadBytes += int64(len(buf))
+				}
+				if cerr != nil {
+					c.Rejected++
+				}
+				sec.ZoneLoads++
+				sec.ZoneLoadBytes += int64(len(buf))
 			}
-			sec.ZoneLoads++
-			sec.ZoneLoadBytes += int64(len(buf))
 		}
 
-		// The controller ticks.
-		alloc0 := allocatedBytes()
-		t0 := time.Now()
-		tick := ctl.Tick(now, m.set)
-		d := time.Since(t0)
+		// The controller ticks: each shard, one after the other.
+		var (
+			d         time.Duration
+			tickAlloc uint64
+			tick      = controller.TickResult{Warm: true, Changed: map[string]*sluicev1.DropPolicy{}, Services: map[string]controller.Totals{}}
+		)
+		for i, ctl := range ctls {
+			alloc0 := allocatedBytes()
+			t0 := time.Now()
+			tr := ctl.Tick(now, m.set)
+			di := time.Since(t0)
+			ai := allocatedBytes() - alloc0
+			d += di
+			tickAlloc += ai
+			if nShards > 1 {
+				sh := &res.Timing.Shards[i]
+				sh.Buckets = tr.Buckets
+				if tr.Warm {
+					sh.Tick = append(sh.Tick, di)
+					sh.TickAlloc = append(sh.TickAlloc, ai)
+				}
+			}
+			tick.Warm = tick.Warm && tr.Warm
+			tick.Buckets += tr.Buckets
+			maps.Copy(tick.Changed, tr.Changed)
+			maps.Copy(tick.Services, tr.Services)
+			tick.Loads = append(tick.Loads, tr.Loads...)
+			tick.Deleted = append(tick.Deleted, tr.Deleted...)
+		}
 		if tick.Warm {
 			res.Timing.Tick = append(res.Timing.Tick, d)
-			res.Timing.TickAlloc = append(res.Timing.TickAlloc, allocatedBytes()-alloc0)
+			res.Timing.TickAlloc = append(res.Timing.TickAlloc, tickAlloc)
 		}
 		sec.Warm, sec.Buckets = tick.Warm, tick.Buckets
 		for _, name := range slices.Sorted(maps.Keys(tick.Services)) { // sorted: float sums depend on order
@@ -325,7 +399,7 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Result, error) {
 		}
 		if tick.Warm {
 			for _, l := range tick.Loads {
-				if l.Callee == c.Probe.Callee && l.Caller == c.Probe.Caller {
+				if l.Callee == c.Probe.Callee && l.Caller == c.Probe.Caller && l.Procedure == c.Probe.Procedure {
 					c.Probe.Seen = append(c.Probe.Seen, l.Offered)
 				}
 			}
@@ -362,14 +436,17 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Result, error) {
 			clear(s.ratio)
 			clear(s.shadow)
 			for _, pp := range p.GetPeers() {
-				if j, ok := s.callerIdx[pp.GetPeer()]; ok {
-					s.ratio[j] = pp.GetDropRatio()
-					s.shadow[j] = pp.GetMode() == sluicev1.Mode_MODE_SHADOW
+				j, ok := s.callerIdx[pp.GetPeer()]
+				k, pok := s.procIdx[pp.GetProcedure()]
+				if ok && pok {
+					l := s.leaf(j, k)
+					s.ratio[l] = pp.GetDropRatio()
+					s.shadow[l] = pp.GetMode() == sluicev1.Mode_MODE_SHADOW
 				}
 			}
 		}
 		sec.RelayMaxAggBytes = slices.Max(aggBytes)
-		c.Probe.Ratio = append(c.Probe.Ratio, probe.ratio[m.probe.caller])
+		c.Probe.Ratio = append(c.Probe.Ratio, probe.ratio[m.probe.leaf])
 		if xds != nil && (len(tick.Changed) > 0 || len(tick.Deleted) > 0) {
 			if err := xds.publish(tick.Changed, tick.Deleted); err != nil {
 				return nil, err
@@ -399,11 +476,17 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Result, error) {
 		prevAlloc, prevInuse = ms.HeapAlloc, ms.HeapInuse
 		return alloc, inuse
 	}
-	// The controller goes first, released by its last use: setting a local
-	// that is never read again to nil is a dead store the compiler may drop,
-	// and then the state would be freed before the baseline above.
-	runtime.KeepAlive(ctl)
-	res.Memory.Controller, res.Memory.ControllerInUse = freed()
+	// The controller shards go first, one at a time: the slice stays live
+	// until the last is released, so each drop is that shard's state.
+	for i := range ctls {
+		ctls[i] = nil
+		a, u := freed()
+		res.Memory.Controller += a
+		res.Memory.ControllerInUse += u
+		if nShards > 1 {
+			res.Memory.Shards = append(res.Memory.Shards, a)
+		}
+	}
 	for i := range aggs {
 		aggs[i] = nil
 		a, u := freed()

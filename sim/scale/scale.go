@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/internal/controller"
+	"github.com/sluicehq/sluice/pkg/shard"
 )
 
 // Config describes the mesh and the run. Intervals are fixed at one second
@@ -38,6 +39,16 @@ type Config struct {
 	AggregatorsPerZone int     // aggregators in each zone; sidecars are spread round-robin
 	Seconds            int     // virtual seconds to run
 	Seed               uint64  // seeds the mesh's shape, the surge and the noise
+	// Procedures, when above 0, gives every service that many gRPC
+	// procedures: each caller's rate is split evenly over them, each
+	// (caller, procedure) leaf has its own limit (its share of the
+	// caller's, with the same headroom) under the caller's limit across
+	// them, and the law computes every leaf (issue #14's nested limits).
+	Procedures int
+	// ControllerShards splits the callees over that many controller
+	// states by pkg/shard, as sharded controller processes do; each
+	// aggregator's flush is split per shard. 0 and 1: one controller.
+	ControllerShards int
 
 	// Spread is the σ of the log-normal weights that shape the mesh: a
 	// service's share of the traffic and of the sidecars, and a caller's
@@ -105,8 +116,9 @@ func Small() Config {
 	return c
 }
 
-// Buckets is the number of (callee, caller) pairs.
-func (c Config) Buckets() int { return c.Services * c.Callers }
+// Buckets is the number of leaves the law computes: (callee, caller)
+// pairs, times the procedures when services declare them.
+func (c Config) Buckets() int { return c.Services * c.Callers * max(c.Procedures, 1) }
 
 // Aggregators is the number of aggregators in the mesh.
 func (c Config) Aggregators() int { return c.Zones * c.AggregatorsPerZone }
@@ -129,6 +141,8 @@ func (c Config) Validate() error {
 	check(c.Zones >= 1 && c.Zones <= 100, "zones: %d is outside [1, 100]", c.Zones)
 	check(c.AggregatorsPerZone >= 1 && c.AggregatorsPerZone <= 100, "aggregators-per-zone: %d is outside [1, 100]", c.AggregatorsPerZone)
 	check(c.Aggregators() <= c.Controller.MaxAggregators, "aggregators: zones × aggregators-per-zone = %d is above the controller's max %d", c.Aggregators(), c.Controller.MaxAggregators)
+	check(c.Procedures >= 0 && c.Procedures <= 100, "procedures: %d is outside [0, 100]", c.Procedures)
+	check(c.ControllerShards >= 0 && c.ControllerShards <= shard.MaxCount, "controller-shards: %d is outside [0, %d]", c.ControllerShards, shard.MaxCount)
 	check(c.Seconds >= 1 && c.Seconds <= 3600, "seconds: %d is outside [1, 3600]", c.Seconds)
 	check(c.Spread >= 0 && c.Spread <= 4, "spread: %v is outside [0, 4]", c.Spread)
 	check(c.Noise >= 0 && c.Noise < 1, "noise: %v is outside [0, 1)", c.Noise)

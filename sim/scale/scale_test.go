@@ -298,3 +298,44 @@ func TestHistQuantile(t *testing.T) {
 		t.Errorf("max %v count %d; want %v 10000", h.MaxDur, h.Count, slices.Max(exact))
 	}
 }
+
+// Sharding the controller changes where the law runs, not what it computes:
+// the callees split over three shards publish, second by second, the ratios
+// one controller publishes for the same mesh, procedures included; only the
+// shard mark (and so a policy's bytes) differs.
+func TestShardedControllersComputeWhatOneDoes(t *testing.T) {
+	cfg := Small()
+	cfg.Seconds = 24 // surge and release
+	cfg.Procedures = 3
+	one := run(t, cfg)
+	cfg.ControllerShards = 3
+	three := run(t, cfg)
+	if len(three.Timing.Shards) != 3 || len(three.Memory.Shards) != 3 {
+		t.Fatalf("a run of 3 shards timed %d shards and weighed %d", len(three.Timing.Shards), len(three.Memory.Shards))
+	}
+	leaves := 0
+	for i, s := range three.Timing.Shards {
+		if s.Buckets == 0 || len(s.Tick) == 0 || len(s.Apply) != cfg.Seconds*cfg.Aggregators() {
+			t.Errorf("shard %d: %d leaves, %d ticks, %d zone loads applied", i, s.Buckets, len(s.Tick), len(s.Apply))
+		}
+		leaves += s.Buckets
+	}
+	a, b := one.Counted, three.Counted
+	if last := a.Seconds[len(a.Seconds)-1]; leaves != last.Buckets {
+		t.Errorf("the shards ran the law on %d leaves, one controller on %d", leaves, last.Buckets)
+	}
+	if !slices.Equal(a.Probe.Ratio, b.Probe.Ratio) || !slices.Equal(a.Probe.Seen, b.Probe.Seen) {
+		t.Errorf("the probe's course differs:\none:   seen %v ratio %v\nthree: seen %v ratio %v", a.Probe.Seen, a.Probe.Ratio, b.Probe.Seen, b.Probe.Ratio)
+	}
+	for i := range a.Seconds {
+		x, y := a.Seconds[i], b.Seconds[i]
+		if x.Seen != y.Seen || x.SeenDropped != y.SeenDropped || x.Policies != y.Policies || x.Buckets != y.Buckets {
+			t.Errorf("second %d: one controller saw %v (dropped %v), published %d over %d leaves; three shards %v (%v), %d over %d",
+				i+1, x.Seen, x.SeenDropped, x.Policies, x.Buckets, y.Seen, y.SeenDropped, y.Policies, y.Buckets)
+		}
+		// Each aggregator sends every shard its part.
+		if y.ZoneLoads != 3*x.ZoneLoads {
+			t.Errorf("second %d: %d zone loads to 3 shards, %d to one", i+1, y.ZoneLoads, x.ZoneLoads)
+		}
+	}
+}
