@@ -90,10 +90,10 @@ type Second struct {
 // Probe is one bucket's course through the run.
 type Probe struct {
 	Callee, Caller, Procedure string
-	Limit          float64
-	Offered        []float64 // generated rps, per second
-	Seen           []float64 // the controller's global offered rps at the tick
-	Ratio          []float64 // the ratio the sidecars hold after the tick
+	Limit                     float64
+	Offered                   []float64 // generated rps, per second
+	Seen                      []float64 // the controller's global offered rps at the tick
+	Ratio                     []float64 // the ratio the sidecars hold after the tick
 }
 
 // Timing holds wall time measured around each call on the one goroutine that

@@ -207,13 +207,15 @@ func TestCommandSmall(t *testing.T) {
 	var out, errOut bytes.Buffer
 	cmd.SetOut(&out)
 	cmd.SetErr(&errOut)
-	cmd.SetArgs([]string{"--small", "--seconds", "8", "--quiet"})
+	cmd.SetArgs([]string{"--small", "--seconds", "8", "--quiet", "--controller-shards", "2", "--procedures", "2"})
 	if err := cmd.ExecuteContext(context.Background()); err != nil {
 		t.Fatalf("scale --small: %v\n%s", err, errOut.String())
 	}
 	for _, want := range []string{
-		"command: scale --services 20 --callers 10 --sidecars 300 --rps 200000 --zones 3 --aggregators-per-zone 2 --seconds 8",
-		"controller Tick (200 buckets, warm ticks)",
+		"command: scale --services 20 --callers 10 --procedures 2 --controller-shards 2 --sidecars 300 --rps 200000 --zones 3 --aggregators-per-zone 2 --seconds 8",
+		"mesh: 20 services × 10 callers × 2 procedures = 400 buckets",
+		"controller shards: 2",
+		"worst shard: tick p99",
 		"aggregator Apply, per report",
 		"controller state",
 		"sidecars → aggregators: load reports",
