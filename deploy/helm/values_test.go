@@ -36,9 +36,21 @@ func decode[T any](t *testing.T, objects map[key]object, k key) *T {
 	return v
 }
 
+// deployment decodes the Deployment name; for the controller, a
+// StatefulSet, a Deployment holding its pod template and replicas.
 func deployment(t *testing.T, objects map[key]object, ns, name string) *appsv1.Deployment {
 	t.Helper()
+	if name == "sluice-controller" {
+		s := controller(t, objects, ns)
+		return &appsv1.Deployment{Spec: appsv1.DeploymentSpec{Replicas: s.Spec.Replicas, Template: s.Spec.Template}}
+	}
 	return decode[appsv1.Deployment](t, objects, key{"apps/v1", "Deployment", ns, name})
+}
+
+// controller decodes the controller's StatefulSet.
+func controller(t *testing.T, objects map[key]object, ns string) *appsv1.StatefulSet {
+	t.Helper()
+	return decode[appsv1.StatefulSet](t, objects, key{"apps/v1", "StatefulSet", ns, "sluice-controller"})
 }
 
 // args returns the first container's arguments as flag → value.
@@ -103,7 +115,7 @@ func TestValuesDoWhatTheySay(t *testing.T) {
 			}
 		}
 		// The defaults do have them: the check above can fail.
-		if a := args(deployment(t, defaults, releaseNamespace, "sluice-controller").Spec.Template.Spec.Containers[0]); a["tls-cert"] == "" || a["trust-domain"] != "cluster.local" {
+		if a := args(controller(t, defaults, releaseNamespace).Spec.Template.Spec.Containers[0]); a["tls-cert"] == "" || a["trust-domain"] != "cluster.local" {
 			t.Errorf("default controller args %v: want mTLS", a)
 		}
 	})
@@ -137,11 +149,19 @@ func TestValuesDoWhatTheySay(t *testing.T) {
 
 	t.Run("replicas", func(t *testing.T) {
 		got := renderChart(t, releaseNamespace, map[string]any{
-			"aggregator": map[string]any{"replicas": 9}, "injector": map[string]any{"replicas": 5}, "controller": map[string]any{"replicas": 0}})
-		for name, want := range map[string]int32{"sluice-aggregator": 9, "sluice-injector": 5, "sluice-controller": 0} {
+			"aggregator": map[string]any{"replicas": 9}, "injector": map[string]any{"replicas": 5}, "controller": map[string]any{"shards": 3}})
+		for name, want := range map[string]int32{"sluice-aggregator": 9, "sluice-injector": 5} {
 			if r := *deployment(t, got, releaseNamespace, name).Spec.Replicas; r != want {
 				t.Errorf("%s: %d replicas, want %d", name, r, want)
 			}
+			// Every aggregator and sidecar starts from the shard count.
+			if a := args(deployment(t, got, releaseNamespace, name).Spec.Template.Spec.Containers[0]); a["controller-shards"] != "3" {
+				t.Errorf("%s --controller-shards=%s, want 3", name, a["controller-shards"])
+			}
+		}
+		ctl := controller(t, got, releaseNamespace)
+		if a := args(ctl.Spec.Template.Spec.Containers[0]); *ctl.Spec.Replicas != 3 || a["shards"] != "3" {
+			t.Errorf("controller: %d replicas, --shards=%s: want a shard per pod, 3", *ctl.Spec.Replicas, a["shards"])
 		}
 	})
 
@@ -180,7 +200,7 @@ func TestValuesDoWhatTheySay(t *testing.T) {
 		if g := images(t, got); !equalMaps(g, want) {
 			t.Errorf("images %v, want %v", g, want)
 		}
-		if p := deployment(t, got, releaseNamespace, "sluice-controller").Spec.Template.Spec.Containers[0].ImagePullPolicy; p != corev1.PullIfNotPresent {
+		if p := controller(t, got, releaseNamespace).Spec.Template.Spec.Containers[0].ImagePullPolicy; p != corev1.PullIfNotPresent {
 			t.Errorf("controller pull policy %q, want its own IfNotPresent", p)
 		}
 		inj := deployment(t, got, releaseNamespace, "sluice-injector").Spec.Template.Spec.Containers[0]
@@ -232,7 +252,7 @@ func TestValuesDoWhatTheySay(t *testing.T) {
 	t.Run("limits from a file", func(t *testing.T) {
 		got := renderChart(t, releaseNamespace, map[string]any{"limits": map[string]any{"source": "file",
 			"file": map[string]any{"configMapName": "sluice-limits", "key": "limits.yaml"}}})
-		spec := deployment(t, got, releaseNamespace, "sluice-controller").Spec.Template.Spec
+		spec := controller(t, got, releaseNamespace).Spec.Template.Spec
 		c := spec.Containers[0]
 		if args(c)["limits"] != "/etc/sluice/limits/limits.yaml" {
 			t.Errorf("controller args %q: want --limits from the mounted file", c.Args)
@@ -267,7 +287,7 @@ func TestValuesDoWhatTheySay(t *testing.T) {
 	t.Run("database Secret", func(t *testing.T) {
 		got := renderChart(t, releaseNamespace, map[string]any{"limits": map[string]any{"postgres": map[string]any{"secretName": "pg", "secretKey": "dsn"}}})
 		job := decode[batchv1.Job](t, got, key{"batch/v1", "Job", releaseNamespace, "sluice-migrate"})
-		for _, c := range []corev1.Container{deployment(t, got, releaseNamespace, "sluice-controller").Spec.Template.Spec.Containers[0], job.Spec.Template.Spec.Containers[0]} {
+		for _, c := range []corev1.Container{controller(t, got, releaseNamespace).Spec.Template.Spec.Containers[0], job.Spec.Template.Spec.Containers[0]} {
 			var ok bool
 			for _, e := range c.Env {
 				ok = ok || (e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil && e.ValueFrom.SecretKeyRef.Name == "pg" && e.ValueFrom.SecretKeyRef.Key == "dsn")
@@ -293,7 +313,7 @@ func TestValuesDoWhatTheySay(t *testing.T) {
 			}
 		}
 		a := args(deployment(t, got, "mesh", "sluice-injector").Spec.Template.Spec.Containers[0])
-		if a["aggregators"] != "sluice-aggregator.mesh.svc:18100" || a["controllers"] != "sluice-controller.mesh.svc:18000" {
+		if a["aggregators"] != "sluice-aggregator.mesh.svc:18100" || a["controllers"] != "sluice-controller-{shard}.sluice-controller.mesh.svc:18000" {
 			t.Errorf("injector args %v", a)
 		}
 		if ns := kinds(defaults, "Namespace"); !slices.Equal(ns, []string{releaseNamespace}) {
@@ -362,7 +382,8 @@ func TestChartLint(t *testing.T) {
 		{"caller identity", map[string]any{"sidecar": map[string]any{"callerIdentity": "jwt"}}, "sidecar/callerIdentity"},
 		{"mtls callers without mtls", map[string]any{"sidecar": map[string]any{"callerIdentity": "mtls"}, "tls": map[string]any{"mtls": false}},
 			"sidecar.callerIdentity: mtls needs tls.mtls"},
-		{"two controllers", map[string]any{"controller": map[string]any{"replicas": 2}}, "controller/replicas"},
+		{"no controller shard", map[string]any{"controller": map[string]any{"shards": 0}}, "controller/shards"},
+		{"controller replicas", map[string]any{"controller": map[string]any{"replicas": 2}}, "replicas"},
 		{"pull policy", map[string]any{"image": map[string]any{"pullPolicy": "Sometimes"}}, "image/pullPolicy"},
 		{"limits source", map[string]any{"limits": map[string]any{"source": "redis"}}, "limits/source"},
 		{"limits file without a ConfigMap", map[string]any{"limits": map[string]any{"source": "file"}}, "limits.file.configMapName: required"},

@@ -27,7 +27,7 @@ const (
 // installs (TestImagesShareATag checks that every image has it).
 func overlayTag(t *testing.T, r *rendered) string {
 	t.Helper()
-	image := one[*appsv1.Deployment](t, r, "sluice-controller").Spec.Template.Spec.Containers[0].Image
+	image := one[*appsv1.StatefulSet](t, r, "sluice-controller").Spec.Template.Spec.Containers[0].Image
 	_, tag, ok := strings.Cut(image, ":")
 	if !ok {
 		t.Fatalf("controller image %s has no tag", image)

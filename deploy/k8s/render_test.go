@@ -183,6 +183,24 @@ func one[T interface{ GetName() string }](t *testing.T, r *rendered, name string
 	return zero
 }
 
+// podTemplate is the pod template of the Deployment or StatefulSet name:
+// the controller is a StatefulSet, the other servers Deployments.
+func podTemplate(t *testing.T, r *rendered, name string) corev1.PodTemplateSpec {
+	t.Helper()
+	for _, d := range all[*appsv1.Deployment](r) {
+		if d.Name == name {
+			return d.Spec.Template
+		}
+	}
+	for _, s := range all[*appsv1.StatefulSet](r) {
+		if s.Name == name {
+			return s.Spec.Template
+		}
+	}
+	t.Fatalf("%s: no Deployment or StatefulSet named %s", r.overlay, name)
+	return corev1.PodTemplateSpec{}
+}
+
 // eachOverlay runs f on every overlay, rendered once per test binary.
 func eachOverlay(t *testing.T, f func(t *testing.T, r *rendered)) {
 	for _, o := range overlays {

@@ -20,8 +20,8 @@ func TestMutualTLS(t *testing.T) {
 		want := map[string]identity.Kind{"sluice-controller": identity.Controller, "sluice-aggregator": identity.Aggregator}
 		domains := map[string]string{} // deployment → its trust domain, "" for plaintext
 		for name, kind := range want {
-			dep := one[*appsv1.Deployment](t, r, name)
-			c := dep.Spec.Template.Spec.Containers[0]
+			tmpl := podTemplate(t, r, name)
+			c := tmpl.Spec.Containers[0]
 			flags := map[string]string{}
 			for _, a := range c.Args {
 				if k, v, ok := strings.Cut(strings.TrimPrefix(a, "--"), "="); ok {
@@ -41,7 +41,7 @@ func TestMutualTLS(t *testing.T) {
 				var found string
 				for _, m := range c.VolumeMounts {
 					if strings.HasPrefix(path, m.MountPath+"/") {
-						for _, v := range dep.Spec.Template.Spec.Volumes {
+						for _, v := range tmpl.Spec.Volumes {
 							if v.Name == m.Name && v.Secret != nil {
 								found = v.Secret.SecretName
 							}

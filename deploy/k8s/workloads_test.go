@@ -1,6 +1,8 @@
 package k8s_test
 
 import (
+	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -270,19 +272,47 @@ func TestAggregatorsSpreadAcrossZones(t *testing.T) {
 	})
 }
 
-// TestController checks the controller's shape: one replica, replaced (not
-// rolled: two would split the aggregators), reachable while warming up.
+// TestController checks the controller's shape: a StatefulSet whose pods
+// are its shards, each told its ordinal and the count, started and rolled
+// one at a time, reachable at a name of its own while warming up; and the
+// aggregators and sidecars told to reach the shards by those names.
 func TestController(t *testing.T) {
 	eachOverlay(t, func(t *testing.T, r *rendered) {
-		d := one[*appsv1.Deployment](t, r, "sluice-controller")
-		if *d.Spec.Replicas != 1 || d.Spec.Strategy.Type != appsv1.RecreateDeploymentStrategyType {
-			t.Errorf("controller: %d replicas, strategy %s: want 1, Recreate", *d.Spec.Replicas, d.Spec.Strategy.Type)
+		d := one[*appsv1.StatefulSet](t, r, "sluice-controller")
+		if d.Spec.ServiceName != "sluice-controller" || d.Spec.PodManagementPolicy != appsv1.OrderedReadyPodManagement ||
+			d.Spec.UpdateStrategy.Type != appsv1.RollingUpdateStatefulSetStrategyType {
+			t.Errorf("controller: serviceName %q, pod management %s, update %s: want sluice-controller, OrderedReady, RollingUpdate",
+				d.Spec.ServiceName, d.Spec.PodManagementPolicy, d.Spec.UpdateStrategy.Type)
 		}
 		svc := one[*corev1.Service](t, r, "sluice-controller")
 		if !svc.Spec.PublishNotReadyAddresses {
 			t.Error("controller Service must publish not-ready addresses: its warm-up needs the aggregators connected")
 		}
+		if svc.Spec.ClusterIP != corev1.ClusterIPNone {
+			t.Errorf("controller Service clusterIP %q: want None, so that each shard has a DNS name", svc.Spec.ClusterIP)
+		}
 		c := d.Spec.Template.Spec.Containers[0]
+		shards := fmt.Sprintf("--shards=%d", *d.Spec.Replicas)
+		if !slices.Contains(c.Args, shards) {
+			t.Errorf("controller args %q: want %s, the StatefulSet's replicas", c.Args, shards)
+		}
+		var ordinal bool
+		for _, e := range c.Env {
+			if e.Name == "SLUICE_CONTROLLER_SHARD" && e.ValueFrom != nil && e.ValueFrom.FieldRef != nil &&
+				e.ValueFrom.FieldRef.FieldPath == "metadata.labels['apps.kubernetes.io/pod-index']" {
+				ordinal = true
+			}
+		}
+		if !ordinal {
+			t.Error("controller: SLUICE_CONTROLLER_SHARD must come from the pod-index label")
+		}
+		for _, name := range []string{"sluice-aggregator", "sluice-injector"} {
+			args := one[*appsv1.Deployment](t, r, name).Spec.Template.Spec.Containers[0].Args
+			want := "--controllers=sluice-controller-{shard}.sluice-controller.sluice-system.svc:18000"
+			if !slices.Contains(args, want) || !slices.Contains(args, fmt.Sprintf("--controller-shards=%d", *d.Spec.Replicas)) {
+				t.Errorf("%s args %q: want %s and --controller-shards=%d", name, args, want, *d.Spec.Replicas)
+			}
+		}
 		var db bool
 		for _, e := range c.Env {
 			if e.Name == "SLUICE_CONTROLLER_DATABASE_URL" && e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil {

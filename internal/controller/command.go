@@ -23,6 +23,8 @@ import (
 	"github.com/sluicehq/sluice/internal/zoneload"
 	"github.com/sluicehq/sluice/pkg/history"
 	"github.com/sluicehq/sluice/pkg/liveness"
+	"github.com/sluicehq/sluice/pkg/names"
+	"github.com/sluicehq/sluice/pkg/shard"
 )
 
 // Flags are the controller binary's settings beyond Config.
@@ -68,7 +70,7 @@ or in the --config file; flags win over the environment, the environment over th
 	addFlags(cmd.Flags(), &cfg, &fl)
 	tlsFlags.AddFlags(cmd.Flags())
 	fl.Logging.AddFlags(cmd.Flags())
-	cmd.AddCommand(MigrateCommand("controller"))
+	cmd.AddCommand(MigrateCommand("controller"), ShardOfCommand())
 	return cmd
 }
 
@@ -262,5 +264,35 @@ docs/operations.md, "Upgrade" and "Rollback".`,
 		},
 	}
 	cmd.Flags().StringVar(&url, "database-url", "", "Postgres URL of the history store")
+	return cmd
+}
+
+// ShardOfCommand prints the shard that owns each callee: where its policy,
+// its proxyless resources and its Envoy RTDS layer are served.
+func ShardOfCommand() *cobra.Command {
+	var shards int
+	cmd := &cobra.Command{
+		Use:   "shard-of CALLEE...",
+		Short: "print the controller shard that owns each callee under --shards",
+		Long: `shard-of prints, for each callee, the index of the controller shard that
+computes and publishes its policy when controllers are sharded --shards ways
+(pkg/shard: a stable hash of the name). An Envoy RTDS or proxyless gRPC
+bootstrap for a callee names its owner, sluice-controller-<shard>.`,
+		Args:         cobra.MinimumNArgs(1),
+		SilenceUsage: true,
+		RunE: func(cmd *cobra.Command, callees []string) error {
+			if err := (shard.Map{Index: 0, Count: shards}).Validate(); err != nil {
+				return err
+			}
+			for _, c := range callees {
+				if err := names.Check(c); err != nil {
+					return fmt.Errorf("callee %q: %w", c, err)
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "%s\t%d\n", c, shard.Owner(c, shards))
+			}
+			return nil
+		},
+	}
+	cmd.Flags().IntVar(&shards, "shards", 1, "the controllers' shard count")
 	return cmd
 }

@@ -1,8 +1,11 @@
 package controller
 
 import (
+	"fmt"
+	"io"
 	"math"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -104,5 +107,29 @@ func TestShardsSplitTheCallees(t *testing.T) {
 	}
 	if whole["callee/foxtrot"].GetShard() != nil {
 		t.Error("an unsharded controller marks its policies with a shard")
+	}
+}
+
+// shard-of prints each callee's owner, as the shards compute it, and
+// refuses a bad count or name.
+func TestShardOfCommand(t *testing.T) {
+	run := func(args ...string) (string, error) {
+		cmd := ShardOfCommand()
+		var out strings.Builder
+		cmd.SetOut(&out)
+		cmd.SetErr(io.Discard)
+		cmd.SetArgs(args)
+		err := cmd.Execute()
+		return out.String(), err
+	}
+	out, err := run("--shards", "3", "foxtrot", "echo")
+	if err != nil || out != fmt.Sprintf("foxtrot\t%d\necho\t%d\n", shard.Owner("foxtrot", 3), shard.Owner("echo", 3)) {
+		t.Errorf("shard-of: %q, %v", out, err)
+	}
+	if _, err := run("--shards", "0", "x"); err == nil || !strings.Contains(err.Error(), "shards") {
+		t.Errorf("--shards 0: %v, want an error naming shards", err)
+	}
+	if _, err := run("--shards", "2", "Not A Name"); err == nil {
+		t.Error("an invalid callee name was accepted")
 	}
 }

@@ -101,8 +101,9 @@ flags win over the environment, the environment over the file.`,
 	f.StringVar(&pullPolicy, "sidecar-image-pull-policy", "IfNotPresent", "pull policy of the sidecar image: Always, IfNotPresent or Never")
 	f.StringSliceVar(&cfg.Inject.Aggregators, "aggregators", []string{"sluice-aggregator.sluice-system.svc:18100"},
 		"the sidecar's --aggregators: the zone-local aggregator Service")
-	f.StringSliceVar(&cfg.Inject.Controllers, "controllers", []string{"sluice-controller.sluice-system.svc:18000"},
-		"the sidecar's --controllers: the controller Service (xDS)")
+	f.StringSliceVar(&cfg.Inject.Controllers, "controllers", []string{"sluice-controller-{shard}.sluice-controller.sluice-system.svc:18000"},
+		"the sidecar's --controllers: the controller shards' names (xDS), {shard} standing for a shard's index")
+	f.IntVar(&cfg.Inject.ControllerShards, "controller-shards", 1, "the sidecar's --controller-shards: the controller shard count it assumes at start (it follows the count the shards announce)")
 	f.StringVar(&cfg.SidecarTLS.TrustDomain, "sidecar-trust-domain", "", "give injected sidecars mutual TLS in this SPIFFE trust domain, with certificates from cert-manager's csi-driver-spiffe (the pod's service account must be its service); empty: sidecars in plaintext")
 	f.StringVar(&cfg.Inject.CallerHeader, "caller-header", "", "the sidecar's --caller-header; empty keeps the sidecar's default")
 	f.StringVar(&cfg.Inject.CPURequest, "sidecar-cpu-request", "50m", "the sidecar's CPU request; pods override it with sluice.io/cpu-request")

@@ -37,6 +37,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/sluicehq/sluice/pkg/names"
+	"github.com/sluicehq/sluice/pkg/shard"
 )
 
 // Annotations and labels the injector reads and writes.
@@ -176,6 +177,10 @@ type Config struct {
 	// --zone of its own.
 	Aggregators []string
 	Controllers []string
+	// ControllerShards is the sidecar's --controller-shards, passed when
+	// above 1: the shard count it assumes at start when Controllers name
+	// "{shard}" (it follows the count the shards announce).
+	ControllerShards int
 	// CallerHeader is the sidecar's --caller-header; empty leaves its
 	// default.
 	CallerHeader string
@@ -221,6 +226,9 @@ func (c Config) Validate() error {
 				errs = append(errs, fmt.Errorf("%s[%d]: %q is not host:port", l.flag, i, a))
 			}
 		}
+	}
+	if c.ControllerShards < 0 || c.ControllerShards > shard.MaxCount {
+		errs = append(errs, fmt.Errorf("controller-shards: %d is not in [0, %d]", c.ControllerShards, shard.MaxCount))
 	}
 	var r resources
 	for _, q := range []struct {
@@ -769,6 +777,9 @@ func (p *plan) container(proxyName string) corev1.Container {
 		{Name: Env("aggregators"), Value: strings.Join(p.cfg.Aggregators, ",")},
 		{Name: Env("controllers"), Value: strings.Join(p.cfg.Controllers, ",")},
 		{Name: Env("log-format"), Value: "json"},
+	}
+	if p.cfg.ControllerShards > 1 {
+		env = append(env, corev1.EnvVar{Name: Env("controller-shards"), Value: strconv.Itoa(p.cfg.ControllerShards)})
 	}
 	if p.strategy != "" {
 		env = append(env, corev1.EnvVar{Name: Env("strategy"), Value: p.strategy})
