@@ -277,28 +277,52 @@ func (c *Client) Run(ctx context.Context) error {
 	backoff := c.cfg.BackoffMin
 	var timer *time.Timer
 	server := 0
+	templated := shard.Templated(c.cfg.Servers)
+	// probe makes the next attempt ask shard 0 instead of the owner: the
+	// owner under the count in force did not answer at any of its
+	// addresses, and may be gone (the shards were scaled down, and the
+	// count the client holds names a shard that no longer exists). Shard
+	// 0 always exists, and answers with the count, or owns the callee.
+	probe := false
+	// hops counts the moves made at once since a stream last stayed: shards
+	// that disagree on the count (a reshard under way) could send a client
+	// back and forth; past maxHops a move waits for the backoff.
+	hops := 0
 	for attempt := 0; ; attempt++ {
 		if attempt > 0 {
 			c.m.reconnects.Inc()
 		}
 		servers := c.servers()
+		if probe {
+			servers = shard.Addrs(c.cfg.Servers, 0)
+		}
 		addr := servers[server%len(servers)]
+		probed := probe
+		probe = false
 		c.moved = false
 		received, err := c.runStream(ctx, addr)
 		if ctx.Err() != nil {
 			return nil
 		}
-		if c.moved && !shard.Templated(c.cfg.Servers) {
+		if c.moved && !templated {
 			received = false // try the next address, with backoff
 		}
-		if c.moved && shard.Templated(c.cfg.Servers) {
-			// Another shard owns the callee: go there at once, first
-			// address first, naming no versions (see followShard).
+		if c.moved && templated {
+			// Another shard owns the callee: go there, first address
+			// first, naming no versions (see followShard); at once,
+			// unless shard 0 was asked because the owner did not
+			// answer: then after the backoff, which keeps growing while
+			// the owner stays away.
 			c.m.moves.Inc()
 			c.log.Info("xds: the callee's policy is at another shard", "server", addr,
 				"shards", c.shards, "owner", shard.Owner(c.callee, c.shards), "next_server", c.servers()[0])
-			server, backoff = 0, c.cfg.BackoffMin
-			continue
+			server = 0
+			if hops++; !probed && hops <= maxHops {
+				continue
+			}
+			received = false
+		} else if received {
+			hops = 0
 		}
 		if received {
 			// The server worked: retry it first, soon. If it is really
@@ -306,11 +330,16 @@ func (c *Client) Run(ctx context.Context) error {
 			backoff = c.cfg.BackoffMin
 		} else {
 			server = (server + 1) % len(servers)
+			probe = templated && !probed && server == 0 && shard.Owner(c.callee, c.shards) != 0
+		}
+		next := c.servers()
+		if probe {
+			next = shard.Addrs(c.cfg.Servers, 0)
 		}
 		wait := jitter(backoff)
 		backoff = min(2*backoff, c.cfg.BackoffMax)
 		c.log.Warn("xds stream ended", "server", addr, "error", err, "retry_in", wait,
-			"next_server", servers[server])
+			"next_server", next[server%len(next)])
 
 		if timer == nil {
 			timer = time.NewTimer(wait)
@@ -375,6 +404,10 @@ func (c *Client) followShard(si *sluicev1.ShardInfo) bool {
 	}
 	return false
 }
+
+// maxHops is how many moves to another shard a client makes at once
+// before it waits for its backoff between them.
+const maxHops = 3
 
 // errMoved ends a stream whose server said another shard owns the callee.
 var errMoved = errors.New("the callee's policy is at another shard")

@@ -122,3 +122,31 @@ func TestMovedAnswerIsNotApplied(t *testing.T) {
 		t.Errorf("the handler saw %d updates from a shard that does not own echo, want 0", calls)
 	}
 }
+
+// Scaled down from 3 shards to 2, a client whose owner (shard 2) is gone
+// asks shard 0, which always exists, and follows it: it owns foxtrot under
+// 2 (pkg/shard: foxtrot is 2 of 3, 0 of 2).
+func TestShardGoneAsksShardZero(t *testing.T) {
+	port := shardPort(t)
+	addr := func(i int) string { return fmt.Sprintf("127.0.0.1%d:%d", i, port) }
+	tmpl := fmt.Sprintf("127.0.0.1%s:%d", shard.Placeholder, port)
+	three := func(i int) shard.Map { return shard.Map{Index: i, Count: 3} }
+	s0 := startServerWith(t, addr(0), xdsserver.Options{Shard: three(0)})
+	s2 := startServerWith(t, addr(2), xdsserver.Options{Shard: three(2)}, owned("callee/foxtrot", 0.5, three(2)))
+
+	fox := newRecorder()
+	runClient(t, xdsclient.Config{Servers: []string{tmpl}, ShardCount: 3, Resources: []string{"callee/foxtrot"}, Protocol: xdsclient.Delta}, fox)
+	fox.waitFor(t, "callee/foxtrot", 0.5)
+	if n := s0.metric("sluice_controller_xds_moved_answers_total"); n != 0 {
+		t.Fatalf("a client that starts at the right count asked shard 0 (%v moved answers)", n)
+	}
+
+	s2.close()
+	s0.close()
+	two := shard.Map{Index: 0, Count: 2}
+	startServerWith(t, addr(0), xdsserver.Options{Shard: two}, owned("callee/foxtrot", 0.6, two))
+	fox.waitFor(t, "callee/foxtrot", 0.6)
+	if r := fox.removed(); len(r) != 0 {
+		t.Errorf("the scale-down removed %v", r)
+	}
+}
