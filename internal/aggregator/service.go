@@ -304,6 +304,7 @@ func (s *Service) newUplink(cfg Config, addrs []string, logger *slog.Logger, sl 
 				n = int(si.GetCount())
 			}
 			sl.announced.Store(int32(n))
+			sl.answered.Store(time.Now().UnixNano())
 			s.onControllerResponse(r)
 		},
 		// Few aggregators dial the controller, so a short backoff cannot
@@ -397,7 +398,7 @@ func (s *Service) offer(zl *sluicev1.ZoneLoad) {
 		}
 		return
 	}
-	counts := s.links.counts(s.cfg.ControllerShards)
+	counts := s.links.counts(s.cfg.ControllerShards, time.Now())
 	s.links.grow(counts[len(counts)-1], s.log)
 	ls := s.links.list()
 	for i, part := range SplitZoneLoad(zl, len(ls), counts) {

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"google.golang.org/protobuf/proto"
 
@@ -17,10 +18,18 @@ import (
 // aggregator holds one link per controller shard and sends each shard the
 // entries of the callees it owns. The count is the shards' to say: every
 // answer of a shard announces it, and the aggregator routes under every
-// count its connected shards announce, so that while a reshard is under way
+// count its shards last announced, so that while a reshard is under way
 // (some shards restarted with the new count, some not yet) each callee goes
-// to its owner under both counts and no owner goes without its load. It
-// opens links to new shards as the count grows, and keeps them.
+// to its owner under both counts and no owner goes without its load. A
+// shard that is away keeps its last count in the set for countMemory: a
+// callee sent to one more shard costs nothing (a shard keeps only its
+// own), one sent to none would lose its load; a shard away longer was
+// scaled away. It opens links to new shards as the count grows, and keeps
+// them.
+
+// countMemory is how long a shard's last announced count is routed by
+// after its last answer: longer than a restart and its warm-up.
+const countMemory = time.Minute
 
 // shardLink is the link to one controller shard: its uplinks (one per
 // replica with fan-out, else one) and the count it announced last.
@@ -28,9 +37,10 @@ type shardLink struct {
 	index     int
 	ups       []*zoneUplink
 	announced atomic.Int32 // 0 before the shard answered
+	answered  atomic.Int64 // unix nanoseconds of its last answer
 }
 
-// links holds the shard links. Only FlushNow grows it; Run starts them.
+// links holds the shard links. New and FlushNow grow it; Run starts them.
 type links struct {
 	mu   sync.Mutex
 	all  []*shardLink
@@ -101,13 +111,14 @@ func (l *links) run(ctx context.Context) {
 	wg.Wait()
 }
 
-// counts returns the shard counts to route under: those the connected
-// shards announced, or configured before any has.
-func (l *links) counts(configured int) []int {
+// counts returns the shard counts to route under at now: those the shards
+// announced in their last answers, connected or not, within countMemory;
+// configured when none has.
+func (l *links) counts(configured int, now time.Time) []int {
 	var out []int
 	for _, sl := range l.list() {
 		n := int(sl.announced.Load())
-		if n < 1 || !slices.ContainsFunc(sl.ups, (*zoneUplink).Connected) {
+		if n < 1 || now.Sub(time.Unix(0, sl.answered.Load())) > countMemory {
 			continue
 		}
 		if !slices.Contains(out, n) {

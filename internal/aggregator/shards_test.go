@@ -1,7 +1,9 @@
 package aggregator
 
 import (
+	"slices"
 	"testing"
+	"time"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 )
@@ -61,5 +63,34 @@ func TestSplitZoneLoad(t *testing.T) {
 	}
 	if len(zl.GetServices()[4].GetPeers()) != 2 {
 		t.Error("splitting changed the zone load it split")
+	}
+}
+
+// The counts routed by are what the shards last said, for a while after
+// they went quiet (a restart), and the configured one until any answered.
+func TestLinksCounts(t *testing.T) {
+	now := time.Now()
+	var l links
+	l.all = []*shardLink{{index: 0}, {index: 1}, {index: 2}}
+	if got := l.counts(2, now); !slices.Equal(got, []int{2}) {
+		t.Errorf("before any answer: %v, want the configured [2]", got)
+	}
+	say := func(i, n int, at time.Time) {
+		l.all[i].announced.Store(int32(n))
+		l.all[i].answered.Store(at.UnixNano())
+	}
+	say(0, 2, now.Add(-time.Second))
+	say(1, 3, now.Add(-10*time.Second))
+	if got := l.counts(2, now); !slices.Equal(got, []int{2, 3}) {
+		t.Errorf("a reshard under way: %v, want [2 3]", got)
+	}
+	say(2, 3, now)
+	say(1, 2, now.Add(-countMemory-time.Second)) // shard 1 said 2 long ago, and went
+	if got := l.counts(9, now); !slices.Equal(got, []int{2, 3}) {
+		t.Errorf("%v, want [2 3]: shard 0's 2 is recent", got)
+	}
+	say(0, 3, now)
+	if got := l.counts(9, now); !slices.Equal(got, []int{3}) {
+		t.Errorf("%v, want [3]: what shard 1 said is past countMemory", got)
 	}
 }

@@ -15,6 +15,7 @@ type metrics struct {
 	updates        prometheus.Counter
 	nacks          prometheus.Counter
 	moved          prometheus.Counter
+	movedFull      prometheus.Counter
 	requestsSotW   prometheus.Counter
 	requestsDelta  prometheus.Counter
 	responsesSotW  prometheus.Counter
@@ -49,6 +50,10 @@ func newMetrics(reg prometheus.Registerer, logger *slog.Logger) metrics {
 			Namespace: ns, Subsystem: sub, Name: "moved_answers_total",
 			Help: "Callee policies asked of this controller shard that another shard owns, answered with where to go (at most once per name).",
 		}),
+		movedFull: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "moved_full_total",
+			Help: "Streams ended because they asked for another shard's callee once this shard held as many moved answers as it may (100,000).",
+		}),
 		nacks: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "nacks_total",
 			Help: "Responses rejected by clients (requests carrying error_detail).",
@@ -68,7 +73,7 @@ func newMetrics(reg prometheus.Registerer, logger *slog.Logger) metrics {
 	if reg == nil {
 		return m
 	}
-	for _, c := range []prometheus.Collector{m.streams, m.resources, m.updates, m.nacks, m.moved, requests, responses, m.badMessages} {
+	for _, c := range []prometheus.Collector{m.streams, m.resources, m.updates, m.nacks, m.moved, m.movedFull, requests, responses, m.badMessages} {
 		// Registering is best effort: a second Server on the same registry
 		// (tests, or a process serving twice) must not panic. Its metrics
 		// then stay unexported, which the log says.

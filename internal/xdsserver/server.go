@@ -250,7 +250,9 @@ func (c callbacks) OnDeltaStreamClosed(id int64, _ *core.Node) {
 
 func (c callbacks) OnStreamRequest(id int64, req *discovery.DiscoveryRequest) error {
 	c.s.m.requestsSotW.Inc()
-	c.s.answerMoved(req.GetTypeUrl(), req.GetResourceNames())
+	if err := c.s.answerMoved(req.GetTypeUrl(), req.GetResourceNames()); err != nil {
+		return err
+	}
 	if d := req.GetErrorDetail(); d != nil {
 		c.nack("sotw", id, req.GetNode(), req.GetResponseNonce(), d.GetMessage())
 	}
@@ -271,9 +273,13 @@ func (c callbacks) OnStreamDeltaRequest(id int64, req *discovery.DeltaDiscoveryR
 		node = c.s.deltaNodes[id]
 	}
 	c.s.deltaNodesMu.Unlock()
-	c.s.answerMoved(req.GetTypeUrl(), req.GetResourceNamesSubscribe())
+	if err := c.s.answerMoved(req.GetTypeUrl(), req.GetResourceNamesSubscribe()); err != nil {
+		return err
+	}
 	if len(req.GetInitialResourceVersions()) > 0 {
-		c.s.answerMoved(req.GetTypeUrl(), slices.Collect(maps.Keys(req.GetInitialResourceVersions())))
+		if err := c.s.answerMoved(req.GetTypeUrl(), slices.Collect(maps.Keys(req.GetInitialResourceVersions()))); err != nil {
+			return err
+		}
 	}
 	if d := req.GetErrorDetail(); d != nil {
 		c.nack("delta", id, node, req.GetResponseNonce(), d.GetMessage())

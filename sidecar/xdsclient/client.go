@@ -79,8 +79,10 @@ type Config struct {
 	// ShardCount is how many controller shards to assume at start when
 	// Servers name "{shard}" (pkg/shard): the client subscribes at the
 	// shard that owns its callee, and follows the count the shards
-	// announce, so a wrong or stale count costs one redirect, not a
-	// policy. 0 means 1. Ignored when no server names a shard.
+	// announce: a count too small costs a redirect, one too large names a
+	// shard that may not exist (failed dials, then shard 0 is asked), and
+	// neither costs the policy held. 0 means 1. Ignored when no server
+	// names a shard.
 	ShardCount  int
 	NodeID      string   // core.v3 Node id, e.g. pod name
 	Cluster     string   // Node cluster: the service name
@@ -307,12 +309,13 @@ func (c *Client) Run(ctx context.Context) error {
 		if c.moved && !templated {
 			received = false // try the next address, with backoff
 		}
-		if c.moved && templated {
-			// Another shard owns the callee: go there, first address
-			// first, naming no versions (see followShard); at once,
-			// unless shard 0 was asked because the owner did not
-			// answer: then after the backoff, which keeps growing while
-			// the owner stays away.
+		switch {
+		case c.moved && templated:
+			// Another shard owns the callee: go to its first address,
+			// naming no versions (see followShard); at once, unless
+			// shard 0 was asked because the owner did not answer, or
+			// the shards sent the client around: then after the backoff,
+			// which keeps growing while the owner stays away.
 			c.m.moves.Inc()
 			c.log.Info("xds: the callee's policy is at another shard", "server", addr,
 				"shards", c.shards, "owner", shard.Owner(c.callee, c.shards), "next_server", c.servers()[0])
@@ -320,15 +323,12 @@ func (c *Client) Run(ctx context.Context) error {
 			if hops++; !probed && hops <= maxHops {
 				continue
 			}
-			received = false
-		} else if received {
-			hops = 0
-		}
-		if received {
+		case received:
 			// The server worked: retry it first, soon. If it is really
 			// gone, the next attempt fails and moves on.
+			hops = 0
 			backoff = c.cfg.BackoffMin
-		} else {
+		default:
 			server = (server + 1) % len(servers)
 			probe = templated && !probed && server == 0 && shard.Owner(c.callee, c.shards) != 0
 		}

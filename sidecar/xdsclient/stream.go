@@ -16,6 +16,7 @@ import (
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/pkg/names"
+	"github.com/sluicehq/sluice/pkg/shard"
 )
 
 // maxErrorDetail bounds the NACK message: it is logged by the server, and a
@@ -231,7 +232,12 @@ func (c *Client) decode(name string, a *anypb.Any) (*sluicev1.DropPolicy, error)
 // handler accepts it. A version equal in content to the one held is not
 // handed over again (a SotW reconnect resends everything).
 func (c *Client) apply(name, version string, p *sluicev1.DropPolicy) error {
-	if si := p.GetShard(); si != nil && !c.followShard(si) {
+	si := p.GetShard()
+	if si == nil && shard.Templated(c.cfg.Servers) {
+		// An unsharded controller owns every callee: a count of 1.
+		si = &sluicev1.ShardInfo{Count: 1, Owner: true}
+	}
+	if si != nil && !c.followShard(si) {
 		return nil
 	}
 	// Only this goroutine writes held, so reading it unlocked is safe.
