@@ -5,7 +5,6 @@ package e2e
 import (
 	"fmt"
 	"math"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -23,35 +22,6 @@ const (
 	movingCallee  = "foxtrot"
 	stayingCallee = "echo"
 )
-
-// shardAddrs reserves one port that is free on 127.0.0.10, .11 and .12 (all
-// loopback on Linux) and returns the template every component is given,
-// 127.0.0.1{shard}:port, and shard i's address.
-func shardAddrs(t *testing.T) (template string, addr func(i int) string) {
-	t.Helper()
-	for range 20 {
-		l, err := net.Listen("tcp", "127.0.0.10:0")
-		if err != nil {
-			t.Fatalf("loopback 127.0.0.10: %v", err)
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		free := true
-		for i := 1; i < 3 && free; i++ {
-			if m, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1%d:%d", i, port)); err != nil {
-				free = false
-			} else {
-				m.Close()
-			}
-		}
-		l.Close()
-		if free {
-			tmpl := fmt.Sprintf("127.0.0.1%s:%d", shard.Placeholder, port)
-			return tmpl, func(i int) string { return shard.Addrs([]string{tmpl}, i)[0] }
-		}
-	}
-	t.Fatal("no port free on 127.0.0.10-12")
-	return "", nil
-}
 
 // TestShardedControllersAsProcesses: two controller shards as real
 // processes split two callees between them, one aggregator sends each its
@@ -77,7 +47,7 @@ func TestShardedControllersAsProcesses(t *testing.T) {
 		t.Fatal("the callees' owners changed; pick callees that move as the test says")
 	}
 	base := takeBaseline(t)
-	tmpl, addr := shardAddrs(t)
+	tmpl, addr := testkit.ShardAddrs(t, 3)
 
 	limitsFile := filepath.Join(t.TempDir(), "limits.yaml")
 	var doc strings.Builder

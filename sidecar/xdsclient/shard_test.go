@@ -1,46 +1,17 @@
 package xdsclient_test
 
 import (
-	"fmt"
-	"net"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
+	"github.com/sluicehq/sluice/internal/testkit"
 	"github.com/sluicehq/sluice/internal/xdsserver"
 	"github.com/sluicehq/sluice/pkg/shard"
 	"github.com/sluicehq/sluice/sidecar/xdsclient"
 )
-
-// shardPort finds a port free on 127.0.0.10, .11 and .12 (all loopback on
-// Linux), where the shards of these tests listen.
-func shardPort(t *testing.T) int {
-	t.Helper()
-	for range 20 {
-		l, err := net.Listen("tcp", "127.0.0.10:0")
-		if err != nil {
-			t.Fatalf("loopback 127.0.0.10: %v", err)
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		l.Close()
-		free := true
-		for i := range 3 {
-			m, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1%d:%d", i, port))
-			if err != nil {
-				free = false
-				break
-			}
-			m.Close()
-		}
-		if free {
-			return port
-		}
-	}
-	t.Fatal("no port free on 127.0.0.10-12")
-	return 0
-}
 
 // owned is a policy as shard m publishes it for a callee it owns.
 func owned(name string, ratio float64, m shard.Map) *sluicev1.DropPolicy {
@@ -57,9 +28,7 @@ func TestShardedServersRouteToTheOwner(t *testing.T) {
 	// pkg/shard pins the owners: echo 1 of 2; foxtrot 0 of 2, 2 of 3.
 	for _, p := range protocols {
 		t.Run(p.String(), func(t *testing.T) {
-			port := shardPort(t)
-			addr := func(i int) string { return fmt.Sprintf("127.0.0.1%d:%d", i, port) }
-			tmpl := fmt.Sprintf("127.0.0.1%s:%d", shard.Placeholder, port)
+			tmpl, addr := testkit.ShardAddrs(t, 3)
 			two := func(i int) shard.Map { return shard.Map{Index: i, Count: 2} }
 			s0 := startServerWith(t, addr(0), xdsserver.Options{Shard: two(0)}, owned("callee/foxtrot", 0.4, two(0)))
 			s1 := startServerWith(t, addr(1), xdsserver.Options{Shard: two(1)}, owned("callee/echo", 0.3, two(1)))
@@ -127,9 +96,7 @@ func TestMovedAnswerIsNotApplied(t *testing.T) {
 // asks shard 0, which always exists, and follows it: it owns foxtrot under
 // 2 (pkg/shard: foxtrot is 2 of 3, 0 of 2).
 func TestShardGoneAsksShardZero(t *testing.T) {
-	port := shardPort(t)
-	addr := func(i int) string { return fmt.Sprintf("127.0.0.1%d:%d", i, port) }
-	tmpl := fmt.Sprintf("127.0.0.1%s:%d", shard.Placeholder, port)
+	tmpl, addr := testkit.ShardAddrs(t, 3)
 	three := func(i int) shard.Map { return shard.Map{Index: i, Count: 3} }
 	s0 := startServerWith(t, addr(0), xdsserver.Options{Shard: three(0)})
 	s2 := startServerWith(t, addr(2), xdsserver.Options{Shard: three(2)}, owned("callee/foxtrot", 0.5, three(2)))
