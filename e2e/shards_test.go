@@ -47,7 +47,9 @@ func TestShardedControllersAsProcesses(t *testing.T) {
 		t.Fatal("the callees' owners changed; pick callees that move as the test says")
 	}
 	base := takeBaseline(t)
-	tmpl, addr := testkit.ShardAddrs(t, 3)
+	port := testkit.ShardPort(t, 3)
+	tmpl := fmt.Sprintf("127.0.0.1%s:%d", shard.Placeholder, port)
+	addr := func(i int) string { return fmt.Sprintf("127.0.0.1%d:%d", i, port) }
 
 	limitsFile := filepath.Join(t.TempDir(), "limits.yaml")
 	var doc strings.Builder

@@ -1,6 +1,7 @@
 package xdsclient_test
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -28,7 +29,9 @@ func TestShardedServersRouteToTheOwner(t *testing.T) {
 	// pkg/shard pins the owners: echo 1 of 2; foxtrot 0 of 2, 2 of 3.
 	for _, p := range protocols {
 		t.Run(p.String(), func(t *testing.T) {
-			tmpl, addr := testkit.ShardAddrs(t, 3)
+			port := testkit.ShardPort(t, 3)
+			tmpl := fmt.Sprintf("127.0.0.1%s:%d", shard.Placeholder, port)
+			addr := func(i int) string { return fmt.Sprintf("127.0.0.1%d:%d", i, port) }
 			two := func(i int) shard.Map { return shard.Map{Index: i, Count: 2} }
 			s0 := startServerWith(t, addr(0), xdsserver.Options{Shard: two(0)}, owned("callee/foxtrot", 0.4, two(0)))
 			s1 := startServerWith(t, addr(1), xdsserver.Options{Shard: two(1)}, owned("callee/echo", 0.3, two(1)))
@@ -96,7 +99,9 @@ func TestMovedAnswerIsNotApplied(t *testing.T) {
 // asks shard 0, which always exists, and follows it: it owns foxtrot under
 // 2 (pkg/shard: foxtrot is 2 of 3, 0 of 2).
 func TestShardGoneAsksShardZero(t *testing.T) {
-	tmpl, addr := testkit.ShardAddrs(t, 3)
+	port := testkit.ShardPort(t, 3)
+	tmpl := fmt.Sprintf("127.0.0.1%s:%d", shard.Placeholder, port)
+	addr := func(i int) string { return fmt.Sprintf("127.0.0.1%d:%d", i, port) }
 	three := func(i int) shard.Map { return shard.Map{Index: i, Count: 3} }
 	s0 := startServerWith(t, addr(0), xdsserver.Options{Shard: three(0)})
 	s2 := startServerWith(t, addr(2), xdsserver.Options{Shard: three(2)}, owned("callee/foxtrot", 0.5, three(2)))
