@@ -115,6 +115,8 @@ type Client struct {
 	running   atomic.Bool
 	connected atomic.Bool
 
+	// templated says that Servers name "{shard}"; fixed at New.
+	templated bool
 	// Run's goroutine alone uses these. callee is the subscribed callee,
 	// whose owner shard the servers are for, when Servers are templated;
 	// shards is the count in force; moved is set by apply when a shard
@@ -186,6 +188,7 @@ func New(cfg Config, h Handler) (*Client, error) {
 		}
 	}
 	c.shards = max(cfg.ShardCount, 1)
+	c.templated = shard.Templated(cfg.Servers)
 	return c, nil
 }
 
@@ -279,7 +282,6 @@ func (c *Client) Run(ctx context.Context) error {
 	backoff := c.cfg.BackoffMin
 	var timer *time.Timer
 	server := 0
-	templated := shard.Templated(c.cfg.Servers)
 	// probe makes the next attempt ask shard 0 instead of the owner: the
 	// owner under the count in force did not answer at any of its
 	// addresses, and may be gone (the shards were scaled down, and the
@@ -294,10 +296,7 @@ func (c *Client) Run(ctx context.Context) error {
 		if attempt > 0 {
 			c.m.reconnects.Inc()
 		}
-		servers := c.servers()
-		if probe {
-			servers = shard.Addrs(c.cfg.Servers, 0)
-		}
+		servers := c.servers(probe)
 		addr := servers[server%len(servers)]
 		probed := probe
 		probe = false
@@ -306,11 +305,8 @@ func (c *Client) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		if c.moved && !templated {
-			received = false // try the next address, with backoff
-		}
 		switch {
-		case c.moved && templated:
+		case c.moved && c.templated:
 			// Another shard owns the callee: go to its first address,
 			// naming no versions (see followShard); at once, unless
 			// shard 0 was asked because the owner did not answer, or
@@ -318,24 +314,24 @@ func (c *Client) Run(ctx context.Context) error {
 			// which keeps growing while the owner stays away.
 			c.m.moves.Inc()
 			c.log.Info("xds: the callee's policy is at another shard", "server", addr,
-				"shards", c.shards, "owner", shard.Owner(c.callee, c.shards), "next_server", c.servers()[0])
+				"shards", c.shards, "owner", shard.Owner(c.callee, c.shards), "next_server", c.servers(false)[0])
 			server = 0
 			if hops++; !probed && hops <= maxHops {
 				continue
 			}
-		case received:
+		case received && !c.moved:
 			// The server worked: retry it first, soon. If it is really
 			// gone, the next attempt fails and moves on.
 			hops = 0
 			backoff = c.cfg.BackoffMin
 		default:
+			// Nothing received, or an unsharded address led to a shard
+			// that does not own the callee: the next address, with
+			// backoff (behind a Service another shard may answer).
 			server = (server + 1) % len(servers)
-			probe = templated && !probed && server == 0 && shard.Owner(c.callee, c.shards) != 0
+			probe = c.templated && !probed && server == 0 && shard.Owner(c.callee, c.shards) != 0
 		}
-		next := c.servers()
-		if probe {
-			next = shard.Addrs(c.cfg.Servers, 0)
-		}
+		next := c.servers(probe)
 		wait := jitter(backoff)
 		backoff = min(2*backoff, c.cfg.BackoffMax)
 		c.log.Warn("xds stream ended", "server", addr, "error", err, "retry_in", wait,
@@ -356,10 +352,14 @@ func (c *Client) Run(ctx context.Context) error {
 }
 
 // servers are the addresses of the shard that owns the callee under the
-// count in force, or Servers as they are when they name no shard.
-func (c *Client) servers() []string {
-	if !shard.Templated(c.cfg.Servers) {
+// count in force, or shard 0's when probe is set (see Run), or Servers as
+// they are when they name no shard.
+func (c *Client) servers(probe bool) []string {
+	switch {
+	case !c.templated:
 		return c.cfg.Servers
+	case probe:
+		return shard.Addrs(c.cfg.Servers, 0)
 	}
 	return shard.Addrs(c.cfg.Servers, shard.Owner(c.callee, c.shards))
 }
@@ -373,8 +373,7 @@ func (c *Client) servers() []string {
 // when that is the shard it is on (the two disagree on the owner, as mixed
 // releases could), it stays and logs it, its policy held until its TTL.
 func (c *Client) followShard(si *sluicev1.ShardInfo) bool {
-	templated := shard.Templated(c.cfg.Servers)
-	if n := int(si.GetCount()); templated && n >= 1 && n <= shard.MaxCount && n != c.shards {
+	if n := int(si.GetCount()); c.templated && n >= 1 && n <= shard.MaxCount && n != c.shards {
 		before := shard.Owner(c.callee, c.shards)
 		c.shards = n
 		if shard.Owner(c.callee, n) != before {
@@ -385,7 +384,7 @@ func (c *Client) followShard(si *sluicev1.ShardInfo) bool {
 		return true
 	}
 	switch {
-	case !templated:
+	case !c.templated:
 		// The address may lead to any shard (a Service in front of
 		// them): end the stream and try again, another shard may answer.
 		c.moved = true

@@ -16,7 +16,6 @@ import (
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/pkg/names"
-	"github.com/sluicehq/sluice/pkg/shard"
 )
 
 // maxErrorDetail bounds the NACK message: it is logged by the server, and a
@@ -233,7 +232,7 @@ func (c *Client) decode(name string, a *anypb.Any) (*sluicev1.DropPolicy, error)
 // handed over again (a SotW reconnect resends everything).
 func (c *Client) apply(name, version string, p *sluicev1.DropPolicy) error {
 	si := p.GetShard()
-	if si == nil && shard.Templated(c.cfg.Servers) {
+	if si == nil && c.templated {
 		// An unsharded controller owns every callee: a count of 1.
 		si = &sluicev1.ShardInfo{Count: 1, Owner: true}
 	}
