@@ -276,13 +276,12 @@ func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Service, 
 		}
 		return sl, nil
 	}
-	first, err := s.links.make(0)
-	if err != nil {
-		return nil, err
-	}
-	s.links.all = []*shardLink{first}
+	links := 1
 	if shard.Templated(cfg.Controllers) {
-		s.links.grow(max(cfg.ControllerShards, 1), logger)
+		links = max(cfg.ControllerShards, 1)
+	}
+	if err := s.links.grow(links); err != nil {
+		return nil, err
 	}
 	s.m = newMetrics(reg, logger, s.links.uplinks)
 	return s, nil
@@ -399,7 +398,9 @@ func (s *Service) offer(zl *sluicev1.ZoneLoad) {
 		return
 	}
 	counts := s.links.counts(s.cfg.ControllerShards, time.Now())
-	s.links.grow(counts[len(counts)-1], s.log)
+	if err := s.links.grow(counts[len(counts)-1]); err != nil {
+		s.log.Error("controller shards announce more than the links made", "err", err)
+	}
 	ls := s.links.list()
 	for i, part := range SplitZoneLoad(zl, len(ls), counts) {
 		for _, up := range ls[i].ups {

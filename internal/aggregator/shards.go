@@ -2,7 +2,7 @@ package aggregator
 
 import (
 	"context"
-	"log/slog"
+	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -66,22 +66,22 @@ func (l *links) uplinks() []*zoneUplink {
 }
 
 // grow makes the links up to n, starting the new ones when Run runs.
-func (l *links) grow(n int, log *slog.Logger) {
+// Making one fails only on a bad address or dial option, which New's
+// links show first.
+func (l *links) grow(n int) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for len(l.all) < n {
 		sl, err := l.make(len(l.all))
 		if err != nil {
-			// The addresses were checked at start; only a bad dial
-			// option could fail here, and that fails at start too.
-			log.Error("open a link to a controller shard", "shard", len(l.all), "err", err)
-			return
+			return fmt.Errorf("open a link to controller shard %d: %w", len(l.all), err)
 		}
 		l.all = append(l.all, sl)
 		if l.ctx != nil && l.ctx.Err() == nil {
 			l.start(sl)
 		}
 	}
+	return nil
 }
 
 // start runs sl's uplinks under Run's context. l.mu must be held.
