@@ -133,7 +133,7 @@ func (s *State) policy(sv dropratio.ServiceVerdict, live uint32, lim *limits.Ser
 		FailOpenDecay: durationpb.New(s.cfg.FailOpenDecay),
 		IssuedAt:      timestamppb.New(now),
 		Peers:         make([]*sluicev1.PeerPolicy, 0, len(sv.Verdicts)),
-		Shard:         s.shardInfo(),
+		Shard:         ShardInfo(s.cfg.Shard, true),
 	}
 	if lim != nil {
 		p.FailMode = failModeProto(lim.FailMode)

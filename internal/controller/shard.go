@@ -69,14 +69,9 @@ func (s *State) ownedSet(set *limits.Set) *limits.Set {
 	return s.owned
 }
 
-// shardInfo is what a shard writes into the policies it owns; nil when the
-// controller is not sharded, so an unsharded controller's policies stay as
-// they were.
-func (s *State) shardInfo() *sluicev1.ShardInfo {
-	return ShardInfo(s.cfg.Shard, true)
-}
-
-// ShardInfo renders m for the wire; nil when m is not sharded.
+// ShardInfo renders m for the wire, in the policies and zone-load answers
+// of a shard; nil when m is not sharded, so that an unsharded
+// controller's stay as they were.
 func ShardInfo(m shard.Map, owner bool) *sluicev1.ShardInfo {
 	if !m.Sharded() {
 		return nil
