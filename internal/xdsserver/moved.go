@@ -6,7 +6,6 @@ import (
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/pkg/names"
-	"github.com/sluicehq/sluice/pkg/shard"
 )
 
 // maxMoved bounds the "moved" answers one shard holds: one per callee a
@@ -64,6 +63,3 @@ func (s *Server) answerMoved(typeURL string, requested []string) error {
 	}
 	return nil
 }
-
-// Shard is the server's shard.
-func (s *Server) Shard() shard.Map { return s.shard }
