@@ -20,9 +20,7 @@ import (
 	"github.com/sluicehq/sluice/internal/limits"
 	"github.com/sluicehq/sluice/internal/process"
 	"github.com/sluicehq/sluice/internal/xdsserver"
-	"github.com/sluicehq/sluice/internal/zoneload"
 	"github.com/sluicehq/sluice/pkg/history"
-	"github.com/sluicehq/sluice/pkg/liveness"
 	"github.com/sluicehq/sluice/pkg/names"
 	"github.com/sluicehq/sluice/pkg/shard"
 )
@@ -101,7 +99,7 @@ func run(cmd *cobra.Command, cfg *Config, fl *Flags, tlsFlags *identity.Flags) e
 	}
 	defer ls.close()
 	src, workers, flush, recorder := ls.src, ls.workers, ls.flush, ls.recorder
-	serverOpts := append([]grpc.ServerOption{grpc.MaxRecvMsgSize(zoneload.MaxMessageSize)}, liveness.ServerOptions()...)
+	serverOpts := ServerOptions()
 	tlsSrc, err := tlsFlags.Setup(log, reg)
 	if err != nil {
 		return err

@@ -29,7 +29,10 @@ import (
 	"github.com/sluicehq/sluice/internal/recvfail"
 	"github.com/sluicehq/sluice/internal/ticker"
 	"github.com/sluicehq/sluice/internal/xdsserver"
+	"github.com/sluicehq/sluice/internal/zoneload"
+	"github.com/sluicehq/sluice/internal/zonewire"
 	"github.com/sluicehq/sluice/pkg/dropratio"
+	"github.com/sluicehq/sluice/pkg/liveness"
 	"github.com/sluicehq/sluice/pkg/shard"
 	"github.com/sluicehq/sluice/pkg/uplink"
 )
@@ -174,6 +177,13 @@ func New(cfg Config, src limits.Source, logger *slog.Logger, reg prometheus.Regi
 	s.m.shard.Set(float64(cfg.Shard.Index))
 	s.m.shards.Set(float64(max(cfg.Shard.Count, 1)))
 	return s, nil
+}
+
+// ServerOptions are what a controller's gRPC server needs beside TLS and
+// the service's interceptor: room for a fleet-sized zone load, zone loads
+// decoded by zonewire, and the keepalives every sluice server uses.
+func ServerOptions() []grpc.ServerOption {
+	return append([]grpc.ServerOption{grpc.MaxRecvMsgSize(zoneload.MaxMessageSize), zonewire.ServerOption()}, liveness.ServerOptions()...)
 }
 
 // Register adds the zone-load service and the xDS (ADS) service to g.

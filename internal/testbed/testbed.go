@@ -28,7 +28,6 @@ import (
 	"github.com/sluicehq/sluice/internal/controller"
 	"github.com/sluicehq/sluice/internal/limits"
 	"github.com/sluicehq/sluice/internal/process"
-	"github.com/sluicehq/sluice/internal/zoneload"
 	"github.com/sluicehq/sluice/pkg/liveness"
 	"github.com/sluicehq/sluice/sidecar"
 )
@@ -221,7 +220,7 @@ func (c *Cluster) StartController(addr string) error {
 	if err != nil {
 		return err
 	}
-	g := grpc.NewServer(append([]grpc.ServerOption{grpc.MaxRecvMsgSize(zoneload.MaxMessageSize), grpc.ChainStreamInterceptor(svc.StreamInterceptor())}, liveness.ServerOptions()...)...)
+	g := grpc.NewServer(append(controller.ServerOptions(), grpc.ChainStreamInterceptor(svc.StreamInterceptor()))...)
 	svc.Register(g)
 	n, err := run("controller", &process.Process{
 		Logger: c.log.With("node", "controller"),

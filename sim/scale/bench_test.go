@@ -4,11 +4,13 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/aggregator"
 	"github.com/sluicehq/sluice/internal/controller"
+	"github.com/sluicehq/sluice/internal/zonewire"
 	"github.com/sluicehq/sluice/sidecar"
 	"github.com/sluicehq/sluice/sidecar/reporter"
 )
@@ -107,6 +109,36 @@ func BenchmarkControllerApply110k(b *testing.B) {
 		if st.TakeUrgent() {
 			b.Fatal("a calm second's loads marked urgent")
 		}
+	}
+}
+
+// BenchmarkControllerDecode110k decodes one of the 12 zone loads of a
+// second at issue 4's scale (110,000 buckets, 2.7 MB), as the controller
+// does (zonewire) and as the generic protobuf runtime would.
+func BenchmarkControllerDecode110k(b *testing.B) {
+	cfg := Default()
+	m := newMesh(cfg, newRNG(cfg))
+	raw, err := proto.Marshal(&sluicev1.StreamZoneLoadsRequest{Load: zoneLoads(cfg, m, true)[0]})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, d := range []struct {
+		name   string
+		decode func([]byte, *sluicev1.StreamZoneLoadsRequest) error
+	}{
+		{"zonewire", zonewire.Unmarshal},
+		{"proto", func(b []byte, m *sluicev1.StreamZoneLoadsRequest) error { return proto.Unmarshal(b, m) }},
+	} {
+		b.Run(d.name, func(b *testing.B) {
+			b.SetBytes(int64(len(raw)))
+			b.ReportAllocs()
+			for b.Loop() {
+				var req sluicev1.StreamZoneLoadsRequest
+				if err := d.decode(raw, &req); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
 

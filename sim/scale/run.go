@@ -21,6 +21,7 @@ import (
 	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/aggregator"
 	"github.com/sluicehq/sluice/internal/controller"
+	"github.com/sluicehq/sluice/internal/zonewire"
 	"github.com/sluicehq/sluice/pkg/names"
 	"github.com/sluicehq/sluice/pkg/shard"
 	"github.com/sluicehq/sluice/sidecar"
@@ -103,7 +104,7 @@ type Timing struct {
 	Tick            Samples // controller.State.Tick, warm ticks only
 	TickAlloc       []uint64
 	ControllerApply Samples // controller.State.Apply, per zone load (validation included)
-	ZoneLoadDecode  Samples // proto.Unmarshal of a zone load, at the controller
+	ZoneLoadDecode  Samples // zonewire.Unmarshal of a zone load, at the controller
 	ZoneLoadEncode  Samples // proto.Marshal of a zone load, at the aggregator
 	Flush           Samples // aggregator.State.Flush, per aggregator per second
 	Apply           Hist    // aggregator.State.Apply, per report
@@ -336,7 +337,7 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Result, error) {
 				}
 				t2 := time.Now()
 				var req sluicev1.StreamZoneLoadsRequest
-				if err := proto.Unmarshal(buf, &req); err != nil {
+				if err := zonewire.Unmarshal(buf, &req); err != nil {
 					return nil, fmt.Errorf("decode zone load of %s: %w", m.aggs[a].id, err)
 				}
 				t3 := time.Now()
