@@ -83,6 +83,34 @@ func (s *State) levelOf(lim *limits.Service, caller, procedure string) bucketLev
 	return bl
 }
 
+// mayHoldLevels reports whether some bucket of a callee with limits lim
+// (nil for none) may keep a level (levelOf, holds): it counts cost, or
+// it declares no procedures and some caller's limit has a burst or pays
+// back. Cached per limits set (setCache), so that a tick asks each bucket of the
+// few callees that may, not every bucket of the mesh.
+func (s *State) mayHoldLevels(lim *limits.Service) bool {
+	switch {
+	case lim == nil:
+		return false
+	case lim.Counted():
+		return true
+	case lim.HasProcedures():
+		return false
+	}
+	if m, ok := s.perSet.levels[lim]; ok {
+		return m
+	}
+	m := false
+	for _, b := range lim.Callers {
+		if b.Burst > 0 || b.Payback > 0 {
+			m = true
+			break
+		}
+	}
+	s.perSet.levels[lim] = m
+	return m
+}
+
 // holds reports whether a bucket at bl keeps a level at all.
 func (bl bucketLevel) holds() bool {
 	return !math.IsInf(bl.limit, 1) && (bl.burst > 0 || bl.payback > 0)
@@ -106,6 +134,9 @@ func (bl bucketLevel) top() float64 {
 // lowered by its debt, as they will stand once the tick the reports have
 // not yet counted has passed (see ordered).
 func (s *State) levelLimit(lim *limits.Service, caller, procedure string, l float64) float64 {
+	if !s.mayHoldLevels(lim) {
+		return l
+	}
 	bl := s.levelOf(lim, caller, procedure)
 	if !bl.holds() {
 		return l
@@ -167,7 +198,7 @@ func (s *State) stepLevels(dt time.Duration, inbound map[string][]peerTotals, se
 	clear(s.bucketOffered)
 	for svc, peers := range inbound {
 		lim := set.Service(svc)
-		if lim == nil {
+		if !s.mayHoldLevels(lim) {
 			continue
 		}
 		for _, p := range peers { // sorted: a bucket's tiers add up in one order

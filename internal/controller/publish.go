@@ -29,6 +29,10 @@ import (
 type published struct {
 	policy    *sluicev1.DropPolicy
 	tombstone time.Time // when the policy was emptied because its service vanished; zero while live
+	// quiet is what a quiet callee's policy was rendered from, when the
+	// policy is a function of its verdicts alone (State.unchanged); nil
+	// otherwise.
+	quiet *quietSource
 }
 
 // peerPolicy renders one verdict of the law for peer: the caller of an

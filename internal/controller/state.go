@@ -111,6 +111,37 @@ type State struct {
 	// owned is the limits set without other shards' callees, computed from
 	// ownedFrom (see ownedSet).
 	ownedFrom, owned *limits.Set
+
+	// A tick that costs what changed (quiet.go). full turns it off: every
+	// tick steps and renders every callee, the tick the incremental one
+	// must equal (tests). merged holds the last tick's merged loads (sum),
+	// loads its TickResult.Loads, scratch one callee's law input at a
+	// time and quietVerdicts the quiet callees' verdicts: room each tick
+	// reuses from the one before. perSet caches what is derived from the
+	// limits set's services.
+	full          bool
+	merged        [2]map[string][]peerTotals
+	loads         []BucketLoad
+	scratch       []dropratio.Caller
+	quietVerdicts []dropratio.Verdict
+	perSet        setCache
+}
+
+// setCache holds what a State derives from the services of one limits
+// set, for the ticks under that set: keyed by the services' pointers,
+// which a set never changes (limits.NewSet).
+type setCache struct {
+	set     *limits.Set
+	plain   map[*limits.Service]bool     // State.plain
+	levels  map[*limits.Service]bool     // State.mayHoldLevels
+	callers map[*limits.Service][]string // State.sortedCallers
+}
+
+// under makes c the cache of set, emptied when it was another's.
+func (c *setCache) under(set *limits.Set) {
+	if c.set != set {
+		*c = setCache{set: set, plain: map[*limits.Service]bool{}, levels: map[*limits.Service]bool{}, callers: map[*limits.Service][]string{}}
+	}
 }
 
 type aggregatorLoad struct {
@@ -259,8 +290,17 @@ func (s *State) TakeDropped() Dropped {
 
 // comparePeerRates orders a service's peer entries by peer, procedure and
 // tier: a bucket's key.
+// The procedure is compared only for one peer, the tier only for one
+// leaf: cmp.Or would compare all three for every pair, and this is the
+// inner loop of validation, the surge check and the sum.
 func comparePeerRates(a, b *sluicev1.PeerRate) int {
-	return cmp.Or(strings.Compare(a.GetPeer(), b.GetPeer()), strings.Compare(a.GetProcedure(), b.GetProcedure()), cmp.Compare(a.GetCriticality(), b.GetCriticality()))
+	if c := strings.Compare(a.GetPeer(), b.GetPeer()); c != 0 {
+		return c
+	}
+	if c := strings.Compare(a.GetProcedure(), b.GetProcedure()); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.GetCriticality(), b.GetCriticality())
 }
 
 // zoneSurged reports whether some bucket's offered rate, inbound or

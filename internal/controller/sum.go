@@ -27,7 +27,13 @@ type peerTotals struct {
 
 // comparePeers orders buckets by peer, then procedure, then tier.
 func comparePeers(a, b *peerTotals) int {
-	return cmp.Or(strings.Compare(a.peer, b.peer), strings.Compare(a.procedure, b.procedure), cmp.Compare(a.tier, b.tier))
+	if c := strings.Compare(a.peer, b.peer); c != 0 {
+		return c
+	}
+	if c := strings.Compare(a.procedure, b.procedure); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.tier, b.tier)
 }
 
 // tickLoads is what one tick sums from the live aggregators' zone loads.
@@ -77,9 +83,12 @@ func (s *State) sum(set *limits.Set) tickLoads {
 	for d := range merged {
 		merged[d] = make(map[string][]peerTotals, len(perService[d]))
 		for name, loads := range perService[d] {
-			merged[d][name] = mergePeers(loads)
+			merged[d][name] = mergePeers(loads, s.merged[d][name])
 		}
 	}
+	// Nothing keeps a tick's merged loads past the tick: the next one
+	// merges into the same room.
+	s.merged = merged
 	buckets, refused := combine(merged[0], merged[1], set)
 	foldBuckets(buckets, set)
 	return tickLoads{buckets: buckets, live: live[0], outLive: live[1], refused: refused}
@@ -87,42 +96,51 @@ func (s *State) sum(set *limits.Set) tickLoads {
 
 // mergePeers adds up one service's buckets across the zone loads of
 // several aggregators, each sorted by peer, procedure and tier; the result
-// is sorted so too.
-func mergePeers(loads []*sluicev1.ServiceLoad) []peerTotals {
-	heads := make([]int, len(loads))
+// is sorted so too, in dst's room when it has enough.
+func mergePeers(loads []*sluicev1.ServiceLoad, dst []peerTotals) []peerTotals {
+	// Each load's buckets and the next one to merge.
+	type cursor struct {
+		peers []*sluicev1.PeerRate
+		next  int
+	}
+	cursors := make([]cursor, len(loads))
 	// Most buckets are in every zone's load: the longest load is about
 	// the merge's length, and growing to it by doubling would copy it
 	// all several times over, at 110,000 buckets a tick.
 	longest := 0
-	for _, l := range loads {
-		longest = max(longest, len(l.GetPeers()))
+	for k, l := range loads {
+		cursors[k].peers = l.GetPeers()
+		longest = max(longest, len(cursors[k].peers))
 	}
-	merged := make([]peerTotals, 0, longest)
-	key := func(p *sluicev1.PeerRate) peerTotals {
-		return peerTotals{peer: p.GetPeer(), procedure: p.GetProcedure(), tier: criticality.Tier(p.GetCriticality())}
+	merged := dst[:0]
+	if cap(merged) < longest {
+		merged = make([]peerTotals, 0, longest)
 	}
 	for {
-		// The smallest bucket at the heads; its rates are added in
-		// aggregator order.
-		var t peerTotals
-		found := false
-		for k, l := range loads {
-			if h := heads[k]; h < len(l.GetPeers()) {
-				if c := key(l.GetPeers()[h]); !found || comparePeers(&c, &t) < 0 {
-					t, found = c, true
-				}
+		// The smallest bucket at the heads, first found in load first;
+		// no load before first holds it.
+		var least *sluicev1.PeerRate
+		first := -1
+		for k := range cursors {
+			c := &cursors[k]
+			if c.next < len(c.peers) && (least == nil || comparePeerRates(c.peers[c.next], least) < 0) {
+				least, first = c.peers[c.next], k
 			}
 		}
-		if !found {
+		if least == nil {
 			return merged
 		}
-		for k, l := range loads {
-			if h := heads[k]; h < len(l.GetPeers()) && l.GetPeers()[h].GetPeer() == t.peer && l.GetPeers()[h].GetProcedure() == t.procedure &&
-				criticality.Tier(l.GetPeers()[h].GetCriticality()) == t.tier {
-				p := l.GetPeers()[h]
+		// Its rates, added in aggregator order.
+		t := peerTotals{peer: least.GetPeer(), procedure: least.GetProcedure(), tier: criticality.Tier(least.GetCriticality())}
+		for k := first; k < len(cursors); k++ {
+			c := &cursors[k]
+			if c.next == len(c.peers) {
+				continue
+			}
+			if p := c.peers[c.next]; p == least || comparePeerRates(p, least) == 0 {
 				t.add(Totals{Offered: p.GetOfferedRps(), Dropped: p.GetDroppedRps(), ShadowDropped: p.GetShadowDroppedRps(),
 					OfferedCost: p.GetOfferedCostRps(), AdmittedCost: p.GetAdmittedCostRps(), InFlight: float64(p.GetInFlight())})
-				heads[k]++
+				c.next++
 			}
 		}
 		merged = append(merged, t)

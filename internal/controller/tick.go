@@ -40,6 +40,11 @@ type TickResult struct {
 	Warm bool
 	// Aggregators and Buckets count what the tick summed.
 	Aggregators, Buckets int
+	// Quiet counts the callees the law had nothing to drop of and was
+	// not stepped for (dropratio.Law.Quiet), and Rendered the callees
+	// whose policies were built: a quiet callee's policy is not while
+	// nothing in it changed enough to publish (State.unchanged).
+	Quiet, Rendered int
 	// Stale names aggregators this tick dropped for silence.
 	Stale []string
 	// Services holds the global load per callee, for metrics.
@@ -50,7 +55,8 @@ type TickResult struct {
 	Procedures map[ServiceProcedure]Totals
 	// Loads holds the global load of every observed bucket, sorted, for
 	// the history recorder: a leaf's tiers summed, as history keeps no
-	// tiers.
+	// tiers. Valid until the next Tick, which reuses its room: at 110,000
+	// buckets a fresh one cost a sixth of a quiet tick.
 	Loads []BucketLoad
 	// RefusedClaims holds the outbound claims left out of the buckets,
 	// sorted by callee then caller (see combine).
@@ -134,6 +140,7 @@ func (s *State) Tick(now time.Time, set *limits.Set) TickResult {
 	}
 	res.Warm = true
 	set = s.ownedSet(set)
+	s.perSet.under(set)
 
 	loads := s.sum(set)
 	res.RefusedClaims = loads.refused
@@ -149,8 +156,9 @@ func (s *State) Tick(now time.Time, set *limits.Set) TickResult {
 	res.Health = s.sumHealth(set)
 	res.Estimates = s.stepEstimates(dt, inbound, res.Health, set)
 	s.ordered, s.ordering, s.stepDt = s.ordering, map[levelKey]float64{}, dt
-	services := lawInput(inbound, set, s.levelLimit, res.Estimates)
-	verdicts := s.law.Step(dt, services)
+	quiet := s.quietStep()
+	services := s.lawInput(inbound, set, res.Estimates, quiet.take)
+	verdicts := quiet.join(s.law.Step(dt, services))
 	descriptors, dstats := s.stepDescriptors(now, dt, set)
 	res.Descriptors = dstats
 
@@ -162,7 +170,12 @@ func (s *State) Tick(now time.Time, set *limits.Set) TickResult {
 	for _, sv := range verdicts {
 		entries += len(inbound[sv.Service])
 	}
-	res.Loads = make([]BucketLoad, 0, entries) // at most one per entry: tiers of a bucket merge
+	// At most one per entry: tiers of a bucket merge. In the room of the
+	// last tick's, which its caller is done with (see TickResult.Loads).
+	if cap(s.loads) < entries {
+		s.loads = make([]BucketLoad, 0, entries)
+	}
+	res.Loads = s.loads[:0]
 	for _, sv := range verdicts {
 		var tot Totals
 		counted := set.Service(sv.Service).Counted()
@@ -184,14 +197,29 @@ func (s *State) Tick(now time.Time, set *limits.Set) TickResult {
 		}
 		res.Services[sv.Service] = tot
 		res.Buckets += len(sv.Verdicts)
-		policy := s.policy(sv, live[sv.Service], set.Service(sv.Service), now)
+		lim := set.Service(sv.Service)
+		isQuiet := quiet.has(sv.Service)
+		if isQuiet {
+			res.Quiet++
+			if name, ok := s.unchanged(sv, live[sv.Service], lim, now); ok {
+				current[name] = true
+				continue
+			}
+		}
+		res.Rendered++
+		policy := s.policy(sv, live[sv.Service], lim, now)
 		policy.Descriptors = descriptors[sv.Service]
-		if sp, ok := s.capPeers(policy); ok {
+		sp, capped := s.capPeers(policy)
+		if capped {
 			res.Shed = append(res.Shed, sp)
 		}
 		current[policy.GetName()] = true
 		if s.due(policy, now) {
-			s.published[policy.GetName()] = &published{policy: policy}
+			pub := &published{policy: policy}
+			if isQuiet && !capped && s.plain(lim) {
+				pub.quiet = &quietSource{lim: lim, live: live[sv.Service]}
+			}
+			s.published[policy.GetName()] = pub
 			res.Changed[policy.GetName()] = policy
 		}
 	}
@@ -205,6 +233,7 @@ func (s *State) Tick(now time.Time, set *limits.Set) TickResult {
 			res.Changed[policy.GetName()] = policy
 		}
 	}
+	s.loads = res.Loads[:0]
 	slices.SortFunc(res.Shed, func(a, b ShedPeers) int { return strings.Compare(a.Policy, b.Policy) })
 	// Services that vanished (no traffic, no limits, ratios released): an
 	// empty policy first, so state-of-the-world clients, which never hear
@@ -263,7 +292,13 @@ func (s *State) seed(inbound map[string][]peerTotals) {
 // A callee counting cost (limits.Service.Counted) offers its leaves' cost
 // rates, and every limit, its own and lowered by its debt (limit), and
 // capacity is in its units.
-func lawInput(inbound map[string][]peerTotals, set *limits.Set, limit leafLimit, est map[ServiceProcedure]adaptive.Estimate) []dropratio.Service {
+//
+// Each callee's input is built in s.scratch, and offered to quiet, which
+// may take it (the law need not step it: see quiet.go) and keeps nothing
+// of it; only the inputs quiet refuses are copied out, so that a tick
+// allocates law input for the callees that changed, not the mesh. quiet
+// may be nil.
+func (s *State) lawInput(inbound map[string][]peerTotals, set *limits.Set, est map[ServiceProcedure]adaptive.Estimate, quiet func(*dropratio.Service) bool) []dropratio.Service {
 	callees := map[string]bool{}
 	for svc := range inbound {
 		callees[svc] = true
@@ -274,45 +309,49 @@ func lawInput(inbound map[string][]peerTotals, set *limits.Set, limit leafLimit,
 	out := make([]dropratio.Service, 0, len(callees))
 	for _, name := range slices.Sorted(maps.Keys(callees)) {
 		lim := set.Service(name)
-		if lim.HasProcedures() {
-			svc := procedureInput(name, inbound[name], lim, limit, est)
-			out = append(out, capTiers(svc, lim))
+		svc := serviceInput(name, inbound[name], lim, s.levelLimit, est, s.sortedCallers(lim), s.scratch[:0])
+		s.scratch = svc.Callers[:0]
+		if quiet != nil && quiet(&svc) {
 			continue
 		}
-		written := math.Inf(1)
-		if lim != nil {
-			written = lim.Capacity
-		}
-		svc := dropratio.Service{Name: name, Capacity: capacityOf(ServiceProcedure{name, ""}, written, est)}
-		var configured int
-		if lim != nil {
-			configured = len(lim.Callers)
-		}
-		svc.Callers = make([]dropratio.Caller, 0, len(inbound[name])+configured)
-		var seen map[string]bool // only to add the configured callers that sent nothing
-		if configured > 0 {
-			seen = make(map[string]bool, len(inbound[name]))
-		}
-		for _, p := range inbound[name] {
-			b := lim.Bucket(p.peer)
-			svc.Callers = append(svc.Callers, dropratio.Caller{Name: p.peer, Tier: uint8(p.tier), Offered: p.offered(lim),
-				Limit: limit(lim, p.peer, "", b.Limit), Mode: b.Mode})
-			if seen != nil {
-				seen[p.peer] = true
-			}
-		}
-		if configured > 0 {
-			for _, caller := range slices.Sorted(maps.Keys(lim.Callers)) {
-				if !seen[caller] {
-					b := lim.Callers[caller]
-					svc.Callers = append(svc.Callers, dropratio.Caller{Name: caller, Tier: uint8(lim.DefaultTier(caller, "")),
-						Limit: limit(lim, caller, "", b.Limit), Mode: b.Mode})
-				}
-			}
-		}
-		out = append(out, capTiers(svc, lim))
+		svc.Callers = slices.Clone(svc.Callers)
+		out = append(out, svc)
 	}
+	clear(s.scratch[:cap(s.scratch)]) // do not keep this tick's names alive
 	return out
+}
+
+// serviceInput is one callee's law input (see lawInput), its callers
+// appended to dst; configured are the callers lim names, sorted.
+func serviceInput(name string, peers []peerTotals, lim *limits.Service, limit leafLimit, est map[ServiceProcedure]adaptive.Estimate, configured []string, dst []dropratio.Caller) dropratio.Service {
+	if lim.HasProcedures() {
+		return capTiers(procedureInput(name, peers, lim, limit, est, dst), lim)
+	}
+	written := math.Inf(1)
+	if lim != nil {
+		written = lim.Capacity
+	}
+	svc := dropratio.Service{Name: name, Capacity: capacityOf(ServiceProcedure{name, ""}, written, est), Callers: dst}
+	for _, p := range peers {
+		b := lim.Bucket(p.peer)
+		svc.Callers = append(svc.Callers, dropratio.Caller{Name: p.peer, Tier: uint8(p.tier), Offered: p.offered(lim),
+			Limit: limit(lim, p.peer, "", b.Limit), Mode: b.Mode})
+	}
+	// The configured callers that sent nothing: peers are sorted by
+	// caller, as configured is, so one walk finds them.
+	i := 0
+	for _, caller := range configured {
+		for i < len(peers) && peers[i].peer < caller {
+			i++
+		}
+		if i < len(peers) && peers[i].peer == caller {
+			continue
+		}
+		b := lim.Callers[caller]
+		svc.Callers = append(svc.Callers, dropratio.Caller{Name: caller, Tier: uint8(lim.DefaultTier(caller, "")),
+			Limit: limit(lim, caller, "", b.Limit), Mode: b.Mode})
+	}
+	return capTiers(svc, lim)
 }
 
 // capTiers adds to a tiered callee's law input every tier of each capped
@@ -357,9 +396,9 @@ func capTiers(svc dropratio.Service, lim *limits.Service) dropratio.Service {
 // folded (foldBuckets). A caller named by any limit of the callee gets
 // a leaf for every procedure, traffic or not, so that its policy lists
 // them from the first request (a blocked caller is blocked at once).
-func procedureInput(name string, peers []peerTotals, lim *limits.Service, limit leafLimit, est map[ServiceProcedure]adaptive.Estimate) dropratio.Service {
+func procedureInput(name string, peers []peerTotals, lim *limits.Service, limit leafLimit, est map[ServiceProcedure]adaptive.Estimate, dst []dropratio.Caller) dropratio.Service {
 	procs := append(slices.Clone(lim.Declared), names.Other)
-	svc := dropratio.Service{Name: name, Capacity: capacityOf(ServiceProcedure{name, ""}, lim.Capacity, est), Procedures: make([]dropratio.Procedure, 0, len(procs))}
+	svc := dropratio.Service{Name: name, Capacity: capacityOf(ServiceProcedure{name, ""}, lim.Capacity, est), Procedures: make([]dropratio.Procedure, 0, len(procs)), Callers: dst}
 	for _, p := range procs {
 		svc.Procedures = append(svc.Procedures, dropratio.Procedure{Name: p, Capacity: capacityOf(ServiceProcedure{name, p}, lim.ProcedureCapacity(p), est)})
 	}

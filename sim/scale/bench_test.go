@@ -73,8 +73,15 @@ func controllerAtScale(b *testing.B, surge bool) (cfg Config, m *mesh, st *contr
 // applied again before each tick (not timed) so that none goes stale. It
 // measures the controller state alone, on a heap that holds only it; the
 // scale command measures the same call inside the whole simulation.
-func BenchmarkControllerTick110k(b *testing.B) {
-	cfg, m, st, now, apply := controllerAtScale(b, true)
+func BenchmarkControllerTick110k(b *testing.B) { benchmarkTick(b, true) }
+
+// BenchmarkControllerTick110kCalm is the same tick in a second without a
+// surge: every callee quiet, as most are in most seconds, so the law is
+// not stepped and no policy is built (internal/controller/quiet.go).
+func BenchmarkControllerTick110kCalm(b *testing.B) { benchmarkTick(b, false) }
+
+func benchmarkTick(b *testing.B, surge bool) {
+	cfg, m, st, now, apply := controllerAtScale(b, surge)
 	// Past the warm-up, and past the first tick, which publishes every
 	// policy: the loop measures steady ticks with TTL/2 refreshes.
 	for range 6 {

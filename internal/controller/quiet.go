@@ -1,0 +1,181 @@
+package controller
+
+import (
+	"maps"
+	"math"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/limits"
+	"github.com/sluicehq/sluice/pkg/dataplane"
+	"github.com/sluicehq/sluice/pkg/dropratio"
+	"github.com/sluicehq/sluice/pkg/names"
+)
+
+// A tick that costs what changed (issue 20). In most ticks most callees
+// of a mesh drop nothing: every caller under its limit, the callers'
+// demands inside the capacity, no ratio still releasing. For such a
+// callee the law is not stepped (dropratio.Law.Quiet gives its verdicts,
+// Step's to the bit, without building Step's state), and its policy is
+// not even built while the one published says the same (unchanged). What
+// a tick still does for every bucket is sum the zone loads and check
+// each quiet callee against its published policy, neither of which
+// allocates per bucket.
+//
+// Nothing here is a threshold of its own: a quiet callee is one whose
+// full tick would give ratio 0 everywhere, and its policy is skipped only
+// where due would say it is not due. So a tick publishes exactly what a
+// tick that steps and renders everything does (TestIncrementalTickIsFull
+// compares the two over random meshes), and replicas agree as before.
+
+// quietSource is what a quiet callee's published policy was rendered
+// from: its limits and live sidecars, besides its verdicts.
+type quietSource struct {
+	lim  *limits.Service
+	live uint32
+}
+
+// quietTick collects one tick's quiet callees and their verdicts.
+type quietTick struct {
+	s        *State
+	verdicts []dropratio.ServiceVerdict // sorted by service
+}
+
+// quietStep starts a tick's collection of quiet callees, reusing the
+// verdicts' room of the tick before.
+func (s *State) quietStep() *quietTick {
+	clear(s.quietVerdicts[:cap(s.quietVerdicts)]) // do not keep the last tick's names alive
+	s.quietVerdicts = s.quietVerdicts[:0]
+	return &quietTick{s: s}
+}
+
+// take is lawInput's quiet: it keeps svc's verdicts and reports true
+// when the law has nothing to drop of it. Callees come in name order.
+func (q *quietTick) take(svc *dropratio.Service) bool {
+	s := q.s
+	if s.full {
+		return false
+	}
+	start := len(s.quietVerdicts)
+	v, ok := s.law.Quiet(svc, s.quietVerdicts)
+	if !ok {
+		return false
+	}
+	s.quietVerdicts = v
+	// Capped, so that a later append to the shared room can not write
+	// into this callee's verdicts; a reallocation leaves them where
+	// they are.
+	q.verdicts = append(q.verdicts, dropratio.ServiceVerdict{Service: svc.Name, Verdicts: v[start:len(v):len(v)]})
+	return true
+}
+
+// join merges the law's verdicts with the quiet ones, both sorted by
+// service, as one tick's verdicts.
+func (q *quietTick) join(stepped []dropratio.ServiceVerdict) []dropratio.ServiceVerdict {
+	if len(q.verdicts) == 0 {
+		return stepped
+	}
+	out := make([]dropratio.ServiceVerdict, 0, len(stepped)+len(q.verdicts))
+	i, j := 0, 0
+	for i < len(stepped) || j < len(q.verdicts) {
+		if j == len(q.verdicts) || i < len(stepped) && strings.Compare(stepped[i].Service, q.verdicts[j].Service) < 0 {
+			out = append(out, stepped[i])
+			i++
+			continue
+		}
+		out = append(out, q.verdicts[j])
+		j++
+	}
+	return out
+}
+
+// has reports whether service was quiet this tick.
+func (q *quietTick) has(service string) bool {
+	_, ok := slices.BinarySearchFunc(q.verdicts, service, func(sv dropratio.ServiceVerdict, name string) int {
+		return strings.Compare(sv.Service, name)
+	})
+	return ok
+}
+
+// unchanged reports whether the policy of sv, a quiet callee with limits
+// lim and live sidecars, would not be due (see due) if it were built: so
+// it is not. name is the policy's.
+//
+// It can tell without building the policy only when the published one
+// was built from a quiet callee's verdicts (published.quiet) with the
+// same limits and the same live sidecars, and lim is plain (it was, to be
+// recorded): then every field due compares is a function of the limits,
+// the live sidecars and, per listed bucket, its caller, limit, mode and
+// offered rate (a quiet bucket's allowed rate is its limit, its ratio 0,
+// and it is listed for its limit alone). Those are compared here, the
+// offered rate as due compares it; and the refresh falls due as due says.
+func (s *State) unchanged(sv dropratio.ServiceVerdict, live uint32, lim *limits.Service, now time.Time) (name string, ok bool) {
+	name = names.Callee(sv.Service)
+	pub := s.published[name]
+	if s.full || pub == nil || pub.quiet == nil || pub.quiet.lim != lim || pub.quiet.live != live || !pub.tombstone.IsZero() {
+		return name, false
+	}
+	if now.Sub(pub.policy.GetIssuedAt().AsTime()) >= RefreshAge(name, s.cfg.PolicyTTL) {
+		return name, false
+	}
+	peers := pub.policy.GetPeers()
+	i := 0
+	for k := range sv.Verdicts {
+		v := &sv.Verdicts[k]
+		if math.IsInf(v.Limit, 1) {
+			continue // not listed: see plain
+		}
+		if i == len(peers) {
+			return name, false
+		}
+		op := peers[i]
+		i++
+		if op.GetPeer() != v.Caller || op.LimitRps == nil || op.GetLimitRps() != v.Limit || op.GetMode() != modeProto(v.Mode) ||
+			offeredChanged(op.GetOfferedRps(), v.Offered, false, false) {
+			return name, false
+		}
+	}
+	return name, i == len(peers)
+}
+
+// plain reports whether the policy of a quiet callee with limits lim (nil
+// for none) is a function of its verdicts, its limits and its live
+// sidecars, and lists a bucket for its limit alone, rendered from its
+// caller, limit, mode and offered rate: lim declares no procedures, tiers,
+// cost or descriptors (whose values its policy lists), and no caller is
+// enforced upstream or capped in flight.
+func (s *State) plain(lim *limits.Service) bool {
+	if lim == nil {
+		return true
+	}
+	if lim.HasProcedures() || lim.Tiered() || lim.Counted() || len(lim.Descriptors) > 0 || lim.Enforcement == dataplane.EnforceUpstream {
+		return false
+	}
+	if p, ok := s.perSet.plain[lim]; ok {
+		return p
+	}
+	p := true
+	for _, b := range lim.Callers {
+		if b.Enforcement == dataplane.EnforceUpstream || b.MaxConcurrency > 0 {
+			p = false
+			break
+		}
+	}
+	s.perSet.plain[lim] = p
+	return p
+}
+
+// sortedCallers returns the callers lim (nil for none) names, sorted;
+// computed once per limits set (setCache).
+func (s *State) sortedCallers(lim *limits.Service) []string {
+	if lim == nil || len(lim.Callers) == 0 {
+		return nil
+	}
+	if c, ok := s.perSet.callers[lim]; ok {
+		return c
+	}
+	c := slices.Sorted(maps.Keys(lim.Callers))
+	s.perSet.callers[lim] = c
+	return c
+}
