@@ -87,12 +87,24 @@ func leafPolicy(peer string, v dropratio.Verdict, lim *limits.Service) *sluicev1
 	if v.Procedure == "" {
 		return pp
 	}
-	callerLimit := lim.Bucket(v.Caller).Limit
+	limit, callerLimit := leafLimits(v, lim)
 	pp.Procedure = v.Procedure
 	pp.CallerLimitRps = finiteOrAbsent(callerLimit)
 	pp.Bound = boundProto(v.Bound)
-	pp.LimitRps = finiteOrAbsent(min(v.Limit, callerLimit))
+	pp.LimitRps = finiteOrAbsent(limit)
 	return pp
+}
+
+// leafLimits returns what leafPolicy puts in a bucket's limit_rps and
+// caller_limit_rps: for a leaf, the tighter of its limit and its
+// caller's, and its caller's; for a whole bucket its limit, and +Inf
+// (none).
+func leafLimits(v dropratio.Verdict, lim *limits.Service) (limit, callerLimit float64) {
+	if v.Procedure == "" {
+		return v.Limit, math.Inf(1)
+	}
+	callerLimit = lim.Bucket(v.Caller).Limit
+	return min(v.Limit, callerLimit), callerLimit
 }
 
 // publishedBucket reports whether a policy carries v, a verdict of a

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/limits"
 	"github.com/sluicehq/sluice/pkg/dataplane"
 	"github.com/sluicehq/sluice/pkg/dropratio"
@@ -105,11 +106,12 @@ func (q *quietTick) has(service string) bool {
 // It can tell without building the policy only when the published one
 // was built from a quiet callee's verdicts (published.quiet) with the
 // same limits and the same live sidecars, and lim is plain (it was, to be
-// recorded): then every field due compares is a function of the limits,
-// the live sidecars and, per listed bucket, its caller, limit, mode and
-// offered rate (a quiet bucket's allowed rate is its limit, its ratio 0,
-// and it is listed for its limit alone). Those are compared here, the
-// offered rate as due compares it; and the refresh falls due as due says.
+// recorded): then every field of the policy due compares is a function
+// of the limits and the live sidecars but the buckets' entries, and each
+// entry is rendered from its verdict alone (leafPolicy), listed for its
+// limit alone. So the entries are compared here, field by field as due
+// compares them, against what leafPolicy would render; and the refresh
+// falls due as due says.
 func (s *State) unchanged(sv dropratio.ServiceVerdict, live uint32, lim *limits.Service, now time.Time) (name string, ok bool) {
 	name = names.Callee(sv.Service)
 	pub := s.published[name]
@@ -119,19 +121,34 @@ func (s *State) unchanged(sv dropratio.ServiceVerdict, live uint32, lim *limits.
 	if now.Sub(pub.policy.GetIssuedAt().AsTime()) >= RefreshAge(name, s.cfg.PolicyTTL) {
 		return name, false
 	}
+	declared := s.declared(lim)
+	th := s.cfg.RepublishThreshold
 	peers := pub.policy.GetPeers()
 	i := 0
 	for k := range sv.Verdicts {
 		v := &sv.Verdicts[k]
-		if math.IsInf(v.Limit, 1) {
-			continue // not listed: see plain
+		if !publishedBucket(*v, lim, declared, true) {
+			continue
+		}
+		limit, callerLimit := leafLimits(*v, lim)
+		if !finite(limit) {
+			continue // not listed: a quiet bucket is listed for its limit alone (plain)
 		}
 		if i == len(peers) {
 			return name, false
 		}
 		op := peers[i]
 		i++
-		if op.GetPeer() != v.Caller || op.LimitRps == nil || op.GetLimitRps() != v.Limit || op.GetMode() != modeProto(v.Mode) ||
+		var bound sluicev1.DropBound
+		if v.Procedure != "" {
+			bound = boundProto(v.Bound)
+		}
+		if op.GetPeer() != v.Caller || op.GetProcedure() != v.Procedure || op.GetCriticality() != sluicev1.Criticality(v.Tier) ||
+			op.GetMode() != modeProto(v.Mode) || op.GetEnforcedUpstream() || op.GetDropRatio() != 0 ||
+			op.LimitRps == nil || op.GetLimitRps() != limit ||
+			(op.CallerLimitRps != nil) != finite(callerLimit) || op.CallerLimitRps != nil && op.GetCallerLimitRps() != callerLimit ||
+			(op.AllowedRps != nil) != finite(v.Allowed) || op.AllowedRps != nil && relChanged(op.GetAllowedRps(), v.Allowed, th) ||
+			op.GetReason() != reasonProto(v.Reason, 0) || op.GetBound() != bound || op.MaxConcurrency != nil || op.GetDebt() != 0 ||
 			offeredChanged(op.GetOfferedRps(), v.Offered, false, false) {
 			return name, false
 		}
@@ -139,17 +156,22 @@ func (s *State) unchanged(sv dropratio.ServiceVerdict, live uint32, lim *limits.
 	return name, i == len(peers)
 }
 
+// finite reports whether v is neither infinite nor NaN: whether
+// finiteOrAbsent puts it on the wire.
+func finite(v float64) bool { return !math.IsInf(v, 0) && !math.IsNaN(v) }
+
 // plain reports whether the policy of a quiet callee with limits lim (nil
-// for none) is a function of its verdicts, its limits and its live
-// sidecars, and lists a bucket for its limit alone, rendered from its
-// caller, limit, mode and offered rate: lim declares no procedures, tiers,
-// cost or descriptors (whose values its policy lists), and no caller is
-// enforced upstream or capped in flight.
+// for none) is, but for its buckets' entries, a function of its limits
+// and its live sidecars, and lists a quiet bucket for its limit alone
+// (leafLimits), rendered from its verdict alone: lim counts no cost
+// (whose debts its entries carry) and declares no descriptors (whose
+// values its policy lists), and no caller is enforced upstream or capped
+// in flight.
 func (s *State) plain(lim *limits.Service) bool {
 	if lim == nil {
 		return true
 	}
-	if lim.HasProcedures() || lim.Tiered() || lim.Counted() || len(lim.Descriptors) > 0 || lim.Enforcement == dataplane.EnforceUpstream {
+	if lim.Counted() || len(lim.Descriptors) > 0 || lim.Enforcement == dataplane.EnforceUpstream {
 		return false
 	}
 	if p, ok := s.perSet.plain[lim]; ok {
@@ -159,11 +181,32 @@ func (s *State) plain(lim *limits.Service) bool {
 	for _, b := range lim.Callers {
 		if b.Enforcement == dataplane.EnforceUpstream || b.MaxConcurrency > 0 {
 			p = false
-			break
+		}
+	}
+	for _, proc := range lim.Procedures {
+		if len(proc.MaxConcurrency) > 0 {
+			p = false
 		}
 	}
 	s.perSet.plain[lim] = p
 	return p
+}
+
+// declared returns the procedures lim declares, as a set; nil when it
+// declares none. Computed once per limits set (setCache).
+func (s *State) declared(lim *limits.Service) map[string]bool {
+	if !lim.HasProcedures() {
+		return nil
+	}
+	if d, ok := s.perSet.declared[lim]; ok {
+		return d
+	}
+	d := make(map[string]bool, len(lim.Declared))
+	for _, p := range lim.Declared {
+		d[p] = true
+	}
+	s.perSet.declared[lim] = d
+	return d
 }
 
 // sortedCallers returns the callers lim (nil for none) names, sorted;

@@ -22,7 +22,9 @@ import (
 // ones (per-caller limits, a default, a capacity, shadow and blocked
 // callers, none at all), and ones whose policies are more than their
 // verdicts (upstream enforcement, a cap in flight, a burst, procedures,
-// tiers, cost, descriptors).
+// tiers, cost, descriptors). The trickles' callers send under the law's
+// MinRate, which spares them drops: over their capacities they are quiet
+// with allowed rates and bounds that move with what the others send.
 const quietMeshLimits = `
 services:
   plain-a:
@@ -47,6 +49,7 @@ services:
       c1: {limit: 300, burst: 600}
   procs:
     capacity: 1500
+    default_limit: 400
     callers:
       c0: {limit: 300}
     procedures:
@@ -66,6 +69,16 @@ services:
     default_limit: 300
     descriptors:
       tenant: {from: header x-tenant, limit: 10}
+  trickle:
+    capacity: 2
+    callers:
+      c0: {limit: 0.6}
+  trickle-procs:
+    callers:
+      c1: {limit: 0.7}
+    procedures:
+      /t.T/A: {capacity: 1.5, callers: {c2: {limit: 0.5}}}
+      /t.T/B: {}
 `
 
 // quietMesh drives a mesh of every callee of quietMeshLimits plus unlisted
@@ -81,7 +94,8 @@ type quietMesh struct {
 
 func newQuietMesh(seed uint64) *quietMesh {
 	m := &quietMesh{r: rand.New(rand.NewPCG(seed, 20)), state: map[string]int{}, base: map[string]float64{}}
-	m.callees = []string{"plain-a", "plain-b", "plain-c", "upstream", "inflight", "burst", "procs", "tiers", "costly", "tenants", "unlisted-x", "unlisted-y"}
+	m.callees = []string{"plain-a", "plain-b", "plain-c", "upstream", "inflight", "burst", "procs", "tiers", "costly", "tenants",
+		"trickle", "trickle-procs", "unlisted-x", "unlisted-y"}
 	for _, callee := range m.callees {
 		for c := range 6 {
 			m.base[fmt.Sprintf("%s/c%d", callee, c)] = 20 + 200*m.r.Float64()
@@ -119,10 +133,21 @@ func (m *quietMesh) loads() []*sluicev1.ZoneLoad {
 				}
 				p := &sluicev1.PeerRate{Peer: fmt.Sprintf("c%d", c), OfferedRps: rate}
 				switch callee {
-				case "procs":
-					for i, proc := range []string{"/a.B/Get", "/a.B/Put"} {
+				case "trickle":
+					p.OfferedRps = rate / 250
+				case "procs", "trickle-procs":
+					procs := []string{"/a.B/Get", "/a.B/Put"}
+					if callee == "trickle-procs" {
+						procs, rate = []string{"/t.T/A", "/t.T/B"}, rate/200
+					}
+					for _, proc := range procs {
+						if leaf := k + proc; m.r.IntN(12) == 0 {
+							m.state[leaf] = m.r.IntN(3)
+						} else if m.state[leaf] == 2 {
+							continue // a leaf without traffic, for a while
+						}
 						q := proto.Clone(p).(*sluicev1.PeerRate)
-						q.Procedure, q.OfferedRps = proc, rate*float64(i+1)/3
+						q.Procedure, q.OfferedRps = proc, rate/2
 						sl.Peers = append(sl.Peers, q)
 					}
 					continue

@@ -131,16 +131,18 @@ type State struct {
 // set, for the ticks under that set: keyed by the services' pointers,
 // which a set never changes (limits.NewSet).
 type setCache struct {
-	set     *limits.Set
-	plain   map[*limits.Service]bool     // State.plain
-	levels  map[*limits.Service]bool     // State.mayHoldLevels
-	callers map[*limits.Service][]string // State.sortedCallers
+	set      *limits.Set
+	plain    map[*limits.Service]bool            // State.plain
+	levels   map[*limits.Service]bool            // State.mayHoldLevels
+	callers  map[*limits.Service][]string        // State.sortedCallers
+	declared map[*limits.Service]map[string]bool // State.declared
 }
 
 // under makes c the cache of set, emptied when it was another's.
 func (c *setCache) under(set *limits.Set) {
 	if c.set != set {
-		*c = setCache{set: set, plain: map[*limits.Service]bool{}, levels: map[*limits.Service]bool{}, callers: map[*limits.Service][]string{}}
+		*c = setCache{set: set, plain: map[*limits.Service]bool{}, levels: map[*limits.Service]bool{},
+			callers: map[*limits.Service][]string{}, declared: map[*limits.Service]map[string]bool{}}
 	}
 }
 
