@@ -15,6 +15,7 @@ type metrics struct {
 	tickSeconds   prometheus.Histogram
 	aggregators   prometheus.Gauge
 	buckets       prometheus.Gauge
+	callees       *prometheus.GaugeVec
 	warm          prometheus.Gauge
 	published     prometheus.Counter
 	deleted       prometheus.Counter
@@ -76,8 +77,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help:    "Time to sum zone loads, run the control law and build policies, per tick.",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 4, 10),
 		}),
-		aggregators:   prometheus.NewGauge(prometheus.GaugeOpts{Name: "sluice_controller_aggregators", Help: "Aggregators whose zone loads are in the sums."}),
-		buckets:       prometheus.NewGauge(prometheus.GaugeOpts{Name: "sluice_controller_buckets", Help: "Buckets, (callee, caller) pairs or (callee, caller, procedure) leaves, the control law ran over in the last tick."}),
+		aggregators: prometheus.NewGauge(prometheus.GaugeOpts{Name: "sluice_controller_aggregators", Help: "Aggregators whose zone loads are in the sums."}),
+		buckets:     prometheus.NewGauge(prometheus.GaugeOpts{Name: "sluice_controller_buckets", Help: "Buckets, (callee, caller) pairs or (callee, caller, procedure) leaves, the control law ran over in the last tick."}),
+		callees: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_controller_tick_callees",
+			Help: "Callees of the last tick by what it did for them: stepped (the control law ran), quiet (nothing to drop, so the law was not run) and built (their policies were built, the rest unchanged; a quiet callee's only when it changed enough to publish or falls due)."}, []string{"work"}),
 		warm:          prometheus.NewGauge(prometheus.GaugeOpts{Name: "sluice_controller_warm", Help: "1 once the start-up warm-up is over and policies are published."}),
 		published:     prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_controller_policies_published_total", Help: "DropPolicy resources pushed (changed or refreshed)."}),
 		deleted:       prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_controller_policies_deleted_total", Help: "DropPolicy resources removed after their service vanished."}),
@@ -185,7 +188,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m.peerRejected.WithLabelValues(ReasonBadCriticality)
 	if reg != nil {
 		reg.MustRegister(m.notOwned, m.shard, m.shards)
-		reg.MustRegister(m.tickSeconds, m.aggregators, m.buckets, m.warm, m.published, m.deleted, m.publishErrors,
+		reg.MustRegister(m.tickSeconds, m.aggregators, m.buckets, m.callees, m.warm, m.published, m.deleted, m.publishErrors,
 			m.accepted, m.rejected, m.svcRejected, m.peerRejected, m.claimsRefused, m.peersShed, m.streams, m.limitServices, m.offered, m.dropped, m.debt,
 			m.descRejected, m.descListed, m.descCut, m.descAbusive, m.descZoneCut, m.descHeld,
 			m.healthRejected, m.healthP99, m.healthErrors, m.healthAnswered, m.estimated)
@@ -202,6 +205,9 @@ func (m *metrics) observeTick(res TickResult, set *limits.Set, took time.Duratio
 	}
 	m.warm.Set(1)
 	m.buckets.Set(float64(res.Buckets))
+	m.callees.WithLabelValues("stepped").Set(float64(len(res.Services) - res.Quiet))
+	m.callees.WithLabelValues("quiet").Set(float64(res.Quiet))
+	m.callees.WithLabelValues("built").Set(float64(res.Rendered))
 	m.published.Add(float64(len(res.Changed)))
 	m.deleted.Add(float64(len(res.Deleted)))
 	// The procedures are bounded: foldBuckets leaves a callee's

@@ -36,20 +36,75 @@ type published struct {
 }
 
 // peerPolicy renders one verdict of the law for peer: the caller of an
-// inbound policy, the callee of an outbound one.
-func peerPolicy(peer string, v dropratio.Verdict) *sluicev1.PeerPolicy {
-	return &sluicev1.PeerPolicy{
-		Peer:       peer,
-		DropRatio:  v.Ratio,
-		Mode:       modeProto(v.Mode),
-		LimitRps:   finiteOrAbsent(v.Limit),
-		AllowedRps: finiteOrAbsent(v.Allowed),
-		OfferedRps: v.Offered,
-		Reason:     reasonProto(v.Reason, v.Ratio),
-		// The law's tiers are the wire's (pkg/criticality): None is
-		// UNSPECIFIED, an untiered bucket.
-		Criticality: sluicev1.Criticality(v.Tier),
+// inbound policy, the callee of an outbound one; from slab's room (nil:
+// the heap's).
+func peerPolicy(peer string, v dropratio.Verdict, slab *peerSlab) *sluicev1.PeerPolicy {
+	pp := slab.peer()
+	pp.Peer = peer
+	pp.DropRatio = v.Ratio
+	pp.Mode = modeProto(v.Mode)
+	pp.LimitRps = slab.rate(v.Limit)
+	pp.AllowedRps = slab.rate(v.Allowed)
+	pp.OfferedRps = v.Offered
+	pp.Reason = reasonProto(v.Reason, v.Ratio)
+	// The law's tiers are the wire's (pkg/criticality): None is
+	// UNSPECIFIED, an untiered bucket.
+	pp.Criticality = sluicev1.Criticality(v.Tier)
+	return pp
+}
+
+// peerSlab hands out the entries of one policy and their optional rates
+// from two allocations, not one for every entry and every rate: at a
+// million leaves a tick's policies were four allocations a leaf. A nil
+// slab allocates each on the heap. What the policy does not list is
+// given back (back), so that a published policy keeps no entries it does
+// not hold.
+type peerSlab struct {
+	peers []sluicev1.PeerPolicy
+	rates []float64
+}
+
+// newPeerSlab has room for n entries with three rates each.
+func newPeerSlab(n int) *peerSlab {
+	return &peerSlab{peers: make([]sluicev1.PeerPolicy, 0, n), rates: make([]float64, 0, 3*n)}
+}
+
+// peer returns a zero entry.
+func (s *peerSlab) peer() *sluicev1.PeerPolicy {
+	if s == nil || len(s.peers) == cap(s.peers) {
+		return &sluicev1.PeerPolicy{}
 	}
+	s.peers = s.peers[:len(s.peers)+1]
+	return &s.peers[len(s.peers)-1]
+}
+
+// rate returns v for an optional rate, nil when it is infinite or NaN,
+// as finiteOrAbsent does.
+func (s *peerSlab) rate(v float64) *float64 {
+	if s == nil || len(s.rates) == cap(s.rates) || !finite(v) {
+		return finiteOrAbsent(v)
+	}
+	s.rates = append(s.rates, v)
+	return &s.rates[len(s.rates)-1]
+}
+
+// mark and back give back what was handed out since mark, entries
+// zeroed: the caller holds none of it.
+func (s *peerSlab) mark() (peers, rates int) {
+	if s == nil {
+		return 0, 0
+	}
+	return len(s.peers), len(s.rates)
+}
+
+func (s *peerSlab) back(peers, rates int) {
+	if s == nil {
+		return
+	}
+	for i := peers; i < len(s.peers); i++ {
+		s.peers[i] = sluicev1.PeerPolicy{}
+	}
+	s.peers, s.rates = s.peers[:peers], s.rates[:rates]
 }
 
 // listed reports whether a policy lists pp (dataplane.Listed): a ratio
@@ -82,16 +137,16 @@ func listed(pp *sluicev1.PeerPolicy) bool {
 // limit_rps alone would each grant in full. And it carries the level that
 // binds it, Bound, so that a sidecar's rejection names the bucket that
 // refused; a whole bucket is that bucket alone and carries none.
-func leafPolicy(peer string, v dropratio.Verdict, lim *limits.Service) *sluicev1.PeerPolicy {
-	pp := peerPolicy(peer, v)
+func leafPolicy(peer string, v dropratio.Verdict, lim *limits.Service, slab *peerSlab) *sluicev1.PeerPolicy {
 	if v.Procedure == "" {
-		return pp
+		return peerPolicy(peer, v, slab)
 	}
 	limit, callerLimit := leafLimits(v, lim)
+	v.Limit = limit
+	pp := peerPolicy(peer, v, slab)
 	pp.Procedure = v.Procedure
-	pp.CallerLimitRps = finiteOrAbsent(callerLimit)
+	pp.CallerLimitRps = slab.rate(callerLimit)
 	pp.Bound = boundProto(v.Bound)
-	pp.LimitRps = finiteOrAbsent(limit)
 	return pp
 }
 
@@ -171,16 +226,30 @@ func (s *State) policy(sv dropratio.ServiceVerdict, live uint32, lim *limits.Ser
 			p.Routes = append(p.Routes, &sluicev1.Route{Pattern: r.Pattern, Procedure: r.Procedure})
 		}
 	}
+	// Room for the entries surely listed: a published policy keeps its
+	// slab whole, so unlisted callers (any number) get none; the rest of
+	// the listed ones (a leaf listed for its caller's limit) go on the
+	// heap.
+	n := 0
+	for k := range sv.Verdicts {
+		if v := &sv.Verdicts[k]; v.Ratio > 0 || finite(v.Limit) {
+			n++
+		}
+	}
+	slab := newPeerSlab(n)
 	for _, v := range sv.Verdicts {
 		if !publishedBucket(v, lim, declared, true) {
 			continue
 		}
-		pp := leafPolicy(v.Caller, v, lim)
+		peers, rates := slab.mark()
+		pp := leafPolicy(v.Caller, v, lim, slab)
 		markUpstream(pp, v.Mode, lim.Bucket(v.Caller))
 		s.markCost(pp, v, lim, sv.Service)
-		if listed(pp) {
-			p.Peers = append(p.Peers, pp)
+		if !listed(pp) {
+			slab.back(peers, rates)
+			continue
 		}
+		p.Peers = append(p.Peers, pp)
 	}
 	return p
 }
@@ -296,7 +365,7 @@ func (s *State) callerPolicies(verdicts []dropratio.ServiceVerdict, outLive map[
 			if p == nil || !publishedBucket(v, lim, nil, false) {
 				continue
 			}
-			pp := leafPolicy(sv.Service, v, lim)
+			pp := leafPolicy(sv.Service, v, lim, nil)
 			if !listed(pp) {
 				continue
 			}

@@ -135,6 +135,7 @@ type setCache struct {
 	plain    map[*limits.Service]bool            // State.plain
 	levels   map[*limits.Service]bool            // State.mayHoldLevels
 	callers  map[*limits.Service][]string        // State.sortedCallers
+	limited  map[*limits.Service][]string        // State.limitedCallers
 	declared map[*limits.Service]map[string]bool // State.declared
 }
 
@@ -142,7 +143,7 @@ type setCache struct {
 func (c *setCache) under(set *limits.Set) {
 	if c.set != set {
 		*c = setCache{set: set, plain: map[*limits.Service]bool{}, levels: map[*limits.Service]bool{},
-			callers: map[*limits.Service][]string{}, declared: map[*limits.Service]map[string]bool{}}
+			callers: map[*limits.Service][]string{}, limited: map[*limits.Service][]string{}, declared: map[*limits.Service]map[string]bool{}}
 	}
 }
 

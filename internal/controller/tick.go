@@ -309,7 +309,11 @@ func (s *State) lawInput(inbound map[string][]peerTotals, set *limits.Set, est m
 	out := make([]dropratio.Service, 0, len(callees))
 	for _, name := range slices.Sorted(maps.Keys(callees)) {
 		lim := set.Service(name)
-		svc := serviceInput(name, inbound[name], lim, s.levelLimit, est, s.sortedCallers(lim), s.scratch[:0])
+		configured := s.sortedCallers(lim)
+		if lim.HasProcedures() {
+			configured = s.limitedCallers(lim)
+		}
+		svc := serviceInput(name, inbound[name], lim, s.levelLimit, est, configured, s.scratch[:0])
 		s.scratch = svc.Callers[:0]
 		if quiet != nil && quiet(&svc) {
 			continue
@@ -322,10 +326,11 @@ func (s *State) lawInput(inbound map[string][]peerTotals, set *limits.Set, est m
 }
 
 // serviceInput is one callee's law input (see lawInput), its callers
-// appended to dst; configured are the callers lim names, sorted.
+// appended to dst; configured are the callers lim names, sorted
+// (sortedCallers, or limitedCallers for a callee with procedures).
 func serviceInput(name string, peers []peerTotals, lim *limits.Service, limit leafLimit, est map[ServiceProcedure]adaptive.Estimate, configured []string, dst []dropratio.Caller) dropratio.Service {
 	if lim.HasProcedures() {
-		return capTiers(procedureInput(name, peers, lim, limit, est, dst), lim)
+		return capTiers(procedureInput(name, peers, lim, limit, est, configured, dst), lim)
 	}
 	written := math.Inf(1)
 	if lim != nil {
@@ -396,45 +401,82 @@ func capTiers(svc dropratio.Service, lim *limits.Service) dropratio.Service {
 // folded (foldBuckets). A caller named by any limit of the callee gets
 // a leaf for every procedure, traffic or not, so that its policy lists
 // them from the first request (a blocked caller is blocked at once).
-func procedureInput(name string, peers []peerTotals, lim *limits.Service, limit leafLimit, est map[ServiceProcedure]adaptive.Estimate, dst []dropratio.Caller) dropratio.Service {
+func procedureInput(name string, peers []peerTotals, lim *limits.Service, limit leafLimit, est map[ServiceProcedure]adaptive.Estimate, limited []string, dst []dropratio.Caller) dropratio.Service {
 	procs := append(slices.Clone(lim.Declared), names.Other)
 	svc := dropratio.Service{Name: name, Capacity: capacityOf(ServiceProcedure{name, ""}, lim.Capacity, est), Procedures: make([]dropratio.Procedure, 0, len(procs)), Callers: dst}
 	for _, p := range procs {
 		svc.Procedures = append(svc.Procedures, dropratio.Procedure{Name: p, Capacity: capacityOf(ServiceProcedure{name, p}, lim.ProcedureCapacity(p), est)})
 	}
-	type leaf struct{ caller, procedure string }
-	seen := map[leaf]bool{} // in any tier
-	callers := map[string]bool{}
 	for _, p := range peers {
 		b := lim.Bucket(p.peer)
 		svc.Callers = append(svc.Callers, dropratio.Caller{Name: p.peer, Procedure: p.procedure, Tier: uint8(p.tier), Offered: p.offered(lim),
 			Limit: limit(lim, p.peer, p.procedure, lim.LeafLimit(p.peer, p.procedure)), Mode: b.Mode})
-		seen[leaf{p.peer, p.procedure}] = true
-		callers[p.peer] = true
 	}
-	limited := make(map[string]limits.Bucket, len(lim.Callers))
-	maps.Copy(limited, lim.Callers)
-	for _, p := range lim.Procedures {
-		for c := range p.Callers {
-			limited[c] = lim.Bucket(c)
+	// The leaves of limited callers without traffic: peers are sorted by
+	// caller, as limited is, so one walk finds each caller's run of
+	// leaves, in any tier.
+	i := 0
+	for _, caller := range limited {
+		for i < len(peers) && peers[i].peer < caller {
+			i++
 		}
-		for c := range p.MaxConcurrency { // listed for their cap
-			limited[c] = lim.Bucket(c)
+		j := i
+		for j < len(peers) && peers[j].peer == caller {
+			j++
 		}
-	}
-	for _, caller := range slices.Sorted(maps.Keys(limited)) {
-		callers[caller] = true
+		mode := lim.Bucket(caller).Mode
 		for _, p := range procs {
-			if !seen[leaf{caller, p}] {
+			if !slices.ContainsFunc(peers[i:j], func(q peerTotals) bool { return q.procedure == p }) {
 				svc.Callers = append(svc.Callers, dropratio.Caller{Name: caller, Procedure: p, Tier: uint8(lim.DefaultTier(caller, p)),
-					Limit: limit(lim, caller, p, lim.LeafLimit(caller, p)), Mode: limited[caller].Mode})
+					Limit: limit(lim, caller, p, lim.LeafLimit(caller, p)), Mode: mode})
 			}
 		}
+		i = j
 	}
-	for _, caller := range slices.Sorted(maps.Keys(callers)) {
+	// The limit across procedures of every caller with traffic or a
+	// limit, in name order: the two sorted lists merged, each name once.
+	last, started := "", false
+	callerLimit := func(caller string) {
+		if started && caller == last {
+			return
+		}
+		last, started = caller, true
 		if l := lim.Bucket(caller).Limit; !math.IsInf(l, 1) {
 			svc.CallerLimits = append(svc.CallerLimits, dropratio.CallerLimit{Name: caller, Limit: l})
 		}
 	}
+	for i, k := 0, 0; i < len(peers) || k < len(limited); {
+		if k == len(limited) || i < len(peers) && peers[i].peer < limited[k] {
+			callerLimit(peers[i].peer)
+			i++
+			continue
+		}
+		callerLimit(limited[k])
+		k++
+	}
 	return svc
+}
+
+// limitedCallers returns the callers lim names anywhere in its limits, or
+// caps in flight, sorted: procedureInput gives each a leaf for every
+// procedure. Computed once per limits set (setCache).
+func (s *State) limitedCallers(lim *limits.Service) []string {
+	if c, ok := s.perSet.limited[lim]; ok {
+		return c
+	}
+	set := maps.Clone(lim.Callers)
+	if set == nil {
+		set = map[string]limits.Bucket{}
+	}
+	for _, p := range lim.Procedures {
+		for c := range p.Callers {
+			set[c] = limits.Bucket{}
+		}
+		for c := range p.MaxConcurrency { // listed for their cap
+			set[c] = limits.Bucket{}
+		}
+	}
+	c := slices.Sorted(maps.Keys(set))
+	s.perSet.limited[lim] = c
+	return c
 }

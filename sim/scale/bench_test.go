@@ -30,12 +30,12 @@ func zoneLoads(cfg Config, m *mesh, surge bool) []*sluicev1.ZoneLoad {
 			}
 			share := float64(s.perAgg[a]) / float64(len(s.sidecars))
 			sl := &sluicev1.ServiceLoad{Service: s.name, Direction: sluicev1.Direction_DIRECTION_INBOUND, LiveSidecars: uint32(s.perAgg[a])}
-			for j, caller := range s.callers {
-				rate := s.base[j]
-				if surge && s.surge[j] {
+			for l := range s.base {
+				rate := s.base[l]
+				if surge && s.surge[l] {
 					rate *= cfg.SurgeFactor
 				}
-				sl.Peers = append(sl.Peers, &sluicev1.PeerRate{Peer: caller, OfferedRps: rate * share})
+				sl.Peers = append(sl.Peers, &sluicev1.PeerRate{Peer: s.caller(l), Procedure: s.proc(l), OfferedRps: rate * share})
 			}
 			zl.Services = append(zl.Services, sl)
 		}
@@ -48,8 +48,12 @@ func zoneLoads(cfg Config, m *mesh, surge bool) []*sluicev1.ZoneLoad {
 // apply, which applies the mesh's 12 zone loads (surge: with 1 % of the
 // buckets at 15×) at the time now points to.
 func controllerAtScale(b *testing.B, surge bool) (cfg Config, m *mesh, st *controller.State, now *time.Time, apply func()) {
+	return controllerFor(b, Default(), surge)
+}
+
+// controllerFor is controllerAtScale for the mesh cfg describes.
+func controllerFor(b *testing.B, cfg Config, surge bool) (_ Config, m *mesh, st *controller.State, now *time.Time, apply func()) {
 	b.Helper()
-	cfg = Default()
 	m = newMesh(cfg, newRNG(cfg))
 	loads := zoneLoads(cfg, m, surge)
 	st, err := controller.NewState(cfg.Controller, epoch)
@@ -73,15 +77,31 @@ func controllerAtScale(b *testing.B, surge bool) (cfg Config, m *mesh, st *contr
 // applied again before each tick (not timed) so that none goes stale. It
 // measures the controller state alone, on a heap that holds only it; the
 // scale command measures the same call inside the whole simulation.
-func BenchmarkControllerTick110k(b *testing.B) { benchmarkTick(b, true) }
+func BenchmarkControllerTick110k(b *testing.B) { benchmarkTick(b, Default(), true) }
 
 // BenchmarkControllerTick110kCalm is the same tick in a second without a
 // surge: every callee quiet, as most are in most seconds, so the law is
 // not stepped and no policy is built (internal/controller/quiet.go).
-func BenchmarkControllerTick110kCalm(b *testing.B) { benchmarkTick(b, false) }
+func BenchmarkControllerTick110kCalm(b *testing.B) { benchmarkTick(b, Default(), false) }
 
-func benchmarkTick(b *testing.B, surge bool) {
-	cfg, m, st, now, apply := controllerAtScale(b, surge)
+// BenchmarkControllerTickShard is a tenth of issue 20's mesh with 10
+// procedures, what one of ten controller shards ticks: 110 callees × 100
+// callers × 10 procedures, 1 % of the leaves surging, which leaves few
+// callees quiet; and Calm, the same in a second without the surge.
+func BenchmarkControllerTickShard(b *testing.B) {
+	cfg := Default()
+	cfg.Services, cfg.Procedures = 110, 10
+	benchmarkTick(b, cfg, true)
+}
+
+func BenchmarkControllerTickShardCalm(b *testing.B) {
+	cfg := Default()
+	cfg.Services, cfg.Procedures = 110, 10
+	benchmarkTick(b, cfg, false)
+}
+
+func benchmarkTick(b *testing.B, cfg Config, surge bool) {
+	cfg, m, st, now, apply := controllerFor(b, cfg, surge)
 	// Past the warm-up, and past the first tick, which publishes every
 	// policy: the loop measures steady ticks with TTL/2 refreshes.
 	for range 6 {
@@ -96,9 +116,13 @@ func benchmarkTick(b *testing.B, surge bool) {
 		apply()
 		b.StartTimer()
 		res := st.Tick(*now, m.set)
-		if res.Buckets != cfg.Buckets() {
+		if cfg.Procedures == 0 && res.Buckets != cfg.Buckets() {
 			b.Fatalf("tick ran %d buckets, want %d", res.Buckets, cfg.Buckets())
 		}
+		b.ReportMetric(float64(res.Buckets), "leaves")
+		b.ReportMetric(float64(res.Quiet), "quiet")
+		b.ReportMetric(float64(res.Rendered), "built")
+		b.ReportMetric(float64(len(res.Services)), "callees")
 	}
 }
 
