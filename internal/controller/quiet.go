@@ -20,9 +20,9 @@ import (
 // callee the law is not stepped (dropratio.Law.Quiet gives its verdicts,
 // Step's to the bit, without building Step's state), and its policy is
 // not even built while the one published says the same (unchanged). What
-// a tick still does for every bucket is sum the zone loads and check
-// each quiet callee against its published policy, neither of which
-// allocates per bucket.
+// a tick still does for every bucket is sum the zone loads, build the law
+// input and ask Quiet, and compare a quiet callee's listed buckets with
+// its published policy, none of which allocates per bucket.
 //
 // Nothing here is a threshold of its own: a quiet callee is one whose
 // full tick would give ratio 0 everywhere, and its policy is skipped only

@@ -163,15 +163,25 @@ func validateService(i int, svc *sluicev1.ServiceLoad) *RejectError {
 	// bucket listed twice is next to itself: a map of every bucket to
 	// find one cost the controller half its allocations at 110,000
 	// buckets. Indexes in errors are the sorted order's.
-	if !slices.IsSortedFunc(svc.GetPeers(), comparePeerRates) {
-		slices.SortFunc(svc.Peers, comparePeerRates)
+	// One comparison of each pair finds both: an unsorted load is sorted
+	// and walked again.
+	for sorted := false; !sorted; {
+		sorted = true
+		for j := 1; j < len(svc.GetPeers()); j++ {
+			c := comparePeerRates(svc.Peers[j-1], svc.Peers[j])
+			if c > 0 {
+				slices.SortFunc(svc.Peers, comparePeerRates)
+				sorted = false
+				break
+			}
+			if p := svc.Peers[j]; c == 0 {
+				return fail("duplicate_peer", "peers[%d]: %q procedure %q criticality %v listed twice", j, p.GetPeer(), p.GetProcedure(), p.GetCriticality())
+			}
+		}
 	}
 	for j, p := range svc.GetPeers() {
 		if err := names.Check(p.GetPeer()); err != nil {
 			return fail("bad_name", "peers[%d].peer: %v", j, err)
-		}
-		if j > 0 && comparePeerRates(svc.Peers[j-1], p) == 0 {
-			return fail("duplicate_peer", "peers[%d]: %q procedure %q criticality %v listed twice", j, p.GetPeer(), p.GetProcedure(), p.GetCriticality())
 		}
 		for _, r := range []struct {
 			field string

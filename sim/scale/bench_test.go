@@ -48,21 +48,27 @@ func zoneLoads(cfg Config, m *mesh, surge bool) []*sluicev1.ZoneLoad {
 // apply, which applies the mesh's 12 zone loads (surge: with 1 % of the
 // buckets at 15×) at the time now points to.
 func controllerAtScale(b *testing.B, surge bool) (cfg Config, m *mesh, st *controller.State, now *time.Time, apply func()) {
-	return controllerFor(b, Default(), surge)
+	cfg, m, st, now, applyAt := controllerFor(b, Default())
+	return cfg, m, st, now, func() { applyAt(surge) }
 }
 
-// controllerFor is controllerAtScale for the mesh cfg describes.
-func controllerFor(b *testing.B, cfg Config, surge bool) (_ Config, m *mesh, st *controller.State, now *time.Time, apply func()) {
+// controllerFor is controllerAtScale for the mesh cfg describes, its
+// apply told whether the second surges.
+func controllerFor(b *testing.B, cfg Config) (_ Config, m *mesh, st *controller.State, now *time.Time, apply func(surge bool)) {
 	b.Helper()
 	m = newMesh(cfg, newRNG(cfg))
-	loads := zoneLoads(cfg, m, surge)
+	loads := [2][]*sluicev1.ZoneLoad{zoneLoads(cfg, m, false), zoneLoads(cfg, m, true)}
 	st, err := controller.NewState(cfg.Controller, epoch)
 	if err != nil {
 		b.Fatal(err)
 	}
 	t := epoch
-	apply = func() {
-		for _, zl := range loads {
+	apply = func(surge bool) {
+		i := 0
+		if surge {
+			i = 1
+		}
+		for _, zl := range loads[i] {
 			if err := st.Apply(zl, t); err != nil {
 				b.Fatal(err)
 			}
@@ -77,43 +83,55 @@ func controllerFor(b *testing.B, cfg Config, surge bool) (_ Config, m *mesh, st 
 // applied again before each tick (not timed) so that none goes stale. It
 // measures the controller state alone, on a heap that holds only it; the
 // scale command measures the same call inside the whole simulation.
-func BenchmarkControllerTick110k(b *testing.B) { benchmarkTick(b, Default(), true) }
+func BenchmarkControllerTick110k(b *testing.B) { benchmarkTick(b, Default(), surging) }
 
 // BenchmarkControllerTick110kCalm is the same tick in a second without a
 // surge: every callee quiet, as most are in most seconds, so the law is
 // not stepped and no policy is built (internal/controller/quiet.go).
-func BenchmarkControllerTick110kCalm(b *testing.B) { benchmarkTick(b, Default(), false) }
+func BenchmarkControllerTick110kCalm(b *testing.B) { benchmarkTick(b, Default(), calm) }
 
 // BenchmarkControllerTickShard is a tenth of issue 20's mesh with 10
 // procedures, what one of ten controller shards ticks: 110 callees × 100
-// callers × 10 procedures, 1 % of the leaves surging, which leaves few
-// callees quiet; and Calm, the same in a second without the surge.
-func BenchmarkControllerTickShard(b *testing.B) {
+// callers × 10 procedures, 1 % of the leaves surging, which leaves no
+// callee quiet; Calm, the same in seconds without the surge; and Flip,
+// seconds that start and end the surge in turn, every tick one in which
+// every callee's policy changes: a shard's worst second, in a heap of
+// its own as a shard's process has.
+func BenchmarkControllerTickShard(b *testing.B)     { benchmarkTick(b, shardMesh(), surging) }
+func BenchmarkControllerTickShardCalm(b *testing.B) { benchmarkTick(b, shardMesh(), calm) }
+func BenchmarkControllerTickShardFlip(b *testing.B) { benchmarkTick(b, shardMesh(), flipping) }
+
+func shardMesh() Config {
 	cfg := Default()
 	cfg.Services, cfg.Procedures = 110, 10
-	benchmarkTick(b, cfg, true)
+	return cfg
 }
 
-func BenchmarkControllerTickShardCalm(b *testing.B) {
-	cfg := Default()
-	cfg.Services, cfg.Procedures = 110, 10
-	benchmarkTick(b, cfg, false)
-}
+// The seconds a tick benchmark applies.
+const (
+	calm = iota
+	surging
+	flipping // surging and calm in turn
+)
 
-func benchmarkTick(b *testing.B, cfg Config, surge bool) {
-	cfg, m, st, now, apply := controllerFor(b, cfg, surge)
-	// Past the warm-up, and past the first tick, which publishes every
-	// policy: the loop measures steady ticks with TTL/2 refreshes.
-	for range 6 {
+func benchmarkTick(b *testing.B, cfg Config, seconds int) {
+	cfg, m, st, now, apply := controllerFor(b, cfg)
+	second := 0
+	next := func() {
 		*now = now.Add(time.Second)
-		apply()
+		second++
+		apply(seconds == surging || seconds == flipping && second%2 == 0)
+	}
+	// Past the warm-up, and past the first tick, which publishes every
+	// policy: the loop measures ticks with TTL/2 refreshes.
+	for range 6 {
+		next()
 		st.Tick(*now, m.set)
 	}
 	b.ReportAllocs()
 	for b.Loop() {
 		b.StopTimer()
-		*now = now.Add(time.Second)
-		apply()
+		next()
 		b.StartTimer()
 		res := st.Tick(*now, m.set)
 		if cfg.Procedures == 0 && res.Buckets != cfg.Buckets() {
@@ -122,7 +140,6 @@ func benchmarkTick(b *testing.B, cfg Config, surge bool) {
 		b.ReportMetric(float64(res.Buckets), "leaves")
 		b.ReportMetric(float64(res.Quiet), "quiet")
 		b.ReportMetric(float64(res.Rendered), "built")
-		b.ReportMetric(float64(len(res.Services)), "callees")
 	}
 }
 
