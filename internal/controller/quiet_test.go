@@ -35,6 +35,7 @@ services:
       c2: {limit: 0}
   plain-b:
     default_limit: 400
+    fail_mode: open
   plain-c:
     callers:
       c3: {limit: 250}
@@ -171,6 +172,12 @@ func (m *quietMesh) loads() []*sluicev1.ZoneLoad {
 				z.Services = append(z.Services, sl)
 			}
 		}
+		if a == 0 {
+			// c1 enforces outbound toward two plain callees: its caller/
+			// policy lists their buckets' verdicts, quiet ones included.
+			z.Services = append(z.Services, &sluicev1.ServiceLoad{Service: "c1", Direction: sluicev1.Direction_DIRECTION_OUTBOUND, LiveSidecars: 2,
+				Peers: []*sluicev1.PeerRate{{Peer: "plain-b", OfferedRps: 50 + 10*m.r.Float64()}, {Peer: "unlisted-x", OfferedRps: 30 + 10*m.r.Float64()}}})
+		}
 		out = append(out, z)
 	}
 	return out
@@ -181,20 +188,43 @@ func (m *quietMesh) loads() []*sluicev1.ZoneLoad {
 // what changed (quiet.go), the other steps every callee and renders every
 // policy. Every tick, they must publish the same policies, delete the
 // same, and report the same loads; and the incremental one must have
-// skipped work, or the comparison proves nothing.
+// skipped work, or the comparison proves nothing. Halfway, the limits
+// change (a new set, some services' limits changed, some the same), and
+// later change back; every other mesh caps the peers a policy lists.
 func TestIncrementalTickIsFull(t *testing.T) {
-	set, err := limits.Parse(strings.NewReader(quietMeshLimits))
-	if err != nil {
-		t.Fatal(err)
+	parse := func(doc string) *limits.Set {
+		set, err := limits.Parse(strings.NewReader(doc))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return set
 	}
+	first := parse(quietMeshLimits)
+	changed := parse(strings.NewReplacer("c3: {limit: 250}", "c3: {limit: 90}", "capacity: 2\n", "capacity: 3\n", "fail_mode: open", "fail_mode: hold").Replace(quietMeshLimits))
 	var quiet, skipped, published int
 	for seed := range uint64(12) {
-		full, incr := newState(t), newState(t)
+		cfg := testConfig()
+		if seed%2 == 1 {
+			cfg.MaxPolicyPeers = 4
+		}
+		var states [2]*State
+		for i := range states {
+			s, err := NewState(cfg, t0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			states[i] = s
+		}
+		full, incr := states[0], states[1]
 		full.full = true
 		m := newQuietMesh(seed)
 		now := t0
 		for second := range 90 {
 			now = now.Add(time.Second)
+			set := first
+			if second >= 40 && second < 65 {
+				set = changed
+			}
 			for _, z := range m.loads() {
 				for _, s := range []*State{full, incr} {
 					if err := s.Apply(proto.Clone(z).(*sluicev1.ZoneLoad), now); err != nil {

@@ -163,10 +163,12 @@ func validateService(i int, svc *sluicev1.ServiceLoad) *RejectError {
 	// bucket listed twice is next to itself: a map of every bucket to
 	// find one cost the controller half its allocations at 110,000
 	// buckets. Indexes in errors are the sorted order's.
-	// One comparison of each pair finds both: an unsorted load is sorted
-	// and walked again.
+	// One comparison of each pair finds both an unsorted load (sorted and
+	// walked again) and the first duplicate, which the walk below reports
+	// in its turn among the entries' other faults.
+	dup := -1
 	for sorted := false; !sorted; {
-		sorted = true
+		sorted, dup = true, -1
 		for j := 1; j < len(svc.GetPeers()); j++ {
 			c := comparePeerRates(svc.Peers[j-1], svc.Peers[j])
 			if c > 0 {
@@ -174,14 +176,17 @@ func validateService(i int, svc *sluicev1.ServiceLoad) *RejectError {
 				sorted = false
 				break
 			}
-			if p := svc.Peers[j]; c == 0 {
-				return fail("duplicate_peer", "peers[%d]: %q procedure %q criticality %v listed twice", j, p.GetPeer(), p.GetProcedure(), p.GetCriticality())
+			if c == 0 && dup < 0 {
+				dup = j
 			}
 		}
 	}
 	for j, p := range svc.GetPeers() {
 		if err := names.Check(p.GetPeer()); err != nil {
 			return fail("bad_name", "peers[%d].peer: %v", j, err)
+		}
+		if j == dup {
+			return fail("duplicate_peer", "peers[%d]: %q procedure %q criticality %v listed twice", j, p.GetPeer(), p.GetProcedure(), p.GetCriticality())
 		}
 		for _, r := range []struct {
 			field string
