@@ -200,20 +200,7 @@ func (l *Law) Step(dt time.Duration, services []Service) []ServiceVerdict {
 		capacity := math.Inf(1)
 		l.input, l.procs, l.limits = l.input[:0], l.procs[:0], l.limits[:0]
 		for ; i < len(l.order) && services[l.order[i]].Name == name; i++ {
-			s := &services[l.order[i]]
-			capacity = min(capacity, sanitizeLimit(s.Capacity))
-			l.procs = append(l.procs, s.Procedures...)
-			l.limits = append(l.limits, s.CallerLimits...)
-			for _, c := range s.Callers {
-				l.input = append(l.input, row{
-					name:      c.Name,
-					procedure: c.Procedure,
-					tier:      c.Tier,
-					offered:   sanitizeOffered(c.Offered),
-					limit:     sanitizeLimit(c.Limit),
-					mode:      c.Mode,
-				})
-			}
+			capacity = min(capacity, l.add(&services[l.order[i]]))
 		}
 		emit(name, capacity)
 	}
@@ -252,8 +239,23 @@ func (l *Law) Quiet(svc *Service, out []Verdict) (verdicts []Verdict, ok bool) {
 	if l.services[svc.Name] != nil {
 		return out, false
 	}
-	l.input, l.procs, l.limits = l.input[:0], append(l.procs[:0], svc.Procedures...), append(l.limits[:0], svc.CallerLimits...)
-	for _, c := range svc.Callers {
+	l.input, l.procs, l.limits = l.input[:0], l.procs[:0], l.limits[:0]
+	capacity := l.add(svc)
+	start := len(out)
+	out, dropped := l.stepService(svc.Name, capacity, 0, out, true)
+	if dropped {
+		return out[:start], false
+	}
+	return out, true
+}
+
+// add appends s's callers, procedures and caller limits to the service
+// being stepped (l.input, l.procs, l.limits), and returns its capacity,
+// sanitized.
+func (l *Law) add(s *Service) (capacity float64) {
+	l.procs = append(l.procs, s.Procedures...)
+	l.limits = append(l.limits, s.CallerLimits...)
+	for _, c := range s.Callers {
 		l.input = append(l.input, row{
 			name:      c.Name,
 			procedure: c.Procedure,
@@ -263,12 +265,7 @@ func (l *Law) Quiet(svc *Service, out []Verdict) (verdicts []Verdict, ok bool) {
 			mode:      c.Mode,
 		})
 	}
-	start := len(out)
-	out, dropped := l.stepService(svc.Name, sanitizeLimit(svc.Capacity), 0, out, true)
-	if dropped {
-		return out[:start], false
-	}
-	return out, true
+	return sanitizeLimit(s.Capacity)
 }
 
 // stepService steps the buckets of one service, whose callers are in
