@@ -358,9 +358,15 @@ func (s *Service) applyZoneLoad(load *sluicev1.ZoneLoad, peer identity.ID, peerE
 	if s.cfg.RequirePeerIdentity {
 		err = authorizeZoneLoad(peer, peerErr, load)
 	}
+	// Checked on this aggregator's stream, outside the lock: the check is
+	// most of Apply, and each stream's runs on its own core.
+	var checked CheckedLoad
+	if err == nil {
+		checked, err = CheckZoneLoad(s.cfg.StateConfig, load)
+	}
 	s.mu.Lock()
 	if err == nil {
-		err = s.state.Apply(load, time.Now())
+		err = s.state.ApplyChecked(checked, time.Now())
 	}
 	if err == nil {
 		s.streams[load.GetAggregatorId()] = streamID

@@ -65,8 +65,10 @@ const (
 
 // maxDescriptorValues is StateConfig's MaxDescriptorValues, its default
 // when 0.
-func (s *State) maxDescriptorValues() int {
-	if n := s.cfg.MaxDescriptorValues; n > 0 {
+func (s *State) maxDescriptorValues() int { return s.cfg.maxDescriptorValues() }
+
+func (cfg StateConfig) maxDescriptorValues() int {
+	if n := cfg.MaxDescriptorValues; n > 0 {
 		return min(n, MaxDescriptorValuesBound)
 	}
 	return DefaultMaxDescriptorValues

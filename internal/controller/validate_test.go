@@ -30,3 +30,39 @@ func TestValidateFindsTheFirstFaultInSortedOrder(t *testing.T) {
 		})
 	}
 }
+
+// TestCheckedLoadsCountAsApplyDid: the check a stream runs outside the
+// lock counts what it removed, and the state adds it up when it applies
+// the load, the first fault of each kind kept; a load refused for too
+// many aggregators counts nothing.
+func TestCheckedLoadsCountAsApplyDid(t *testing.T) {
+	cfg := testConfig()
+	cfg.MaxAggregators = 2
+	s, err := NewState(cfg, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := func(agg string) *sluicev1.ZoneLoad {
+		z := zoneLoad(agg, "z", 1, map[string]float64{"checkout/web": 1, "orders/web": 2})
+		z.Services[1].Peers = append(z.Services[1].Peers, z.Services[1].Peers[0]) // orders: duplicate_peer
+		z.Services[0].Descriptors = []*sluicev1.DescriptorRates{{Descriptor_: "BAD NAME"}}
+		return z
+	}
+	for _, agg := range []string{"a", "b", "c"} {
+		c, err := CheckZoneLoad(cfg, bad(agg))
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = s.ApplyChecked(c, t0)
+		if (err != nil) != (agg == "c") {
+			t.Fatalf("aggregator %s: %v", agg, err)
+		}
+	}
+	d := s.TakeDropped()
+	if d.ByReason["duplicate_peer"] != 2 || d.AggregatorID != "a" || !strings.Contains(d.First.Detail, "orders") {
+		t.Errorf("service entries dropped: %+v, want 2 duplicate_peer, the first from a", d)
+	}
+	if d.BadDescriptors[ReasonDescriptorName] != 2 || !strings.HasPrefix(d.FirstDescriptor, "aggregator a: ") {
+		t.Errorf("descriptors dropped: %v, first %q, want 2, the first from a", d.BadDescriptors, d.FirstDescriptor)
+	}
+}
