@@ -309,9 +309,11 @@ func (s *State) lawInput(inbound map[string][]peerTotals, set *limits.Set, est m
 	out := make([]dropratio.Service, 0, len(callees))
 	for _, name := range slices.Sorted(maps.Keys(callees)) {
 		lim := set.Service(name)
-		configured := s.sortedCallers(lim)
+		var configured []string
 		if lim.HasProcedures() {
 			configured = s.limitedCallers(lim)
+		} else {
+			configured = s.sortedCallers(lim)
 		}
 		svc := serviceInput(name, inbound[name], lim, s.levelLimit, est, configured, s.scratch[:0])
 		s.scratch = svc.Callers[:0]
