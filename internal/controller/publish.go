@@ -81,8 +81,15 @@ func (s *peerSlab) peer() *sluicev1.PeerPolicy {
 // rate returns v for an optional rate, nil when it is infinite or NaN,
 // as finiteOrAbsent does.
 func (s *peerSlab) rate(v float64) *float64 {
-	if s == nil || len(s.rates) == cap(s.rates) || !finite(v) {
-		return finiteOrAbsent(v)
+	switch {
+	case !finite(v):
+		return nil
+	case s == nil || len(s.rates) == cap(s.rates):
+		// Not finiteOrAbsent, whose &v, inlined, would move v to the
+		// heap on every call.
+		p := new(float64)
+		*p = v
+		return p
 	}
 	s.rates = append(s.rates, v)
 	return &s.rates[len(s.rates)-1]
