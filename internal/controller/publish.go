@@ -249,9 +249,7 @@ func (s *State) policy(sv dropratio.ServiceVerdict, live uint32, lim *limits.Ser
 			continue
 		}
 		peers, rates := slab.mark()
-		pp := leafPolicy(v.Caller, v, lim, slab)
-		markUpstream(pp, v.Mode, lim.Bucket(v.Caller))
-		s.markCost(pp, v, lim, sv.Service)
+		pp := s.entry(v, lim, sv.Service, slab)
 		if !listed(pp) {
 			slab.back(peers, rates)
 			continue
@@ -259,6 +257,15 @@ func (s *State) policy(sv dropratio.ServiceVerdict, live uint32, lim *limits.Ser
 		p.Peers = append(p.Peers, pp)
 	}
 	return p
+}
+
+// entry renders v, a verdict of callee service (limits lim), as its
+// inbound policy's entry, from slab's room: listed or not (listed).
+func (s *State) entry(v dropratio.Verdict, lim *limits.Service, service string, slab *peerSlab) *sluicev1.PeerPolicy {
+	pp := leafPolicy(v.Caller, v, lim, slab)
+	markUpstream(pp, v.Mode, lim.Bucket(v.Caller))
+	s.markCost(pp, v, lim, service)
+	return pp
 }
 
 // objectiveProto renders a callee's objective for its sidecars' health
@@ -484,34 +491,41 @@ func (s *State) due(policy *sluicev1.DropPolicy, now time.Time) bool {
 	if descriptorsDue(old.GetDescriptors(), policy.GetDescriptors(), th) {
 		return true
 	}
+	cost := policy.GetUnit() == sluicev1.Unit_UNIT_COST
 	for i, np := range policy.GetPeers() {
-		op := old.GetPeers()[i]
-		if op.GetPeer() != np.GetPeer() || op.GetProcedure() != np.GetProcedure() || op.GetCriticality() != np.GetCriticality() ||
-			op.GetMode() != np.GetMode() || op.GetEnforcedUpstream() != np.GetEnforcedUpstream() ||
-			(op.LimitRps == nil) != (np.LimitRps == nil) || op.GetLimitRps() != np.GetLimitRps() ||
-			(op.CallerLimitRps == nil) != (np.CallerLimitRps == nil) || op.GetCallerLimitRps() != np.GetCallerLimitRps() ||
-			(op.AllowedRps == nil) != (np.AllowedRps == nil) || op.GetReason() != np.GetReason() || op.GetBound() != np.GetBound() ||
-			(op.MaxConcurrency == nil) != (np.MaxConcurrency == nil) || op.GetMaxConcurrency() != np.GetMaxConcurrency() ||
-			(op.GetDebt() == 0) != (np.GetDebt() == 0) {
-			return true
-		}
-		// A ratio that reaches or leaves zero always goes out; otherwise
-		// only a change of the admitted share beyond the threshold.
-		if (op.GetDropRatio() == 0) != (np.GetDropRatio() == 0) {
-			return true
-		}
-		oldAdmit, newAdmit := 1-op.GetDropRatio(), 1-np.GetDropRatio()
-		if math.Abs(newAdmit-oldAdmit) > th*min(oldAdmit, newAdmit) {
-			return true
-		}
-		if relChanged(op.GetAllowedRps(), np.GetAllowedRps(), th) {
-			return true
-		}
-		if offeredChanged(op.GetOfferedRps(), np.GetOfferedRps(), np.GetMaxConcurrency() > 0, policy.GetUnit() == sluicev1.Unit_UNIT_COST) {
+		if peerDue(old.GetPeers()[i], np, th, cost) {
 			return true
 		}
 	}
 	return false
+}
+
+// peerDue reports whether an entry np of a policy differs enough from
+// the entry op at its place in the one published to push the policy: any
+// field but the rates, a ratio that reaches or leaves 0, an admitted share
+// or an allowed rate that moved beyond th, an offered rate as
+// offeredChanged says (cost: the policy counts cost).
+func peerDue(op, np *sluicev1.PeerPolicy, th float64, cost bool) bool {
+	if op.GetPeer() != np.GetPeer() || op.GetProcedure() != np.GetProcedure() || op.GetCriticality() != np.GetCriticality() ||
+		op.GetMode() != np.GetMode() || op.GetEnforcedUpstream() != np.GetEnforcedUpstream() ||
+		(op.LimitRps == nil) != (np.LimitRps == nil) || op.GetLimitRps() != np.GetLimitRps() ||
+		(op.CallerLimitRps == nil) != (np.CallerLimitRps == nil) || op.GetCallerLimitRps() != np.GetCallerLimitRps() ||
+		(op.AllowedRps == nil) != (np.AllowedRps == nil) || op.GetReason() != np.GetReason() || op.GetBound() != np.GetBound() ||
+		(op.MaxConcurrency == nil) != (np.MaxConcurrency == nil) || op.GetMaxConcurrency() != np.GetMaxConcurrency() ||
+		(op.GetDebt() == 0) != (np.GetDebt() == 0) {
+		return true
+	}
+	// A ratio that reaches or leaves zero always goes out; otherwise
+	// only a change of the admitted share beyond the threshold.
+	if (op.GetDropRatio() == 0) != (np.GetDropRatio() == 0) {
+		return true
+	}
+	oldAdmit, newAdmit := 1-op.GetDropRatio(), 1-np.GetDropRatio()
+	if math.Abs(newAdmit-oldAdmit) > th*min(oldAdmit, newAdmit) {
+		return true
+	}
+	return relChanged(op.GetAllowedRps(), np.GetAllowedRps(), th) ||
+		offeredChanged(op.GetOfferedRps(), np.GetOfferedRps(), np.GetMaxConcurrency() > 0, cost)
 }
 
 // OfferedRepublish is the relative change of a listed bucket's global
@@ -597,11 +611,15 @@ func (s *State) Policies() []*sluicev1.DropPolicy {
 
 // finiteOrAbsent puts a rate on the wire, where absent means unbounded.
 func finiteOrAbsent(v float64) *float64 {
-	if math.IsInf(v, 0) || math.IsNaN(v) {
+	if !finite(v) {
 		return nil
 	}
 	return &v
 }
+
+// finite reports whether v is neither infinite nor NaN: whether
+// finiteOrAbsent puts it on the wire.
+func finite(v float64) bool { return !math.IsInf(v, 0) && !math.IsNaN(v) }
 
 // modeProto puts a mode on the wire. Limits hold only the two modes (their
 // sources parse every mode and refuse others); the law's verdicts echo them.

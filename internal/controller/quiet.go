@@ -2,12 +2,10 @@ package controller
 
 import (
 	"maps"
-	"math"
 	"slices"
 	"strings"
 	"time"
 
-	sluicev1 "github.com/sluicehq/sluice/api/sluice/v1"
 	"github.com/sluicehq/sluice/internal/limits"
 	"github.com/sluicehq/sluice/pkg/dataplane"
 	"github.com/sluicehq/sluice/pkg/dropratio"
@@ -107,11 +105,10 @@ func (q *quietTick) has(service string) bool {
 // was built from a quiet callee's verdicts (published.quiet) with the
 // same limits and the same live sidecars, and lim is plain (it was, to be
 // recorded): then every field of the policy due compares is a function
-// of the limits and the live sidecars but the buckets' entries, and each
-// entry is rendered from its verdict alone (leafPolicy), listed for its
-// limit alone. So the entries are compared here, field by field as due
-// compares them, against what leafPolicy would render; and the refresh
-// falls due as due says.
+// of the limits and the live sidecars but the buckets' entries. Those are
+// rendered one at a time into the same scratch entry (State.entry) and
+// compared as due compares them (peerDue); and the refresh falls due as
+// due says.
 func (s *State) unchanged(sv dropratio.ServiceVerdict, live uint32, lim *limits.Service, now time.Time) (name string, ok bool) {
 	name = names.Callee(sv.Service)
 	pub := s.published[name]
@@ -121,52 +118,35 @@ func (s *State) unchanged(sv dropratio.ServiceVerdict, live uint32, lim *limits.
 	if now.Sub(pub.policy.GetIssuedAt().AsTime()) >= RefreshAge(name, s.cfg.PolicyTTL) {
 		return name, false
 	}
+	if s.scratchEntry == nil {
+		s.scratchEntry = newPeerSlab(1)
+	}
 	declared := s.declared(lim)
-	th := s.cfg.RepublishThreshold
 	peers := pub.policy.GetPeers()
 	i := 0
-	for k := range sv.Verdicts {
-		v := &sv.Verdicts[k]
-		if !publishedBucket(*v, lim, declared, true) {
+	for _, v := range sv.Verdicts {
+		if !publishedBucket(v, lim, declared, true) {
 			continue
 		}
-		limit, callerLimit := leafLimits(*v, lim)
-		if !finite(limit) {
-			continue // not listed: a quiet bucket is listed for its limit alone (plain)
+		s.scratchEntry.back(0, 0)
+		np := s.entry(v, lim, sv.Service, s.scratchEntry)
+		if !listed(np) {
+			continue
 		}
-		if i == len(peers) {
+		if i == len(peers) || peerDue(peers[i], np, s.cfg.RepublishThreshold, false) {
 			return name, false
 		}
-		op := peers[i]
 		i++
-		var bound sluicev1.DropBound
-		if v.Procedure != "" {
-			bound = boundProto(v.Bound)
-		}
-		if op.GetPeer() != v.Caller || op.GetProcedure() != v.Procedure || op.GetCriticality() != sluicev1.Criticality(v.Tier) ||
-			op.GetMode() != modeProto(v.Mode) || op.GetEnforcedUpstream() || op.GetDropRatio() != 0 ||
-			op.LimitRps == nil || op.GetLimitRps() != limit ||
-			(op.CallerLimitRps != nil) != finite(callerLimit) || op.CallerLimitRps != nil && op.GetCallerLimitRps() != callerLimit ||
-			(op.AllowedRps != nil) != finite(v.Allowed) || op.AllowedRps != nil && relChanged(op.GetAllowedRps(), v.Allowed, th) ||
-			op.GetReason() != reasonProto(v.Reason, 0) || op.GetBound() != bound || op.MaxConcurrency != nil || op.GetDebt() != 0 ||
-			offeredChanged(op.GetOfferedRps(), v.Offered, false, false) {
-			return name, false
-		}
 	}
 	return name, i == len(peers)
 }
 
-// finite reports whether v is neither infinite nor NaN: whether
-// finiteOrAbsent puts it on the wire.
-func finite(v float64) bool { return !math.IsInf(v, 0) && !math.IsNaN(v) }
-
 // plain reports whether the policy of a quiet callee with limits lim (nil
 // for none) is, but for its buckets' entries, a function of its limits
-// and its live sidecars, and lists a quiet bucket for its limit alone
-// (leafLimits), rendered from its verdict alone: lim counts no cost
-// (whose debts its entries carry) and declares no descriptors (whose
-// values its policy lists), and no caller is enforced upstream or capped
-// in flight.
+// and its live sidecars, and each entry a function of its verdict and
+// the limits: lim counts no cost (whose debts its entries carry) and
+// declares no descriptors (whose values its policy lists), and no caller
+// is enforced upstream or capped in flight.
 func (s *State) plain(lim *limits.Service) bool {
 	if lim == nil {
 		return true

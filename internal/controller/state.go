@@ -125,6 +125,7 @@ type State struct {
 	scratch       []dropratio.Caller
 	quietVerdicts []dropratio.Verdict
 	perSet        setCache
+	scratchEntry  *peerSlab // State.unchanged's, one entry at a time
 }
 
 // setCache holds what a State derives from the services of one limits
