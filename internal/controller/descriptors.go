@@ -65,8 +65,6 @@ const (
 
 // maxDescriptorValues is StateConfig's MaxDescriptorValues, its default
 // when 0.
-func (s *State) maxDescriptorValues() int { return s.cfg.maxDescriptorValues() }
-
 func (cfg StateConfig) maxDescriptorValues() int {
 	if n := cfg.MaxDescriptorValues; n > 0 {
 		return min(n, MaxDescriptorValuesBound)
@@ -284,7 +282,7 @@ func (s *State) stepDescriptors(now time.Time, dt time.Duration, set *limits.Set
 			}
 		}
 		vs, holding := s.withHeld(k, d, vs, now)
-		kept, cut := rankValues(vs, holding, s.maxDescriptorValues())
+		kept, cut := rankValues(vs, holding, s.cfg.maxDescriptorValues())
 		st.Listed, st.Cut = len(kept), cut
 		if held != nil {
 			held[k] = s.nextHeld(k, d, kept, loads[k].values, holding, now)
