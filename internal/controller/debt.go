@@ -86,8 +86,8 @@ func (s *State) levelOf(lim *limits.Service, caller, procedure string) bucketLev
 // mayHoldLevels reports whether some bucket of a callee with limits lim
 // (nil for none) may keep a level (levelOf, holds): it counts cost, or
 // it declares no procedures and some caller's limit has a burst or pays
-// back. Cached per limits set (setCache), so that a tick asks each bucket of the
-// few callees that may, not every bucket of the mesh.
+// back. Cached per limits set (setCache), so that a tick asks each
+// bucket of the few callees that may, not every bucket of the mesh.
 func (s *State) mayHoldLevels(lim *limits.Service) bool {
 	switch {
 	case lim == nil:

@@ -296,8 +296,7 @@ func (s *State) seed(inbound map[string][]peerTotals) {
 // Each callee's input is built in s.scratch, and offered to quiet, which
 // may take it (the law need not step it: see quiet.go) and keeps nothing
 // of it; only the inputs quiet refuses are copied out, so that a tick
-// allocates law input for the callees that changed, not the mesh. quiet
-// may be nil.
+// allocates law input for the callees that changed, not the mesh.
 func (s *State) lawInput(inbound map[string][]peerTotals, set *limits.Set, est map[ServiceProcedure]adaptive.Estimate, quiet func(*dropratio.Service) bool) []dropratio.Service {
 	callees := map[string]bool{}
 	for svc := range inbound {
@@ -317,7 +316,7 @@ func (s *State) lawInput(inbound map[string][]peerTotals, set *limits.Set, est m
 		}
 		svc := serviceInput(name, inbound[name], lim, s.levelLimit, est, configured, s.scratch[:0])
 		s.scratch = svc.Callers[:0]
-		if quiet != nil && quiet(&svc) {
+		if quiet(&svc) {
 			continue
 		}
 		svc.Callers = slices.Clone(svc.Callers)
