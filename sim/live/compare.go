@@ -34,7 +34,8 @@ type Margins struct {
 	// surge are mostly the part of its first second before the ratio
 	// arrived, so their margins are Shift times the surge's excess over the
 	// allowed rate (and the wrongly dropped share's, Shift times the rate
-	// that goes on being dropped after a surge ends).
+	// that goes on being dropped after a surge ends, which is also the
+	// collateral's margin for a caller that was over its limit).
 	Shift time.Duration
 	// SteadyStateError, in points of the allowed rate: the per-second noise
 	// of a real run (reports over windows that are not exactly an
@@ -207,8 +208,17 @@ func Compare(live *Result, seed uint64, n int, m Margins) (*Comparison, error) {
 			c.add(name, "admitted", false, v, vs,
 				m.Collateral+share(m.Shift.Seconds()*(excess+hold))+(m.SteadyStateError+le)*admittedShare(lm)+quantum(offered))
 		}
+		// A caller over its limit loses its collateral after its own
+		// surge, while its ratio is released: the same shift moves the
+		// release as it moves the wrongly dropped share's, here as a
+		// share of the requests it offered within its limit. A
+		// bystander's collateral has no edge to shift.
+		release := 0.0
+		if over && lm.CollateralOffered > 0 {
+			release = m.Shift.Seconds() * hold / lm.CollateralOffered
+		}
 		v, vs := pick(func(x sim.Measures) float64 { return x.Collateral })
-		c.add(name, "collateral", false, v, vs, m.Collateral+quantum(lm.CollateralOffered))
+		c.add(name, "collateral", false, v, vs, m.Collateral+quantum(lm.CollateralOffered)+release)
 		if over {
 			v, vs = pick(func(x sim.Measures) float64 { return x.WronglyDropped })
 			c.add(name, "wrongly dropped", false, v, vs, m.Collateral+share(m.Shift.Seconds()*hold))
