@@ -236,3 +236,37 @@ func TestCallerSend(t *testing.T) {
 		t.Errorf("targets %v, want round-robin", seen)
 	}
 }
+
+// TestEachCallerRoundRobin: each caller spreads its own requests over the
+// targets, whatever the other callers send. Two callers at equal rates,
+// sent in turn, took alternate targets from one shared turn: each reached
+// only half of them.
+func TestEachCallerRoundRobin(t *testing.T) {
+	var mu sync.Mutex
+	seen := map[string]map[string]int{"x": {}, "y": {}}
+	send := func(caller string) func(context.Context, string, uint64) Outcome {
+		return func(_ context.Context, target string, _ uint64) Outcome {
+			mu.Lock()
+			seen[caller][target]++
+			mu.Unlock()
+			return Admitted
+		}
+	}
+	rate := func(time.Duration) float64 { return 100 }
+	g, err := New(Options{
+		Targets:  []string{"a", "b"},
+		Callers:  []Caller{{Name: "x", Rate: rate, Send: send("x")}, {Name: "y", Rate: rate, Send: send("y")}},
+		Duration: time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Run(context.Background(), nil); err != nil {
+		t.Fatal(err)
+	}
+	for caller, targets := range seen {
+		if d := targets["a"] - targets["b"]; targets["a"] < 40 || d < -1 || d > 1 {
+			t.Errorf("caller %s reached the targets %v; want about 50 each", caller, targets)
+		}
+	}
+}
