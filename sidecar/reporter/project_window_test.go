@@ -125,3 +125,30 @@ func TestProjectionOff(t *testing.T) {
 		t.Fatalf("projection off: web's ratio %v, want the controller's 0", r)
 	}
 }
+
+// TestProjectionCountsTheOnsetBeforeTheLastCheck: a sidecar with a sixth of
+// web's 60 rps (10 rps, one request a check) sees it jump to 167 rps 60ms
+// before a check. Neither the window since that check nor the one since
+// the report shows the jump 50ms after it (8 requests since the check; 21
+// over the report's 450ms against 4.5 expected), but the window since the
+// check before does (18 against 1.5): the projection starts there and
+// counts the onset's requests, which put the sidecar past its share.
+func TestProjectionCountsTheOnsetBeforeTheLastCheck(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	l, w := projected(t, 60, 100, 0, t0)
+	now := checked(l, w, t0, 10, 1) // a calm second
+	if rep := w.Tick(now, l); rep == nil || rep.GetUrgent() {
+		t.Fatalf("the tick sent %v, want a regular report", rep)
+	}
+	now = checked(l, w, now, 3, 1)
+	decide(l, 10) // the onset, 60ms before the check
+	now = checked(l, w, now, 1, 0)
+	if r, _ := l.Service("checkout").Ratio("web"); r != 0 {
+		t.Fatalf("at the check after the onset: web's ratio %v, want 0 (10 requests in its window are no surge yet)", r)
+	}
+	decide(l, 8)
+	w.Project(now.Add(50*time.Millisecond), l)
+	if r, _ := l.Service("checkout").Ratio("web"); !(r > 0.9) {
+		t.Fatalf("50ms after the check: web's ratio %v, want the projection's, over 0.9 (the sidecar admitted 18 in 150ms against its share of 16.7 rps)", r)
+	}
+}

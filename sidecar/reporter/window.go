@@ -76,12 +76,20 @@ type Window struct {
 	projThen map[bucket]sidecar.PeerCounts
 	projAt   time.Time
 	pcur     []sidecar.PeerCounts
+	sinceBuf []Since       // since's scratch
 	minStep  time.Duration // half a projection step
 	// prev is the snapshot at the start of the report window, checked the
 	// one at the last surge check (or prev's, since the report); cur is
 	// scratch, swapped with prev when a report goes out.
 	prev, checked, cur []sidecar.PeerCounts
 	prevAt, checkedAt  time.Time
+	// before is the snapshot checked held before the last check or
+	// report moved it on, at beforeAt: the window since it spans the last
+	// two, whatever a report reset, so that a projection that starts
+	// soon after a check (or a report) still counts what the surge's
+	// onset admitted before it (see Projector.Started).
+	before   []sidecar.PeerCounts
+	beforeAt time.Time
 	// descs is the scratch of the descriptors' counts, reused; descAt is
 	// when they were last rotated, the start of their window. descDue says
 	// that a tick folded its window: the next report, urgent or not,
@@ -148,6 +156,7 @@ func NewWindow(cfg WindowConfig, now time.Time, src Source) *Window {
 	}
 	if w.checks {
 		w.checked, w.checkedAt = slices.Clone(w.prev), now
+		w.before, w.beforeAt = slices.Clone(w.prev), now
 		w.trail.Reset(w.prev, now)
 		// Inbound only: an outbound limiter's projection (a caller's
 		// share of a callee's limit) has not been evaluated.
@@ -355,7 +364,7 @@ func (w *Window) Check(now time.Time, src Source) *sluicev1.LoadReport {
 		return w.check(now, src)
 	}
 	cur := sumByBucket(w.cur)
-	w.proj.Started(now, cur, Since{sumByBucket(w.prev), w.prevAt})
+	w.proj.Started(now, cur, w.since()...)
 	rep := w.check(now, src)
 	w.projectStep(now, cur, ps, pol)
 	return rep
@@ -381,8 +390,23 @@ func (w *Window) Project(now time.Time, src Source) {
 	}
 	w.pcur = src.AppendCounts(w.hdr.Service, w.pcur[:0])
 	cur := sumByBucket(w.pcur)
-	w.proj.Started(now, cur, Since{sumByBucket(w.checked), w.checkedAt}, Since{sumByBucket(w.prev), w.prevAt})
+	w.proj.Started(now, cur, w.since()...)
 	w.projectStep(now, cur, ps, pol)
+}
+
+// since returns the windows a projection may start from (see
+// Projector.Started): since the last check, since the check before
+// (which holds a surge's onset when the last check fell just after it),
+// and since the last report (where a small sidecar's jump adds up).
+func (w *Window) since() []Since {
+	w.sinceBuf = append(w.sinceBuf[:0], Since{sumByBucket(w.checked), w.checkedAt})
+	if w.beforeAt.Before(w.checkedAt) && !w.beforeAt.Equal(w.prevAt) {
+		w.sinceBuf = append(w.sinceBuf, Since{sumByBucket(w.before), w.beforeAt})
+	}
+	if w.prevAt.Before(w.checkedAt) {
+		w.sinceBuf = append(w.sinceBuf, Since{sumByBucket(w.prev), w.prevAt})
+	}
+	return w.sinceBuf
 }
 
 // projectStep moves the projection on to now, whose counts are cur, and
@@ -420,7 +444,7 @@ func (w *Window) check(now time.Time, src Source) *sluicev1.LoadReport {
 	if w.descDue && len(w.descs) > 0 && now.Sub(w.prevAt) >= w.minWindow {
 		return w.regular(now, src)
 	}
-	w.checked, w.checkedAt = append(w.checked[:0], w.cur...), now
+	w.setChecked(w.cur, now)
 	w.trail.Add(w.cur, now)
 	return nil
 }
@@ -451,8 +475,16 @@ func (w *Window) send(from []sidecar.PeerCounts, fromAt, now time.Time, urgent b
 	}
 	if w.checks {
 		w.surge.Reported(rep)
-		w.checked, w.checkedAt = append(w.checked[:0], w.prev...), now
+		w.setChecked(w.prev, now)
 		w.trail.Reset(w.prev, now)
 	}
 	return rep
+}
+
+// setChecked makes snap, taken at at, the last check's snapshot, and the
+// one it replaces the check before's.
+func (w *Window) setChecked(snap []sidecar.PeerCounts, at time.Time) {
+	w.before, w.checked = w.checked, w.before
+	w.beforeAt = w.checkedAt
+	w.checked, w.checkedAt = append(w.checked[:0], snap...), at
 }
