@@ -65,6 +65,7 @@ type Projector struct {
 	// prevRegular and prevRegularG are the same of the regular report
 	// before (see shareOf).
 	prevRegular, prevRegularG map[bucket]float64
+	regularAt                 time.Time // when the last regular report went out
 	// last holds the rates of the last report, surge reports included:
 	// an episode goes on while its bucket's rate moves on from it.
 	last map[bucket]float64
@@ -160,6 +161,7 @@ func (p *Projector) Reported(r *sluicev1.LoadReport, now time.Time) {
 		p.prevRegularG, p.regularG = p.regularG, p.prevRegularG
 		clear(p.regular)
 		clear(p.regularG)
+		p.regularAt = now
 		clear(p.last)
 		for _, pc := range r.GetPeers() {
 			k := bucket{pc.GetPeer(), pc.GetProcedure(), criticality.Tier(pc.GetCriticality())}
@@ -238,6 +240,27 @@ func (p *Projector) shareOf(k bucket) (share, g0 float64) {
 	return share, g0
 }
 
+// reference returns the regular rate of bucket k that a projection step
+// judges the count of a window begun at from against: the last regular
+// report's, unless the window began before that report and the report's
+// rate rose from the report before's by the jump factor. The report then
+// caught a surge's onset (as shareOf takes the share), and the window
+// holds the onset too: it is judged against the report before's rate. A
+// report that went out 50ms into the demo's surge measured 16–18 rps
+// where the calm was 10, and against it the jump showed only at 24
+// requests, 150ms in, where it shows at 12 against 10. A window begun
+// after the report is judged against it: a rate that climbs by half from
+// report to report is a ramp the controller follows (against the report
+// before, projections started on ramps, and burst's and surge-end's
+// steady-state errors rose past 2 %).
+func (p *Projector) reference(k bucket, from time.Time) float64 {
+	ref := p.regular[k]
+	if prev := p.prevRegular[k]; from.Before(p.regularAt) && prev > 0 && dropratio.JumpFactor*prev <= ref {
+		return prev
+	}
+	return ref
+}
+
 // Started starts, at a projection step or a check at now, the episode of
 // each bucket without one whose count since the start of one of ws, half a
 // check or more ago, shows it rose from its regular rate, so that the
@@ -266,7 +289,7 @@ func (p *Projector) started(now time.Time, win Since, cur map[bucket]sidecar.Pee
 		if p.eps[k] != nil {
 			continue
 		}
-		ref, g0 := p.regular[k], p.regularG[k]
+		ref, g0 := p.reference(k, win.At), p.regularG[k]
 		if !(ref > 0) || !(g0 > 0) || p.rules[k] == nil {
 			continue
 		}

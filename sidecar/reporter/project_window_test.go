@@ -152,3 +152,29 @@ func TestProjectionCountsTheOnsetBeforeTheLastCheck(t *testing.T) {
 		t.Fatalf("50ms after the check: web's ratio %v, want the projection's, over 0.9 (the sidecar admitted 18 in 150ms against its share of 16.7 rps)", r)
 	}
 }
+
+// TestProjectionJudgesAgainstTheRateBeforeTheOnset: a sidecar with a sixth
+// of web's 60 rps (10 rps) sees it jump to 167 rps 50ms before its regular
+// report, which then measures 17 rps. Judged against 17, the 18 requests
+// since the check before the report would be noise; against the report
+// before's 10 they are a jump, and the projection starts.
+func TestProjectionJudgesAgainstTheRateBeforeTheOnset(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	l, w := projected(t, 60, 100, 0, t0)
+	now := checked(l, w, t0, 10, 1) // a calm second
+	if rep := w.Tick(now, l); rep == nil || rep.GetUrgent() {
+		t.Fatalf("the first tick sent %v, want a regular report", rep)
+	}
+	now = checked(l, w, now, 9, 1)
+	decide(l, 8) // the onset, 50ms before the tick
+	now = now.Add(100 * time.Millisecond)
+	rep := w.Tick(now, l)
+	if rep == nil || rep.GetUrgent() || rep.GetPeers()[0].GetOffered() != 17 {
+		t.Fatalf("the second tick sent %v, want a regular report of 17 requests", rep)
+	}
+	decide(l, 10)
+	w.Project(now.Add(60*time.Millisecond), l)
+	if r, _ := l.Service("checkout").Ratio("web"); !(r > 0.9) {
+		t.Fatalf("60ms after the report: web's ratio %v, want the projection's, over 0.9 (the sidecar admitted 18 in 160ms against its share of 16.7 rps)", r)
+	}
+}
