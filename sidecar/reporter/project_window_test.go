@@ -178,3 +178,37 @@ func TestProjectionJudgesAgainstTheRateBeforeTheOnset(t *testing.T) {
 		t.Fatalf("60ms after the report: web's ratio %v, want the projection's, over 0.9 (the sidecar admitted 18 in 160ms against its share of 16.7 rps)", r)
 	}
 }
+
+// TestProjectionOpensOnTheFirstPolicyThatShowsTheFall: the controller's
+// first policy after a fall report opens the fall if its offered rate shows
+// the fall, however soon after the report it arrives: what it shows, not
+// when, is the proof that it saw the report (a policy computed before it
+// still shows the old rate). A policy that shows the global rate where it
+// was (traffic moved away from this sidecar) keeps the fall closed.
+func TestProjectionOpensOnTheFirstPolicyThatShowsTheFall(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		offered float64
+		open    bool
+	}{
+		{"the fall", 300, true},
+		{"a drain", 1000, false},
+	} {
+		t0 := time.Unix(1000, 0)
+		l, w := projected(t, 1000, 100, 0.9, t0)
+		now := checked(l, w, t0, 10, 100)
+		w.Tick(now, l)
+		decide(l, 2) // 20 rps
+		now = now.Add(100 * time.Millisecond)
+		if rep := w.Check(now, l); !rep.GetUrgent() {
+			t.Fatalf("%s: the fall sent %v, want a surge report", tc.name, rep)
+		}
+		setWebPolicy(l, tc.offered, 100, 0.9) // the controller's next tick, 50ms later
+		now = now.Add(50 * time.Millisecond)
+		w.Project(now, l)
+		r, _ := l.Service("checkout").Ratio("web")
+		if tc.open && r != 0 || !tc.open && r != 0.9 {
+			t.Errorf("%s: the policy after the fall report offered %v rps: ratio %v, want it open: %v", tc.name, tc.offered, r, tc.open)
+		}
+	}
+}
