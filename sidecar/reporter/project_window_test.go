@@ -39,6 +39,17 @@ func checked(l *sidecar.Limiter, w *Window, now time.Time, k, n int) time.Time {
 	return now
 }
 
+// calmSecond decides web's 10 rps, one request a check, for a second from
+// t0, and sends the regular report that ends it; it returns its end.
+func calmSecond(t *testing.T, l *sidecar.Limiter, w *Window, t0 time.Time) time.Time {
+	t.Helper()
+	now := checked(l, w, t0, 10, 1)
+	if rep := w.Tick(now, l); rep == nil || rep.GetUrgent() {
+		t.Fatalf("the tick after a calm second sent %v, want a regular report", rep)
+	}
+	return now
+}
+
 func decide(l *sidecar.Limiter, n int) (dropped int) {
 	for range n {
 		if l.Decide("checkout", "web").Drop {
@@ -136,11 +147,7 @@ func TestProjectionOff(t *testing.T) {
 func TestProjectionCountsTheOnsetBeforeTheLastCheck(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	l, w := projected(t, 60, 100, 0, t0)
-	now := checked(l, w, t0, 10, 1) // a calm second
-	if rep := w.Tick(now, l); rep == nil || rep.GetUrgent() {
-		t.Fatalf("the tick sent %v, want a regular report", rep)
-	}
-	now = checked(l, w, now, 3, 1)
+	now := checked(l, w, calmSecond(t, l, w, t0), 3, 1)
 	decide(l, 10) // the onset, 60ms before the check
 	now = checked(l, w, now, 1, 0)
 	if r, _ := l.Service("checkout").Ratio("web"); r != 0 {
@@ -161,11 +168,7 @@ func TestProjectionCountsTheOnsetBeforeTheLastCheck(t *testing.T) {
 func TestProjectionJudgesAgainstTheRateBeforeTheOnset(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	l, w := projected(t, 60, 100, 0, t0)
-	now := checked(l, w, t0, 10, 1) // a calm second
-	if rep := w.Tick(now, l); rep == nil || rep.GetUrgent() {
-		t.Fatalf("the first tick sent %v, want a regular report", rep)
-	}
-	now = checked(l, w, now, 9, 1)
+	now := checked(l, w, calmSecond(t, l, w, t0), 9, 1)
 	decide(l, 8) // the onset, 50ms before the tick
 	now = now.Add(100 * time.Millisecond)
 	rep := w.Tick(now, l)
