@@ -88,11 +88,11 @@ func TestProjectionStepDropsBeforeTheCheck(t *testing.T) {
 	}
 }
 
-// TestProjectionOpensAFallTheControllerSaw: web, held at 0.9 at 1,000 rps
-// against 100 allowed, falls to 20 rps at this sidecar, which carries all of
-// it. The fall is reported at once; once the controller's next policy
-// shows the fall (its ratio still releasing, at 0.5), the sidecar opens.
-func TestProjectionOpensAFallTheControllerSaw(t *testing.T) {
+// fallen runs web at 1,000 rps, held at 0.9 against 100 allowed, through a
+// sidecar that carries all of it, for a second, then a check window at 20
+// rps, and returns the sidecar after the check that reports the fall.
+func fallen(t *testing.T) (*sidecar.Limiter, *Window, time.Time) {
+	t.Helper()
 	t0 := time.Unix(1000, 0)
 	l, w := projected(t, 1000, 100, 0.9, t0)
 	now := checked(l, w, t0, 10, 100)
@@ -102,6 +102,15 @@ func TestProjectionOpensAFallTheControllerSaw(t *testing.T) {
 	if rep := w.Check(now, l); !rep.GetUrgent() {
 		t.Fatalf("the fall sent %v, want a surge report", rep)
 	}
+	return l, w, now
+}
+
+// TestProjectionOpensAFallTheControllerSaw: web, held at 0.9 at 1,000 rps
+// against 100 allowed, falls to 20 rps at this sidecar, which carries all of
+// it. The fall is reported at once; once the controller's next policy
+// shows the fall (its ratio still releasing, at 0.5), the sidecar opens.
+func TestProjectionOpensAFallTheControllerSaw(t *testing.T) {
+	l, w, now := fallen(t)
 	s := l.Service("checkout")
 	if r, _ := s.Ratio("web"); r != 0.9 {
 		t.Fatalf("before the controller saw the fall: ratio %v, want its 0.9", r)
@@ -201,15 +210,7 @@ func TestProjectionOpensOnTheFirstPolicyThatShowsTheFall(t *testing.T) {
 		{"the fall", 300, true},
 		{"a drain", 1000, false},
 	} {
-		t0 := time.Unix(1000, 0)
-		l, w := projected(t, 1000, 100, 0.9, t0)
-		now := checked(l, w, t0, 10, 100)
-		w.Tick(now, l)
-		decide(l, 2) // 20 rps
-		now = now.Add(100 * time.Millisecond)
-		if rep := w.Check(now, l); !rep.GetUrgent() {
-			t.Fatalf("%s: the fall sent %v, want a surge report", tc.name, rep)
-		}
+		l, w, now := fallen(t)
 		setWebPolicy(l, tc.offered, 100, 0.9) // the controller's next tick, 50ms later
 		now = now.Add(50 * time.Millisecond)
 		w.Project(now, l)
