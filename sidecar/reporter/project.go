@@ -65,7 +65,10 @@ type Projector struct {
 	// prevRegular and prevRegularG are the same of the regular report
 	// before (see shareOf).
 	prevRegular, prevRegularG map[bucket]float64
-	regularAt                 time.Time // when the last regular report went out
+	// regularAt is when the last regular report went out; an episode
+	// that ends overwrites regular (and clears prevRegular) for its
+	// bucket, not regularAt.
+	regularAt time.Time
 	// last holds the rates of the last report, surge reports included:
 	// an episode goes on while its bucket's rate moves on from it.
 	last map[bucket]float64
@@ -269,9 +272,11 @@ func (p *Projector) reference(k bucket, from time.Time) float64 {
 // demo's), and a sidecar with fewer per check only once the window since
 // its report convinces the detector, or at the next regular report.
 // Judged by the Poisson tail of the count (beyondNoise), with at least
-// projectMinCount requests rather than 20, and 1.5×. The Window calls it with the window since the last check
-// (a large jump shows there first) and the one since the last report (a
-// small sidecar's jump adds up there). The budget runs from the window's
+// projectMinCount requests rather than 20, and 1.5×. The Window calls it
+// with the window since the last check (a large jump shows there first),
+// the one since the check before (which holds an onset the last check
+// fell just after) and the one since the last report (a small sidecar's
+// jump adds up there). The budget runs from the window's
 // start; the bucket's depth is its only saving from before.
 func (p *Projector) Started(now time.Time, cur map[bucket]sidecar.PeerCounts, ws ...Since) {
 	for _, win := range ws {
@@ -395,6 +400,12 @@ func (p *Projector) Check(now time.Time, then, cur map[bucket]sidecar.PeerCounts
 				delete(p.regular, k)
 				delete(p.regularG, k)
 			}
+			// Nor the report before: the episode has dealt with the
+			// rise a report caught, and judged against the rate before
+			// it (reference, shareOf) the rise would start one again
+			// right after the controller ended it, or denied it.
+			delete(p.prevRegular, k)
+			delete(p.prevRegularG, k)
 			continue
 		}
 		ep.ratio = math.NaN()
@@ -455,7 +466,8 @@ func decay(n, e, span float64) (float64, float64) {
 }
 
 // fallSeen reports whether the controller has seen a fall too: a policy
-// first seen since the fall report shows at least half the fall this
+// first seen after the fall report (a check reads the policy before it
+// reports) shows at least half the fall this
 // sidecar projects from its rate over the last check,
 // from the bucket's global rate at the start (g0) to the rate over its
 // share. Traffic that moved away from this sidecar has not fallen: in a
@@ -469,7 +481,7 @@ func decay(n, e, span float64) (float64, float64) {
 // sidecar waited for the controller's next tick, a second later (step-5x
 // live: web back under its limit lost 11–19 % in its second second).
 func (p *Projector) fallSeen(ep *episode, rule *sidecar.Rule) bool {
-	if p.polAt.Before(ep.seen) || !(ep.winE > 0) {
+	if !p.polAt.After(ep.seen) || !(ep.winE > 0) {
 		return false
 	}
 	projected := ep.winN / ep.winE / ep.share

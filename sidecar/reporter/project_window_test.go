@@ -1,6 +1,7 @@
 package reporter
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -172,19 +173,55 @@ func TestProjectionCountsTheOnsetBeforeTheLastCheck(t *testing.T) {
 // report, which then measures 17 rps. Judged against 17, the 18 requests
 // since the check before the report would be noise; against the report
 // before's 10 they are a jump, and the projection starts.
+//
+// The Reporter's report and check tickers fire together every tenth check,
+// in either order: a check a moment before the report must not move the
+// check before on to itself.
 func TestProjectionJudgesAgainstTheRateBeforeTheOnset(t *testing.T) {
-	t0 := time.Unix(1000, 0)
-	l, w := projected(t, 60, 100, 0, t0)
-	now := checked(l, w, calmSecond(t, l, w, t0), 9, 1)
-	decide(l, 8) // the onset, 50ms before the tick
-	now = now.Add(100 * time.Millisecond)
-	rep := w.Tick(now, l)
-	if rep == nil || rep.GetUrgent() || rep.GetPeers()[0].GetOffered() != 17 {
-		t.Fatalf("the second tick sent %v, want a regular report of 17 requests", rep)
+	for _, checkFirst := range []bool{false, true} {
+		t0 := time.Unix(1000, 0)
+		l, w := projected(t, 60, 100, 0, t0)
+		now := checked(l, w, calmSecond(t, l, w, t0), 9, 1)
+		decide(l, 8) // the onset, 50ms before the tick
+		now = now.Add(100 * time.Millisecond)
+		if checkFirst {
+			w.Check(now.Add(-time.Microsecond), l)
+		}
+		rep := w.Tick(now, l)
+		if rep == nil || rep.GetUrgent() || rep.GetPeers()[0].GetOffered() != 17 {
+			t.Fatalf("check first %v: the second tick sent %v, want a regular report of 17 requests", checkFirst, rep)
+		}
+		decide(l, 10)
+		w.Project(now.Add(60*time.Millisecond), l)
+		wantProjection(t, l, fmt.Sprintf("check first %v: 60ms after the report (18 admitted in 160ms against a share of 16.7 rps)", checkFirst))
 	}
-	decide(l, 10)
-	w.Project(now.Add(60*time.Millisecond), l)
-	wantProjection(t, l, "60ms after the report (18 admitted in 160ms against a share of 16.7 rps)")
+}
+
+// TestProjectionEndedStaysEnded: traffic moves to a sidecar that had a
+// tenth of web's 10,000 rps (a drain elsewhere): its rate triples, it
+// projects, and its regular report catches the rise. The controller's
+// next policy shows the global rate where it was and denies the
+// projection; the next step must not start it again by judging the window
+// that spans the report against the rate before the rise.
+func TestProjectionEndedStaysEnded(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	l, w := projected(t, 10000, 10000, 0, t0)
+	now := checked(l, w, t0, 10, 100) // a calm second at 1,000 rps
+	w.Tick(now, l)
+	now = checked(l, w, now, 10, 300) // 3,000 rps: the traffic moved here
+	s := l.Service("checkout")
+	if r, _ := s.Ratio("web"); !(r > 0.5) {
+		t.Fatalf("after the move: ratio %v, want the projection's, about 0.67", r)
+	}
+	w.Tick(now, l)
+	setWebPolicy(l, 11000, 10000, 0) // the controller: the global rate barely moved
+	for i := 1; i <= 4; i++ {
+		decide(l, 8)
+		w.Project(now.Add(time.Duration(i)*25*time.Millisecond), l)
+		if r, _ := s.Ratio("web"); r != 0 {
+			t.Fatalf("%dms after the denial: ratio %v, want the controller's 0", 25*i, r)
+		}
+	}
 }
 
 // wantProjection fails t unless web's ratio is a projection's, over 0.9.
@@ -218,5 +255,31 @@ func TestProjectionOpensOnTheFirstPolicyThatShowsTheFall(t *testing.T) {
 		if tc.open && r != 0 || !tc.open && r != 0.9 {
 			t.Errorf("%s: the policy after the fall report offered %v rps: ratio %v, want it open: %v", tc.name, tc.offered, r, tc.open)
 		}
+	}
+}
+
+// TestProjectionFallWaitsForAPolicyAfterItsReport: a check reads the policy
+// before it reports, so a policy that arrived just before the check that
+// reports a fall was computed before the report, whatever it shows: the
+// fall waits for the next one.
+func TestProjectionFallWaitsForAPolicyAfterItsReport(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	l, w := projected(t, 1000, 100, 0.9, t0)
+	now := checked(l, w, t0, 10, 100)
+	w.Tick(now, l)
+	decide(l, 2) // 20 rps
+	setWebPolicy(l, 300, 100, 0.9)
+	now = now.Add(100 * time.Millisecond)
+	if rep := w.Check(now, l); !rep.GetUrgent() {
+		t.Fatalf("the fall sent %v, want a surge report", rep)
+	}
+	w.Project(now.Add(25*time.Millisecond), l)
+	if r, _ := l.Service("checkout").Ratio("web"); r != 0.9 {
+		t.Fatalf("after the fall report, with a policy read before it: ratio %v, want the controller's 0.9", r)
+	}
+	setWebPolicy(l, 300, 100, 0.9) // the controller's answer to the report
+	w.Project(now.Add(50*time.Millisecond), l)
+	if r, _ := l.Service("checkout").Ratio("web"); r != 0 {
+		t.Fatalf("after the policy that answers the report: ratio %v, want 0", r)
 	}
 }

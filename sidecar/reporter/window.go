@@ -482,9 +482,15 @@ func (w *Window) send(from []sidecar.PeerCounts, fromAt, now time.Time, urgent b
 }
 
 // setChecked makes snap, taken at at, the last check's snapshot, and the
-// one it replaces the check before's.
+// one it replaces the check before's, unless that one is under
+// MinInterval old: the Reporter's report and check tickers fire together
+// every tenth check, in either order, and a report just after a check
+// would otherwise move the check before on to that check, and the window
+// meant to span the report would begin a moment before it.
 func (w *Window) setChecked(snap []sidecar.PeerCounts, at time.Time) {
-	w.before, w.checked = w.checked, w.before
-	w.beforeAt = w.checkedAt
+	if at.Sub(w.checkedAt) >= MinInterval {
+		w.before, w.checked = w.checked, w.before
+		w.beforeAt = w.checkedAt
+	}
 	w.checked, w.checkedAt = append(w.checked[:0], snap...), at
 }
