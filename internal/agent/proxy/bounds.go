@@ -220,11 +220,21 @@ type deadlineBody struct {
 	read   int64         // bytes read so far
 	earned time.Duration // what the deadline set last adds to start
 	ended  bool          // Read saw the end of the body or an error
+	eof    bool          // the end: io.EOF
 
 	expired atomic.Bool // a Read failed because the deadline passed
 }
 
 func (d *deadlineBody) Read(p []byte) (int, error) {
+	if d.eof {
+		// The end stays the end. The Transport reads once more after the body's
+		// length to find no more, and under load the body was closed by then: the
+		// server's body answered "invalid Read on closed Body", the Transport took
+		// the request's write as failed and closed its connection to the app, which
+		// cut a response still streaming (TestBodyTimeoutEndsWithTheBody, 1 in 25
+		// runs beside three CPU hogs).
+		return 0, io.EOF
+	}
 	n, err := d.ReadCloser.Read(p)
 	if err == nil {
 		if n > 0 && d.rate > 0 {
@@ -237,6 +247,7 @@ func (d *deadlineBody) Read(p []byte) (int, error) {
 	}
 	d.ended = true
 	if err == io.EOF {
+		d.eof = true
 		// The body is complete: lift the deadline, or the HTTP/1.1 server's background
 		// read (which watches for the caller going away while the response streams) would
 		// hit it and cancel a response that may rightly take longer.
