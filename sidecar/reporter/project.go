@@ -276,8 +276,8 @@ func (p *Projector) reference(k bucket, from time.Time) float64 {
 // with the window since the last check (a large jump shows there first),
 // the one since the check before (which holds an onset the last check
 // fell just after) and the one since the last report (a small sidecar's
-// jump adds up there). The budget runs from the window's
-// start; the bucket's depth is its only saving from before.
+// jump adds up there). The budget runs from the window's start; the
+// bucket's depth is its only saving from before.
 func (p *Projector) Started(now time.Time, cur map[bucket]sidecar.PeerCounts, ws ...Since) {
 	for _, win := range ws {
 		p.started(now, win, cur)
@@ -467,10 +467,9 @@ func decay(n, e, span float64) (float64, float64) {
 
 // fallSeen reports whether the controller has seen a fall too: a policy
 // first seen after the fall report (a check reads the policy before it
-// reports) shows at least half the fall this
-// sidecar projects from its rate over the last check,
-// from the bucket's global rate at the start (g0) to the rate over its
-// share. Traffic that moved away from this sidecar has not fallen: in a
+// reports) shows at least half the fall this sidecar projects from its
+// rate over the last check, from the bucket's global rate at the start
+// (g0) to the rate over its share. Traffic that moved away from this sidecar has not fallen: in a
 // zone drain the sidecars it leaves see their rate halve while the global
 // rate holds, and opened on their own they let through their share of the
 // allowed rate on top of what the controller's ratio admits where the

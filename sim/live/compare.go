@@ -212,9 +212,9 @@ func Compare(live *Result, seed uint64, n int, m Margins) (*Comparison, error) {
 		// surge, while its ratio is released: the same shift moves the
 		// release as it moves the wrongly dropped share's, here as a
 		// share of the requests it offered within its limit. A
-		// bystander's collateral has no edge to shift.
+		// bystander's hold is 0: its collateral has no edge to shift.
 		release := 0.0
-		if over && lm.CollateralOffered > 0 {
+		if lm.CollateralOffered > 0 {
 			release = m.Shift.Seconds() * hold / lm.CollateralOffered
 		}
 		v, vs := pick(func(x sim.Measures) float64 { return x.Collateral })
