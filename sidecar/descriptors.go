@@ -223,10 +223,33 @@ type valueSlot struct {
 // does not send. Kept in the descState by value across policies, so a
 // policy swap loses no count; one atomic add per request of a listed
 // value.
+//
+// A value listed during a window was counted for only the part of it after
+// its listing, which would report it at a fraction of its rate: the
+// controller's next ratio for a value spread thin over the fleet, reported
+// almost only by these counts, would fall short of its offered rate for a
+// second (an abuser admitted 85 rps against 50 in its third second). That
+// first count is scaled to the whole window by the descriptor's traffic:
+// the window's requests over those since the listing (see scaleFirst).
 type listedCount struct {
 	n        atomic.Uint64 // requests, cumulative
 	reported uint64        // n at the last rotation; descState.mu
 	heavyAt  uint64        // the rotation that reported it in the heavy set's entry; descState.mu
+	// first: the value was listed during the window running, when the
+	// descriptor's offered total was from; descState.mu.
+	first bool
+	from  uint64
+}
+
+// scaleFirst returns n, the count of c's first window, scaled to the
+// whole window: window requests of the descriptor in it, of which since
+// came after c's listing. It ends c's first window.
+func (c *listedCount) scaleFirst(n uint32, window, since uint64) uint32 {
+	c.first = false
+	if since == 0 || since >= window {
+		return n
+	}
+	return uint32(min(float64(n)*float64(window)/float64(since), math.MaxUint32))
 }
 
 // take returns the requests since the last take and starts the next
@@ -320,10 +343,14 @@ func (st *descState) listValues(vs []ValueRule) map[string]*listedCount {
 	counts := make(map[string]*listedCount, len(vs))
 	st.mu.Lock()
 	defer st.mu.Unlock()
+	var offered uint64
+	if len(vs) > 0 {
+		offered = st.totals().offered
+	}
 	for _, v := range vs {
 		c := st.counts[v.Value]
 		if c == nil {
-			c = new(listedCount)
+			c = &listedCount{first: true, from: offered}
 		}
 		counts[v.Value] = c
 	}
@@ -606,15 +633,21 @@ func (d *compiledDesc) rotate(out *DescriptorCounts) {
 	st.rotations++
 	for i := range out.Values {
 		if c := st.counts[out.Values[i].Value]; c != nil {
+			// The heavy set counted this value since it became heavy,
+			// which a first window's exact count does not need to make up.
 			out.Values[i].Estimate = max(out.Values[i].Estimate, c.take())
-			c.heavyAt = st.rotations
+			c.heavyAt, c.first = st.rotations, false
 		}
 	}
 	for v, c := range st.counts {
 		if c.heavyAt == st.rotations {
 			continue // reported in its heavy-set entry above
 		}
-		if n := c.take(); n > 0 {
+		n := c.take()
+		if c.first {
+			n = c.scaleFirst(n, out.Offered, t.offered-c.from)
+		}
+		if n > 0 {
 			out.Values = append(out.Values, heavy.Entry{Value: v, Estimate: n})
 		}
 	}

@@ -511,6 +511,61 @@ func TestListedValuesReportedExactly(t *testing.T) {
 	}
 }
 
+// A value listed during a window is reported at its rate over the whole
+// window, not over the part after its listing: its exact count is scaled
+// by the descriptor's traffic, in its first window only. A value spread
+// thin over a fleet is reported almost only by these counts, and its next
+// ratio would fall short of its offered rate.
+func TestListedMidWindowReportsTheWholeWindow(t *testing.T) {
+	policy := func(listed bool) *Policy {
+		return tenantPolicy(func(d *DescriptorPolicy) {
+			d.LimitRPS = 1000 // no value of this test passes the report threshold
+			if listed {
+				d.Values = []ValueRule{{Value: "thin", DropRatio: 0.01, LimitRPS: 1000, OfferedRPS: 2000}}
+			}
+		})
+	}
+	// A heavy set of four, which four heavier values fill: thin is
+	// reported by its exact count alone.
+	l := NewLimiter(LimiterOptions{OneStripe: true, DescriptorHeavy: 4})
+	l.SetPolicy(policy(false))
+	s := l.Service("api")
+	// A window of 400 requests, one in ten thin's, two in ten each heavy
+	// value's; thin is listed after the first 100, and counted exactly for
+	// the other 300: 30 of its 40.
+	send := func(from, to int) {
+		for i := from; i < to; i++ {
+			v := fmt.Sprint("noise-", i)
+			switch j := i % 10; {
+			case j == 0:
+				v = "thin"
+			case j < 9:
+				v = fmt.Sprint("heavy-", (j+1)/2)
+			}
+			decideValue(t, s, v, 1)
+		}
+	}
+	send(0, 100)
+	l.SetPolicy(policy(true))
+	send(100, 400)
+	reported := func() uint32 {
+		for _, v := range l.RotateDescriptors("api", nil)[0].Values {
+			if v.Value == "thin" {
+				return v.Estimate
+			}
+		}
+		return 0
+	}
+	if got := reported(); got != 40 {
+		t.Errorf("thin, listed a quarter into the window, sent 40 in it: reported %d, want 40", got)
+	}
+	// The next window is counted whole, and reported as counted.
+	send(0, 200)
+	if got := reported(); got != 20 {
+		t.Errorf("thin sent 20 in its second listed window: reported %d, want 20", got)
+	}
+}
+
 // A listed value spread over many sidecars has a count of one or two on
 // each in a window: it still loses its ratio of its requests, not the
 // first requests of every window (what diffusion from a fixed phase
