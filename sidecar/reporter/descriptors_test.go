@@ -83,13 +83,15 @@ func TestWindowReportsDescriptors(t *testing.T) {
 	}
 }
 
-// TestWindowFoldedTickLeavesDescriptorsDue: a tick that folds its window
-// into the next (a surge report came less than half an interval before)
-// leaves the descriptors due, and the next report carries them, a surge
-// report included; a surge report after that carries none again. Without
-// it a sidecar surging just before each tick reported no descriptors, and
-// rotated no sketch, while it surged.
-func TestWindowFoldedTickLeavesDescriptorsDue(t *testing.T) {
+// TestWindowSurgeReportCarriesHalfAnInterval: a surge report carries the
+// descriptors when their window is at least half an interval long, so a
+// surging sidecar's values reach the controller at once (tenants-zipf: a
+// pinned abuser kept the ratio its first 200 ms earned for two seconds);
+// a tick folded into it leaves nothing due; a surge report in a shorter
+// window carries none. Without the first rule a sidecar surging just
+// before each tick reported no descriptors, and rotated no sketch, while
+// it surged.
+func TestWindowSurgeReportCarriesHalfAnInterval(t *testing.T) {
 	l := sidecar.NewLimiter(sidecar.LimiterOptions{})
 	l.SetPolicy(&sidecar.Policy{
 		Name: names.Callee("api"), Service: "api", LiveInstances: 1,
@@ -117,38 +119,50 @@ func TestWindowFoldedTickLeavesDescriptorsDue(t *testing.T) {
 		t.Fatalf("calm check: %v", rep)
 	}
 	decide("abuser", 500)
-	if rep := w.Check(at(1950), l); rep == nil || !rep.GetUrgent() || len(rep.GetDescriptors()) != 0 {
-		t.Fatalf("surge before the tick: %v", rep)
+	rep := w.Check(at(1950), l)
+	if rep == nil || !rep.GetUrgent() || len(rep.GetDescriptors()) != 1 {
+		t.Fatalf("surge 950ms into the descriptors' window: %v, want them", rep)
+	}
+	d := rep.GetDescriptors()[0]
+	if d.GetOffered() != 590 || len(d.GetValues()) == 0 || d.GetValues()[0].GetValue() != "abuser" {
+		t.Errorf("descriptors of the surge report: %v", d)
+	}
+	if rw, dw := rep.GetWindow().AsDuration(), rep.GetDescriptorWindow().AsDuration(); rw != 50*time.Millisecond || dw != 950*time.Millisecond {
+		t.Errorf("window %v, descriptor window %v; want 50ms and 950ms", rw, dw)
 	}
 	if rep := w.Tick(at(2000), l); rep != nil {
 		t.Fatalf("tick 50ms after a surge report: %v, want it folded", rep)
 	}
 	decide("abuser", 500)
-	rep := w.Check(at(2050), l)
-	if rep == nil || !rep.GetUrgent() || len(rep.GetDescriptors()) != 1 {
-		t.Fatalf("surge after the folded tick: %v, want the descriptors", rep)
-	}
-	d := rep.GetDescriptors()[0]
-	if d.GetOffered() != 1090 || len(d.GetValues()) == 0 || d.GetValues()[0].GetValue() != "abuser" {
-		t.Errorf("descriptors after the folded tick: %v", d)
-	}
-	if rw, dw := rep.GetWindow().AsDuration(), rep.GetDescriptorWindow().AsDuration(); rw != 100*time.Millisecond || dw != 1050*time.Millisecond {
-		t.Errorf("window %v, descriptor window %v; want 100ms and 1.05s", rw, dw)
+	if rep := w.Check(at(2050), l); rep == nil || !rep.GetUrgent() || len(rep.GetDescriptors()) != 0 {
+		t.Fatalf("surge 100ms after the descriptors' last report: %v, want none: the folded tick left nothing due", rep)
 	}
 	decide("abuser", 5000)
 	if rep := w.Check(at(2150), l); rep == nil || !rep.GetUrgent() || len(rep.GetDescriptors()) != 0 {
 		t.Fatalf("next surge: %v, want no descriptors", rep)
 	}
+	decide("abuser", 50000)
+	rep = w.Check(at(2450), l)
+	if rep == nil || !rep.GetUrgent() || len(rep.GetDescriptors()) != 1 {
+		t.Fatalf("surge half an interval after the descriptors' last report: %v, want them", rep)
+	}
+	if dw := rep.GetDescriptorWindow().AsDuration(); dw != 500*time.Millisecond {
+		t.Errorf("descriptor window %v, want 500ms", dw)
+	}
+	if d := rep.GetDescriptors()[0]; d.GetOffered() != 55500 {
+		t.Errorf("descriptors: %v, want 55,500 offered", d)
+	}
 }
 
-// TestWindowFoldedTickReportsAtHalfInterval: when no surge report carries
-// the descriptors a folded tick left due, the first check at which the
-// folded window has grown to half an interval sends the tick's regular
-// report with them, not the next tick a whole interval later. In
-// tenants-zipf a pinned abuser's sidecar surged as the abuse began and
-// folded its tick; the abuser's value then waited for the next tick to be
-// reported, unlisted, and the allowance let it through for a second more.
-// A service without descriptors still waits for its tick.
+// TestWindowFoldedTickReportsAtHalfInterval: when the surge report a tick
+// folded into did not carry the descriptors (an earlier one had, less than
+// half an interval before) and none carries them after it, the first
+// check at which the folded window has grown to half an interval sends
+// the tick's regular report with them, not the next tick a whole interval
+// later. In tenants-zipf a pinned abuser's sidecar surged as the abuse
+// began and folded its tick; the abuser's value then waited for the next
+// tick to be reported, unlisted, and the allowance let it through for a
+// second more. A service without descriptors still waits for its tick.
 func TestWindowFoldedTickReportsAtHalfInterval(t *testing.T) {
 	for _, withDescriptors := range []bool{true, false} {
 		t.Run(fmt.Sprint("descriptors=", withDescriptors), func(t *testing.T) {
@@ -175,15 +189,25 @@ func TestWindowFoldedTickReportsAtHalfInterval(t *testing.T) {
 			if rep := w.Tick(at(1000), l); rep == nil {
 				t.Fatal("first tick: nil")
 			}
-			for ms := 1100; ms < 1900; ms += 100 {
+			for ms := 1100; ms < 1500; ms += 100 {
 				decide("calm", 10)
 				if rep := w.Check(at(ms), l); rep != nil {
 					t.Fatalf("calm check at %dms: %v", ms, rep)
 				}
 			}
+			decide("abuser", 50)
+			if rep := w.Check(at(1500), l); rep == nil || !rep.GetUrgent() || len(rep.GetDescriptors()) != b2i(withDescriptors) {
+				t.Fatalf("surge at 1500ms, half an interval into the descriptors' window: %v", rep)
+			}
+			for ms := 1600; ms < 1900; ms += 100 {
+				decide("abuser", 50)
+				if rep := w.Check(at(ms), l); rep != nil {
+					t.Fatalf("check at %dms, the abuser steady: %v", ms, rep)
+				}
+			}
 			decide("abuser", 500)
 			if rep := w.Check(at(1900), l); rep == nil || !rep.GetUrgent() || len(rep.GetDescriptors()) != 0 {
-				t.Fatalf("surge at 1900ms: %v", rep)
+				t.Fatalf("surge at 1900ms, 400ms into the descriptors' window: %v", rep)
 			}
 			decide("abuser", 500)
 			if rep := w.Tick(at(2000), l); rep != nil {
@@ -209,12 +233,13 @@ func TestWindowFoldedTickReportsAtHalfInterval(t *testing.T) {
 			if rep == nil || rep.GetUrgent() || len(rep.GetDescriptors()) != 1 {
 				t.Fatalf("check at 2400ms, half an interval after the surge report: %v, want the folded tick's regular report", rep)
 			}
-			if rw, dw := rep.GetWindow().AsDuration(), rep.GetDescriptorWindow().AsDuration(); rw != 500*time.Millisecond || dw != 1400*time.Millisecond {
-				t.Errorf("window %v, descriptor window %v; want 500ms and 1.4s", rw, dw)
+			if rw, dw := rep.GetWindow().AsDuration(), rep.GetDescriptorWindow().AsDuration(); rw != 500*time.Millisecond || dw != 900*time.Millisecond {
+				t.Errorf("window %v, descriptor window %v; want 500ms and 900ms", rw, dw)
 			}
 			d := rep.GetDescriptors()[0]
-			if d.GetOffered() != 80+3000 || len(d.GetValues()) == 0 || d.GetValues()[0].GetValue() != "abuser" || d.GetValues()[0].GetOffered() != 3000 {
-				t.Errorf("descriptors: %v, want 3080 offered, abuser=3000 first", d)
+			// Since the report at 1500ms: 3 × 50, then 500 a check from 1900ms.
+			if d.GetOffered() != 150+3000 || len(d.GetValues()) == 0 || d.GetValues()[0].GetValue() != "abuser" || d.GetValues()[0].GetOffered() != 3150 {
+				t.Errorf("descriptors: %v, want 3150 offered, abuser=3150 first", d)
 			}
 			decide("abuser", 500)
 			if rep := w.Check(at(2500), l); rep != nil {
@@ -230,4 +255,12 @@ func TestWindowFoldedTickReportsAtHalfInterval(t *testing.T) {
 			}
 		})
 	}
+}
+
+// b2i is 1 for true.
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

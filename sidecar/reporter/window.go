@@ -92,8 +92,9 @@ type Window struct {
 	beforeAt time.Time
 	// descs is the scratch of the descriptors' counts, reused; descAt is
 	// when they were last rotated, the start of their window. descDue says
-	// that a tick folded its window: the next report, urgent or not,
-	// carries the descriptors (see Tick).
+	// that a tick folded its window into one that did not carry them: the
+	// next report whose descriptor window is half an interval long, urgent
+	// or not, carries them (see Tick).
 	descs   []sidecar.DescriptorCounts
 	descAt  time.Time
 	descDue bool
@@ -183,20 +184,23 @@ func NewWindow(cfg WindowConfig, now time.Time, src Source) *Window {
 // folds into the next window instead. The window is measured, not assumed:
 // a late tick makes a longer window and the rate stays right.
 //
-// A report Tick sends carries the descriptors' counts; a tick that folds
-// leaves them due, and the next report, a surge check's included, carries
-// them. Otherwise a sidecar whose surge reports keep falling within half
-// an interval before its ticks (one a surging tenant is pinned to) would
-// report no descriptors, and rotate no sketch, for as long as it surges:
-// the tenant's value reached no policy, and the local allowance, sized
-// for one interval, counted over several and then started afresh
-// (tenants-zipf: a pinned abuser admitted ~140 rps four seconds in). When
-// no surge report follows, the first surge check at which the folded
-// window has grown to half an interval sends it (see Check), not the next
-// tick a whole interval later.
+// A report Tick sends carries the descriptors' counts. A tick that folds
+// leaves them due unless the report it folds into carried them (see
+// sendUrgent): the next report whose descriptor window is half an
+// interval long carries them. Otherwise a sidecar whose surge reports keep
+// falling within half an interval before its ticks (one a surging tenant
+// is pinned to) would report no descriptors, and rotate no sketch, for as
+// long as it surges: the tenant's value reached no policy, and the local
+// allowance, sized for one interval, counted over several and then
+// started afresh (tenants-zipf: a pinned abuser admitted ~140 rps four
+// seconds in). When no surge report follows, the first surge check at
+// which the folded window has grown to half an interval sends it (see
+// Check), not the next tick a whole interval later.
 func (w *Window) Tick(now time.Time, src Source) *sluicev1.LoadReport {
 	if now.Sub(w.prevAt) < w.minWindow {
-		w.descDue = true
+		if w.descAt.Before(w.prevAt) {
+			w.descDue = true
+		}
 		return nil
 	}
 	w.cur = src.AppendCounts(w.hdr.Service, w.cur[:0])
@@ -450,13 +454,17 @@ func (w *Window) check(now time.Time, src Source) *sluicev1.LoadReport {
 }
 
 // sendUrgent sends a surge report as send does. It carries the
-// descriptors only when a tick left them due (see Tick): otherwise their
-// window runs on to the next tick, whose interval the sidecars'
-// allowances are sized for.
+// descriptors when their window is at least half an interval long: a
+// surge's values reach the controller now, urgently, not at the next tick
+// (tenants-zipf: a pinned abuser's sidecar surges as its abuse begins, and
+// the abuser kept the ratio its first 200 ms had earned for two seconds).
+// A shorter window runs on: the local allowances are sized for an
+// interval, and a window much shorter would let a value through at a
+// multiple of its limit.
 func (w *Window) sendUrgent(from []sidecar.PeerCounts, fromAt, now time.Time, src Source) *sluicev1.LoadReport {
 	start := w.prevAt
 	rep := w.send(from, fromAt, now, true)
-	if w.descDue {
+	if now.Sub(w.descAt) >= w.minWindow {
 		w.addDescriptors(rep, now, src)
 	}
 	w.endWindow(start, now, src)
