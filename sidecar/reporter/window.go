@@ -331,7 +331,8 @@ func (w *Window) endWindow(start, now time.Time, src Source) {
 
 // Check is a surge check's step at now: an urgent report when a peer's rate
 // jumped (see SurgeDetector), to be sent at once, or nil; it carries the
-// descriptors only when a tick left them due. It is nil too for a
+// descriptors when their window is half an interval long (see
+// sendUrgent). It is nil too for a
 // check less than MinInterval after the last one or after a report (a late
 // tick's successor, or a check that coincides with a report): too short a
 // window for a rate the aggregator accepts, so it is left to grow.
