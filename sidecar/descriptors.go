@@ -46,7 +46,8 @@ import (
 // dropped when round(k·p) steps up); any other by the local rule,
 // LocalDropRatio(A, n) = 1 − A/n once n > A, with a coin drawn from a hash
 // of (v, n, the window's salt): no state per value, no allocation, no lock.
-// Each regular report rotates the sketch (RotateDescriptors).
+// Each regular report rotates the sketch (RotateDescriptors), and a surge
+// report once the sketch's window is half an interval long.
 
 // Descriptor defaults; see LimiterOptions.
 const (
@@ -243,7 +244,8 @@ type listedCount struct {
 
 // scaleFirst returns n, the count of c's first window, scaled to the
 // whole window: window requests of the descriptor in it, of which since
-// came after c's listing. It ends c's first window.
+// came after c's listing. It ends c's first window. The scaled count is
+// right on average, not for a listing late in the window (see rotate).
 func (c *listedCount) scaleFirst(n uint32, window, since uint64) uint32 {
 	c.first = false
 	if since == 0 || since >= window {
@@ -578,10 +580,11 @@ type DescriptorCounts struct {
 // returns it. Only a service with a policy naming descriptors appends.
 //
 // It is the regular report's step (sidecar/reporter calls it once per
-// report interval, never for urgent reports): each call starts a new window
-// of the sketches and of the totals, so one holder must call it, and call
-// it about once per LimiterOptions.DescriptorWindow, the window the
-// allowances are sized for.
+// report interval, and for a surge report once the window is at least
+// half an interval long): each call starts a new window of the sketches
+// and of the totals, so one holder must call it, and call it about once
+// per LimiterOptions.DescriptorWindow, the window the allowances are
+// sized for.
 func (l *Limiter) RotateDescriptors(service string, dst []DescriptorCounts) []DescriptorCounts {
 	s := l.lookup(service)
 	if s == nil {
@@ -645,7 +648,12 @@ func (d *compiledDesc) rotate(out *DescriptorCounts) {
 		}
 		n := c.take()
 		if c.first {
-			n = c.scaleFirst(n, out.Offered, t.offered-c.from)
+			// No more than the sketch counted of it in the window, which
+			// never undercounts: scaled up from a listing late in the
+			// window, one request would report a compliant value at a
+			// multiple of its rate (ten requests to go: one becomes 40).
+			_, whole := st.sk.Estimates(v)
+			n = min(c.scaleFirst(n, out.Offered, t.offered-c.from), max(n, whole))
 		}
 		if n > 0 {
 			out.Values = append(out.Values, heavy.Entry{Value: v, Estimate: n})

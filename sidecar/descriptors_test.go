@@ -564,6 +564,28 @@ func TestListedMidWindowReportsTheWholeWindow(t *testing.T) {
 	if got := reported(); got != 20 {
 		t.Errorf("thin sent 20 in its second listed window: reported %d, want 20", got)
 	}
+
+	// Listed with ten requests of the window to go, one of them its own:
+	// scaled, that one would be 40; the sketch counted 5 in the window.
+	l, s = newDescLimiter(t, policy(false))
+	for i := range 390 {
+		v := fmt.Sprint("noise-", i)
+		if i%100 == 0 {
+			v = "thin"
+		}
+		decideValue(t, s, v, 1)
+	}
+	l.SetPolicy(policy(true))
+	for i := 390; i < 400; i++ {
+		v := fmt.Sprint("noise-", i)
+		if i == 395 {
+			v = "thin"
+		}
+		decideValue(t, s, v, 1)
+	}
+	if got := reported(); got != 5 {
+		t.Errorf("thin, 5 in the window, listed with 10 requests to go: reported %d, want 5", got)
+	}
 }
 
 // A listed value spread over many sidecars has a count of one or two on

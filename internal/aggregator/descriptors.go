@@ -233,14 +233,14 @@ func heldValues(descs []descriptorRate) int {
 // keepDescriptors returns the descriptors a sidecar keeps after report r
 // replaced old (nil for a new sidecar), checked as descs, and when they
 // were reported. An urgent report (a surge, sent before the interval was
-// up) carries no descriptors as a rule: the sidecar's sketches count per
-// report interval, and a surge window is a fraction of one. Such a report
+// up) carries no descriptors when the sidecar's sketches have counted for
+// less than half an interval since they were last reported (they count per
+// report interval, and a surge window is a fraction of one). Such a report
 // keeps the descriptors of the sidecar's last report that carried them,
 // which stay in the sums as long as they are not stale by their own report
 // time (descriptorsLive): a sidecar that only surges does not pin old
 // values. Any other report replaces them, an empty list included, and so
-// does an urgent one that carries descriptors (the sidecar's tick before
-// it folded into its window: reporter.Window.Tick).
+// does an urgent one that carries descriptors (reporter.Window.sendUrgent).
 func keepDescriptors(old *sidecarLoad, r *sluicev1.LoadReport, descs []descriptorRate, now time.Time) ([]descriptorRate, time.Time) {
 	if r.GetUrgent() && len(r.GetDescriptors()) == 0 && old != nil &&
 		old.service == r.GetService() && old.direction == r.GetDirection() {

@@ -106,8 +106,8 @@ func TestDescriptorsLeaveWithTheirSidecar(t *testing.T) {
 	}
 }
 
-// TestUrgentReportKeepsDescriptors: a surge report carries no descriptors
-// and leaves the sidecar's last ones in the sums, until they are stale by
+// TestUrgentReportKeepsDescriptors: a surge report without descriptors
+// leaves the sidecar's last ones in the sums, until they are stale by
 // their own report time; one that carries descriptors replaces them.
 func TestUrgentReportKeepsDescriptors(t *testing.T) {
 	s := NewState("zone-a", "agg-1", 3, Bounds{})

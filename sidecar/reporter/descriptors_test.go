@@ -64,8 +64,8 @@ func TestWindowReportsDescriptors(t *testing.T) {
 		}
 	}
 
-	// A surge report carries no descriptors, and leaves their window
-	// running.
+	// A surge report 100ms into the descriptors' window carries none, and
+	// leaves their window running.
 	decide("burst", 2000)
 	urgent := w.Check(start.Add(1100*time.Millisecond), l)
 	if urgent == nil || !urgent.GetUrgent() || len(urgent.GetDescriptors()) != 0 {

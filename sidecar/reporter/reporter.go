@@ -46,9 +46,10 @@ type Source interface {
 // DescriptorSource is a Source that also counts descriptor values
 // (issue #15); sidecar.Limiter implements it. A Window whose Source
 // implements it puts the service's descriptors in every regular report,
-// and in an urgent one only when the tick before it folded (Window.Tick;
-// a check sends such a tick's report itself once its window has grown to
-// half an interval, Window.Check):
+// and in an urgent one when their window is at least half an interval long
+// (Window.sendUrgent; a tick that folded into a report without them leaves
+// them due, and a check sends that tick's report itself once its window
+// has grown to half an interval, Window.Check):
 // RotateDescriptors ends the descriptors' window, and returns what it
 // counted, reusing dst. Each call starts a new window,
 // so a Limiter's service has one such reader: its Window (the reporter's,

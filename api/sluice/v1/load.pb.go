@@ -105,8 +105,9 @@ type LoadReport struct {
 	Descriptors []*DescriptorCounts `protobuf:"bytes,10,rep,name=descriptors,proto3" json:"descriptors,omitempty"`
 	// How long the descriptors' counts were counted: since the previous report
 	// that carried descriptors. A sketch's window runs from one regular report
-	// to the next, and a surge report in between cuts the report's window
-	// short, not the sketch's. Absent: the report's window.
+	// to the next, or to a surge report once it is half an interval long; a
+	// surge report before that cuts the report's window short, not the
+	// sketch's. Absent: the report's window.
 	DescriptorWindow *durationpb.Duration `protobuf:"bytes,11,opt,name=descriptor_window,json=descriptorWindow,proto3" json:"descriptor_window,omitempty"`
 	// What the callee did with the requests the sidecar let through, one
 	// entry per procedure the requests went to ("" when the callee declares
