@@ -565,26 +565,33 @@ func TestListedMidWindowReportsTheWholeWindow(t *testing.T) {
 		t.Errorf("thin sent 20 in its second listed window: reported %d, want 20", got)
 	}
 
-	// Listed with ten requests of the window to go, one of them its own:
-	// scaled, that one would be 40; the sketch counted 5 in the window.
-	l, s = newDescLimiter(t, policy(false))
-	for i := range 390 {
-		v := fmt.Sprint("noise-", i)
-		if i%100 == 0 {
-			v = "thin"
+	// Listed with ten requests of the window to go: scaled without bound,
+	// one of them would be 40. A first window is scaled by at most
+	// maxFirstScale, and never above what the sketch counted in the window.
+	late := func(before, after []int) uint32 {
+		l, s = newDescLimiter(t, policy(false))
+		for i := range 390 {
+			v := fmt.Sprint("noise-", i)
+			if slices.Contains(before, i) {
+				v = "thin"
+			}
+			decideValue(t, s, v, 1)
 		}
-		decideValue(t, s, v, 1)
-	}
-	l.SetPolicy(policy(true))
-	for i := 390; i < 400; i++ {
-		v := fmt.Sprint("noise-", i)
-		if i == 395 {
-			v = "thin"
+		l.SetPolicy(policy(true))
+		for i := 390; i < 400; i++ {
+			v := fmt.Sprint("noise-", i)
+			if slices.Contains(after, i) {
+				v = "thin"
+			}
+			decideValue(t, s, v, 1)
 		}
-		decideValue(t, s, v, 1)
+		return reported()
 	}
-	if got := reported(); got != 5 {
-		t.Errorf("thin, 5 in the window, listed with 10 requests to go: reported %d, want 5", got)
+	if got := late([]int{0, 100, 200, 300}, []int{395}); got != maxFirstScale {
+		t.Errorf("thin, 5 in the window, 1 of them with 10 requests to go: reported %d, want %d", got, maxFirstScale)
+	}
+	if got := late(nil, []int{391, 392, 393, 394, 395}); got != 5 {
+		t.Errorf("thin, all of its 5 in the window's last 10 requests: reported %d, want the sketch's 5", got)
 	}
 }
 
