@@ -242,27 +242,22 @@ type listedCount struct {
 	from  uint64
 }
 
-// maxFirstScale bounds how far scaleFirst scales a count up.
-const maxFirstScale = 2
-
 // scaleFirst returns n, the count of c's first window, scaled to the
 // whole window: window requests of the descriptor in it, of which since
-// came after c's listing, by at most maxFirstScale. It ends c's first
-// window.
+// came after c's listing. It ends c's first window.
 //
-// Unbounded, the scaled count would be right on average but not for a
-// listing late in the window: one request with a tenth of the window to
-// go would report 10, and summed over a fleet whose windows the listing
-// cut at scattered points, a compliant value spread thin could be
-// reported at a multiple of its rate and dropped for an interval. Bounded,
-// a value listed in the window's second half is under-reported, as it was
-// before any scaling; rotate caps the result by the sketch's count too.
+// The scaled count is right on average but not for a listing late in the
+// window: one request with a tenth of the window to go reports 10, and
+// summed over a fleet whose windows the listing cut at scattered points, a
+// compliant value spread thin could be reported at a multiple of its rate
+// and dropped for an interval. rotate caps it by the sketch's count of the
+// value in the window, which never undercounts.
 func (c *listedCount) scaleFirst(n uint32, window, since uint64) uint32 {
 	c.first = false
 	if since == 0 || since >= window {
 		return n
 	}
-	return uint32(min(float64(n)*min(float64(window)/float64(since), maxFirstScale), math.MaxUint32))
+	return uint32(min(float64(n)*float64(window)/float64(since), math.MaxUint32))
 }
 
 // take returns the requests since the last take and starts the next

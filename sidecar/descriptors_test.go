@@ -565,9 +565,9 @@ func TestListedMidWindowReportsTheWholeWindow(t *testing.T) {
 		t.Errorf("thin sent 20 in its second listed window: reported %d, want 20", got)
 	}
 
-	// Listed with ten requests of the window to go: scaled without bound,
-	// one of them would be 40. A first window is scaled by at most
-	// maxFirstScale, and never above what the sketch counted in the window.
+	// Listed with ten requests of the window to go: scaled, one of them
+	// would be 40. A first window is never reported above what the sketch
+	// counted of the value in the window.
 	late := func(before, after []int) uint32 {
 		l, s = newDescLimiter(t, policy(false))
 		for i := range 390 {
@@ -587,8 +587,11 @@ func TestListedMidWindowReportsTheWholeWindow(t *testing.T) {
 		}
 		return reported()
 	}
-	if got := late([]int{0, 100, 200, 300}, []int{395}); got != maxFirstScale {
-		t.Errorf("thin, 5 in the window, 1 of them with 10 requests to go: reported %d, want %d", got, maxFirstScale)
+	if got := late([]int{0, 100, 200, 300}, []int{395}); got != 5 {
+		t.Errorf("thin, 5 in the window, 1 of them with 10 requests to go: reported %d, want the sketch's 5", got)
+	}
+	if got := late([]int{0, 100, 200, 300, 385}, nil); got != 0 {
+		t.Errorf("thin, 5 in the window, none after its listing: reported %d, want 0", got)
 	}
 	if got := late(nil, []int{391, 392, 393, 394, 395}); got != 5 {
 		t.Errorf("thin, all of its 5 in the window's last 10 requests: reported %d, want the sketch's 5", got)
