@@ -232,20 +232,20 @@ type valueSlot struct {
 // second (tenants-zipf: the abusers' mean time to enforce 1.6–1.8 s, 1.3–1.5
 // s with the scaling). That first count is scaled to the whole window by
 // the descriptor's traffic: the window's requests over those since the
-// listing (see scaleFirst).
+// listing (see scaledToWindow).
 type listedCount struct {
 	n        atomic.Uint64 // requests, cumulative
 	reported uint64        // n at the last rotation; descState.mu
 	heavyAt  uint64        // the rotation that reported it in the heavy set's entry; descState.mu
-	// first: the value was listed during the window running, when the
-	// descriptor's offered total was from; descState.mu.
-	first bool
-	from  uint64
+	// from is the descriptor's offered total when the value was listed:
+	// the window that ends with fewer requests since from than in it is
+	// the one the value was listed in; descState.mu.
+	from uint64
 }
 
-// scaleFirst returns n, the count of c's first window, scaled to the
-// whole window: window requests of the descriptor in it, of which since
-// came after c's listing. It ends c's first window.
+// scaledToWindow returns n, a listed value's count in the window it was
+// listed in, scaled to the whole window: window requests of the
+// descriptor in it, of which since came after the listing.
 //
 // The scaled count is right on average but not for a listing late in the
 // window: one request with a tenth of the window to go reports 10, and
@@ -253,8 +253,7 @@ type listedCount struct {
 // compliant value spread thin could be reported at a multiple of its rate
 // and dropped for an interval. rotate caps it by the sketch's count of the
 // value in the window, which never undercounts.
-func (c *listedCount) scaleFirst(n uint32, window, since uint64) uint32 {
-	c.first = false
+func scaledToWindow(n uint32, window, since uint64) uint32 {
 	if since == 0 || since >= window {
 		return n
 	}
@@ -352,14 +351,11 @@ func (st *descState) listValues(vs []ValueRule) map[string]*listedCount {
 	counts := make(map[string]*listedCount, len(vs))
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	var offered uint64
-	if len(vs) > 0 {
-		offered = st.totals().offered
-	}
+	offered := st.totals().offered
 	for _, v := range vs {
 		c := st.counts[v.Value]
 		if c == nil {
-			c = &listedCount{first: true, from: offered}
+			c = &listedCount{from: offered}
 		}
 		counts[v.Value] = c
 	}
@@ -646,7 +642,7 @@ func (d *compiledDesc) rotate(out *DescriptorCounts) {
 			// The heavy set counted this value since it became heavy,
 			// which a first window's exact count does not need to make up.
 			out.Values[i].Estimate = max(out.Values[i].Estimate, c.take())
-			c.heavyAt, c.first = st.rotations, false
+			c.heavyAt = st.rotations
 		}
 	}
 	for v, c := range st.counts {
@@ -654,13 +650,13 @@ func (d *compiledDesc) rotate(out *DescriptorCounts) {
 			continue // reported in its heavy-set entry above
 		}
 		n := c.take()
-		if c.first {
+		if since := t.offered - c.from; since < out.Offered { // listed in this window
 			// No more than the sketch counted of it in the window, which
 			// never undercounts: scaled up from a listing late in the
 			// window, one request would report a compliant value at a
 			// multiple of its rate (ten requests to go: one becomes 40).
 			_, whole := st.sk.Estimates(v)
-			n = min(c.scaleFirst(n, out.Offered, t.offered-c.from), max(n, whole))
+			n = min(scaledToWindow(n, out.Offered, since), max(n, whole))
 		}
 		if n > 0 {
 			out.Values = append(out.Values, heavy.Entry{Value: v, Estimate: n})
