@@ -196,7 +196,11 @@ func TestWindowFoldedTickReportsAtHalfInterval(t *testing.T) {
 				}
 			}
 			decide("abuser", 50)
-			if rep := w.Check(at(1500), l); rep == nil || !rep.GetUrgent() || len(rep.GetDescriptors()) != b2i(withDescriptors) {
+			carried := 0 // the descriptors a report carries: one descriptor or none
+			if withDescriptors {
+				carried = 1
+			}
+			if rep := w.Check(at(1500), l); rep == nil || !rep.GetUrgent() || len(rep.GetDescriptors()) != carried {
 				t.Fatalf("surge at 1500ms, half an interval into the descriptors' window: %v", rep)
 			}
 			for ms := 1600; ms < 1900; ms += 100 {
@@ -255,12 +259,4 @@ func TestWindowFoldedTickReportsAtHalfInterval(t *testing.T) {
 			}
 		})
 	}
-}
-
-// b2i is 1 for true.
-func b2i(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
 }
