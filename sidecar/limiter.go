@@ -864,8 +864,18 @@ func (s *ServiceLimiter) decide(t *table, peer string, proc uint32, tierValue, c
 	if !ok {
 		sl = s.miss(t, peer, idx)
 	}
-	if t.cost != nil {
-		return s.decideMetered(t, sl, proc, costValue, 0)
+	var owed uint64
+	if c := t.cost; c != nil {
+		// A leaf priced statically and not capped needs nothing of its
+		// meter per request (the reporter multiplies its requests by the
+		// price: mult): it is decided as any leaf is, and its decision
+		// carries the price.
+		if c.dynamic || s.random || sl.v == nil || sl.v.conc != nil || sl.v.m == nil {
+			return s.decideMetered(t, sl, proc, costValue, 0)
+		}
+		if c.priced {
+			owed = owe(0, c.static[proc])
+		}
 	}
 	if s.random {
 		return sl.random()
@@ -876,14 +886,16 @@ func (s *ServiceLimiter) decide(t *table, peer string, proc uint32, tierValue, c
 	st := &sl.e.stripes[i]
 	k := st.offered.Add(1)
 	if sl.v == nil || !diffuseHit(k, sl.v.step) {
-		return Decision{v: sl.v} // a nil v: not listed, admit
+		return Decision{v: sl.v, owed: owed} // a nil v: not listed, admit
 	}
 	// A picked request; see hitOther.
 	if sl.v.kind != kindEnforce {
-		return sl.v.hitOther(sl.e, i)
+		d := sl.v.hitOther(sl.e, i)
+		d.owed = owed
+		return d
 	}
 	st.dropped.Add(1)
-	return Decision{Drop: true, v: sl.v}
+	return Decision{Drop: true, v: sl.v, owed: owed}
 }
 
 // verdictOf returns the verdict decide would decide a request of the leaf
