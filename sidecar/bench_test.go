@@ -327,13 +327,19 @@ func BenchmarkDecideDescriptor(b *testing.B) {
 }
 
 // BenchmarkDecideCost measures Decide for a callee counting cost (issue
-// #16) against BenchmarkDecideProcedure/grpc, the same call to a declared
-// procedure of an untiered, unpriced policy: the goal is ≤ that + 2 ns/op
-// and 0 allocs/op.
+// #16) against its twin, the same call to a declared procedure of an
+// untiered, unpriced policy: the goal is ≤ the twin + 2 ns/op and 0
+// allocs/op.
 //   - static: the procedure has a static cost, so a request adds nothing
-//     to count (AppendCounts multiplies the leaf's counts by it);
-//   - header: the callee trusts a request header, and each request parses
-//     its value and adds its price to the leaf's offered cost.
+//     to count (AppendCounts multiplies the leaf's counts by it); its twin
+//     is BenchmarkDecideProcedure/grpc;
+//   - header: the callee trusts a request header: each request parses its
+//     value ("12.5") and is counted and priced in one add (a packed word);
+//     same twin;
+//   - hits: a cost already a number (Envoy's hits_addend, through
+//     DecideHits), counted as header's, for a callee without procedures
+//     (a route match would add its noise to both); its twin is
+//     hits-twin, DecideHits for the same callee counting requests.
 func BenchmarkDecideCost(b *testing.B) {
 	run := func(b *testing.B, c *CostPolicy, header string) {
 		l := NewLimiter(LimiterOptions{})
@@ -356,4 +362,24 @@ func BenchmarkDecideCost(b *testing.B) {
 	b.Run("header", func(b *testing.B) {
 		run(b, &CostPolicy{Default: 1, RequestHeader: "x-sluice-request-cost", Max: 1e6}, "12.5")
 	})
+	hits := func(b *testing.B, c *CostPolicy, hits uint64) {
+		l := NewLimiter(LimiterOptions{})
+		p := policy("checkout", Rule{Peer: "caller-a", DropRatio: 0.01})
+		if c != nil {
+			p.Unit, p.Cost = UnitCost, c
+		}
+		l.SetPolicy(p)
+		s := l.Service("checkout")
+		if d := s.DecideHits("caller-a", "GET", "/v1/items/8d3f2a", "", hits); d.Rule() == nil || (c != nil) != (d.Price() > 0) {
+			b.Fatalf("decided under %+v at %v, want caller-a's rule, priced: %v", d.Rule(), d.Price(), c != nil)
+		}
+		b.ReportAllocs()
+		for b.Loop() {
+			s.DecideHits("caller-a", "GET", "/v1/items/8d3f2a", "", hits)
+		}
+	}
+	b.Run("hits", func(b *testing.B) {
+		hits(b, &CostPolicy{Default: 1, RequestHeader: "x-sluice-request-cost", Max: 1e6}, 12)
+	})
+	b.Run("hits-twin", func(b *testing.B) { hits(b, nil, 12) })
 }

@@ -4,11 +4,11 @@ import (
 	"math"
 	"net/http"
 	"net/textproto"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/sluicehq/sluice/pkg/criticality"
-	"github.com/sluicehq/sluice/pkg/names"
 )
 
 // Cost units and concurrency caps (issue #16, step 2).
@@ -25,6 +25,10 @@ import (
 //   - with a response header, each request adds its price to the offered
 //     cost, and each admitted one adds its real cost, the reported one or
 //     else its price, to the admitted cost when its edge calls Done.
+//
+// A request priced on its own (the last two) is counted and priced in one
+// atomic add: the count and the price share a word (see packedWord), so
+// that it costs what a request of a service counting requests does.
 //
 // A rule with MaxConcurrency caps the leaf's requests in flight at the
 // sidecar's share of the cap (see shareOf): an admitted request takes a
@@ -88,12 +92,17 @@ type costTable struct {
 	// price is then the leaf's running mean.
 	static   []uint64
 	def, max uint64       // milli-units
+	maxHits  uint64       // max in whole units: the most a hits prices unclamped (a division, once)
 	reqKey   string       // lower case, the gRPC metadata key; "": none trusted
 	httpReq  string       // reqKey canonical, an http.Header key
 	respKey  string       // lower case; "": the price at admission stands
 	httpResp responseKeys // respKey's keys in a response's header map
 	response bool         // respKey != ""
 	dynamic  bool         // a request header or a response: each request adds its price
+	packs    bool         // dynamic, and max fits a packed word: see packedWord
+	// lean: priced statically or by the request alone, in a packed word;
+	// decide decides such a policy's uncapped leaves itself.
+	lean bool
 }
 
 // compileCost compiles p's cost and caps against its procedures; nil when
@@ -128,9 +137,12 @@ func compileCost(p *Policy, procs *procedures) *costTable {
 	}
 	c.max = milli(min(cp.Max, maxCostMilli/1000), maxCostMilli)
 	c.def = milli(cp.Default, c.max)
+	c.maxHits = c.max / 1000
 	c.reqKey, c.respKey = cp.RequestHeader, cp.ResponseHeader
 	c.response = c.respKey != ""
 	c.dynamic = c.response || c.reqKey != ""
+	c.packs = c.priced && c.dynamic && c.max <= maxPackedPrice
+	c.lean = !c.response && (!c.dynamic || c.packs)
 	if c.reqKey != "" {
 		c.httpReq = textproto.CanonicalMIMEHeaderKey(c.reqKey)
 	}
@@ -267,6 +279,9 @@ func costOf(v float64, max uint64) (uint64, costStatus) {
 const nCostStripes = 4
 
 // costStripe is one cache line of a meter's cost counters, in milli-units.
+// A request priced on its own is counted in pOff or pResp (packed: see
+// packedWord) when its policy packs, and in the entry's request stripe and
+// off or respOff otherwise.
 type costStripe struct {
 	off     atomic.Uint64 // prices of requests decided without a response to report them
 	drop    atomic.Uint64 // of those, the dropped ones'
@@ -274,8 +289,26 @@ type costStripe struct {
 	adm     atomic.Uint64 // of those, the real costs of the admitted ones that completed
 	repSum  atomic.Uint64 // of those, the costs their responses reported
 	repN    atomic.Uint64 // and how many reported one
-	_       [16]byte
+	pOff    atomic.Uint64 // packed: requests and prices, as off
+	pResp   atomic.Uint64 // packed: requests and prices, as respOff
 }
+
+// A packed word counts requests in its low packShift bits and sums their
+// prices (milli-units) above, both wrapping: a request adds 1 | price<<packShift.
+// The meter's fold reads the words' differences since its last fold into
+// 64-bit sums; a difference decodes exactly while fewer than 2^packShift
+// requests were added since, and the price field can not wrap then, a
+// price being at most maxPackedPrice. The request that brings a word's
+// count to a multiple of packFoldEvery folds (one in 32,768 takes the
+// meter's fold lock): so two folds of a word are never 2^packShift
+// requests apart, however rarely the reporter reads. A policy whose max
+// cost is above maxPackedPrice does not pack: its requests pay two adds.
+const (
+	packShift      = 16
+	packCountMask  = 1<<packShift - 1
+	packFoldEvery  = 1 << (packShift - 1)
+	maxPackedPrice = 1<<(64-2*packShift) - 1 // milli-units: 4,294,967 units
+)
 
 // meter holds a leaf's cost counters and in-flight count, for a leaf of a
 // service whose policy has a costTable. An entry gets one when a policy
@@ -290,6 +323,12 @@ type meter struct {
 	// offBase and admBase keep the cumulative costs continuous when the
 	// leaf's static price changes (see foldPrice): wrapping arithmetic.
 	offBase, admBase atomic.Uint64
+
+	// Guarded by foldMu: each packed word as the last fold read it, and
+	// what the folds read from them: requests, and their prices by word.
+	foldMu                       sync.Mutex
+	packedSeen                   [nCostStripes][2]uint64
+	packedN, packedOff, packedRe uint64
 
 	// Guarded by s.mu: the counts as the last rate window ended
 	// (EndWindow), and the leaf's offered rate in the last three rate
@@ -329,8 +368,10 @@ type slotPool struct {
 	hasLocal      bool
 }
 
-// sums returns m's counters summed over its stripes.
+// sums returns m's counters summed over its stripes, the packed ones'
+// prices included.
 func (m *meter) sums() (c struct{ off, drop, respOff, adm, repSum, repN uint64 }) {
+	_, c.off, c.respOff = m.fold()
 	for i := range m.c {
 		st := &m.c[i]
 		c.off += st.off.Load()
@@ -341,6 +382,29 @@ func (m *meter) sums() (c struct{ off, drop, respOff, adm, repSum, repN uint64 }
 		c.repN += st.repN.Load()
 	}
 	return c
+}
+
+// fold reads the packed words into m's sums and returns them, cumulative
+// (wrapping): the requests the words counted, and their prices, as off and
+// respOff would have summed them. Safe for concurrent use: the request
+// path calls it too (see packedWord).
+func (m *meter) fold() (n, off, resp uint64) {
+	m.foldMu.Lock()
+	defer m.foldMu.Unlock()
+	for i := range m.c {
+		for j, w := range [2]*atomic.Uint64{&m.c[i].pOff, &m.c[i].pResp} {
+			v := w.Load()
+			d := v - m.packedSeen[i][j]
+			m.packedSeen[i][j] = v
+			m.packedN += d & packCountMask
+			if j == 0 {
+				m.packedOff += d >> packShift
+			} else {
+				m.packedRe += d >> packShift
+			}
+		}
+	}
+	return m.packedN, m.packedOff, m.packedRe
 }
 
 // totals returns the leaf's cumulative offered and admitted cost in
@@ -513,10 +577,13 @@ func (s *ServiceLimiter) decideMetered(t *table, sl slot, proc uint32, raw strin
 	}
 	var price uint64
 	var flags uint8
+	var k uint64 // the request's number in a packed word; 0: counted below
 	if c.priced && m != nil {
 		// A static price is a load; only a header or a mean costs more.
 		if price = c.static[proc]; hits > 0 {
 			price, flags = s.hitsPrice(c, hits), priceFromHeader
+		} else if v, st := parseCost(raw, c.max); st == costOK {
+			price, flags = v, priceFromHeader // the common header, without price's call
 		} else if raw != "" || price == noStatic {
 			var fromHeader bool
 			if price, fromHeader = s.price(c, price, raw, m); fromHeader {
@@ -524,6 +591,21 @@ func (s *ServiceLimiter) decideMetered(t *table, sl slot, proc uint32, raw strin
 			}
 		}
 		switch {
+		case c.packs && !s.random:
+			// Counted and priced in one add, in stripe h's packed word
+			// (pResp for a request its response prices): k is its number
+			// in the word's count, 1 to 2^packShift, the sequence Diffuse
+			// picks from.
+			cs := &m.c[h&(nCostStripes-1)]
+			w := &cs.pOff
+			if c.response {
+				w = &cs.pResp
+			}
+			n := w.Add(1 | price<<packShift)
+			if n&(packFoldEvery-1) == 0 {
+				m.fold()
+			}
+			k = (n-1)&packCountMask + 1
 		case c.dynamic:
 			cs := &m.c[h&(nCostStripes-1)]
 			if c.response {
@@ -544,7 +626,10 @@ func (s *ServiceLimiter) decideMetered(t *table, sl slot, proc uint32, raw strin
 		d = sl.random()
 	} else {
 		st := &sl.e.stripes[i]
-		switch k := st.offered.Add(1); {
+		if k == 0 {
+			k = st.offered.Add(1)
+		}
+		switch {
 		case sl.v == nil || !diffuseHit(k, sl.v.step):
 			d = Decision{v: sl.v}
 		case sl.v.kind != kindEnforce:
@@ -612,7 +697,7 @@ func (s *ServiceLimiter) takeSlot(d Decision, sl slot, m *meter, i uint64) (Deci
 // units (Envoy's hits_addend), clamped to the policy's max (counted as a
 // clamped request cost).
 func (s *ServiceLimiter) hitsPrice(c *costTable, hits uint64) uint64 {
-	if hits > c.max/1000 {
+	if hits > c.maxHits {
 		s.costClamped[costFromRequest].Add(1)
 		return c.max
 	}
@@ -630,23 +715,10 @@ func (s *ServiceLimiter) hitsPrice(c *costTable, hits uint64) uint64 {
 // No allocation.
 func (s *ServiceLimiter) DecideHits(peer, method, path, tierValue string, hits uint64) Decision {
 	t := s.table.Load()
-	proc := t.procs.http(method, path)
-	if hits == 0 || t.cost == nil || !t.cost.priced {
-		return s.decide(t, peer, proc, tierValue, "")
+	if t.cost == nil || !t.cost.priced {
+		hits = 0 // one request, whatever hits
 	}
-	idx := proc
-	if t.crit != nil {
-		idx = s.tierIndex(t, peer, proc, tierValue)
-	}
-	var sl slot
-	ok := false
-	if len(peer) <= names.MaxLen {
-		sl, ok = t.index.get(peer, idx)
-	}
-	if !ok {
-		sl = s.miss(t, peer, idx)
-	}
-	return s.decideMetered(t, sl, proc, "", hits)
+	return s.decide(t, peer, t.procs.http(method, path), tierValue, "", hits)
 }
 
 // CountsCost reports whether the current policy counts cost (UnitCost):
@@ -661,14 +733,14 @@ func (s *ServiceLimiter) CountsCost() bool {
 // costValue, "" when it has none. No allocation.
 func (s *ServiceLimiter) DecideHTTPCost(peer, method, path, tierValue, costValue string) Decision {
 	t := s.table.Load()
-	return s.decide(t, peer, t.procs.http(method, path), tierValue, costValue)
+	return s.decide(t, peer, t.procs.http(method, path), tierValue, costValue, 0)
 }
 
 // DecideGRPCCost is DecideGRPCTier for a call whose cost metadata (see
 // CostHeader) has the value costValue, "" when it has none. No allocation.
 func (s *ServiceLimiter) DecideGRPCCost(peer, fullMethod, tierValue, costValue string) Decision {
 	t := s.table.Load()
-	return s.decide(t, peer, t.procs.grpc(fullMethod), tierValue, costValue)
+	return s.decide(t, peer, t.procs.grpc(fullMethod), tierValue, costValue, 0)
 }
 
 // CostHeader returns the lower-case request header (gRPC metadata key) the

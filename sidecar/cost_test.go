@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -169,6 +171,96 @@ func TestCostStaticCountsByMultiplying(t *testing.T) {
 	s.DecideGRPC("chat", "/llm.Chat/Complete")
 	if c2 := costCounts(t, l, "chat", "/llm.Chat/Complete"); c2.OfferedCost != c.OfferedCost+1000 {
 		t.Fatalf("after a price change: offered cost %d, want %d", c2.OfferedCost, c.OfferedCost+1000)
+	}
+}
+
+// TestCostPackedCountsExactly: a request priced on its own is counted and
+// priced in one packed word. However long nobody reads the counts (the
+// request path folds its words itself), at the highest price a packed
+// word takes, with a fractional one, and from several goroutines while
+// another reads, every request and milli-unit is counted, the dropped
+// ones' too; as it is for a max above a packed word's, which does not
+// pack. A header price and a hits price count alike.
+func TestCostPackedCountsExactly(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		max    float64
+		header string
+		price  uint64 // milli-units
+		packs  bool
+	}{
+		{"packed, at the largest price", 4294967, "4294967", 4294967000, true},
+		{"packed, fractional", 1e6, "12.345", 12345, true},
+		{"not packed, max above a packed word's", 1e7, "9000000", 9e9, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := NewLimiter(LimiterOptions{})
+			p := costPolicy(&CostPolicy{Default: 1, RequestHeader: "x-sluice-request-cost", Max: tc.max}, 0)
+			for i := range p.Peers {
+				p.Peers[i].DropRatio = 0.25
+			}
+			l.SetPolicy(p)
+			s := l.Service("llm")
+			if got := s.table.Load().cost.packs; got != tc.packs {
+				t.Fatalf("packs = %v, want %v", got, tc.packs)
+			}
+			var offered, dropped atomic.Uint64
+			decide := func(n int, hits bool) {
+				for range n {
+					var d Decision
+					if hits {
+						d = s.DecideHits("chat", "POST", "/llm.Chat/Embed", "", tc.price/1000)
+					} else {
+						d = s.DecideGRPCCost("chat", "/llm.Chat/Embed", "", tc.header)
+					}
+					if d.Price()*1000 != float64(tc.price) {
+						t.Errorf("priced at %v, want %v milli-units", d.Price(), tc.price)
+						return
+					}
+					offered.Add(1)
+					if d.Drop {
+						dropped.Add(1)
+					}
+				}
+			}
+			check := func(when string) {
+				t.Helper()
+				c := costCounts(t, l, "chat", "/llm.Chat/Embed")
+				n, dr := offered.Load(), dropped.Load()
+				if c.Offered != n || c.Dropped != dr || c.OfferedCost != n*tc.price || c.AdmittedCost != (n-dr)*tc.price {
+					t.Fatalf("%s: counted %d offered, %d dropped, cost %d offered, %d admitted; want %d, %d, %d, %d",
+						when, c.Offered, c.Dropped, c.OfferedCost, c.AdmittedCost, n, dr, n*tc.price, (n-dr)*tc.price)
+				}
+				if dr == 0 {
+					t.Fatalf("%s: nothing dropped at a ratio of 0.25", when)
+				}
+			}
+			// Unread for more than three times a word's count field, on
+			// one goroutine (one stripe).
+			decide(3<<packShift+123, false)
+			check("read once, at the end")
+
+			stop, read := make(chan struct{}), make(chan struct{})
+			go func() {
+				defer close(read)
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+						l.AppendCounts("llm", nil)
+					}
+				}
+			}()
+			var wg sync.WaitGroup
+			for w := range 4 {
+				wg.Go(func() { decide(packFoldEvery+w*1000, w%2 == 1 && tc.price%1000 == 0) })
+			}
+			wg.Wait()
+			close(stop)
+			<-read
+			check("four goroutines deciding, one reading")
+		})
 	}
 }
 
@@ -533,5 +625,13 @@ func TestDecideDoneAllocatesNothing(t *testing.T) {
 		s.Decide(names.Unknown).Done(0, false)
 	}); n != 0 {
 		t.Fatalf("Decide + Done of a priced, capped request: %v allocs, want 0", n)
+	}
+	// Priced by its header alone: counted in a packed word, which the
+	// request path folds every packFoldEvery requests.
+	l.SetPolicy(costPolicy(&CostPolicy{Default: 1, RequestHeader: "x-cost", Max: 100}, 0))
+	if n := testing.AllocsPerRun(2*packFoldEvery+1, func() {
+		s.DecideGRPCCost("chat", method, "", "2.5").Done(0, false)
+	}); n != 0 {
+		t.Fatalf("Decide + Done of a request priced by its header: %v allocs, want 0", n)
 	}
 }

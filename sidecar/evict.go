@@ -46,6 +46,10 @@ func (e *entry) offered() (n uint64) {
 	for i := range e.stripes {
 		n += e.stripes[i].offered.Load()
 	}
+	if m := e.meter.Load(); m != nil {
+		p, _, _ := m.fold()
+		n += p
+	}
 	return n
 }
 

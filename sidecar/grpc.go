@@ -239,7 +239,7 @@ func (in *incoming) decide(ctx context.Context, fullMethod string) (d Decision, 
 	if c := t.cost; c != nil && c.reqKey != "" {
 		raw = callerFromContext(ctx, c.reqKey) // copies the value's slice, as the tier's
 	}
-	d = in.s.decide(t, caller, idx, tier, raw)
+	d = in.s.decide(t, caller, idx, tier, raw, 0)
 	return d, d.v, t.health[idx], nil
 }
 

@@ -180,7 +180,7 @@ func (s *ServiceLimiter) decideRequest(t *table, r *http.Request, caller string,
 			raw = v[0]
 		}
 	}
-	return s.decide(t, caller, idx, tier, raw)
+	return s.decide(t, caller, idx, tier, raw, 0)
 }
 
 // grpcRequest reports whether r is a gRPC call, for the answers that

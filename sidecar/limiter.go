@@ -533,6 +533,10 @@ func (e *entry) counts() (c PeerCounts, arrived, inferred uint64) {
 		c.Dropped += st.dropped.Load() + st.localDropped.Load()
 		c.Offered += st.offered.Load()
 	}
+	if m := e.meter.Load(); m != nil {
+		n, _, _ := m.fold()
+		c.Offered += n
+	}
 	inferred = fixed / upstreamOne
 	c.Offered += inferred
 	c.Dropped += inferred
@@ -789,7 +793,7 @@ func (s *ServiceLimiter) Policy() *Policy { return s.table.Load().policy }
 // path: it is a different verdict in the table, and its work starts where
 // a drop's would (see hitOther).
 func (s *ServiceLimiter) Decide(peer string) Decision {
-	return s.decide(s.table.Load(), peer, 0, "", "")
+	return s.decide(s.table.Load(), peer, 0, "", "", 0)
 }
 
 // DecideTier is Decide for a request whose tier header (CriticalityHeader)
@@ -799,7 +803,7 @@ func (s *ServiceLimiter) Decide(peer string) Decision {
 // claim lowered to the caller's max); for a service without it is
 // Decide. No allocation.
 func (s *ServiceLimiter) DecideTier(peer, tierValue string) Decision {
-	return s.decide(s.table.Load(), peer, 0, tierValue, "")
+	return s.decide(s.table.Load(), peer, 0, tierValue, "", 0)
 }
 
 // DecideHTTP is Decide for an HTTP request of method to path (its
@@ -821,7 +825,7 @@ func (s *ServiceLimiter) DecideHTTP(peer, method, path string) Decision {
 // DecideTier. No allocation.
 func (s *ServiceLimiter) DecideHTTPTier(peer, method, path, tierValue string) Decision {
 	t := s.table.Load()
-	return s.decide(t, peer, t.procs.http(method, path), tierValue, "")
+	return s.decide(t, peer, t.procs.http(method, path), tierValue, "", 0)
 }
 
 // DecideGRPC is Decide for a gRPC call of fullMethod ("/pkg.Service/Method",
@@ -841,7 +845,7 @@ func (s *ServiceLimiter) DecideGRPC(peer, fullMethod string) Decision {
 // DecideTier. No allocation.
 func (s *ServiceLimiter) DecideGRPCTier(peer, fullMethod, tierValue string) Decision {
 	t := s.table.Load()
-	return s.decide(t, peer, t.procs.grpc(fullMethod), tierValue, "")
+	return s.decide(t, peer, t.procs.grpc(fullMethod), tierValue, "", 0)
 }
 
 // decide decides a request of peer to the procedure of index proc of t,
@@ -851,7 +855,7 @@ func (s *ServiceLimiter) DecideGRPCTier(peer, fullMethod, tierValue string) Deci
 // that Decide stays small enough to inline. A service whose policy meters
 // its leaves (a price, a cap) is decided by decideMetered, in the leaf
 // found here, priced by costValue, its cost header's value ("": none).
-func (s *ServiceLimiter) decide(t *table, peer string, proc uint32, tierValue, costValue string) Decision {
+func (s *ServiceLimiter) decide(t *table, peer string, proc uint32, tierValue, costValue string, hits uint64) Decision {
 	idx := proc
 	if t.crit != nil {
 		idx = s.tierIndex(t, peer, proc, tierValue)
@@ -864,17 +868,44 @@ func (s *ServiceLimiter) decide(t *table, peer string, proc uint32, tierValue, c
 	if !ok {
 		sl = s.miss(t, peer, idx)
 	}
-	var owed uint64
+	h := stackStripe() // one stripe of each kind for the request: counts and costs
+	var owed, k uint64
+	var cs *costStripe // a leaf priced by its request: a drop adds its price to cs.drop
 	if c := t.cost; c != nil {
-		// A leaf priced statically and not capped needs nothing of its
-		// meter per request (the reporter multiplies its requests by the
-		// price: mult): it is decided as any leaf is, and its decision
-		// carries the price.
-		if c.dynamic || s.random || sl.v == nil || sl.v.conc != nil || sl.v.m == nil {
-			return s.decideMetered(t, sl, proc, costValue, 0)
+		// A leaf without a cap, priced statically or by its request alone
+		// (a header's value, a hits), is decided here, as any leaf is: a
+		// static price adds nothing per request (the reporter multiplies
+		// the leaf's requests by it: mult), and a request's own price is
+		// counted with the request, in one add of a packed word (see
+		// packedWord). The rest, and a header value that is not a plain
+		// cost (counted as such), are decideMetered's.
+		if !c.lean || s.random || sl.v == nil || sl.v.conc != nil || sl.v.m == nil || (hits > 0 && !c.dynamic) {
+			return s.decideMetered(t, sl, proc, costValue, hits)
 		}
 		if c.priced {
-			owed = owe(0, c.static[proc])
+			var price uint64
+			var flags uint8
+			if !c.dynamic {
+				price = c.static[proc]
+			} else {
+				if hits > 0 {
+					price, flags = s.hitsPrice(c, hits), priceFromHeader
+				} else if v, st := parseCost(costValue, c.max); st == costOK {
+					price, flags = v, priceFromHeader
+				} else if costValue != "" {
+					return s.decideMetered(t, sl, proc, costValue, hits)
+				} else {
+					price = c.static[proc]
+				}
+				m := sl.v.m
+				cs = &m.c[h&(nCostStripes-1)]
+				n := cs.pOff.Add(1 | price<<packShift)
+				if n&(packFoldEvery-1) == 0 {
+					m.fold()
+				}
+				k = (n-1)&packCountMask + 1
+			}
+			owed = owe(flags, price)
 		}
 	}
 	if s.random {
@@ -882,20 +913,26 @@ func (s *ServiceLimiter) decide(t *table, peer string, proc uint32, tierValue, c
 	}
 	// Diffuse, written out here: as a method it would be too large for
 	// the compiler to inline, and the call cost about 3 ns.
-	i := stackStripe() & s.stripeMask
+	i := h & s.stripeMask
 	st := &sl.e.stripes[i]
-	k := st.offered.Add(1)
+	if k == 0 { // not counted in a packed word
+		k = st.offered.Add(1)
+	}
 	if sl.v == nil || !diffuseHit(k, sl.v.step) {
 		return Decision{v: sl.v, owed: owed} // a nil v: not listed, admit
 	}
 	// A picked request; see hitOther.
+	d := Decision{Drop: true, v: sl.v}
 	if sl.v.kind != kindEnforce {
-		d := sl.v.hitOther(sl.e, i)
-		d.owed = owed
-		return d
+		d = sl.v.hitOther(sl.e, i)
+	} else {
+		st.dropped.Add(1)
 	}
-	st.dropped.Add(1)
-	return Decision{Drop: true, v: sl.v, owed: owed}
+	if d.Drop && cs != nil {
+		cs.drop.Add(owed & (1<<56 - 1))
+	}
+	d.owed = owed
+	return d
 }
 
 // verdictOf returns the verdict decide would decide a request of the leaf
