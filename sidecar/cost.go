@@ -595,8 +595,10 @@ func (s *ServiceLimiter) decideMetered(t *table, sl slot, proc uint32, raw strin
 			// Counted and priced in one add, in stripe h's packed word
 			// (pResp for a request its response prices): k is its number
 			// in the word's count, 1 to 2^packShift, the sequence Diffuse
-			// picks from.
-			cs := &m.c[h&(nCostStripes-1)]
+			// picks from. The stripe follows the request stripes' mask:
+			// with OneStripe (the simulator) the sequence is one, and
+			// does not hang on where a goroutine's stack is.
+			cs := &m.c[h&s.stripeMask&(nCostStripes-1)]
 			w := &cs.pOff
 			if c.response {
 				w = &cs.pResp

@@ -898,7 +898,7 @@ func (s *ServiceLimiter) decide(t *table, peer string, proc uint32, tierValue, c
 					price = c.static[proc]
 				}
 				m := sl.v.m
-				cs = &m.c[h&(nCostStripes-1)]
+				cs = &m.c[h&s.stripeMask&(nCostStripes-1)] // as decideMetered's
 				n := cs.pOff.Add(1 | price<<packShift)
 				if n&(packFoldEvery-1) == 0 {
 					m.fold()
