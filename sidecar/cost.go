@@ -27,7 +27,7 @@ import (
 //     else its price, to the admitted cost when its edge calls Done.
 //
 // A request priced on its own (the last two) is counted and priced in one
-// atomic add: the count and the price share a word (see packedWord), so
+// atomic add: the count and the price share a word (see packShift), so
 // that it costs what a request of a service counting requests does.
 //
 // A rule with MaxConcurrency caps the leaf's requests in flight at the
@@ -99,7 +99,7 @@ type costTable struct {
 	httpResp responseKeys // respKey's keys in a response's header map
 	response bool         // respKey != ""
 	dynamic  bool         // a request header or a response: each request adds its price
-	packs    bool         // dynamic, and max fits a packed word: see packedWord
+	packs    bool         // dynamic, and max fits a packed word: see packShift
 	// lean: priced statically or by the request alone, in a packed word;
 	// decide decides such a policy's uncapped leaves itself.
 	lean bool
@@ -207,7 +207,7 @@ func (s *ServiceLimiter) price(c *costTable, static uint64, raw string, m *meter
 		return static, false
 	}
 	if m != nil {
-		return m.mean.Load(), false
+		return min(m.mean.Load(), c.max), false
 	}
 	return c.def, false
 }
@@ -280,8 +280,8 @@ const nCostStripes = 4
 
 // costStripe is one cache line of a meter's cost counters, in milli-units.
 // A request priced on its own is counted in pOff or pResp (packed: see
-// packedWord) when its policy packs, and in the entry's request stripe and
-// off or respOff otherwise.
+// packShift) when its policy packs and the limiter diffuses, and in the
+// entry's request stripe and off or respOff otherwise (under Random too).
 type costStripe struct {
 	off     atomic.Uint64 // prices of requests decided without a response to report them
 	drop    atomic.Uint64 // of those, the dropped ones'
@@ -298,15 +298,22 @@ type costStripe struct {
 // The meter's fold reads the words' differences since its last fold into
 // 64-bit sums; a difference decodes exactly while fewer than 2^packShift
 // requests were added since, and the price field can not wrap then, a
-// price being at most maxPackedPrice. The request that brings a word's
-// count to a multiple of packFoldEvery folds (one in 32,768 takes the
-// meter's fold lock): so two folds of a word are never 2^packShift
-// requests apart, however rarely the reporter reads. A policy whose max
-// cost is above maxPackedPrice does not pack: its requests pay two adds.
+// price being at most maxPackedPrice (price clamps a leaf's mean to the
+// policy's max, which may have come down since the mean was learned).
+// The request that brings a word's count to a multiple of packFoldEvery
+// folds (one in 4,096 takes the meter's fold lock, held for a few loads),
+// however rarely the reporter reads: a word loses count only if a fold's
+// holder stalls while 2^16 − 2^12 more requests are decided on the same
+// stripe of the same leaf. A policy whose max cost is above
+// maxPackedPrice does not pack: its requests pay two adds.
+//
+// Diffuse's sequence is the word's count, which wraps at 2^16: each 2^16
+// requests of a word see round(2^16·p) drops, so a ratio under 2^-17
+// (7.6·10⁻⁶) drops none of them.
 const (
 	packShift      = 16
 	packCountMask  = 1<<packShift - 1
-	packFoldEvery  = 1 << (packShift - 1)
+	packFoldEvery  = 1 << 12
 	maxPackedPrice = 1<<(64-2*packShift) - 1 // milli-units: 4,294,967 units
 )
 
@@ -387,7 +394,7 @@ func (m *meter) sums() (c struct{ off, drop, respOff, adm, repSum, repN uint64 }
 // fold reads the packed words into m's sums and returns them, cumulative
 // (wrapping): the requests the words counted, and their prices, as off and
 // respOff would have summed them. Safe for concurrent use: the request
-// path calls it too (see packedWord).
+// path calls it too (see packShift).
 func (m *meter) fold() (n, off, resp uint64) {
 	m.foldMu.Lock()
 	defer m.foldMu.Unlock()

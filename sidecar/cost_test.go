@@ -264,6 +264,39 @@ func TestCostPackedCountsExactly(t *testing.T) {
 	}
 }
 
+// TestCostMeanClampedToAPackingMax: a leaf's running mean outlives its
+// policy; a new policy whose max is lower, low enough to pack, prices the
+// leaf's requests at that max, not at the old mean, which would overflow
+// a packed word's price field (found by review: 2^48 milli-units lost
+// in 40,000 requests).
+func TestCostMeanClampedToAPackingMax(t *testing.T) {
+	l := NewLimiter(LimiterOptions{OneStripe: true})
+	l.SetPolicy(costPolicy(&CostPolicy{Default: 1e7, ResponseHeader: "x-sluice-cost", Max: 1e8}, 0))
+	s := l.Service("llm")
+	if s.table.Load().cost.packs {
+		t.Fatal("a max of 1e8 units packs")
+	}
+	s.DecideGRPC("chat", "/llm.Chat/Embed").Done(0, false)
+	l.SetPolicy(costPolicy(&CostPolicy{Default: 1, ResponseHeader: "x-sluice-cost", Max: 1000}, 0))
+	if !s.table.Load().cost.packs {
+		t.Fatal("a max of 1000 units does not pack")
+	}
+	before := costCounts(t, l, "chat", "/llm.Chat/Embed")
+	const n = 40000
+	for range n {
+		if d := s.DecideGRPC("chat", "/llm.Chat/Embed"); d.Price() != 1000 {
+			t.Fatalf("priced at %v, want the new max, 1000", d.Price())
+		}
+	}
+	after := costCounts(t, l, "chat", "/llm.Chat/Embed")
+	if got := after.OfferedCost - before.OfferedCost; got != n*1000*1000 {
+		t.Errorf("offered cost grew by %d milli-units, want %d", got, n*1000*1000)
+	}
+	if got := after.Offered - before.Offered; got != n {
+		t.Errorf("offered grew by %d, want %d", got, n)
+	}
+}
+
 func TestCostResponseDoneAndMean(t *testing.T) {
 	l := NewLimiter(LimiterOptions{})
 	l.SetPolicy(costPolicy(&CostPolicy{Default: 4, ResponseHeader: "x-sluice-cost", Max: 100}, 0))

@@ -26,7 +26,8 @@ const (
 	// Diffuse is error diffusion: the k-th request of a bucket's counter
 	// stripe is dropped when round(k·p) steps up, so the first k requests of
 	// a stripe see exactly round(k·p) drops, and n requests of a bucket see
-	// n·p drops give or take 4 (half its 8 stripes): no randomness in the
+	// n·p drops give or take 4 (half its 8 stripes; a leaf priced by its
+	// requests counts in 4 packed words: see packShift): no randomness in the
 	// count, and at p ≥ 0.5 the first request is already dropped. A ratio
 	// change restarts the rounding at the stripe's count, which can cost
 	// one more drop or admit per stripe. The default.
@@ -465,7 +466,9 @@ const (
 //
 // offered doubles as Diffuse's sequence number, so the common case, an
 // admitted request, costs a single atomic add. It is incremented before
-// dropped and shadow; see ServiceLimiter.AppendCounts.
+// dropped and shadow; see ServiceLimiter.AppendCounts. A request priced on
+// its own is counted in its meter's packed word instead (see packShift),
+// whose count is then its sequence number.
 //
 // The other five count only while a policy has expired and its fail mode is
 // in force; they fill the rest of the line (a test checks that a stripe is
@@ -511,7 +514,7 @@ const nUpStripes = nStripes
 
 // upCounters are one stripe's counters of an upstream-enforced peer.
 type upCounters struct {
-	arrived  atomic.Uint64 // requests that arrived, admitted undecided; in the stripe's offered too
+	arrived  atomic.Uint64 // requests that arrived, admitted undecided; in the leaf's offered too
 	inferred atomic.Uint64 // requests the upstream data plane dropped, inferred, in 1/upstreamOne units
 }
 
@@ -853,8 +856,10 @@ func (s *ServiceLimiter) DecideGRPCTier(peer, fullMethod, tierValue string) Deci
 // a service with criticality, the leaf of the tier tierIndex resolves;
 // else index proc's. The tier is resolved here, not by the callers, so
 // that Decide stays small enough to inline. A service whose policy meters
-// its leaves (a price, a cap) is decided by decideMetered, in the leaf
-// found here, priced by costValue, its cost header's value ("": none).
+// its leaves (a price, a cap) is priced by costValue, its cost header's
+// value ("": none), or by hits when above 0 (DecideHits); its uncapped
+// leaves priced statically or by the request alone are decided here, the
+// rest by decideMetered, in the leaf found here.
 func (s *ServiceLimiter) decide(t *table, peer string, proc uint32, tierValue, costValue string, hits uint64) Decision {
 	idx := proc
 	if t.crit != nil {
@@ -877,7 +882,7 @@ func (s *ServiceLimiter) decide(t *table, peer string, proc uint32, tierValue, c
 		// static price adds nothing per request (the reporter multiplies
 		// the leaf's requests by it: mult), and a request's own price is
 		// counted with the request, in one add of a packed word (see
-		// packedWord). The rest, and a header value that is not a plain
+		// packShift). The rest, and a header value that is not a plain
 		// cost (counted as such), are decideMetered's.
 		if !c.lean || s.random || sl.v == nil || sl.v.conc != nil || sl.v.m == nil || (hits > 0 && !c.dynamic) {
 			return s.decideMetered(t, sl, proc, costValue, hits)
