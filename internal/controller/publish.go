@@ -33,6 +33,81 @@ type published struct {
 	// policy is a function of its verdicts alone (State.unchanged); nil
 	// otherwise.
 	quiet *quietSource
+	// freshUntil holds, per entry of policy, until when its offered rate
+	// counts as moving (see freshOffered); nil: none does.
+	freshUntil []time.Time
+}
+
+// publish returns what to record of policy, going out at now in place of
+// old (nil: none).
+func publish(old *published, policy *sluicev1.DropPolicy, now time.Time) *published {
+	return &published{policy: policy, freshUntil: freshOffered(old, policy, now)}
+}
+
+// FreshFor is how long an offered rate that moved stays fresh (see
+// freshOffered): three ticks at the default tick.
+const FreshFor = 3 * time.Second
+
+// freshOffered returns, per entry of policy going out at now, until when
+// its offered rate counts as moving: FreshFor from now for an entry that
+// is new, or was at 0, in old, or whose rate moved by OfferedRepublish
+// from old's; else what old's entry had. A rate published while it moves
+// was counted part-way through the windows of the move (traffic that
+// starts, steps or shifts within a second reaches the sidecars' reports
+// at their own times, and urgent flushes publish it in pieces), and the
+// rates after it differ from it by less than the noise bar of a Poisson
+// count at a low rate (offeredChanged): at 100 rps the published rate went
+// 12, 40, 84 (or 20, 38, 67, 81) and stood there until the refresh, and
+// the sidecars projected a surge's first second from shares a fifth too
+// large (step-5x and step-10x live: 238–276 admitted against 200). While
+// fresh, a rate goes out again when it moves by FreshOfferedRepublish,
+// noise or not: a few pushes more per move, none once it has settled.
+// nil when no entry is fresh.
+func freshOffered(old *published, policy *sluicev1.DropPolicy, now time.Time) []time.Time {
+	type key struct {
+		peer, procedure string
+		tier            sluicev1.Criticality
+	}
+	type was struct {
+		rate  float64
+		until time.Time
+	}
+	var before map[key]was
+	if old != nil && old.tombstone.IsZero() {
+		before = make(map[key]was, len(old.policy.GetPeers()))
+		for i, op := range old.policy.GetPeers() {
+			w := was{rate: op.GetOfferedRps()}
+			if i < len(old.freshUntil) {
+				w.until = old.freshUntil[i]
+			}
+			before[key{op.GetPeer(), op.GetProcedure(), op.GetCriticality()}] = w
+		}
+	}
+	var until []time.Time
+	for i, np := range policy.GetPeers() {
+		r := np.GetOfferedRps()
+		if !(r > 0) {
+			continue
+		}
+		u := now.Add(FreshFor)
+		if w, ok := before[key{np.GetPeer(), np.GetProcedure(), np.GetCriticality()}]; ok && w.rate > 0 && !relChanged(w.rate, r, OfferedRepublish) {
+			u = w.until
+		}
+		if !u.After(now) {
+			continue
+		}
+		if until == nil {
+			until = make([]time.Time, len(policy.GetPeers()))
+		}
+		until[i] = u
+	}
+	return until
+}
+
+// freshAt reports whether entry i of p's policy has an offered rate that
+// counts as moving at now.
+func (p *published) freshAt(i int, now time.Time) bool {
+	return i < len(p.freshUntil) && now.Before(p.freshUntil[i])
 }
 
 // peerPolicy renders one verdict of the law for peer: the caller of an
@@ -493,7 +568,7 @@ func (s *State) due(policy *sluicev1.DropPolicy, now time.Time) bool {
 	}
 	cost := policy.GetUnit() == sluicev1.Unit_UNIT_COST
 	for i, np := range policy.GetPeers() {
-		if peerDue(old.GetPeers()[i], np, th, cost) {
+		if peerDue(old.GetPeers()[i], np, th, cost, last.freshAt(i, now)) {
 			return true
 		}
 	}
@@ -504,8 +579,9 @@ func (s *State) due(policy *sluicev1.DropPolicy, now time.Time) bool {
 // the entry op at its place in the one published to push the policy: any
 // field but the rates, a ratio that reaches or leaves 0, an admitted share
 // or an allowed rate that moved beyond th, an offered rate as
-// offeredChanged says (cost: the policy counts cost).
-func peerDue(op, np *sluicev1.PeerPolicy, th float64, cost bool) bool {
+// offeredChanged says (cost: the policy counts cost; fresh: op's offered
+// rate counts as moving, see freshOffered).
+func peerDue(op, np *sluicev1.PeerPolicy, th float64, cost, fresh bool) bool {
 	if op.GetPeer() != np.GetPeer() || op.GetProcedure() != np.GetProcedure() || op.GetCriticality() != np.GetCriticality() ||
 		op.GetMode() != np.GetMode() || op.GetEnforcedUpstream() != np.GetEnforcedUpstream() ||
 		(op.LimitRps == nil) != (np.LimitRps == nil) || op.GetLimitRps() != np.GetLimitRps() ||
@@ -525,7 +601,7 @@ func peerDue(op, np *sluicev1.PeerPolicy, th float64, cost bool) bool {
 		return true
 	}
 	return relChanged(op.GetAllowedRps(), np.GetAllowedRps(), th) ||
-		offeredChanged(op.GetOfferedRps(), np.GetOfferedRps(), np.GetMaxConcurrency() > 0, cost)
+		offeredChanged(op.GetOfferedRps(), np.GetOfferedRps(), np.GetMaxConcurrency() > 0, cost, fresh)
 }
 
 // OfferedRepublish is the relative change of a listed bucket's global
@@ -543,13 +619,17 @@ func peerDue(op, np *sluicev1.PeerPolicy, th float64, cost bool) bool {
 const (
 	OfferedRepublish    = 0.2
 	OfferedRepublishMin = 5.0
+	// FreshOfferedRepublish is OfferedRepublish for an offered rate
+	// published as it moved (see freshOffered), without the noise bar.
+	FreshOfferedRepublish = 0.05
 )
 
 // offeredChanged reports whether a listed bucket's global offered rate
 // moved from a to b enough to push its policy: a capped bucket's by
-// CappedOfferedRepublish, a callee counting cost's not at all, any
+// CappedOfferedRepublish, a callee counting cost's not at all, a fresh
+// one's (a moving: see freshOffered) by FreshOfferedRepublish, any
 // other's by OfferedRepublish and beyond noise.
-func offeredChanged(a, b float64, capped, cost bool) bool {
+func offeredChanged(a, b float64, capped, cost, fresh bool) bool {
 	switch {
 	case capped:
 		return (a == 0) != (b == 0) || relChanged(a, b, CappedOfferedRepublish)
@@ -557,6 +637,8 @@ func offeredChanged(a, b float64, capped, cost bool) bool {
 		return false
 	case (a == 0) != (b == 0):
 		return true
+	case fresh:
+		return relChanged(a, b, FreshOfferedRepublish)
 	}
 	// Beyond noise too: a bucket at 30 rps differs from its last
 	// published rate by a fifth about one tick in three.

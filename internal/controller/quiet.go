@@ -133,7 +133,7 @@ func (s *State) unchanged(sv dropratio.ServiceVerdict, live uint32, lim *limits.
 		if !listed(np) {
 			continue
 		}
-		if i == len(peers) || peerDue(peers[i], np, s.cfg.RepublishThreshold, false) {
+		if i == len(peers) || peerDue(peers[i], np, s.cfg.RepublishThreshold, false, pub.freshAt(i, now)) {
 			return name, false
 		}
 		i++

@@ -616,3 +616,43 @@ func TestRefreshStaggerSpreads(t *testing.T) {
 		t.Error("the stagger is not a function of the name: replicas would disagree")
 	}
 }
+
+// TestFreshOfferedRepublished: an offered rate published as it moved
+// (counted part-way through the windows of a rise) goes out again as
+// soon as a later tick, within FreshFor, moves it by
+// FreshOfferedRepublish, though the move is within a Poisson count's
+// noise at that rate; once the rate has settled the noise bar holds
+// again. (The sidecars project a surge from their share of the published
+// rate: a rate left standing mid-rise made every share too large.)
+func TestFreshOfferedRepublished(t *testing.T) {
+	s := warmState(t)
+	set := checkoutLimits()
+	now := t0.Add(2 * time.Second)
+	tick := func(web float64) *sluicev1.DropPolicy {
+		t.Helper()
+		if err := s.Apply(zoneLoad("agg-a", "a", 2, map[string]float64{"checkout/web": web}), now); err != nil {
+			t.Fatal(err)
+		}
+		res := s.Tick(now, set)
+		now = now.Add(time.Second)
+		return res.Changed["callee/checkout"]
+	}
+	// A rise like the live run's (0, 12, 40, 84, then 100 for good),
+	// under web's limit of 100: 0, 12, 40, 70, then 84.
+	for _, r := range []float64{12, 40, 70} {
+		if p := tick(r); p == nil || peer(p, "web").GetOfferedRps() != r {
+			t.Fatalf("web rising to %v rps: %v, want it published", r, p)
+		}
+	}
+	// 14 rps from 70: within 3σ of a Poisson count at 84 (27), past 5 %.
+	if p := tick(84); p == nil || peer(p, "web").GetOfferedRps() != 84 {
+		t.Fatalf("web's first full window at 84 rps against 70 published mid-rise: %v, want it republished", p)
+	}
+	// Within 5 % while fresh, then noise once FreshFor has passed since
+	// the rate last moved by a fifth (at 70).
+	for _, r := range []float64{86, 82, 95, 75} {
+		if p := tick(r); p != nil {
+			t.Errorf("web at %v rps against a published 84 (settled): republished %v, want it to wait", r, p)
+		}
+	}
+}

@@ -215,7 +215,7 @@ func (s *State) Tick(now time.Time, set *limits.Set) TickResult {
 		}
 		current[policy.GetName()] = true
 		if s.due(policy, now) {
-			pub := &published{policy: policy}
+			pub := publish(s.published[policy.GetName()], policy, now)
 			if isQuiet && !capped && s.plain(lim) {
 				pub.quiet = &quietSource{lim: lim, live: live[sv.Service]}
 			}
@@ -229,7 +229,7 @@ func (s *State) Tick(now time.Time, set *limits.Set) TickResult {
 		}
 		current[policy.GetName()] = true
 		if s.due(policy, now) {
-			s.published[policy.GetName()] = &published{policy: policy}
+			s.published[policy.GetName()] = publish(s.published[policy.GetName()], policy, now)
 			res.Changed[policy.GetName()] = policy
 		}
 	}
