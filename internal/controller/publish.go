@@ -45,13 +45,17 @@ func publish(old *published, policy *sluicev1.DropPolicy, now time.Time) *publis
 }
 
 // FreshFor is how long an offered rate that moved stays fresh (see
-// freshOffered): three ticks at the default tick.
+// freshOffered): the two ticks after its own at the default tick.
 const FreshFor = 3 * time.Second
 
 // freshOffered returns, per entry of policy going out at now, until when
 // its offered rate counts as moving: FreshFor from now for an entry that
-// is new, or was at 0, in old, or whose rate moved by OfferedRepublish
-// from old's; else what old's entry had. A rate published while it moves
+// is new, or was at 0, in old, or whose rate moved from old's (see moved);
+// else what old's entry had. Noise renews nothing: a policy goes out with
+// all its entries, and one of twenty buckets at 100 rps, each renewed by
+// a noisy move of a fifth at every push, went out at every tick, where
+// its noise alone sends it at two in five
+// (TestFreshOfferedSettlesWithManyNoisyBuckets). A rate published while it moves
 // was counted part-way through the windows of the move (traffic that
 // starts, steps or shifts within a second reaches the sidecars' reports
 // at their own times, and urgent flushes publish it in pieces), and the
@@ -60,8 +64,8 @@ const FreshFor = 3 * time.Second
 // 12, 40, 84 (or 20, 38, 67, 81) and stood there until the refresh, and
 // the sidecars projected a surge's first second from shares a fifth too
 // large (step-5x and step-10x live: 238–276 admitted against 200). While
-// fresh, a rate goes out again when it moves by FreshOfferedRepublish,
-// noise or not: a few pushes more per move, none once it has settled.
+// fresh, a rate goes out again when it moves by FreshOfferedRepublish
+// and OfferedRepublishMin, noise or not: a push or two more per move.
 // nil when no entry is fresh.
 func freshOffered(old *published, policy *sluicev1.DropPolicy, now time.Time) []time.Time {
 	type key struct {
@@ -90,7 +94,7 @@ func freshOffered(old *published, policy *sluicev1.DropPolicy, now time.Time) []
 			continue
 		}
 		u := now.Add(FreshFor)
-		if w, ok := before[key{np.GetPeer(), np.GetProcedure(), np.GetCriticality()}]; ok && w.rate > 0 && !relChanged(w.rate, r, OfferedRepublish) {
+		if w, ok := before[key{np.GetPeer(), np.GetProcedure(), np.GetCriticality()}]; ok && w.rate > 0 && !moved(w.rate, r) {
 			u = w.until
 		}
 		if !u.After(now) {
@@ -102,6 +106,15 @@ func freshOffered(old *published, policy *sluicev1.DropPolicy, now time.Time) []
 		until[i] = u
 	}
 	return until
+}
+
+// moved reports whether an offered rate went from a to b by more than
+// noise ever moves it: by OfferedRepublish and OfferedRepublishMin, and
+// beyond six standard deviations of a Poisson count (both a and b being
+// counts, four of their difference's: one tick in 30,000 per bucket).
+func moved(a, b float64) bool {
+	d := math.Abs(a - b)
+	return d >= OfferedRepublishMin && d > 6*math.Sqrt(max(a, b)) && relChanged(a, b, OfferedRepublish)
 }
 
 // freshAt reports whether entry i of p's policy has an offered rate that
@@ -620,7 +633,8 @@ const (
 	OfferedRepublish    = 0.2
 	OfferedRepublishMin = 5.0
 	// FreshOfferedRepublish is OfferedRepublish for an offered rate
-	// published as it moved (see freshOffered), without the noise bar.
+	// published as it moved (see freshOffered), without the noise bar;
+	// OfferedRepublishMin still holds.
 	FreshOfferedRepublish = 0.05
 )
 
@@ -638,7 +652,7 @@ func offeredChanged(a, b float64, capped, cost, fresh bool) bool {
 	case (a == 0) != (b == 0):
 		return true
 	case fresh:
-		return relChanged(a, b, FreshOfferedRepublish)
+		return math.Abs(a-b) >= OfferedRepublishMin && relChanged(a, b, FreshOfferedRepublish)
 	}
 	// Beyond noise too: a bucket at 30 rps differs from its last
 	// published rate by a fifth about one tick in three.
