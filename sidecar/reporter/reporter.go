@@ -309,6 +309,7 @@ type Reporter struct {
 	zone     atomic.Pointer[string] // the zone the aggregator accounts us to; nil until it said
 	rejected prometheus.Counter
 	surges   prometheus.Counter
+	stalls   prometheus.Counter // stalls of the loop, whose next steps were skipped
 	// healthShed and healthEpisodes are the health gate's: the share its
 	// episode in force sheds, and the episodes it began.
 	healthShed     prometheus.Gauge
@@ -348,7 +349,7 @@ func New(cfg Config, src Source) (*Reporter, error) {
 		return nil, fmt.Errorf("aggregator uplink: %w", err)
 	}
 	r.up = up
-	r.rejected, r.surges, r.healthShed, r.healthEpisodes = registerMetrics(cfg, up)
+	r.rejected, r.surges, r.stalls, r.healthShed, r.healthEpisodes = registerMetrics(cfg, up)
 	return r, nil
 }
 
@@ -400,12 +401,29 @@ func (r *Reporter) loop(ctx context.Context, send func(*sluicev1.LoadReport)) {
 	w := NewWindow(WindowConfig{Header: r.hdr, Interval: r.cfg.Interval, SurgeChecks: r.cfg.SurgeCheck > 0, Project: !r.cfg.NoProjection,
 		Check: r.cfg.SurgeCheck, HealthGate: !r.cfg.NoHealthGate}, time.Now(), r.src)
 	var episodes uint64 // the gate's, counted so far
+	// No checks: no gap, and no stall spotted.
+	st := stalls{gap: stallChecks * r.cfg.SurgeCheck, settle: r.cfg.SurgeCheck, last: time.Now()}
+	step := func(now time.Time) bool {
+		skip, stalled := st.skip(now)
+		if stalled {
+			r.stalls.Inc()
+		}
+		return !skip
+	}
 	for {
 		var rep *sluicev1.LoadReport
+		// Every step reads time.Now, not its ticker's time (when it
+		// fired): a step read late would count the requests up to now
+		// over a window that ends when it fired, and a sidecar that got
+		// no CPU for half a second saw a surge.
 		select {
 		case <-ctx.Done():
 			return
-		case now := <-check:
+		case <-check:
+			now := time.Now()
+			if !step(now) {
+				continue
+			}
 			// A check also sends a folded tick's report when its
 			// descriptors are due (Window.Check): not a surge.
 			if rep = w.Check(now, r.src); rep.GetUrgent() {
@@ -415,14 +433,21 @@ func (r *Reporter) loop(ctx context.Context, send func(*sluicev1.LoadReport)) {
 			r.healthShed.Set(cut)
 			r.healthEpisodes.Add(float64(n - episodes))
 			episodes = n
-		case now := <-project:
-			w.Project(now, r.src)
+		case <-project:
+			if now := time.Now(); step(now) {
+				w.Project(now, r.src)
+			}
 			continue
 		case <-t.C:
-			// time.Now rather than the tick's time: a tick read late
-			// then makes a longer window, which Tick measures, and the
-			// monotonic reading keeps it immune to wall-clock steps.
-			rep = w.Tick(time.Now(), r.src)
+			// A tick read late makes a longer window, which Tick
+			// measures, and the monotonic reading keeps it immune to
+			// wall-clock steps. One just after a stall is skipped like
+			// any step: the next tick's report spans both intervals.
+			now := time.Now()
+			if !step(now) {
+				continue
+			}
+			rep = w.Tick(now, r.src)
 		}
 		if rep != nil {
 			send(rep)
@@ -446,9 +471,50 @@ func (r *Reporter) onResponse(resp *loadResp) {
 	}
 }
 
+// stallChecks is how many surge-check periods without a step of the
+// Reporter's loop (a tick, a check or a projection step) make a stall.
+const stallChecks = 2
+
+// stalls spots the stalls of the Reporter's loop: gap is the longest time
+// between steps that is not one, settle how long the steps after one are
+// skipped, last when the last step came, and until when the skipping ends.
+type stalls struct {
+	gap, settle time.Duration
+	last, until time.Time
+}
+
+// skip reports whether a step at now is skipped, and whether it ended a
+// stall: the sidecar got no CPU for over stallChecks check periods (a
+// busy host, a long GC pause under the race detector). The steps of the
+// check period after a stall are skipped, moving no window of the Window
+// on; the first step after them runs over windows that span the stall.
+// The requests that arrived during a stall of the whole process waited in
+// the kernel's queues, and are served in a bunch in the moments after it:
+// a window begun at a step just after the stall held the whole stall's
+// requests in a few hundredths of a second, which looked like a surge of
+// ten times the rate, and the projection dropped most of them from a
+// caller that had offered three quarters of its limit all along
+// (TestSidecarStallIsNotASurge: web kept 90–95 % of what it offered; so
+// did TestHostileDecidedMark's on a busy host). A tick and a check are
+// often both due when a stall ends: skipping only the first step let the
+// second start the windows there. A sidecar that is always late still
+// checks: the gap is measured from the last step, skipped or not.
+//
+// A client that stalls and then sends its backlog at once is not excused:
+// the sidecar cannot tell that burst from a surge, and a limit says how
+// much burst it allows.
+func (s *stalls) skip(now time.Time) (skip, stalled bool) {
+	gap := now.Sub(s.last)
+	s.last = now
+	if stalled = s.gap > 0 && gap > s.gap; stalled {
+		s.until = now.Add(s.settle)
+	}
+	return now.Before(s.until), stalled
+}
+
 // registerMetrics registers the reporter's metrics and returns the ones
 // it sets itself. The others read the uplink's counters when scraped.
-func registerMetrics(cfg Config, up *uplink.Uplink[loadReq, loadResp]) (rejected, surges prometheus.Counter, healthShed prometheus.Gauge, healthEpisodes prometheus.Counter) {
+func registerMetrics(cfg Config, up *uplink.Uplink[loadReq, loadResp]) (rejected, surges, stalls prometheus.Counter, healthShed prometheus.Gauge, healthEpisodes prometheus.Counter) {
 	const ns, sub = "sluice", "sidecar_report"
 	// A sidecar may report both directions; the label keeps their
 	// reporters' metrics apart on one registry.
@@ -460,6 +526,10 @@ func registerMetrics(cfg Config, up *uplink.Uplink[loadReq, loadResp]) (rejected
 	surges = prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: ns, Subsystem: sub, Name: "surges_total", ConstLabels: labels,
 		Help: "Load reports sent before the interval was up because a caller's rate jumped.",
+	})
+	stalls = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "stalls_total", ConstLabels: labels,
+		Help: "Times the reporter got no CPU for over two surge-check periods; the steps of the check period after each were skipped.",
 	})
 	// The health gate judges the service's own app: its metrics say
 	// which service, as the limiter's do.
@@ -473,7 +543,7 @@ func registerMetrics(cfg Config, up *uplink.Uplink[loadReq, loadResp]) (rejected
 		Help: "Times the health fast path began to shed because the app missed the objective its policy declares.",
 	})
 	if cfg.Registerer == nil {
-		return rejected, surges, healthShed, healthEpisodes
+		return rejected, surges, stalls, healthShed, healthEpisodes
 	}
 	counter := func(name, help string, f func(uplink.Stats) uint64) prometheus.Collector {
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{
@@ -483,6 +553,7 @@ func registerMetrics(cfg Config, up *uplink.Uplink[loadReq, loadResp]) (rejected
 	collectors := []prometheus.Collector{
 		rejected,
 		surges,
+		stalls,
 		counter("sent_total", "Load reports sent to an aggregator.",
 			func(s uplink.Stats) uint64 { return s.Sent }),
 		counter("superseded_total", "Load reports replaced by a newer one before they could be sent.",
@@ -509,7 +580,7 @@ func registerMetrics(cfg Config, up *uplink.Uplink[loadReq, loadResp]) (rejected
 			cfg.Logger.Warn("reporter metric not registered", "error", err)
 		}
 	}
-	return rejected, surges, healthShed, healthEpisodes
+	return rejected, surges, stalls, healthShed, healthEpisodes
 }
 
 // directionProto puts a validated direction on the wire.

@@ -464,3 +464,41 @@ func TestBuildPerTier(t *testing.T) {
 		t.Errorf("untiered report %v", p)
 	}
 }
+
+// TestStallsSkipTheCheckAfterAStall: a step over two check periods after
+// the last one ends a stall, and every step of the check period after it
+// is skipped, ticks included; the steps after that run, and a sidecar
+// that is always late is never skipped twice in a row for long.
+func TestStallsSkipTheCheckAfterAStall(t *testing.T) {
+	check := 100 * time.Millisecond
+	t0 := time.Unix(0, 0)
+	st := stalls{gap: stallChecks * check, settle: check, last: t0}
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	steps := []struct {
+		ms            int
+		skip, stalled bool
+	}{
+		{25, false, false},
+		{50, false, false},
+		{150, false, false}, // 100ms late: not a stall
+		{750, true, true},   // 600ms: a stall
+		{750, true, false},  // the tick due at the same moment
+		{775, true, false},
+		{849, true, false},
+		{850, false, false}, // a check period on: windows span the stall
+		{875, false, false},
+		{1200, true, true},
+		{1250, true, false},
+		{1350, false, false},
+	}
+	for _, s := range steps {
+		skip, stalled := st.skip(at(s.ms))
+		if skip != s.skip || stalled != s.stalled {
+			t.Errorf("step at %dms: skip %v, stalled %v; want %v, %v", s.ms, skip, stalled, s.skip, s.stalled)
+		}
+	}
+	off := stalls{last: t0} // no surge checks: nothing is a stall
+	if skip, stalled := off.skip(at(5000)); skip || stalled {
+		t.Errorf("without checks: skip %v, stalled %v after 5s", skip, stalled)
+	}
+}
