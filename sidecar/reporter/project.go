@@ -31,7 +31,9 @@ import (
 //
 // A fall is projected the same way: a bucket whose local rate fell under
 // s·A, that is whose projected global rate is under the allowed rate, is
-// admitted at once instead of waiting for the controller's release.
+// admitted at once instead of waiting for the controller's release. The
+// fall is seen by a surge report, or by a projection step once the
+// controller's policy shows it (toldFall).
 //
 // The projection is provisional: it takes the controller's ratio's place
 // (sidecar.Provisional) and ends at whichever comes first of
@@ -92,6 +94,7 @@ type episode struct {
 	g0                float64 // the policy's global offered rate at the start
 	admitted          float64 // requests admitted since start
 	fresh             bool    // started at this step: its window is counted already
+	told              bool    // a fall started from a policy that showed it (see toldFall)
 	// recentN and recentE are the count and length of the last steps'
 	// windows, about an interval's worth; winN and winE about a check's
 	// worth: the rate a step's ratio is projected from, steadier than a
@@ -303,18 +306,42 @@ func (p *Projector) started(now time.Time, win Since, cur map[bucket]sidecar.Pee
 			b = sidecar.PeerCounts{}
 		}
 		n, want := float64(c.Offered-b.Offered), ref*e
-		if n < projectMinCount || n < dropratio.JumpFactor*want || !beyondNoise(n, want, ref*w) {
+		rose := n >= projectMinCount && n >= dropratio.JumpFactor*want && beyondNoise(n, want, ref*w)
+		if !rose && !p.toldFall(k, n, want) {
 			continue
 		}
 		share, g0 := p.shareOf(k)
 		p.eps[k] = &episode{
-			rise: true, start: win.At, seen: now, last: now,
+			rise: rose, told: !rose, start: win.At, seen: now, last: now,
 			share: share, g0: g0,
 			admitted: n - float64(c.Dropped-min(b.Dropped, c.Dropped)),
 			winN:     n, winE: e,
 			fresh: true, ratio: math.NaN(),
 		}
 	}
+}
+
+// toldFall reports whether bucket k's count n in a window where its
+// regular rate predicts want shows a fall the controller has told of
+// already: the policy in force shows the bucket's global offered rate
+// fallen by the jump factor from the rate of the policy when the last
+// regular report went out, and this sidecar's count fell by as much, so
+// a projection step may start the fall's episode (Started) without waiting
+// for the surge detector. A small sidecar reports a fall late: at 17 rps
+// after a fall from 167, the bar of a surge over the window since the
+// report (six standard deviations) took 0.7 s to reach, and the three
+// sidecars of six whose reports had caught half the fall kept the
+// controller's ratio, released a step a tick, until their own fall
+// reports 0.9 s after the fall (live step-5x: web back under its limit
+// lost 9–12 of 99 in its second second). The controller's rate is the
+// fleet's, so a fall it shows is no sidecar's noise; the count's own fall
+// keeps a sidecar whose traffic did not fall (traffic moved to it) from
+// opening, and a sidecar that opens admits no more than its share
+// (episode.project). The controller still confirms and ends it (see over).
+func (p *Projector) toldFall(k bucket, n, want float64) bool {
+	rule := p.rules[k]
+	return rule.DropRatio > 0 && dropratio.JumpFactor*rule.OfferedRPS <= p.regularG[k] &&
+		want >= projectMinCount && dropratio.JumpFactor*n <= want
 }
 
 // startLogP is the log of the chance, under which a count counts as a
@@ -480,7 +507,7 @@ func decay(n, e, span float64) (float64, float64) {
 // sidecar waited for the controller's next tick, a second later (step-5x
 // live: web back under its limit lost 11–19 % in its second second).
 func (p *Projector) fallSeen(ep *episode, rule *sidecar.Rule) bool {
-	if !p.polAt.After(ep.seen) || !(ep.winE > 0) {
+	if !(p.polAt.After(ep.seen) || ep.told) || !(ep.winE > 0) {
 		return false
 	}
 	projected := ep.winN / ep.winE / ep.share

@@ -258,28 +258,31 @@ func TestProjectionOpensOnTheFirstPolicyThatShowsTheFall(t *testing.T) {
 	}
 }
 
-// TestProjectionFallWaitsForAPolicyAfterItsReport: a check reads the policy
-// before it reports, so a policy that arrived just before the check that
-// reports a fall was computed before the report, whatever it shows: the
-// fall waits for the next one.
-func TestProjectionFallWaitsForAPolicyAfterItsReport(t *testing.T) {
+// TestProjectionFallToldByThePolicy: a policy that shows the bucket's
+// global rate fallen by the jump factor, read by the check that sees this
+// sidecar's own count fall, opens the bucket at that check: the
+// controller has seen the fall in the fleet, and a fall report from this
+// sidecar would add nothing but a tick's wait (toldFall). A sidecar whose
+// count did not fall keeps the controller's ratio.
+func TestProjectionFallToldByThePolicy(t *testing.T) {
 	t0 := time.Unix(1000, 0)
-	l, w := projected(t, 1000, 100, 0.9, t0)
-	now := checked(l, w, t0, 10, 100)
-	w.Tick(now, l)
-	decide(l, 2) // 20 rps
-	setWebPolicy(l, 300, 100, 0.9)
-	now = now.Add(100 * time.Millisecond)
-	if rep := w.Check(now, l); !rep.GetUrgent() {
-		t.Fatalf("the fall sent %v, want a surge report", rep)
-	}
-	w.Project(now.Add(25*time.Millisecond), l)
-	if r, _ := l.Service("checkout").Ratio("web"); r != 0.9 {
-		t.Fatalf("after the fall report, with a policy read before it: ratio %v, want the controller's 0.9", r)
-	}
-	setWebPolicy(l, 300, 100, 0.9) // the controller's answer to the report
-	w.Project(now.Add(50*time.Millisecond), l)
-	if r, _ := l.Service("checkout").Ratio("web"); r != 0 {
-		t.Fatalf("after the policy that answers the report: ratio %v, want 0", r)
+	for _, tc := range []struct {
+		name string
+		n    int // web's requests in the check after the fall
+		open bool
+	}{
+		{"its count fell too", 2, true},
+		{"its count held", 100, false},
+	} {
+		l, w := projected(t, 1000, 100, 0.9, t0)
+		now := checked(l, w, t0, 10, 100)
+		w.Tick(now, l)
+		decide(l, tc.n)
+		setWebPolicy(l, 300, 100, 0.9) // the fleet's rate fell; the ratio is released a step a tick
+		now = now.Add(100 * time.Millisecond)
+		w.Check(now, l)
+		if r, _ := l.Service("checkout").Ratio("web"); tc.open && r != 0 || !tc.open && r != 0.9 {
+			t.Errorf("%s: ratio %v after the check, want it open: %v", tc.name, r, tc.open)
+		}
 	}
 }
