@@ -202,7 +202,7 @@ func (p *Projector) Reported(r *sluicev1.LoadReport, now time.Time) {
 		if rule := p.rules[k]; rule == nil || fell && rule.DropRatio == 0 {
 			continue // nothing to project from, or to open: the controller decides
 		}
-		share, g0 := p.shareOf(k)
+		share, g0 := p.shareOf(k, rose)
 		p.eps[k] = &episode{
 			rise: rose, start: now.Add(-r.GetWindow().AsDuration()), seen: now, last: now,
 			share: share, g0: g0,
@@ -228,19 +228,30 @@ type Since struct {
 // shareOf returns the share of bucket k a projection starts from, and the
 // global offered rate it is a share of: the last regular report's rate
 // over the offered rate of the policy in force when it went out, unless
-// that share jumped from the report before's (by the jump factor): then
-// the report before's. A surge that begins shortly before a regular
-// report is in that report's rate already, not in the policy's offered
+// that share jumped from the report before's (by the jump factor), or for
+// a fall (rise false) fell from it: then the report before's. A surge
+// that begins shortly before a regular report is in that report's rate
+// already, not in the policy's offered
 // rate: taken from it, a share came out three times too large on the
 // sidecars whose report caught the onset (the demo: 34 rps of 60 on three
 // of six sidecars, where each had 10), and their projections admitted
 // 2.5× the limit between them. Taking the smaller of the two always erred
 // the other way in the simulator: the share of a sidecar is noisy, and
 // the smaller of two noisy shares is low (uber-surge under its limit for
-// two seconds).
-func (p *Projector) shareOf(k bucket) (share, g0 float64) {
+// two seconds). A fall caught the same way made a share too small: half
+// of the demo's report window was at 167 rps and half at 10, the policy
+// still said 1,000 rps, and the sidecars took 0.08 for their share where
+// each had 1/6; their falls' token buckets then dropped a fifth of web's
+// 10 rps, back under its limit, until the controller released it (18–40
+// of 660 requests after the first second). The fall's rule is not a
+// rise's: a small sidecar's share is noisy from report to report, and a
+// rise that took the report before's share whenever the last one had
+// fallen by the factor took a larger one by chance (step-5x's peak +4.0 →
+// +6.7 %, noisy-neighbour's +3.9 → +9.2 %).
+func (p *Projector) shareOf(k bucket, rise bool) (share, g0 float64) {
 	share, g0 = p.regular[k]/p.regularG[k], p.regularG[k]
-	if prev, pg := p.prevRegular[k], p.prevRegularG[k]; prev > 0 && pg > 0 && dropratio.JumpFactor*prev/pg <= share {
+	if prev, pg := p.prevRegular[k], p.prevRegularG[k]; prev > 0 && pg > 0 &&
+		(rise && dropratio.JumpFactor*prev/pg <= share || !rise && dropratio.JumpFactor*share <= prev/pg) {
 		share, g0 = prev/pg, pg
 	}
 	return share, g0
@@ -310,7 +321,7 @@ func (p *Projector) started(now time.Time, win Since, cur map[bucket]sidecar.Pee
 		if !rose && !p.toldFall(k, n, want) {
 			continue
 		}
-		share, g0 := p.shareOf(k)
+		share, g0 := p.shareOf(k, rose)
 		p.eps[k] = &episode{
 			rise: rose, told: !rose, start: win.At, seen: now, last: now,
 			share: share, g0: g0,

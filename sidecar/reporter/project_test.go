@@ -127,18 +127,38 @@ func TestBeyondNoise(t *testing.T) {
 
 // TestShareSkipsAReportThatCaughtTheOnset: the regular report that caught a
 // surge's first tenths of a second gives a share far larger than the
-// sidecar's; the report before gives its share.
+// sidecar's; the report before gives its share. For a fall, a report that
+// caught it gives a share far smaller, and the report before's is taken;
+// a rise does not take it (a share's noise).
 func TestShareSkipsAReportThatCaughtTheOnset(t *testing.T) {
 	p := NewProjector(time.Second, 100*time.Millisecond, DefaultSurgeMinCount)
 	now := time.Unix(1000, 0)
 	p.Policy(projPolicy(60), now)
 	p.Reported(projReport(false, time.Second, 10), now)
 	p.Reported(projReport(false, time.Second, 11), now.Add(time.Second)) // noise: kept
-	if s, g := p.shareOf(bucket{peer: "web"}); math.Abs(s-11.0/60) > 1e-9 || g != 60 {
-		t.Errorf("after a report of 11 rps: share %v of %v, want 11/60 of 60", s, g)
+	for _, rise := range []bool{true, false} {
+		if s, g := p.shareOf(bucket{peer: "web"}, rise); math.Abs(s-11.0/60) > 1e-9 || g != 60 {
+			t.Errorf("after a report of 11 rps (rise %v): share %v of %v, want 11/60 of 60", rise, s, g)
+		}
 	}
 	p.Reported(projReport(false, time.Second, 34), now.Add(2*time.Second)) // caught the onset
-	if s, g := p.shareOf(bucket{peer: "web"}); math.Abs(s-11.0/60) > 1e-9 || g != 60 {
-		t.Errorf("after a report of 34 rps: share %v of %v, want the report before's 11/60", s, g)
+	for _, rise := range []bool{true, false} {
+		want := 11.0 / 60
+		if !rise {
+			want = 34.0 / 60
+		}
+		if s, g := p.shareOf(bucket{peer: "web"}, rise); math.Abs(s-want) > 1e-9 || g != 60 {
+			t.Errorf("after a report of 34 rps (rise %v): share %v of %v, want %v", rise, s, g, want)
+		}
+	}
+	p.Reported(projReport(false, time.Second, 6), now.Add(3*time.Second)) // caught a fall
+	for _, rise := range []bool{true, false} {
+		want := 6.0 / 60
+		if !rise {
+			want = 34.0 / 60
+		}
+		if s, g := p.shareOf(bucket{peer: "web"}, rise); math.Abs(s-want) > 1e-9 || g != 60 {
+			t.Errorf("after a report of 6 rps (rise %v): share %v of %v, want %v", rise, s, g, want)
+		}
 	}
 }
