@@ -231,11 +231,10 @@ type Since struct {
 // that share jumped from the report before's (by the jump factor), or for
 // a fall (rise false) fell from it: then the report before's. A surge
 // that begins shortly before a regular report is in that report's rate
-// already, not in the policy's offered
-// rate: taken from it, a share came out three times too large on the
-// sidecars whose report caught the onset (the demo: 34 rps of 60 on three
-// of six sidecars, where each had 10), and their projections admitted
-// 2.5× the limit between them. Taking the smaller of the two always erred
+// already, not in the policy's offered rate: taken from it, a share came
+// out three times too large on the sidecars whose report caught the onset
+// (the demo: 34 rps of 60 on three of six sidecars, where each had 10),
+// and their projections admitted 2.5× the limit between them. Taking the smaller of the two always erred
 // the other way in the simulator: the share of a sidecar is noisy, and
 // the smaller of two noisy shares is low (uber-surge under its limit for
 // two seconds). A fall caught the same way made a share too small: half

@@ -141,24 +141,22 @@ func TestShareSkipsAReportThatCaughtTheOnset(t *testing.T) {
 			t.Errorf("after a report of 11 rps (rise %v): share %v of %v, want 11/60 of 60", rise, s, g)
 		}
 	}
-	p.Reported(projReport(false, time.Second, 34), now.Add(2*time.Second)) // caught the onset
-	for _, rise := range []bool{true, false} {
-		want := 11.0 / 60
-		if !rise {
-			want = 34.0 / 60
-		}
-		if s, g := p.shareOf(bucket{peer: "web"}, rise); math.Abs(s-want) > 1e-9 || g != 60 {
-			t.Errorf("after a report of 34 rps (rise %v): share %v of %v, want %v", rise, s, g, want)
-		}
-	}
-	p.Reported(projReport(false, time.Second, 6), now.Add(3*time.Second)) // caught a fall
-	for _, rise := range []bool{true, false} {
-		want := 6.0 / 60
-		if !rise {
-			want = 34.0 / 60
-		}
-		if s, g := p.shareOf(bucket{peer: "web"}, rise); math.Abs(s-want) > 1e-9 || g != 60 {
-			t.Errorf("after a report of 6 rps (rise %v): share %v of %v, want %v", rise, s, g, want)
+	for i, c := range []struct {
+		rate       uint64  // the next report's
+		rise, fall float64 // the shares wanted
+	}{
+		{34, 11.0 / 60, 34.0 / 60}, // caught the onset
+		{6, 6.0 / 60, 34.0 / 60},   // caught a fall
+	} {
+		p.Reported(projReport(false, time.Second, c.rate), now.Add(time.Duration(2+i)*time.Second))
+		for _, rise := range []bool{true, false} {
+			want := c.fall
+			if rise {
+				want = c.rise
+			}
+			if s, g := p.shareOf(bucket{peer: "web"}, rise); math.Abs(s-want) > 1e-9 || g != 60 {
+				t.Errorf("after a report of %v rps (rise %v): share %v of %v, want %v", c.rate, rise, s, g, want)
+			}
 		}
 	}
 }
