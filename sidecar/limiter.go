@@ -94,9 +94,10 @@ type LimiterOptions struct {
 	// that. It costs contention when several cores decide at once.
 	OneStripe bool
 
-	// DescriptorCounters is the number of counters of each descriptor's
-	// sketch per window (heavy.Options.Counters): memory is about 8 bytes
-	// per counter per descriptor, whatever the number of values. 0 means
+	// DescriptorCounters is the number of slots (a value's fingerprint
+	// and count) of each descriptor's sketch per window
+	// (heavy.Options.Counters): memory is 16 bytes per slot per
+	// descriptor (two windows), whatever the number of values. 0 means
 	// DefaultDescriptorCounters.
 	DescriptorCounters int
 	// DescriptorHeavy bounds the heavy values of each descriptor's sketch

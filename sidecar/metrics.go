@@ -123,7 +123,7 @@ var (
 			"at 1, values at the report threshold compete for a place and the smallest are not reported.",
 		[]string{"service", "descriptor"}, nil)
 	descBytesDesc = prometheus.NewDesc("sluice_sidecar_descriptor_sketch_bytes",
-		"Memory of the descriptor's sketch (both windows' counters, heavy sets and values), set by --descriptor-counters "+
+		"Memory of the descriptor's sketch (both windows' tables, heavy sets and values), set by --descriptor-counters "+
 			"and --descriptor-heavy, whatever the number of values.",
 		[]string{"service", "descriptor"}, nil)
 )

@@ -127,7 +127,7 @@ func Command() *cobra.Command {
 	f.StringVar(&cfg.CallerHeader, "caller-header", cfg.CallerHeader, "request header that names the caller")
 	addIdentityFlags(f, &cfg)
 	f.IntVar(&cfg.MaxPeers, "max-peers", cfg.MaxPeers, "distinct callers tracked, besides the ones the policy limits, before the rest share the _overflow bucket")
-	f.IntVar(&cfg.DescriptorCounters, "descriptor-counters", cfg.DescriptorCounters, "counters of each descriptor's sketch per window, all rows together (each row the largest power of two within its share): more counters, fewer values over-counted; about 8 bytes each, whatever the number of values")
+	f.IntVar(&cfg.DescriptorCounters, "descriptor-counters", cfg.DescriptorCounters, "slots of each descriptor's sketch per window, in lines of 8 (the number of lines the largest power of two within it): more slots, fewer values over-counted; 16 bytes each (two windows), whatever the number of values")
 	f.IntVar(&cfg.DescriptorHeavy, "descriptor-heavy", cfg.DescriptorHeavy, "heavy values each descriptor's sketch holds and reports per window")
 	f.IntVar(&cfg.MaxLeaves, "max-leaves", cfg.MaxLeaves, "for a callee that declares procedures: distinct (caller, procedure) leaves tracked, besides the ones the policy limits, before a new leaf (c, q) shares (_overflow, q)")
 	duration.Var(f, &cfg.PeerIdle, "peer-idle", cfg.PeerIdle, "how long a caller the policy does not limit keeps its place among --max-peers without a request; at least two --report-interval; 0 means 1m or two --report-interval, whichever is longer")

@@ -12,11 +12,11 @@ import (
 )
 
 const (
-	// Rows is the number of rows of each window's count-min sketch: the
-	// bound on over-counting fails with probability δ = e⁻³ ≈ 5 %.
-	Rows = 3
+	// Ways is the number of slots of a line: a value is counted in one of
+	// its line's slots, and a line is one 64-byte cache line.
+	Ways = 8
 
-	DefaultCounters    = 3 << 15 // per window, all rows together: Width 2¹⁵, 384 KiB
+	DefaultCounters    = 1 << 16 // slots per window: 8,192 lines, 512 KiB
 	DefaultK           = 256
 	DefaultMaxValueLen = 256
 
@@ -24,7 +24,7 @@ const (
 	// UTF-8. Add counts a too-long value under it by itself.
 	Invalid = "_invalid"
 
-	minCounters = Rows * 16
+	minCounters = 2 * Ways
 	maxCounters = 1 << 30
 	maxK        = 1 << 16
 	maxValueLen = math.MaxUint16
@@ -33,9 +33,10 @@ const (
 
 // Options sizes a Sketch. The zero value of a field means its default.
 type Options struct {
-	// Counters is the number of counters per window, all rows together:
-	// each row's width is the largest power of two at most Counters/Rows.
-	// Memory is about 8 bytes per counter (4 per window, two windows).
+	// Counters is the number of slots per window, each a value's
+	// fingerprint and count: in lines of Ways slots, the number of lines
+	// the largest power of two at most Counters/Ways. Memory is 16 bytes
+	// per slot (8 per window, two windows).
 	Counters int
 	// K bounds the heavy set of each window.
 	K int
@@ -80,10 +81,13 @@ func (o Options) Validate() error {
 	return errors.Join(errs...)
 }
 
-// Width returns the number of counters of each row.
-func (o Options) Width() int {
+// Slots returns the number of slots of each window: Lines × Ways.
+func (o Options) Slots() int { return o.Lines() * Ways }
+
+// Lines returns the number of lines of each window.
+func (o Options) Lines() int {
 	o = o.withDefaults()
-	return 1 << (bits.Len(uint(o.Counters/Rows)) - 1)
+	return 1 << (bits.Len(uint(o.Counters/Ways)) - 1)
 }
 
 // slots is the size of a heavy set's hash table: at most half full.
@@ -93,10 +97,10 @@ func (o Options) slots() int {
 }
 
 // Bytes returns the memory a Sketch built from o holds, whatever it
-// counts: both windows' counters, heavy-set tables and value arenas.
+// counts: both windows' tables, heavy-set tables and value arenas.
 func (o Options) Bytes() int {
 	o = o.withDefaults()
-	perWindow := Rows*o.Width()*4 + // counters
+	perWindow := o.Slots()*8 + // slots
 		o.slots()*(8+4) + // membership table: keys and entry indices
 		o.K*o.MaxValueLen + // value arena
 		o.K*entrySize // entry metadata
@@ -118,10 +122,7 @@ type Sketch struct {
 	windows   [2]*window
 	threshold atomic.Uint32
 	seed      maphash.Seed
-	seed2     maphash.Seed // the last row's index, when Width > 2¹⁶
-	mask      uint32       // Width − 1
-	width     uint32
-	wide      bool
+	lineMask  uint64 // Lines − 1
 	maxLen    int
 	k         int
 
@@ -140,18 +141,14 @@ func New(o Options) (*Sketch, error) {
 		return nil, err
 	}
 	o = o.withDefaults()
-	w := o.Width()
 	s := &Sketch{
-		seed:   maphash.MakeSeed(),
-		seed2:  maphash.MakeSeed(),
-		mask:   uint32(w - 1),
-		width:  uint32(w),
-		wide:   w > 1<<16,
-		maxLen: o.MaxValueLen,
-		k:      o.K,
+		seed:     maphash.MakeSeed(),
+		lineMask: uint64(o.Lines() - 1),
+		maxLen:   o.MaxValueLen,
+		k:        o.K,
 	}
 	for i := range s.windows {
-		s.windows[i] = newWindow(Rows*w, o.slots(), o.K, o.MaxValueLen)
+		s.windows[i] = newWindow(o.Slots(), o.slots(), o.K, o.MaxValueLen)
 	}
 	s.gens[0] = generation{cur: s.windows[0], prev: s.windows[1]}
 	s.gens[1] = generation{cur: s.windows[1], prev: s.windows[0]}
@@ -165,31 +162,16 @@ func (s *Sketch) Valid(value string) bool {
 	return len(value) <= s.maxLen && utf8.ValidString(value)
 }
 
-// locate hashes value to its heavy-set key (never 0) and its counter in
-// each row (offsets into window.counters). With an ideal hash the rows'
-// indices are independent: each takes its own bits of the hash.
-func (s *Sketch) locate(value string) (key uint64, off [Rows]uint32) {
-	return s.locateHash(maphash.String(s.seed, value), value)
+// locate hashes value to its heavy-set key (never 0) and its place in the
+// table: its line and fingerprint.
+func (s *Sketch) locate(value string) (key uint64, at loc) {
+	return s.locateHash(maphash.String(s.seed, value))
 }
 
-// locateHash is locate for h = maphash.String(s.seed, value).
-func (s *Sketch) locateHash(h uint64, value string) (key uint64, off [Rows]uint32) {
-	m, w := s.mask, s.width
-	if !s.wide {
-		off = [Rows]uint32{
-			uint32(h) & m,
-			uint32(h>>16)&m + w,
-			uint32(h>>32)&m + 2*w,
-		}
-	} else {
-		h2 := maphash.String(s.seed2, value)
-		off = [Rows]uint32{
-			uint32(h) & m,
-			uint32(h>>32)&m + w,
-			uint32(h2)&m + 2*w,
-		}
-	}
-	return h | 1, off
+// locateHash is locate for h = maphash.String(s.seed, value): the line
+// from the hash's low bits, the fingerprint (never 0) from its high ones.
+func (s *Sketch) locateHash(h uint64) (key uint64, at loc) {
+	return h | 1, loc{line: uint32(h&s.lineMask) * Ways, fp: uint32(h>>32) | 1}
 }
 
 // Add counts one occurrence of value in the current window and returns
@@ -231,15 +213,15 @@ func (s *Sketch) AddHash(h uint64, value string) uint32 {
 }
 
 func (s *Sketch) add(h uint64, value string) uint32 {
-	key, off := s.locateHash(h, value)
+	key, at := s.locateHash(h)
 	w := s.gen.Load().cur
-	n, unflushed, ok := w.addMember(key, &off)
+	n, unflushed, ok := w.addMember(key, &at)
 	if ok {
 		return n
 	}
-	n = sat32(uint64(w.add(&off, 1)) + unflushed)
+	n = sat32(uint64(w.add(&at, 1)) + unflushed)
 	if th := s.threshold.Load(); n >= th && th != 0 && n > w.floor.Load() && !w.has(key) {
-		s.enter(w, key, &off, value, n)
+		s.enter(w, key, &at, value, n)
 	}
 	return n
 }
@@ -257,9 +239,9 @@ func (s *Sketch) Estimates(value string) (cur, prev uint32) {
 	if len(value) > s.maxLen {
 		value = Invalid
 	}
-	key, off := s.locate(value)
+	key, at := s.locate(value)
 	g := s.gen.Load()
-	return g.cur.estimateMember(key, &off), g.prev.estimateMember(key, &off)
+	return g.cur.estimateMember(key, &at), g.prev.estimateMember(key, &at)
 }
 
 // SetThreshold sets the estimate at which a value enters the current
@@ -269,7 +251,7 @@ func (s *Sketch) SetThreshold(n uint32) { s.threshold.Store(n) }
 
 // Rotate ends the current window: it becomes the previous one, and the
 // older window, cleared, becomes current. Call it off the request path
-// (the reporter's tick); it costs a pass over one window's counters.
+// (the reporter's tick); it costs a pass over one window's slots.
 //
 // An Add racing with Rotate counts toward the window it loaded: the one
 // that was current when it began, which is previous after Rotate. It is

@@ -10,22 +10,44 @@ import (
 	"unicode/utf8"
 )
 
-// window is one window's count-min sketch and heavy set.
+// window is one window's table of counts and heavy set.
 //
-// A member of the heavy set is counted in its own counter (entry.word), one
-// atomic operation instead of a compare-and-swap on each of its rows, which
-// a heavy value, alone in its counters, would otherwise pay on every Add.
-// Its estimate is its rows' minimum plus that count. A member leaves the set
-// only by eviction, which closes its counter, adds the count to its rows
-// (flushes it) and only then removes it from slots.
+// The table is a set-associative Space-Saving summary: lines of Ways
+// slots, each slot a value's fingerprint and count (0: free). A value is
+// counted in its line only, in the first slot holding its fingerprint. A
+// value not in its line takes the first free slot, with its count; once
+// the line is full, it takes the slot with the least count m, with count
+// m + its count, and the value that held it leaves. So:
+//   - an Add of a value in its line is one atomic add, and a value alone
+//     in its line is counted exactly;
+//   - a line's least count never falls within a window, and a value that
+//     left its line had the least count when it left: its estimate, the
+//     line's least count, is never below its true count, nor is a held
+//     value's (its count plus what it took over);
+//   - serially, the counts of a line sum to its Adds, so no value is
+//     over-counted by more than its line's Adds / Ways.
+//
+// Races: a slot may change hands between an Add's scan and its atomic
+// add, which then counts for the new holder; the Add sees the fingerprint
+// it added to, and starts over (an over-count of the other value, never an
+// under-count of its own). Two first Adds of one value into a full line
+// may each take a slot; its estimate is the sum of its slots, and a slot
+// of a value held twice gives its count to the other before it is
+// retaken, so neither count is lost.
+//
+// A member of the heavy set is counted in its own counter (entry.word),
+// which needs no scan of the line. Its estimate is its slot's estimate
+// plus that count. A member leaves the set only by eviction, which closes
+// its counter, adds the count to its slot (flushes it) and only then
+// removes it from slots.
 type window struct {
-	counters []atomic.Uint32 // Rows rows of Width counters, row after row
+	table []atomic.Uint64 // lines of Ways slots: fingerprint<<32 | count
 
 	// slots and slotEntry are the heavy set's membership, read without a
 	// lock: an open-addressing table of keys (0: empty), linear probing,
 	// and the index in entries of each slot's key. Written only under mu,
 	// the index before the key. A reader may miss a key while mu's holder
-	// moves it; it then counts in the rows, which is only slower.
+	// moves it; it then counts in the table, which is only slower.
 	slots     []atomic.Uint64
 	slotEntry []atomic.Uint32
 	// floor is, once the set is full, the smallest estimate a value must
@@ -33,26 +55,30 @@ type window struct {
 	// when last computed, plus slack); 0 while the set has room.
 	floor atomic.Uint32
 
-	mu      sync.Mutex // guards n, entries' off and len, arena, writes to slots
+	mu      sync.Mutex // guards n, entries' at and len, arena, writes to slots
 	n       int        // members: entries[:n]
 	entries []entry    // K
 	arena   []byte     // K × MaxValueLen: member i's value at i×MaxValueLen
 	maxLen  int
 }
 
+// loc is a value's place in a window's table: the index of its line's
+// first slot, and its fingerprint (never 0).
+type loc struct{ line, fp uint32 }
+
 // entry is a member of the heavy set; its value is in the arena.
 type entry struct {
 	key  atomic.Uint64 // read by Adds to check a slot's index is still theirs
 	word atomic.Uint64 // generation | flushed | closed | count
-	off  [Rows]uint32
+	at   loc
 	len  uint16
 }
 
 // An entry's word: the count of Adds since the value entered (no window
-// sees 2⁴⁸), closed once eviction began (Adds then count in the rows),
-// flushed once the count is in the rows, and a generation bumped each time
-// the entry is reused, so that a compare-and-swap of a word read before
-// the entry changed hands fails.
+// sees 2⁴⁸), closed once eviction began (Adds then count in the table),
+// flushed once the count is in the table, and a generation bumped each
+// time the entry is reused, so that a compare-and-swap of a word read
+// before the entry changed hands fails.
 const (
 	countMask = 1<<48 - 1
 	closed    = 1 << 48
@@ -60,51 +86,173 @@ const (
 	genUnit   = 1 << 50
 )
 
-const entrySize = (8 + 8 + 4*Rows + 2 + 7) / 8 * 8 // key, word, off, len, padded to a word
+const entrySize = (8 + 8 + 8 + 2 + 7) / 8 * 8 // key, word, at, len, padded to a word
 
-func newWindow(counters, slots, k, maxLen int) *window {
+// A slot of the table: a fingerprint in the upper half, a count in the
+// lower. An atomic add of 1 is used only while the count is under
+// addBelow, so that no number of Adds in flight carries into the
+// fingerprint; past it the count saturates at 2³²−1 by compare-and-swap.
+const (
+	slotCount = 1<<32 - 1
+	slotFP    = ^uint64(slotCount)
+	addBelow  = math.MaxUint32 - 1<<24
+)
+
+func newWindow(slots, heavySlots, k, maxLen int) *window {
 	return &window{
-		counters:  make([]atomic.Uint32, counters),
-		slots:     make([]atomic.Uint64, slots),
-		slotEntry: make([]atomic.Uint32, slots),
+		table:     make([]atomic.Uint64, slots),
+		slots:     make([]atomic.Uint64, heavySlots),
+		slotEntry: make([]atomic.Uint32, heavySlots),
 		entries:   make([]entry, k),
 		arena:     make([]byte, k*maxLen),
 		maxLen:    maxLen,
 	}
 }
 
+// raceHook, nil outside tests, runs between an add's scan of a line and
+// its atomic operation: where a concurrent Add may change the line.
+var raceHook func(line []atomic.Uint64)
+
 func sat32(n uint64) uint32 { return uint32(min(n, math.MaxUint32)) }
 
-// add adds c to the value at off by conservative update and returns its
-// new estimate in the rows: with e the rows' minimum, each row under e+c is
-// raised to e+c by a compare-and-swap from the value read; a lost
-// compare-and-swap starts over. Rows are raised in row order, so two
-// successful adds of one value never raise from overlapping ranges: the
-// rows end at least at the sum of the successful adds, and each add
-// returns at least the sum of those that completed before it began, plus
-// its own. Counters saturate at 2³²−1.
-func (w *window) add(off *[Rows]uint32, c uint32) uint32 {
-	cs := w.counters
-	c0, c1, c2 := &cs[off[0]], &cs[off[1]], &cs[off[2]]
+// add counts c more of the value at `at` and returns its estimate: at
+// least the sum of the adds of it that completed before this one began,
+// plus c. See window for the rules; the loop starts over when a slot it
+// read changed before its atomic operation.
+func (w *window) add(at *loc, c uint32) uint32 {
+	line := w.table[at.line : at.line+Ways : at.line+Ways]
+	fp := uint64(at.fp) << 32
 	for {
-		v0, v1, v2 := c0.Load(), c1.Load(), c2.Load()
-		e := min(v0, v1, v2)
-		if e == math.MaxUint32 {
-			return e
+		var seen [Ways]uint64
+		// least is the least count of another value's slot, shifted, and
+		// the slot's index below it: a branch-free running minimum (the
+		// counts' order is random, and a mispredicted branch costs more
+		// than the scan).
+		mine, free, least := -1, -1, uint64(math.MaxUint64)
+		var others uint64 // the counts of the value's later slots (a race's)
+		for i := range line {
+			v := line[i].Load()
+			seen[i] = v
+			if v == 0 {
+				free = i // the slots after the first free one are free
+				break
+			}
+			if v&slotFP == fp {
+				if mine < 0 {
+					mine = i
+				} else {
+					others += v & slotCount
+				}
+				continue
+			}
+			least = min(least, (v&slotCount)<<3|uint64(i))
 		}
-		t := e + min(c, math.MaxUint32-e)
-		if (v0 < t && !c0.CompareAndSwap(v0, t)) ||
-			(v1 < t && !c1.CompareAndSwap(v1, t)) ||
-			(v2 < t && !c2.CompareAndSwap(v2, t)) {
-			continue
+		if raceHook != nil {
+			raceHook(line)
 		}
-		return t
+		switch {
+		case mine >= 0:
+			if v := seen[mine]; c == 1 && v&slotCount < addBelow {
+				if n := line[mine].Add(1); n&slotFP == fp {
+					return sat32(n&slotCount + others)
+				}
+				continue // the slot changed hands: the add counted for its new holder
+			} else if line[mine].CompareAndSwap(v, fp|uint64(sat32(v&slotCount+uint64(c)))) {
+				return sat32(v&slotCount + uint64(c) + others)
+			}
+		case free >= 0:
+			if line[free].CompareAndSwap(0, fp|uint64(c)) {
+				return c
+			}
+		default:
+			k := int(least & (Ways - 1))
+			v := seen[k]
+			m := v & slotCount
+			for j := range line {
+				if j != k && seen[j]&slotFP == v&slotFP {
+					// The leaving value holds another slot (a race's):
+					// it keeps its count there.
+					raise(&line[j], v&slotFP, m)
+					break
+				}
+			}
+			n := sat32(m + uint64(c))
+			if line[k].CompareAndSwap(v, fp|uint64(n)) {
+				return n
+			}
+		}
 	}
 }
 
-func (w *window) estimate(off *[Rows]uint32) uint32 {
-	c := w.counters
-	return min(c[off[0]].Load(), c[off[1]].Load(), c[off[2]].Load())
+// raise adds c to a slot while it holds fingerprint fp, saturating.
+func raise(slot *atomic.Uint64, fp, c uint64) {
+	for {
+		v := slot.Load()
+		if v&slotFP != fp || slot.CompareAndSwap(v, fp|uint64(sat32(v&slotCount+c))) {
+			return
+		}
+	}
+}
+
+// estimate returns the value's estimate: the sum of its slots, 0 if its
+// line has a free slot and none of them, the line's least count
+// otherwise. It scans the line until two scans see the same values in
+// the same slots, so that a value that left its line during the first is
+// judged by counts read after it left; under a line changing hands on
+// every scan it gives up after a few and may then read short by the Adds
+// racing it.
+func (w *window) estimate(at *loc) uint32 {
+	line := w.table[at.line : at.line+Ways : at.line+Ways]
+	fp := uint64(at.fp) << 32
+	var prev [Ways]uint64
+	for try := 0; ; try++ {
+		var sum, least uint64 = 0, math.MaxUint64
+		held, stable := false, try > 0
+		for i := range line {
+			v := line[i].Load()
+			if try > 0 && v&slotFP != prev[i]&slotFP {
+				stable = false
+			}
+			prev[i] = v
+			switch {
+			case v == 0:
+				least = 0
+			case v&slotFP == fp:
+				sum, held = sum+v&slotCount, true
+			default:
+				least = min(least, v&slotCount)
+			}
+		}
+		if stable || try == 8 {
+			if held {
+				return sat32(sum)
+			}
+			return sat32(least)
+		}
+	}
+}
+
+// estimateOnce is estimate from one scan: for a member, whose slot holds
+// only what it counted before it entered.
+func (w *window) estimateOnce(at *loc) uint32 {
+	line := w.table[at.line : at.line+Ways : at.line+Ways]
+	fp := uint64(at.fp) << 32
+	var sum, least uint64 = 0, math.MaxUint64
+	held := false
+	for i := range line {
+		switch v := line[i].Load(); {
+		case v == 0:
+			least = 0
+		case v&slotFP == fp:
+			sum, held = sum+v&slotCount, true
+		default:
+			least = min(least, v&slotCount)
+		}
+	}
+	if held {
+		return sat32(sum)
+	}
+	return sat32(least)
 }
 
 // member returns key's entry, if key is in the heavy set; without a lock.
@@ -126,9 +274,9 @@ func (w *window) has(key uint64) bool {
 }
 
 // addMember counts an Add of key in its member counter, if key is a
-// member, and returns its estimate. Otherwise the Add counts in the rows,
-// plus unflushed: the count of a member being evicted, not yet in its rows.
-func (w *window) addMember(key uint64, off *[Rows]uint32) (n uint32, unflushed uint64, ok bool) {
+// member, and returns its estimate. Otherwise the Add counts in the table,
+// plus unflushed: the count of a member being evicted, not yet in its slot.
+func (w *window) addMember(key uint64, at *loc) (n uint32, unflushed uint64, ok bool) {
 	e, ok := w.member(key)
 	if !ok {
 		return 0, 0, false
@@ -145,14 +293,14 @@ func (w *window) addMember(key uint64, off *[Rows]uint32) (n uint32, unflushed u
 			return 0, 0, false
 		}
 		if e.word.CompareAndSwap(v, v+1) {
-			return sat32(uint64(w.estimate(off)) + v&countMask + 1), 0, true
+			return sat32(uint64(w.estimateOnce(at)) + v&countMask + 1), 0, true
 		}
 	}
 }
 
 // estimateMember returns key's estimate in w, member or not.
-func (w *window) estimateMember(key uint64, off *[Rows]uint32) uint32 {
-	n := uint64(w.estimate(off))
+func (w *window) estimateMember(key uint64, at *loc) uint32 {
+	n := uint64(w.estimate(at))
 	if e, ok := w.member(key); ok {
 		if v := e.word.Load(); e.key.Load() == key && v&flushed == 0 {
 			n += v & countMask
@@ -207,7 +355,7 @@ func (w *window) value(i int) []byte {
 // is full, value replaces the smallest member (by estimate now) if it
 // exceeds it by more than slack, and is turned away otherwise; either way
 // the floor is raised to what the next candidate must exceed.
-func (s *Sketch) enter(w *window, key uint64, off *[Rows]uint32, value string, n uint32) {
+func (s *Sketch) enter(w *window, key uint64, at *loc, value string, n uint32) {
 	if !utf8.ValidString(value) {
 		s.turnedAway.Add(1)
 		return
@@ -219,7 +367,7 @@ func (s *Sketch) enter(w *window, key uint64, off *[Rows]uint32, value string, n
 	}
 	if w.n < len(w.entries) {
 		w.n++
-		w.put(w.n-1, key, off, value)
+		w.put(w.n-1, key, at, value)
 		s.entered.Add(1)
 		if w.n == len(w.entries) {
 			_, least := w.smallest()
@@ -234,30 +382,30 @@ func (s *Sketch) enter(w *window, key uint64, off *[Rows]uint32, value string, n
 		return
 	}
 	w.evict(i)
-	w.put(i, key, off, value)
+	w.put(i, key, at, value)
 	s.evicted.Add(1)
 	s.entered.Add(1)
 	_, least = w.smallest()
 	w.floor.Store(least + slack(least))
 }
 
-// evict closes member i's counter, adds its count to its rows and removes
+// evict closes member i's counter, adds its count to its slot and removes
 // it from slots, in that order: an Add that finds it closed but not yet
 // flushed adds the count to the estimate it returns; w.mu held.
 func (w *window) evict(i int) {
 	e := &w.entries[i]
 	v := e.word.Or(closed)
 	if c := v & countMask; c > 0 {
-		w.add(&e.off, sat32(c))
+		w.add(&e.at, sat32(c))
 	}
 	e.word.Or(flushed)
 	w.deleteKey(e.key.Load())
 }
 
 // put makes value member i, in an entry unused or evicted; w.mu held.
-func (w *window) put(i int, key uint64, off *[Rows]uint32, value string) {
+func (w *window) put(i int, key uint64, at *loc, value string) {
 	e := &w.entries[i]
-	e.off, e.len = *off, uint16(len(value))
+	e.at, e.len = *at, uint16(len(value))
 	copy(w.arena[i*w.maxLen:], value)
 	e.key.Store(key)
 	e.word.Store((e.word.Load() &^ (genUnit - 1)) + genUnit) // a new generation, count 0, open
@@ -267,7 +415,7 @@ func (w *window) put(i int, key uint64, off *[Rows]uint32, value string) {
 // estimateOf returns member i's estimate; w.mu held.
 func (w *window) estimateOf(i int) uint32 {
 	e := &w.entries[i]
-	n := uint64(w.estimate(&e.off))
+	n := uint64(w.estimate(&e.at))
 	if v := e.word.Load(); v&flushed == 0 {
 		n += v & countMask
 	}
@@ -302,8 +450,8 @@ func slack(least uint32) uint32 {
 // loaded it since it was last current, but one stalled since then could
 // still write (see Rotate).
 func (w *window) reset() {
-	for i := range w.counters {
-		w.counters[i].Store(0)
+	for i := range w.table {
+		w.table[i].Store(0)
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
