@@ -35,11 +35,12 @@
 //     that changes hands between an Add's scan and its atomic add counts
 //     that add for its new holder (an over-count of it); the Add sees so
 //     and counts again. Two first Adds of one value into a full line at
-//     once may each take a slot; its estimate is the sum of its slots, and
-//     a value held twice gives a slot's count to its other slot before the
-//     slot is retaken, so neither count is lost. An Add or Estimate racing
-//     with the eviction of its value from the heavy set may over-count by
-//     the value's count as a member, never under.
+//     once may each take a slot; its estimate is the sum of its slots,
+//     and if either is taken in turn it may read short by the Adds that
+//     raced to take them (one per goroutine at most): the one exception to
+//     the first point, which a value held once never meets. An Add or
+//     Estimate racing with the eviction of its value from the heavy set
+//     may over-count by the value's count as a member, never under.
 //   - An Add counts toward exactly one window: the one current when it
 //     began. Rotate clears a window one full window after it stopped being
 //     current, so only an Add stalled for longer than a window (a
