@@ -217,11 +217,11 @@ type valueSlot struct {
 }
 
 // listedCount counts one listed value's requests exactly: the sketch's
-// estimate of a value that is not in its heavy set is its counters'
-// minimum, which collisions alone raise (with 30,000 distinct values a
-// window, a value that sent nothing here reads 1 a fifth of the time), and
-// which, summed over a fleet, would give every listed value a rate it
-// does not send. Kept in the descState by value across policies, so a
+// estimate of a value that is not in its heavy set is, once its line of
+// the table is full, at least the line's least count, which other values
+// raise (under a flood of distinct values, a value that sent nothing here
+// reads it), and which, summed over a fleet, would give every listed value
+// a rate it does not send. Kept in the descState by value across policies, so a
 // policy swap loses no count; one atomic add per request of a listed
 // value.
 //
