@@ -38,9 +38,8 @@
 //     once may each take a slot; its estimate is the sum of its slots,
 //     and if either is taken in turn it may read short by the Adds that
 //     raced to take them (one per goroutine at most): the one exception to
-//     the first point, which a value held once never meets. An Add or
-//     Estimate racing with the eviction of its value from the heavy set
-//     may over-count by the value's count as a member, never under.
+//     the first point, which a value held once never meets. The heavy set
+//     only names values: entering or leaving it changes no count.
 //   - An Add counts toward exactly one window: the one current when it
 //     began. Rotate clears a window one full window after it stopped being
 //     current, so only an Add stalled for longer than a window (a
@@ -55,9 +54,9 @@
 // least slot. The count-min sketch it replaced (three rows, conservative
 // update) needed a compare-and-swap for each row at the minimum: three
 // for a value alone in its counters, the common case, which this table
-// counts in one add (`BenchmarkAdd/distinct-10`: 34 → 16 ns). A member of
-// the heavy set is counted by one atomic add on a counter of its own. A
-// locked instruction costs about 7 ns on the development machine: that is
+// counts in one add (`BenchmarkAdd/distinct-10`: 34 → 16 ns), and so the
+// heavy set's members, which the sketch counted in counters of their own,
+// are counted in the table like any value. A locked instruction costs about 7 ns on the development machine: that is
 // the price of counting exactly under concurrency; see
 // docs/benchmarks.md. Keep the table (8 bytes a slot) within the L2 cache:
 // past it every Add waits on memory.

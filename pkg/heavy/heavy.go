@@ -181,8 +181,7 @@ func (s *Sketch) locateHash(h uint64) (key uint64, at loc) {
 //
 // It takes no lock and allocates nothing. A value whose estimate is at or
 // above the threshold and not yet in the window's heavy set takes the
-// set's mutex once to enter it (copied into memory reserved at New); a
-// member of the set is counted in a counter of its own.
+// set's mutex once to enter it (copied into memory reserved at New).
 func (s *Sketch) Add(value string) uint32 {
 	if len(value) > s.maxLen {
 		value = Invalid
@@ -215,11 +214,7 @@ func (s *Sketch) AddHash(h uint64, value string) uint32 {
 func (s *Sketch) add(h uint64, value string) uint32 {
 	key, at := s.locateHash(h)
 	w := s.gen.Load().cur
-	n, unflushed, ok := w.addMember(key, &at)
-	if ok {
-		return n
-	}
-	n = sat32(uint64(w.add(&at, 1)) + unflushed)
+	n := w.add(&at)
 	if th := s.threshold.Load(); n >= th && th != 0 && n > w.floor.Load() && !w.has(key) {
 		s.enter(w, key, &at, value, n)
 	}
@@ -239,9 +234,9 @@ func (s *Sketch) Estimates(value string) (cur, prev uint32) {
 	if len(value) > s.maxLen {
 		value = Invalid
 	}
-	key, at := s.locate(value)
+	_, at := s.locate(value)
 	g := s.gen.Load()
-	return g.cur.estimateMember(key, &at), g.prev.estimateMember(key, &at)
+	return g.cur.estimate(&at), g.prev.estimate(&at)
 }
 
 // SetThreshold sets the estimate at which a value enters the current

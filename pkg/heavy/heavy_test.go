@@ -181,9 +181,8 @@ func TestZipfTopValuesAreHeavy(t *testing.T) {
 
 // TestConcurrentAddsOfOneValue: Adds of one value from several goroutines
 // return each estimate from 1 to the total exactly once, each goroutine's
-// in increasing order, and the final estimate is the total. (No threshold:
-// this is the rows' guarantee; a heavy member's estimate adds its own
-// counter to its rows, and the next test checks its sum.)
+// in increasing order, and the final estimate is the total: a value that
+// holds its slot is counted by one atomic add.
 func TestConcurrentAddsOfOneValue(t *testing.T) {
 	const goroutines, each = 4, 100000
 	s := mustNew(t, Options{})
@@ -221,7 +220,7 @@ func TestConcurrentAddsOfOneValue(t *testing.T) {
 
 // TestEvictionRacingAdds: two values take turns in a heavy set of one,
 // each evicted while its own Adds run; their estimates end exactly at
-// their counts (their rows collide with nothing else), in the set and out.
+// their counts (each holds a slot of its own), in the set and out.
 func TestEvictionRacingAdds(t *testing.T) {
 	phases := []struct{ a, b int }{ // Adds per goroutine, two goroutines per value
 		{2000, 0},     // a enters
@@ -489,7 +488,7 @@ func TestAddAllocatesNothing(t *testing.T) {
 // allocates nothing more.
 func TestMemoryIsFixed(t *testing.T) {
 	o := Options{Counters: 1 << 15, K: 256, MaxValueLen: 256, Threshold: 2}
-	want := 2 * (1<<15*8 + 512*12 + 256*256 + 256*32)
+	want := 2 * (1<<15*8 + 512*12 + 256*256 + 256*24)
 	if unsafe.Sizeof(entry{}) != entrySize {
 		t.Fatalf("an entry is %d bytes, entrySize says %d", unsafe.Sizeof(entry{}), entrySize)
 	}

@@ -41,11 +41,9 @@ import (
 // loses a few Adds of a window this way is judged against an allowance an
 // order larger.
 //
-// A member of the heavy set is counted in its own counter (entry.word),
-// which needs no scan of the line. Its estimate is its slot's estimate
-// plus that count. A member leaves the set only by eviction, which closes
-// its counter, adds the count to its slot (flushes it) and only then
-// removes it from slots.
+// The heavy set names the values that reached the threshold, for the
+// report: they are counted in the table like any other (one atomic add on
+// their slot already), and their estimates read from it.
 type window struct {
 	table []atomic.Uint64 // lines of Ways slots: fingerprint<<32 | count
 
@@ -61,7 +59,7 @@ type window struct {
 	// when last computed, plus slack); 0 while the set has room.
 	floor atomic.Uint32
 
-	mu      sync.Mutex // guards n, entries' at and len, arena, writes to slots
+	mu      sync.Mutex // guards n, entries, arena, writes to slots
 	n       int        // members: entries[:n]
 	entries []entry    // K
 	arena   []byte     // K × MaxValueLen: member i's value at i×MaxValueLen
@@ -74,25 +72,12 @@ type loc struct{ line, fp uint32 }
 
 // entry is a member of the heavy set; its value is in the arena.
 type entry struct {
-	key  atomic.Uint64 // read by Adds to check a slot's index is still theirs
-	word atomic.Uint64 // generation | flushed | closed | count
-	at   loc
-	len  uint16
+	key uint64
+	at  loc
+	len uint16
 }
 
-// An entry's word: the count of Adds since the value entered (no window
-// sees 2⁴⁸), closed once eviction began (Adds then count in the table),
-// flushed once the count is in the table, and a generation bumped each
-// time the entry is reused, so that a compare-and-swap of a word read
-// before the entry changed hands fails.
-const (
-	countMask = 1<<48 - 1
-	closed    = 1 << 48
-	flushed   = 1 << 49
-	genUnit   = 1 << 50
-)
-
-const entrySize = (8 + 8 + 8 + 2 + 7) / 8 * 8 // key, word, at, len, padded to a word
+const entrySize = (8 + 8 + 2 + 7) / 8 * 8 // key, at, len, padded to a word
 
 // A slot of the table: a fingerprint in the upper half, a count in the
 // lower. An atomic add of 1 is used only while the count is under
@@ -121,11 +106,11 @@ var raceHook func(line []atomic.Uint64)
 
 func sat32(n uint64) uint32 { return uint32(min(n, math.MaxUint32)) }
 
-// add counts c more of the value at `at` and returns its estimate: at
-// least the sum of the adds of it that completed before this one began,
-// plus c. See window for the rules; the loop starts over when a slot it
-// read changed before its atomic operation.
-func (w *window) add(at *loc, c uint32) uint32 {
+// add counts one Add of the value at `at` and returns its estimate: at
+// least the Adds of it that completed before this one began, plus one.
+// See window for the rules; the loop starts over when a slot it read
+// changed before its atomic operation.
+func (w *window) add(at *loc) uint32 {
 	line := w.table[at.line : at.line+Ways : at.line+Ways]
 	fp := uint64(at.fp) << 32
 	for {
@@ -158,22 +143,22 @@ func (w *window) add(at *loc, c uint32) uint32 {
 		}
 		switch {
 		case mine >= 0:
-			if v := seen[mine]; c == 1 && v&slotCount < addBelow {
+			if v := seen[mine]; v&slotCount < addBelow {
 				if n := line[mine].Add(1); n&slotFP == fp {
 					return sat32(n&slotCount + others)
 				}
 				continue // the slot changed hands: the add counted for its new holder
-			} else if line[mine].CompareAndSwap(v, fp|uint64(sat32(v&slotCount+uint64(c)))) {
-				return sat32(v&slotCount + uint64(c) + others)
+			} else if line[mine].CompareAndSwap(v, fp|uint64(sat32(v&slotCount+1))) {
+				return sat32(v&slotCount + 1 + others)
 			}
 		case free >= 0:
-			if line[free].CompareAndSwap(0, fp|uint64(c)) {
-				return c
+			if line[free].CompareAndSwap(0, fp|1) {
+				return 1
 			}
 		default:
 			k := int(least & (Ways - 1))
 			v := seen[k]
-			n := sat32(v&slotCount + uint64(c))
+			n := sat32(v&slotCount + 1)
 			if line[k].CompareAndSwap(v, fp|uint64(n)) {
 				return n
 			}
@@ -219,29 +204,6 @@ func (w *window) estimate(at *loc) uint32 {
 	}
 }
 
-// estimateOnce is estimate from one scan: for a member, whose slot holds
-// only what it counted before it entered.
-func (w *window) estimateOnce(at *loc) uint32 {
-	line := w.table[at.line : at.line+Ways : at.line+Ways]
-	fp := uint64(at.fp) << 32
-	var sum, least uint64 = 0, math.MaxUint64
-	held := false
-	for i := range line {
-		switch v := line[i].Load(); {
-		case v == 0:
-			least = 0
-		case v&slotFP == fp:
-			sum, held = sum+v&slotCount, true
-		default:
-			least = min(least, v&slotCount)
-		}
-	}
-	if held {
-		return sat32(sum)
-	}
-	return sat32(least)
-}
-
 // member returns key's entry, if key is in the heavy set; without a lock.
 func (w *window) member(key uint64) (*entry, bool) {
 	mask := uint64(len(w.slots) - 1)
@@ -258,42 +220,6 @@ func (w *window) member(key uint64) (*entry, bool) {
 func (w *window) has(key uint64) bool {
 	_, ok := w.member(key)
 	return ok
-}
-
-// addMember counts an Add of key in its member counter, if key is a
-// member, and returns its estimate. Otherwise the Add counts in the table,
-// plus unflushed: the count of a member being evicted, not yet in its slot.
-func (w *window) addMember(key uint64, at *loc) (n uint32, unflushed uint64, ok bool) {
-	e, ok := w.member(key)
-	if !ok {
-		return 0, 0, false
-	}
-	for {
-		v := e.word.Load()
-		if e.key.Load() != key { // evicted and reused since the slot was read
-			return 0, 0, false
-		}
-		if v&closed != 0 {
-			if v&flushed == 0 {
-				return 0, v & countMask, false
-			}
-			return 0, 0, false
-		}
-		if e.word.CompareAndSwap(v, v+1) {
-			return sat32(uint64(w.estimateOnce(at)) + v&countMask + 1), 0, true
-		}
-	}
-}
-
-// estimateMember returns key's estimate in w, member or not.
-func (w *window) estimateMember(key uint64, at *loc) uint32 {
-	n := uint64(w.estimate(at))
-	if e, ok := w.member(key); ok {
-		if v := e.word.Load(); e.key.Load() == key && v&flushed == 0 {
-			n += v & countMask
-		}
-	}
-	return sat32(n)
 }
 
 // insertKey puts key, member i, into slots; w.mu held, key absent, a free
@@ -376,38 +302,21 @@ func (s *Sketch) enter(w *window, key uint64, at *loc, value string, n uint32) {
 	w.floor.Store(least + slack(least))
 }
 
-// evict closes member i's counter, adds its count to its slot and removes
-// it from slots, in that order: an Add that finds it closed but not yet
-// flushed adds the count to the estimate it returns; w.mu held.
-func (w *window) evict(i int) {
-	e := &w.entries[i]
-	v := e.word.Or(closed)
-	if c := v & countMask; c > 0 {
-		w.add(&e.at, sat32(c))
-	}
-	e.word.Or(flushed)
-	w.deleteKey(e.key.Load())
-}
+// evict removes member i from slots; w.mu held. Its count stays in the
+// table.
+func (w *window) evict(i int) { w.deleteKey(w.entries[i].key) }
 
 // put makes value member i, in an entry unused or evicted; w.mu held.
 func (w *window) put(i int, key uint64, at *loc, value string) {
 	e := &w.entries[i]
 	e.at, e.len = *at, uint16(len(value))
 	copy(w.arena[i*w.maxLen:], value)
-	e.key.Store(key)
-	e.word.Store((e.word.Load() &^ (genUnit - 1)) + genUnit) // a new generation, count 0, open
+	e.key = key
 	w.insertKey(key, i)
 }
 
 // estimateOf returns member i's estimate; w.mu held.
-func (w *window) estimateOf(i int) uint32 {
-	e := &w.entries[i]
-	n := uint64(w.estimate(&e.at))
-	if v := e.word.Load(); v&flushed == 0 {
-		n += v & countMask
-	}
-	return sat32(n)
-}
+func (w *window) estimateOf(i int) uint32 { return w.estimate(&w.entries[i].at) }
 
 // smallest returns the member with the smallest estimate now, and that
 // estimate; w.mu held, the set not empty.
@@ -444,9 +353,6 @@ func (w *window) reset() {
 	defer w.mu.Unlock()
 	for i := range w.slots {
 		w.slots[i].Store(0)
-	}
-	for i := range w.n {
-		w.entries[i].key.Store(0)
 	}
 	w.n = 0
 	w.floor.Store(0)
