@@ -10,11 +10,12 @@
 // table of counts and a heavy set of at most K values whose estimate
 // reached the threshold. The table is a Space-Saving summary made
 // set-associative: lines of Ways (8) slots, one 64-byte cache line each,
-// a slot a value's 32-bit fingerprint and its count. A value is counted in
-// its own slot of its line; a value new to a full line takes the slot of
-// least count m, with count m + 1, from the value that held it. Values are
-// hashed with hash/maphash under a seed drawn at New, so no one outside
-// the process can choose values that share a line or a fingerprint.
+// a slot a value's tag (27 bits of its hash and the window's epoch) and
+// its count. A value is counted in its own slot of its line; a value new
+// to a full line takes the slot of least count m, with count m + 1, from
+// the value that held it. Values are hashed with hash/maphash under a seed
+// drawn at New, so no one outside the process can choose values that
+// share a line or a tag.
 //
 // What a caller may assume:
 //   - An estimate never counts fewer than the Adds of the value that
@@ -23,7 +24,7 @@
 //     had counted before; a value that left its line had the least count
 //     when it left, and reads its line's least count, which never falls.
 //   - It over-counts only by what its slot held before it took it (or
-//     what another value with its fingerprint, one in 2³², added).
+//     what another value with its tag, one in 2²⁷ in its line, added).
 //     Serially, a line's counts sum to its Adds, so a value is over-counted
 //     by at most its line's Adds / Ways, whatever the stream: a value that
 //     finds a free slot in its line is counted exactly. With the default
@@ -34,17 +35,19 @@
 //   - Concurrent Adds of one value held in its line sum exactly. A slot
 //     that changes hands between an Add's scan and its atomic add counts
 //     that add for its new holder (an over-count of it); the Add sees so
-//     and counts again. Two first Adds of one value into a full line at
-//     once may each take a slot; its estimate is the sum of its slots,
-//     and if either is taken in turn it may read short by the Adds that
-//     raced to take them (one per goroutine at most): the one exception to
-//     the first point, which a value held once never meets. The heavy set
-//     only names values: entering or leaving it changes no count.
-//   - An Add counts toward exactly one window: the one current when it
+//     and counts again. Two Adds racing to take a slot for one value never
+//     both succeed, so a value holds one slot at most (the argument is at
+//     the window type). An Estimate racing Adds scans its line until two
+//     scans agree, and under endless churn returns the line's largest
+//     count. The heavy set only names values: entering or leaving it
+//     changes no count.
+//   - An Add counts toward at most one window: the one current when it
 //     began. Rotate clears a window one full window after it stopped being
 //     current, so only an Add stalled for longer than a window (a
 //     goroutine descheduled for a whole report interval) can lose its
-//     count; none is ever counted twice.
+//     count, and it loses only its own: the cleared window's epoch has
+//     moved on, and no word the stalled Add read or writes matches a new
+//     one (until the epoch, three bits, comes round after eight clearings).
 //
 // # Cost
 //
@@ -56,10 +59,10 @@
 // for a value alone in its counters, the common case, which this table
 // counts in one add (`BenchmarkAdd/distinct-10`: 34 → 16 ns), and so the
 // heavy set's members, which the sketch counted in counters of their own,
-// are counted in the table like any value. A locked instruction costs about 7 ns on the development machine: that is
-// the price of counting exactly under concurrency; see
-// docs/benchmarks.md. Keep the table (8 bytes a slot) within the L2 cache:
-// past it every Add waits on memory.
+// are counted in the table like any value. A locked instruction costs
+// about 7 ns on the development machine: that is the price of counting
+// exactly under concurrency; see docs/benchmarks.md. Keep the table (8
+// bytes a slot) within the L2 cache: past it every Add waits on memory.
 //
 // # Bad input
 //

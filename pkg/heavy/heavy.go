@@ -126,7 +126,7 @@ type Sketch struct {
 	maxLen    int
 	k         int
 
-	mu sync.Mutex // serialises Rotate and AppendHeavy, which read prev
+	mu sync.Mutex // serialises Rotate with AppendHeavy and Estimates, which read prev
 
 	entered, evicted, turnedAway atomic.Uint64
 }
@@ -163,15 +163,10 @@ func (s *Sketch) Valid(value string) bool {
 }
 
 // locate hashes value to its heavy-set key (never 0) and its place in the
-// table: its line and fingerprint.
+// current window's table.
 func (s *Sketch) locate(value string) (key uint64, at loc) {
-	return s.locateHash(maphash.String(s.seed, value))
-}
-
-// locateHash is locate for h = maphash.String(s.seed, value): the line
-// from the hash's low bits, the fingerprint (never 0) from its high ones.
-func (s *Sketch) locateHash(h uint64) (key uint64, at loc) {
-	return h | 1, loc{line: uint32(h&s.lineMask) * Ways, fp: uint32(h>>32) | 1}
+	h := maphash.String(s.seed, value)
+	return h | 1, s.gen.Load().cur.loc(h, s.lineMask)
 }
 
 // Add counts one occurrence of value in the current window and returns
@@ -212,8 +207,8 @@ func (s *Sketch) AddHash(h uint64, value string) uint32 {
 }
 
 func (s *Sketch) add(h uint64, value string) uint32 {
-	key, at := s.locateHash(h)
-	w := s.gen.Load().cur
+	key, w := h|1, s.gen.Load().cur
+	at := w.loc(h, s.lineMask)
 	n := w.add(&at)
 	if th := s.threshold.Load(); n >= th && th != 0 && n > w.floor.Load() && !w.has(key) {
 		s.enter(w, key, &at, value, n)
@@ -229,14 +224,18 @@ func (s *Sketch) Estimate(value string) uint32 {
 
 // Estimates returns value's count in the current and the previous window:
 // a caller may smooth a rate over both (prev·(1−f) + cur, f the elapsed
-// fraction of the current window).
+// fraction of the current window). It waits for a Rotate in progress: it
+// is for the reporter, off the request path.
 func (s *Sketch) Estimates(value string) (cur, prev uint32) {
 	if len(value) > s.maxLen {
 		value = Invalid
 	}
-	_, at := s.locate(value)
+	h := maphash.String(s.seed, value)
+	s.mu.Lock() // no Rotate clears prev while it is read
+	defer s.mu.Unlock()
 	g := s.gen.Load()
-	return g.cur.estimate(&at), g.prev.estimate(&at)
+	c, p := g.cur.loc(h, s.lineMask), g.prev.loc(h, s.lineMask)
+	return g.cur.estimate(&c), g.prev.estimate(&p)
 }
 
 // SetThreshold sets the estimate at which a value enters the current

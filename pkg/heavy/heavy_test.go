@@ -111,28 +111,32 @@ func TestOverCountWithinBound(t *testing.T) {
 					lineAdds[at.line]++
 					s.Add(vals[i])
 				}
-				over := 0
+				closest := 1.0 // the least share of its bound a value's over-count left unused
 				for i, c := range exact {
 					_, at := s.locate(vals[i])
 					got := s.Estimate(vals[i])
-					if bound := lineAdds[at.line] / Ways; got < c || got-c > bound {
+					bound := lineAdds[at.line] / Ways
+					if got < c || got-c > bound {
 						t.Fatalf("seed %d: Estimate(%s) = %d, count %d: over by more than its line's Adds / Ways = %d", seed, vals[i], got, c, bound)
 					}
-					if got > c {
-						over++
-					}
+					closest = min(closest, 1-float64(got-c)/float64(bound))
 				}
-				if over < len(exact)/2 {
-					t.Errorf("seed %d: only %d of %d values over-counted in a table of %d slots: the test checks less than it says", seed, over, len(exact), o.Slots())
+				if closest > 0.1 {
+					t.Errorf("seed %d: no value's over-count came within 10 %% of its bound: the test checks less than it says", seed)
 				}
 			}
 		})
 	}
-	// A value never added reads 0 while its line has a free slot.
-	s := mustNew(t, Options{})
-	s.Add("a")
-	if got := s.Estimate("b"); got != 0 {
-		t.Errorf("Estimate of a value never added = %d in an empty table", got)
+	// A value never added reads 0 while its line has a free slot, though
+	// other values hold some.
+	s := mustNew(t, Options{Counters: 2 * Ways})
+	vals = sameLine(t, s, Ways)
+	for _, v := range vals[:Ways-1] {
+		s.Add(v)
+		s.Add(v)
+	}
+	if got := s.Estimate(vals[Ways-1]); got != 0 {
+		t.Errorf("Estimate of a value never added = %d in a line with a free slot", got)
 	}
 }
 
@@ -441,8 +445,8 @@ func TestSaturates(t *testing.T) {
 	_, at := s.locate("a")
 	w := s.gen.Load().cur
 	for i := range Ways {
-		if v := w.table[at.line+uint32(i)].Load(); v&slotFP == uint64(at.fp)<<32 {
-			w.table[at.line+uint32(i)].Store(v&slotFP | (math.MaxUint32 - 1))
+		if v := w.table[at.line+uint32(i)].Load(); v&slotTag == uint64(at.tag)<<33 {
+			w.table[at.line+uint32(i)].Store(v&slotTag | (math.MaxUint32 - 1))
 		}
 	}
 	if got := s.Add("a"); got != math.MaxUint32 {
@@ -609,7 +613,7 @@ func TestAddLosingItsSlotCountsAgain(t *testing.T) {
 	_, yAt := s.locate(y)
 	raceHook = func(line []atomic.Uint64) {
 		raceHook = nil
-		line[0].Store(uint64(yAt.fp)<<32 | 4) // y took x's slot: x's 3, plus its own Add
+		line[0].Store(uint64(yAt.tag)<<33 | 4) // y took x's slot: x's 3, plus its own Add
 	}
 	t.Cleanup(func() { raceHook = nil })
 	if got := s.Add(x); got < 4 {
@@ -623,34 +627,141 @@ func TestAddLosingItsSlotCountsAgain(t *testing.T) {
 	}
 }
 
-// TestValueHeldTwiceLosesOnlyTheRace: a value that two racing Adds left in
-// two slots of its line reads their sum, and when one of them is taken
-// for another value it reads short by no more than the Adds that raced
-// (the documented exception to never under-counting).
-func TestValueHeldTwiceLosesOnlyTheRace(t *testing.T) {
+// TestRacingTakersShareOneSlot: an Add of a value new to a full line whose
+// least slot another Add takes for the same value between its scan and its
+// compare-and-swap finds the value there and counts in that slot: the
+// value holds one slot, with both Adds.
+func TestRacingTakersShareOneSlot(t *testing.T) {
 	s := mustNew(t, Options{Counters: 2 * Ways})
 	vals := sameLine(t, s, Ways+1)
-	x, z := vals[0], vals[Ways]
+	x := vals[Ways]
 	for i, v := range vals[:Ways] {
 		for range 10 + i {
 			s.Add(v)
 		}
 	}
-	// The race's outcome: x (10 Adds in slot 0) also holds slot 7, where
-	// 2 Adds that raced slot 0's taking counted on top of the 5 it took
-	// over. x's true count is 12.
-	const trueCount, raced = 12, 2
 	_, at := s.locate(x)
+	raceHook = func(line []atomic.Uint64) {
+		raceHook = nil
+		line[0].Store(uint64(at.tag)<<33 | 11) // the other Add took slot 0, the least (10)
+	}
+	t.Cleanup(func() { raceHook = nil })
+	if got := s.Add(x); got != 12 {
+		t.Errorf("Add(x) = %d, want 12: the slot the other Add took, and this Add", got)
+	}
 	w := s.gen.Load().cur
-	w.table[at.line+Ways-1].Store(uint64(at.fp)<<32 | 5 + raced)
-	if got := s.Estimate(x); got != 10+5+raced {
-		t.Fatalf("Estimate(x) = %d, want %d: the sum of its two slots", got, 10+5+raced)
+	held := 0
+	for i := range Ways {
+		if w.table[at.line+uint32(i)].Load()&slotTag == uint64(at.tag)<<33 {
+			held++
+		}
 	}
-	s.Add(z) // takes slot 7, the least
-	if got := s.Estimate(x); got < trueCount-raced {
-		t.Errorf("after its slot 7 was taken, Estimate(x) = %d: short of its count %d by more than the %d Adds that raced", got, trueCount, raced)
+	if held != 1 {
+		t.Errorf("x holds %d slots, want 1", held)
 	}
-	if got := s.Estimate(z); got != 5+raced+1 {
-		t.Errorf("Estimate(z) = %d, want %d: what it took over, and its own", got, 5+raced+1)
+}
+
+// TestStalledAddSparesTheNextWindow: an Add stalled between its scan and
+// its compare-and-swap while its window is reset and reused must not take
+// a slot that holds, by chance, the very word it read: the new window's
+// words carry a new epoch. Without it, b (re-added once, its slot word as
+// before) would lose its slot to the stalled Add and read 0.
+func TestStalledAddSparesTheNextWindow(t *testing.T) {
+	s := mustNew(t, Options{Counters: 2 * Ways})
+	vals := sameLine(t, s, Ways+1)
+	b, x := vals[0], vals[Ways]
+	for i, v := range vals[:Ways] { // b in slot 0 with the least count, 1
+		for range 1 + i {
+			s.Add(v)
+		}
+	}
+	raceHook = func([]atomic.Uint64) {
+		raceHook = nil
+		s.Rotate()
+		s.Rotate() // x's window cleared and current again
+		s.Add(b)
+	}
+	t.Cleanup(func() { raceHook = nil })
+	s.Add(x)
+	if got := s.Estimate(b); got != 1 {
+		t.Errorf("Estimate(b) = %d after 1 Add in the window, want 1", got)
+	}
+}
+
+// TestEstimatesWhileAdding: Estimates read while other goroutines Add
+// never fall below the Adds of the value that completed before the read
+// began, in a table of two lines where values take each other's slots on
+// almost every Add.
+func TestEstimatesWhileAdding(t *testing.T) {
+	const adders, each, distinct = 3, 30000, 24
+	vals := names(distinct)
+	s := mustNew(t, Options{Counters: 2 * Ways})
+	done := make([]atomic.Uint32, distinct) // Adds completed, per value
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	for g := range adders {
+		wg.Go(func() {
+			r := rand.New(rand.NewPCG(uint64(g), 3))
+			for range each {
+				i := r.IntN(distinct)
+				s.Add(vals[i])
+				done[i].Add(1)
+			}
+		})
+	}
+	var reads, low atomic.Int64
+	var rg sync.WaitGroup
+	rg.Go(func() {
+		for i := 0; ; i = (i + 1) % distinct {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			floor := done[i].Load()
+			if got := s.Estimate(vals[i]); got < floor {
+				low.Add(1)
+				t.Errorf("Estimate(%s) = %d while %d Adds of it had completed", vals[i], got, floor)
+			}
+			reads.Add(1)
+		}
+	})
+	wg.Wait()
+	close(stop)
+	rg.Wait()
+	if reads.Load() < 1000 {
+		t.Errorf("only %d reads raced the Adds: the test checks less than it says", reads.Load())
+	}
+}
+
+// TestEstimateOfAValueLeavingDuringTheScan: an Estimate whose scan read a
+// slot before it grew, and the value's own slot after another value took
+// it, must not judge the value by the stale, smaller count: it scans again.
+func TestEstimateOfAValueLeavingDuringTheScan(t *testing.T) {
+	s := mustNew(t, Options{Counters: 2 * Ways})
+	vals := sameLine(t, s, Ways+1)
+	a, x, y := vals[0], vals[1], vals[Ways]
+	s.Add(a)      // slot 0: 1
+	for range 5 { // slot 1: 5
+		s.Add(x)
+	}
+	for _, v := range vals[2:Ways] { // slots 2–7: 9 each
+		for range 9 {
+			s.Add(v)
+		}
+	}
+	estimateHook = func(i int) {
+		if i != 0 {
+			return
+		}
+		estimateHook = nil
+		for range 6 { // a passes x, which is now the least
+			s.Add(a)
+		}
+		s.Add(y) // and y takes x's slot, with 6
+	}
+	t.Cleanup(func() { estimateHook = nil })
+	if got := s.Estimate(x); got < 5 {
+		t.Errorf("Estimate(x) = %d after 5 Adds of it: judged by a count read before it left", got)
 	}
 }

@@ -13,39 +13,48 @@ import (
 // window is one window's table of counts and heavy set.
 //
 // The table is a set-associative Space-Saving summary: lines of Ways
-// slots, each slot a value's fingerprint and count (0: free). A value is
-// counted in its line only, in the first slot holding its fingerprint. A
-// value not in its line takes the first free slot, with its count; once
-// the line is full, it takes the slot with the least count m, with count
-// m + its count, and the value that held it leaves. So:
+// slots, each slot a value's tag and count (0: free). A value is counted
+// in its line only, in the slot holding its tag. A value not in its line
+// takes the first free slot, with count 1; once the line is full, it takes
+// the slot with the least count m (the lowest such slot), with count m +
+// 1, and the value that held it leaves. So:
 //   - an Add of a value in its line is one atomic add, and a value alone
 //     in its line is counted exactly;
-//   - a line's least count never falls within a window, and a value that
-//     left its line had the least count when it left: its estimate, the
-//     line's least count, is never below its true count, nor is a held
-//     value's (its count plus what it took over);
+//   - a slot's count never falls within a window (it grows, or changes
+//     hands to a larger count), so neither does a line's least count; a
+//     value that left its line had the least count when it left, and its
+//     estimate, the line's least count, is never below its true count, nor
+//     is a held value's (its count plus what it took over);
 //   - serially, the counts of a line sum to its Adds, so no value is
 //     over-counted by more than its line's Adds / Ways.
 //
 // Races: a slot may change hands between an Add's scan and its atomic
-// add, which then counts for the new holder; the Add sees the fingerprint
-// it added to, and starts over (an over-count of the other value, never an
-// under-count of its own). Two first Adds of one value into a full line,
-// each scanning before the other took its slot, may each take one; the
-// value's estimate is the sum of its slots. If one of them is taken in
-// turn (it is the line's least), the value may read short by the Adds
-// that raced to take a slot, one per goroutine at most, and only those:
-// what the slot held beyond them it had taken over from the line's least,
-// which covers what the value counted before. Checking for such a slot
-// on every eviction cost about 5 ns of a descriptor's 60; a value that
-// loses a few Adds of a window this way is judged against an allowance an
-// order larger.
+// add, which then counts for the new holder; the Add sees the tag it
+// added to, and starts over (an over-count of the other value, never an
+// under-count of its own). Two Adds of one value racing to take a slot
+// never both succeed, so a value holds at most one slot: each takes its
+// slot by a compare-and-swap of the whole word it read, and of two that
+// succeed, the later read the earlier's slot before it was taken (else it
+// would have found the value there) and chose its own as lower in (count,
+// index); counts only grow, so the earlier read that slot no higher and
+// the later's no lower, and would have chosen the later's: a
+// contradiction (free slots are taken in order, with the same argument).
+//
+// A tag is 27 bits of the value's hash, a bit always set (no tag is 0)
+// and the window's epoch: three bits that reset advances. An Add stalled
+// across its window's reset (a goroutine descheduled for a whole report
+// interval) holds the old epoch's tag, which no word of the new one
+// matches: its compare-and-swaps fail or take a slot for no value (whose
+// holder, as any leaving value, reads the line's least count), and its
+// count is lost, as the package promises, without touching another
+// value's. Eight resets later the epoch repeats.
 //
 // The heavy set names the values that reached the threshold, for the
 // report: they are counted in the table like any other (one atomic add on
 // their slot already), and their estimates read from it.
 type window struct {
-	table []atomic.Uint64 // lines of Ways slots: fingerprint<<32 | count
+	table []atomic.Uint64 // lines of Ways slots: tag<<33 | carry | count
+	epoch atomic.Uint32   // advanced by reset; the low three bits tag slots
 
 	// slots and slotEntry are the heavy set's membership, read without a
 	// lock: an open-addressing table of keys (0: empty), linear probing,
@@ -67,8 +76,8 @@ type window struct {
 }
 
 // loc is a value's place in a window's table: the index of its line's
-// first slot, and its fingerprint (never 0).
-type loc struct{ line, fp uint32 }
+// first slot, and its tag there (never 0).
+type loc struct{ line, tag uint32 }
 
 // entry is a member of the heavy set; its value is in the arena.
 type entry struct {
@@ -79,15 +88,29 @@ type entry struct {
 
 const entrySize = (8 + 8 + 2 + 7) / 8 * 8 // key, at, len, padded to a word
 
-// A slot of the table: a fingerprint in the upper half, a count in the
-// lower. An atomic add of 1 is used only while the count is under
-// addBelow, so that no number of Adds in flight carries into the
-// fingerprint; past it the count saturates at 2³²−1 by compare-and-swap.
+// A slot of the table: a tag in the upper 31 bits, a carry bit, and a
+// count. An atomic add of 1 is used only while the count read is under
+// addBelow, and an Add that read it lower and stalled while 2²⁴ others
+// counted carries into the carry bit, never into the tag: a slot with its
+// carry bit set reads as saturated, 2³²−1, as does a count there by
+// compare-and-swap.
 const (
 	slotCount = 1<<32 - 1
-	slotFP    = ^uint64(slotCount)
+	slotCarry = 1 << 32
+	slotTag   = ^uint64(1<<33 - 1)
 	addBelow  = math.MaxUint32 - 1<<24
 )
+
+// count returns a slot's count and carry bit: past 2³²−1 once it carried,
+// which sat32 reads as 2³²−1.
+func count(v uint64) uint64 { return v & (slotCarry | slotCount) }
+
+// loc returns the place in w of the value whose hash is h: its line (from
+// the hash's low bits) and its tag in w's epoch (from the high ones).
+func (w *window) loc(h, lineMask uint64) loc {
+	tag := uint32(h>>32)&^15 | 8 | w.epoch.Load()&7
+	return loc{line: uint32(h&lineMask) * Ways, tag: tag}
+}
 
 func newWindow(slots, heavySlots, k, maxLen int) *window {
 	return &window{
@@ -100,9 +123,13 @@ func newWindow(slots, heavySlots, k, maxLen int) *window {
 	}
 }
 
-// raceHook, nil outside tests, runs between an add's scan of a line and
-// its atomic operation: where a concurrent Add may change the line.
-var raceHook func(line []atomic.Uint64)
+// raceHook and estimateHook, nil outside tests, run where a concurrent Add
+// may change a line: between an add's scan and its atomic operation, and
+// after an estimate's first scan read slot i.
+var (
+	raceHook     func(line []atomic.Uint64)
+	estimateHook func(i int)
+)
 
 func sat32(n uint64) uint32 { return uint32(min(n, math.MaxUint32)) }
 
@@ -112,7 +139,7 @@ func sat32(n uint64) uint32 { return uint32(min(n, math.MaxUint32)) }
 // changed before its atomic operation.
 func (w *window) add(at *loc) uint32 {
 	line := w.table[at.line : at.line+Ways : at.line+Ways]
-	fp := uint64(at.fp) << 32
+	tag := uint64(at.tag) << 33
 	for {
 		var seen [Ways]uint64
 		// least is the least count of another value's slot, shifted, and
@@ -120,7 +147,6 @@ func (w *window) add(at *loc) uint32 {
 		// counts' order is random, and a mispredicted branch costs more
 		// than the scan).
 		mine, free, least := -1, -1, uint64(math.MaxUint64)
-		var others uint64 // the counts of the value's later slots (a race's)
 		for i := range line {
 			v := line[i].Load()
 			seen[i] = v
@@ -128,78 +154,81 @@ func (w *window) add(at *loc) uint32 {
 				free = i // the slots after the first free one are free
 				break
 			}
-			if v&slotFP == fp {
-				if mine < 0 {
-					mine = i
-				} else {
-					others += v & slotCount
-				}
-				continue
+			if v&slotTag == tag {
+				mine = i
+				break
 			}
-			least = min(least, (v&slotCount)<<3|uint64(i))
+			least = min(least, count(v)<<3|uint64(i))
 		}
 		if raceHook != nil {
 			raceHook(line)
 		}
 		switch {
 		case mine >= 0:
-			if v := seen[mine]; v&slotCount < addBelow {
-				if n := line[mine].Add(1); n&slotFP == fp {
-					return sat32(n&slotCount + others)
+			if v := seen[mine]; count(v) < addBelow {
+				if n := line[mine].Add(1); n&slotTag == tag {
+					return sat32(count(n))
 				}
 				continue // the slot changed hands: the add counted for its new holder
-			} else if line[mine].CompareAndSwap(v, fp|uint64(sat32(v&slotCount+1))) {
-				return sat32(v&slotCount + 1 + others)
+			} else if n := sat32(count(v) + 1); line[mine].CompareAndSwap(v, tag|uint64(n)) {
+				return n
 			}
 		case free >= 0:
-			if line[free].CompareAndSwap(0, fp|1) {
+			if line[free].CompareAndSwap(0, tag|1) {
 				return 1
 			}
 		default:
 			k := int(least & (Ways - 1))
 			v := seen[k]
-			n := sat32(v&slotCount + 1)
-			if line[k].CompareAndSwap(v, fp|uint64(n)) {
+			n := sat32(count(v) + 1)
+			if line[k].CompareAndSwap(v, tag|uint64(n)) {
 				return n
 			}
 		}
 	}
 }
 
-// estimate returns the value's estimate: the sum of its slots, 0 if its
-// line has a free slot and none of them, the line's least count
-// otherwise. It scans the line until two scans see the same values in
-// the same slots, so that a value that left its line during the first is
-// judged by counts read after it left; under a line changing hands on
-// every scan it gives up after a few and may then read short by the Adds
-// racing it.
+// estimate returns the value's estimate: its slot's count, 0 if its line
+// has a free slot and no slot of its, the line's least count otherwise.
+// It scans the line until two scans see the same tags in the same slots,
+// so that a value that left its line during the first is judged by counts
+// read after it left. Under a line changing hands on every scan it gives
+// up after a few and returns the largest count it read in the last, which
+// is no less than any value's in the line.
 func (w *window) estimate(at *loc) uint32 {
 	line := w.table[at.line : at.line+Ways : at.line+Ways]
-	fp := uint64(at.fp) << 32
+	tag := uint64(at.tag) << 33
 	var prev [Ways]uint64
 	for try := 0; ; try++ {
-		var sum, least uint64 = 0, math.MaxUint64
-		held, stable := false, try > 0
+		var held, least, most uint64 = 0, math.MaxUint64, 0
+		found, stable := false, try > 0
 		for i := range line {
 			v := line[i].Load()
-			if try > 0 && v&slotFP != prev[i]&slotFP {
+			if try == 0 && estimateHook != nil {
+				estimateHook(i)
+			}
+			if try > 0 && v&slotTag != prev[i]&slotTag {
 				stable = false
 			}
 			prev[i] = v
+			c := count(v)
+			most = max(most, c)
 			switch {
 			case v == 0:
 				least = 0
-			case v&slotFP == fp:
-				sum, held = sum+v&slotCount, true
+			case v&slotTag == tag && !found:
+				held, found = c, true
 			default:
-				least = min(least, v&slotCount)
+				least = min(least, c)
 			}
 		}
-		if stable || try == 8 {
-			if held {
-				return sat32(sum)
-			}
+		switch {
+		case stable && found:
+			return sat32(held)
+		case stable:
 			return sat32(least)
+		case try == 8:
+			return sat32(most)
 		}
 	}
 }
@@ -346,6 +375,7 @@ func slack(least uint32) uint32 {
 // loaded it since it was last current, but one stalled since then could
 // still write (see Rotate).
 func (w *window) reset() {
+	w.epoch.Add(1) // first: whatever a stalled Add writes, it writes with the old epoch's tag
 	for i := range w.table {
 		w.table[i].Store(0)
 	}
