@@ -273,8 +273,9 @@ func BenchmarkDecideProcedure(b *testing.B) {
 //
 // The policy is a single sidecar's (LiveInstances 1): its allowance, 62
 // requests a window at 50 rps, is above what the sketch over-counts a
-// light value by with a million values in one window (about 30 with the
-// default rows of 2¹⁵). With the 300 sidecars the allowance is 1,
+// light value by with a million values in one window (at most its line's
+// Adds / 8: about 15 by the window's end with the default 2¹⁶ slots). With
+// the 300 sidecars the allowance is 1,
 // and every value of such a window would be dropped as over-counted: a
 // sketch too small for its window (docs/benchmarks.md), whose drop path
 // the unlisted case measures.

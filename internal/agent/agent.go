@@ -128,7 +128,7 @@ type Config struct {
 	// shares (_overflow, q); at most MaxLeavesBound.
 	MaxLeaves int
 	// DescriptorCounters and DescriptorHeavy size each descriptor's
-	// sketch (sidecar.LimiterOptions): the counters of one window, and the
+	// sketch (sidecar.LimiterOptions): the slots of one window, and the
 	// heavy values it holds and reports. Memory is set by them, never by
 	// the number of distinct values.
 	DescriptorCounters, DescriptorHeavy int

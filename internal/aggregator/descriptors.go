@@ -116,8 +116,9 @@ func (s *State) checkDescriptors(r *sluicev1.LoadReport, bad *RejectedEntries) [
 // over secs, and returns the good ones as rates, sorted by value. Only the
 // first MaxReportValues entries are looked at: the work a report costs is
 // bounded by the bound, not by what it lists. A value counting more than
-// its descriptor's total (a sketch over-counts only through collisions,
-// and never past the window's requests) is clamped to the total.
+// its descriptor's total (a sketch over-counts only by what the values
+// sharing its line counted, never past the window's requests) is clamped
+// to the total.
 func (s *State) checkValues(vs []*sluicev1.ValueCounts, total uint64, secs float64, bad *RejectedEntries) []valueRate {
 	if n := len(vs) - s.bounds.MaxReportValues; n > 0 {
 		bad.TooManyValues += n
