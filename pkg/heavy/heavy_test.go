@@ -765,3 +765,28 @@ func TestEstimateOfAValueLeavingDuringTheScan(t *testing.T) {
 		t.Errorf("Estimate(x) = %d after 5 Adds of it: judged by a count read before it left", got)
 	}
 }
+
+// TestStaleAddCarriesIntoTheCarryBit: an Add that read its count under
+// the guard and stalled while others counted it to 2³²−1 carries on its
+// atomic add; the carry lands in the carry bit, not the tag, and the value
+// reads as saturated.
+func TestStaleAddCarriesIntoTheCarryBit(t *testing.T) {
+	s := mustNew(t, Options{})
+	s.Add("a")
+	_, at := s.locate("a")
+	raceHook = func(line []atomic.Uint64) {
+		raceHook = nil
+		for i := range line {
+			if v := line[i].Load(); v&slotTag == uint64(at.tag)<<33 {
+				line[i].Store(v&slotTag | math.MaxUint32) // the others' Adds
+			}
+		}
+	}
+	t.Cleanup(func() { raceHook = nil })
+	if got := s.Add("a"); got != math.MaxUint32 {
+		t.Errorf("Add = %d, want %d", got, uint32(math.MaxUint32))
+	}
+	if got := s.Estimate("a"); got != math.MaxUint32 {
+		t.Errorf("Estimate = %d, want %d: saturated", got, uint32(math.MaxUint32))
+	}
+}
