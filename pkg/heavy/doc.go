@@ -45,9 +45,10 @@
 //     began. Rotate clears a window one full window after it stopped being
 //     current, so only an Add stalled for longer than a window (a
 //     goroutine descheduled for a whole report interval) can lose its
-//     count, and it loses only its own: the cleared window's epoch has
-//     moved on, and no word the stalled Add read or writes matches a new
-//     one (until the epoch, three bits, comes round after eight clearings).
+//     count: the cleared window's epoch has moved on, so it lowers no other
+//     value's count (it may raise one by its own) and enters nothing in
+//     the new window's heavy set (until the epoch, three bits advanced
+//     twice a clearing, comes round after four).
 //
 // # Cost
 //
@@ -80,8 +81,7 @@
 //     bounded number). v := value, or Invalid when !Valid(value); n :=
 //     sk.Add(v). If v is in the policy's pushed list of heavy values, its
 //     pushed drop ratio decides; otherwise n (this window's count on this
-//     sidecar, possibly smoothed with the previous window by Estimates) is
-//     checked against the local per-sidecar allowance. The reporter sets
+//     sidecar) is checked against the local per-sidecar allowance. The reporter sets
 //     the threshold at or below that allowance, so a value that exceeds
 //     the allowance locally is a heavy hitter at once.
 //   - Reporter, each report interval (off the request path): SetThreshold

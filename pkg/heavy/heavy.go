@@ -33,8 +33,8 @@ const (
 
 // Options sizes a Sketch. The zero value of a field means its default.
 type Options struct {
-	// Counters is the number of slots per window, each a value's
-	// fingerprint and count: in lines of Ways slots, the number of lines
+	// Counters is the number of slots per window, each a value's tag
+	// and count: in lines of Ways slots, the number of lines
 	// the largest power of two at most Counters/Ways. Memory is 16 bytes
 	// per slot (8 per window, two windows).
 	Counters int
@@ -217,9 +217,14 @@ func (s *Sketch) add(h uint64, value string) uint32 {
 }
 
 // Estimate returns value's count in the current window.
+// It takes no lock: a window is cleared only once it is the previous one.
 func (s *Sketch) Estimate(value string) uint32 {
-	cur, _ := s.Estimates(value)
-	return cur
+	if len(value) > s.maxLen {
+		value = Invalid
+	}
+	w := s.gen.Load().cur
+	at := w.loc(maphash.String(s.seed, value), s.lineMask)
+	return w.estimate(&at)
 }
 
 // Estimates returns value's count in the current and the previous window:

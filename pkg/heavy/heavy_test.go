@@ -627,28 +627,31 @@ func TestAddLosingItsSlotCountsAgain(t *testing.T) {
 	}
 }
 
-// TestRacingTakersShareOneSlot: an Add of a value new to a full line whose
-// least slot another Add takes for the same value between its scan and its
-// compare-and-swap finds the value there and counts in that slot: the
-// value holds one slot, with both Adds.
+// TestRacingTakersShareOneSlot: an Add of a value new to a full line
+// whose least slot grows, while another Add takes the next least slot for
+// the same value, between its scan and its compare-and-swap, fails its
+// compare-and-swap, finds the value, and counts in that slot: the value
+// holds one slot, with both Adds.
 func TestRacingTakersShareOneSlot(t *testing.T) {
 	s := mustNew(t, Options{Counters: 2 * Ways})
 	vals := sameLine(t, s, Ways+1)
 	x := vals[Ways]
 	for i, v := range vals[:Ways] {
-		for range 10 + i {
+		for range 10 + i { // slot i holds 10 + i
 			s.Add(v)
 		}
 	}
-	_, at := s.locate(x)
-	raceHook = func(line []atomic.Uint64) {
+	raceHook = func([]atomic.Uint64) {
 		raceHook = nil
-		line[0].Store(uint64(at.tag)<<33 | 11) // the other Add took slot 0, the least (10)
+		s.Add(vals[0])
+		s.Add(vals[0]) // slot 0: 12, no longer the least
+		s.Add(x)       // the other Add takes slot 1 (11) for x: 12
 	}
 	t.Cleanup(func() { raceHook = nil })
-	if got := s.Add(x); got != 12 {
-		t.Errorf("Add(x) = %d, want 12: the slot the other Add took, and this Add", got)
+	if got := s.Add(x); got != 13 {
+		t.Errorf("Add(x) = %d, want 13: the slot the other Add took, and this Add", got)
 	}
+	_, at := s.locate(x)
 	w := s.gen.Load().cur
 	held := 0
 	for i := range Ways {
@@ -658,6 +661,9 @@ func TestRacingTakersShareOneSlot(t *testing.T) {
 	}
 	if held != 1 {
 		t.Errorf("x holds %d slots, want 1", held)
+	}
+	if got := s.Estimate(vals[0]); got != 12 {
+		t.Errorf("Estimate(%s) = %d, want 12: its slot was not the one taken", vals[0], got)
 	}
 }
 
@@ -788,5 +794,26 @@ func TestStaleAddCarriesIntoTheCarryBit(t *testing.T) {
 	}
 	if got := s.Estimate("a"); got != math.MaxUint32 {
 		t.Errorf("Estimate = %d, want %d: saturated", got, uint32(math.MaxUint32))
+	}
+}
+
+// TestStalledAddEntersNothing: an Add that counted in a window and stalled
+// before entering the heavy set while the window was reset and reused does
+// not enter the value under its old tag, which no new Add writes (the
+// member would read the line's least count, and keep the value, a member,
+// from entering with its real one).
+func TestStalledAddEntersNothing(t *testing.T) {
+	s := mustNew(t, Options{Threshold: 1})
+	key, at := s.locate("a")
+	w := s.gen.Load().cur
+	s.Rotate()
+	s.Rotate() // w cleared and current again
+	s.enter(w, key, &at, "a", 5)
+	if n, _ := s.Heavy(); n != 0 {
+		t.Fatalf("the stalled Add entered the heavy set (%d members)", n)
+	}
+	s.Add("a")
+	if n, _ := s.Heavy(); n != 1 {
+		t.Errorf("a's own Add did not enter it: %d members", n)
 	}
 }

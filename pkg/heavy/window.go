@@ -31,23 +31,27 @@ import (
 // Races: a slot may change hands between an Add's scan and its atomic
 // add, which then counts for the new holder; the Add sees the tag it
 // added to, and starts over (an over-count of the other value, never an
-// under-count of its own). Two Adds of one value racing to take a slot
-// never both succeed, so a value holds at most one slot: each takes its
-// slot by a compare-and-swap of the whole word it read, and of two that
-// succeed, the later read the earlier's slot before it was taken (else it
-// would have found the value there) and chose its own as lower in (count,
-// index); counts only grow, so the earlier read that slot no higher and
-// the later's no lower, and would have chosen the later's: a
-// contradiction (free slots are taken in order, with the same argument).
+// under-count of its own). A value holds at most one slot at a time: of
+// two Adds that take a slot for it while it holds none, each by a
+// compare-and-swap of the whole word it read, the later read the
+// earlier's slot before it was taken (else it would have found the value
+// there) and chose its own as lower in (count, index); a slot's count only
+// grows (a saturated one reads as 2³²−1 either way), so the earlier read
+// that slot no higher and the later's no lower, and would have chosen the
+// later's: a contradiction. Free slots are taken in order and are never
+// freed within an epoch, so the later would have found the earlier's
+// slot taken before its own free one.
 //
 // A tag is 27 bits of the value's hash, a bit always set (no tag is 0)
-// and the window's epoch: three bits that reset advances. An Add stalled
-// across its window's reset (a goroutine descheduled for a whole report
-// interval) holds the old epoch's tag, which no word of the new one
-// matches: its compare-and-swaps fail or take a slot for no value (whose
-// holder, as any leaving value, reads the line's least count), and its
-// count is lost, as the package promises, without touching another
-// value's. Eight resets later the epoch repeats.
+// and the window's epoch: three bits, advanced before and after reset
+// clears the table. An Add stalled across its window's reset (a goroutine
+// descheduled for a whole report interval) holds an older epoch's tag,
+// which no word of the new one matches: its compare-and-swaps fail or
+// take a slot for no value (whose holder, as any leaving value, reads the
+// line's least count), its atomic add may raise another value's count by
+// one, and its count is lost, as the package promises; it lowers no other
+// value's, and it enters nothing in the new window's heavy set. The
+// epoch repeats after four resets.
 //
 // The heavy set names the values that reached the threshold, for the
 // report: they are counted in the table like any other (one atomic add on
@@ -108,7 +112,7 @@ func count(v uint64) uint64 { return v & (slotCarry | slotCount) }
 // loc returns the place in w of the value whose hash is h: its line (from
 // the hash's low bits) and its tag in w's epoch (from the high ones).
 func (w *window) loc(h, lineMask uint64) loc {
-	tag := uint32(h>>32)&^15 | 8 | w.epoch.Load()&7
+	tag := uint32(h>>37)<<4 | 8 | w.epoch.Load()&7
 	return loc{line: uint32(h&lineMask) * Ways, tag: tag}
 }
 
@@ -304,6 +308,9 @@ func (s *Sketch) enter(w *window, key uint64, at *loc, value string, n uint32) {
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if at.tag&7 != w.epoch.Load()&7 {
+		return // counted before w was reset: its tag is no longer w's
+	}
 	if w.has(key) {
 		return // another Add of value got here first
 	}
@@ -375,10 +382,14 @@ func slack(least uint32) uint32 {
 // loaded it since it was last current, but one stalled since then could
 // still write (see Rotate).
 func (w *window) reset() {
-	w.epoch.Add(1) // first: whatever a stalled Add writes, it writes with the old epoch's tag
+	// An epoch before the clearing and another after it: whatever a
+	// stalled Add writes during it is tagged with an epoch no later Add
+	// holds.
+	w.epoch.Add(1)
 	for i := range w.table {
 		w.table[i].Store(0)
 	}
+	w.epoch.Add(1)
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for i := range w.slots {
