@@ -162,13 +162,6 @@ func (s *Sketch) Valid(value string) bool {
 	return len(value) <= s.maxLen && utf8.ValidString(value)
 }
 
-// locate hashes value to its heavy-set key (never 0) and its place in the
-// current window's table.
-func (s *Sketch) locate(value string) (key uint64, at loc) {
-	h := maphash.String(s.seed, value)
-	return h | 1, s.gen.Load().cur.loc(h, s.lineMask)
-}
-
 // Add counts one occurrence of value in the current window and returns
 // its estimate there, this Add included: at least the number of Adds of
 // value that completed in the window before this one began, plus one. A
@@ -177,12 +170,7 @@ func (s *Sketch) locate(value string) (key uint64, at loc) {
 // It takes no lock and allocates nothing. A value whose estimate is at or
 // above the threshold and not yet in the window's heavy set takes the
 // set's mutex once to enter it (copied into memory reserved at New).
-func (s *Sketch) Add(value string) uint32 {
-	if len(value) > s.maxLen {
-		value = Invalid
-	}
-	return s.add(maphash.String(s.seed, value), value)
-}
+func (s *Sketch) Add(value string) uint32 { return s.AddHash(s.Hash(value), value) }
 
 // Hash returns the hash under which the Sketch counts value (a value longer
 // than MaxValueLen: Invalid's), for AddHash: a caller that also looks value
@@ -219,11 +207,8 @@ func (s *Sketch) add(h uint64, value string) uint32 {
 // Estimate returns value's count in the current window.
 // It takes no lock: a window is cleared only once it is the previous one.
 func (s *Sketch) Estimate(value string) uint32 {
-	if len(value) > s.maxLen {
-		value = Invalid
-	}
 	w := s.gen.Load().cur
-	at := w.loc(maphash.String(s.seed, value), s.lineMask)
+	at := w.loc(s.Hash(value), s.lineMask)
 	return w.estimate(&at)
 }
 
@@ -232,10 +217,7 @@ func (s *Sketch) Estimate(value string) uint32 {
 // fraction of the current window). It waits for a Rotate in progress: it
 // is for the reporter, off the request path.
 func (s *Sketch) Estimates(value string) (cur, prev uint32) {
-	if len(value) > s.maxLen {
-		value = Invalid
-	}
-	h := maphash.String(s.seed, value)
+	h := s.Hash(value)
 	s.mu.Lock() // no Rotate clears prev while it is read
 	defer s.mu.Unlock()
 	g := s.gen.Load()

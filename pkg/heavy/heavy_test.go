@@ -23,6 +23,13 @@ func mustNew(t testing.TB, o Options) *Sketch {
 }
 
 // names returns n distinct values shaped like tenant ids.
+// locate hashes value to its heavy-set key (never 0) and its place in the
+// current window's table.
+func (s *Sketch) locate(value string) (key uint64, at loc) {
+	h := s.Hash(value)
+	return h | 1, s.gen.Load().cur.loc(h, s.lineMask)
+}
+
 func names(n int) []string {
 	v := make([]string, n)
 	for i := range v {
