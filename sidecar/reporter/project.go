@@ -235,9 +235,9 @@ type Since struct {
 // out three times too large on the sidecars whose report caught the onset
 // (the demo: 34 rps of 60 on three of six sidecars, where each had 10),
 // and their projections admitted 2.5× the limit between them. Taking the
-// smaller of the two always erred the other way in the simulator: the share of a sidecar is noisy, and
-// the smaller of two noisy shares is low (uber-surge under its limit for
-// two seconds). A fall caught the same way made a share too small: half
+// smaller of the two always erred the other way in the simulator: the
+// share of a sidecar is noisy, and the smaller of two noisy shares is low
+// (uber-surge under its limit for two seconds). A fall caught the same way made a share too small: half
 // of the demo's report window was at 167 rps and half at 10, the policy
 // still said 1,000 rps, and the sidecars took 0.08 for their share where
 // each had 1/6; their falls' token buckets then dropped a fifth of web's
