@@ -1,8 +1,10 @@
 package descriptor
 
 import (
+	"fmt"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/sluicehq/sluice/pkg/heavy"
 )
@@ -70,6 +72,43 @@ func TestValue(t *testing.T) {
 	}
 	if n := testing.AllocsPerRun(100, func() { Value("\xff") }); n != 0 {
 		t.Errorf("Value allocates %v", n)
+	}
+}
+
+// Value's ASCII fast path agrees with utf8.ValidString at every length
+// and with the first non-ASCII byte at every position: each word load and
+// the overlapping last one.
+func TestValueNonASCIIAnywhere(t *testing.T) {
+	for n := 1; n <= MaxValueLen; n++ {
+		plain := strings.Repeat("a", n)
+		if got := Value(plain); got != plain {
+			t.Fatalf("Value(%d × a) = %.20q", n, got)
+		}
+		for i := range n {
+			for _, b := range []string{"\x80", "\xff", "\xc3\xa9"} {
+				v := (plain[:i] + b + plain[i:])[:max(n, i+len(b))]
+				want := v
+				if !utf8.ValidString(v) {
+					want = Invalid
+				}
+				if len(v) > MaxValueLen {
+					want = Invalid
+				}
+				if got := Value(v); got != want {
+					t.Fatalf("Value(%q) = %q, want %q", v, got, want)
+				}
+			}
+		}
+	}
+}
+
+func BenchmarkValue(b *testing.B) {
+	for _, v := range []string{"tenant-0000042", "203.0.113.7", strings.Repeat("k", 40), "héllo-wörld"} {
+		b.Run(fmt.Sprintf("%d", len(v)), func(b *testing.B) {
+			for b.Loop() {
+				Value(v)
+			}
+		})
 	}
 }
 
