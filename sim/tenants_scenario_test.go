@@ -29,9 +29,9 @@ var tenantsFull = flag.Bool("tenants", false, "TestTenantsZipf: run tenants-zipf
 // measured, and make test's sim stage runs it so, bound included.
 //
 // The runs are not byte-for-byte repeatable, so they have no golden file:
-// the sidecar's descriptor sketch hashes with a seed drawn at start-up
-// (hash/maphash) and salts its local coin per window, so collisions and
-// coins differ from run to run.
+// the sidecar's descriptor sketch hashes with keys drawn at start-up
+// (internal/wyhash) and salts its local coin per window, so collisions
+// and coins differ from run to run.
 func TestTenantsZipf(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: the 1,000,000-tenant run takes seconds")
