@@ -180,13 +180,13 @@ func (s *Sketch) Add(value string) uint32 { return s.AddHash(s.Hash(value), valu
 // built from it stays valid, and values can not be chosen to collide in
 // it. It allocates nothing.
 func (s *Sketch) Hash(value string) uint64 {
+	if len(value) > s.maxLen {
+		value = Invalid
+	}
 	if n := len(value); n >= 8 && n <= wyhash.Short {
 		// wyhash's Hash, written out for the common length of a tenant ID
 		// or an address: the call cost 1–2 ns of a decision.
 		return s.keys.Final(wyhash.LE64(value), wyhash.LE64(value[n-8:]), s.keys.K1^uint64(n))
-	}
-	if len(value) > s.maxLen {
-		value = Invalid
 	}
 	_, _, h := s.keys.Hash(value, uint64(len(value)))
 	return h

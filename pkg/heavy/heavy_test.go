@@ -435,6 +435,14 @@ func TestBadInput(t *testing.T) {
 	if got := s.Estimate(Invalid); got != 2 {
 		t.Errorf("Estimate(Invalid) = %d after two too-long values, want 2", got)
 	}
+	// Too long for a MaxValueLen below 16, at the lengths Hash writes out.
+	short := mustNew(t, Options{MaxValueLen: len(Invalid) + 2, Threshold: 1})
+	for n := len(Invalid) + 3; n <= 16; n++ {
+		short.Add(strings.Repeat("z", n))
+	}
+	if got, want := short.Estimate(Invalid), uint32(16-len(Invalid)-2); got != want {
+		t.Errorf("Estimate(Invalid) = %d after %d values of 11 to 16 bytes, MaxValueLen 10; want %d", got, want, want)
+	}
 	s.Add("a\xff")
 	s.Rotate()
 	want := []Entry{{Invalid, 2}}
