@@ -1,6 +1,6 @@
 package sidecar
 
-import "github.com/sluicehq/sluice/internal/wyhash"
+import "github.com/sluicehq/sluice/pkg/wyhash"
 
 // peerTable is the read side of a table's leaves: it finds the slot of a
 // leaf (peer, index: a procedure index and a tier, see procedures.go and

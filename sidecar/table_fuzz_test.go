@@ -7,8 +7,8 @@ import (
 	"testing"
 
 	"github.com/sluicehq/sluice/internal/testkit"
-	"github.com/sluicehq/sluice/internal/wyhash"
 	"github.com/sluicehq/sluice/pkg/names"
+	"github.com/sluicehq/sluice/pkg/wyhash"
 )
 
 // maxProbe bounds the longest probe of a half-full table, the fullest a

@@ -30,7 +30,7 @@ var tenantsFull = flag.Bool("tenants", false, "TestTenantsZipf: run tenants-zipf
 //
 // The runs are not byte-for-byte repeatable, so they have no golden file:
 // the sidecar's descriptor sketch hashes with keys drawn at start-up
-// (internal/wyhash) and salts its local coin per window, so collisions
+// (pkg/wyhash) and salts its local coin per window, so collisions
 // and coins differ from run to run.
 func TestTenantsZipf(t *testing.T) {
 	if testing.Short() {

@@ -225,10 +225,18 @@ func TestDependencyDirection(t *testing.T) {
 	}, {
 		// The sidecar counts descriptor values with it on the request
 		// path; the simulator runs it too.
-		name:    "pkg/heavy imports only the standard library",
+		name:    "pkg/heavy imports only the standard library and pkg/wyhash",
 		applies: func(rel string) bool { return under(rel, "pkg/heavy") },
 		forbidden: func(path string) bool {
-			return !g.standard(path) && !under(path, mod("pkg/heavy"))
+			return !g.standard(path) && !under(path, mod("pkg/heavy")) && !under(path, mod("pkg/wyhash"))
+		},
+	}, {
+		// The sidecar's tables and pkg/heavy hash with it on the request
+		// path.
+		name:    "pkg/wyhash imports only the standard library",
+		applies: func(rel string) bool { return under(rel, "pkg/wyhash") },
+		forbidden: func(path string) bool {
+			return !g.standard(path) && !under(path, mod("pkg/wyhash"))
 		},
 	}, {
 		// The controller checks a limits file's routes with the code the

@@ -13,7 +13,7 @@
 // a slot a value's tag (27 bits of its hash and the window's epoch) and
 // its count. A value is counted in its own slot of its line; a value new
 // to a full line takes the slot of least count m, with count m + 1, from
-// the value that held it. Values are hashed with internal/wyhash under
+// the value that held it. Values are hashed with pkg/wyhash under
 // keys drawn at New, so no one outside the process can choose values that
 // share a line or a tag.
 //

@@ -9,7 +9,7 @@ import (
 	"sync/atomic"
 	"unicode/utf8"
 
-	"github.com/sluicehq/sluice/internal/wyhash"
+	"github.com/sluicehq/sluice/pkg/wyhash"
 )
 
 const (
