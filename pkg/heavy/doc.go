@@ -13,9 +13,9 @@
 // a slot a value's tag (27 bits of its hash and the window's epoch) and
 // its count. A value is counted in its own slot of its line; a value new
 // to a full line takes the slot of least count m, with count m + 1, from
-// the value that held it. Values are hashed with pkg/wyhash under
-// keys drawn at New, so no one outside the process can choose values that
-// share a line or a tag.
+// the value that held it. Values are hashed with pkg/wyhash, seeded with
+// their length, under keys drawn at New, so no one outside the process can
+// choose values that share a line or a tag.
 //
 // What a caller may assume:
 //   - An estimate never counts fewer than the Adds of the value that
@@ -52,15 +52,16 @@
 //
 // # Cost
 //
-// Add is a hash of the value (wyhash, about 2 ns for a value of 8 to 16
+// Add is a hash of the value (wyhash, 2.4 ns for a value of 8 to 16
 // bytes here, half of hash/maphash's), a scan of one cache line and one
 // locked instruction: an atomic add to the value's slot, or a
-// compare-and-swap that takes a free or the least slot. The count-min sketch it replaced (three rows, conservative
-// update) needed a compare-and-swap for each row at the minimum: three
-// for a value alone in its counters, the common case, which this table
-// counts in one add (`BenchmarkAdd/distinct-10`: 34 → 16 ns), and so the
-// heavy set's members, which the sketch counted in counters of their own,
-// are counted in the table like any value. A locked instruction costs
+// compare-and-swap that takes a free or the least slot. The count-min
+// sketch it replaced (three rows, conservative update) needed a
+// compare-and-swap for each row at the minimum: three for a value alone in
+// its counters, the common case, which this table counts in one add
+// (`BenchmarkAdd/distinct-10`: 34 → 16 ns), and so the heavy set's
+// members, which the sketch counted in counters of their own, are counted
+// in the table like any value. A locked instruction costs
 // about 7 ns on the development machine: that is the price of counting
 // exactly under concurrency; see docs/benchmarks.md. Keep the table (8
 // bytes a slot) within the L2 cache: past it every Add waits on memory.

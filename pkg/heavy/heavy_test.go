@@ -408,6 +408,24 @@ func TestHeavySetKeepsTheLargest(t *testing.T) {
 	}
 }
 
+// Hash is wyhash's, seeded with the length, at every length, its written
+// out short form included; and a value too long is Invalid's.
+func TestHashIsWyhash(t *testing.T) {
+	for _, maxLen := range []int{len(Invalid) + 2, DefaultMaxValueLen} {
+		s := mustNew(t, Options{MaxValueLen: maxLen})
+		for n := range DefaultMaxValueLen + 2 {
+			v := strings.Repeat("v", n)
+			w := v
+			if n > maxLen {
+				w = Invalid
+			}
+			if _, _, want := s.keys.Hash(w, uint64(len(w))); s.Hash(v) != want {
+				t.Errorf("MaxValueLen %d, length %d: Hash = %#x, wyhash %#x", maxLen, n, s.Hash(v), want)
+			}
+		}
+	}
+}
+
 func TestBadInput(t *testing.T) {
 	long := strings.Repeat("x", DefaultMaxValueLen+1)
 	for _, c := range []struct {

@@ -28,8 +28,9 @@ type Keys struct{ K0, K1 uint64 }
 // New returns keys drawn from the runtime's random source.
 func New() Keys { return Keys{K0: rand.Uint64(), K1: rand.Uint64()} }
 
-// Hash returns the words of s and its hash, seeded with seed (a table puts
-// there what else tells its keys apart, such as the length).
+// Hash returns the words of s and its hash, seeded with seed: what else
+// tells a table's keys apart, such as the length, which the words alone
+// do not (a string of 9 bytes and one of 10 may have the same two).
 //
 // The words are s read as two little-endian words the way wyhash reads
 // short inputs, first and last bytes overlapping, so that a string of at
@@ -39,12 +40,12 @@ func New() Keys { return Keys{K0: rand.Uint64(), K1: rand.Uint64()} }
 //
 // It does not inline. For 8 to Short bytes, the common length of a name or
 // a tenant ID, it is LE64 of the first and the last eight bytes, then
-// Final of them and K1^seed, which a caller on the request path may write
+// Final of them, K1 and seed, which a caller on the request path may write
 // out to save the call (1–2 ns).
 func (k *Keys) Hash(s string, seed uint64) (lo, hi, h uint64) {
 	if n := len(s); n >= 8 && n <= Short {
 		lo, hi = LE64(s), LE64(s[n-8:])
-		return lo, hi, k.Final(lo, hi, k.K1^seed)
+		return lo, hi, k.Final(lo, hi, k.K1, seed)
 	}
 	return k.hash(s, seed)
 }
@@ -52,7 +53,7 @@ func (k *Keys) Hash(s string, seed uint64) (lo, hi, h uint64) {
 // hash is Hash of any length.
 func (k *Keys) hash(s string, seed uint64) (lo, hi, h uint64) {
 	n := len(s)
-	h = k.K1 ^ seed
+	h = k.K1
 	switch {
 	case n > Short:
 		// The last block may overlap the words; that only costs a mix.
@@ -67,20 +68,28 @@ func (k *Keys) hash(s string, seed uint64) (lo, hi, h uint64) {
 	case n > 0:
 		lo = uint64(s[0])<<16 | uint64(s[n/2])<<8 | uint64(s[n-1])
 	}
-	return lo, hi, k.Final(lo, hi, h)
+	return lo, hi, k.Final(lo, hi, h, seed)
 }
 
-// Final is Hash's last step, of the words and the running hash h:
-// wyhash's last two, the 128-bit product of the keyed words, then its
-// halves multiplied once more. With one multiply, strings that differ only
-// in their last bytes (the words' high bits) share the low bits of the
-// product's low half, which leaves a table's place to its high half alone;
-// for about one key in 300 that piled most of a half-full table (1024 such
-// names) into one run hundreds of places long, which every lookup of an
-// absent name then probed (sidecar's FuzzPeerTableProbes).
-func (k *Keys) Final(lo, hi, h uint64) uint64 {
+// Final is Hash's last step, of the words, the running hash h (K1 for a
+// string of at most Short bytes) and the seed: wyhash's last two, the
+// 128-bit product of the keyed words, then its halves multiplied once
+// more, the seed going in between, as wyhash's length does.
+//
+// With one multiply, strings that differ only in their last bytes (the
+// words' high bits) share the low bits of the product's low half, which
+// leaves a table's place to its high half alone; for about one key in 300
+// that piled most of a half-full table (1024 such names) into one run
+// hundreds of places long, which every lookup of an absent name then
+// probed (sidecar's FuzzPeerTableProbes). With the seed XORed into a word
+// before the first multiply, strings of different lengths whose first
+// words matched and whose last differed by their lengths' XOR ("1000" and
+// "10000", or "tenant-0000042" and "tenant-030000042") hashed alike under
+// every key: pkg/heavy, which counts by the hash alone, counted them as
+// one (TestHashTellsLengthsApart).
+func (k *Keys) Final(lo, hi, h, seed uint64) uint64 {
 	phi, plo := bits.Mul64(lo^k.K0, hi^h)
-	return Mix(plo^k.K1, phi^k.K0)
+	return Mix(plo^k.K1, phi^k.K0^seed)
 }
 
 // Mix is wyhash's mixing step: the two halves of the 128-bit product,

@@ -5,6 +5,8 @@ import (
 	"hash/maphash"
 	"math"
 	"math/rand/v2"
+	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -71,28 +73,65 @@ func unwords(n int, lo, hi uint64) string {
 	return string(b)
 }
 
-// Hash's written-out short form, which pkg/heavy and the sidecar's peer
-// table use, is Hash.
-func TestFinalIsHashOfShortStrings(t *testing.T) {
+// Hash's short form, written out by pkg/heavy and the sidecar's peer
+// table too, is the general one.
+func TestShortFormIsTheGeneralOne(t *testing.T) {
 	k := New()
 	for n := 8; n <= Short; n++ {
 		s := fmt.Sprintf("%0*d", n, n*7919)
-		_, _, want := k.Hash(s, uint64(n))
-		if got := k.Final(LE64(s), LE64(s[n-8:]), k.K1^uint64(n)); got != want {
-			t.Errorf("length %d: Final gives %#x, Hash %#x", n, got, want)
+		lo, hi, h := k.Hash(s, uint64(n))
+		if glo, ghi, gh := k.hash(s, uint64(n)); glo != lo || ghi != hi || gh != h {
+			t.Errorf("length %d: Hash gives %#x %#x %#x, hash %#x %#x %#x", n, lo, hi, h, glo, ghi, gh)
+		}
+	}
+}
+
+// Strings of different lengths hash apart when seeded with their lengths,
+// as pkg/heavy seeds them: no two of a million decimal numbers, nor of
+// a run of one byte at every length, share a hash. A seed XORed into a
+// word gave pairs such as "1000" and "10000" the same hash under every key
+// (one number in a hundred had such a twin), and any value of 8 to 15 bytes
+// a 16-byte twin, built here.
+func TestHashTellsLengthsApart(t *testing.T) {
+	k := New()
+	seen := make(map[uint64]string, 1<<20)
+	add := func(s string) {
+		_, _, h := k.Hash(s, uint64(len(s)))
+		if o, ok := seen[h]; ok && o != s {
+			t.Fatalf("%q and %q hash alike: %#x", o, s, h)
+		}
+		seen[h] = s
+	}
+	for i := range 1_000_000 {
+		add(strconv.Itoa(i))
+	}
+	for n := 1; n <= 300; n++ {
+		add(strings.Repeat("a", n))
+	}
+	for n := 8; n < 16; n++ {
+		v := fmt.Sprintf("tenant-%0*d", n-7, 42)
+		// The same first word, and a last word that differs from v's by
+		// the lengths' XOR.
+		twin := v[:8] + string(v[n-8]^byte(n^16)) + v[n-7:]
+		_, _, h := k.Hash(v, uint64(n))
+		_, _, h2 := k.Hash(twin, 16)
+		if h == h2 {
+			t.Errorf("%q and %q hash alike: %#x", v, twin, h)
 		}
 	}
 }
 
 // Sequential IDs, the shape of tenant IDs and of a flood, spread evenly
-// over a table's places by the hash's low bits and by its high ones (the
-// sketch takes its line from the first and its tag from the second): a
-// chi-squared test of 2¹⁶ IDs in 2¹³ places, at six standard deviations.
+// over a table's places by every part of the hash a table reads: the low
+// bits (a place), bits 32 and up (the sidecar's value tags and filter),
+// 37 and up (pkg/heavy's tags) and the top ones. A chi-squared test of 2¹⁶
+// IDs in 2¹³ places, at six standard deviations.
 func TestSequentialValuesSpread(t *testing.T) {
 	const places, ids = 1 << 13, 1 << 16
+	shifts := [4]int{0, 32, 37, 64 - 13}
 	for _, shape := range []string{"tenant-%07d", "%d", "10.0.%d.%d", "key-%040d"} {
 		k := New()
-		var low, high [places]float64
+		var at [4][places]float64
 		for i := range ids {
 			var s string
 			if shape == "10.0.%d.%d" {
@@ -101,17 +140,18 @@ func TestSequentialValuesSpread(t *testing.T) {
 				s = fmt.Sprintf(shape, i)
 			}
 			_, _, h := k.Hash(s, uint64(len(s)))
-			low[h%places]++
-			high[h>>(64-13)]++
+			for i, shift := range shifts {
+				at[i][h>>shift%places]++
+			}
 		}
-		for name, counts := range map[string]*[places]float64{"low": &low, "high": &high} {
+		for i, counts := range at {
 			const mean = float64(ids) / places
 			chi2 := 0.0
 			for _, c := range counts {
 				chi2 += (c - mean) * (c - mean) / mean
 			}
 			if dof := float64(places - 1); chi2 > dof+6*math.Sqrt(2*dof) {
-				t.Errorf("%s, %s bits: χ² = %.0f over %d places, want about %.0f", shape, name, chi2, places, dof)
+				t.Errorf("%s, bits from %d: χ² = %.0f over %d places, want about %.0f", shape, shifts[i], chi2, places, dof)
 			}
 		}
 	}
