@@ -77,12 +77,13 @@ func TestValue(t *testing.T) {
 
 // Value's ASCII fast path agrees with utf8.ValidString at every length
 // and with the first non-ASCII byte at every position: each word load and
-// the overlapping last one.
+// the overlapping last one. ascii is asserted too: a fast path that never
+// answers true would pass on Value alone, slower.
 func TestValueNonASCIIAnywhere(t *testing.T) {
 	for n := 1; n <= MaxValueLen; n++ {
 		plain := strings.Repeat("a", n)
-		if got := Value(plain); got != plain {
-			t.Fatalf("Value(%d × a) = %.20q", n, got)
+		if got := Value(plain); got != plain || !ascii(plain) {
+			t.Fatalf("Value(%d × a) = %.20q, ascii %v", n, got, ascii(plain))
 		}
 		for i := range n {
 			for _, b := range []string{"\x80", "\xff", "\xc3\xa9"} {
@@ -96,6 +97,9 @@ func TestValueNonASCIIAnywhere(t *testing.T) {
 				}
 				if got := Value(v); got != want {
 					t.Fatalf("Value(%q) = %q, want %q", v, got, want)
+				}
+				if ascii(v) { // else a value would skip the UTF-8 check
+					t.Fatalf("ascii(%q) = true", v)
 				}
 			}
 		}
