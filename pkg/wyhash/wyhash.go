@@ -43,15 +43,6 @@ func New() Keys { return Keys{K0: rand.Uint64(), K1: rand.Uint64()} }
 // Final of them, K1 and seed, which a caller on the request path may write
 // out to save the call (1–2 ns).
 func (k *Keys) Hash(s string, seed uint64) (lo, hi, h uint64) {
-	if n := len(s); n >= 8 && n <= Short {
-		lo, hi = LE64(s), LE64(s[n-8:])
-		return lo, hi, k.Final(lo, hi, k.K1, seed)
-	}
-	return k.hash(s, seed)
-}
-
-// hash is Hash of any length.
-func (k *Keys) hash(s string, seed uint64) (lo, hi, h uint64) {
 	n := len(s)
 	h = k.K1
 	switch {
@@ -89,7 +80,7 @@ func (k *Keys) hash(s string, seed uint64) (lo, hi, h uint64) {
 // one (TestHashTellsLengthsApart).
 func (k *Keys) Final(lo, hi, h, seed uint64) uint64 {
 	phi, plo := bits.Mul64(lo^k.K0, hi^h)
-	return Mix(plo^k.K1, phi^k.K0^seed)
+	return Mix(plo^k.K1, phi^(k.K0^seed)) // K0^seed ahead of the multiply
 }
 
 // Mix is wyhash's mixing step: the two halves of the 128-bit product,

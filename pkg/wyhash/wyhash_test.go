@@ -73,15 +73,15 @@ func unwords(n int, lo, hi uint64) string {
 	return string(b)
 }
 
-// Hash's short form, written out by pkg/heavy and the sidecar's peer
-// table too, is the general one.
-func TestShortFormIsTheGeneralOne(t *testing.T) {
+// Hash of 8 to Short bytes is Final of its words, K1 and the seed, as
+// pkg/heavy and the sidecar's peer table write it out.
+func TestFinalIsHashOfShortStrings(t *testing.T) {
 	k := New()
 	for n := 8; n <= Short; n++ {
 		s := fmt.Sprintf("%0*d", n, n*7919)
-		lo, hi, h := k.Hash(s, uint64(n))
-		if glo, ghi, gh := k.hash(s, uint64(n)); glo != lo || ghi != hi || gh != h {
-			t.Errorf("length %d: Hash gives %#x %#x %#x, hash %#x %#x %#x", n, lo, hi, h, glo, ghi, gh)
+		_, _, want := k.Hash(s, uint64(n))
+		if got := k.Final(LE64(s), LE64(s[n-8:]), k.K1, uint64(n)); got != want {
+			t.Errorf("length %d: Final gives %#x, Hash %#x", n, got, want)
 		}
 	}
 }
