@@ -92,7 +92,7 @@ func (t *peerTable) get(peer string, idx uint32) (slot, bool) {
 		// wyhash's Hash, written out for the common length: the call cost
 		// 1–2 ns.
 		lo, hi = wyhash.LE64(peer), wyhash.LE64(peer[n-8:])
-		h = t.Final(lo, hi, t.K1, key)
+		h = t.Final(lo, hi, t.K1^key, key)
 	} else {
 		lo, hi, h = t.Hash(peer, key)
 	}

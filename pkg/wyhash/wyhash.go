@@ -40,11 +40,11 @@ func New() Keys { return Keys{K0: rand.Uint64(), K1: rand.Uint64()} }
 //
 // It does not inline. For 8 to Short bytes, the common length of a name or
 // a tenant ID, it is LE64 of the first and the last eight bytes, then
-// Final of them, K1 and seed, which a caller on the request path may write
-// out to save the call (1–2 ns).
+// Final of them, K1^seed and seed, which a caller on the request path may
+// write out to save the call (1–2 ns).
 func (k *Keys) Hash(s string, seed uint64) (lo, hi, h uint64) {
 	n := len(s)
-	h = k.K1
+	h = k.K1 ^ seed
 	switch {
 	case n > Short:
 		// The last block may overlap the words; that only costs a mix.
@@ -62,22 +62,29 @@ func (k *Keys) Hash(s string, seed uint64) (lo, hi, h uint64) {
 	return lo, hi, k.Final(lo, hi, h, seed)
 }
 
-// Final is Hash's last step, of the words, the running hash h (K1 for a
-// string of at most Short bytes) and the seed: wyhash's last two, the
-// 128-bit product of the keyed words, then its halves multiplied once
-// more, the seed going in between, as wyhash's length does.
+// Final is Hash's last step, of the words, the running hash h (K1^seed
+// for a string of at most Short bytes) and the seed: wyhash's last two,
+// the 128-bit product of the keyed words, then its halves multiplied once
+// more.
 //
 // With one multiply, strings that differ only in their last bytes (the
 // words' high bits) share the low bits of the product's low half, which
 // leaves a table's place to its high half alone; for about one key in 300
 // that piled most of a half-full table (1024 such names) into one run
 // hundreds of places long, which every lookup of an absent name then
-// probed (sidecar's FuzzPeerTableProbes). With the seed XORed into a word
-// before the first multiply, strings of different lengths whose first
-// words matched and whose last differed by their lengths' XOR ("1000" and
-// "10000", or "tenant-0000042" and "tenant-030000042") hashed alike under
-// every key: pkg/heavy, which counts by the hash alone, counted them as
-// one (TestHashTellsLengthsApart).
+// probed (sidecar's FuzzPeerTableProbes).
+//
+// The seed goes in twice. Before the first multiply, in h, so that it
+// passes through both: seeds that differ only in their high bits (the
+// sidecar's procedure index, idx<<32) passed through the second alone
+// gave one name's leaves places in an arithmetic progression, one run of
+// all of them for about one key in 330 (TestSeedsSpreadOneString). After
+// it too, so that it cannot cancel in a word: with the seed in h alone,
+// strings of different lengths whose first words matched and whose last
+// differed by their lengths' XOR ("1000" and "10000", "tenant-0000042"
+// and "tenant-030000042") hashed alike under every key, and pkg/heavy,
+// which counts by the hash alone, counted them as one
+// (TestHashTellsLengthsApart).
 func (k *Keys) Final(lo, hi, h, seed uint64) uint64 {
 	phi, plo := bits.Mul64(lo^k.K0, hi^h)
 	return Mix(plo^k.K1, phi^(k.K0^seed)) // K0^seed ahead of the multiply
