@@ -33,9 +33,9 @@ type peerTable struct {
 // peerSlot is one place of a peerTable: a leaf (peer, procedure index) and
 // its slot, or free when slot.e is nil. (The empty name can not mark a free
 // place: "" is a name that Decide looks up.) lo and hi are the peer's words
-// (see wyhash.Keys.Hash), kept here so that a comparison need not load the name's bytes
-// from elsewhere; key is the peer's length and the procedure's index (see
-// leafKey).
+// (see wyhash.Keys.Hash), kept here so that a comparison need not load the
+// name's bytes from elsewhere; key is the peer's length and the
+// procedure's index (see leafKey).
 type peerSlot struct {
 	peer   string
 	lo, hi uint64

@@ -21,8 +21,9 @@ import (
 // Short is the longest string that its words hold entirely.
 const Short = 16
 
-// Keys are a table's random hash keys. The zero Keys hash, badly for
-// strings an attacker picks: draw them with New.
+// Keys are a table's random hash keys. Any keys hash, but keys an
+// attacker can guess (the zero Keys) let them pick strings that collide:
+// draw them with New.
 type Keys struct{ K0, K1 uint64 }
 
 // New returns keys drawn from the runtime's random source.
