@@ -237,12 +237,13 @@ type Since struct {
 // and their projections admitted 2.5× the limit between them. Taking the
 // smaller of the two always erred the other way in the simulator: the
 // share of a sidecar is noisy, and the smaller of two noisy shares is low
-// (uber-surge under its limit for two seconds). A fall caught the same way made a share too small: half
-// of the demo's report window was at 167 rps and half at 10, the policy
-// still said 1,000 rps, and the sidecars took 0.08 for their share where
-// each had 1/6; their falls' token buckets then dropped a fifth of web's
-// 10 rps, back under its limit, until the controller released it (18–40
-// of 660 requests after the first second). The fall's rule is not a
+// (uber-surge under its limit for two seconds). A fall caught the same
+// way made a share too small: half of the demo's report window was at 167
+// rps and half at 10, the policy still said 1,000 rps, and the sidecars
+// took 0.08 for their share where each had 1/6; their falls' token
+// buckets then dropped a fifth of web's 10 rps, back under its limit,
+// until the controller released it (18–40 of 660 requests after the first
+// second). The fall's rule is not a
 // rise's: a small sidecar's share is noisy from report to report, and a
 // rise that took the report before's share whenever the last one had
 // fallen by the factor took a larger one by chance (step-5x's peak +4.0 →
