@@ -89,10 +89,8 @@ func (t *peerTable) get(peer string, idx uint32) (slot, bool) {
 	key := leafKey(len(peer), idx)
 	var lo, hi, h uint64
 	if n := len(peer); n >= 8 && n <= wyhash.Short {
-		// wyhash's Hash, written out for the common length: the call cost
-		// 1–2 ns.
-		lo, hi = wyhash.LE64(peer), wyhash.LE64(peer[n-8:])
-		h = t.Final(lo, hi, t.K1^key, key)
+		// The common length, inlined: the call cost 1–2 ns.
+		lo, hi, h = t.Short(peer, key)
 	} else {
 		lo, hi, h = t.Hash(peer, key)
 	}

@@ -183,12 +183,14 @@ func (s *Sketch) Hash(value string) uint64 {
 	if len(value) > s.maxLen {
 		value = Invalid
 	}
+	var h uint64
 	if n := len(value); n >= 8 && n <= wyhash.Short {
-		// wyhash's Hash, written out for the common length of a tenant ID
-		// or an address: the call cost 1–2 ns of a decision.
-		return s.keys.Final(wyhash.LE64(value), wyhash.LE64(value[n-8:]), s.keys.K1^uint64(n), uint64(n))
+		// The common length of a tenant ID or an address, inlined: the
+		// call cost 1–2 ns of a decision.
+		_, _, h = s.keys.Short(value, uint64(n))
+	} else {
+		_, _, h = s.keys.Hash(value, uint64(n))
 	}
-	_, _, h := s.keys.Hash(value, uint64(len(value)))
 	return h
 }
 

@@ -408,8 +408,8 @@ func TestHeavySetKeepsTheLargest(t *testing.T) {
 	}
 }
 
-// Hash is wyhash's, seeded with the length, at every length, its written
-// out short form included; and a value too long is Invalid's.
+// Hash is wyhash's, seeded with the length, at every length, its inlined
+// short form included; and a value too long is Invalid's.
 func TestHashIsWyhash(t *testing.T) {
 	for _, maxLen := range []int{len(Invalid) + 2, DefaultMaxValueLen} {
 		s := mustNew(t, Options{MaxValueLen: maxLen})

@@ -73,19 +73,6 @@ func unwords(n int, lo, hi uint64) string {
 	return string(b)
 }
 
-// Hash of 8 to Short bytes is Final of its words, K1^seed and seed, as
-// pkg/heavy and the sidecar's peer table write it out.
-func TestFinalIsHashOfShortStrings(t *testing.T) {
-	k := New()
-	for n := 8; n <= Short; n++ {
-		s := fmt.Sprintf("%0*d", n, n*7919)
-		_, _, want := k.Hash(s, uint64(n))
-		if got := k.Final(LE64(s), LE64(s[n-8:]), k.K1^uint64(n), uint64(n)); got != want {
-			t.Errorf("length %d: Final gives %#x, Hash %#x", n, got, want)
-		}
-	}
-}
-
 // Strings of different lengths hash apart when seeded with their lengths,
 // as pkg/heavy seeds them: no two of a million decimal numbers, nor of
 // a run of one byte at every length, share a hash. A seed XORed into a
